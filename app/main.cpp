@@ -1,0 +1,25 @@
+// tessera: the single executable. Subcommands are registered here; each lives in app/.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <iostream>
+
+#include "app/build_info.h"
+#include "app/commands.h"
+#include "kernels/check.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"tessera: a standalone C++ trainer for large language models"};
+  app.set_version_flag("--version", std::string("tessera ") + TESSERA_VERSION);
+  app.require_subcommand(1);
+  tessera::register_commands(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const tessera::Error& e) {
+    std::fprintf(stderr, "tessera: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,28 @@
+// Causal self-attention with grouped-query attention, flash-style: keys are visited in tiles with
+// an online softmax, so memory is O(T) (no T x T score matrix is ever stored).
+// Positions: query i sits at q_offset + i and key j at k_offset + j; a key is visible to a query
+// iff its position <= the query's. This lets any chunk pair of a longer sequence (context
+// parallel, KV cache) get the right causal mask. scale = 1/sqrt(D).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/tensor.h"
+
+namespace tessera {
+
+// q (B, T, H, D); k, v (B, S, KV, D) with H % KV == 0 (query head h reads kv head h / (H / KV)).
+// out (B, T, H, D) = softmax(scale q k^T + mask) v; lse (B, H, T) = log-sum-exp of the scaled,
+// masked scores of each query row, saved for backward. A row with no visible key gets out = 0 and
+// lse = -inf. All tensors share one dtype (F32 or F64).
+void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       int64_t q_offset, int64_t k_offset);
+
+// Recomputes the probabilities from lse (P = exp(scale q k^T - lse)), so out and lse may be the
+// merged results of several key blocks (ring attention) and this call yields that block's share.
+// dq (B, T, H, D), dk, dv (B, S, KV, D): all accumulated (+=).
+void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, int64_t q_offset,
+                        int64_t k_offset);
+
+}  // namespace tessera

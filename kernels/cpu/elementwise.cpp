@@ -1,0 +1,99 @@
+// CPU elementwise ops: one template per op, instantiated for F32 and F64, parallelized with OpenMP
+// (the float and double paths are the same simple loop, so the reference is the code itself).
+#include "kernels/elementwise.h"
+
+#include <cstdint>
+#include <cstring>
+
+namespace tessera {
+namespace {
+
+void check_pair(const char* op, const Tensor& a, const Tensor& b) {
+  check_cpu(op, a);
+  check_cpu(op, b);
+  check_same_dtype(op, a, b);
+  TESSERA_CHECK(a.numel() == b.numel(), op, ": sizes differ, ", a.shape.str(), " vs ", b.shape.str());
+}
+
+// Calls f(ptr<T>...) with T = float or double according to t's dtype.
+template <typename F>
+void dispatch_float(const char* op, const Tensor& t, F&& f) {
+  if (t.dtype == DType::F32)
+    f(float{});
+  else if (t.dtype == DType::F64)
+    f(double{});
+  else
+    TESSERA_CHECK(false, op, ": unsupported dtype ", dtype_name(t.dtype));
+}
+
+}  // namespace
+
+void fill_zero(const Tensor& t) {
+  check_cpu("fill_zero", t);
+  if (t.data) std::memset(t.data, 0, t.nbytes());
+}
+
+void copy(const Tensor& dst, const Tensor& src) {
+  check_pair("copy", dst, src);
+  if (dst.data != src.data) std::memcpy(dst.data, src.data, dst.nbytes());
+}
+
+void residual_forward(const Tensor& y, const Tensor& a, const Tensor& b) {
+  check_pair("residual_forward", y, a);
+  check_pair("residual_forward", y, b);
+  dispatch_float("residual_forward", y, [&](auto tag) {
+    using T = decltype(tag);
+    T* py = y.ptr<T>();
+    const T* pa = a.ptr<T>();
+    const T* pb = b.ptr<T>();
+    int64_t n = y.numel();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) py[i] = pa[i] + pb[i];
+  });
+}
+
+void accumulate(const Tensor& dst, const Tensor& src) {
+  check_pair("accumulate", dst, src);
+  dispatch_float("accumulate", dst, [&](auto tag) {
+    using T = decltype(tag);
+    T* pd = dst.ptr<T>();
+    const T* ps = src.ptr<T>();
+    int64_t n = dst.numel();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) pd[i] += ps[i];
+  });
+}
+
+void residual_backward(const Tensor& da, const Tensor& db, const Tensor& dy) {
+  if (da.defined()) accumulate(da, dy);
+  if (db.defined()) accumulate(db, dy);
+}
+
+void scale(const Tensor& t, double s) {
+  check_cpu("scale", t);
+  dispatch_float("scale", t, [&](auto tag) {
+    using T = decltype(tag);
+    T* p = t.ptr<T>();
+    T f = static_cast<T>(s);
+    int64_t n = t.numel();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) p[i] *= f;
+  });
+}
+
+double squared_norm(const Tensor& t) {
+  check_cpu("squared_norm", t);
+  double total = 0;
+  dispatch_float("squared_norm", t, [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = t.ptr<T>();
+    int64_t n = t.numel();
+    double acc = 0;
+#pragma omp parallel for simd reduction(+ : acc) schedule(static)
+    for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(p[i]) * p[i];
+    total = acc;
+  });
+  return total;
+}
+
+}  // namespace tessera

@@ -1,0 +1,76 @@
+// CPU GELU (tanh approximation): a templated reference (used for F64 and as the oracle) and an
+// OpenMP SIMD float path. Both share the same scalar formula, written once.
+#include "kernels/gelu.h"
+
+#include <cmath>
+#include <cstdint>
+
+namespace tessera {
+namespace {
+
+template <typename T>
+inline T gelu_value(T x) {
+  const T k = T(0.7978845608028654);  // sqrt(2/pi)
+  T u = k * (x + T(0.044715) * x * x * x);
+  return T(0.5) * x * (T(1) + std::tanh(u));
+}
+
+template <typename T>
+inline T gelu_grad(T x) {
+  const T k = T(0.7978845608028654);
+  T x2 = x * x;
+  T u = k * (x + T(0.044715) * x2 * x);
+  T th = std::tanh(u);
+  T sech2 = T(1) - th * th;
+  return T(0.5) * (T(1) + th) + T(0.5) * x * sech2 * k * (T(1) + T(3 * 0.044715) * x2);
+}
+
+namespace reference {
+template <typename T>
+void forward(T* y, const T* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = gelu_value(x[i]);
+}
+template <typename T>
+void backward(T* dx, const T* dy, const T* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * gelu_grad(x[i]);
+}
+}  // namespace reference
+
+namespace simd {
+void forward(float* y, const float* x, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] = gelu_value(x[i]);
+}
+void backward(float* dx, const float* dy, const float* x, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * gelu_grad(x[i]);
+}
+}  // namespace simd
+
+void check_args(const char* op, const Tensor& a, const Tensor& b) {
+  check_cpu(op, a);
+  check_same_dtype(op, a, b);
+  TESSERA_CHECK(a.numel() == b.numel(), op, ": sizes differ, ", a.shape.str(), " vs ", b.shape.str());
+  TESSERA_CHECK(a.dtype == DType::F32 || a.dtype == DType::F64, op, ": unsupported dtype ", dtype_name(a.dtype));
+}
+
+}  // namespace
+
+void gelu_forward(const Tensor& y, const Tensor& x) {
+  check_args("gelu_forward", y, x);
+  if (x.dtype == DType::F64)
+    reference::forward(y.ptr<double>(), x.ptr<double>(), x.numel());
+  else
+    simd::forward(y.ptr<float>(), x.ptr<float>(), x.numel());
+}
+
+void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) {
+  check_args("gelu_backward", dx, x);
+  check_args("gelu_backward", dy, x);
+  if (x.dtype == DType::F64)
+    reference::backward(dx.ptr<double>(), dy.ptr<double>(), x.ptr<double>(), x.numel());
+  else
+    simd::backward(dx.ptr<float>(), dy.ptr<float>(), x.ptr<float>(), x.numel());
+}
+
+}  // namespace tessera

@@ -1,0 +1,21 @@
+// Token and (optional, learned) position embedding lookup.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/tensor.h"
+
+namespace tessera {
+
+// out (B, T, C) = wte[tokens[b, t]] (V, C) + wpe[pos_offset + t] (P, C).
+// tokens (B, T) I32; wpe may be undefined (RoPE models). A token id outside [0, V) or a position
+// at or beyond P is an Error naming the id.
+void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
+                       int64_t pos_offset);
+
+// dwte (V, C) += rows of dout scattered by token; dwpe (P, C) += dout summed over B at pos_offset + t.
+// Both accumulated; dwpe skipped when undefined. Deterministic (no atomics in a racy order).
+void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens,
+                        int64_t pos_offset);
+
+}  // namespace tessera

@@ -1,0 +1,45 @@
+// Tests kernels/elementwise.h against plain loops.
+#include "kernels/elementwise.h"
+
+#include "testing.h"
+
+namespace tessera {
+using testing::HostTensor;
+
+TEST(Elementwise, ResidualForwardAndBackward) {
+  auto a = HostTensor<float>::uniform({5, 7}, 1), b = HostTensor<float>::uniform({5, 7}, 2);
+  HostTensor<float> y(a.shape());
+  residual_forward(y.t(), a.t(), b.t());
+  for (int64_t i = 0; i < y.numel(); ++i) EXPECT_EQ(y[i], a[i] + b[i]);
+  HostTensor<float> da(a.shape(), 1.0f), db(a.shape());
+  residual_backward(da.t(), db.t(), y.t());
+  for (int64_t i = 0; i < y.numel(); ++i) {
+    EXPECT_EQ(da[i], 1.0f + y[i]);
+    EXPECT_EQ(db[i], y[i]);
+  }
+}
+
+TEST(Elementwise, CopyFillScaleNorm) {
+  auto a = HostTensor<double>::uniform({100}, 3);
+  HostTensor<double> b(a.shape());
+  copy(b.t(), a.t());
+  EXPECT_EQ(a.vec(), b.vec());
+  scale(b.t(), -2.0);
+  double expect = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    EXPECT_EQ(b[i], -2.0 * a[i]);
+    expect += 4.0 * a[i] * a[i];
+  }
+  EXPECT_NEAR(squared_norm(b.t()), expect, 1e-12 * expect);
+  fill_zero(b.t());
+  EXPECT_EQ(squared_norm(b.t()), 0.0);
+}
+
+TEST(Elementwise, RejectsMismatch) {
+  HostTensor<float> a({3}), b({4});
+  HostTensor<double> c({3});
+  EXPECT_THROW(copy(a.t(), b.t()), Error);
+  EXPECT_THROW(accumulate(a.t(), c.t()), Error);
+}
+
+}  // namespace tessera
