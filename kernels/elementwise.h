@@ -17,6 +17,10 @@ void residual_backward(const Tensor& da, const Tensor& db, const Tensor& dy);
 void accumulate(const Tensor& dst, const Tensor& src);
 // t *= s.
 void scale(const Tensor& t, double s);
+// sum of all elements, accumulated in double.
+double sum(const Tensor& t);
+// number of elements of an I32 tensor that differ from value (e.g. targets that carry a loss).
+int64_t count_not_equal(const Tensor& ids, int32_t value);
 // sum of squares, accumulated in double (the gradient norm for clipping).
 double squared_norm(const Tensor& t);
 

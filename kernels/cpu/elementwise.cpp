@@ -81,6 +81,31 @@ void scale(const Tensor& t, double s) {
   });
 }
 
+double sum(const Tensor& t) {
+  check_cpu("sum", t);
+  double total = 0;
+  dispatch_float("sum", t, [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = t.ptr<T>();
+    int64_t n = t.numel();
+    double acc = 0;
+#pragma omp parallel for simd reduction(+ : acc) schedule(static)
+    for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(p[i]);
+    total = acc;
+  });
+  return total;
+}
+
+int64_t count_not_equal(const Tensor& ids, int32_t value) {
+  check_cpu("count_not_equal", ids);
+  check_dtype("count_not_equal", "ids", ids, DType::I32);
+  const int32_t* p = ids.ptr<int32_t>();
+  int64_t n = ids.numel(), count = 0;
+#pragma omp parallel for reduction(+ : count) schedule(static)
+  for (int64_t i = 0; i < n; ++i) count += p[i] != value;
+  return count;
+}
+
 double squared_norm(const Tensor& t) {
   check_cpu("squared_norm", t);
   double total = 0;

@@ -31,6 +31,12 @@ TEST(Elementwise, CopyFillScaleNorm) {
     expect += 4.0 * a[i] * a[i];
   }
   EXPECT_NEAR(squared_norm(b.t()), expect, 1e-12 * expect);
+  double total = 0;
+  for (int64_t i = 0; i < b.numel(); ++i) total += b[i];
+  EXPECT_NEAR(sum(b.t()), total, 1e-12 * std::abs(total) + 1e-15);
+  HostTensor<int32_t> ids({5});
+  ids[0] = -1; ids[1] = 3; ids[2] = -1; ids[3] = 0; ids[4] = 7;
+  EXPECT_EQ(count_not_equal(ids.t(), -1), 3);
   fill_zero(b.t());
   EXPECT_EQ(squared_norm(b.t()), 0.0);
 }

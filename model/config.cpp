@@ -1,0 +1,65 @@
+// Preset resolution, validation and the FLOPs-per-token formula.
+#include "model/config.h"
+
+#include "kernels/check.h"
+
+namespace tessera {
+
+namespace {
+int64_t llama_ffn_hidden(int64_t c) {
+  const int64_t multiple_of = 64;
+  int64_t h = (8 * c) / 3;
+  return (h + multiple_of - 1) / multiple_of * multiple_of;
+}
+}  // namespace
+
+ModelConfig resolve(ModelConfig cfg) {
+  if (cfg.preset == "gpt2") {
+    cfg.norm = NormKind::LayerNorm;
+    cfg.mlp = MlpKind::Gelu;
+    cfg.position = PositionKind::Learned;
+    cfg.bias = true;
+    cfg.tied_embeddings = true;
+    if (cfg.ffn_hidden == 0) cfg.ffn_hidden = 4 * cfg.n_embd;
+  } else if (cfg.preset == "llama") {
+    cfg.norm = NormKind::RmsNorm;
+    cfg.mlp = MlpKind::SwiGlu;
+    cfg.position = PositionKind::Rope;
+    cfg.bias = false;
+    cfg.tied_embeddings = false;
+    if (cfg.ffn_hidden == 0) cfg.ffn_hidden = llama_ffn_hidden(cfg.n_embd);
+  } else {
+    TESSERA_CHECK(false, "model.preset = \"", cfg.preset, "\" is unknown; expected \"gpt2\" or \"llama\"");
+  }
+  TESSERA_CHECK(cfg.vocab_size > 0, "model.vocab_size must be positive, got ", cfg.vocab_size);
+  TESSERA_CHECK(cfg.n_layer > 0, "model.n_layer must be positive, got ", cfg.n_layer);
+  TESSERA_CHECK(cfg.n_head > 0, "model.n_head must be positive, got ", cfg.n_head);
+  TESSERA_CHECK(cfg.n_embd > 0 && cfg.n_embd % cfg.n_head == 0, "model.n_embd = ", cfg.n_embd,
+                " must be a positive multiple of model.n_head = ", cfg.n_head);
+  TESSERA_CHECK(cfg.kv_heads() > 0 && cfg.n_head % cfg.kv_heads() == 0, "model.n_kv_head = ", cfg.n_kv_head,
+                " must divide model.n_head = ", cfg.n_head);
+  TESSERA_CHECK(cfg.preset == "llama" || cfg.kv_heads() == cfg.n_head,
+                "model.n_kv_head (grouped-query attention) is a llama option; gpt2 uses n_kv_head = n_head");
+  TESSERA_CHECK(cfg.position != PositionKind::Rope || cfg.head_dim() % 2 == 0, "rotary embedding needs an even head ",
+                "dimension, got n_embd / n_head = ", cfg.head_dim());
+  TESSERA_CHECK(cfg.max_seq_len > 0, "model.max_seq_len must be positive, got ", cfg.max_seq_len);
+  TESSERA_CHECK(cfg.ffn_hidden > 0, "model.ffn_hidden must be positive, got ", cfg.ffn_hidden);
+  TESSERA_CHECK(cfg.norm_eps > 0, "model.norm_eps must be positive, got ", cfg.norm_eps);
+  return cfg;
+}
+
+double flops_per_token(const ModelConfig& cfg, int64_t seq_len) {
+  const double C = static_cast<double>(cfg.n_embd);
+  const double kv = static_cast<double>(cfg.kv_heads() * cfg.head_dim());
+  const double F = static_cast<double>(cfg.ffn_hidden);
+  const double mlp_mats = cfg.mlp == MlpKind::SwiGlu ? 3.0 : 2.0;
+  // Weights each token multiplies (2 FLOPs per multiply-add): q, k, v, proj, MLP, and the LM head.
+  double matmul_params = cfg.n_layer * (C * C + 2 * C * kv + C * C + mlp_mats * C * F) + C * cfg.vocab_size;
+  // Attention scores and weighted sum: q·k and p·v over all T keys per query (the full square,
+  // not halved for the causal mask, as in the PaLM/Megatron convention).
+  double attention = cfg.n_layer * 2.0 * static_cast<double>(seq_len) * C;
+  double forward = 2.0 * matmul_params + 2.0 * attention;
+  return 3.0 * forward;  // backward costs twice the forward
+}
+
+}  // namespace tessera

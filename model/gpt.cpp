@@ -1,0 +1,229 @@
+// GPT forward and backward. Model code is backend-free: it calls kernels on tensors that know
+// their device. Gradient temporaries come from the Workspace category and die with the call.
+#include "model/gpt.h"
+
+#include <cmath>
+#include <string>
+
+#include "kernels/attention.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/elementwise.h"
+#include "kernels/gelu.h"
+#include "kernels/rope.h"
+#include "kernels/swiglu.h"
+
+namespace tessera {
+
+namespace {
+Buffer activation(Allocator& alloc, DType dt, Shape s) { return Buffer(alloc, dt, s, MemCategory::Activations); }
+Buffer workspace(Allocator& alloc, DType dt, Shape s) { return Buffer(alloc, dt, s, MemCategory::Workspace); }
+double residual_init_std(const ModelConfig& cfg) { return cfg.init_std / std::sqrt(2.0 * cfg.n_layer); }
+}  // namespace
+
+// ---- Attention ----
+
+Attention::Attention(ParameterStore& ps, const std::string& name, const ModelConfig& cfg)
+    : n_head_(cfg.n_head),
+      n_kv_head_(cfg.kv_heads()),
+      head_dim_(cfg.head_dim()),
+      rope_(cfg.position == PositionKind::Rope),
+      rope_theta_(cfg.rope_theta) {
+  const int64_t C = cfg.n_embd, kv = n_kv_head_ * head_dim_;
+  q_ = Linear(ps, name + ".q", C, C, cfg.bias, ShardSpec::tp(0), cfg.init_std);
+  k_ = Linear(ps, name + ".k", C, kv, cfg.bias, ShardSpec::tp(0), cfg.init_std);
+  v_ = Linear(ps, name + ".v", C, kv, cfg.bias, ShardSpec::tp(0), cfg.init_std);
+  proj_ = Linear(ps, name + ".proj", C, C, cfg.bias, ShardSpec::tp(1), residual_init_std(cfg));
+}
+
+void Attention::forward(AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const {
+  const int64_t B = x.dim(0), T = x.dim(1);
+  const int64_t H = q_.out() / head_dim_, KV = k_.out() / head_dim_, D = head_dim_;
+  ctx.q = activation(alloc, x.dtype, {B, T, H, D});
+  ctx.k = activation(alloc, x.dtype, {B, T, KV, D});
+  ctx.v = activation(alloc, x.dtype, {B, T, KV, D});
+  q_.forward(ctx.q.tensor().view({B, T, H * D}), x);
+  k_.forward(ctx.k.tensor().view({B, T, KV * D}), x);
+  v_.forward(ctx.v.tensor().view({B, T, KV * D}), x);
+  if (rope_) {
+    rope_forward(ctx.q, ctx.q, 0, rope_theta_);
+    rope_forward(ctx.k, ctx.k, 0, rope_theta_);
+  }
+  ctx.out = activation(alloc, x.dtype, {B, T, H, D});
+  ctx.lse = activation(alloc, x.dtype, {B, H, T});
+  attention_forward(ctx.out, ctx.lse, ctx.q, ctx.k, ctx.v, 0, 0);
+  proj_.forward(y, ctx.out.tensor().view({B, T, H * D}));
+}
+
+void Attention::backward(const AttentionCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy,
+                         const Tensor& x) const {
+  const Tensor& q = ctx.q;
+  const int64_t B = q.dim(0), T = q.dim(1), H = q.dim(2), D = q.dim(3), KV = ctx.k.tensor().dim(2);
+  Buffer dout = workspace(alloc, x.dtype, {B, T, H, D});
+  proj_.backward(dout.tensor().view({B, T, H * D}), dy, ctx.out.tensor().view({B, T, H * D}));
+  Buffer dq = workspace(alloc, x.dtype, {B, T, H, D});
+  Buffer dk = workspace(alloc, x.dtype, {B, T, KV, D});
+  Buffer dv = workspace(alloc, x.dtype, {B, T, KV, D});
+  attention_backward(dq, dk, dv, dout, ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse, 0, 0);
+  if (rope_) {
+    rope_backward(dq, dq, 0, rope_theta_);
+    rope_backward(dk, dk, 0, rope_theta_);
+  }
+  q_.backward(dx, dq.tensor().view({B, T, H * D}), x, /*accumulate_dx=*/true);
+  k_.backward(dx, dk.tensor().view({B, T, KV * D}), x, true);
+  v_.backward(dx, dv.tensor().view({B, T, KV * D}), x, true);
+}
+
+// ---- Mlp ----
+
+Mlp::Mlp(ParameterStore& ps, const std::string& name, const ModelConfig& cfg) : kind_(cfg.mlp) {
+  const int64_t C = cfg.n_embd, F = cfg.ffn_hidden;
+  if (kind_ == MlpKind::Gelu) {
+    in_ = Linear(ps, name + ".fc", C, F, cfg.bias, ShardSpec::tp(0), cfg.init_std);
+    out_ = Linear(ps, name + ".proj", F, C, cfg.bias, ShardSpec::tp(1), residual_init_std(cfg));
+  } else {
+    in_ = Linear(ps, name + ".gate", C, F, cfg.bias, ShardSpec::tp(0), cfg.init_std);
+    up_ = Linear(ps, name + ".up", C, F, cfg.bias, ShardSpec::tp(0), cfg.init_std);
+    out_ = Linear(ps, name + ".down", F, C, cfg.bias, ShardSpec::tp(1), residual_init_std(cfg));
+  }
+}
+
+void Mlp::forward(MlpCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const {
+  const int64_t B = x.dim(0), T = x.dim(1), F = in_.out();
+  ctx.h = activation(alloc, x.dtype, {B, T, F});
+  ctx.act = activation(alloc, x.dtype, {B, T, F});
+  in_.forward(ctx.h, x);
+  if (kind_ == MlpKind::Gelu) {
+    gelu_forward(ctx.act, ctx.h);
+  } else {
+    ctx.up = activation(alloc, x.dtype, {B, T, F});
+    up_.forward(ctx.up, x);
+    swiglu_forward(ctx.act, ctx.h, ctx.up);
+  }
+  out_.forward(y, ctx.act);
+}
+
+void Mlp::backward(const MlpCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy, const Tensor& x) const {
+  Buffer dact = workspace(alloc, x.dtype, ctx.act.tensor().shape);
+  out_.backward(dact, dy, ctx.act);
+  if (kind_ == MlpKind::Gelu) {
+    gelu_backward(dact, dact, ctx.h);  // in place: dact becomes dh
+    in_.backward(dx, dact, x);
+  } else {
+    Buffer dup = workspace(alloc, x.dtype, ctx.up.tensor().shape);
+    swiglu_backward(dact, dup, dact, ctx.h, ctx.up);  // dact becomes dgate
+    in_.backward(dx, dact, x);
+    up_.backward(dx, dup, x, /*accumulate_dx=*/true);
+  }
+}
+
+// ---- Block ----
+
+Block::Block(ParameterStore& ps, int index, const ModelConfig& cfg, Recompute recompute) : recompute_(recompute) {
+  const std::string p = "blocks." + std::to_string(index);
+  ln1_ = Norm(ps, p + ".ln1", cfg);
+  attn_ = Attention(ps, p + ".attn", cfg);
+  ln2_ = Norm(ps, p + ".ln2", cfg);
+  mlp_ = Mlp(ps, p + ".mlp", cfg);
+}
+
+void Block::forward_saved(BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const {
+  ln1_.forward(ctx.ln1, alloc, x);
+  ctx.x1 = activation(alloc, x.dtype, x.shape);
+  attn_.forward(ctx.attn, alloc, ctx.x1, ctx.ln1.y);
+  residual_forward(ctx.x1, ctx.x1, x);  // x1 = x + attn(ln1(x))
+  ln2_.forward(ctx.ln2, alloc, ctx.x1);
+  mlp_.forward(ctx.mlp, alloc, y, ctx.ln2.y);
+  residual_forward(y, y, ctx.x1);  // y = x1 + mlp(ln2(x1))
+  ctx.saved = true;
+}
+
+void Block::forward(BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const {
+  forward_saved(ctx, alloc, y, x);
+  if (recompute_ == Recompute::Full) ctx = BlockCtx{};  // keep only x, which the caller owns
+}
+
+void Block::backward(BlockCtx& ctx, Allocator& alloc, const Tensor& dres, const Tensor& x) const {
+  if (!ctx.saved) {
+    Buffer y = workspace(alloc, x.dtype, x.shape);
+    forward_saved(ctx, alloc, y, x);
+  }
+  // MLP branch: dres holds dL/dy = dL/dx1 (skip path) + the path through ln2 and the MLP.
+  Buffer dln = workspace(alloc, x.dtype, x.shape);
+  mlp_.backward(ctx.mlp, alloc, dln, dres, ctx.ln2.y);
+  ln2_.backward(dres, dln, ctx.x1, ctx.ln2);  // dres is now dL/dx1
+  // Attention branch: dL/dx = dL/dx1 + the path through ln1 and attention.
+  fill_zero(dln);
+  attn_.backward(ctx.attn, alloc, dln, dres, ctx.ln1.y);
+  ln1_.backward(dres, dln, x, ctx.ln1);
+  ctx = BlockCtx{};
+}
+
+// ---- Gpt ----
+
+Gpt::Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> recompute)
+    : cfg_(resolve(cfg)), ps_(&ps) {
+  TESSERA_CHECK(recompute.empty() || static_cast<int64_t>(recompute.size()) == cfg_.n_layer, "recompute policy has ",
+                recompute.size(), " entries for ", cfg_.n_layer, " layers");
+  embed_ = Embedding(ps, cfg_);
+  for (int64_t l = 0; l < cfg_.n_layer; ++l)
+    blocks_.emplace_back(ps, static_cast<int>(l), cfg_, recompute.empty() ? Recompute::None : recompute[l]);
+  ln_f_ = Norm(ps, "ln_f", cfg_);
+  if (cfg_.tied_embeddings)
+    lm_head_ = Linear::tied(ps, embed_.token_weight_id());
+  else
+    lm_head_ = Linear(ps, "lm_head", cfg_.n_embd, cfg_.vocab_size, false, ShardSpec::tp(0), cfg_.init_std);
+}
+
+double Gpt::forward(GptCtx& ctx, Allocator& alloc, const Tensor& tokens, const Tensor& targets) const {
+  check_dtype("Gpt::forward", "tokens", tokens, DType::I32);
+  TESSERA_CHECK(tokens.ndim() == 2, "Gpt::forward: tokens must be (B, T), got ", tokens.shape.str());
+  const int64_t B = tokens.dim(0), T = tokens.dim(1), C = cfg_.n_embd, V = cfg_.vocab_size, L = cfg_.n_layer;
+  TESSERA_CHECK(T <= cfg_.max_seq_len, "sequence length ", T, " exceeds model.max_seq_len = ", cfg_.max_seq_len);
+  if (targets.defined()) check_shape("Gpt::forward", "targets", targets, tokens.shape);
+  const DType dt = ps_->dtype();
+  ctx = GptCtx{};
+  ctx.B = B;
+  ctx.T = T;
+  ctx.tokens = tokens;
+  ctx.targets = targets;
+
+  ctx.resid.reserve(static_cast<size_t>(L + 1));
+  for (int64_t l = 0; l <= L; ++l) ctx.resid.push_back(activation(alloc, dt, {B, T, C}));
+  ctx.blocks.resize(static_cast<size_t>(L));
+  embed_.forward(ctx.resid[0], tokens, 0);
+  for (int64_t l = 0; l < L; ++l) blocks_[l].forward(ctx.blocks[l], alloc, ctx.resid[l + 1], ctx.resid[l]);
+  ln_f_.forward(ctx.ln_f, alloc, ctx.resid[L]);
+  ctx.logits = activation(alloc, dt, {B * T, V});
+  lm_head_.forward(ctx.logits, ctx.ln_f.y.tensor().view({B * T, C}));
+  if (!targets.defined()) return 0.0;
+
+  ctx.losses = activation(alloc, dt, {B * T});
+  ctx.lse = activation(alloc, dt, {B * T});
+  const Tensor flat_targets = targets.view({B * T});
+  cross_entropy_forward(ctx.losses, ctx.lse, ctx.logits, flat_targets);
+  ctx.n_targets = count_not_equal(flat_targets, kIgnoreIndex);
+  ctx.loss = ctx.n_targets > 0 ? sum(ctx.losses) / static_cast<double>(ctx.n_targets) : 0.0;
+  return ctx.loss;
+}
+
+void Gpt::backward(GptCtx& ctx, Allocator& alloc, double loss_scale) const {
+  TESSERA_CHECK(ctx.targets.defined() && ctx.logits.defined(), "Gpt::backward needs a forward with targets");
+  const int64_t B = ctx.B, T = ctx.T, C = cfg_.n_embd, L = cfg_.n_layer;
+  const DType dt = ps_->dtype();
+  // Loss -> logits (in place) -> final norm input.
+  cross_entropy_backward(ctx.logits, ctx.logits, ctx.lse, ctx.targets.view({B * T}), loss_scale);
+  Buffer dln = workspace(alloc, dt, {B, T, C});
+  lm_head_.backward(dln.tensor().view({B * T, C}), ctx.logits, ctx.ln_f.y.tensor().view({B * T, C}));
+  Buffer dres = workspace(alloc, dt, {B, T, C});
+  ln_f_.backward(dres, dln, ctx.resid[L], ctx.ln_f);
+  dln.release();
+  // Blocks, last to first; dres carries dL/d(resid[l]).
+  for (int64_t l = L - 1; l >= 0; --l) {
+    blocks_[l].backward(ctx.blocks[l], alloc, dres, ctx.resid[l]);
+    ctx.resid[l + 1].release();
+  }
+  embed_.backward(dres, ctx.tokens, 0);
+  ctx = GptCtx{};
+}
+
+}  // namespace tessera

@@ -1,0 +1,133 @@
+// The GPT, read small to large: Attention, Mlp, Block, Gpt. Each forward(ctx, ...) fills a
+// per-micro-batch context with what its backward(ctx, ...) needs, so several micro-batches can be
+// in flight. Dimension letters: B batch, T sequence, C channels, H heads, KV key/value heads,
+// D head dim, F MLP hidden, V vocab, L layers.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/allocator.h"
+#include "kernels/tensor.h"
+#include "model/config.h"
+#include "model/layers.h"
+#include "model/parameters.h"
+
+namespace tessera {
+
+// Activation recomputation per block: keep everything (none), or keep only the block's input and
+// re-run its forward during backward (full). Selective recomputation comes with pipelining.
+enum class Recompute { None, Full };
+
+struct AttentionCtx {
+  Buffer q;    // (B, T, H, D), after RoPE
+  Buffer k;    // (B, T, KV, D), after RoPE
+  Buffer v;    // (B, T, KV, D)
+  Buffer out;  // (B, T, H, D)
+  Buffer lse;  // (B, H, T)
+};
+
+// Causal multi-head (grouped-query) self-attention with its q, k, v and output projections.
+class Attention {
+ public:
+  Attention() = default;
+  Attention(ParameterStore& ps, const std::string& name, const ModelConfig& cfg);
+  // y (B, T, C) = proj(attention(q(x), k(x), v(x))), x (B, T, C).
+  void forward(AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const;
+  // dx (B, T, C) += gradient through the branch; dy (B, T, C).
+  void backward(const AttentionCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy, const Tensor& x) const;
+
+ private:
+  int64_t n_head_ = 0, n_kv_head_ = 0, head_dim_ = 0;
+  bool rope_ = false;
+  double rope_theta_ = 10000.0;
+  Linear q_, k_, v_, proj_;
+};
+
+struct MlpCtx {
+  Buffer h;     // (B, T, F) gelu: fc output; swiglu: gate projection
+  Buffer up;    // (B, T, F) swiglu only: up projection
+  Buffer act;   // (B, T, F) gelu(h) or silu(h) * up: the down projection's input
+};
+
+// GPT-2 MLP (fc, GELU, proj) or LLaMA's (gate, up, SwiGLU, down).
+class Mlp {
+ public:
+  Mlp() = default;
+  Mlp(ParameterStore& ps, const std::string& name, const ModelConfig& cfg);
+  void forward(MlpCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const;
+  // dx (B, T, C) written.
+  void backward(const MlpCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy, const Tensor& x) const;
+
+ private:
+  MlpKind kind_ = MlpKind::Gelu;
+  Linear in_, up_, out_;  // in_: fc (gelu) or gate (swiglu)
+};
+
+struct BlockCtx {
+  bool saved = false;  // false under full recomputation until backward re-runs the forward
+  NormCtx ln1;
+  AttentionCtx attn;
+  Buffer x1;  // (B, T, C) residual stream after attention
+  NormCtx ln2;
+  MlpCtx mlp;
+};
+
+// Pre-norm transformer block: x1 = x + attn(ln1(x)); y = x1 + mlp(ln2(x1)).
+class Block {
+ public:
+  Block() = default;
+  Block(ParameterStore& ps, int index, const ModelConfig& cfg, Recompute recompute);
+  // y (B, T, C) from x (B, T, C). Under full recomputation ctx keeps nothing.
+  void forward(BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const;
+  // dres (B, T, C): on entry d loss / d y, on return d loss / d x.
+  void backward(BlockCtx& ctx, Allocator& alloc, const Tensor& dres, const Tensor& x) const;
+  Recompute recompute() const { return recompute_; }
+
+ private:
+  void forward_saved(BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const;
+  Recompute recompute_ = Recompute::None;
+  Norm ln1_, ln2_;
+  Attention attn_;
+  Mlp mlp_;
+};
+
+struct GptCtx {
+  int64_t B = 0, T = 0;
+  Tensor tokens;              // (B, T) I32, owned by the caller
+  Tensor targets;             // (B, T) I32 or undefined (no loss)
+  std::vector<Buffer> resid;  // L + 1 of (B, T, C): embedding output, then each block's output
+  std::vector<BlockCtx> blocks;
+  NormCtx ln_f;
+  Buffer logits;  // (B*T, V); after backward it holds the logits' gradient
+  Buffer losses;  // (B*T)
+  Buffer lse;     // (B*T)
+  double loss = 0.0;        // mean over non-ignored targets
+  int64_t n_targets = 0;    // non-ignored targets
+};
+
+class Gpt {
+ public:
+  // Registers every parameter in ps (call ps.finalize() afterwards). recompute: one policy per
+  // layer, or empty for none.
+  Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> recompute = {});
+
+  // tokens (B, T) I32; targets (B, T) I32 (kIgnoreIndex allowed) or undefined for logits only.
+  // Returns the mean loss over non-ignored targets (0 without targets).
+  double forward(GptCtx& ctx, Allocator& alloc, const Tensor& tokens, const Tensor& targets) const;
+  // Accumulates the gradient of loss_scale * (sum of token losses) into the parameter gradients.
+  // loss_scale = 1 / (non-ignored targets in the whole optimizer batch) gives the mean.
+  void backward(GptCtx& ctx, Allocator& alloc, double loss_scale) const;
+
+  const ModelConfig& config() const { return cfg_; }
+
+ private:
+  ModelConfig cfg_;
+  const ParameterStore* ps_;
+  Embedding embed_;
+  std::vector<Block> blocks_;
+  Norm ln_f_;
+  Linear lm_head_;
+};
+
+}  // namespace tessera

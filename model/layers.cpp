@@ -1,0 +1,98 @@
+// Linear, Embedding and Norm: thin modules over the kernels, owning parameter ids, not memory.
+#include "model/layers.h"
+
+#include "kernels/embedding.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+#include "kernels/rmsnorm.h"
+
+namespace tessera {
+
+// ---- Linear ----
+
+Linear::Linear(ParameterStore& ps, const std::string& name, int64_t in, int64_t out, bool bias,
+               ShardSpec weight_shard, double init_std)
+    : ps_(&ps) {
+  weight_ = ps.add({name + ".weight", {out, in}, weight_shard, ParamKind::Matrix, InitKind::Normal, init_std});
+  if (bias) {
+    // A column-parallel layer's bias is split with its output features; a row-parallel one's is whole.
+    ShardSpec bias_shard = weight_shard.dim == 0 ? ShardSpec::tp(0) : ShardSpec::replicated();
+    bias_ = ps.add({name + ".bias", {out}, bias_shard, ParamKind::Bias, InitKind::Zeros, 0.0});
+  }
+}
+
+Linear Linear::tied(ParameterStore& ps, int weight_id) {
+  Linear l;
+  l.ps_ = &ps;
+  l.weight_ = weight_id;
+  return l;
+}
+
+int64_t Linear::in() const { return ps_->entry(weight_).local_shape[1]; }
+int64_t Linear::out() const { return ps_->entry(weight_).local_shape[0]; }
+
+void Linear::forward(const Tensor& y, const Tensor& x) const {
+  linear_forward(y, x, ps_->param(weight_), bias_ >= 0 ? ps_->param(bias_) : Tensor());
+}
+
+void Linear::backward(const Tensor& dx, const Tensor& dy, const Tensor& x, bool accumulate_dx) const {
+  const Tensor w = ps_->param(weight_);
+  const Tensor db = bias_ >= 0 ? ps_->grad(bias_) : Tensor();
+  if (!accumulate_dx || !dx.defined()) {
+    linear_backward(dx, ps_->grad(weight_), db, dy, x, w);
+    return;
+  }
+  linear_backward(Tensor(), ps_->grad(weight_), db, dy, x, w);
+  const int64_t n = dy.numel() / out();
+  matmul(dx.view({n, in()}), dy.view({n, out()}), w, false, false, 1.0, 1.0);  // dx += dy W
+}
+
+// ---- Embedding ----
+
+Embedding::Embedding(ParameterStore& ps, const ModelConfig& cfg) : ps_(&ps) {
+  wte_ = ps.add({"wte.weight", {cfg.vocab_size, cfg.n_embd}, ShardSpec::tp(0), ParamKind::Embedding,
+                 InitKind::Normal, cfg.init_std});
+  if (cfg.position == PositionKind::Learned)
+    wpe_ = ps.add({"wpe.weight", {cfg.max_seq_len, cfg.n_embd}, ShardSpec::replicated(), ParamKind::Embedding,
+                   InitKind::Normal, cfg.init_std / 2});
+}
+
+void Embedding::forward(const Tensor& out, const Tensor& tokens, int64_t pos_offset) const {
+  embedding_forward(out, tokens, ps_->param(wte_), wpe_ >= 0 ? ps_->param(wpe_) : Tensor(), pos_offset);
+}
+
+void Embedding::backward(const Tensor& dout, const Tensor& tokens, int64_t pos_offset) const {
+  embedding_backward(ps_->grad(wte_), wpe_ >= 0 ? ps_->grad(wpe_) : Tensor(), dout, tokens, pos_offset);
+}
+
+// ---- Norm ----
+
+Norm::Norm(ParameterStore& ps, const std::string& name, const ModelConfig& cfg)
+    : ps_(&ps), kind_(cfg.norm), eps_(cfg.norm_eps) {
+  weight_ = ps.add({name + ".weight", {cfg.n_embd}, ShardSpec::replicated(), ParamKind::Norm, InitKind::Ones, 0.0});
+  if (cfg.bias)
+    bias_ = ps.add({name + ".bias", {cfg.n_embd}, ShardSpec::replicated(), ParamKind::Norm, InitKind::Zeros, 0.0});
+}
+
+void Norm::forward(NormCtx& ctx, Allocator& alloc, const Tensor& x) const {
+  const int64_t rows = x.numel() / x.dim(-1);
+  ctx.y = Buffer(alloc, x.dtype, x.shape, MemCategory::Activations);
+  ctx.rstd = Buffer(alloc, x.dtype, {rows}, MemCategory::Activations);
+  if (kind_ == NormKind::LayerNorm) {
+    ctx.mean = Buffer(alloc, x.dtype, {rows}, MemCategory::Activations);
+    layernorm_forward(ctx.y, ctx.mean, ctx.rstd, x, ps_->param(weight_), bias_ >= 0 ? ps_->param(bias_) : Tensor(),
+                      eps_);
+  } else {
+    rmsnorm_forward(ctx.y, ctx.rstd, x, ps_->param(weight_), eps_);
+  }
+}
+
+void Norm::backward(const Tensor& dx, const Tensor& dy, const Tensor& x, const NormCtx& ctx) const {
+  if (kind_ == NormKind::LayerNorm)
+    layernorm_backward(dx, ps_->grad(weight_), bias_ >= 0 ? ps_->grad(bias_) : Tensor(), dy, x, ps_->param(weight_),
+                       ctx.mean, ctx.rstd);
+  else
+    rmsnorm_backward(dx, ps_->grad(weight_), dy, x, ps_->param(weight_), ctx.rstd);
+}
+
+}  // namespace tessera

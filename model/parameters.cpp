@@ -1,0 +1,109 @@
+// ParameterStore: registration, flat allocation and layout-independent initialization.
+#include "model/parameters.h"
+
+#include "kernels/elementwise.h"
+#include "kernels/philox.h"
+
+#include <type_traits>
+
+namespace tessera {
+
+ParameterStore::ParameterStore(Allocator& alloc, DType dtype, ShardLayout layout)
+    : alloc_(alloc), dtype_(dtype), layout_(layout) {
+  TESSERA_CHECK(dtype == DType::F32 || dtype == DType::F64, "parameters must be f32 or f64, got ", dtype_name(dtype));
+}
+
+int ParameterStore::add(ParamSpec spec) {
+  TESSERA_CHECK(!finalized_, "parameter ", spec.name, " registered after finalize()");
+  TESSERA_CHECK(!by_name_.count(spec.name), "parameter ", spec.name, " registered twice");
+  ParamEntry e;
+  e.local_shape = spec.global_shape;
+  if (spec.shard.axis == GridAxis::Tp && layout_.tp_size > 1) {
+    int d = spec.shard.dim;
+    int64_t global = spec.global_shape[d];
+    TESSERA_CHECK(global % layout_.tp_size == 0, "parameter ", spec.name, " dimension ", d, " (", global,
+                  ") is not divisible by tensor-parallel size ", layout_.tp_size);
+    e.local_shape[d] = global / layout_.tp_size;
+    e.shard_start = e.local_shape[d] * layout_.tp_rank;
+  }
+  e.offset = total_;
+  total_ += e.local_shape.numel();
+  e.spec = std::move(spec);
+  int id = static_cast<int>(entries_.size());
+  by_name_[e.spec.name] = id;
+  entries_.push_back(std::move(e));
+  return id;
+}
+
+void ParameterStore::finalize() {
+  TESSERA_CHECK(!finalized_, "ParameterStore::finalize() called twice");
+  params_ = Buffer(alloc_, dtype_, {total_}, MemCategory::Parameters);
+  grads_ = Buffer(alloc_, dtype_, {total_}, MemCategory::Gradients);
+  finalized_ = true;
+}
+
+Tensor ParameterStore::param(int id) const {
+  const ParamEntry& e = entry(id);
+  TESSERA_CHECK(finalized_, "parameter ", e.spec.name, " used before finalize()");
+  return Tensor(static_cast<char*>(params_.tensor().data) + e.offset * dtype_size(dtype_), dtype_, e.local_shape,
+                alloc_.device());
+}
+
+Tensor ParameterStore::grad(int id) const {
+  const ParamEntry& e = entry(id);
+  TESSERA_CHECK(finalized_, "gradient of ", e.spec.name, " used before finalize()");
+  return Tensor(static_cast<char*>(grads_.tensor().data) + e.offset * dtype_size(dtype_), dtype_, e.local_shape,
+                alloc_.device());
+}
+
+int ParameterStore::find(const std::string& name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? -1 : it->second;
+}
+
+void ParameterStore::zero_grads() { fill_zero(grads_.tensor()); }
+
+int64_t global_index(const ParamEntry& e, int64_t local) {
+  const Shape& ls = e.local_shape;
+  const Shape& gs = e.spec.global_shape;
+  int64_t g = 0, rem = local, stride_l = ls.numel();
+  for (int d = 0; d < ls.ndim(); ++d) {
+    stride_l /= ls[d];
+    int64_t i = rem / stride_l;
+    rem -= i * stride_l;
+    if (d == e.spec.shard.dim && e.spec.shard.axis != GridAxis::None) i += e.shard_start;
+    g = g * gs[d] + i;
+  }
+  return g;
+}
+
+void ParameterStore::initialize_entry(const ParamEntry& e, uint64_t seed) {
+  const int64_t n = e.local_shape.numel();
+  const philox::Key key = philox::make_key(seed, e.spec.name.c_str());
+  char* base = static_cast<char*>(params_.tensor().data) + e.offset * dtype_size(dtype_);
+  auto fill = [&](auto* p) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      double v = 0.0;
+      switch (e.spec.init) {
+        case InitKind::Zeros: v = 0.0; break;
+        case InitKind::Ones: v = 1.0; break;
+        case InitKind::Normal:
+          v = e.spec.init_std * philox::normal(key, static_cast<uint64_t>(global_index(e, i)));
+          break;
+      }
+      p[i] = static_cast<std::remove_pointer_t<decltype(p)>>(v);
+    }
+  };
+  if (dtype_ == DType::F32)
+    fill(reinterpret_cast<float*>(base));
+  else
+    fill(reinterpret_cast<double*>(base));
+}
+
+void ParameterStore::initialize(uint64_t seed) {
+  TESSERA_CHECK(finalized_, "ParameterStore::initialize() before finalize()");
+  for (const ParamEntry& e : entries_) initialize_entry(e, seed);
+}
+
+}  // namespace tessera

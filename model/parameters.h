@@ -1,0 +1,94 @@
+// ParameterStore: every parameter's global name, global shape and shard spec, with all of a
+// rank's parameters in one flat buffer and their gradients in another (one allocation each: this
+// keeps bucketed all-reduce, ZeRO-1 and checkpoints simple). Initialization is layout-independent:
+// element i of parameter "name" is drawn from Philox keyed by (seed, name, global index i).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kernels/allocator.h"
+#include "kernels/tensor.h"
+
+namespace tessera {
+
+// Which process-grid axis a parameter is split over, and along which dimension.
+enum class GridAxis { None, Tp };
+struct ShardSpec {
+  GridAxis axis = GridAxis::None;
+  int dim = -1;
+  static ShardSpec replicated() { return {}; }
+  static ShardSpec tp(int dim) { return {GridAxis::Tp, dim}; }
+};
+
+// This rank's place on the axes parameters can be split over (filled from the ProcessGrid later).
+struct ShardLayout {
+  int tp_size = 1;
+  int tp_rank = 0;
+};
+
+enum class InitKind { Normal, Zeros, Ones };
+// What a parameter is, for optimizer groups (e.g. no weight decay on norms, biases, embeddings).
+enum class ParamKind { Matrix, Embedding, Bias, Norm };
+
+struct ParamSpec {
+  std::string name;   // global name, e.g. "blocks.3.attn.q.weight"
+  Shape global_shape;
+  ShardSpec shard;
+  ParamKind kind = ParamKind::Matrix;
+  InitKind init = InitKind::Normal;
+  double init_std = 0.02;
+};
+
+struct ParamEntry {
+  ParamSpec spec;
+  Shape local_shape;
+  int64_t offset = 0;       // into the flat buffers, in elements
+  int64_t shard_start = 0;  // first global index along spec.shard.dim held here
+};
+
+class ParameterStore {
+ public:
+  ParameterStore(Allocator& alloc, DType dtype, ShardLayout layout = {});
+  ParameterStore(const ParameterStore&) = delete;
+  ParameterStore& operator=(const ParameterStore&) = delete;
+
+  // Registers a parameter before finalize(); returns its id. Names must be unique.
+  int add(ParamSpec spec);
+  // Allocates the flat parameter and gradient buffers (zero-filled).
+  void finalize();
+  // Fills every parameter from (seed, name, global index): the same global model on any layout.
+  void initialize(uint64_t seed);
+  void zero_grads();
+
+  Tensor param(int id) const;  // local shape
+  Tensor grad(int id) const;
+  int find(const std::string& name) const;  // -1 when absent
+  const ParamEntry& entry(int id) const { return entries_.at(static_cast<size_t>(id)); }
+  const std::vector<ParamEntry>& entries() const { return entries_; }
+  int size() const { return static_cast<int>(entries_.size()); }
+
+  const Tensor& flat_params() const { return params_.tensor(); }
+  const Tensor& flat_grads() const { return grads_.tensor(); }
+  int64_t numel() const { return total_; }  // local elements
+  DType dtype() const { return dtype_; }
+  const ShardLayout& layout() const { return layout_; }
+
+ private:
+  void initialize_entry(const ParamEntry& e, uint64_t seed);
+  Allocator& alloc_;
+  DType dtype_;
+  ShardLayout layout_;
+  std::vector<ParamEntry> entries_;
+  std::unordered_map<std::string, int> by_name_;
+  int64_t total_ = 0;
+  bool finalized_ = false;
+  Buffer params_, grads_;
+};
+
+// The global flat index of local element `local` of entry e (row-major over the global shape).
+int64_t global_index(const ParamEntry& e, int64_t local);
+
+}  // namespace tessera

@@ -1,0 +1,258 @@
+// Tests model/gpt.h: the whole model against PyTorch golden fixtures (both presets, f64 and f32),
+// its backward against finite differences, recomputation, and activation memory against the
+// analytic count.
+#include "model/gpt.h"
+
+#include <cmath>
+
+#include "h5_reader.h"
+#include "kernels/adamw.h"
+#include "kernels/cross_entropy.h"
+#include "testing.h"
+
+namespace tessera {
+using testing::H5Reader;
+using testing::HostTensor;
+
+namespace {
+
+const char* kGolden = TESSERA_TEST_DATA_DIR "/golden.h5";
+
+ModelConfig golden_config(const H5Reader& f, const std::string& preset) {
+  ModelConfig c;
+  c.preset = f.attr_string(preset, "preset");
+  c.vocab_size = f.attr_int(preset, "vocab_size");
+  c.n_layer = f.attr_int(preset, "n_layer");
+  c.n_head = f.attr_int(preset, "n_head");
+  c.n_kv_head = f.attr_int(preset, "n_kv_head");
+  c.n_embd = f.attr_int(preset, "n_embd");
+  c.ffn_hidden = f.attr_int(preset, "ffn_hidden");
+  c.max_seq_len = f.attr_int(preset, "max_seq_len");
+  c.norm_eps = f.attr_double(preset, "norm_eps");
+  c.rope_theta = f.attr_double(preset, "rope_theta");
+  return c;
+}
+
+HostTensor<int32_t> read_ids(const H5Reader& f, const std::string& name) {
+  auto a = f.read<int32_t>(name);
+  HostTensor<int32_t> t({a.shape[0], a.shape[1]});
+  t.vec() = a.values;
+  return t;
+}
+
+template <typename T>
+double rel_error(const Tensor& got, const std::vector<double>& want) {
+  return testing::max_rel_error(got.ptr<T>(), want.data(), static_cast<int64_t>(want.size()));
+}
+
+// Tolerances per precision. f64: both sides compute in double from identical weights, so only
+// summation order differs: ~1e-15 per op, far below 1e-9 after a few dozen ops. f32: every op
+// rounds at 6e-8 relative; dot products of length <= 128 and the softmax/normalizations grow that
+// to ~1e-6 on logits, and gradients (longer chains, cancellation in sums over tokens) to ~1e-5.
+struct Tolerances {
+  double logits, loss, grads, adamw_losses;
+};
+constexpr Tolerances kF64Tol{1e-10, 1e-11, 1e-9, 1e-9};
+// The AdamW trajectory in f32 is compared after 10 steps at lr 1e-2: Adam's update m/sqrt(v) has
+// magnitude ~lr regardless of the gradient's size, so a gradient that is ~1e-5 relative off moves
+// each step by ~1e-5 lr; over 10 steps the loss differs by ~1e-5 relative.
+constexpr Tolerances kF32Tol{1e-5, 1e-6, 5e-5, 1e-4};
+
+template <typename T>
+void check_golden(const std::string& preset, const Tolerances& tol) {
+  H5Reader f(kGolden);
+  const ModelConfig cfg = golden_config(f, preset);
+  Allocator alloc;
+  ParameterStore ps(alloc, dtype_of<T>());
+  Gpt gpt(cfg, ps);
+  ps.finalize();
+
+  // Every tessera parameter has a fixture tensor of the same shape (names are the contract).
+  for (int id = 0; id < ps.size(); ++id) {
+    const ParamEntry& e = ps.entry(id);
+    auto a = f.read<double>(preset + "/params/" + e.spec.name);
+    ASSERT_EQ(static_cast<int64_t>(a.values.size()), e.local_shape.numel()) << e.spec.name;
+    T* p = ps.param(id).ptr<T>();
+    for (size_t i = 0; i < a.values.size(); ++i) p[i] = static_cast<T>(a.values[i]);
+  }
+  auto tokens = read_ids(f, preset + "/tokens");
+  auto targets = read_ids(f, preset + "/targets");
+
+  GptCtx ctx;
+  const double loss = gpt.forward(ctx, alloc, tokens.t(), targets.t());
+  EXPECT_LT(rel_error<T>(ctx.logits, f.read<double>(preset + "/logits").values), tol.logits) << preset;
+  const double want_loss = f.read<double>(preset + "/loss").values[0];
+  EXPECT_NEAR(loss, want_loss, tol.loss * want_loss) << preset;
+
+  const int64_t n_targets = ctx.n_targets;
+  gpt.backward(ctx, alloc, 1.0 / static_cast<double>(n_targets));
+  for (int id = 0; id < ps.size(); ++id) {
+    const std::string& name = ps.entry(id).spec.name;
+    EXPECT_LT(rel_error<T>(ps.grad(id), f.read<double>(preset + "/grads/" + name).values), tol.grads)
+        << preset << " gradient of " << name;
+  }
+
+  // Ten AdamW steps on the same batch; weight decay on matrices only (as the fixture's groups).
+  const int64_t steps = f.attr_int(preset, "steps");
+  AdamWStep s;
+  s.lr = f.attr_double(preset, "lr");
+  s.beta1 = f.attr_double(preset, "beta1");
+  s.beta2 = f.attr_double(preset, "beta2");
+  s.eps = f.attr_double(preset, "eps");
+  const double wd = f.attr_double(preset, "weight_decay");
+  Buffer m(alloc, ps.dtype(), {ps.numel()}, MemCategory::OptimizerState);
+  Buffer v(alloc, ps.dtype(), {ps.numel()}, MemCategory::OptimizerState);
+  const auto want = f.read<double>(preset + "/adamw_losses").values;
+  ASSERT_EQ(static_cast<int64_t>(want.size()), steps);
+  for (int64_t step = 1; step <= steps; ++step) {
+    ps.zero_grads();
+    const double l = gpt.forward(ctx, alloc, tokens.t(), targets.t());
+    EXPECT_NEAR(l, want[step - 1], tol.adamw_losses * want[step - 1]) << preset << " AdamW step " << step;
+    gpt.backward(ctx, alloc, 1.0 / static_cast<double>(n_targets));
+    s.step = step;
+    for (int id = 0; id < ps.size(); ++id) {
+      const ParamEntry& e = ps.entry(id);
+      s.weight_decay = e.spec.kind == ParamKind::Matrix ? wd : 0.0;
+      const int64_t n = e.local_shape.numel();
+      auto slice = [&](const Tensor& flat) { return flat.view({ps.numel()}).slice_rows(e.offset, e.offset + n); };
+      adamw_update(slice(ps.flat_params()), slice(ps.flat_grads()), slice(m), slice(v), s);
+    }
+  }
+}
+
+}  // namespace
+
+TEST(GptGolden, Gpt2MatchesPyTorchF64) { check_golden<double>("gpt2", kF64Tol); }
+TEST(GptGolden, LlamaMatchesPyTorchF64) { check_golden<double>("llama", kF64Tol); }
+TEST(GptGolden, Gpt2MatchesPyTorchF32) { check_golden<float>("gpt2", kF32Tol); }
+TEST(GptGolden, LlamaMatchesPyTorchF32) { check_golden<float>("llama", kF32Tol); }
+
+namespace {
+
+ModelConfig tiny_config(const std::string& preset) {
+  ModelConfig c;
+  c.preset = preset;
+  c.vocab_size = 13;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_kv_head = preset == "llama" ? 1 : 0;
+  c.n_embd = 8;
+  c.ffn_hidden = 12;
+  c.max_seq_len = 8;
+  c.init_std = 0.3;  // large enough that every path carries a visible gradient
+  return c;
+}
+
+struct TinyModel {
+  Allocator alloc;
+  ParameterStore ps;
+  Gpt gpt;
+  TinyModel(const ModelConfig& cfg, DType dt, std::vector<Recompute> rc = {}) : ps(alloc, dt), gpt(cfg, ps, rc) {
+    ps.finalize();
+    ps.initialize(7);
+  }
+};
+
+}  // namespace
+
+class GptFiniteDifference : public ::testing::TestWithParam<std::string> {};
+
+// Every parameter's gradient against central differences of the loss, in double precision.
+TEST_P(GptFiniteDifference, EveryParameterGradient) {
+  TinyModel m(tiny_config(GetParam()), DType::F64);
+  auto tokens = testing::random_ids({2, 6}, 13, 1);
+  auto targets = testing::random_ids({2, 6}, 13, 2);
+  targets[1] = kIgnoreIndex;
+  GptCtx ctx;
+  m.gpt.forward(ctx, m.alloc, tokens.t(), targets.t());
+  m.gpt.backward(ctx, m.alloc, 1.0 / static_cast<double>(ctx.n_targets));
+
+  for (int id = 0; id < m.ps.size(); ++id) {
+    const ParamEntry& e = m.ps.entry(id);
+    const int64_t n = e.local_shape.numel();
+    HostTensor<double> x(e.local_shape), g(e.local_shape);
+    double* p = m.ps.param(id).ptr<double>();
+    std::copy(p, p + n, x.data());
+    std::copy(m.ps.grad(id).ptr<double>(), m.ps.grad(id).ptr<double>() + n, g.data());
+    auto loss = [&] {
+      std::copy(x.data(), x.data() + n, p);
+      GptCtx c;
+      return m.gpt.forward(c, m.alloc, tokens.t(), targets.t());
+    };
+    testing::expect_gradient_matches(loss, x, g, e.spec.name.c_str(), 1e-6, 1e-5, 24);
+    std::copy(x.data(), x.data() + n, p);
+  }
+}
+
+// Full recomputation re-runs the same kernels on the same inputs: gradients are bitwise equal.
+TEST_P(GptFiniteDifference, FullRecomputeGivesIdenticalGradients) {
+  const ModelConfig cfg = tiny_config(GetParam());
+  TinyModel plain(cfg, DType::F32);
+  TinyModel recomputed(cfg, DType::F32, {Recompute::Full, Recompute::None});
+  auto tokens = testing::random_ids({2, 6}, 13, 3);
+  auto targets = testing::random_ids({2, 6}, 13, 4);
+  for (TinyModel* m : {&plain, &recomputed}) {
+    GptCtx ctx;
+    m->gpt.forward(ctx, m->alloc, tokens.t(), targets.t());
+    m->gpt.backward(ctx, m->alloc, 1.0 / 12);
+  }
+  const float* a = plain.ps.flat_grads().ptr<float>();
+  const float* b = recomputed.ps.flat_grads().ptr<float>();
+  for (int64_t i = 0; i < plain.ps.numel(); ++i) ASSERT_EQ(a[i], b[i]) << "gradient element " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, GptFiniteDifference, ::testing::Values("gpt2", "llama"));
+
+namespace {
+
+// Bytes a forward keeps for backward, counted from the architecture (independently of the code):
+// the residual stream (L+1 of BTC), per block what each op saves, and the head.
+int64_t analytic_activation_elements(const ModelConfig& raw, int64_t B, int64_t T, bool full_recompute) {
+  const ModelConfig c = resolve(raw);
+  const int64_t BT = B * T, C = c.n_embd, F = c.ffn_hidden, H = c.n_head, L = c.n_layer;
+  const int64_t kv = c.kv_heads() * c.head_dim();
+  const bool layernorm = c.norm == NormKind::LayerNorm;
+  const int64_t norm = BT * C + (layernorm ? 2 : 1) * BT;  // output, (mean,) rstd
+  const int64_t attention = BT * C + 2 * BT * kv + BT * C + B * H * T;  // q, k, v, out, lse
+  const int64_t mlp = (c.mlp == MlpKind::SwiGlu ? 3 : 2) * BT * F;  // (gate, up,) act | fc, act
+  const int64_t block = norm + attention + BT * C /* x1 */ + norm + mlp;
+  const int64_t head = norm + BT * c.vocab_size /* logits */ + 2 * BT /* losses, lse */;
+  return (L + 1) * BT * C + (full_recompute ? 0 : L * block) + head;
+}
+
+}  // namespace
+
+class GptMemory : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GptMemory, ActivationsMatchAnalyticCount) {
+  ModelConfig cfg = tiny_config(GetParam());
+  cfg.n_layer = 3;
+  for (bool full : {false, true}) {
+    std::vector<Recompute> rc(3, full ? Recompute::Full : Recompute::None);
+    TinyModel m(cfg, DType::F32, rc);
+    auto tokens = testing::random_ids({2, 5}, 13, 5);
+    auto targets = testing::random_ids({2, 5}, 13, 6);
+    GptCtx ctx;
+    m.gpt.forward(ctx, m.alloc, tokens.t(), targets.t());
+    const size_t expected = 4 * static_cast<size_t>(analytic_activation_elements(cfg, 2, 5, full));
+    EXPECT_EQ(m.alloc.counter(MemCategory::Activations).current, expected) << (full ? "full" : "none");
+    m.gpt.backward(ctx, m.alloc, 0.1);
+    // Backward releases every activation and temporary.
+    EXPECT_EQ(m.alloc.counter(MemCategory::Activations).current, 0u);
+    EXPECT_EQ(m.alloc.counter(MemCategory::Workspace).current, 0u);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, GptMemory, ::testing::Values("gpt2", "llama"));
+
+TEST(Gpt, RejectsBadInput) {
+  TinyModel m(tiny_config("gpt2"), DType::F32);
+  GptCtx ctx;
+  auto too_long = testing::random_ids({1, 9}, 13, 1);
+  EXPECT_THROW(m.gpt.forward(ctx, m.alloc, too_long.t(), Tensor()), Error);
+  auto bad_token = testing::random_ids({1, 4}, 13, 1);
+  bad_token[2] = 13;
+  EXPECT_THROW(m.gpt.forward(ctx, m.alloc, bad_token.t(), Tensor()), Error);
+}
+
+}  // namespace tessera
