@@ -1,0 +1,27 @@
+// make_batch: windows of T + 1 ids split into inputs and next-token targets.
+#include "data/dataset.h"
+
+#include <algorithm>
+
+#include "kernels/check.h"
+
+namespace tessera {
+
+Batch make_batch(const Dataset& ds, const std::vector<int64_t>& indices) {
+  Batch b;
+  b.B = static_cast<int64_t>(indices.size());
+  b.T = ds.seq_len();
+  b.tokens.resize(static_cast<size_t>(b.B * b.T));
+  b.targets.resize(static_cast<size_t>(b.B * b.T));
+  std::vector<int32_t> window(static_cast<size_t>(b.T + 1));
+  for (int64_t r = 0; r < b.B; ++r) {
+    TESSERA_CHECK(indices[r] >= 0 && indices[r] < ds.num_samples(), "sample index ", indices[r], " outside ",
+                  ds.describe(), " (", ds.num_samples(), " samples)");
+    ds.get(indices[r], window.data());
+    std::copy(window.begin(), window.end() - 1, b.tokens.begin() + r * b.T);
+    std::copy(window.begin() + 1, window.end(), b.targets.begin() + r * b.T);
+  }
+  return b;
+}
+
+}  // namespace tessera

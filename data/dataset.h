@@ -1,0 +1,33 @@
+// The dataset interface every training source implements: a fixed number of samples, each a
+// window of seq_len + 1 token ids (inputs are the first seq_len, targets the last seq_len).
+// The synthetic task (data/addition.h) and file datasets (Megatron indexed, llm.c shards) plug in here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tessera {
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t num_samples() const = 0;
+  virtual int64_t seq_len() const = 0;
+  virtual int64_t vocab_size() const = 0;
+  // Writes sample `index` (0 <= index < num_samples) as seq_len + 1 ids into out.
+  virtual void get(int64_t index, int32_t* out) const = 0;
+  virtual std::string describe() const = 0;
+};
+
+// A micro-batch on the host: tokens and targets (B, T), row-major.
+struct Batch {
+  int64_t B = 0, T = 0;
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> targets;
+};
+
+// Fills a batch from samples indices[0..B): tokens = window[0, T), targets = window[1, T + 1).
+Batch make_batch(const Dataset& ds, const std::vector<int64_t>& indices);
+
+}  // namespace tessera

@@ -1,0 +1,55 @@
+// The AdamW optimizer over flat parameter and gradient buffers: moments in two flat buffers of
+// the same layout, weight decay per segment. optim knows no model: the app describes the
+// parameters as segments of the flat buffer (see model/parameters.h for where they come from).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/allocator.h"
+#include "kernels/tensor.h"
+
+namespace tessera {
+
+struct AdamWOptions {
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+};
+
+// A run of the flat buffer that shares one weight-decay setting (typically one parameter).
+struct ParamSegment {
+  int64_t offset = 0;
+  int64_t numel = 0;
+  bool decay = true;
+};
+
+class AdamW {
+ public:
+  // params, grads: (N) flat buffers; segments cover [0, N) in order without gaps.
+  AdamW(const Tensor& params, const Tensor& grads, std::vector<ParamSegment> segments, Allocator& alloc,
+        const AdamWOptions& opt);
+
+  // One update with learning rate lr; gradients are multiplied by grad_scale first (clipping).
+  void step(double lr, double grad_scale = 1.0);
+
+  int64_t steps_taken() const { return steps_; }
+  const Tensor& exp_avg() const { return m_.tensor(); }
+  const Tensor& exp_avg_sq() const { return v_.tensor(); }
+
+ private:
+  Tensor params_, grads_;
+  std::vector<ParamSegment> segments_;
+  AdamWOptions opt_;
+  Buffer m_, v_;
+  int64_t steps_ = 0;
+};
+
+// L2 norm of a flat gradient buffer (this rank's part; distributed runs reduce the squares).
+double grad_norm(const Tensor& grads);
+// The factor that brings a gradient of norm `norm` down to `max_norm` (1 when within it or when
+// clipping is off, max_norm <= 0).
+double clip_factor(double norm, double max_norm);
+
+}  // namespace tessera
