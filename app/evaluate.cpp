@@ -1,0 +1,91 @@
+// Validation loss and greedy-answer accuracy. Prompts are grouped by length so each group runs
+// as one batch.
+#include "app/evaluate.h"
+
+#include <map>
+#include <numeric>
+
+#include "kernels/tensor.h"
+
+namespace tessera {
+
+namespace {
+Tensor ids_tensor(std::vector<int32_t>& v, int64_t B, int64_t T) { return Tensor(v.data(), DType::I32, {B, T}); }
+
+template <typename T>
+int32_t argmax_row(const T* row, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (row[i] > row[best]) best = i;
+  return static_cast<int32_t>(best);
+}
+
+int32_t argmax_row(const Tensor& logits, int64_t row) {
+  const int64_t V = logits.dim(1);
+  if (logits.dtype == DType::F64) return argmax_row(logits.ptr<double>() + row * V, V);
+  return argmax_row(logits.ptr<float>() + row * V, V);
+}
+}  // namespace
+
+double validation_loss(const Gpt& model, Allocator& alloc, const Dataset& val, int64_t batches, int64_t micro_batch) {
+  double loss_sum = 0;
+  int64_t count = 0;
+  for (int64_t b = 0; b < batches; ++b) {
+    std::vector<int64_t> idx(static_cast<size_t>(micro_batch));
+    std::iota(idx.begin(), idx.end(), b * micro_batch);
+    for (auto& i : idx) i %= val.num_samples();
+    Batch batch = make_batch(val, idx);
+    GptCtx ctx;
+    const double loss = model.forward(ctx, alloc, ids_tensor(batch.tokens, batch.B, batch.T),
+                                      ids_tensor(batch.targets, batch.B, batch.T));
+    loss_sum += loss * static_cast<double>(ctx.n_targets);
+    count += ctx.n_targets;
+  }
+  return count ? loss_sum / static_cast<double>(count) : 0.0;
+}
+
+std::vector<std::vector<int32_t>> greedy_generate(const Gpt& model, Allocator& alloc,
+                                                  const std::vector<std::vector<int32_t>>& prompts, int64_t max_new) {
+  std::vector<std::vector<int32_t>> seqs = prompts;
+  if (seqs.empty()) return seqs;
+  const int64_t B = static_cast<int64_t>(seqs.size());
+  for (int64_t step = 0; step < max_new; ++step) {
+    const int64_t T = static_cast<int64_t>(seqs[0].size());
+    std::vector<int32_t> tokens;
+    tokens.reserve(static_cast<size_t>(B * T));
+    for (const auto& s : seqs) tokens.insert(tokens.end(), s.begin(), s.end());
+    GptCtx ctx;
+    model.forward(ctx, alloc, ids_tensor(tokens, B, T), Tensor());
+    for (int64_t b = 0; b < B; ++b) seqs[b].push_back(argmax_row(ctx.logits, b * T + T - 1));
+  }
+  return seqs;
+}
+
+AccuracyResult addition_accuracy(const Gpt& model, Allocator& alloc, const AdditionTask& task, int64_t examples) {
+  const CharTokenizer& tok = task.tokenizer();
+  std::map<size_t, std::vector<AdditionProblem>> by_length;
+  for (int64_t i = 0; i < examples; ++i) {
+    AdditionProblem p = task.problem(static_cast<uint64_t>(i), /*validation=*/true);
+    by_length[p.prompt().size()].push_back(p);
+  }
+  AccuracyResult r;
+  const int64_t max_new = task.digits() + 2;  // the longest answer plus its newline
+  for (const auto& [length, problems] : by_length) {
+    std::vector<std::vector<int32_t>> prompts;
+    for (const auto& p : problems) prompts.push_back(tok.encode(p.prompt()));
+    const auto outs = greedy_generate(model, alloc, prompts, max_new);
+    for (size_t i = 0; i < problems.size(); ++i) {
+      std::vector<int32_t> tail(outs[i].begin() + static_cast<int64_t>(length), outs[i].end());
+      std::string answer = tok.decode(tail);
+      answer = answer.substr(0, answer.find('\n'));
+      const bool ok = answer == problems[i].answer();
+      r.correct += ok;
+      ++r.total;
+      if (r.examples.size() < 3)
+        r.examples.push_back(problems[i].prompt() + answer + (ok ? "" : " (expected " + problems[i].answer() + ")"));
+    }
+  }
+  return r;
+}
+
+}  // namespace tessera

@@ -1,0 +1,120 @@
+// JSON records, the metrics file and the progress line.
+#include "app/metrics.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+
+#include "kernels/check.h"
+
+namespace tessera {
+
+namespace {
+std::string json_number(double v) {
+  if (!std::isfinite(v)) return "null";  // JSON has no NaN/Inf
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out + "\"";
+}
+}  // namespace
+
+JsonRecord& JsonRecord::add(const std::string& key, double value) {
+  fields_.emplace_back(key, json_number(value));
+  return *this;
+}
+JsonRecord& JsonRecord::add(const std::string& key, int64_t value) {
+  fields_.emplace_back(key, std::to_string(value));
+  return *this;
+}
+JsonRecord& JsonRecord::add(const std::string& key, const std::string& value) {
+  fields_.emplace_back(key, json_string(value));
+  return *this;
+}
+
+std::string JsonRecord::str() const {
+  std::string s = "{";
+  for (size_t i = 0; i < fields_.size(); ++i) s += (i ? ", " : "") + json_string(fields_[i].first) + ": " + fields_[i].second;
+  return s + "}";
+}
+
+MetricsWriter::MetricsWriter(const std::string& path, bool append)
+    : out_(path, append ? std::ios::app : std::ios::trunc) {
+  TESSERA_CHECK(out_.is_open(), "cannot open ", path, " for writing");
+}
+
+void MetricsWriter::write(const JsonRecord& r) {
+  if (!out_.is_open()) return;
+  out_ << r.str() << '\n';
+  out_.flush();
+}
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  char buf[32];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%ldh%02ldm", static_cast<long>(s / 3600), static_cast<long>(s / 60 % 60));
+  else if (s >= 60)
+    std::snprintf(buf, sizeof buf, "%ldm%02lds", static_cast<long>(s / 60), static_cast<long>(s % 60));
+  else
+    std::snprintf(buf, sizeof buf, "%lds", static_cast<long>(s));
+  return buf;
+}
+
+std::string format_rate(double v) {
+  char buf[32];
+  if (v >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.2fM", v / 1e6);
+  else if (v >= 1e3)
+    std::snprintf(buf, sizeof buf, "%.1fk", v / 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f", v);
+  return buf;
+}
+
+ProgressPrinter::ProgressPrinter(const std::string& mode) {
+  tty_ = mode == "tty" || (mode == "auto" && isatty(STDOUT_FILENO));
+}
+
+void ProgressPrinter::step(const StepStats& s) {
+  char buf[320];
+  const int width = static_cast<int>(std::to_string(s.total_steps).size());
+  std::snprintf(buf, sizeof buf,
+                "step %*ld/%ld | loss %.4f | lr %.2e | gnorm %.3f | %s tok/s | MFU %.1f%% | mem %s | ETA %s", width,
+                static_cast<long>(s.step), static_cast<long>(s.total_steps), s.loss, s.lr, s.grad_norm,
+                format_rate(s.tokens_per_s).c_str(), 100.0 * s.mfu, s.memory.c_str(), format_duration(s.eta_s).c_str());
+  if (tty_) {
+    std::cout << "\r\033[K" << buf << std::flush;
+    line_open_ = true;
+  } else {
+    std::cout << buf << std::endl;
+  }
+}
+
+void ProgressPrinter::message(const std::string& text) {
+  if (line_open_) std::cout << "\r\033[K";
+  std::cout << text << std::endl;
+  line_open_ = false;
+}
+
+void ProgressPrinter::finish() {
+  if (line_open_) std::cout << std::endl;
+  line_open_ = false;
+}
+
+}  // namespace tessera

@@ -1,0 +1,61 @@
+// Training output: metrics.jsonl (one JSON object per line, for scripts and plots) and the
+// progress line (updated in place on a terminal, plain lines otherwise).
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tessera {
+
+// One JSON object: numeric and string fields in insertion order.
+class JsonRecord {
+ public:
+  JsonRecord& add(const std::string& key, double value);
+  JsonRecord& add(const std::string& key, int64_t value);
+  JsonRecord& add(const std::string& key, const std::string& value);
+  std::string str() const;
+
+ private:
+  std::vector<std::pair<std::string, std::string>> fields_;
+};
+
+// Appends records to <run dir>/metrics.jsonl, flushed per line so a killed run keeps its history.
+class MetricsWriter {
+ public:
+  MetricsWriter() = default;
+  MetricsWriter(const std::string& path, bool append);
+  void write(const JsonRecord& r);
+  bool is_open() const { return out_.is_open(); }
+
+ private:
+  std::ofstream out_;
+};
+
+struct StepStats {
+  int64_t step = 0, total_steps = 0;
+  double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0, mfu = 0, elapsed_s = 0, eta_s = 0;
+  std::string memory;
+};
+
+// Prints one line per call; on a terminal the line is rewritten in place.
+class ProgressPrinter {
+ public:
+  // mode: "auto" (terminal if stdout is one), "tty" or "lines".
+  explicit ProgressPrinter(const std::string& mode);
+  void step(const StepStats& s);
+  // A message on its own line (evaluation results, warnings), keeping the progress line intact.
+  void message(const std::string& text);
+  void finish();
+
+ private:
+  bool tty_ = false;
+  bool line_open_ = false;
+};
+
+std::string format_duration(double seconds);  // "2m31s"
+std::string format_rate(double per_s);         // "45.1k"
+
+}  // namespace tessera

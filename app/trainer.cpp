@@ -1,0 +1,250 @@
+// The training loop. Batch semantics follow Megatron: global_batch sequences per optimizer step,
+// micro_batch sequences per forward, accumulation = global_batch / (micro_batch x dp).
+#include "app/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "app/build_info.h"
+#include "app/evaluate.h"
+#include "kernels/backend_info.h"
+#include "kernels/elementwise.h"
+
+namespace tessera {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::vector<Recompute> recompute_policy(const Config& c, int64_t layers) {
+  const Recompute r = c.model.recompute == "full" ? Recompute::Full : Recompute::None;
+  return std::vector<Recompute>(static_cast<size_t>(layers), r);
+}
+
+// Training samples are drawn in order; every sample of the synthetic task is fresh.
+constexpr int64_t kSyntheticTrainSamples = int64_t(1) << 40;
+}  // namespace
+
+Trainer::Trainer(const Config& cfg, const std::string& run_dir)
+    : cfg_(cfg),
+      run_dir_(run_dir),
+      accum_(tessera::grad_accum_steps(cfg, 1)),
+      task_(static_cast<int>(cfg.data.digits), static_cast<uint64_t>(cfg.data.seed)),
+      train_ds_(task_, false, cfg.train.seq_len, kSyntheticTrainSamples),
+      val_ds_(task_, true, cfg.train.seq_len, cfg.train.eval_batches * cfg.train.micro_batch),
+      progress_(cfg.log.progress) {
+  const ModelConfig mc = resolve(to_model_config(cfg_, train_ds_.vocab_size()));
+  params_ = std::make_unique<ParameterStore>(alloc_, DType::F32);
+  model_ = std::make_unique<Gpt>(mc, *params_, recompute_policy(cfg_, mc.n_layer));
+  params_->finalize();
+  params_->initialize(static_cast<uint64_t>(cfg_.train.seed));
+  opt_ = std::make_unique<AdamW>(params_->flat_params(), params_->flat_grads(), segments(), alloc_,
+                                 AdamWOptions{cfg_.optim.beta1, cfg_.optim.beta2, cfg_.optim.eps, cfg_.optim.weight_decay});
+  schedule_ = LrSchedule{cfg_.optim.lr, cfg_.optim.min_lr, cfg_.optim.warmup_steps, cfg_.train.steps,
+                         parse_lr_decay(cfg_.optim.decay)};
+  flops_per_token_ = flops_per_token(mc, cfg_.train.seq_len);
+  if (!run_dir_.empty()) metrics_ = MetricsWriter(run_dir_ + "/metrics.jsonl", /*append=*/false);
+}
+
+std::vector<ParamSegment> Trainer::segments() const {
+  std::vector<ParamSegment> segs;
+  for (const ParamEntry& e : params_->entries()) {
+    bool decay = false;
+    switch (e.spec.kind) {
+      case ParamKind::Matrix: decay = true; break;
+      case ParamKind::Norm: decay = cfg_.optim.decay_norms; break;
+      case ParamKind::Bias: decay = cfg_.optim.decay_biases; break;
+      case ParamKind::Embedding: decay = cfg_.optim.decay_embeddings; break;
+    }
+    segs.push_back({e.offset, e.local_shape.numel(), decay});
+  }
+  return segs;
+}
+
+// Runs every micro-batch of step s and accumulates gradients of the mean loss over the global
+// batch; returns that mean loss.
+double Trainer::forward_backward(int64_t s) {
+  const int64_t mb = cfg_.train.micro_batch;
+  std::vector<Batch> batches;
+  int64_t targets = 0;
+  for (int64_t m = 0; m < accum_; ++m) {
+    std::vector<int64_t> idx(static_cast<size_t>(mb));
+    for (int64_t r = 0; r < mb; ++r) idx[r] = (s * cfg_.train.global_batch + m * mb + r) % train_ds_.num_samples();
+    batches.push_back(make_batch(train_ds_, idx));
+    const Tensor t(batches.back().targets.data(), DType::I32, {mb, cfg_.train.seq_len});
+    targets += count_not_equal(t, kIgnoreIndex);
+  }
+  double loss_sum = 0;
+  for (Batch& b : batches) {
+    GptCtx ctx;
+    const double loss = model_->forward(ctx, alloc_, Tensor(b.tokens.data(), DType::I32, {b.B, b.T}),
+                                        Tensor(b.targets.data(), DType::I32, {b.B, b.T}));
+    loss_sum += loss * static_cast<double>(ctx.n_targets);
+    model_->backward(ctx, alloc_, 1.0 / static_cast<double>(targets));
+  }
+  return targets ? loss_sum / static_cast<double>(targets) : 0.0;
+}
+
+std::string Trainer::nonfinite_report(double loss, double norm) const {
+  if (!std::isfinite(loss)) return "loss is " + std::to_string(loss);
+  for (int id = 0; id < params_->size(); ++id)
+    if (!std::isfinite(squared_norm(params_->grad(id))))
+      return "gradient of " + params_->entry(id).spec.name + " is not finite";
+  return "gradient norm is " + std::to_string(norm);
+}
+
+Trainer::StepResult Trainer::step(int64_t s) {
+  StepResult r;
+  params_->zero_grads();
+  r.loss = forward_backward(s);
+  r.grad_norm = grad_norm(params_->flat_grads());
+  r.lr = schedule_.at(s);
+  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
+    r.skipped = true;
+    r.problem = nonfinite_report(r.loss, r.grad_norm);
+    return r;
+  }
+  opt_->step(r.lr, clip_factor(r.grad_norm, cfg_.optim.grad_clip));
+  return r;
+}
+
+void Trainer::log_step(int64_t s, const StepResult& r, double step_seconds, double elapsed) {
+  const double tokens = static_cast<double>(cfg_.train.global_batch * cfg_.train.seq_len);
+  const double tps = step_seconds > 0 ? tokens / step_seconds : 0.0;
+  const double mfu = peak_flops_ > 0 ? tps * flops_per_token_ / peak_flops_ : 0.0;
+  const int64_t done = s + 1;
+  StepStats st;
+  st.step = done;
+  st.total_steps = cfg_.train.steps;
+  st.loss = r.loss;
+  st.lr = r.lr;
+  st.grad_norm = r.grad_norm;
+  st.tokens_per_s = tps;
+  st.mfu = mfu;
+  st.elapsed_s = elapsed;
+  st.eta_s = elapsed / static_cast<double>(done) * static_cast<double>(cfg_.train.steps - done);
+  st.memory = format_bytes(alloc_.total_peak());
+  progress_.step(st);
+  metrics_.write(JsonRecord()
+                     .add("step", done)
+                     .add("loss", r.loss)
+                     .add("lr", r.lr)
+                     .add("grad_norm", r.grad_norm)
+                     .add("tokens_per_s", tps)
+                     .add("mfu", mfu)
+                     .add("elapsed_s", elapsed)
+                     .add("tokens", static_cast<int64_t>(done) * cfg_.train.global_batch * cfg_.train.seq_len));
+}
+
+void Trainer::evaluate(int64_t s, TrainSummary& summary) {
+  const auto t0 = Clock::now();
+  summary.val_loss = validation_loss(*model_, alloc_, val_ds_, cfg_.train.eval_batches, cfg_.train.micro_batch);
+  const AccuracyResult acc = addition_accuracy(*model_, alloc_, task_, cfg_.data.val_examples);
+  summary.val_accuracy = acc.accuracy();
+  std::ostringstream os;
+  os << "eval  step " << s << ": val_loss " << std::fixed;
+  os.precision(4);
+  os << summary.val_loss << ", accuracy ";
+  os.precision(1);
+  os << 100.0 * acc.accuracy() << "% (" << acc.correct << "/" << acc.total << ")";
+  for (const auto& e : acc.examples) os << " | " << e;
+  os.precision(1);
+  os << " [" << seconds_since(t0) << "s]";
+  progress_.message(os.str());
+  metrics_.write(JsonRecord().add("step", s).add("val_loss", summary.val_loss).add("val_accuracy", acc.accuracy()));
+}
+
+TrainSummary Trainer::run() {
+  StopSignals stop;
+  TrainSummary summary;
+  peak_flops_ = measure_cpu_peak_gflops() * 1e9;
+  {
+    std::ostringstream os;
+    os << "model " << model_->config().preset << ": " << params_->numel() << " parameters, "
+       << model_->config().n_layer << " layers, C=" << model_->config().n_embd << " | batch "
+       << cfg_.train.global_batch << " x " << cfg_.train.seq_len << " tokens (micro " << cfg_.train.micro_batch
+       << ", accumulation " << accum_ << ") | " << cfg_.train.steps << " steps | MFU vs measured CPU peak "
+       << static_cast<int64_t>(peak_flops_ / 1e9) << " GFLOP/s";
+    progress_.message(os.str());
+  }
+  const auto t_start = Clock::now();
+  double train_seconds = 0;
+  int64_t consecutive_bad = 0;
+  for (int64_t s = 0; s < cfg_.train.steps; ++s) {
+    const auto t0 = Clock::now();
+    const StepResult r = step(s);
+    const double dt = seconds_since(t0);
+    train_seconds += dt;
+    summary.steps_done = s + 1;
+    if (r.skipped) {
+      ++summary.skipped_steps;
+      ++consecutive_bad;
+      progress_.message("warning: step " + std::to_string(s + 1) + " skipped: " + r.problem);
+      if (consecutive_bad >= cfg_.train.max_bad_steps) {
+        progress_.message("error: " + std::to_string(consecutive_bad) + " consecutive non-finite steps (train.max_bad_steps = " +
+                          std::to_string(cfg_.train.max_bad_steps) + "); stopping. Lower optim.lr or check the data.");
+        summary.exit_code = kExitDiverged;
+        break;
+      }
+    } else {
+      consecutive_bad = 0;
+      summary.last_loss = r.loss;
+    }
+    if ((s + 1) % cfg_.log.every == 0 || s + 1 == cfg_.train.steps || s == 0)
+      log_step(s, r, dt, train_seconds);
+    const bool last = s + 1 == cfg_.train.steps;
+    if (!last && cfg_.train.eval_every > 0 && (s + 1) % cfg_.train.eval_every == 0) evaluate(s + 1, summary);
+    if (stop.requested()) {
+      progress_.message("stopping after step " + std::to_string(s + 1) + " (signal " +
+                        std::to_string(stop.signal_number()) + ")");
+      summary.exit_code = kExitInterrupted;
+      break;
+    }
+  }
+  if (summary.exit_code == kExitOk) evaluate(summary.steps_done, summary);
+  summary.elapsed_s = seconds_since(t_start);
+  progress_.finish();
+  return summary;
+}
+
+namespace {
+std::string default_run_name(const Config& cfg, const std::string& config_path) {
+  if (!cfg.train.name.empty()) return cfg.train.name;
+  return std::filesystem::path(config_path).stem().string();
+}
+
+void print_summary(const TrainSummary& s, const std::string& run_dir) {
+  std::printf("done: %ld steps (%ld skipped) in %s | final loss %.4f | val_loss %.4f", static_cast<long>(s.steps_done),
+              static_cast<long>(s.skipped_steps), format_duration(s.elapsed_s).c_str(), s.last_loss, s.val_loss);
+  if (s.val_accuracy >= 0) std::printf(" | accuracy %.1f%%", 100.0 * s.val_accuracy);
+  std::printf("\nrun directory: %s (config.toml, metrics.jsonl)\n", run_dir.c_str());
+}
+}  // namespace
+
+int run_train_command(const TrainArgs& args) {
+  const Config cfg = load_config(args.config_path, args.overrides);
+  if (args.print_config) {
+    std::cout << to_toml(cfg);
+    return kExitOk;
+  }
+  const std::string run_dir =
+      args.run_dir.empty() ? cfg.log.dir + "/" + default_run_name(cfg, args.config_path) : args.run_dir;
+  std::filesystem::create_directories(run_dir);
+  {
+    std::ofstream out(run_dir + "/config.toml");
+    TESSERA_CHECK(out.is_open(), "cannot write ", run_dir, "/config.toml");
+    out << to_toml(cfg);
+  }
+  std::cout << build_info();
+  Trainer trainer(cfg, run_dir);
+  const TrainSummary summary = trainer.run();
+  print_summary(summary, run_dir);
+  return summary.exit_code;
+}
+
+}  // namespace tessera

@@ -1,0 +1,82 @@
+// `tessera train`: builds data, model and optimizer from a Config and runs the training loop with
+// evaluation, progress output, metrics.jsonl, non-finite step skipping and a clean Ctrl-C stop.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "app/config.h"
+#include "app/metrics.h"
+#include "app/signals.h"
+#include "data/addition.h"
+#include "kernels/allocator.h"
+#include "model/gpt.h"
+#include "model/parameters.h"
+#include "optim/adamw.h"
+#include "optim/schedule.h"
+
+namespace tessera {
+
+// Exit codes of `tessera train` (docs/training.md).
+enum TrainExit : int { kExitOk = 0, kExitError = 1, kExitDiverged = 3, kExitInterrupted = 130 };
+
+struct TrainSummary {
+  int64_t steps_done = 0;
+  int64_t skipped_steps = 0;
+  double last_loss = 0;
+  double val_loss = 0;
+  double val_accuracy = -1;  // -1 when the task has no accuracy
+  double elapsed_s = 0;
+  int exit_code = kExitOk;
+};
+
+class Trainer {
+ public:
+  Trainer(const Config& cfg, const std::string& run_dir);
+  TrainSummary run();
+
+  struct StepResult {
+    double loss = 0, grad_norm = 0, lr = 0;
+    bool skipped = false;
+    std::string problem;  // what went non-finite, when skipped
+  };
+  // One optimizer step (0-based s) over the global batch: accumulate micro-batches, clip, update.
+  StepResult step(int64_t s);
+  const ParameterStore& params() const { return *params_; }
+  int64_t grad_accum_steps() const { return accum_; }
+
+ private:
+  double forward_backward(int64_t s);
+  std::string nonfinite_report(double loss, double norm) const;
+  void evaluate(int64_t s, TrainSummary& summary);
+  void log_step(int64_t s, const StepResult& r, double step_seconds, double elapsed);
+  std::vector<ParamSegment> segments() const;
+
+  Config cfg_;
+  std::string run_dir_;
+  int64_t accum_ = 1;
+  AdditionTask task_;
+  AdditionDataset train_ds_, val_ds_;
+  Allocator alloc_;
+  std::unique_ptr<ParameterStore> params_;
+  std::unique_ptr<Gpt> model_;
+  std::unique_ptr<AdamW> opt_;
+  LrSchedule schedule_;
+  MetricsWriter metrics_;
+  ProgressPrinter progress_;
+  double flops_per_token_ = 0;
+  double peak_flops_ = 0;
+};
+
+struct TrainArgs {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  std::string run_dir;  // empty: <log.dir>/<train.name>
+  bool print_config = false;
+};
+
+// The whole command: load and validate the config, then train. Returns the exit code.
+int run_train_command(const TrainArgs& args);
+
+}  // namespace tessera
