@@ -4,18 +4,15 @@
 
 #include <omp.h>
 
-#include <string>
-
-#include "testing.h"
+#include "op_testing.h"
 
 namespace tessera {
+using testing::expect_error;
+using testing::float_rounded;
 using testing::HostTensor;
 namespace {
 
 constexpr double kEps = 1e-5;
-
-// Inputs rounded to float once, so the float and double paths see identical values.
-HostTensor<double> float_rounded(const HostTensor<double>& x) { return x.cast<float>().cast<double>(); }
 
 // One forward's inputs and outputs in dtype T. x has mean ~3 and spread ~0.6, so a one-pass
 // E[x^2] - E[x]^2 variance would lose digits that the two-pass statistics keep.
@@ -40,16 +37,6 @@ Inputs make_inputs(Shape x_shape, uint64_t seed) {
           float_rounded(HostTensor<double>::uniform({C}, seed + 2))};
 }
 
-// Expects fn to throw tessera::Error whose message contains every part.
-template <typename F>
-void expect_error(F&& fn, std::initializer_list<const char*> parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "no Error thrown";
-  } catch (const Error& e) {
-    for (const char* p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
-  }
-}
 
 }  // namespace
 
