@@ -1,0 +1,93 @@
+// CPU AdamW (PyTorch's formula): a templated reference for F64 and an OpenMP SIMD float path.
+// Both take the step's scalars (bias corrections, decay factor) computed once in double.
+#include "kernels/adamw.h"
+
+#include <cmath>
+#include <cstdint>
+
+namespace tessera {
+namespace {
+
+// Per-step scalars, derived once from AdamWStep in double and cast to the element type.
+template <typename T>
+struct AdamWScalars {
+  T decay;         // 1 - lr * weight_decay
+  T beta1, one_minus_beta1;
+  T beta2, one_minus_beta2;
+  T step_size;     // lr / (1 - beta1^step)
+  T inv_bc2_sqrt;  // 1 / sqrt(1 - beta2^step)
+  T eps;
+  T grad_scale;
+
+  explicit AdamWScalars(const AdamWStep& s) {
+    double t = static_cast<double>(s.step);
+    decay = static_cast<T>(1.0 - s.lr * s.weight_decay);
+    beta1 = static_cast<T>(s.beta1);
+    one_minus_beta1 = static_cast<T>(1.0 - s.beta1);
+    beta2 = static_cast<T>(s.beta2);
+    one_minus_beta2 = static_cast<T>(1.0 - s.beta2);
+    step_size = static_cast<T>(s.lr / (1.0 - std::pow(s.beta1, t)));
+    inv_bc2_sqrt = static_cast<T>(1.0 / std::sqrt(1.0 - std::pow(s.beta2, t)));
+    eps = static_cast<T>(s.eps);
+    grad_scale = static_cast<T>(s.grad_scale);
+  }
+};
+
+// One element's update, shared by both paths.
+template <typename T>
+inline void adamw_element(T& p, T grad, T& m, T& v, const AdamWScalars<T>& k) {
+  T g = k.grad_scale * grad;
+  p *= k.decay;
+  m = k.beta1 * m + k.one_minus_beta1 * g;
+  v = k.beta2 * v + k.one_minus_beta2 * g * g;
+  p -= k.step_size * m / (std::sqrt(v) * k.inv_bc2_sqrt + k.eps);
+}
+
+namespace reference {
+template <typename T>
+void update(T* p, const T* g, T* m, T* v, int64_t n, const AdamWScalars<T>& k) {
+  for (int64_t i = 0; i < n; ++i) adamw_element(p[i], g[i], m[i], v[i], k);
+}
+}  // namespace reference
+
+namespace simd {
+void update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWScalars<float>& k) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) adamw_element(p[i], g[i], m[i], v[i], k);
+}
+}  // namespace simd
+
+void check_args(const char* op, const char* arg, const Tensor& t, const Tensor& params) {
+  TESSERA_CHECK(t.defined(), op, ": ", arg, " is undefined");
+  check_cpu(op, t);
+  check_dtype(op, arg, t, params.dtype);
+  TESSERA_CHECK(t.numel() == params.numel(), op, ": ", arg, " has ", t.numel(), " elements, params has ",
+                params.numel());
+}
+
+void check_step(const char* op, const AdamWStep& s) {
+  TESSERA_CHECK(s.step >= 1, op, ": step is ", s.step, ", must be >= 1 (bias correction is 1-based)");
+  TESSERA_CHECK(s.beta1 >= 0 && s.beta1 < 1, op, ": beta1 is ", s.beta1, ", must be in [0, 1)");
+  TESSERA_CHECK(s.beta2 >= 0 && s.beta2 < 1, op, ": beta2 is ", s.beta2, ", must be in [0, 1)");
+}
+
+}  // namespace
+
+void adamw_update(const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v, const AdamWStep& s) {
+  const char* op = "adamw_update";
+  check_args(op, "params", params, params);
+  TESSERA_CHECK(params.dtype == DType::F32 || params.dtype == DType::F64, op, ": unsupported dtype ",
+                dtype_name(params.dtype), " (F32 or F64)");
+  check_args(op, "grads", grads, params);
+  check_args(op, "m", m, params);
+  check_args(op, "v", v, params);
+  check_step(op, s);
+  if (params.dtype == DType::F64)
+    reference::update(params.ptr<double>(), grads.ptr<double>(), m.ptr<double>(), v.ptr<double>(), params.numel(),
+                      AdamWScalars<double>(s));
+  else
+    simd::update(params.ptr<float>(), grads.ptr<float>(), m.ptr<float>(), v.ptr<float>(), params.numel(),
+                 AdamWScalars<float>(s));
+}
+
+}  // namespace tessera

@@ -1,0 +1,355 @@
+// CPU causal GQA attention: a templated two-pass reference per query row (F64, the test oracle) and
+// a flash-style F32 path (query tiles x key tiles, online softmax, O(T) memory) under OpenMP.
+// The F32 backward is parallel over (b, kv head): a thread owns that head's dk/dv and the dq rows of
+// its query heads, so there are no races and the result does not depend on the thread count.
+#include "kernels/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace tessera {
+namespace {
+
+// Sizes, causal geometry and row offsets shared by both paths.
+struct Dims {
+  int64_t B, T, S, H, KV, D;
+  int64_t q_offset, k_offset;
+
+  int64_t group() const { return H / KV; }
+  // Keys visible to query row i are 0 .. visible(i) - 1: a prefix, since visibility is k_pos <= q_pos.
+  int64_t visible(int64_t i) const { return std::clamp<int64_t>(q_offset + i - k_offset + 1, 0, S); }
+  int64_t q_row(int64_t b, int64_t t, int64_t h) const { return ((b * T + t) * H + h) * D; }    // (B, T, H, D)
+  int64_t kv_row(int64_t b, int64_t s, int64_t g) const { return ((b * S + s) * KV + g) * D; }  // (B, S, KV, D)
+  int64_t lse_at(int64_t b, int64_t h, int64_t t) const { return (b * H + h) * T + t; }         // (B, H, T)
+};
+
+template <typename T>
+constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+
+// A row whose lse is -inf saw no key (in any block): it has no probabilities, so no gradient.
+template <typename T>
+bool saw_no_key(T lse) {
+  return lse == kNegInf<T>;
+}
+
+namespace reference {
+
+template <typename T>
+T dot(const T* a, const T* b, int64_t n) {
+  T s = 0;
+  for (int64_t d = 0; d < n; ++d) s += a[d] * b[d];
+  return s;
+}
+
+template <typename T>
+void axpy(T* y, T alpha, const T* x, int64_t n) {
+  for (int64_t d = 0; d < n; ++d) y[d] += alpha * x[d];
+}
+
+// Per query row: scores of the visible keys, max, exp, sum, then the weighted sum of values.
+template <typename T>
+void forward(T* out, T* lse, const T* q, const T* k, const T* v, const Dims& m) {
+  const T scale = T(1) / std::sqrt(T(m.D));
+  std::vector<T> p(static_cast<size_t>(m.S));  // (S) one row of scores, then probabilities
+  for (int64_t b = 0; b < m.B; ++b)
+    for (int64_t h = 0; h < m.H; ++h)
+      for (int64_t i = 0; i < m.T; ++i) {
+        const int64_t g = h / m.group(), n = m.visible(i);
+        const T* qi = q + m.q_row(b, i, h);
+        T* oi = out + m.q_row(b, i, h);
+        std::fill(oi, oi + m.D, T(0));
+        T mx = kNegInf<T>, l = 0;
+        for (int64_t j = 0; j < n; ++j) mx = std::max(mx, p[j] = scale * dot(qi, k + m.kv_row(b, j, g), m.D));
+        for (int64_t j = 0; j < n; ++j) l += p[j] = std::exp(p[j] - mx);
+        for (int64_t j = 0; j < n; ++j) axpy(oi, p[j] / l, v + m.kv_row(b, j, g), m.D);
+        lse[m.lse_at(b, h, i)] = n == 0 ? kNegInf<T> : mx + std::log(l);
+      }
+}
+
+// The backward formulas term by term (see attention.h), one (query, key) pair at a time.
+template <typename T>
+void backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out, const T* lse,
+              const Dims& m) {
+  const T scale = T(1) / std::sqrt(T(m.D));
+  for (int64_t b = 0; b < m.B; ++b)
+    for (int64_t h = 0; h < m.H; ++h)
+      for (int64_t i = 0; i < m.T; ++i) {
+        const int64_t g = h / m.group(), row = m.q_row(b, i, h);
+        const T lse_i = lse[m.lse_at(b, h, i)];
+        if (saw_no_key(lse_i)) continue;
+        const T delta = dot(dout + row, out + row, m.D);
+        for (int64_t j = 0; j < m.visible(i); ++j) {
+          const int64_t kv = m.kv_row(b, j, g);
+          const T p = std::exp(scale * dot(q + row, k + kv, m.D) - lse_i);
+          const T ds = p * (dot(dout + row, v + kv, m.D) - delta);
+          axpy(dv + kv, p, dout + row, m.D);
+          axpy(dq + row, scale * ds, k + kv, m.D);
+          axpy(dk + kv, scale * ds, q + row, m.D);
+        }
+      }
+}
+
+}  // namespace reference
+
+namespace flash {
+
+constexpr int64_t kBr = 32;  // query rows per tile
+constexpr int64_t kBc = 64;  // keys per tile
+
+// Per-thread scratch: transposed key/value tiles and the tile's scores, sized once per region.
+struct Scratch {
+  std::vector<float> kt, vt;   // (D, kBc)
+  std::vector<float> p, ds;    // (kBr, kBc) probabilities and score gradients (backward)
+  std::vector<float> acc;      // (kBr, D) unnormalized output rows (forward)
+  explicit Scratch(int64_t D)
+      : kt(static_cast<size_t>(D * kBc)), vt(kt.size()), p(static_cast<size_t>(kBr * kBc)), ds(p.size()),
+        acc(static_cast<size_t>(kBr * D)) {}
+};
+
+// Query tile [i0, i1) of one (b, h) and the kv head it reads.
+struct Tile {
+  int64_t b, h, g, i0, i1;
+};
+
+// dst (D, kBc) = transpose of n rows of src, rows row_stride apart (one kv head of (S, KV, D)).
+void load_transposed(float* dst, const float* src, int64_t n, int64_t row_stride, int64_t D) {
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t d = 0; d < D; ++d) dst[d * kBc + j] = src[j * row_stride + d];
+}
+
+// s[j] = a . bt[:, j] for j < n; vectorized over j, so no horizontal sums.
+void dot_row(float* __restrict s, const float* __restrict a, const float* __restrict bt, int64_t n, int64_t D) {
+  std::fill(s, s + n, 0.0f);
+  for (int64_t d = 0; d < D; ++d) {
+    const float ad = a[d];
+    const float* bd = bt + d * kBc;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) s[j] += ad * bd[j];
+  }
+}
+
+// y[0, D) += alpha * x[0, D).
+inline void axpy(float* __restrict y, float alpha, const float* __restrict x, int64_t D) {
+#pragma omp simd
+  for (int64_t d = 0; d < D; ++d) y[d] += alpha * x[d];
+}
+
+inline float dot(const float* __restrict a, const float* __restrict b, int64_t D) {
+  float s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t d = 0; d < D; ++d) s += a[d] * b[d];
+  return s;
+}
+
+// Online softmax step for one row: folds n new scaled scores s (keys at v, v_stride apart) into the
+// running max mx, sum l and unnormalized output acc (D).
+void online_update(float& mx, float& l, float* acc, float* s, int64_t n, const float* v, int64_t v_stride,
+                   int64_t D) {
+  float tile_max = kNegInf<float>;
+  for (int64_t j = 0; j < n; ++j) tile_max = std::max(tile_max, s[j]);
+  const float new_max = std::max(mx, tile_max);
+  if (new_max > mx) {
+    const float alpha = std::exp(mx - new_max);  // 0 on the first tile (mx = -inf)
+    l *= alpha;
+#pragma omp simd
+    for (int64_t d = 0; d < D; ++d) acc[d] *= alpha;
+    mx = new_max;
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const float p = std::exp(s[j] - mx);
+    l += p;
+    axpy(acc, p, v + j * v_stride, D);
+  }
+}
+
+// One query tile: visits the key tiles up to the causal limit of its last row.
+void forward_tile(float* out, float* lse, const float* q, const float* k, const float* v, const Dims& m,
+                  const Tile& t, Scratch& sc) {
+  const int64_t D = m.D, rows = t.i1 - t.i0, stride = m.KV * D;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  float mx[kBr], l[kBr];
+  std::fill(mx, mx + rows, kNegInf<float>);
+  std::fill(l, l + rows, 0.0f);
+  std::fill(sc.acc.begin(), sc.acc.begin() + rows * D, 0.0f);
+  const int64_t n_keys = m.visible(t.i1 - 1);
+  for (int64_t j0 = 0; j0 < n_keys; j0 += kBc) {
+    const int64_t nc = std::min(kBc, n_keys - j0);
+    const int64_t kv0 = m.kv_row(t.b, j0, t.g);
+    load_transposed(sc.kt.data(), k + kv0, nc, stride, D);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t n = std::min(nc, m.visible(t.i0 + r) - j0);
+      if (n <= 0) continue;
+      float* s = sc.p.data();
+      dot_row(s, q + m.q_row(t.b, t.i0 + r, t.h), sc.kt.data(), n, D);
+      for (int64_t j = 0; j < n; ++j) s[j] *= scale;
+      online_update(mx[r], l[r], sc.acc.data() + r * D, s, n, v + kv0, stride, D);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    float* o = out + m.q_row(t.b, t.i0 + r, t.h);
+    const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+    for (int64_t d = 0; d < D; ++d) o[d] = sc.acc[r * D + d] * inv;
+    lse[m.lse_at(t.b, t.h, t.i0 + r)] = l[r] > 0 ? mx[r] + std::log(l[r]) : kNegInf<float>;
+  }
+}
+
+void forward(float* out, float* lse, const float* q, const float* k, const float* v, const Dims& m) {
+  const int64_t n_tiles = (m.T + kBr - 1) / kBr;
+#pragma omp parallel
+  {
+    Scratch sc(m.D);
+    // Later tiles see more keys: dynamic scheduling balances the causal triangle.
+#pragma omp for collapse(3) schedule(dynamic)
+    for (int64_t b = 0; b < m.B; ++b)
+      for (int64_t h = 0; h < m.H; ++h)
+        for (int64_t it = 0; it < n_tiles; ++it) {
+          const int64_t i0 = it * kBr;
+          forward_tile(out, lse, q, k, v, m, Tile{b, h, h / m.group(), i0, std::min(m.T, i0 + kBr)}, sc);
+        }
+  }
+}
+
+// Inputs and gradients of the backward, passed together.
+struct Grads {
+  float *dq, *dk, *dv;
+  const float *dout, *q, *k, *v;
+};
+
+// Rows of one query tile against key tile [j0, j0 + nc): fills sc.p and sc.ds (kBr, kBc) with
+// P = exp(scale q.k - lse) and dS = P (dout.v - delta), zero where masked, and accumulates dq.
+void backward_scores(const Grads& g, const Dims& m, const Tile& t, const float* lse, const float* delta, int64_t j0,
+                     int64_t nc, Scratch& sc) {
+  const int64_t D = m.D, stride = m.KV * D;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  const float* k0 = g.k + m.kv_row(t.b, j0, t.g);
+  float dp[kBc];
+  for (int64_t r = 0; r < t.i1 - t.i0; ++r) {
+    float* p = sc.p.data() + r * kBc;
+    float* ds = sc.ds.data() + r * kBc;
+    const int64_t n = saw_no_key(lse[r]) ? 0 : std::clamp<int64_t>(m.visible(t.i0 + r) - j0, 0, nc);
+    std::fill(p + n, p + nc, 0.0f);
+    std::fill(ds + n, ds + nc, 0.0f);
+    if (n == 0) continue;
+    const int64_t row = m.q_row(t.b, t.i0 + r, t.h);
+    dot_row(p, g.q + row, sc.kt.data(), n, D);
+    dot_row(dp, g.dout + row, sc.vt.data(), n, D);
+    for (int64_t j = 0; j < n; ++j) {
+      p[j] = std::exp(scale * p[j] - lse[r]);
+      ds[j] = p[j] * (dp[j] - delta[r]);
+    }
+    for (int64_t j = 0; j < n; ++j) axpy(g.dq + row, scale * ds[j], k0 + j * stride, D);
+  }
+}
+
+// dk_j += scale sum_r dS[r, j] q_r and dv_j += sum_r P[r, j] dout_r for the key tile.
+void backward_keys(const Grads& g, const Dims& m, const Tile& t, int64_t j0, int64_t nc, const Scratch& sc) {
+  const int64_t D = m.D;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  for (int64_t j = 0; j < nc; ++j) {
+    const int64_t kv = m.kv_row(t.b, j0 + j, t.g);
+    for (int64_t r = 0; r < t.i1 - t.i0; ++r) {
+      const float p = sc.p[r * kBc + j], ds = sc.ds[r * kBc + j];
+      if (p == 0.0f && ds == 0.0f) continue;
+      const int64_t row = m.q_row(t.b, t.i0 + r, t.h);
+      axpy(g.dk + kv, scale * ds, g.q + row, D);
+      axpy(g.dv + kv, p, g.dout + row, D);
+    }
+  }
+}
+
+void backward_tile(const Grads& g, const float* out, const float* lse_all, const Dims& m, const Tile& t,
+                   Scratch& sc) {
+  const int64_t D = m.D, rows = t.i1 - t.i0, stride = m.KV * D;
+  float lse[kBr], delta[kBr];
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t row = m.q_row(t.b, t.i0 + r, t.h);
+    lse[r] = lse_all[m.lse_at(t.b, t.h, t.i0 + r)];
+    delta[r] = dot(g.dout + row, out + row, D);
+  }
+  const int64_t n_keys = m.visible(t.i1 - 1);
+  for (int64_t j0 = 0; j0 < n_keys; j0 += kBc) {
+    const int64_t nc = std::min(kBc, n_keys - j0);
+    const int64_t kv0 = m.kv_row(t.b, j0, t.g);
+    load_transposed(sc.kt.data(), g.k + kv0, nc, stride, D);
+    load_transposed(sc.vt.data(), g.v + kv0, nc, stride, D);
+    backward_scores(g, m, t, lse, delta, j0, nc, sc);
+    backward_keys(g, m, t, j0, nc, sc);
+  }
+}
+
+void backward(const Grads& g, const float* out, const float* lse, const Dims& m) {
+  const int64_t n_tiles = (m.T + kBr - 1) / kBr;
+#pragma omp parallel
+  {
+    Scratch sc(m.D);
+#pragma omp for collapse(2) schedule(dynamic)
+    for (int64_t b = 0; b < m.B; ++b)
+      for (int64_t kvh = 0; kvh < m.KV; ++kvh)
+        for (int64_t h = kvh * m.group(); h < (kvh + 1) * m.group(); ++h)
+          for (int64_t it = 0; it < n_tiles; ++it) {
+            const int64_t i0 = it * kBr;
+            backward_tile(g, out, lse, m, Tile{b, h, kvh, i0, std::min(m.T, i0 + kBr)}, sc);
+          }
+  }
+}
+
+}  // namespace flash
+
+// Checks shapes, dtypes and devices of the forward's operands and returns the sizes.
+Dims check_forward_args(const char* op, const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                        const Tensor& v, int64_t q_offset, int64_t k_offset) {
+  for (const Tensor* t : {&out, &lse, &q, &k, &v}) {
+    check_cpu(op, *t);
+    check_same_dtype(op, *t, q);
+  }
+  TESSERA_CHECK(q.dtype == DType::F32 || q.dtype == DType::F64, op, ": unsupported dtype ", dtype_name(q.dtype));
+  TESSERA_CHECK(q.ndim() == 4, op, ": q must be (B, T, H, D), got ", q.shape.str());
+  TESSERA_CHECK(k.ndim() == 4, op, ": k must be (B, S, KV, D), got ", k.shape.str());
+  Dims m{q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3), q_offset, k_offset};
+  TESSERA_CHECK(m.D > 0, op, ": head dim D must be positive");
+  TESSERA_CHECK(m.KV > 0 && m.H % m.KV == 0, op, ": query heads ", m.H, " not a multiple of kv heads ", m.KV);
+  check_shape(op, "k", k, Shape{m.B, m.S, m.KV, m.D});
+  check_shape(op, "v", v, k.shape);
+  check_shape(op, "out", out, q.shape);
+  check_shape(op, "lse", lse, Shape{m.B, m.H, m.T});
+  return m;
+}
+
+}  // namespace
+
+void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       int64_t q_offset, int64_t k_offset) {
+  const Dims m = check_forward_args("attention_forward", out, lse, q, k, v, q_offset, k_offset);
+  if (q.dtype == DType::F64)
+    reference::forward(out.ptr<double>(), lse.ptr<double>(), q.ptr<double>(), k.ptr<double>(), v.ptr<double>(), m);
+  else
+    flash::forward(out.ptr<float>(), lse.ptr<float>(), q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), m);
+}
+
+void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, int64_t q_offset,
+                        int64_t k_offset) {
+  const char* op = "attention_backward";
+  const Dims m = check_forward_args(op, out, lse, q, k, v, q_offset, k_offset);
+  for (const Tensor* t : {&dq, &dk, &dv, &dout}) {
+    check_cpu(op, *t);
+    check_same_dtype(op, *t, q);
+  }
+  check_shape(op, "dq", dq, q.shape);
+  check_shape(op, "dout", dout, q.shape);
+  check_shape(op, "dk", dk, k.shape);
+  check_shape(op, "dv", dv, k.shape);
+  if (q.dtype == DType::F64) {
+    reference::backward(dq.ptr<double>(), dk.ptr<double>(), dv.ptr<double>(), dout.ptr<double>(), q.ptr<double>(),
+                        k.ptr<double>(), v.ptr<double>(), out.ptr<double>(), lse.ptr<double>(), m);
+  } else {
+    flash::Grads g{dq.ptr<float>(), dk.ptr<float>(), dv.ptr<float>(), dout.ptr<float>(),
+                   q.ptr<float>(),  k.ptr<float>(),  v.ptr<float>()};
+    flash::backward(g, out.ptr<float>(), lse.ptr<float>(), m);
+  }
+}
+
+}  // namespace tessera

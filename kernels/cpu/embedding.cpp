@@ -1,0 +1,165 @@
+// CPU token + position embedding: a templated reference (F64, rows in order) and a float path with
+// rows in parallel forward and, backward, column blocks in parallel (each walks every row in
+// order), so the scatter-add into dwte is deterministic with no atomics.
+#include "kernels/embedding.h"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cpu/arg_checks.h"
+
+namespace tessera {
+namespace {
+
+// Columns per task in the backward scatter: a task owns its columns, so no two threads write one.
+constexpr int64_t kColBlock = 64;
+
+// Sizes of one call: B batch, T sequence, C channels; V vocab and P positions (0 without wpe).
+struct Dims {
+  int64_t B, T, C, V, P;
+};
+
+namespace reference {
+template <typename T>
+void forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t pos_offset, Dims d) {
+  for (int64_t bt = 0; bt < d.B * d.T; ++bt) {
+    const T* e = wte + tokens[bt] * d.C;                       // (C)
+    const T* p = wpe ? wpe + (pos_offset + bt % d.T) * d.C : nullptr;  // (C)
+    T* o = out + bt * d.C;                                     // (C)
+    for (int64_t c = 0; c < d.C; ++c) o[c] = e[c] + (p ? p[c] : T(0));
+  }
+}
+template <typename T>
+void backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t pos_offset, Dims d) {
+  for (int64_t bt = 0; bt < d.B * d.T; ++bt) {
+    const T* g = dout + bt * d.C;  // (C)
+    T* e = dwte + tokens[bt] * d.C;
+    for (int64_t c = 0; c < d.C; ++c) e[c] += g[c];
+    if (!dwpe) continue;
+    T* p = dwpe + (pos_offset + bt % d.T) * d.C;
+    for (int64_t c = 0; c < d.C; ++c) p[c] += g[c];
+  }
+}
+}  // namespace reference
+
+namespace simd {
+void forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t pos_offset, Dims d) {
+#pragma omp parallel for schedule(static)
+  for (int64_t bt = 0; bt < d.B * d.T; ++bt) {
+    const float* e = wte + tokens[bt] * d.C;  // (C)
+    float* o = out + bt * d.C;                // (C)
+    if (wpe) {
+      const float* p = wpe + (pos_offset + bt % d.T) * d.C;
+#pragma omp simd
+      for (int64_t c = 0; c < d.C; ++c) o[c] = e[c] + p[c];
+    } else {
+#pragma omp simd
+      for (int64_t c = 0; c < d.C; ++c) o[c] = e[c];
+    }
+  }
+}
+
+// dwte[tokens[bt], c] += dout[bt, c]: column blocks in parallel, rows in order within each.
+void token_grad(float* dwte, const float* dout, const int32_t* tokens, Dims d) {
+  int64_t blocks = (d.C + kColBlock - 1) / kColBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    int64_t c0 = blk * kColBlock, nc = std::min(kColBlock, d.C - c0);
+    for (int64_t bt = 0; bt < d.B * d.T; ++bt) {
+      const float* g = dout + bt * d.C + c0;
+      float* e = dwte + tokens[bt] * d.C + c0;
+#pragma omp simd
+      for (int64_t j = 0; j < nc; ++j) e[j] += g[j];
+    }
+  }
+}
+
+// dwpe[pos_offset + t, c] += sum_b dout[b, t, c]: positions in parallel, b in order within each.
+void position_grad(float* dwpe, const float* dout, int64_t pos_offset, Dims d) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < d.T; ++t) {
+    float* p = dwpe + (pos_offset + t) * d.C;
+    for (int64_t b = 0; b < d.B; ++b) {
+      const float* g = dout + (b * d.T + t) * d.C;
+#pragma omp simd
+      for (int64_t c = 0; c < d.C; ++c) p[c] += g[c];
+    }
+  }
+}
+}  // namespace simd
+
+// tokens (B, T) I32 with every id in [0, V); the error names the first bad id and where it is.
+void check_tokens(const char* op, const Tensor& tokens, int64_t V) {
+  cpu::check_defined(op, "tokens", tokens);
+  check_dtype(op, "tokens", tokens, DType::I32);
+  TESSERA_CHECK(tokens.ndim() == 2, op, ": tokens must be (B, T), got ", tokens.shape.str());
+  const int32_t* ids = tokens.ptr<int32_t>();
+  int64_t T = tokens.dim(1);
+  for (int64_t i = 0; i < tokens.numel(); ++i)
+    TESSERA_CHECK(ids[i] >= 0 && ids[i] < V, op, ": token id ", ids[i], " at (b=", i / T, ", t=", i % T,
+                  ") is outside the vocabulary [0, ", V, ")");
+}
+
+// Positions pos_offset .. pos_offset + T - 1 must lie in [0, P).
+void check_positions(const char* op, int64_t pos_offset, int64_t T, int64_t P) {
+  TESSERA_CHECK(pos_offset >= 0, op, ": pos_offset ", pos_offset, " is negative");
+  TESSERA_CHECK(T == 0 || pos_offset + T <= P, op, ": position ", pos_offset + T - 1, " (pos_offset ", pos_offset,
+                " + T ", T, " - 1) is at or beyond the ", P, " positions of wpe");
+}
+
+// table (rows, C) 2-D of dtype dt; returns rows.
+int64_t check_table(const char* op, const char* arg, const Tensor& table, DType dt, int64_t C) {
+  cpu::check_float(op, arg, table);
+  check_dtype(op, arg, table, dt);
+  TESSERA_CHECK(table.ndim() == 2 && table.dim(1) == C, op, ": ", arg, " has shape ", table.shape.str(),
+                ", expected (rows, ", C, ")");
+  return table.dim(0);
+}
+
+// Validates all arguments of one call and returns its sizes. wte is (V, C) forward, dwte backward.
+Dims check_args(const char* op, const Tensor& act, const char* act_name, const Tensor& tokens, const Tensor& wte,
+                const char* wte_name, const Tensor& wpe, const char* wpe_name, int64_t pos_offset) {
+  cpu::check_float(op, wte_name, wte);
+  TESSERA_CHECK(wte.ndim() == 2, op, ": ", wte_name, " must be (V, C), got ", wte.shape.str());
+  Dims d{0, 0, wte.dim(1), wte.dim(0), 0};
+  check_tokens(op, tokens, d.V);
+  d.B = tokens.dim(0);
+  d.T = tokens.dim(1);
+  cpu::check_defined(op, act_name, act);
+  check_dtype(op, act_name, act, wte.dtype);
+  check_shape(op, act_name, act, Shape{d.B, d.T, d.C});
+  if (wpe.defined()) {
+    d.P = check_table(op, wpe_name, wpe, wte.dtype, d.C);
+    check_positions(op, pos_offset, d.T, d.P);
+  }
+  return d;
+}
+
+}  // namespace
+
+void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
+                       int64_t pos_offset) {
+  Dims d = check_args("embedding_forward", out, "out", tokens, wte, "wte", wpe, "wpe", pos_offset);
+  const int32_t* ids = tokens.ptr<int32_t>();
+  if (wte.dtype == DType::F64)
+    reference::forward(out.ptr<double>(), ids, wte.ptr<double>(), wpe.defined() ? wpe.ptr<double>() : nullptr,
+                       pos_offset, d);
+  else
+    simd::forward(out.ptr<float>(), ids, wte.ptr<float>(), wpe.defined() ? wpe.ptr<float>() : nullptr, pos_offset,
+                  d);
+}
+
+void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens,
+                        int64_t pos_offset) {
+  Dims d = check_args("embedding_backward", dout, "dout", tokens, dwte, "dwte", dwpe, "dwpe", pos_offset);
+  const int32_t* ids = tokens.ptr<int32_t>();
+  if (dwte.dtype == DType::F64) {
+    reference::backward(dwte.ptr<double>(), dwpe.defined() ? dwpe.ptr<double>() : nullptr, dout.ptr<double>(), ids,
+                        pos_offset, d);
+  } else {
+    simd::token_grad(dwte.ptr<float>(), dout.ptr<float>(), ids, d);
+    if (dwpe.defined()) simd::position_grad(dwpe.ptr<float>(), dout.ptr<float>(), pos_offset, d);
+  }
+}
+
+}  // namespace tessera

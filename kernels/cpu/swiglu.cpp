@@ -1,0 +1,87 @@
+// CPU SwiGLU: y = silu(gate) * up. A templated reference (F64) and an OpenMP SIMD float path share
+// one scalar formula; each element's inputs are read before its outputs are written.
+#include "kernels/swiglu.h"
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cpu/arg_checks.h"
+
+namespace tessera {
+namespace {
+
+// 1 / (1 + e^-g): for g -> -inf, e^-g -> inf and the result -> 0 without NaN.
+template <typename T>
+inline T sigmoid(T g) {
+  return T(1) / (T(1) + std::exp(-g));
+}
+
+// d silu(g) / dg = sig (1 + g (1 - sig)).
+template <typename T>
+inline void swiglu_grad(T dy, T g, T u, T& dgate, T& dup) {
+  T sig = sigmoid(g);
+  dup = dy * g * sig;
+  dgate = dy * u * sig * (T(1) + g * (T(1) - sig));
+}
+
+namespace reference {
+template <typename T>
+void forward(T* y, const T* gate, const T* up, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = gate[i] * sigmoid(gate[i]) * up[i];
+}
+template <typename T>
+void backward(T* dgate, T* dup, const T* dy, const T* gate, const T* up, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) swiglu_grad(dy[i], gate[i], up[i], dgate[i], dup[i]);
+}
+}  // namespace reference
+
+namespace simd {
+void forward(float* y, const float* gate, const float* up, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] = gate[i] * sigmoid(gate[i]) * up[i];
+}
+void backward(float* dgate, float* dup, const float* dy, const float* gate, const float* up, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float dg, du;
+    swiglu_grad(dy[i], gate[i], up[i], dg, du);
+    dgate[i] = dg;
+    dup[i] = du;
+  }
+}
+}  // namespace simd
+
+// t has gate's dtype and element count (any shape).
+void check_same(const char* op, const char* arg, const Tensor& t, const Tensor& gate) {
+  cpu::check_numel(op, arg, t, gate.dtype, gate.numel());
+}
+
+}  // namespace
+
+void swiglu_forward(const Tensor& y, const Tensor& gate, const Tensor& up) {
+  const char* op = "swiglu_forward";
+  cpu::check_float(op, "gate", gate);
+  check_same(op, "up", up, gate);
+  check_same(op, "y", y, gate);
+  if (gate.dtype == DType::F64)
+    reference::forward(y.ptr<double>(), gate.ptr<double>(), up.ptr<double>(), gate.numel());
+  else
+    simd::forward(y.ptr<float>(), gate.ptr<float>(), up.ptr<float>(), gate.numel());
+}
+
+void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dy, const Tensor& gate, const Tensor& up) {
+  const char* op = "swiglu_backward";
+  cpu::check_float(op, "gate", gate);
+  check_same(op, "up", up, gate);
+  check_same(op, "dy", dy, gate);
+  check_same(op, "dgate", dgate, gate);
+  check_same(op, "dup", dup, gate);
+  if (gate.dtype == DType::F64)
+    reference::backward(dgate.ptr<double>(), dup.ptr<double>(), dy.ptr<double>(), gate.ptr<double>(),
+                        up.ptr<double>(), gate.numel());
+  else
+    simd::backward(dgate.ptr<float>(), dup.ptr<float>(), dy.ptr<float>(), gate.ptr<float>(), up.ptr<float>(),
+                   gate.numel());
+}
+
+}  // namespace tessera
