@@ -48,7 +48,7 @@ double fma_loop(int64_t iters) {
 double measure_cpu_peak_gflops() {
   const int64_t iters = 2'000'000;
   const int threads = omp_get_max_threads();
-  volatile double sink = 0;
+  double sink = 0;
   fma_loop(iters / 10);  // warm up clocks
   const auto t0 = std::chrono::steady_clock::now();
 #pragma omp parallel
@@ -58,6 +58,7 @@ double measure_cpu_peak_gflops() {
     sink += s;
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (sink == 42.0) std::abort();  // keeps the loop's result observable so it is not optimized away
   const double flops = 2.0 * 8 * 16 * static_cast<double>(iters) * threads;
   return flops / secs / 1e9;
 }
