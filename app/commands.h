@@ -5,6 +5,7 @@
 
 namespace tessera {
 
-void register_commands(CLI::App& app);
+// Each command's callback stores its exit status in exit_code.
+void register_commands(CLI::App& app, int& exit_code);
 
 }  // namespace tessera

@@ -12,7 +12,8 @@ int main(int argc, char** argv) {
   CLI::App app{"tessera: a standalone C++ trainer for large language models"};
   app.set_version_flag("--version", std::string("tessera ") + TESSERA_VERSION);
   app.require_subcommand(1);
-  tessera::register_commands(app);
+  int exit_code = 0;
+  tessera::register_commands(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -20,6 +21,9 @@ int main(int argc, char** argv) {
   } catch (const tessera::Error& e) {
     std::fprintf(stderr, "tessera: error: %s\n", e.what());
     return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tessera: unexpected error: %s\n", e.what());
+    return 1;
   }
-  return 0;
+  return exit_code;
 }

@@ -14,11 +14,11 @@ class Error : public std::runtime_error {
 };
 
 namespace detail {
+// The message is for users: it names what is wrong and where in their input, not in our source.
 template <typename... Args>
-[[noreturn]] void fail(const char* file, int line, Args&&... args) {
+[[noreturn]] void fail(Args&&... args) {
   std::ostringstream os;
   (os << ... << args);
-  os << " [" << file << ":" << line << "]";
   throw Error(os.str());
 }
 }  // namespace detail
@@ -28,5 +28,5 @@ template <typename... Args>
 // TESSERA_CHECK(cond, "message parts", value, ...) throws tessera::Error when cond is false.
 #define TESSERA_CHECK(cond, ...)                                   \
   do {                                                             \
-    if (!(cond)) ::tessera::detail::fail(__FILE__, __LINE__, __VA_ARGS__); \
+    if (!(cond)) ::tessera::detail::fail(__VA_ARGS__);             \
   } while (0)
