@@ -1,0 +1,684 @@
+// Config parsing, overrides, validation and rendering. Every operation is a small visitor over
+// Config::visit, so a field's name, type, doc and allowed values live in config.h only; errors
+// are thrown one at a time (the first in file order), each naming the key and file:line.
+#include "app/config.h"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <type_traits>
+
+#include "kernels/check.h"
+#include "model/gpt.h"
+
+namespace tessera {
+
+// ---- Allowed -------------------------------------------------------------------------------
+
+Allowed Allowed::at_least(double lo) {
+  Allowed a;
+  a.min = lo;
+  return a;
+}
+
+Allowed Allowed::greater_than(double lo) {
+  Allowed a = at_least(lo);
+  a.min_exclusive = true;
+  return a;
+}
+
+Allowed Allowed::closed(double lo, double hi) {
+  Allowed a = at_least(lo);
+  a.max = hi;
+  return a;
+}
+
+Allowed Allowed::half_open(double lo, double hi) {
+  Allowed a = closed(lo, hi);
+  a.max_exclusive = true;
+  return a;
+}
+
+Allowed Allowed::one_of(std::vector<std::string> values) {
+  Allowed a;
+  a.choices = std::move(values);
+  return a;
+}
+
+Allowed Allowed::or_value(double v) const {
+  Allowed a = *this;
+  a.sentinel = v;
+  return a;
+}
+
+bool Allowed::accepts(double v) const {
+  if (sentinel && v == *sentinel) return true;
+  if (min && !(min_exclusive ? v > *min : v >= *min)) return false;
+  if (max && !(max_exclusive ? v < *max : v <= *max)) return false;
+  return !std::isnan(v);
+}
+
+bool Allowed::accepts(const std::string& s) const {
+  return choices.empty() || std::find(choices.begin(), choices.end(), s) != choices.end();
+}
+
+namespace {
+
+// Shortest text that reads back as the same double, always a TOML float ("10000.0", "3e-4").
+std::string format_double(double v) {
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof buf, v);
+  std::string s(buf, res.ptr);
+  const size_t e = s.find('e');
+  if (e != std::string::npos) {  // "1e-08" -> "1e-8", "1e+06" -> "1e6"
+    std::string sign = s[e + 1] == '-' ? "-" : "";
+    size_t digits = s.find_first_not_of("+-0", e + 1);
+    return s.substr(0, e + 1) + sign + (digits == std::string::npos ? "0" : s.substr(digits));
+  }
+  if (s.find_first_of(".n") == std::string::npos) s += ".0";  // "n": inf, nan
+  return s;
+}
+
+// A bound as people write it: 1 rather than 1.0.
+std::string format_bound(double v) {
+  if (v == std::floor(v) && std::abs(v) < 1e15) return std::to_string(static_cast<int64_t>(v));
+  return format_double(v);
+}
+
+// A TOML basic string: quotes, backslashes and control characters escaped.
+std::string quote(std::string_view s) {
+  std::string out = "\"";
+  for (char ch : s) {
+    auto c = static_cast<unsigned char>(ch);
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (ch == '\n') {
+      out += "\\n";
+    } else if (ch == '\t') {
+      out += "\\t";
+    } else if (c < 0x20 || c == 0x7f) {
+      char esc[8];
+      std::snprintf(esc, sizeof esc, "\\u%04X", c);
+      out += esc;
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+std::string Allowed::describe() const {
+  if (!choices.empty()) {
+    std::string s = "one of ";
+    for (size_t i = 0; i < choices.size(); ++i) s += (i ? ", " : "") + quote(choices[i]);
+    return s;
+  }
+  std::string range;
+  if (min && max) {
+    range = std::string("in ") + (min_exclusive ? "(" : "[") + format_bound(*min) + ", " + format_bound(*max) +
+            (max_exclusive ? ")" : "]");
+  } else if (min) {
+    range = (min_exclusive ? "> " : ">= ") + format_bound(*min);
+  } else if (max) {
+    range = (max_exclusive ? "< " : "<= ") + format_bound(*max);
+  }
+  if (sentinel) return format_bound(*sentinel) + (range.empty() ? "" : " or " + range);
+  return range;
+}
+
+namespace {
+
+// ---- Values as TOML text -------------------------------------------------------------------
+
+std::string literal(int64_t v) { return std::to_string(v); }
+std::string literal(double v) { return format_double(v); }
+std::string literal(bool v) { return v ? "true" : "false"; }
+std::string literal(const std::string& v) { return quote(v); }
+
+template <class T>
+std::string_view type_name() {
+  if constexpr (std::is_same_v<T, int64_t>) return "integer";
+  if constexpr (std::is_same_v<T, double>) return "float";
+  if constexpr (std::is_same_v<T, bool>) return "boolean";
+  if constexpr (std::is_same_v<T, std::string>) return "string";
+}
+
+template <class T>
+std::string_view expected_type() {
+  if constexpr (std::is_same_v<T, int64_t>) return "an integer";
+  if constexpr (std::is_same_v<T, double>) return "a number";
+  if constexpr (std::is_same_v<T, bool>) return "a boolean (true or false)";
+  if constexpr (std::is_same_v<T, std::string>) return "a string";
+}
+
+// "string \"abc\"", "integer 5", "a table": what a user wrote, for type errors.
+std::string describe_node(const toml::node& n) {
+  if (auto s = n.as_string()) return "string " + quote(s->get());
+  if (auto i = n.as_integer()) return "integer " + literal(i->get());
+  if (auto f = n.as_floating_point()) return "float " + literal(f->get());
+  if (auto b = n.as_boolean()) return "boolean " + literal(b->get());
+  if (n.is_table()) return "a table";
+  if (n.is_array()) return "an array";
+  std::ostringstream os;
+  os << n.type();
+  return os.str();
+}
+
+// ---- Suggestions ---------------------------------------------------------------------------
+
+// Optimal-string-alignment distance: Levenshtein plus adjacent transpositions ("stpes" -> 1).
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+// The closest candidate when it is close enough to be a typo: within a third of the word's length
+// (at least 1 edit, at most 3).
+std::optional<std::string> nearest(std::string_view word, const std::vector<std::string>& candidates) {
+  const size_t limit = std::clamp<size_t>(word.size() / 3, 1, 3);
+  std::optional<std::string> best;
+  size_t best_d = limit + 1;
+  for (const auto& c : candidates) {
+    size_t d = edit_distance(word, c);
+    if (d < best_d) best_d = d, best = c;
+  }
+  return best;
+}
+
+// ---- The field table -----------------------------------------------------------------------
+
+// Calls visit() on each section with the section's name current.
+template <class Derived>
+class Walker {
+ public:
+  template <class S>
+  void section(std::string_view name, std::string_view doc, S& s) {
+    section_ = name;
+    static_cast<Derived&>(*this).begin_section(name, doc);
+    s.visit(static_cast<Derived&>(*this));
+  }
+  void begin_section(std::string_view, std::string_view) {}
+
+ protected:
+  std::string full(std::string_view key) const { return section_ + "." + std::string(key); }
+  std::string section_;
+};
+
+struct FieldInfo {
+  std::string key, doc, type, value;  // value: the current one, as TOML
+  Allowed allowed;
+};
+
+struct SectionInfo {
+  std::string name, doc;
+  std::vector<FieldInfo> fields;
+};
+
+// Flattens a Config into its sections and fields (names, docs, types, values, allowed values).
+class Catalog : public Walker<Catalog> {
+ public:
+  void begin_section(std::string_view name, std::string_view doc) { sections.push_back({std::string(name), std::string(doc), {}}); }
+  template <class T>
+  void field(std::string_view key, T& value, std::string_view doc, const Allowed& allowed) {
+    sections.back().fields.push_back({std::string(key), std::string(doc), std::string(type_name<T>()), literal(value), allowed});
+  }
+  std::vector<SectionInfo> sections;
+};
+
+std::vector<SectionInfo> catalog(Config c) {
+  Catalog cat;
+  c.visit(cat);
+  return cat.sections;
+}
+
+const SectionInfo* find_section(const std::vector<SectionInfo>& table, std::string_view name) {
+  for (const auto& s : table) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+bool has_field(const SectionInfo& s, std::string_view key) {
+  return std::any_of(s.fields.begin(), s.fields.end(), [&](const FieldInfo& f) { return f.key == key; });
+}
+
+std::vector<std::string> section_names(const std::vector<SectionInfo>& table) {
+  std::vector<std::string> names;
+  for (const auto& s : table) names.push_back(s.name);
+  return names;
+}
+
+std::vector<std::string> field_keys(const SectionInfo& s) {
+  std::vector<std::string> keys;
+  for (const auto& f : s.fields) keys.push_back(f.key);
+  return keys;
+}
+
+// The section that has this key, for a key written in the wrong place ("train.lr" -> optim.lr).
+const SectionInfo* section_with_key(const std::vector<SectionInfo>& table, std::string_view key) {
+  for (const auto& s : table) {
+    if (has_field(s, key)) return &s;
+  }
+  return nullptr;
+}
+
+// ---- Where a value came from, and errors that say so ----------------------------------------
+
+// A position in a config file, or a --set argument.
+struct Origin {
+  std::string file;
+  int64_t line = 0;
+  std::string set_arg;
+
+  static Origin at(const std::string& file, int64_t line) { return {file, line, ""}; }
+  static Origin set(const std::string& arg) { return {"", 0, arg}; }
+  // " in configs/x.toml:4" (files); messages about a --set start with prefix() instead.
+  std::string where() const { return file.empty() ? "" : " in " + position(); }
+  std::string prefix() const { return set_arg.empty() ? "" : "--set " + set_arg + ": "; }
+  std::string position() const {
+    if (!set_arg.empty()) return "--set " + set_arg;
+    return line > 0 ? file + ":" + std::to_string(line) : file;
+  }
+};
+
+// Where each key ("optim.lr") got its value; keys not listed kept their default.
+using Origins = std::map<std::string, std::string>;
+
+[[noreturn]] void fail(const std::string& message) { throw Error(message); }
+
+std::string did_you_mean(const std::optional<std::string>& s) { return s ? "; did you mean " + *s + "?" : ""; }
+
+[[noreturn]] void unknown_section(const std::vector<SectionInfo>& table, const std::string& name, const Origin& o) {
+  auto near = nearest(name, section_names(table));
+  fail(o.prefix() + "unknown section [" + name + "]" + o.where() +
+       did_you_mean(near ? std::optional("[" + *near + "]") : std::nullopt));
+}
+
+[[noreturn]] void unknown_key(const std::vector<SectionInfo>& table, const SectionInfo& s, const std::string& key,
+                              const Origin& o) {
+  std::optional<std::string> hint;
+  if (auto near = nearest(key, field_keys(s))) {
+    hint = s.name + "." + *near;
+  } else if (auto other = section_with_key(table, key)) {
+    hint = other->name + "." + key;
+  }
+  fail(o.prefix() + "unknown key " + s.name + "." + key + o.where() + did_you_mean(hint));
+}
+
+[[noreturn]] void wrong_type(const std::string& full, std::string_view expected, const std::string& given,
+                             const Origin& o) {
+  fail(o.prefix() + "wrong type for " + full + o.where() + ": expected " + std::string(expected) + ", got " + given);
+}
+
+template <class T>
+void check_allowed(const std::string& full, const T& v, const Allowed& allowed, const Origin& o) {
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (allowed.accepts(v)) return;
+    auto near = nearest(v, allowed.choices);
+    fail(o.prefix() + full + " = " + literal(v) + o.where() + " is not allowed: must be " + allowed.describe() +
+         did_you_mean(near ? std::optional(quote(*near)) : std::nullopt));
+  } else if constexpr (!std::is_same_v<T, bool>) {
+    if (allowed.accepts(static_cast<double>(v))) return;
+    fail(o.prefix() + full + " = " + literal(v) + o.where() + " is out of range: must be " + allowed.describe());
+  }
+}
+
+// ---- Assigning one value -------------------------------------------------------------------
+
+// A value to assign: a parsed TOML node, and for --set also the raw text, which string fields take
+// verbatim when it is not a TOML string (--set model.preset=llama).
+struct Input {
+  const toml::node* node = nullptr;
+  std::optional<std::string> raw;
+};
+
+std::string describe_input(const Input& in) {
+  return in.node ? describe_node(*in.node) : "`" + in.raw.value_or("") + "` (not a TOML value)";
+}
+
+std::optional<int64_t> convert(const Input& in, int64_t*) {
+  if (in.node && in.node->is_integer()) return in.node->as_integer()->get();
+  return std::nullopt;
+}
+
+std::optional<double> convert(const Input& in, double*) {
+  if (in.node && in.node->is_floating_point()) return in.node->as_floating_point()->get();
+  if (in.node && in.node->is_integer()) return static_cast<double>(in.node->as_integer()->get());
+  return std::nullopt;
+}
+
+std::optional<bool> convert(const Input& in, bool*) {
+  if (in.node && in.node->is_boolean()) return in.node->as_boolean()->get();
+  return std::nullopt;
+}
+
+std::optional<std::string> convert(const Input& in, std::string*) {
+  if (in.node && in.node->is_string()) return in.node->as_string()->get();
+  return in.raw;
+}
+
+// Sets the one field named section.key from an Input, checking type and allowed values.
+class Assigner : public Walker<Assigner> {
+ public:
+  Assigner(std::string_view section, std::string_view key, const Input& input, const Origin& origin)
+      : target_section_(section), target_key_(key), input_(input), origin_(origin) {}
+
+  template <class T>
+  void field(std::string_view key, T& value, std::string_view, const Allowed& allowed) {
+    if (section_ != target_section_ || key != target_key_) return;
+    std::optional<T> v = convert(input_, static_cast<T*>(nullptr));
+    if (!v) wrong_type(full(key), expected_type<T>(), describe_input(input_), origin_);
+    check_allowed(full(key), *v, allowed, origin_);
+    value = *v;
+  }
+
+ private:
+  std::string_view target_section_, target_key_;
+  const Input& input_;
+  const Origin& origin_;
+};
+
+void assign(Config& c, const std::string& section, const std::string& key, const Input& input, const Origin& o,
+            Origins& origins) {
+  Assigner a(section, key, input, o);
+  c.visit(a);
+  origins[section + "." + key] = o.position();
+}
+
+// ---- Reading a file ------------------------------------------------------------------------
+
+toml::table parse_toml(const std::string& text, const std::string& source) {
+  try {
+    return toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    const auto& pos = e.source().begin;
+    fail("TOML syntax error in " + source + ":" + std::to_string(pos.line) + ":" + std::to_string(pos.column) + ": " +
+         std::string(e.description()));
+  }
+}
+
+int64_t line_of(const toml::key& k, const toml::node& n) {
+  return k.source().begin.line > 0 ? k.source().begin.line : n.source().begin.line;
+}
+
+// One top-level entry or one key of a section, so that problems are reported in file order.
+struct Entry {
+  int64_t line;
+  std::string section;
+  std::string key;  // empty: the top-level entry itself
+  const toml::node* node;
+};
+
+std::vector<Entry> entries_in_file_order(const toml::table& root, const std::vector<SectionInfo>& table) {
+  std::vector<Entry> entries;
+  for (auto&& [k, node] : root) {
+    const std::string name(k.str());
+    const bool descend = find_section(table, name) && node.is_table();
+    if (!descend) {
+      entries.push_back({line_of(k, node), name, "", &node});
+      continue;
+    }
+    for (auto&& [k2, node2] : *node.as_table()) entries.push_back({line_of(k2, node2), name, std::string(k2.str()), &node2});
+  }
+  std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.line < b.line; });
+  return entries;
+}
+
+// A top-level entry that is not a known [section] table.
+[[noreturn]] void bad_top_level(const std::vector<SectionInfo>& table, const Entry& e, const Origin& o) {
+  if (find_section(table, e.section)) wrong_type(e.section, "a table ([" + e.section + "])", describe_node(*e.node), o);
+  if (e.node->is_table()) unknown_section(table, e.section, o);
+  const SectionInfo* owner = section_with_key(table, e.section);
+  fail("unknown key " + e.section + o.where() + " outside any [section]" +
+       did_you_mean(owner ? std::optional(owner->name + "." + e.section) : std::nullopt));
+}
+
+void apply_file(Config& c, const toml::table& root, const std::string& source, Origins& origins) {
+  const auto table = catalog(c);
+  for (const Entry& e : entries_in_file_order(root, table)) {
+    const Origin o = Origin::at(source, e.line);
+    if (e.key.empty()) bad_top_level(table, e, o);
+    const SectionInfo& s = *find_section(table, e.section);
+    if (!has_field(s, e.key)) unknown_key(table, s, e.key, o);
+    assign(c, e.section, e.key, Input{e.node, std::nullopt}, o, origins);
+  }
+}
+
+// ---- --set overrides -----------------------------------------------------------------------
+
+std::string trim(std::string_view s) {
+  const char* ws = " \t\r\n";
+  size_t b = s.find_first_not_of(ws);
+  if (b == std::string_view::npos) return "";
+  return std::string(s.substr(b, s.find_last_not_of(ws) - b + 1));
+}
+
+// The raw text parsed as a single TOML value, or nothing when it is not one.
+std::optional<toml::table> parse_value(const std::string& raw) {
+  try {
+    toml::table t = toml::parse("value = " + raw);
+    if (t.size() == 1 && t.contains("value")) return t;
+  } catch (const toml::parse_error&) {
+  }
+  return std::nullopt;
+}
+
+void apply_override(Config& c, const std::string& arg, Origins& origins) {
+  const Origin o = Origin::set(arg);
+  const auto table = catalog(c);
+  const size_t eq = arg.find('=');
+  const std::string name = trim(std::string_view(arg).substr(0, eq));
+  const size_t dot = name.find('.');
+  if (eq == std::string::npos || dot == std::string::npos) {
+    const SectionInfo* owner = section_with_key(table, name);
+    fail(o.prefix() + "expected section.key=value, e.g. train.steps=100" +
+         did_you_mean(owner ? std::optional(owner->name + "." + name) : std::nullopt));
+  }
+  const std::string section = name.substr(0, dot), key = name.substr(dot + 1);
+  const SectionInfo* s = find_section(table, section);
+  if (!s) unknown_section(table, section, o);
+  if (!has_field(*s, key)) unknown_key(table, *s, key, o);
+  const std::string raw = trim(std::string_view(arg).substr(eq + 1));
+  const auto parsed = parse_value(raw);
+  assign(c, section, key, Input{parsed ? parsed->get("value") : nullptr, raw}, o, origins);
+}
+
+// ---- Validation ----------------------------------------------------------------------------
+
+// Re-checks every field against its Allowed (for Configs built in code rather than parsed).
+class RangeChecker : public Walker<RangeChecker> {
+ public:
+  template <class T>
+  void field(std::string_view key, T& value, std::string_view, const Allowed& allowed) {
+    check_allowed(full(key), value, allowed, Origin{});
+  }
+};
+
+// "optim.lr = 0.001 (configs/x.toml:7)", "(default)" when the key kept its default.
+template <class T>
+std::string show(const std::string& full, const T& value, const Origins* origins) {
+  std::string s = full + " = " + literal(value);
+  if (!origins) return s;
+  auto it = origins->find(full);
+  return s + " (" + (it == origins->end() ? "default" : it->second) + ")";
+}
+
+// The model's own validation (model/config.h resolve()), minus TESSERA_CHECK's " [file.cpp:N]"
+// suffix, which means nothing to someone editing a config file.
+void check_model(const Config& c) {
+  try {
+    to_model_config(c, c.model.vocab_size > 0 ? c.model.vocab_size : 1);
+  } catch (const Error& e) {
+    std::string m = e.what();
+    const size_t at = m.rfind(" [");
+    if (at != std::string::npos && m.back() == ']') m.erase(at);
+    fail("invalid [model]: " + m);
+  }
+}
+
+void validate(const Config& c, const Origins* origins) {
+  Config copy = c;
+  RangeChecker ranges;
+  copy.visit(ranges);
+  if (c.optim.min_lr > c.optim.lr) {
+    fail(show("optim.min_lr", c.optim.min_lr, origins) + " must be <= " + show("optim.lr", c.optim.lr, origins));
+  }
+  if (c.train.global_batch % c.train.micro_batch != 0) {
+    fail(show("train.global_batch", c.train.global_batch, origins) + " must be a multiple of " +
+         show("train.micro_batch", c.train.micro_batch, origins));
+  }
+  if (c.parallel.dp > 0) grad_accum_steps(c, c.parallel.dp);
+  if (c.model.max_seq_len > 0 && c.train.seq_len > c.model.max_seq_len) {
+    fail(show("train.seq_len", c.train.seq_len, origins) + " must be <= " +
+         show("model.max_seq_len", c.model.max_seq_len, origins));
+  }
+  if (c.checkpoint.resume.empty()) {
+    fail(show("checkpoint.resume", c.checkpoint.resume, origins) + " is empty: use \"auto\", \"none\" or a path");
+  }
+  check_model(c);
+}
+
+Config parse_with_overrides(const std::string& text, const std::string& source, const std::vector<std::string>& overrides) {
+  Config c;
+  Origins origins;
+  apply_file(c, parse_toml(text, source), source, origins);
+  for (const auto& arg : overrides) apply_override(c, arg, origins);
+  validate(c, &origins);
+  return c;
+}
+
+// ---- Rendering -----------------------------------------------------------------------------
+
+std::string comment(const FieldInfo& f) {
+  std::string allowed = f.allowed.describe();
+  return "# " + f.doc + (allowed.empty() ? "" : " (" + allowed + ")") + "\n";
+}
+
+// Text safe inside a Markdown table cell: '|' would end the cell, '<' could open an HTML tag.
+std::string table_cell(std::string_view s) {
+  std::string out;
+  for (char ch : s) {
+    if (ch == '|') out += "\\|";
+    else if (ch == '<') out += "&lt;";
+    else out += ch;
+  }
+  return out;
+}
+
+}  // namespace
+
+// ---- Public API ----------------------------------------------------------------------------
+
+Config parse_config_string(const std::string& toml_text, const std::string& source_name,
+                           const std::vector<std::string>& overrides) {
+  return parse_with_overrides(toml_text, source_name, overrides);
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot open config file " + path + ": " + std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  Config c = parse_with_overrides(text.str(), path, overrides);
+  if (c.train.name.empty()) c.train.name = std::filesystem::path(path).stem().string();
+  return c;
+}
+
+void validate(const Config& c) { validate(c, nullptr); }
+
+std::string to_toml(const Config& c) {
+  std::string out =
+      "# tessera configuration, fully resolved: every section and key (docs/config.md).\n";
+  for (const auto& s : catalog(c)) {
+    out += "\n# " + s.doc + "\n[" + s.name + "]\n";
+    for (const auto& f : s.fields) out += comment(f) + f.key + " = " + f.value + "\n";
+  }
+  return out;
+}
+
+std::string config_reference_markdown() {
+  std::string out;
+  for (const auto& s : catalog(Config{})) {
+    std::string doc = s.doc;
+    doc[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(doc[0])));
+    out += "### [" + s.name + "]\n\n" + doc + ".\n\n";
+    out += "| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n";
+    for (const auto& f : s.fields) {
+      std::string allowed = f.allowed.describe();
+      out += "| `" + f.key + "` | " + f.type + " | `" + f.value + "` | " +
+             table_cell(allowed.empty() ? "any" : allowed) + " | " + table_cell(f.doc) + " |\n";
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+int64_t grad_accum_steps(const Config& c, int64_t dp_size) {
+  const int64_t gb = c.train.global_batch, mb = c.train.micro_batch;
+  if (dp_size < 1) fail("the data-parallel size must be >= 1, got " + std::to_string(dp_size));
+  if (gb % (mb * dp_size) != 0) {
+    fail("train.global_batch = " + std::to_string(gb) + " is not divisible by train.micro_batch x dp = " +
+         std::to_string(mb) + " x " + std::to_string(dp_size) + " = " + std::to_string(mb * dp_size) +
+         ": each optimizer step needs a whole number of micro-batches per data-parallel rank");
+  }
+  return gb / (mb * dp_size);
+}
+
+ModelConfig to_model_config(const Config& c, int64_t data_vocab_size) {
+  const ModelSection& s = c.model;
+  if (s.vocab_size == 0 && data_vocab_size <= 0) {
+    fail("model.vocab_size = 0 takes the vocabulary size from the data, but the data gave none");
+  }
+  if (s.vocab_size > 0 && data_vocab_size > s.vocab_size) {
+    fail("model.vocab_size = " + std::to_string(s.vocab_size) + " is smaller than the data's vocabulary (" +
+         std::to_string(data_vocab_size) + " tokens)");
+  }
+  ModelConfig m;
+  m.preset = s.preset;
+  m.vocab_size = s.vocab_size > 0 ? s.vocab_size : data_vocab_size;
+  m.n_layer = s.n_layer;
+  m.n_head = s.n_head;
+  m.n_kv_head = s.n_kv_head;
+  m.n_embd = s.n_embd;
+  m.ffn_hidden = s.ffn_hidden;
+  m.max_seq_len = s.max_seq_len > 0 ? s.max_seq_len : c.train.seq_len;
+  m.norm_eps = s.norm_eps;
+  m.rope_theta = s.rope_theta;
+  m.init_std = s.init_std;
+  return resolve(m);
+}
+
+std::vector<Recompute> recompute_policy(const Config& c) {
+  const Recompute r = c.model.recompute == "full" ? Recompute::Full : Recompute::None;
+  return std::vector<Recompute>(static_cast<size_t>(c.model.n_layer), r);
+}
+
+std::string run_dir(const Config& c) { return (std::filesystem::path(c.log.dir) / c.train.name).string(); }
+
+std::string checkpoint_dir(const Config& c) {
+  if (!c.checkpoint.dir.empty()) return c.checkpoint.dir;
+  return (std::filesystem::path(run_dir(c)) / "checkpoints").string();
+}
+
+}  // namespace tessera

@@ -1,0 +1,283 @@
+// The run configuration: one struct per TOML section. Each field is declared exactly once, in its
+// section's visit(), with its default, doc comment and allowed values; parsing, --set overrides,
+// validation, to_toml and the docs table all walk that one declaration.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "model/config.h"
+
+namespace tessera {
+
+enum class Recompute;  // model/gpt.h
+
+// The values a field accepts: for numbers a range (each end inclusive or exclusive) plus at most
+// one sentinel outside it (parallel.dp = -1); for strings a list of choices. Empty: any value.
+struct Allowed {
+  std::optional<double> min, max;
+  bool min_exclusive = false, max_exclusive = false;
+  std::optional<double> sentinel;
+  std::vector<std::string> choices;
+
+  static Allowed any() { return {}; }
+  static Allowed at_least(double lo);
+  static Allowed greater_than(double lo);
+  static Allowed closed(double lo, double hi);     // [lo, hi]
+  static Allowed half_open(double lo, double hi);  // [lo, hi)
+  static Allowed one_of(std::vector<std::string> values);
+  Allowed or_value(double v) const;  // also accept v, e.g. -1 = "derive it"
+
+  bool accepts(double v) const;
+  bool accepts(const std::string& s) const;
+  // ">= 1", "> 0", "in [0, 1)", "-1 or >= 1", "one of \"cosine\", \"linear\""; "" when empty.
+  std::string describe() const;
+};
+
+// A visitor V provides
+//   template <class S> void section(std::string_view name, std::string_view doc, S& s);
+//   template <class T> void field(std::string_view key, T& value, std::string_view doc, const Allowed&);
+// for T in int64_t, double, bool, std::string. Key names are a contract with users' files.
+
+struct ModelSection {
+  std::string preset = "gpt2";
+  int64_t vocab_size = 0;
+  int64_t n_layer = 12;
+  int64_t n_head = 12;
+  int64_t n_kv_head = 0;
+  int64_t n_embd = 768;
+  int64_t ffn_hidden = 0;
+  int64_t max_seq_len = 0;
+  double norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+  double init_std = 0.02;
+  std::string recompute = "none";
+
+  template <class V>
+  void visit(V& v) {
+    v.field("preset", preset, "architecture family: gpt2 (LayerNorm, GELU, learned positions, tied "
+            "embeddings, biases) or llama (RMSNorm, SwiGLU, RoPE, untied, no biases)",
+            Allowed::one_of({"gpt2", "llama"}));
+    v.field("vocab_size", vocab_size, "vocabulary size; 0 = take it from the data/tokenizer",
+            Allowed::at_least(0));
+    v.field("n_layer", n_layer, "transformer blocks", Allowed::at_least(1));
+    v.field("n_head", n_head, "attention heads", Allowed::at_least(1));
+    v.field("n_kv_head", n_kv_head, "key/value heads (grouped-query attention, llama); 0 = n_head",
+            Allowed::at_least(0));
+    v.field("n_embd", n_embd, "model width (channels), a multiple of n_head", Allowed::at_least(1));
+    v.field("ffn_hidden", ffn_hidden, "MLP hidden size; 0 = preset default (gpt2: 4 x n_embd, "
+            "llama: 8/3 x n_embd rounded up to a multiple of 64)", Allowed::at_least(0));
+    v.field("max_seq_len", max_seq_len, "longest sequence the model accepts; 0 = train.seq_len",
+            Allowed::at_least(0));
+    v.field("norm_eps", norm_eps, "epsilon inside LayerNorm/RMSNorm", Allowed::greater_than(0));
+    v.field("rope_theta", rope_theta, "rotary embedding base (llama)", Allowed::greater_than(0));
+    v.field("init_std", init_std, "standard deviation of the weight init; residual output "
+            "projections use init_std / sqrt(2 n_layer)", Allowed::greater_than(0));
+    v.field("recompute", recompute, "activation recomputation per block: none (keep activations) "
+            "or full (keep the block input, re-run its forward in backward)",
+            Allowed::one_of({"none", "full"}));
+  }
+  bool operator==(const ModelSection&) const = default;
+};
+
+struct DataConfig {
+  std::string task = "addition";
+  int64_t digits = 2;
+  int64_t val_examples = 512;
+  int64_t seed = 1234;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("task", task, "dataset: addition = the built-in synthetic task \"a+b=c\"",
+            Allowed::one_of({"addition"}));
+    v.field("digits", digits, "addition: digits per operand", Allowed::closed(1, 9));
+    v.field("val_examples", val_examples, "held-out examples for evaluation", Allowed::at_least(1));
+    v.field("seed", seed, "seed of the data generator and sampler", Allowed::at_least(0));
+  }
+  bool operator==(const DataConfig&) const = default;
+};
+
+struct TrainConfig {
+  int64_t steps = 2000;
+  int64_t global_batch = 32;
+  int64_t micro_batch = 8;
+  int64_t seq_len = 64;
+  int64_t seed = 1337;
+  int64_t eval_every = 200;
+  int64_t eval_batches = 4;
+  int64_t max_bad_steps = 5;
+  std::string name;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("steps", steps, "total optimizer steps", Allowed::at_least(1));
+    v.field("global_batch", global_batch, "sequences per optimizer step, over all data-parallel "
+            "ranks and accumulation steps", Allowed::at_least(1));
+    v.field("micro_batch", micro_batch, "sequences per rank per forward/backward; gradient "
+            "accumulation steps = global_batch / (micro_batch x dp)", Allowed::at_least(1));
+    v.field("seq_len", seq_len, "tokens per training sequence", Allowed::at_least(2));
+    v.field("seed", seed, "seed of the parameter init (Philox) and of any training randomness",
+            Allowed::at_least(0));
+    v.field("eval_every", eval_every, "evaluate every this many steps; 0 = only at the end",
+            Allowed::at_least(0));
+    v.field("eval_batches", eval_batches, "micro-batches per evaluation", Allowed::at_least(1));
+    v.field("max_bad_steps", max_bad_steps, "consecutive steps with a non-finite loss or gradient "
+            "(skipped) before the run stops", Allowed::at_least(1));
+    v.field("name", name, "run name; \"\" = the config file name without .toml", Allowed::any());
+  }
+  bool operator==(const TrainConfig&) const = default;
+};
+
+struct OptimConfig {
+  double lr = 3e-4;
+  double min_lr = 0.0;
+  int64_t warmup_steps = 100;
+  std::string decay = "cosine";
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;
+  bool decay_norms = false;
+  bool decay_biases = false;
+  bool decay_embeddings = false;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("lr", lr, "peak learning rate, reached after warm-up", Allowed::greater_than(0));
+    v.field("min_lr", min_lr, "learning-rate floor of the decay; at most lr", Allowed::at_least(0));
+    v.field("warmup_steps", warmup_steps, "linear warm-up from 0 to lr over this many steps",
+            Allowed::at_least(0));
+    v.field("decay", decay, "schedule from lr down to min_lr after warm-up",
+            Allowed::one_of({"cosine", "linear", "constant"}));
+    v.field("beta1", beta1, "AdamW first-moment decay", Allowed::half_open(0, 1));
+    v.field("beta2", beta2, "AdamW second-moment decay", Allowed::half_open(0, 1));
+    v.field("eps", eps, "AdamW denominator epsilon", Allowed::greater_than(0));
+    v.field("weight_decay", weight_decay, "decoupled weight decay on matrices", Allowed::at_least(0));
+    v.field("grad_clip", grad_clip, "clip the global gradient norm to this; 0 = off",
+            Allowed::at_least(0));
+    v.field("decay_norms", decay_norms, "apply weight decay to norm gains too", Allowed::any());
+    v.field("decay_biases", decay_biases, "apply weight decay to biases too", Allowed::any());
+    v.field("decay_embeddings", decay_embeddings, "apply weight decay to embeddings too",
+            Allowed::any());
+  }
+  bool operator==(const OptimConfig&) const = default;
+};
+
+struct ParallelConfig {
+  int64_t dp = -1;
+  int64_t tp = 1;
+  int64_t pp = 1;
+  int64_t cp = 1;
+  bool sequence_parallel = false;
+  int64_t zero = 0;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("dp", dp, "data-parallel degree; -1 = world size / (tp x pp x cp)",
+            Allowed::at_least(1).or_value(-1));
+    v.field("tp", tp, "tensor-parallel degree", Allowed::at_least(1));
+    v.field("pp", pp, "pipeline-parallel degree (stages)", Allowed::at_least(1));
+    v.field("cp", cp, "context-parallel degree (sequence split for attention)", Allowed::at_least(1));
+    v.field("sequence_parallel", sequence_parallel, "split norms and residuals along the sequence "
+            "over the tp group", Allowed::any());
+    v.field("zero", zero, "ZeRO stage: 0 = replicated optimizer state, 1 = sharded over dp",
+            Allowed::closed(0, 1));
+  }
+  bool operator==(const ParallelConfig&) const = default;
+};
+
+struct CheckpointConfig {
+  std::string dir;
+  int64_t every = 0;
+  int64_t keep_last = 3;
+  std::string resume = "auto";
+
+  template <class V>
+  void visit(V& v) {
+    v.field("dir", dir, "checkpoint directory; \"\" = <run dir>/checkpoints", Allowed::any());
+    v.field("every", every, "save every this many steps; 0 = never", Allowed::at_least(0));
+    v.field("keep_last", keep_last, "checkpoints kept; older ones are deleted", Allowed::at_least(1));
+    v.field("resume", resume, "auto = the newest checkpoint in dir if there is one; none = start "
+            "fresh; anything else = the path of a checkpoint to resume from", Allowed::any());
+  }
+  bool operator==(const CheckpointConfig&) const = default;
+};
+
+struct LogConfig {
+  int64_t every = 10;
+  std::string dir = "runs";
+  std::string progress = "auto";
+
+  template <class V>
+  void visit(V& v) {
+    v.field("every", every, "print and record metrics every this many steps", Allowed::at_least(1));
+    v.field("dir", dir, "run directories go to <dir>/<train.name>", Allowed::any());
+    v.field("progress", progress, "console output: tty = a live line, lines = one line per log "
+            "step, auto = tty when stderr is a terminal", Allowed::one_of({"auto", "tty", "lines"}));
+  }
+  bool operator==(const LogConfig&) const = default;
+};
+
+struct Config {
+  ModelSection model;
+  DataConfig data;
+  TrainConfig train;
+  OptimConfig optim;
+  ParallelConfig parallel;
+  CheckpointConfig checkpoint;
+  LogConfig log;
+
+  template <class V>
+  void visit(V& v) {
+    v.section("model", "the network architecture", model);
+    v.section("data", "what to train on", data);
+    v.section("train", "how long, on what batches, and when to evaluate", train);
+    v.section("optim", "AdamW and the learning-rate schedule", optim);
+    v.section("parallel", "the process layout", parallel);
+    v.section("checkpoint", "saving and resuming", checkpoint);
+    v.section("log", "metrics and console output", log);
+  }
+  bool operator==(const Config&) const = default;
+};
+
+// Reads a TOML file, applies "section.key=value" overrides in order, validates, and fills
+// train.name from the file name when empty. Throws tessera::Error naming the key and file:line
+// (or the --set argument) of the first problem.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// The same from text; source_name stands for the file in messages. train.name is left as written.
+Config parse_config_string(const std::string& toml_text, const std::string& source_name,
+                           const std::vector<std::string>& overrides = {});
+
+// Checks every field against its Allowed and the cross-field rules (min_lr <= lr, batch
+// divisibility, model shape); load_config already does this.
+void validate(const Config& c);
+
+// Every section and key, each with its doc comment above it; parses back to an equal Config.
+std::string to_toml(const Config& c);
+
+// The reference tables of docs/config.md: per section, each key's type, default, allowed values
+// and meaning.
+std::string config_reference_markdown();
+
+// Micro-batches each rank accumulates per optimizer step: global_batch / (micro_batch x dp_size)
+// (Megatron semantics). Throws naming the three numbers when it does not divide.
+int64_t grad_accum_steps(const Config& c, int64_t dp_size);
+
+// The model hyper-parameters, resolved (model/config.h resolve()): vocab_size 0 takes
+// data_vocab_size, max_seq_len 0 takes train.seq_len. A positive vocab_size must be at least
+// data_vocab_size (larger pads the embedding).
+ModelConfig to_model_config(const Config& c, int64_t data_vocab_size);
+
+// model.recompute as one policy per layer, for the Gpt constructor.
+std::vector<Recompute> recompute_policy(const Config& c);
+
+// <log.dir>/<train.name>, and checkpoint.dir or <run dir>/checkpoints when empty.
+std::string run_dir(const Config& c);
+std::string checkpoint_dir(const Config& c);
+
+}  // namespace tessera

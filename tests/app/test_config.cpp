@@ -1,0 +1,475 @@
+// Tests app/config.h: defaults, parsing, every error message (key, file:line, suggestion), --set
+// overrides, cross-field validation, the to_toml round trip and that docs/config.md is current.
+#include "app/config.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <initializer_list>
+#include <sstream>
+#include <string>
+
+#include "kernels/check.h"
+#include "model/gpt.h"
+
+namespace tessera {
+namespace {
+
+// The message of the tessera::Error that f throws ("" when it throws none).
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string parse_error(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  return error_of([&] { parse_config_string(text, "configs/x.toml", overrides); });
+}
+
+void expect_contains(const std::string& message, std::initializer_list<std::string> parts) {
+  ASSERT_FALSE(message.empty()) << "expected an error";
+  for (const auto& p : parts) EXPECT_NE(message.find(p), std::string::npos) << "\"" << p << "\" not in: " << message;
+}
+
+Config parse(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  return parse_config_string(text, "configs/x.toml", overrides);
+}
+
+// A file in a fresh temporary directory, removed with the object.
+class TempFile {
+ public:
+  TempFile(const std::string& name, const std::string& text)
+      : dir_(std::filesystem::temp_directory_path() / ("tessera_test_config_" + std::to_string(::getpid()))),
+        path_((dir_ / name).string()) {
+    std::filesystem::create_directories(dir_);
+    std::ofstream(path_) << text;
+  }
+  ~TempFile() { std::filesystem::remove_all(dir_); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::filesystem::path dir_;
+  std::string path_;
+};
+
+// ---- Defaults and parsing ------------------------------------------------------------------
+
+TEST(Config, DefaultsMatchTheContract) {
+  Config c;
+  EXPECT_EQ(c.model.preset, "gpt2");
+  EXPECT_EQ(c.model.vocab_size, 0);
+  EXPECT_EQ(c.model.n_layer, 12);
+  EXPECT_EQ(c.model.n_embd, 768);
+  EXPECT_EQ(c.model.recompute, "none");
+  EXPECT_DOUBLE_EQ(c.model.norm_eps, 1e-5);
+  EXPECT_EQ(c.data.task, "addition");
+  EXPECT_EQ(c.data.digits, 2);
+  EXPECT_EQ(c.train.steps, 2000);
+  EXPECT_EQ(c.train.global_batch, 32);
+  EXPECT_EQ(c.train.micro_batch, 8);
+  EXPECT_EQ(c.train.seq_len, 64);
+  EXPECT_EQ(c.train.name, "");
+  EXPECT_DOUBLE_EQ(c.optim.lr, 3e-4);
+  EXPECT_EQ(c.optim.decay, "cosine");
+  EXPECT_DOUBLE_EQ(c.optim.beta2, 0.95);
+  EXPECT_EQ(c.parallel.dp, -1);
+  EXPECT_EQ(c.parallel.zero, 0);
+  EXPECT_EQ(c.checkpoint.resume, "auto");
+  EXPECT_EQ(c.checkpoint.keep_last, 3);
+  EXPECT_EQ(c.log.dir, "runs");
+  EXPECT_EQ(c.log.progress, "auto");
+  EXPECT_NO_THROW(validate(c));
+  EXPECT_EQ(parse(""), c);
+}
+
+TEST(Config, FullFileParses) {
+  Config c = parse(R"(
+[model]
+preset = "llama"
+vocab_size = 96
+n_layer = 4
+n_head = 8
+n_kv_head = 2
+n_embd = 256
+ffn_hidden = 512
+max_seq_len = 256
+norm_eps = 1e-6
+rope_theta = 500000.0
+init_std = 0.01
+recompute = "full"
+
+[data]
+task = "addition"
+digits = 3
+val_examples = 100
+seed = 7
+
+[train]
+steps = 300
+global_batch = 64
+micro_batch = 16
+seq_len = 128
+seed = 42
+eval_every = 0
+eval_batches = 2
+max_bad_steps = 3
+name = "tiny"
+
+[optim]
+lr = 1e-3
+min_lr = 1e-4
+warmup_steps = 10
+decay = "linear"
+beta1 = 0.8
+beta2 = 0.99
+eps = 1e-10
+weight_decay = 0.0
+grad_clip = 0.5
+decay_norms = true
+decay_biases = true
+decay_embeddings = true
+
+[parallel]
+dp = 2
+tp = 2
+pp = 2
+cp = 1
+sequence_parallel = true
+zero = 1
+
+[checkpoint]
+dir = "/tmp/ckpt"
+every = 50
+keep_last = 2
+resume = "none"
+
+[log]
+every = 5
+dir = "out"
+progress = "lines"
+)");
+  EXPECT_EQ(c.model.preset, "llama");
+  EXPECT_EQ(c.model.n_kv_head, 2);
+  EXPECT_DOUBLE_EQ(c.model.rope_theta, 500000.0);
+  EXPECT_EQ(c.model.recompute, "full");
+  EXPECT_EQ(c.data.digits, 3);
+  EXPECT_EQ(c.train.name, "tiny");
+  EXPECT_EQ(c.train.eval_every, 0);
+  EXPECT_DOUBLE_EQ(c.optim.min_lr, 1e-4);
+  EXPECT_EQ(c.optim.decay, "linear");
+  EXPECT_TRUE(c.optim.decay_embeddings);
+  EXPECT_EQ(c.parallel.dp, 2);
+  EXPECT_TRUE(c.parallel.sequence_parallel);
+  EXPECT_EQ(c.parallel.zero, 1);
+  EXPECT_EQ(c.checkpoint.dir, "/tmp/ckpt");
+  EXPECT_EQ(c.checkpoint.resume, "none");
+  EXPECT_EQ(c.log.progress, "lines");
+  EXPECT_EQ(grad_accum_steps(c, 2), 2);
+}
+
+TEST(Config, IntegerAcceptedForFloat) {
+  Config c = parse("[optim]\nlr = 1\nweight_decay = 0\n");
+  EXPECT_DOUBLE_EQ(c.optim.lr, 1.0);
+  EXPECT_DOUBLE_EQ(c.optim.weight_decay, 0.0);
+}
+
+TEST(Config, DottedKeysAndInlineTablesWork) {
+  Config c = parse("train.steps = 7\noptim = { lr = 0.5 }\n");
+  EXPECT_EQ(c.train.steps, 7);
+  EXPECT_DOUBLE_EQ(c.optim.lr, 0.5);
+}
+
+// ---- File errors: key, file:line, suggestion -------------------------------------------------
+
+TEST(ConfigErrors, SyntaxErrorGivesFileLineColumn) {
+  expect_contains(parse_error("[train]\nsteps = = 5\n"), {"TOML syntax error", "configs/x.toml:2:"});
+}
+
+TEST(ConfigErrors, MisspeltKeySuggestsTheNearest) {
+  expect_contains(parse_error("[train]\nseq_len = 32\n\nstpes = 5\n"),
+                  {"unknown key train.stpes", "configs/x.toml:4", "did you mean train.steps?"});
+  expect_contains(parse_error("[optim]\nwarmup_step = 5\n"), {"did you mean optim.warmup_steps?"});
+}
+
+TEST(ConfigErrors, UnrelatedKeyHasNoSuggestion) {
+  std::string m = parse_error("[train]\nbanana = 5\n");
+  expect_contains(m, {"unknown key train.banana", "configs/x.toml:2"});
+  EXPECT_EQ(m.find("did you mean"), std::string::npos) << m;
+}
+
+TEST(ConfigErrors, KeyInTheWrongSectionPointsToItsSection) {
+  expect_contains(parse_error("[train]\nlr = 0.1\n"), {"unknown key train.lr", "did you mean optim.lr?"});
+}
+
+TEST(ConfigErrors, SubTableIsAnUnknownKey) {
+  expect_contains(parse_error("[train.extra]\nx = 1\n"), {"unknown key train.extra", "configs/x.toml:1"});
+}
+
+TEST(ConfigErrors, UnknownSection) {
+  expect_contains(parse_error("[model]\nn_layer = 2\n[trian]\nsteps = 5\n"),
+                  {"unknown section [trian]", "configs/x.toml:3", "did you mean [train]?"});
+}
+
+TEST(ConfigErrors, KeyOutsideAnySection) {
+  expect_contains(parse_error("steps = 5\n"), {"unknown key steps", "configs/x.toml:1", "outside any [section]",
+                                               "did you mean train.steps?"});
+}
+
+TEST(ConfigErrors, SectionThatIsNotATable) {
+  expect_contains(parse_error("train = 5\n"), {"wrong type for train", "configs/x.toml:1", "a table", "integer 5"});
+}
+
+TEST(ConfigErrors, WrongTypeNamesExpectedAndGiven) {
+  expect_contains(parse_error("[train]\nsteps = \"many\"\n"),
+                  {"wrong type for train.steps", "configs/x.toml:2", "expected an integer", "got string \"many\""});
+  expect_contains(parse_error("[train]\n\nsteps = 2.5\n"), {"configs/x.toml:3", "expected an integer", "float 2.5"});
+  expect_contains(parse_error("[optim]\nlr = \"fast\"\n"), {"wrong type for optim.lr", "expected a number"});
+  expect_contains(parse_error("[optim]\ndecay_norms = 1\n"), {"optim.decay_norms", "expected a boolean"});
+  expect_contains(parse_error("[model]\npreset = 2\n"), {"model.preset", "expected a string", "integer 2"});
+  expect_contains(parse_error("[train]\nsteps = [1, 2]\n"), {"train.steps", "an array"});
+}
+
+TEST(ConfigErrors, OutOfRangeNamesValueAndRange) {
+  expect_contains(parse_error("[train]\nsteps = 0\n"),
+                  {"train.steps = 0", "configs/x.toml:2", "out of range", "must be >= 1"});
+  expect_contains(parse_error("[optim]\nbeta1 = 1.0\n"), {"optim.beta1 = 1.0", "must be in [0, 1)"});
+  expect_contains(parse_error("[model]\nnorm_eps = 0\n"), {"model.norm_eps = 0.0", "must be > 0"});
+  expect_contains(parse_error("[data]\ndigits = 10\n"), {"data.digits = 10", "must be in [1, 9]"});
+  expect_contains(parse_error("[parallel]\ndp = 0\n"), {"parallel.dp = 0", "must be -1 or >= 1"});
+  expect_contains(parse_error("[parallel]\nzero = 2\n"), {"parallel.zero = 2", "must be in [0, 1]"});
+  EXPECT_EQ(parse("[parallel]\ndp = -1\n").parallel.dp, -1);
+  EXPECT_DOUBLE_EQ(parse("[optim]\nbeta2 = 0\n").optim.beta2, 0.0);
+}
+
+TEST(ConfigErrors, BadEnumListsTheChoices) {
+  expect_contains(parse_error("[optim]\ndecay = \"cosin\"\n"),
+                  {"optim.decay = \"cosin\"", "configs/x.toml:2", "not allowed",
+                   "one of \"cosine\", \"linear\", \"constant\"", "did you mean \"cosine\"?"});
+  expect_contains(parse_error("[log]\nprogress = \"bar\"\n"), {"log.progress", "one of \"auto\", \"tty\", \"lines\""});
+}
+
+TEST(ConfigErrors, FirstProblemInFileOrderIsReported) {
+  // toml++ stores keys sorted; the report must still follow the file.
+  std::string m = parse_error("[train]\nsteps = 0\n[model]\nzzz = 1\n");
+  expect_contains(m, {"train.steps", "configs/x.toml:2"});
+}
+
+// ---- --set overrides -----------------------------------------------------------------------
+
+TEST(ConfigOverrides, EachTypeParses) {
+  Config c = parse("[train]\nsteps = 10\n", {"train.steps=20", "optim.lr=1e-3", "optim.weight_decay=0",
+                                             "optim.decay_norms=true", "model.preset=llama", "log.dir=\"out dir\"",
+                                             "checkpoint.dir=/tmp/a b", "train.name=123", "optim.decay = linear"});
+  EXPECT_EQ(c.train.steps, 20);
+  EXPECT_DOUBLE_EQ(c.optim.lr, 1e-3);
+  EXPECT_DOUBLE_EQ(c.optim.weight_decay, 0.0);
+  EXPECT_TRUE(c.optim.decay_norms);
+  EXPECT_EQ(c.model.preset, "llama");
+  EXPECT_EQ(c.log.dir, "out dir");
+  EXPECT_EQ(c.checkpoint.dir, "/tmp/a b");
+  EXPECT_EQ(c.train.name, "123");  // not a TOML string: taken verbatim
+  EXPECT_EQ(c.optim.decay, "linear");
+  EXPECT_EQ(parse("", {"model.preset=\"llama\""}).model.preset, "llama");
+}
+
+TEST(ConfigOverrides, AppliedInOrderAfterTheFile) {
+  Config c = parse("[train]\nsteps = 10\n", {"train.steps=20", "train.steps=30"});
+  EXPECT_EQ(c.train.steps, 30);
+}
+
+TEST(ConfigOverrides, MalformedArgumentsAreNamed) {
+  expect_contains(parse_error("", {"train.steps"}), {"--set train.steps: expected section.key=value"});
+  expect_contains(parse_error("", {"steps=5"}), {"--set steps=5: expected section.key=value", "did you mean train.steps?"});
+  expect_contains(parse_error("", {"train.stesp=5"}),
+                  {"--set train.stesp=5: unknown key train.stesp; did you mean train.steps?"});
+  expect_contains(parse_error("", {"trian.steps=5"}), {"--set trian.steps=5: unknown section [trian]; did you mean [train]?"});
+  expect_contains(parse_error("", {"train.steps=abc"}),
+                  {"--set train.steps=abc: wrong type for train.steps", "expected an integer", "`abc`"});
+  expect_contains(parse_error("", {"train.steps=1.5"}), {"--set train.steps=1.5", "float 1.5"});
+  expect_contains(parse_error("", {"train.steps=0"}), {"--set train.steps=0: train.steps = 0 is out of range"});
+  expect_contains(parse_error("", {"optim.decay=cosin"}), {"--set optim.decay=cosin", "did you mean \"cosine\"?"});
+  expect_contains(parse_error("", {"optim.decay_norms=yes"}), {"--set optim.decay_norms=yes", "expected a boolean"});
+  expect_contains(parse_error("", {"train.steps=1\nfoo=2"}), {"wrong type for train.steps"});
+}
+
+// ---- Cross-field validation ----------------------------------------------------------------
+
+TEST(ConfigValidation, MinLrAboveLrNamesBothAndWhereTheyCameFrom) {
+  expect_contains(parse_error("[optim]\nlr = 0.001\nmin_lr = 0.01\n"),
+                  {"optim.min_lr = 0.01 (configs/x.toml:3)", "must be <= optim.lr = 0.001 (configs/x.toml:2)"});
+  expect_contains(parse_error("[optim]\nmin_lr = 1e-4\n", {"optim.lr=5e-5"}),
+                  {"optim.min_lr = 1e-4 (configs/x.toml:2)", "optim.lr = 5e-5 (--set optim.lr=5e-5)"});
+}
+
+TEST(ConfigValidation, GlobalBatchMustBeAMultipleOfMicroBatch) {
+  expect_contains(parse_error("[train]\nglobal_batch = 30\n"),
+                  {"train.global_batch = 30 (configs/x.toml:2)", "multiple of train.micro_batch = 8 (default)"});
+}
+
+TEST(ConfigValidation, ExplicitDpMustDivideTheBatch) {
+  expect_contains(parse_error("[parallel]\ndp = 3\n"), {"train.global_batch = 32", "8 x 3 = 24"});
+}
+
+TEST(ConfigValidation, SeqLenMustFitTheModel) {
+  expect_contains(parse_error("[model]\nmax_seq_len = 32\n"), {"train.seq_len = 64 (default)", "model.max_seq_len = 32"});
+}
+
+TEST(ConfigValidation, ModelShapeIsCheckedAtLoad) {
+  expect_contains(parse_error("[model]\nn_embd = 100\n"), {"invalid [model]", "model.n_embd"});
+  expect_contains(parse_error("[model]\nn_kv_head = 4\n"), {"invalid [model]", "n_kv_head"});  // gpt2: no GQA
+}
+
+TEST(ConfigValidation, ConfigsBuiltInCodeAreRangeChecked) {
+  Config c;
+  c.optim.beta1 = 1.5;
+  expect_contains(error_of([&] { validate(c); }), {"optim.beta1 = 1.5 is out of range: must be in [0, 1)"});
+  c = Config{};
+  c.optim.decay = "step";
+  expect_contains(error_of([&] { validate(c); }), {"optim.decay = \"step\""});
+  c = Config{};
+  c.checkpoint.resume = "";
+  expect_contains(error_of([&] { validate(c); }), {"checkpoint.resume"});
+}
+
+TEST(ConfigValidation, GradAccumStepsIsMegatronSemantics) {
+  Config c;
+  c.train.global_batch = 64;
+  c.train.micro_batch = 4;
+  EXPECT_EQ(grad_accum_steps(c, 1), 16);
+  EXPECT_EQ(grad_accum_steps(c, 4), 4);
+  EXPECT_EQ(grad_accum_steps(c, 16), 1);
+  expect_contains(error_of([&] { grad_accum_steps(c, 3); }),
+                  {"train.global_batch = 64", "train.micro_batch x dp = 4 x 3 = 12"});
+  expect_contains(error_of([&] { grad_accum_steps(c, 32); }), {"4 x 32 = 128"});
+  expect_contains(error_of([&] { grad_accum_steps(c, 0); }), {"data-parallel size"});
+}
+
+// ---- to_toml -------------------------------------------------------------------------------
+
+TEST(ConfigToToml, DefaultsRoundTrip) {
+  Config c;
+  EXPECT_EQ(parse(to_toml(c)), c);
+}
+
+TEST(ConfigToToml, CustomValuesRoundTripExactly) {
+  Config c;
+  c.model.preset = "llama";
+  c.model.vocab_size = 50304;
+  c.model.n_kv_head = 4;
+  c.model.norm_eps = 1.0 / 3.0;
+  c.model.rope_theta = 1e6;
+  c.optim.lr = 6e-4;
+  c.optim.min_lr = 6e-5;
+  c.optim.eps = 1e-300;
+  c.optim.decay = "constant";
+  c.optim.decay_biases = true;
+  c.train.name = "quote\" back\\slash tab\t newline\n unicode é";
+  c.checkpoint.resume = "runs/x/checkpoints/step_000100.h5";
+  c.parallel.dp = 4;
+  c.parallel.zero = 1;
+  c.log.progress = "tty";
+  std::string text = to_toml(c);
+  EXPECT_EQ(parse(text), c) << text;
+}
+
+TEST(ConfigToToml, EveryKeyHasItsDocCommentAbove) {
+  std::string text = to_toml(Config{});
+  expect_contains(text, {"[model]\n", "[data]\n", "[train]\n", "[optim]\n", "[parallel]\n", "[checkpoint]\n", "[log]\n",
+                         "# total optimizer steps (>= 1)\nsteps = 2000\n",
+                         "# schedule from lr down to min_lr after warm-up (one of \"cosine\", \"linear\", \"constant\")\n"
+                         "decay = \"cosine\"\n",
+                         "lr = 3e-4\n", "eps = 1e-8\n", "norm_eps = 1e-5\n", "init_std = 0.02\n", "rope_theta = 10000.0\n", "dp = -1\n", "name = \"\"\n",
+                         "decay_norms = false\n"});
+}
+
+// ---- Integration helpers -------------------------------------------------------------------
+
+TEST(ConfigLoad, ReadsAFileAndNamesTheRunAfterIt) {
+  TempFile f("quick.toml", "[train]\nsteps = 3\n");
+  Config c = load_config(f.path(), {"optim.lr=0.01"});
+  EXPECT_EQ(c.train.steps, 3);
+  EXPECT_DOUBLE_EQ(c.optim.lr, 0.01);
+  EXPECT_EQ(c.train.name, "quick");
+  EXPECT_EQ(load_config(f.path(), {"train.name=mine"}).train.name, "mine");
+  EXPECT_EQ(run_dir(c), "runs/quick");
+  EXPECT_EQ(checkpoint_dir(c), "runs/quick/checkpoints");
+  c.checkpoint.dir = "/ckpt";
+  EXPECT_EQ(checkpoint_dir(c), "/ckpt");
+}
+
+TEST(ConfigLoad, ErrorsNameThePathGiven) {
+  TempFile f("bad.toml", "[train]\n\nstpes = 3\n");
+  expect_contains(error_of([&] { load_config(f.path()); }), {"unknown key train.stpes in " + f.path() + ":3"});
+  expect_contains(error_of([&] { load_config("/nonexistent/x.toml"); }), {"cannot open config file /nonexistent/x.toml"});
+}
+
+TEST(ConfigModel, MapsAndResolvesTheModel) {
+  Config c;
+  c.model.n_layer = 2;
+  c.model.n_embd = 64;
+  c.model.n_head = 4;
+  c.train.seq_len = 16;
+  ModelConfig m = to_model_config(c, 13);
+  EXPECT_EQ(m.vocab_size, 13);
+  EXPECT_EQ(m.max_seq_len, 16);
+  EXPECT_EQ(m.n_layer, 2);
+  EXPECT_EQ(m.ffn_hidden, 4 * 64);  // resolved from the preset
+  EXPECT_EQ(m.norm, NormKind::LayerNorm);
+  c.model.vocab_size = 16;
+  c.model.max_seq_len = 32;
+  c.model.preset = "llama";
+  m = to_model_config(c, 13);
+  EXPECT_EQ(m.vocab_size, 16);
+  EXPECT_EQ(m.max_seq_len, 32);
+  EXPECT_EQ(m.position, PositionKind::Rope);
+  expect_contains(error_of([&] { to_model_config(c, 20); }), {"model.vocab_size = 16", "20 tokens"});
+  c.model.vocab_size = 0;
+  expect_contains(error_of([&] { to_model_config(c, 0); }), {"model.vocab_size = 0"});
+}
+
+TEST(ConfigModel, RecomputePolicyPerLayer) {
+  Config c;
+  c.model.n_layer = 3;
+  EXPECT_EQ(recompute_policy(c), std::vector<Recompute>(3, Recompute::None));
+  c.model.recompute = "full";
+  EXPECT_EQ(recompute_policy(c), std::vector<Recompute>(3, Recompute::Full));
+}
+
+// ---- Documentation -------------------------------------------------------------------------
+
+TEST(ConfigDocs, AllowedDescribesItself) {
+  EXPECT_EQ(Allowed::at_least(1).describe(), ">= 1");
+  EXPECT_EQ(Allowed::greater_than(0).describe(), "> 0");
+  EXPECT_EQ(Allowed::half_open(0, 1).describe(), "in [0, 1)");
+  EXPECT_EQ(Allowed::at_least(1).or_value(-1).describe(), "-1 or >= 1");
+  EXPECT_EQ(Allowed::greater_than(0.5).describe(), "> 0.5");
+  EXPECT_EQ(Allowed::one_of({"a", "b"}).describe(), "one of \"a\", \"b\"");
+  EXPECT_EQ(Allowed::any().describe(), "");
+}
+
+TEST(ConfigDocs, DocsConfigMdContainsTheGeneratedReference) {
+  const std::string path = std::string(TESSERA_TEST_DATA_DIR) + "/../../docs/config.md";
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << "cannot open " << path;
+  std::stringstream doc;
+  doc << in.rdbuf();
+  const std::string expected = config_reference_markdown();
+  EXPECT_NE(doc.str().find(expected), std::string::npos)
+      << "docs/config.md is out of date; replace the generated reference in it with:\n"
+      << expected;
+  std::istringstream lines(to_toml(Config{}));  // every key of the table, as "key = value" lines
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] == '#' || line[0] == '[') continue;
+    std::string key = line.substr(0, line.find(' '));
+    EXPECT_NE(doc.str().find("| `" + key + "` |"), std::string::npos) << key << " missing from docs/config.md";
+  }
+}
+
+}  // namespace
+}  // namespace tessera
