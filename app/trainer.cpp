@@ -13,6 +13,7 @@
 #include "app/build_info.h"
 #include "app/evaluate.h"
 #include "kernels/backend_info.h"
+#include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
 
 namespace tessera {
@@ -21,10 +22,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-std::vector<Recompute> recompute_policy(const Config& c, int64_t layers) {
-  const Recompute r = c.model.recompute == "full" ? Recompute::Full : Recompute::None;
-  return std::vector<Recompute>(static_cast<size_t>(layers), r);
-}
 
 // Training samples are drawn in order; every sample of the synthetic task is fresh.
 constexpr int64_t kSyntheticTrainSamples = int64_t(1) << 40;
@@ -40,7 +37,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir)
       progress_(cfg.log.progress) {
   const ModelConfig mc = resolve(to_model_config(cfg_, train_ds_.vocab_size()));
   params_ = std::make_unique<ParameterStore>(alloc_, DType::F32);
-  model_ = std::make_unique<Gpt>(mc, *params_, recompute_policy(cfg_, mc.n_layer));
+  model_ = std::make_unique<Gpt>(mc, *params_, recompute_policy(cfg_));
   params_->finalize();
   params_->initialize(static_cast<uint64_t>(cfg_.train.seed));
   opt_ = std::make_unique<AdamW>(params_->flat_params(), params_->flat_grads(), segments(), alloc_,
@@ -213,11 +210,6 @@ TrainSummary Trainer::run() {
 }
 
 namespace {
-std::string default_run_name(const Config& cfg, const std::string& config_path) {
-  if (!cfg.train.name.empty()) return cfg.train.name;
-  return std::filesystem::path(config_path).stem().string();
-}
-
 void print_summary(const TrainSummary& s, const std::string& run_dir) {
   std::printf("done: %ld steps (%ld skipped) in %s | final loss %.4f | val_loss %.4f", static_cast<long>(s.steps_done),
               static_cast<long>(s.skipped_steps), format_duration(s.elapsed_s).c_str(), s.last_loss, s.val_loss);
@@ -232,18 +224,17 @@ int run_train_command(const TrainArgs& args) {
     std::cout << to_toml(cfg);
     return kExitOk;
   }
-  const std::string run_dir =
-      args.run_dir.empty() ? cfg.log.dir + "/" + default_run_name(cfg, args.config_path) : args.run_dir;
-  std::filesystem::create_directories(run_dir);
+  const std::string dir = args.run_dir.empty() ? run_dir(cfg) : args.run_dir;
+  std::filesystem::create_directories(dir);
   {
-    std::ofstream out(run_dir + "/config.toml");
-    TESSERA_CHECK(out.is_open(), "cannot write ", run_dir, "/config.toml");
+    std::ofstream out(dir + "/config.toml");
+    TESSERA_CHECK(out.is_open(), "cannot write ", dir, "/config.toml");
     out << to_toml(cfg);
   }
   std::cout << build_info();
-  Trainer trainer(cfg, run_dir);
+  Trainer trainer(cfg, dir);
   const TrainSummary summary = trainer.run();
-  print_summary(summary, run_dir);
+  print_summary(summary, dir);
   return summary.exit_code;
 }
 
