@@ -1,19 +1,25 @@
 // CPU SwiGLU: y = silu(gate) * up. A templated reference (F64) and an OpenMP SIMD float path share
-// one scalar formula; each element's inputs are read before its outputs are written.
+// one scalar formula (float uses a vectorizable exp); each element's inputs are read before its
+// outputs are written.
 #include "kernels/swiglu.h"
 
 #include <cmath>
 #include <cstdint>
 
 #include "kernels/cpu/arg_checks.h"
+#include "kernels/cpu/simd_math.h"
 
 namespace tessera {
 namespace {
 
+// e^x: exact library exp for the double reference, the vectorizable polynomial for float.
+inline double exp_of(double x) { return std::exp(x); }
+inline float exp_of(float x) { return cpu::exp_polynomial(x); }
+
 // 1 / (1 + e^-g): for g -> -inf, e^-g -> inf and the result -> 0 without NaN.
 template <typename T>
 inline T sigmoid(T g) {
-  return T(1) / (T(1) + std::exp(-g));
+  return T(1) / (T(1) + exp_of(-g));
 }
 
 // d silu(g) / dg = sig (1 + g (1 - sig)).
