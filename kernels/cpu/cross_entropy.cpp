@@ -1,6 +1,5 @@
-// CPU fused softmax cross-entropy: a templated reference (F64) and a float path with rows in
-// parallel and a vectorized exp; each row's log-sum-exp subtracts the row max and sums in double. Backward reads each
-// logit before writing its gradient at the same index, so dlogits may be logits (in place).
+// CPU fused softmax cross-entropy: max-subtracted log-sum-exp per row (float exps, double sum);
+// backward reads each logit just before writing its gradient, so it can run in place.
 #include "kernels/cross_entropy.h"
 
 #include <algorithm>

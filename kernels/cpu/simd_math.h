@@ -17,7 +17,7 @@ inline float exp_polynomial(float x) {
   constexpr float kMax = 88.7228394f;   // ln(FLT_MAX)
   constexpr float kMin = -87.3365448f;  // ln(FLT_MIN)
   constexpr float kLog2e = 1.44269504f;
-  constexpr float kLn2Hi = 0.693359375f;    // 8 significant bits: k * kLn2Hi is exact for |k| <= 128
+  constexpr float kLn2Hi = 0.693359375f;     // 8 significant bits: k * kLn2Hi is exact for |k| <= 128
   constexpr float kLn2Lo = -2.12194440e-4f;  // ln2 - kLn2Hi
   constexpr float kRound = 12582912.0f;      // 1.5 * 2^23: adding it rounds to an integer in the low bits
   float xc = std::min(std::max(x, kMin), kMax);

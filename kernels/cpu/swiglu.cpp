@@ -1,6 +1,5 @@
-// CPU SwiGLU: y = silu(gate) * up. A templated reference (F64) and an OpenMP SIMD float path share
-// one scalar formula (float uses a vectorizable exp); each element's inputs are read before its
-// outputs are written.
+// CPU SwiGLU, y = silu(gate) * up: a double reference and an OpenMP SIMD float path sharing one
+// scalar formula (float with the vectorizable exp); each element is read before it is written.
 #include "kernels/swiglu.h"
 
 #include <cmath>
@@ -83,8 +82,8 @@ void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dy, c
   check_same(op, "dgate", dgate, gate);
   check_same(op, "dup", dup, gate);
   if (gate.dtype == DType::F64)
-    reference::backward(dgate.ptr<double>(), dup.ptr<double>(), dy.ptr<double>(), gate.ptr<double>(),
-                        up.ptr<double>(), gate.numel());
+    reference::backward(dgate.ptr<double>(), dup.ptr<double>(), dy.ptr<double>(), gate.ptr<double>(), up.ptr<double>(),
+                        gate.numel());
   else
     simd::backward(dgate.ptr<float>(), dup.ptr<float>(), dy.ptr<float>(), gate.ptr<float>(), up.ptr<float>(),
                    gate.numel());

@@ -1,10 +1,8 @@
-// Tests kernels/embedding.h: known lookups with and without wpe and pos_offset, the float path
-// against the double reference, gradients against finite differences, += accumulation with
-// repeated tokens, determinism, and the out-of-range errors.
-#include "kernels/embedding.h"
-
+// Tests kernels/embedding.h: known lookups, float vs double reference, finite differences, +=
+// accumulation over repeated tokens, thread-count independence and the out-of-range errors.
 #include <omp.h>
 
+#include "kernels/embedding.h"
 #include "op_testing.h"
 
 namespace tessera {

@@ -1,10 +1,9 @@
 // Tests kernels/cpu/simd_math.h: the polynomial exp against double-precision exp over the whole
 // float range, and its overflow, underflow, infinity and NaN behaviour.
-#include "kernels/cpu/simd_math.h"
-
 #include <cmath>
 #include <limits>
 
+#include "kernels/cpu/simd_math.h"
 #include "testing.h"
 
 namespace tessera {
