@@ -63,8 +63,14 @@ void forward(T* out, T* lse, const T* q, const T* k, const T* v, const Dims& m) 
         T* oi = out + m.q_row(b, i, h);
         std::fill(oi, oi + m.D, T(0));
         T mx = kNegInf<T>, l = 0;
-        for (int64_t j = 0; j < n; ++j) mx = std::max(mx, p[j] = scale * dot(qi, k + m.kv_row(b, j, g), m.D));
-        for (int64_t j = 0; j < n; ++j) l += p[j] = std::exp(p[j] - mx);
+        for (int64_t j = 0; j < n; ++j) {
+          p[j] = scale * dot(qi, k + m.kv_row(b, j, g), m.D);
+          mx = std::max(mx, p[j]);
+        }
+        for (int64_t j = 0; j < n; ++j) {
+          p[j] = std::exp(p[j] - mx);
+          l += p[j];
+        }
         for (int64_t j = 0; j < n; ++j) axpy(oi, p[j] / l, v + m.kv_row(b, j, g), m.D);
         lse[m.lse_at(b, h, i)] = n == 0 ? kNegInf<T> : mx + std::log(l);
       }
@@ -206,7 +212,7 @@ int64_t visible_in_tile(const Dims& m, const Tile& t, int64_t r) {
   return std::clamp<int64_t>(m.visible(t.i0 + r) - t.j0, 0, t.nc);
 }
 
-// Scores S (rows, nc) = q_tile kt into sc.s; kt must hold the key tile.
+// s (rows, kBc) = the tile's rows of q (or dout) times kt (D, kBc), over the tile's nc columns.
 void tile_scores(float* s, const float* q, const Dims& m, const Tile& t, const float* kt) {
   std::fill(s, s + t.rows() * kBc, 0.0f);
   gemm_acc(s, kBc, q + m.q_row(t.b, t.i0, t.h), m.H * m.D, 1, kt, kBc, t.rows(), t.nc, m.D);
@@ -217,7 +223,10 @@ void tile_scores(float* s, const float* q, const Dims& m, const Tile& t, const f
 // by which the caller adds the value rows.
 void online_softmax_row(float& mx, float& l, float* acc, float* s, int64_t n, int64_t nc, float scale, int64_t D) {
   float tile_max = kNegInf<float>;
-  for (int64_t j = 0; j < n; ++j) tile_max = std::max(tile_max, s[j] *= scale);
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] *= scale;
+    tile_max = std::max(tile_max, s[j]);
+  }
   if (tile_max > mx) {
     const float alpha = exp_poly(mx - tile_max);  // 0 on the row's first tile (mx = -inf)
     l *= alpha;
@@ -227,7 +236,10 @@ void online_softmax_row(float& mx, float& l, float* acc, float* s, int64_t n, in
   }
   float sum = 0;
 #pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < n; ++j) sum += s[j] = exp_poly(s[j] - mx);
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] = exp_poly(s[j] - mx);
+    sum += s[j];
+  }
   l += sum;
   std::fill(s + n, s + nc, 0.0f);
 }
