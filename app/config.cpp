@@ -187,7 +187,9 @@ size_t edit_distance(std::string_view a, std::string_view b) {
     for (size_t j = 1; j <= b.size(); ++j) {
       size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
       d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      }
     }
   }
   return d[a.size()][b.size()];
@@ -238,10 +240,13 @@ struct SectionInfo {
 // Flattens a Config into its sections and fields (names, docs, types, values, allowed values).
 class Catalog : public Walker<Catalog> {
  public:
-  void begin_section(std::string_view name, std::string_view doc) { sections.push_back({std::string(name), std::string(doc), {}}); }
+  void begin_section(std::string_view name, std::string_view doc) {
+    sections.push_back({std::string(name), std::string(doc), {}});
+  }
   template <class T>
   void field(std::string_view key, T& value, std::string_view doc, const Allowed& allowed) {
-    sections.back().fields.push_back({std::string(key), std::string(doc), std::string(type_name<T>()), literal(value), allowed});
+    sections.back().fields.push_back(
+        {std::string(key), std::string(doc), std::string(type_name<T>()), literal(value), allowed});
   }
   std::vector<SectionInfo> sections;
 };
@@ -426,8 +431,9 @@ int64_t line_of(const toml::key& k, const toml::node& n) {
 struct Entry {
   int64_t line;
   std::string section;
-  std::string key;  // empty: the top-level entry itself
+  std::string key;
   const toml::node* node;
+  bool top_level;  // a top-level entry that is not a known section table: always an error
 };
 
 std::vector<Entry> entries_in_file_order(const toml::table& root, const std::vector<SectionInfo>& table) {
@@ -436,10 +442,12 @@ std::vector<Entry> entries_in_file_order(const toml::table& root, const std::vec
     const std::string name(k.str());
     const bool descend = find_section(table, name) && node.is_table();
     if (!descend) {
-      entries.push_back({line_of(k, node), name, "", &node});
+      entries.push_back({line_of(k, node), name, "", &node, true});
       continue;
     }
-    for (auto&& [k2, node2] : *node.as_table()) entries.push_back({line_of(k2, node2), name, std::string(k2.str()), &node2});
+    for (auto&& [k2, node2] : *node.as_table()) {
+      entries.push_back({line_of(k2, node2), name, std::string(k2.str()), &node2, false});
+    }
   }
   std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.line < b.line; });
   return entries;
@@ -458,7 +466,7 @@ void apply_file(Config& c, const toml::table& root, const std::string& source, O
   const auto table = catalog(c);
   for (const Entry& e : entries_in_file_order(root, table)) {
     const Origin o = Origin::at(source, e.line);
-    if (e.key.empty()) bad_top_level(table, e, o);
+    if (e.top_level) bad_top_level(table, e, o);
     const SectionInfo& s = *find_section(table, e.section);
     if (!has_field(s, e.key)) unknown_key(table, s, e.key, o);
     assign(c, e.section, e.key, Input{e.node, std::nullopt}, o, origins);
@@ -559,7 +567,8 @@ void validate(const Config& c, const Origins* origins) {
   check_model(c);
 }
 
-Config parse_with_overrides(const std::string& text, const std::string& source, const std::vector<std::string>& overrides) {
+Config parse_with_overrides(const std::string& text, const std::string& source,
+                            const std::vector<std::string>& overrides) {
   Config c;
   Origins origins;
   apply_file(c, parse_toml(text, source), source, origins);
@@ -638,7 +647,7 @@ int64_t grad_accum_steps(const Config& c, int64_t dp_size) {
   const int64_t gb = c.train.global_batch, mb = c.train.micro_batch;
   if (dp_size < 1) fail("the data-parallel size must be >= 1, got " + std::to_string(dp_size));
   if (gb % (mb * dp_size) != 0) {
-    fail("train.global_batch = " + std::to_string(gb) + " is not divisible by train.micro_batch x dp = " +
+    fail("train.global_batch = " + std::to_string(gb) + " must be a multiple of train.micro_batch x dp = " +
          std::to_string(mb) + " x " + std::to_string(dp_size) + " = " + std::to_string(mb * dp_size) +
          ": each optimizer step needs a whole number of micro-batches per data-parallel rank");
   }

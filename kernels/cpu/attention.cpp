@@ -5,6 +5,7 @@
 #include "kernels/attention.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -62,8 +63,14 @@ void forward(T* out, T* lse, const T* q, const T* k, const T* v, const Dims& m) 
         T* oi = out + m.q_row(b, i, h);
         std::fill(oi, oi + m.D, T(0));
         T mx = kNegInf<T>, l = 0;
-        for (int64_t j = 0; j < n; ++j) mx = std::max(mx, p[j] = scale * dot(qi, k + m.kv_row(b, j, g), m.D));
-        for (int64_t j = 0; j < n; ++j) l += p[j] = std::exp(p[j] - mx);
+        for (int64_t j = 0; j < n; ++j) {
+          p[j] = scale * dot(qi, k + m.kv_row(b, j, g), m.D);
+          mx = std::max(mx, p[j]);
+        }
+        for (int64_t j = 0; j < n; ++j) {
+          p[j] = std::exp(p[j] - mx);
+          l += p[j];
+        }
         for (int64_t j = 0; j < n; ++j) axpy(oi, p[j] / l, v + m.kv_row(b, j, g), m.D);
         lse[m.lse_at(b, h, i)] = n == 0 ? kNegInf<T> : mx + std::log(l);
       }
@@ -99,42 +106,76 @@ namespace flash {
 constexpr int64_t kBr = 32;  // query rows per tile
 constexpr int64_t kBc = 64;  // keys per tile
 
-// Per-thread scratch: transposed key/value tiles and the tile's scores, sized once per region.
-struct Scratch {
-  std::vector<float> kt, vt;   // (D, kBc)
-  std::vector<float> p, ds;    // (kBr, kBc) probabilities and score gradients (backward)
-  std::vector<float> acc;      // (kBr, D) unnormalized output rows (forward)
-  explicit Scratch(int64_t D)
-      : kt(static_cast<size_t>(D * kBc)), vt(kt.size()), p(static_cast<size_t>(kBr * kBc)), ds(p.size()),
-        acc(static_cast<size_t>(kBr * D)) {}
-};
+// e^x in float, written so loops over it vectorize (libm's expf does not without -ffast-math):
+// x = n ln2 + r with |r| <= ln2/2, e^r by its degree-7 Taylor polynomial (truncation < 1e-8
+// relative), and 2^n placed in the exponent bits. Returns 0 below -87, where 2^n would be subnormal.
+inline float exp_poly(float x) {
+  const float kLog2e = 1.44269504f, kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float kLn2Hi = 0.693145752f, kLn2Lo = 1.42860677e-6f;  // ln2 = hi + lo, n * hi exact
+  x = std::min(x, 88.0f);
+  const float t = x * kLog2e + kRound;
+  const float n = t - kRound;
+  const float r = (x - n * kLn2Hi) - n * kLn2Lo;
+  float p = 1.0f / 5040;
+  p = p * r + 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const int32_t bits = (std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(kRound) + 127) << 23;
+  return x < -87.0f ? 0.0f : p * std::bit_cast<float>(bits);
+}
 
-// Query tile [i0, i1) of one (b, h) and the kv head it reads.
-struct Tile {
-  int64_t b, h, g, i0, i1;
-};
+// C (m, n) += A (m, k) B (k, n), the product every step of the tile loop is made of. A is read
+// through strides (a_rs, a_cs), so a transposed tile costs no copy; rows of B and C are contiguous
+// (ldb, ldc apart). Blocks of kMr x kNr outputs stay in registers across the k loop.
+constexpr int64_t kMr = 4, kNr = 16;
+
+template <int64_t MR>
+void gemm_block(float* C, int64_t ldc, const float* A, int64_t a_rs, int64_t a_cs, const float* B, int64_t ldb,
+                int64_t k) {
+  float acc[MR][kNr] = {};
+  for (int64_t p = 0; p < k; ++p) {
+    const float* b = B + p * ldb;
+    for (int64_t r = 0; r < MR; ++r) {
+      const float a = A[r * a_rs + p * a_cs];
+#pragma omp simd
+      for (int64_t c = 0; c < kNr; ++c) acc[r][c] += a * b[c];
+    }
+  }
+  for (int64_t r = 0; r < MR; ++r)
+#pragma omp simd
+    for (int64_t c = 0; c < kNr; ++c) C[r * ldc + c] += acc[r][c];
+}
+
+// The ragged right edge (n % kNr columns), a plain loop.
+void gemm_edge(float* C, int64_t ldc, const float* A, int64_t a_rs, int64_t a_cs, const float* B, int64_t ldb,
+               int64_t m, int64_t n, int64_t k) {
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t p = 0; p < k; ++p) {
+      const float a = A[r * a_rs + p * a_cs];
+#pragma omp simd
+      for (int64_t c = 0; c < n; ++c) C[r * ldc + c] += a * B[p * ldb + c];
+    }
+}
+
+void gemm_acc(float* C, int64_t ldc, const float* A, int64_t a_rs, int64_t a_cs, const float* B, int64_t ldb,
+              int64_t m, int64_t n, int64_t k) {
+  const int64_t n_full = n - n % kNr;
+  for (int64_t c = 0; c < n_full; c += kNr) {
+    int64_t r = 0;
+    for (; r + kMr <= m; r += kMr) gemm_block<kMr>(C + r * ldc + c, ldc, A + r * a_rs, a_rs, a_cs, B + c, ldb, k);
+    for (; r < m; ++r) gemm_block<1>(C + r * ldc + c, ldc, A + r * a_rs, a_rs, a_cs, B + c, ldb, k);
+  }
+  if (n_full < n) gemm_edge(C + n_full, ldc, A, a_rs, a_cs, B + n_full, ldb, m, n - n_full, k);
+}
 
 // dst (D, kBc) = transpose of n rows of src, rows row_stride apart (one kv head of (S, KV, D)).
 void load_transposed(float* dst, const float* src, int64_t n, int64_t row_stride, int64_t D) {
   for (int64_t j = 0; j < n; ++j)
     for (int64_t d = 0; d < D; ++d) dst[d * kBc + j] = src[j * row_stride + d];
-}
-
-// s[j] = a . bt[:, j] for j < n; vectorized over j, so no horizontal sums.
-void dot_row(float* __restrict s, const float* __restrict a, const float* __restrict bt, int64_t n, int64_t D) {
-  std::fill(s, s + n, 0.0f);
-  for (int64_t d = 0; d < D; ++d) {
-    const float ad = a[d];
-    const float* bd = bt + d * kBc;
-#pragma omp simd
-    for (int64_t j = 0; j < n; ++j) s[j] += ad * bd[j];
-  }
-}
-
-// y[0, D) += alpha * x[0, D).
-inline void axpy(float* __restrict y, float alpha, const float* __restrict x, int64_t D) {
-#pragma omp simd
-  for (int64_t d = 0; d < D; ++d) y[d] += alpha * x[d];
 }
 
 inline float dot(const float* __restrict a, const float* __restrict b, int64_t D) {
@@ -144,51 +185,86 @@ inline float dot(const float* __restrict a, const float* __restrict b, int64_t D
   return s;
 }
 
-// Online softmax step for one row: folds n new scaled scores s (keys at v, v_stride apart) into the
-// running max mx, sum l and unnormalized output acc (D).
-void online_update(float& mx, float& l, float* acc, float* s, int64_t n, const float* v, int64_t v_stride,
-                   int64_t D) {
+// Problems below this many flops (about 0.1 ms on one core) run on the calling thread: waking the
+// OpenMP team would cost more than it saves.
+constexpr int64_t kParallelMinFlops = int64_t(1) << 22;
+bool worth_threads(const Dims& m) { return 4 * m.B * m.H * m.T * m.S * m.D >= kParallelMinFlops; }
+
+// Per-thread scratch, sized once per parallel region.
+struct Scratch {
+  std::vector<float> kt, vt;      // (D, kBc) transposed key / value tile
+  std::vector<float> s, dp;       // (kBr, kBc) scores, then probabilities; dout . v (backward)
+  std::vector<float> acc;         // (kBr, D) unnormalized output rows (forward)
+  explicit Scratch(int64_t D)
+      : kt(static_cast<size_t>(D * kBc)), vt(kt.size()), s(static_cast<size_t>(kBr * kBc)), dp(s.size()),
+        acc(static_cast<size_t>(kBr * D)) {}
+};
+
+// Query tile [i0, i1) of one (b, h), the kv head g it reads, and the key tile [j0, j0 + nc).
+struct Tile {
+  int64_t b, h, g, i0, i1;
+  int64_t j0 = 0, nc = 0;
+  int64_t rows() const { return i1 - i0; }
+};
+
+// Keys of the current key tile visible to tile row r: 0 .. n - 1.
+int64_t visible_in_tile(const Dims& m, const Tile& t, int64_t r) {
+  return std::clamp<int64_t>(m.visible(t.i0 + r) - t.j0, 0, t.nc);
+}
+
+// s (rows, kBc) = the tile's rows of q (or dout) times kt (D, kBc), over the tile's nc columns.
+void tile_scores(float* s, const float* q, const Dims& m, const Tile& t, const float* kt) {
+  std::fill(s, s + t.rows() * kBc, 0.0f);
+  gemm_acc(s, kBc, q + m.q_row(t.b, t.i0, t.h), m.H * m.D, 1, kt, kBc, t.rows(), t.nc, m.D);
+}
+
+// Online softmax step for one row: folds its n visible scaled scores s into the running max mx,
+// sum l and unnormalized output acc (D), leaving in s the weights exp(s - mx) (0 where masked)
+// by which the caller adds the value rows.
+void online_softmax_row(float& mx, float& l, float* acc, float* s, int64_t n, int64_t nc, float scale, int64_t D) {
   float tile_max = kNegInf<float>;
-  for (int64_t j = 0; j < n; ++j) tile_max = std::max(tile_max, s[j]);
-  const float new_max = std::max(mx, tile_max);
-  if (new_max > mx) {
-    const float alpha = std::exp(mx - new_max);  // 0 on the first tile (mx = -inf)
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] *= scale;
+    tile_max = std::max(tile_max, s[j]);
+  }
+  if (tile_max > mx) {
+    const float alpha = exp_poly(mx - tile_max);  // 0 on the row's first tile (mx = -inf)
     l *= alpha;
 #pragma omp simd
     for (int64_t d = 0; d < D; ++d) acc[d] *= alpha;
-    mx = new_max;
+    mx = tile_max;
   }
+  float sum = 0;
+#pragma omp simd reduction(+ : sum)
   for (int64_t j = 0; j < n; ++j) {
-    const float p = std::exp(s[j] - mx);
-    l += p;
-    axpy(acc, p, v + j * v_stride, D);
+    s[j] = exp_poly(s[j] - mx);
+    sum += s[j];
   }
+  l += sum;
+  std::fill(s + n, s + nc, 0.0f);
 }
 
 // One query tile: visits the key tiles up to the causal limit of its last row.
-void forward_tile(float* out, float* lse, const float* q, const float* k, const float* v, const Dims& m,
-                  const Tile& t, Scratch& sc) {
-  const int64_t D = m.D, rows = t.i1 - t.i0, stride = m.KV * D;
+void forward_tile(float* out, float* lse, const float* q, const float* k, const float* v, const Dims& m, Tile t,
+                  Scratch& sc) {
+  const int64_t D = m.D, stride = m.KV * D;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   float mx[kBr], l[kBr];
-  std::fill(mx, mx + rows, kNegInf<float>);
-  std::fill(l, l + rows, 0.0f);
-  std::fill(sc.acc.begin(), sc.acc.begin() + rows * D, 0.0f);
+  std::fill(mx, mx + t.rows(), kNegInf<float>);
+  std::fill(l, l + t.rows(), 0.0f);
+  std::fill(sc.acc.begin(), sc.acc.begin() + t.rows() * D, 0.0f);
   const int64_t n_keys = m.visible(t.i1 - 1);
-  for (int64_t j0 = 0; j0 < n_keys; j0 += kBc) {
-    const int64_t nc = std::min(kBc, n_keys - j0);
-    const int64_t kv0 = m.kv_row(t.b, j0, t.g);
-    load_transposed(sc.kt.data(), k + kv0, nc, stride, D);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t n = std::min(nc, m.visible(t.i0 + r) - j0);
-      if (n <= 0) continue;
-      float* s = sc.p.data();
-      dot_row(s, q + m.q_row(t.b, t.i0 + r, t.h), sc.kt.data(), n, D);
-      for (int64_t j = 0; j < n; ++j) s[j] *= scale;
-      online_update(mx[r], l[r], sc.acc.data() + r * D, s, n, v + kv0, stride, D);
-    }
+  for (t.j0 = 0; t.j0 < n_keys; t.j0 += kBc) {
+    t.nc = std::min(kBc, n_keys - t.j0);
+    const int64_t kv0 = m.kv_row(t.b, t.j0, t.g);
+    load_transposed(sc.kt.data(), k + kv0, t.nc, stride, D);
+    tile_scores(sc.s.data(), q, m, t, sc.kt.data());
+    for (int64_t r = 0; r < t.rows(); ++r)
+      online_softmax_row(mx[r], l[r], sc.acc.data() + r * D, sc.s.data() + r * kBc, visible_in_tile(m, t, r), t.nc,
+                         scale, D);
+    gemm_acc(sc.acc.data(), D, sc.s.data(), kBc, 1, v + kv0, stride, t.rows(), D, t.nc);  // acc += P V
   }
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = 0; r < t.rows(); ++r) {
     float* o = out + m.q_row(t.b, t.i0 + r, t.h);
     const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
     for (int64_t d = 0; d < D; ++d) o[d] = sc.acc[r * D + d] * inv;
@@ -198,7 +274,7 @@ void forward_tile(float* out, float* lse, const float* q, const float* k, const 
 
 void forward(float* out, float* lse, const float* q, const float* k, const float* v, const Dims& m) {
   const int64_t n_tiles = (m.T + kBr - 1) / kBr;
-#pragma omp parallel
+#pragma omp parallel if (worth_threads(m))
   {
     Scratch sc(m.D);
     // Later tiles see more keys: dynamic scheduling balances the causal triangle.
@@ -218,71 +294,56 @@ struct Grads {
   const float *dout, *q, *k, *v;
 };
 
-// Rows of one query tile against key tile [j0, j0 + nc): fills sc.p and sc.ds (kBr, kBc) with
-// P = exp(scale q.k - lse) and dS = P (dout.v - delta), zero where masked, and accumulates dq.
-void backward_scores(const Grads& g, const Dims& m, const Tile& t, const float* lse, const float* delta, int64_t j0,
-                     int64_t nc, Scratch& sc) {
-  const int64_t D = m.D, stride = m.KV * D;
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-  const float* k0 = g.k + m.kv_row(t.b, j0, t.g);
-  float dp[kBc];
-  for (int64_t r = 0; r < t.i1 - t.i0; ++r) {
-    float* p = sc.p.data() + r * kBc;
-    float* ds = sc.ds.data() + r * kBc;
-    const int64_t n = saw_no_key(lse[r]) ? 0 : std::clamp<int64_t>(m.visible(t.i0 + r) - j0, 0, nc);
-    std::fill(p + n, p + nc, 0.0f);
-    std::fill(ds + n, ds + nc, 0.0f);
-    if (n == 0) continue;
-    const int64_t row = m.q_row(t.b, t.i0 + r, t.h);
-    dot_row(p, g.q + row, sc.kt.data(), n, D);
-    dot_row(dp, g.dout + row, sc.vt.data(), n, D);
+// Turns scores s into P = exp(scale s - lse) and dp into scale dS = scale P (dp - delta) for each
+// row of the tile, zero where masked or where the row saw no key at all.
+void probabilities_and_score_grads(float* s, float* dp, const float* lse, const float* delta, const Dims& m,
+                                   const Tile& t, float scale) {
+  for (int64_t r = 0; r < t.rows(); ++r) {
+    float* p = s + r * kBc;
+    float* ds = dp + r * kBc;
+    const int64_t n = saw_no_key(lse[r]) ? 0 : visible_in_tile(m, t, r);
+    const float lse_r = lse[r], delta_r = delta[r];
+#pragma omp simd
     for (int64_t j = 0; j < n; ++j) {
-      p[j] = std::exp(scale * p[j] - lse[r]);
-      ds[j] = p[j] * (dp[j] - delta[r]);
+      p[j] = exp_poly(scale * p[j] - lse_r);
+      ds[j] = scale * p[j] * (ds[j] - delta_r);
     }
-    for (int64_t j = 0; j < n; ++j) axpy(g.dq + row, scale * ds[j], k0 + j * stride, D);
+    std::fill(p + n, p + t.nc, 0.0f);
+    std::fill(ds + n, ds + t.nc, 0.0f);
   }
 }
 
-// dk_j += scale sum_r dS[r, j] q_r and dv_j += sum_r P[r, j] dout_r for the key tile.
-void backward_keys(const Grads& g, const Dims& m, const Tile& t, int64_t j0, int64_t nc, const Scratch& sc) {
-  const int64_t D = m.D;
+// One query tile of one head against all its visible key tiles: dq rows of the tile, and the
+// dk/dv rows of the key tiles (owned by the calling thread).
+void backward_tile(const Grads& g, const float* out, const float* lse_all, const Dims& m, Tile t, Scratch& sc) {
+  const int64_t D = m.D, stride = m.KV * D, q_stride = m.H * D;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-  for (int64_t j = 0; j < nc; ++j) {
-    const int64_t kv = m.kv_row(t.b, j0 + j, t.g);
-    for (int64_t r = 0; r < t.i1 - t.i0; ++r) {
-      const float p = sc.p[r * kBc + j], ds = sc.ds[r * kBc + j];
-      if (p == 0.0f && ds == 0.0f) continue;
-      const int64_t row = m.q_row(t.b, t.i0 + r, t.h);
-      axpy(g.dk + kv, scale * ds, g.q + row, D);
-      axpy(g.dv + kv, p, g.dout + row, D);
-    }
-  }
-}
-
-void backward_tile(const Grads& g, const float* out, const float* lse_all, const Dims& m, const Tile& t,
-                   Scratch& sc) {
-  const int64_t D = m.D, rows = t.i1 - t.i0, stride = m.KV * D;
   float lse[kBr], delta[kBr];
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = 0; r < t.rows(); ++r) {
     const int64_t row = m.q_row(t.b, t.i0 + r, t.h);
     lse[r] = lse_all[m.lse_at(t.b, t.h, t.i0 + r)];
     delta[r] = dot(g.dout + row, out + row, D);
   }
-  const int64_t n_keys = m.visible(t.i1 - 1);
-  for (int64_t j0 = 0; j0 < n_keys; j0 += kBc) {
-    const int64_t nc = std::min(kBc, n_keys - j0);
-    const int64_t kv0 = m.kv_row(t.b, j0, t.g);
-    load_transposed(sc.kt.data(), g.k + kv0, nc, stride, D);
-    load_transposed(sc.vt.data(), g.v + kv0, nc, stride, D);
-    backward_scores(g, m, t, lse, delta, j0, nc, sc);
-    backward_keys(g, m, t, j0, nc, sc);
+  const int64_t q0 = m.q_row(t.b, t.i0, t.h), n_keys = m.visible(t.i1 - 1);
+  for (t.j0 = 0; t.j0 < n_keys; t.j0 += kBc) {
+    t.nc = std::min(kBc, n_keys - t.j0);
+    const int64_t kv0 = m.kv_row(t.b, t.j0, t.g);
+    load_transposed(sc.kt.data(), g.k + kv0, t.nc, stride, D);
+    load_transposed(sc.vt.data(), g.v + kv0, t.nc, stride, D);
+    float* p = sc.s.data();
+    float* ds = sc.dp.data();
+    tile_scores(p, g.q, m, t, sc.kt.data());
+    tile_scores(ds, g.dout, m, t, sc.vt.data());  // dout . v
+    probabilities_and_score_grads(p, ds, lse, delta, m, t, scale);
+    gemm_acc(g.dq + q0, q_stride, ds, kBc, 1, g.k + kv0, stride, t.rows(), D, t.nc);       // dq += dS K
+    gemm_acc(g.dk + kv0, stride, ds, 1, kBc, g.q + q0, q_stride, t.nc, D, t.rows());       // dk += dS^T q
+    gemm_acc(g.dv + kv0, stride, p, 1, kBc, g.dout + q0, q_stride, t.nc, D, t.rows());     // dv += P^T dout
   }
 }
 
 void backward(const Grads& g, const float* out, const float* lse, const Dims& m) {
   const int64_t n_tiles = (m.T + kBr - 1) / kBr;
-#pragma omp parallel
+#pragma omp parallel if (worth_threads(m))
   {
     Scratch sc(m.D);
 #pragma omp for collapse(2) schedule(dynamic)

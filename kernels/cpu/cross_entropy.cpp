@@ -1,6 +1,5 @@
-// CPU fused softmax cross-entropy: a templated reference (F64) and a float path with rows in
-// parallel; each row's log-sum-exp subtracts the row max and sums in double. Backward reads each
-// logit before writing its gradient at the same index, so dlogits may be logits (in place).
+// CPU fused softmax cross-entropy: max-subtracted log-sum-exp per row (float exps, double sum);
+// backward reads each logit just before writing its gradient, so it can run in place.
 #include "kernels/cross_entropy.h"
 
 #include <algorithm>
@@ -9,6 +8,7 @@
 #include <limits>
 
 #include "kernels/cpu/arg_checks.h"
+#include "kernels/cpu/simd_math.h"
 
 namespace tessera {
 namespace {
@@ -45,14 +45,14 @@ void backward(T* dlogits, const T* logits, const T* lse, const int32_t* targets,
 }  // namespace reference
 
 namespace simd {
-// log(sum_v exp(x_v)) of one row: max-subtracted, exps in float, their sum in double (V terms).
+// log(sum_v exp(x_v)) of one row: max-subtracted, exps in float (vectorized), summed in double.
 inline double row_logsumexp(const float* x, int64_t V) {
   float m = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : m)
   for (int64_t v = 0; v < V; ++v) m = x[v] > m ? x[v] : m;
   double s = 0;
 #pragma omp simd reduction(+ : s)
-  for (int64_t v = 0; v < V; ++v) s += double(std::exp(x[v] - m));
+  for (int64_t v = 0; v < V; ++v) s += double(cpu::exp_polynomial(x[v] - m));
   return double(m) + std::log(s);
 }
 
@@ -80,7 +80,7 @@ void backward(float* dlogits, const float* logits, const float* lse, const int32
     }
     float l = lse[n];
 #pragma omp simd
-    for (int64_t v = 0; v < V; ++v) d[v] = scale * std::exp(x[v] - l);
+    for (int64_t v = 0; v < V; ++v) d[v] = scale * cpu::exp_polynomial(x[v] - l);
     d[targets[n]] -= scale;
   }
 }

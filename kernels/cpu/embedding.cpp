@@ -1,6 +1,5 @@
-// CPU token + position embedding: a templated reference (F64, rows in order) and a float path with
-// rows in parallel forward and, backward, column blocks in parallel (each walks every row in
-// order), so the scatter-add into dwte is deterministic with no atomics.
+// CPU token + position embedding: a double reference and a float path whose backward splits the
+// channels (not the rows) over threads, so the scatter-add into dwte is deterministic without atomics.
 #include "kernels/embedding.h"
 
 #include <algorithm>
@@ -23,9 +22,9 @@ namespace reference {
 template <typename T>
 void forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t pos_offset, Dims d) {
   for (int64_t bt = 0; bt < d.B * d.T; ++bt) {
-    const T* e = wte + tokens[bt] * d.C;                       // (C)
+    const T* e = wte + tokens[bt] * d.C;                               // (C)
     const T* p = wpe ? wpe + (pos_offset + bt % d.T) * d.C : nullptr;  // (C)
-    T* o = out + bt * d.C;                                     // (C)
+    T* o = out + bt * d.C;                                             // (C)
     for (int64_t c = 0; c < d.C; ++c) o[c] = e[c] + (p ? p[c] : T(0));
   }
 }
@@ -145,8 +144,7 @@ void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wt
     reference::forward(out.ptr<double>(), ids, wte.ptr<double>(), wpe.defined() ? wpe.ptr<double>() : nullptr,
                        pos_offset, d);
   else
-    simd::forward(out.ptr<float>(), ids, wte.ptr<float>(), wpe.defined() ? wpe.ptr<float>() : nullptr, pos_offset,
-                  d);
+    simd::forward(out.ptr<float>(), ids, wte.ptr<float>(), wpe.defined() ? wpe.ptr<float>() : nullptr, pos_offset, d);
 }
 
 void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens,

@@ -1,6 +1,5 @@
-// CPU LayerNorm: a templated reference (F64, the test oracle) and a float path with rows in parallel
-// and two-pass row statistics; dw/db are reduced per column block over all rows in order, so the
-// float result is deterministic whatever the thread count.
+// CPU LayerNorm: a double reference (the oracle) and a float path, rows in parallel with two-pass
+// statistics; dw/db reduced per column block over all rows in order: deterministic for any threads.
 #include "kernels/layernorm.h"
 
 #include <algorithm>
@@ -75,8 +74,8 @@ inline void row_stats(const float* x, int64_t C, float eps, float& mean, float& 
   rstd = 1.0f / std::sqrt(var / float(C) + eps);
 }
 
-void forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b, int64_t N,
-             int64_t C, float eps) {
+void forward(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b, int64_t N, int64_t C,
+             float eps) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const float* xr = x + n * C;  // (C)
@@ -97,8 +96,8 @@ void forward(float* y, float* mean, float* rstd, const float* x, const float* w,
 
 // dw (C) += sum_n dy xhat, db (C) += sum_n dy. Each task walks all rows in order for its block of
 // columns, accumulating in double: deterministic, and accurate for many rows.
-void param_grads(float* dw, float* db, const float* dy, const float* x, const float* mean, const float* rstd,
-                 int64_t N, int64_t C) {
+void param_grads(float* dw, float* db, const float* dy, const float* x, const float* mean, const float* rstd, int64_t N,
+                 int64_t C) {
   int64_t blocks = (C + kColBlock - 1) / kColBlock;
 #pragma omp parallel for schedule(static)
   for (int64_t blk = 0; blk < blocks; ++blk) {
@@ -185,9 +184,8 @@ void layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, co
   cpu::check_numel(op, "rstd", rstd, x.dtype, N);
   if (db.defined()) cpu::check_vector(op, "db", db, x.dtype, C);
   if (x.dtype == DType::F64)
-    reference::backward(dx.ptr<double>(), dw.ptr<double>(), db.defined() ? db.ptr<double>() : nullptr,
-                        dy.ptr<double>(), x.ptr<double>(), w.ptr<double>(), mean.ptr<double>(), rstd.ptr<double>(),
-                        N, C);
+    reference::backward(dx.ptr<double>(), dw.ptr<double>(), db.defined() ? db.ptr<double>() : nullptr, dy.ptr<double>(),
+                        x.ptr<double>(), w.ptr<double>(), mean.ptr<double>(), rstd.ptr<double>(), N, C);
   else
     simd::backward(dx.ptr<float>(), dw.ptr<float>(), db.defined() ? db.ptr<float>() : nullptr, dy.ptr<float>(),
                    x.ptr<float>(), w.ptr<float>(), mean.ptr<float>(), rstd.ptr<float>(), N, C);

@@ -1,6 +1,5 @@
-// CPU RMSNorm: a templated reference (F64, the test oracle) and a float path with rows in parallel;
-// dw is reduced per column block over all rows in order, so the float result is deterministic
-// whatever the thread count.
+// CPU RMSNorm: a double reference (the oracle) and a float path, rows in parallel; dw reduced per
+// column block over all rows in order, so it is deterministic for any thread count.
 #include "kernels/rmsnorm.h"
 
 #include <algorithm>
@@ -84,8 +83,7 @@ void weight_grad(float* dw, const float* dy, const float* x, const float* rstd, 
 }
 
 // dx (N, C) += rstd (g - xhat mean(g xhat)), g = dy w; rows in parallel.
-void input_grad(float* dx, const float* dy, const float* x, const float* w, const float* rstd, int64_t N,
-                int64_t C) {
+void input_grad(float* dx, const float* dy, const float* x, const float* w, const float* rstd, int64_t N, int64_t C) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const float* xr = x + n * C;
@@ -140,8 +138,8 @@ void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, cons
     reference::backward(dx.ptr<double>(), dw.ptr<double>(), dy.ptr<double>(), x.ptr<double>(), w.ptr<double>(),
                         rstd.ptr<double>(), N, C);
   else
-    simd::backward(dx.ptr<float>(), dw.ptr<float>(), dy.ptr<float>(), x.ptr<float>(), w.ptr<float>(),
-                   rstd.ptr<float>(), N, C);
+    simd::backward(dx.ptr<float>(), dw.ptr<float>(), dy.ptr<float>(), x.ptr<float>(), w.ptr<float>(), rstd.ptr<float>(),
+                   N, C);
 }
 
 }  // namespace tessera

@@ -10,6 +10,9 @@
 namespace tessera {
 namespace {
 
+// Below this many elements a rotation is cheaper than waking the OpenMP team.
+constexpr int64_t kParallelMinElements = 1 << 15;
+
 // cos and sin of a = (pos_offset + t) * theta^(-2i/D), each (T, D/2), rounded once to T.
 template <typename T>
 struct RotationTable {
@@ -33,7 +36,7 @@ template <typename T>
 void rotate(T* y, const T* x, const Shape& shape, int64_t pos_offset, double theta, T sign) {
   const int64_t B = shape[0], Tn = shape[1], H = shape[2], D = shape[3], half = D / 2;
   const RotationTable<T> table(Tn, half, pos_offset, theta);
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (B * Tn * H * D >= kParallelMinElements)
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < Tn; ++t) {
       const T* c = table.cos.data() + t * half;

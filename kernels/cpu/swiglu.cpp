@@ -1,19 +1,24 @@
-// CPU SwiGLU: y = silu(gate) * up. A templated reference (F64) and an OpenMP SIMD float path share
-// one scalar formula; each element's inputs are read before its outputs are written.
+// CPU SwiGLU, y = silu(gate) * up: a double reference and an OpenMP SIMD float path sharing one
+// scalar formula (float with the vectorizable exp); each element is read before it is written.
 #include "kernels/swiglu.h"
 
 #include <cmath>
 #include <cstdint>
 
 #include "kernels/cpu/arg_checks.h"
+#include "kernels/cpu/simd_math.h"
 
 namespace tessera {
 namespace {
 
+// e^x: exact library exp for the double reference, the vectorizable polynomial for float.
+inline double exp_of(double x) { return std::exp(x); }
+inline float exp_of(float x) { return cpu::exp_polynomial(x); }
+
 // 1 / (1 + e^-g): for g -> -inf, e^-g -> inf and the result -> 0 without NaN.
 template <typename T>
 inline T sigmoid(T g) {
-  return T(1) / (T(1) + std::exp(-g));
+  return T(1) / (T(1) + exp_of(-g));
 }
 
 // d silu(g) / dg = sig (1 + g (1 - sig)).
@@ -77,8 +82,8 @@ void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dy, c
   check_same(op, "dgate", dgate, gate);
   check_same(op, "dup", dup, gate);
   if (gate.dtype == DType::F64)
-    reference::backward(dgate.ptr<double>(), dup.ptr<double>(), dy.ptr<double>(), gate.ptr<double>(),
-                        up.ptr<double>(), gate.numel());
+    reference::backward(dgate.ptr<double>(), dup.ptr<double>(), dy.ptr<double>(), gate.ptr<double>(), up.ptr<double>(),
+                        gate.numel());
   else
     simd::backward(dgate.ptr<float>(), dup.ptr<float>(), dy.ptr<float>(), gate.ptr<float>(), up.ptr<float>(),
                    gate.numel());

@@ -233,6 +233,7 @@ TEST(ConfigErrors, WrongTypeNamesExpectedAndGiven) {
   expect_contains(parse_error("[optim]\ndecay_norms = 1\n"), {"optim.decay_norms", "expected a boolean"});
   expect_contains(parse_error("[model]\npreset = 2\n"), {"model.preset", "expected a string", "integer 2"});
   expect_contains(parse_error("[train]\nsteps = [1, 2]\n"), {"train.steps", "an array"});
+  expect_contains(parse_error("[train]\n\"\" = 1\n"), {"unknown key train.", "configs/x.toml:2"});
 }
 
 TEST(ConfigErrors, OutOfRangeNamesValueAndRange) {
@@ -285,10 +286,12 @@ TEST(ConfigOverrides, AppliedInOrderAfterTheFile) {
 
 TEST(ConfigOverrides, MalformedArgumentsAreNamed) {
   expect_contains(parse_error("", {"train.steps"}), {"--set train.steps: expected section.key=value"});
-  expect_contains(parse_error("", {"steps=5"}), {"--set steps=5: expected section.key=value", "did you mean train.steps?"});
+  expect_contains(parse_error("", {"steps=5"}),
+                  {"--set steps=5: expected section.key=value", "did you mean train.steps?"});
   expect_contains(parse_error("", {"train.stesp=5"}),
                   {"--set train.stesp=5: unknown key train.stesp; did you mean train.steps?"});
-  expect_contains(parse_error("", {"trian.steps=5"}), {"--set trian.steps=5: unknown section [trian]; did you mean [train]?"});
+  expect_contains(parse_error("", {"trian.steps=5"}),
+                  {"--set trian.steps=5: unknown section [trian]; did you mean [train]?"});
   expect_contains(parse_error("", {"train.steps=abc"}),
                   {"--set train.steps=abc: wrong type for train.steps", "expected an integer", "`abc`"});
   expect_contains(parse_error("", {"train.steps=1.5"}), {"--set train.steps=1.5", "float 1.5"});
@@ -317,7 +320,8 @@ TEST(ConfigValidation, ExplicitDpMustDivideTheBatch) {
 }
 
 TEST(ConfigValidation, SeqLenMustFitTheModel) {
-  expect_contains(parse_error("[model]\nmax_seq_len = 32\n"), {"train.seq_len = 64 (default)", "model.max_seq_len = 32"});
+  expect_contains(parse_error("[model]\nmax_seq_len = 32\n"),
+                  {"train.seq_len = 64 (default)", "model.max_seq_len = 32"});
 }
 
 TEST(ConfigValidation, ModelShapeIsCheckedAtLoad) {
@@ -382,9 +386,11 @@ TEST(ConfigToToml, EveryKeyHasItsDocCommentAbove) {
   std::string text = to_toml(Config{});
   expect_contains(text, {"[model]\n", "[data]\n", "[train]\n", "[optim]\n", "[parallel]\n", "[checkpoint]\n", "[log]\n",
                          "# total optimizer steps (>= 1)\nsteps = 2000\n",
-                         "# schedule from lr down to min_lr after warm-up (one of \"cosine\", \"linear\", \"constant\")\n"
+                         "# schedule from lr down to min_lr after warm-up "
+                         "(one of \"cosine\", \"linear\", \"constant\")\n"
                          "decay = \"cosine\"\n",
-                         "lr = 3e-4\n", "eps = 1e-8\n", "norm_eps = 1e-5\n", "init_std = 0.02\n", "rope_theta = 10000.0\n", "dp = -1\n", "name = \"\"\n",
+                         "lr = 3e-4\n", "eps = 1e-8\n", "norm_eps = 1e-5\n", "init_std = 0.02\n",
+                         "rope_theta = 10000.0\n", "dp = -1\n", "name = \"\"\n",
                          "decay_norms = false\n"});
 }
 
@@ -406,7 +412,8 @@ TEST(ConfigLoad, ReadsAFileAndNamesTheRunAfterIt) {
 TEST(ConfigLoad, ErrorsNameThePathGiven) {
   TempFile f("bad.toml", "[train]\n\nstpes = 3\n");
   expect_contains(error_of([&] { load_config(f.path()); }), {"unknown key train.stpes in " + f.path() + ":3"});
-  expect_contains(error_of([&] { load_config("/nonexistent/x.toml"); }), {"cannot open config file /nonexistent/x.toml"});
+  expect_contains(error_of([&] { load_config("/nonexistent/x.toml"); }),
+                  {"cannot open config file /nonexistent/x.toml"});
 }
 
 TEST(ConfigModel, MapsAndResolvesTheModel) {

@@ -27,11 +27,12 @@ struct Case {
 
 // Shapes that cover MHA, GQA (H/KV = 2 and 4), D not a multiple of 8, T != S with offsets both
 // ways (a later chunk over earlier keys; rows with no visible key), and, for the flash path, lengths
-// that are not multiples of its tiles (32 queries x 64 keys).
+// that are not multiples of its tiles (32 queries x 64 keys) or of its 4 x 16 register blocks.
 const std::vector<Case> kCases = {
     {2, 5, 5, 2, 2, 4, 0, 0},   {1, 7, 7, 4, 2, 5, 0, 0},     {2, 6, 6, 4, 1, 3, 0, 0},
     {1, 8, 16, 4, 2, 6, 8, 0},  {1, 16, 16, 2, 1, 4, 0, 8},   {1, 70, 70, 2, 1, 7, 0, 0},
     {2, 45, 130, 4, 2, 9, 90, 3}, {1, 33, 65, 4, 4, 16, 40, 10}, {1, 40, 20, 2, 1, 11, 0, 10},
+    {2, 37, 37, 2, 2, 40, 0, 0},  {2, 100, 100, 4, 2, 32, 0, 0},  // the last is big enough for threads
 };
 
 // Random q, k, v for a case, in double.
@@ -226,7 +227,7 @@ TEST(Attention, BackwardAccumulates) {
 }
 
 TEST(Attention, FloatBackwardIsDeterministicAcrossThreadCounts) {
-  const Case c{2, 50, 50, 4, 2, 8, 0, 0};
+  const Case c{2, 100, 100, 4, 2, 32, 0, 0};  // big enough to run threaded
   Inputs in(c, 60);
   auto q = in.q.cast<float>(), k = in.k.cast<float>(), v = in.v.cast<float>();
   auto dout = HostTensor<double>::uniform(q.shape(), 61).cast<float>();

@@ -1,9 +1,8 @@
 // Tests kernels/layernorm.h: the float path against the double reference on the same inputs, every
 // gradient against finite differences, += accumulation, known statistics and argument errors.
-#include "kernels/layernorm.h"
-
 #include <omp.h>
 
+#include "kernels/layernorm.h"
 #include "op_testing.h"
 
 namespace tessera {
@@ -20,7 +19,11 @@ template <typename T>
 struct Forward {
   HostTensor<T> x, w, b, y, mean, rstd;
   Forward(const HostTensor<double>& x0, const HostTensor<double>& w0, const HostTensor<double>& b0)
-      : x(x0.cast<T>()), w(w0.cast<T>()), b(b0.cast<T>()), y(x0.shape()), mean({x0.numel() / w0.numel()}),
+      : x(x0.cast<T>()),
+        w(w0.cast<T>()),
+        b(b0.cast<T>()),
+        y(x0.shape()),
+        mean({x0.numel() / w0.numel()}),
         rstd({x0.numel() / w0.numel()}) {}
   void run(bool bias = true, double eps = kEps) {
     layernorm_forward(y.t(), mean.t(), rstd.t(), x.t(), w.t(), bias ? b.t() : Tensor(), eps);
@@ -36,7 +39,6 @@ Inputs make_inputs(Shape x_shape, uint64_t seed) {
           float_rounded(HostTensor<double>::uniform({C}, seed + 1, 0.5, 1.5)),
           float_rounded(HostTensor<double>::uniform({C}, seed + 2))};
 }
-
 
 }  // namespace
 
@@ -137,8 +139,8 @@ TEST(LayerNorm, BackwardAccumulates) {
     auto dy = r.cast<T>();
     HostTensor<T> dx({6, 70}), dw({70}), db({70});
     layernorm_backward(dx.t(), dw.t(), db.t(), dy.t(), f.x.t(), f.w.t(), f.mean.t(), f.rstd.t());
-    auto dx0 = HostTensor<double>::uniform({6, 70}, 64).cast<T>(), dw0 = HostTensor<double>::uniform({70}, 65).cast<T>(),
-         db0 = HostTensor<double>::uniform({70}, 66).cast<T>();
+    auto dx0 = HostTensor<double>::uniform({6, 70}, 64).cast<T>(),
+         dw0 = HostTensor<double>::uniform({70}, 65).cast<T>(), db0 = HostTensor<double>::uniform({70}, 66).cast<T>();
     auto dx1 = dx0, dw1 = dw0, db1 = db0;
     layernorm_backward(dx1.t(), dw1.t(), db1.t(), dy.t(), f.x.t(), f.w.t(), f.mean.t(), f.rstd.t());
     for (int64_t i = 0; i < dx.numel(); ++i) dx0[i] += dx[i];

@@ -1,9 +1,8 @@
 // Tests kernels/rmsnorm.h: the float path against the double reference on the same inputs, every
 // gradient against finite differences, += accumulation, known values, determinism and errors.
-#include "kernels/rmsnorm.h"
-
 #include <omp.h>
 
+#include "kernels/rmsnorm.h"
 #include "op_testing.h"
 
 namespace tessera {
@@ -30,7 +29,6 @@ Inputs make_inputs(Shape x_shape, uint64_t seed) {
   return {float_rounded(HostTensor<double>::uniform(x_shape, seed, -2, 2)),
           float_rounded(HostTensor<double>::uniform({x_shape[-1]}, seed + 1, 0.5, 1.5))};
 }
-
 
 }  // namespace
 
@@ -108,7 +106,8 @@ TEST(RmsNorm, BackwardAccumulates) {
     auto dy = r.cast<T>();
     HostTensor<T> dx({6, 70}), dw({70});
     rmsnorm_backward(dx.t(), dw.t(), dy.t(), f.x.t(), f.w.t(), f.rstd.t());
-    auto dx0 = HostTensor<double>::uniform({6, 70}, 154).cast<T>(), dw0 = HostTensor<double>::uniform({70}, 155).cast<T>();
+    auto dx0 = HostTensor<double>::uniform({6, 70}, 154).cast<T>(),
+         dw0 = HostTensor<double>::uniform({70}, 155).cast<T>();
     auto dx1 = dx0, dw1 = dw0;
     rmsnorm_backward(dx1.t(), dw1.t(), dy.t(), f.x.t(), f.w.t(), f.rstd.t());
     for (int64_t i = 0; i < dx.numel(); ++i) dx0[i] += dx[i];

@@ -1,9 +1,8 @@
 // Tests kernels/swiglu.h: the float path against the double reference on the same inputs, both
 // gradients against finite differences, known values, saturation and argument errors.
-#include "kernels/swiglu.h"
-
 #include <limits>
 
+#include "kernels/swiglu.h"
 #include "op_testing.h"
 
 namespace tessera {
