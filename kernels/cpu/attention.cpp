@@ -4,6 +4,8 @@
 // its query heads, so there are no races and the result does not depend on the thread count.
 #include "kernels/attention.h"
 
+#include "kernels/cpu/simd_math.h"
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -106,27 +108,8 @@ namespace flash {
 constexpr int64_t kBr = 32;  // query rows per tile
 constexpr int64_t kBc = 64;  // keys per tile
 
-// e^x in float, written so loops over it vectorize (libm's expf does not without -ffast-math):
-// x = n ln2 + r with |r| <= ln2/2, e^r by its degree-7 Taylor polynomial (truncation < 1e-8
-// relative), and 2^n placed in the exponent bits. Returns 0 below -87, where 2^n would be subnormal.
-inline float exp_poly(float x) {
-  const float kLog2e = 1.44269504f, kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float kLn2Hi = 0.693145752f, kLn2Lo = 1.42860677e-6f;  // ln2 = hi + lo, n * hi exact
-  x = std::min(x, 88.0f);
-  const float t = x * kLog2e + kRound;
-  const float n = t - kRound;
-  const float r = (x - n * kLn2Hi) - n * kLn2Lo;
-  float p = 1.0f / 5040;
-  p = p * r + 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const int32_t bits = (std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(kRound) + 127) << 23;
-  return x < -87.0f ? 0.0f : p * std::bit_cast<float>(bits);
-}
+// e^x that vectorizes (kernels/cpu/simd_math.h); 0 for -inf, as masked scores need.
+using cpu::exp_polynomial;
 
 // C (m, n) += A (m, k) B (k, n), the product every step of the tile loop is made of. A is read
 // through strides (a_rs, a_cs), so a transposed tile costs no copy; rows of B and C are contiguous
@@ -228,7 +211,7 @@ void online_softmax_row(float& mx, float& l, float* acc, float* s, int64_t n, in
     tile_max = std::max(tile_max, s[j]);
   }
   if (tile_max > mx) {
-    const float alpha = exp_poly(mx - tile_max);  // 0 on the row's first tile (mx = -inf)
+    const float alpha = exp_polynomial(mx - tile_max);  // 0 on the row's first tile (mx = -inf)
     l *= alpha;
 #pragma omp simd
     for (int64_t d = 0; d < D; ++d) acc[d] *= alpha;
@@ -237,7 +220,7 @@ void online_softmax_row(float& mx, float& l, float* acc, float* s, int64_t n, in
   float sum = 0;
 #pragma omp simd reduction(+ : sum)
   for (int64_t j = 0; j < n; ++j) {
-    s[j] = exp_poly(s[j] - mx);
+    s[j] = exp_polynomial(s[j] - mx);
     sum += s[j];
   }
   l += sum;
@@ -305,7 +288,7 @@ void probabilities_and_score_grads(float* s, float* dp, const float* lse, const 
     const float lse_r = lse[r], delta_r = delta[r];
 #pragma omp simd
     for (int64_t j = 0; j < n; ++j) {
-      p[j] = exp_poly(scale * p[j] - lse_r);
+      p[j] = exp_polynomial(scale * p[j] - lse_r);
       ds[j] = scale * p[j] * (ds[j] - delta_r);
     }
     std::fill(p + n, p + t.nc, 0.0f);
