@@ -211,13 +211,16 @@ struct LogConfig {
   int64_t every = 10;
   std::string dir = "runs";
   std::string progress = "auto";
+  double peak_gflops = 0.0;
 
   template <class V>
   void visit(V& v) {
     v.field("every", every, "print and record metrics every this many steps", Allowed::at_least(1));
     v.field("dir", dir, "run directories go to <dir>/<train.name>", Allowed::any());
-    v.field("progress", progress, "console output: tty = a live line, lines = one line per log "
-            "step, auto = tty when stderr is a terminal", Allowed::one_of({"auto", "tty", "lines"}));
+    v.field("progress", progress, "console output: tty = a live line updated every step, lines = one line per "
+            "log step, auto = tty when stdout is a terminal", Allowed::one_of({"auto", "tty", "lines"}));
+    v.field("peak_gflops", peak_gflops, "the device's peak GFLOP/s, the denominator of MFU; 0 = measure this "
+            "CPU's fp32 FMA throughput at start-up", Allowed::at_least(0.0));
   }
   bool operator==(const LogConfig&) const = default;
 };

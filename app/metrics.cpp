@@ -91,7 +91,7 @@ ProgressPrinter::ProgressPrinter(const std::string& mode) {
   tty_ = mode == "tty" || (mode == "auto" && isatty(STDOUT_FILENO));
 }
 
-void ProgressPrinter::step(const StepStats& s) {
+void ProgressPrinter::step(const StepStats& s, bool record) {
   char buf[320];
   const int width = static_cast<int>(std::to_string(s.total_steps).size());
   std::snprintf(buf, sizeof buf,
@@ -101,7 +101,7 @@ void ProgressPrinter::step(const StepStats& s) {
   if (tty_) {
     std::cout << "\r\033[K" << buf << std::flush;
     line_open_ = true;
-  } else {
+  } else if (record) {
     std::cout << buf << std::endl;
   }
 }

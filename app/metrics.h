@@ -45,7 +45,10 @@ class ProgressPrinter {
  public:
   // mode: "auto" (terminal if stdout is one), "tty" or "lines".
   explicit ProgressPrinter(const std::string& mode);
-  void step(const StepStats& s);
+  // On a terminal every call rewrites the line (a recorded step is kept on screen);
+  // otherwise only recorded steps print.
+  void step(const StepStats& s, bool record);
+  bool live() const { return tty_; }
   // A message on its own line (evaluation results, warnings), keeping the progress line intact.
   void message(const std::string& text);
   void finish();

@@ -50,7 +50,7 @@ class Trainer {
   double forward_backward(int64_t s);
   std::string nonfinite_report(double loss, double norm) const;
   void evaluate(int64_t s, TrainSummary& summary);
-  void log_step(int64_t s, const StepResult& r, double step_seconds, double elapsed);
+  void log_step(int64_t s, const StepResult& r, double step_seconds, double elapsed, bool record);
   std::vector<ParamSegment> segments() const;
 
   Config cfg_;

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <initializer_list>
@@ -467,8 +468,20 @@ TEST(ConfigDocs, DocsConfigMdContainsTheGeneratedReference) {
   std::stringstream doc;
   doc << in.rdbuf();
   const std::string expected = config_reference_markdown();
+  if (std::getenv("TESSERA_UPDATE_DOCS") && doc.str().find(expected) == std::string::npos) {
+    // Regenerate: TESSERA_UPDATE_DOCS=1 build/tests/tests_app --gtest_filter='ConfigDocs.*'
+    const std::string begin = "<!-- BEGIN GENERATED: config_reference_markdown(), do not edit by hand -->",
+                      end = "<!-- END GENERATED -->";
+    std::string text = doc.str();
+    const size_t b = text.find(begin), e = text.find(end);
+    ASSERT_TRUE(b != std::string::npos && e != std::string::npos) << "markers missing in " << path;
+    text = text.substr(0, b + begin.size()) + "\n" + expected + text.substr(e);
+    std::ofstream(path) << text;
+    doc.str(text);
+  }
   EXPECT_NE(doc.str().find(expected), std::string::npos)
-      << "docs/config.md is out of date; replace the generated reference in it with:\n"
+      << "docs/config.md is out of date; regenerate it with\n"
+      << "  TESSERA_UPDATE_DOCS=1 build/tests/tests_app --gtest_filter='ConfigDocs.*'\nor paste:\n"
       << expected;
   std::istringstream lines(to_toml(Config{}));  // every key of the table, as "key = value" lines
   for (std::string line; std::getline(lines, line);) {
