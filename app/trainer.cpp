@@ -18,6 +18,8 @@
 
 namespace tessera {
 
+static_assert(kIgnoreTarget == kIgnoreIndex, "data and kernels must agree on the ignored-target id");
+
 namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }

@@ -62,15 +62,19 @@ AdditionDataset::AdditionDataset(const AdditionTask& task, bool validation, int6
   TESSERA_CHECK(num_samples > 0, "the addition dataset needs at least one sample");
 }
 
-void AdditionDataset::get(int64_t index, int32_t* out) const {
+void AdditionDataset::get(int64_t index, int32_t* out, uint8_t* loss_mask) const {
   // Sample i starts with problem i * stride of its split and continues with the following ones.
   const int64_t need = seq_len_ + 1;
   const uint64_t stride = static_cast<uint64_t>(need);  // more problems than a window can hold
   int64_t filled = 0;
   for (uint64_t j = 0; filled < need; ++j) {
-    const std::vector<int32_t> ids =
-        task_.tokenizer().encode(task_.problem(static_cast<uint64_t>(index) * stride + j, validation_).text());
-    for (size_t k = 0; k < ids.size() && filled < need; ++k) out[filled++] = ids[k];
+    const AdditionProblem p = task_.problem(static_cast<uint64_t>(index) * stride + j, validation_);
+    const std::vector<int32_t> ids = task_.tokenizer().encode(p.text());
+    const size_t answer_start = p.prompt().size();
+    for (size_t k = 0; k < ids.size() && filled < need; ++k, ++filled) {
+      out[filled] = ids[k];
+      if (loss_mask) loss_mask[filled] = k >= answer_start;
+    }
   }
 }
 

@@ -45,13 +45,15 @@ class AdditionTask {
 };
 
 // Samples of seq_len + 1 ids, each a run of consecutive problems starting at a problem boundary.
+// The loss mask keeps only the answers and their newlines: the operands are random, so predicting
+// them teaches nothing and only adds noise to the gradient.
 class AdditionDataset : public Dataset {
  public:
   AdditionDataset(const AdditionTask& task, bool validation, int64_t seq_len, int64_t num_samples);
   int64_t num_samples() const override { return num_samples_; }
   int64_t seq_len() const override { return seq_len_; }
   int64_t vocab_size() const override { return task_.tokenizer().vocab_size(); }
-  void get(int64_t index, int32_t* out) const override;
+  void get(int64_t index, int32_t* out, uint8_t* loss_mask) const override;
   std::string describe() const override;
 
  private:

@@ -14,12 +14,13 @@ Batch make_batch(const Dataset& ds, const std::vector<int64_t>& indices) {
   b.tokens.resize(static_cast<size_t>(b.B * b.T));
   b.targets.resize(static_cast<size_t>(b.B * b.T));
   std::vector<int32_t> window(static_cast<size_t>(b.T + 1));
+  std::vector<uint8_t> mask(static_cast<size_t>(b.T + 1));
   for (int64_t r = 0; r < b.B; ++r) {
     TESSERA_CHECK(indices[r] >= 0 && indices[r] < ds.num_samples(), "sample index ", indices[r], " outside ",
                   ds.describe(), " (", ds.num_samples(), " samples)");
-    ds.get(indices[r], window.data());
+    ds.get(indices[r], window.data(), mask.data());
     std::copy(window.begin(), window.end() - 1, b.tokens.begin() + r * b.T);
-    std::copy(window.begin() + 1, window.end(), b.targets.begin() + r * b.T);
+    for (int64_t t = 0; t < b.T; ++t) b.targets[r * b.T + t] = mask[t + 1] ? window[t + 1] : kIgnoreTarget;
   }
   return b;
 }

@@ -1,5 +1,6 @@
 // The dataset interface every training source implements: a fixed number of samples, each a
-// window of seq_len + 1 token ids (inputs are the first seq_len, targets the last seq_len).
+// window of seq_len + 1 token ids (inputs are the first seq_len, targets the last seq_len), with
+// an optional loss mask saying which tokens are worth predicting.
 // The synthetic task (data/addition.h) and file datasets (Megatron indexed, llm.c shards) plug in here.
 #pragma once
 
@@ -9,14 +10,19 @@
 
 namespace tessera {
 
+// A target that carries no loss (the same value as kernels' kIgnoreIndex).
+constexpr int32_t kIgnoreTarget = -1;
+
 class Dataset {
  public:
   virtual ~Dataset() = default;
   virtual int64_t num_samples() const = 0;
   virtual int64_t seq_len() const = 0;
   virtual int64_t vocab_size() const = 0;
-  // Writes sample `index` (0 <= index < num_samples) as seq_len + 1 ids into out.
-  virtual void get(int64_t index, int32_t* out) const = 0;
+  // Writes sample `index` (0 <= index < num_samples) as seq_len + 1 ids into out, and when
+  // loss_mask is not null, seq_len + 1 flags: 0 where a token is not a training target (e.g. the
+  // question of a question/answer pair). Datasets without such a notion write all ones.
+  virtual void get(int64_t index, int32_t* out, uint8_t* loss_mask) const = 0;
   virtual std::string describe() const = 0;
 };
 
@@ -27,7 +33,8 @@ struct Batch {
   std::vector<int32_t> targets;
 };
 
-// Fills a batch from samples indices[0..B): tokens = window[0, T), targets = window[1, T + 1).
+// Fills a batch from samples indices[0..B): tokens = window[0, T), targets = window[1, T + 1),
+// with kIgnoreIndex (-1) for targets the loss mask excludes.
 Batch make_batch(const Dataset& ds, const std::vector<int64_t>& indices);
 
 }  // namespace tessera

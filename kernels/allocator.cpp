@@ -21,12 +21,29 @@ const char* mem_category_name(MemCategory c) {
   return "?";
 }
 
+namespace {
+size_t round_up(size_t bytes) { return (bytes + 63) / 64 * 64; }
+}  // namespace
+
 void* Allocator::allocate(size_t bytes, MemCategory cat) {
   TESSERA_CHECK(device_.is_cpu(), "allocator for ", device_.str(), " is not built");
   if (bytes == 0) return nullptr;
-  size_t rounded = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded);
-  TESSERA_CHECK(p != nullptr, "out of host memory allocating ", format_bytes(bytes), " for ", mem_category_name(cat));
+  const size_t rounded = round_up(bytes);
+  void* p = nullptr;
+  auto it = free_blocks_.find(rounded);
+  if (it != free_blocks_.end() && !it->second.empty()) {
+    p = it->second.back();
+    it->second.pop_back();
+    cached_bytes_ -= rounded;
+  } else {
+    p = std::aligned_alloc(64, rounded);
+    if (!p && cached_bytes_ > 0) {  // memory is tight: give the cache back and try once more
+      release_cache();
+      p = std::aligned_alloc(64, rounded);
+    }
+    TESSERA_CHECK(p != nullptr, "out of host memory allocating ", format_bytes(bytes), " for ",
+                  mem_category_name(cat));
+  }
   std::memset(p, 0, rounded);
   MemCounter& c = counters_[static_cast<int>(cat)];
   c.current += bytes;
@@ -38,8 +55,17 @@ void* Allocator::allocate(size_t bytes, MemCategory cat) {
 
 void Allocator::deallocate(void* p, size_t bytes, MemCategory cat) {
   if (!p) return;
-  std::free(p);
+  const size_t rounded = round_up(bytes);
+  free_blocks_[rounded].push_back(p);
+  cached_bytes_ += rounded;
   counters_[static_cast<int>(cat)].current -= bytes;
+}
+
+void Allocator::release_cache() {
+  for (auto& [size, blocks] : free_blocks_)
+    for (void* p : blocks) std::free(p);
+  free_blocks_.clear();
+  cached_bytes_ = 0;
 }
 
 size_t Allocator::total_current() const {

@@ -10,7 +10,7 @@ packages=(
   libhdf5-mpich-dev hdf5-tools      # parallel HDF5 (checkpoints, fixtures)
   libcli11-dev libtomlplusplus-dev  # command line, config
   libgtest-dev                      # tests
-  libopenblas-dev libblis-dev       # CPU GEMM (OpenBLAS is used; BLIS kept for comparison)
+  libopenblas-openmp-dev libblis-dev  # CPU GEMM: OpenBLAS (OpenMP build) is used; BLIS for comparison
   python3-numpy python3-h5py python3-matplotlib  # scripts (plots, fixture checks)
 )
 if [ "${TESSERA_SETUP_TORCH:-0}" = 1 ]; then

@@ -48,17 +48,23 @@ TEST(AdditionDataset, SamplesAreWindowsOfWholeProblemsAndBatchesShiftByOne) {
   AdditionTask task(2, 7);
   AdditionDataset ds(task, false, 16, 100);
   std::vector<int32_t> w(17);
-  ds.get(3, w.data());
+  std::vector<uint8_t> mask(17);
+  ds.get(3, w.data(), mask.data());
   const std::string text = task.problem(3 * 17, false).text() + task.problem(3 * 17 + 1, false).text() +
                            task.problem(3 * 17 + 2, false).text();
   EXPECT_EQ(task.tokenizer().decode(w), text.substr(0, 17));
   Batch b = make_batch(ds, {3, 5});
   EXPECT_EQ(b.B, 2);
   EXPECT_EQ(b.T, 16);
+  // Only answer characters and their newline are targets: "a+b=" positions are masked.
+  const std::string prefix = text.substr(0, 17);
   for (int t = 0; t < 16; ++t) {
     EXPECT_EQ(b.tokens[t], w[t]);
-    EXPECT_EQ(b.targets[t], w[t + 1]);
+    EXPECT_EQ(b.targets[t], mask[t + 1] ? w[t + 1] : kIgnoreTarget);
   }
+  const std::string first = task.problem(3 * 17, false).text();
+  const size_t eq = first.find('=');
+  for (size_t i = 0; i < first.size(); ++i) EXPECT_EQ(mask[i], i > eq) << "position " << i << " of " << first;
   EXPECT_THROW(make_batch(ds, {100}), Error);
 }
 

@@ -1,0 +1,51 @@
+// Tests kernels/allocator.h: per-category accounting, peaks, zero-fill and block reuse.
+#include "kernels/allocator.h"
+
+#include "testing.h"
+
+namespace tessera {
+
+TEST(Allocator, CountsCurrentAndPeakPerCategory) {
+  Allocator alloc;
+  {
+    Buffer a(alloc, DType::F32, {10, 10}, MemCategory::Activations);
+    Buffer b(alloc, DType::F64, {5}, MemCategory::Gradients);
+    EXPECT_EQ(alloc.counter(MemCategory::Activations).current, 400u);
+    EXPECT_EQ(alloc.counter(MemCategory::Gradients).current, 40u);
+    EXPECT_EQ(alloc.total_current(), 440u);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(a.tensor().data) % 64, 0u);
+  }
+  EXPECT_EQ(alloc.total_current(), 0u);
+  EXPECT_EQ(alloc.counter(MemCategory::Activations).peak, 400u);
+  EXPECT_EQ(alloc.total_peak(), 440u);
+  alloc.reset_peaks();
+  EXPECT_EQ(alloc.total_peak(), 0u);
+}
+
+TEST(Allocator, ReusesFreedBlocksZeroFilled) {
+  Allocator alloc;
+  void* first = nullptr;
+  {
+    Buffer a(alloc, DType::F32, {16}, MemCategory::Workspace);
+    first = a.tensor().data;
+    for (int i = 0; i < 16; ++i) a.ptr<float>()[i] = 1.0f;
+  }
+  EXPECT_EQ(alloc.cached_bytes(), 64u);
+  Buffer b(alloc, DType::F32, {16}, MemCategory::Activations);
+  EXPECT_EQ(b.tensor().data, first);  // same size: the cached block comes back
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(b.ptr<float>()[i], 0.0f);
+  EXPECT_EQ(alloc.cached_bytes(), 0u);
+  EXPECT_EQ(alloc.counter(MemCategory::Activations).current, 64u);
+}
+
+TEST(Allocator, BufferMovesOwnership) {
+  Allocator alloc;
+  Buffer a(alloc, DType::F32, {8}, MemCategory::Parameters);
+  Buffer b = std::move(a);
+  EXPECT_FALSE(a.defined());
+  EXPECT_TRUE(b.defined());
+  b.release();
+  EXPECT_EQ(alloc.total_current(), 0u);
+}
+
+}  // namespace tessera
