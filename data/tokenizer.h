@@ -1,0 +1,40 @@
+// The tokenizer interface (text <-> token ids) and the tokenizers tessera ships: byte-level
+// (256 byte ids + end-of-document) and GPT-2's byte-level BPE (data/gpt2_tokenizer.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tessera {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  // Ids of text. Special tokens in the text (e.g. "<|endoftext|>") are encoded as plain text
+  // unless allow_special, in which case they become their ids.
+  virtual std::vector<int32_t> encode(std::string_view text, bool allow_special = false) const = 0;
+  // The bytes the ids stand for; decode(encode(s)) == s for any bytes s, invalid UTF-8 included.
+  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+  virtual int64_t vocab_size() const = 0;
+  virtual int32_t eot_id() const = 0;  // the end-of-document token appended by `tessera prepare`
+  virtual std::string name() const = 0;
+};
+
+// Bytes 0..255 are ids 0..255; id 256 is the end-of-document token. Vocabulary 257.
+class ByteTokenizer : public Tokenizer {
+ public:
+  std::vector<int32_t> encode(std::string_view text, bool allow_special = false) const override;
+  std::string decode(const std::vector<int32_t>& ids) const override;
+  int64_t vocab_size() const override { return 257; }
+  int32_t eot_id() const override { return 256; }
+  std::string name() const override { return "byte"; }
+};
+
+// "byte", or "gpt2" loaded from vocab_dir (a directory holding encoder.json and vocab.bpe).
+// An unknown kind or missing files are errors naming what was expected.
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::string& vocab_dir);
+
+}  // namespace tessera
