@@ -25,7 +25,7 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 
-// Training samples are drawn in order; every sample of the synthetic task is fresh.
+// The synthetic task's training set: far more samples than any run reads, so none repeats.
 constexpr int64_t kSyntheticTrainSamples = int64_t(1) << 40;
 }  // namespace
 
@@ -36,6 +36,8 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir)
       task_(static_cast<int>(cfg.data.digits), static_cast<uint64_t>(cfg.data.seed)),
       train_ds_(task_, false, cfg.train.seq_len, kSyntheticTrainSamples),
       val_ds_(task_, true, cfg.train.seq_len, cfg.train.eval_batches * cfg.train.micro_batch),
+      sampler_(train_ds_.num_samples(), static_cast<uint64_t>(cfg.train.seed)),
+      layout_{cfg.train.global_batch, cfg.train.micro_batch, 1, 0},
       progress_(cfg.log.progress) {
   const ModelConfig mc = resolve(to_model_config(cfg_, train_ds_.vocab_size()));
   params_ = std::make_unique<ParameterStore>(alloc_, DType::F32);
@@ -68,15 +70,13 @@ std::vector<ParamSegment> Trainer::segments() const {
 // Runs every micro-batch of step s and accumulates gradients of the mean loss over the global
 // batch; returns that mean loss.
 double Trainer::forward_backward(int64_t s) {
-  const int64_t mb = cfg_.train.micro_batch;
+  if (!loader_) loader_ = std::make_unique<DataLoader>(train_ds_, sampler_, layout_, s);
   std::vector<Batch> batches;
   int64_t targets = 0;
   for (int64_t m = 0; m < accum_; ++m) {
-    std::vector<int64_t> idx(static_cast<size_t>(mb));
-    for (int64_t r = 0; r < mb; ++r) idx[r] = (s * cfg_.train.global_batch + m * mb + r) % train_ds_.num_samples();
-    batches.push_back(make_batch(train_ds_, idx));
-    const Tensor t(batches.back().targets.data(), DType::I32, {mb, cfg_.train.seq_len});
-    targets += count_not_equal(t, kIgnoreIndex);
+    batches.push_back(loader_->next());
+    const Batch& b = batches.back();
+    targets += count_not_equal(Tensor(const_cast<int32_t*>(b.targets.data()), DType::I32, {b.B, b.T}), kIgnoreIndex);
   }
   double loss_sum = 0;
   for (Batch& b : batches) {

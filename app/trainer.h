@@ -10,6 +10,8 @@
 #include "app/metrics.h"
 #include "app/signals.h"
 #include "data/addition.h"
+#include "data/loader.h"
+#include "data/sampler.h"
 #include "kernels/allocator.h"
 #include "model/gpt.h"
 #include "model/parameters.h"
@@ -58,6 +60,9 @@ class Trainer {
   int64_t accum_ = 1;
   AdditionTask task_;
   AdditionDataset train_ds_, val_ds_;
+  Sampler sampler_;
+  BatchLayout layout_;
+  std::unique_ptr<DataLoader> loader_;  // created at the first step, positioned at it
   Allocator alloc_;
   std::unique_ptr<ParameterStore> params_;
   std::unique_ptr<Gpt> model_;

@@ -1,0 +1,60 @@
+// DataLoader: one producer thread, a bounded queue, errors carried to the consumer.
+#include "data/loader.h"
+
+#include "kernels/check.h"
+
+namespace tessera {
+
+DataLoader::DataLoader(const Dataset& dataset, const Sampler& sampler, const BatchLayout& layout, int64_t first_step,
+                       int depth)
+    : dataset_(dataset), sampler_(sampler), layout_(layout), next_step_(first_step), depth_(static_cast<size_t>(depth)) {
+  validate(layout_);
+  TESSERA_CHECK(depth >= 1, "loader depth must be at least 1");
+  thread_ = std::thread([this] { run(); });
+}
+
+DataLoader::~DataLoader() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void DataLoader::run() {
+  try {
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || ready_.size() < depth_; });
+        if (stop_) return;
+      }
+      const int64_t step_start = next_step_ * layout_.global_batch;
+      Batch b = make_batch(dataset_, sampler_.micro_batch(step_start, next_micro_, layout_));
+      if (++next_micro_ == layout_.micro_batches()) next_micro_ = 0, ++next_step_;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ready_.push_back(std::move(b));
+      }
+      cv_.notify_all();
+    }
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(mu_);
+    error_ = std::current_exception();
+    cv_.notify_all();
+  }
+}
+
+Batch DataLoader::next() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !ready_.empty() || error_; });
+  if (ready_.empty()) std::rethrow_exception(error_);
+  Batch b = std::move(ready_.front());
+  ready_.pop_front();
+  lock.unlock();
+  cv_.notify_all();
+  return b;
+}
+
+}  // namespace tessera
