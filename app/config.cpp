@@ -146,6 +146,12 @@ std::string literal(int64_t v) { return std::to_string(v); }
 std::string literal(double v) { return format_double(v); }
 std::string literal(bool v) { return v ? "true" : "false"; }
 std::string literal(const std::string& v) { return quote(v); }
+std::string literal(const std::vector<DataSource>& v) {  // an inline array of inline tables
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i)
+    out += (i ? ", " : "") + std::string("{ path = ") + quote(v[i].path) + ", weight = " + format_double(v[i].weight) + " }";
+  return out + "]";
+}
 
 template <class T>
 std::string_view type_name() {
@@ -153,6 +159,7 @@ std::string_view type_name() {
   if constexpr (std::is_same_v<T, double>) return "float";
   if constexpr (std::is_same_v<T, bool>) return "boolean";
   if constexpr (std::is_same_v<T, std::string>) return "string";
+  if constexpr (std::is_same_v<T, std::vector<DataSource>>) return "array of tables";
 }
 
 template <class T>
@@ -161,6 +168,8 @@ std::string_view expected_type() {
   if constexpr (std::is_same_v<T, double>) return "a number";
   if constexpr (std::is_same_v<T, bool>) return "a boolean (true or false)";
   if constexpr (std::is_same_v<T, std::string>) return "a string";
+  if constexpr (std::is_same_v<T, std::vector<DataSource>>)
+    return "tables with a path (string) and a weight (> 0): [[data.train]] path = \"...\" weight = 1.0";
 }
 
 // "string \"abc\"", "integer 5", "a table": what a user wrote, for type errors.
@@ -338,7 +347,14 @@ std::string did_you_mean(const std::optional<std::string>& s) { return s ? "; di
 
 template <class T>
 void check_allowed(const std::string& full, const T& v, const Allowed& allowed, const Origin& o) {
-  if constexpr (std::is_same_v<T, std::string>) {
+  if constexpr (std::is_same_v<T, std::vector<DataSource>>) {
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (v[i].path.empty()) fail(o.prefix() + full + "[" + std::to_string(i) + "].path" + o.where() + " is empty");
+      if (!(v[i].weight > 0) || !std::isfinite(v[i].weight))
+        fail(o.prefix() + full + "[" + std::to_string(i) + "].weight = " + format_double(v[i].weight) + o.where() +
+             " must be > 0");
+    }
+  } else if constexpr (std::is_same_v<T, std::string>) {
     if (allowed.accepts(v)) return;
     auto near = nearest(v, allowed.choices);
     fail(o.prefix() + full + " = " + literal(v) + o.where() + " is not allowed: must be " + allowed.describe() +
@@ -381,6 +397,28 @@ std::optional<bool> convert(const Input& in, bool*) {
 std::optional<std::string> convert(const Input& in, std::string*) {
   if (in.node && in.node->is_string()) return in.node->as_string()->get();
   return in.raw;
+}
+
+// An array of tables, each with a string "path" and an optional numeric "weight", nothing else.
+std::optional<std::vector<DataSource>> convert(const Input& in, std::vector<DataSource>*) {
+  if (!in.node || !in.node->is_array()) return std::nullopt;
+  std::vector<DataSource> out;
+  for (const toml::node& item : *in.node->as_array()) {
+    const toml::table* t = item.as_table();
+    if (!t) return std::nullopt;
+    DataSource d;
+    for (auto&& [k, v] : *t) {
+      if (k.str() == "path" && v.is_string()) {
+        d.path = v.as_string()->get();
+      } else if (k.str() == "weight" && (v.is_floating_point() || v.is_integer())) {
+        d.weight = v.is_integer() ? static_cast<double>(v.as_integer()->get()) : v.as_floating_point()->get();
+      } else {
+        return std::nullopt;
+      }
+    }
+    out.push_back(d);
+  }
+  return out;
 }
 
 // Sets the one field named section.key from an Input, checking type and allowed values.

@@ -83,19 +83,42 @@ struct ModelSection {
   bool operator==(const ModelSection&) const = default;
 };
 
+// One training dataset of a blend: [[data.train]] path = "data/shakespeare", weight = 1.0
+struct DataSource {
+  std::string path;     // a Megatron indexed dataset (PREFIX, PREFIX.bin or PREFIX.idx) or llm.c shards (a glob)
+  double weight = 1.0;  // relative share of the blend's samples
+  bool operator==(const DataSource&) const = default;
+};
+
 struct DataConfig {
   std::string task = "addition";
   int64_t digits = 2;
   int64_t val_examples = 512;
   int64_t seed = 1234;
+  std::vector<DataSource> train;
+  std::string valid;
+  double val_fraction = 0.0;
+  std::string tokenizer = "gpt2";
+  std::string vocab_dir;
 
   template <class V>
   void visit(V& v) {
-    v.field("task", task, "dataset: addition = the built-in synthetic task \"a+b=c\"",
-            Allowed::one_of({"addition"}));
+    v.field("task", task, "dataset: addition = the built-in synthetic task \"a+b=c\"; tokens = token files "
+            "listed in [[data.train]]", Allowed::one_of({"addition", "tokens"}));
     v.field("digits", digits, "addition: digits per operand", Allowed::closed(1, 9));
-    v.field("val_examples", val_examples, "held-out examples for evaluation", Allowed::at_least(1));
+    v.field("val_examples", val_examples, "addition: held-out problems whose greedy answers are scored",
+            Allowed::at_least(1));
     v.field("seed", seed, "seed of the data generator and sampler", Allowed::at_least(0));
+    v.field("train", train, "tokens: the training datasets, blended by weight; each [[data.train]] table has "
+            "path (indexed dataset prefix or llm.c shard glob) and weight", Allowed::any());
+    v.field("valid", valid, "tokens: validation dataset path; empty = hold out data.val_fraction of the "
+            "first training dataset's documents", Allowed::any());
+    v.field("val_fraction", val_fraction, "tokens: fraction of documents held out for validation when "
+            "data.valid is empty (0 = no validation)", Allowed::half_open(0.0, 1.0));
+    v.field("tokenizer", tokenizer, "tokens: the tokenizer the files were prepared with; sets the vocabulary "
+            "when model.vocab_size = 0 (gpt2: 50257, byte: 257)", Allowed::one_of({"gpt2", "byte"}));
+    v.field("vocab_dir", vocab_dir, "directory with GPT-2's encoder.json and vocab.bpe, to decode samples "
+            "(optional)", Allowed::any());
   }
   bool operator==(const DataConfig&) const = default;
 };

@@ -9,6 +9,7 @@
 #include "app/config.h"
 #include "app/metrics.h"
 #include "app/signals.h"
+#include "app/training_data.h"
 #include "data/addition.h"
 #include "data/loader.h"
 #include "data/sampler.h"
@@ -58,8 +59,7 @@ class Trainer {
   Config cfg_;
   std::string run_dir_;
   int64_t accum_ = 1;
-  AdditionTask task_;
-  AdditionDataset train_ds_, val_ds_;
+  TrainingData data_;
   Sampler sampler_;
   BatchLayout layout_;
   std::unique_ptr<DataLoader> loader_;  // created at the first step, positioned at it

@@ -1,0 +1,23 @@
+// Opens what a run trains and validates on, from [data]: the synthetic addition task, or token
+// files (Megatron indexed datasets / llm.c shards) blended by weight.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "app/config.h"
+#include "data/addition.h"
+#include "data/dataset.h"
+
+namespace tessera {
+
+struct TrainingData {
+  std::shared_ptr<const Dataset> train;
+  std::shared_ptr<const Dataset> valid;    // null: no validation loss
+  std::shared_ptr<const AdditionTask> task;  // addition only: scored by greedy accuracy
+  int64_t vocab_size = 0;                  // of the data (the model may pad beyond it)
+};
+
+TrainingData open_training_data(const Config& cfg);
+
+}  // namespace tessera
