@@ -35,7 +35,8 @@ Attention::Attention(ParameterStore& ps, const std::string& name, const ModelCon
   proj_ = Linear(ps, name + ".proj", C, C, cfg.bias, ShardSpec::tp(1), residual_init_std(cfg));
 }
 
-void Attention::forward(AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const {
+void Attention::forward(AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x, Buffer* cache_k,
+                        Buffer* cache_v, int64_t pos) const {
   const int64_t B = x.dim(0), T = x.dim(1);
   const int64_t H = q_.out() / head_dim_, KV = k_.out() / head_dim_, D = head_dim_;
   ctx.q = activation(alloc, x.dtype, {B, T, H, D});
@@ -45,12 +46,21 @@ void Attention::forward(AttentionCtx& ctx, Allocator& alloc, const Tensor& y, co
   k_.forward(ctx.k.tensor().view({B, T, KV * D}), x);
   v_.forward(ctx.v.tensor().view({B, T, KV * D}), x);
   if (rope_) {
-    rope_forward(ctx.q, ctx.q, 0, rope_theta_);
-    rope_forward(ctx.k, ctx.k, 0, rope_theta_);
+    rope_forward(ctx.q, ctx.q, pos, rope_theta_);
+    rope_forward(ctx.k, ctx.k, pos, rope_theta_);
   }
   ctx.out = activation(alloc, x.dtype, {B, T, H, D});
   ctx.lse = activation(alloc, x.dtype, {B, H, T});
-  attention_forward(ctx.out, ctx.lse, ctx.q, ctx.k, ctx.v, 0, 0);
+  if (cache_k) {
+    // (capacity, KV, D) caches: append rows [pos, pos + T), attend to [0, pos + T).
+    copy(cache_k->tensor().slice_rows(pos, pos + T), ctx.k.tensor().view({T, KV, D}));
+    copy(cache_v->tensor().slice_rows(pos, pos + T), ctx.v.tensor().view({T, KV, D}));
+    const Tensor k_all = cache_k->tensor().slice_rows(0, pos + T).view({1, pos + T, KV, D});
+    const Tensor v_all = cache_v->tensor().slice_rows(0, pos + T).view({1, pos + T, KV, D});
+    attention_forward(ctx.out, ctx.lse, ctx.q, k_all, v_all, pos, 0);
+  } else {
+    attention_forward(ctx.out, ctx.lse, ctx.q, ctx.k, ctx.v, 0, 0);
+  }
   proj_.forward(y, ctx.out.tensor().view({B, T, H * D}));
 }
 
@@ -126,10 +136,11 @@ Block::Block(ParameterStore& ps, int index, const ModelConfig& cfg, Recompute re
   mlp_ = Mlp(ps, p + ".mlp", cfg);
 }
 
-void Block::forward_saved(BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const {
+void Block::forward_saved(BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x, Buffer* cache_k,
+                          Buffer* cache_v, int64_t pos) const {
   ln1_.forward(ctx.ln1, alloc, x);
   ctx.x1 = activation(alloc, x.dtype, x.shape);
-  attn_.forward(ctx.attn, alloc, ctx.x1, ctx.ln1.y);
+  attn_.forward(ctx.attn, alloc, ctx.x1, ctx.ln1.y, cache_k, cache_v, pos);
   residual_forward(ctx.x1, ctx.x1, x);  // x1 = x + attn(ln1(x))
   ln2_.forward(ctx.ln2, alloc, ctx.x1);
   mlp_.forward(ctx.mlp, alloc, y, ctx.ln2.y);
@@ -137,15 +148,16 @@ void Block::forward_saved(BlockCtx& ctx, Allocator& alloc, const Tensor& y, cons
   ctx.saved = true;
 }
 
-void Block::forward(BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const {
-  forward_saved(ctx, alloc, y, x);
+void Block::forward(BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x, Buffer* cache_k,
+                    Buffer* cache_v, int64_t pos) const {
+  forward_saved(ctx, alloc, y, x, cache_k, cache_v, pos);
   if (recompute_ == Recompute::Full) ctx = BlockCtx{};  // keep only x, which the caller owns
 }
 
 void Block::backward(BlockCtx& ctx, Allocator& alloc, const Tensor& dres, const Tensor& x) const {
   if (!ctx.saved) {
     Buffer y = workspace(alloc, x.dtype, x.shape);
-    forward_saved(ctx, alloc, y, x);
+    forward_saved(ctx, alloc, y, x, nullptr, nullptr, 0);
   }
   // MLP branch: dres holds dL/dy = dL/dx1 (skip path) + the path through ln2 and the MLP.
   Buffer dln = workspace(alloc, x.dtype, x.shape);
@@ -174,36 +186,67 @@ Gpt::Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> reco
     lm_head_ = Linear(ps, "lm_head", cfg_.n_embd, cfg_.vocab_size, false, ShardSpec::tp(0), cfg_.init_std);
 }
 
-double Gpt::forward(GptCtx& ctx, Allocator& alloc, const Tensor& tokens, const Tensor& targets) const {
+void Gpt::forward_layers(GptCtx& ctx, Allocator& alloc, const Tensor& tokens, KvCache* cache) const {
   check_dtype("Gpt::forward", "tokens", tokens, DType::I32);
   TESSERA_CHECK(tokens.ndim() == 2, "Gpt::forward: tokens must be (B, T), got ", tokens.shape.str());
   const int64_t B = tokens.dim(0), T = tokens.dim(1), C = cfg_.n_embd, V = cfg_.vocab_size, L = cfg_.n_layer;
-  TESSERA_CHECK(T <= cfg_.max_seq_len, "sequence length ", T, " exceeds model.max_seq_len = ", cfg_.max_seq_len);
-  if (targets.defined()) check_shape("Gpt::forward", "targets", targets, tokens.shape);
+  const int64_t pos = cache ? cache->length : 0;
+  TESSERA_CHECK(pos + T <= cfg_.max_seq_len, "sequence length ", pos + T, " exceeds model.max_seq_len = ",
+                cfg_.max_seq_len);
   const DType dt = ps_->dtype();
   ctx = GptCtx{};
   ctx.B = B;
   ctx.T = T;
   ctx.tokens = tokens;
-  ctx.targets = targets;
-
   ctx.resid.reserve(static_cast<size_t>(L + 1));
   for (int64_t l = 0; l <= L; ++l) ctx.resid.push_back(activation(alloc, dt, {B, T, C}));
   ctx.blocks.resize(static_cast<size_t>(L));
-  embed_.forward(ctx.resid[0], tokens, 0);
-  for (int64_t l = 0; l < L; ++l) blocks_[l].forward(ctx.blocks[l], alloc, ctx.resid[l + 1], ctx.resid[l]);
+  embed_.forward(ctx.resid[0], tokens, pos);
+  for (int64_t l = 0; l < L; ++l) {
+    Buffer* ck = cache ? &cache->k[static_cast<size_t>(l)] : nullptr;
+    Buffer* cv = cache ? &cache->v[static_cast<size_t>(l)] : nullptr;
+    blocks_[l].forward(ctx.blocks[l], alloc, ctx.resid[l + 1], ctx.resid[l], ck, cv, pos);
+  }
   ln_f_.forward(ctx.ln_f, alloc, ctx.resid[L]);
   ctx.logits = activation(alloc, dt, {B * T, V});
   lm_head_.forward(ctx.logits, ctx.ln_f.y.tensor().view({B * T, C}));
-  if (!targets.defined()) return 0.0;
+}
 
-  ctx.losses = activation(alloc, dt, {B * T});
-  ctx.lse = activation(alloc, dt, {B * T});
-  const Tensor flat_targets = targets.view({B * T});
+double Gpt::forward(GptCtx& ctx, Allocator& alloc, const Tensor& tokens, const Tensor& targets) const {
+  if (targets.defined()) check_shape("Gpt::forward", "targets", targets, tokens.shape);
+  forward_layers(ctx, alloc, tokens, nullptr);
+  ctx.targets = targets;
+  if (!targets.defined()) return 0.0;
+  const int64_t BT = ctx.B * ctx.T;
+  const DType dt = ps_->dtype();
+  ctx.losses = activation(alloc, dt, {BT});
+  ctx.lse = activation(alloc, dt, {BT});
+  const Tensor flat_targets = targets.view({BT});
   cross_entropy_forward(ctx.losses, ctx.lse, ctx.logits, flat_targets);
   ctx.n_targets = count_not_equal(flat_targets, kIgnoreIndex);
   ctx.loss = ctx.n_targets > 0 ? sum(ctx.losses) / static_cast<double>(ctx.n_targets) : 0.0;
   return ctx.loss;
+}
+
+KvCache Gpt::make_cache(Allocator& alloc, int64_t capacity) const {
+  TESSERA_CHECK(capacity > 0 && capacity <= cfg_.max_seq_len, "KV cache capacity ", capacity, " outside [1, ",
+                cfg_.max_seq_len, "]");
+  KvCache c;
+  c.capacity = capacity;
+  for (int64_t l = 0; l < cfg_.n_layer; ++l) {
+    c.k.emplace_back(alloc, ps_->dtype(), Shape{capacity, cfg_.kv_heads(), cfg_.head_dim()}, MemCategory::Activations);
+    c.v.emplace_back(alloc, ps_->dtype(), Shape{capacity, cfg_.kv_heads(), cfg_.head_dim()}, MemCategory::Activations);
+  }
+  return c;
+}
+
+void Gpt::forward_cached(GptCtx& ctx, Allocator& alloc, const Tensor& tokens, KvCache& cache) const {
+  TESSERA_CHECK(tokens.ndim() == 2 && tokens.dim(0) == 1, "cached decoding takes one sequence (1, T), got ",
+                tokens.shape.str());
+  TESSERA_CHECK(cache.length + tokens.dim(1) <= cache.capacity, "KV cache full: ", cache.length, " + ",
+                tokens.dim(1), " positions exceed its capacity ", cache.capacity);
+  forward_layers(ctx, alloc, tokens, &cache);
+  cache.length += tokens.dim(1);
 }
 
 void Gpt::backward(GptCtx& ctx, Allocator& alloc, double loss_scale) const {

@@ -19,6 +19,15 @@ namespace tessera {
 // re-run its forward during backward (full). Selective recomputation comes with pipelining.
 enum class Recompute { None, Full };
 
+// Keys and values of the positions generated so far, per layer, for incremental decoding
+// (one sequence: B = 1). Filled by Gpt::forward when a cache is passed.
+struct KvCache {
+  int64_t capacity = 0;   // positions the buffers hold
+  int64_t length = 0;     // positions filled
+  std::vector<Buffer> k;  // per layer (capacity, KV, D)
+  std::vector<Buffer> v;
+};
+
 struct AttentionCtx {
   Buffer q;    // (B, T, H, D), after RoPE
   Buffer k;    // (B, T, KV, D), after RoPE
@@ -32,8 +41,11 @@ class Attention {
  public:
   Attention() = default;
   Attention(ParameterStore& ps, const std::string& name, const ModelConfig& cfg);
-  // y (B, T, C) = proj(attention(q(x), k(x), v(x))), x (B, T, C).
-  void forward(AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const;
+  // y (B, T, C) = proj(attention(q(x), k(x), v(x))), x (B, T, C). With a cache (B = 1), x holds
+  // positions [pos, pos + T): their keys and values are appended at pos and the queries attend
+  // to the cache's [0, pos + T).
+  void forward(AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x, Buffer* cache_k = nullptr,
+               Buffer* cache_v = nullptr, int64_t pos = 0) const;
   // dx (B, T, C) += gradient through the branch; dy (B, T, C).
   void backward(const AttentionCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy, const Tensor& x) const;
 
@@ -78,14 +90,17 @@ class Block {
  public:
   Block() = default;
   Block(ParameterStore& ps, int index, const ModelConfig& cfg, Recompute recompute);
-  // y (B, T, C) from x (B, T, C). Under full recomputation ctx keeps nothing.
-  void forward(BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const;
+  // y (B, T, C) from x (B, T, C). Under full recomputation ctx keeps nothing. With a cache, as
+  // Attention::forward (inference only).
+  void forward(BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x, Buffer* cache_k = nullptr,
+               Buffer* cache_v = nullptr, int64_t pos = 0) const;
   // dres (B, T, C): on entry d loss / d y, on return d loss / d x.
   void backward(BlockCtx& ctx, Allocator& alloc, const Tensor& dres, const Tensor& x) const;
   Recompute recompute() const { return recompute_; }
 
  private:
-  void forward_saved(BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const;
+  void forward_saved(BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x, Buffer* cache_k,
+                     Buffer* cache_v, int64_t pos) const;
   Recompute recompute_ = Recompute::None;
   Norm ln1_, ln2_;
   Attention attn_;
@@ -115,6 +130,10 @@ class Gpt {
   // tokens (B, T) I32; targets (B, T) I32 (kIgnoreIndex allowed) or undefined for logits only.
   // Returns the mean loss over non-ignored targets (0 without targets).
   double forward(GptCtx& ctx, Allocator& alloc, const Tensor& tokens, const Tensor& targets) const;
+  // Inference with a KV cache: tokens (1, T) are the positions [cache.length, cache.length + T);
+  // fills ctx.logits (T, V) and advances the cache. The cache is sized on first use.
+  void forward_cached(GptCtx& ctx, Allocator& alloc, const Tensor& tokens, KvCache& cache) const;
+  KvCache make_cache(Allocator& alloc, int64_t capacity) const;
   // Accumulates the gradient of loss_scale * (sum of token losses) into the parameter gradients.
   // loss_scale = 1 / (non-ignored targets in the whole optimizer batch) gives the mean.
   void backward(GptCtx& ctx, Allocator& alloc, double loss_scale) const;
@@ -122,6 +141,8 @@ class Gpt {
   const ModelConfig& config() const { return cfg_; }
 
  private:
+  // The forward shared by training and cached inference.
+  void forward_layers(GptCtx& ctx, Allocator& alloc, const Tensor& tokens, KvCache* cache) const;
   ModelConfig cfg_;
   const ParameterStore* ps_;
   Embedding embed_;
