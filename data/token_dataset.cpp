@@ -37,7 +37,8 @@ TokenSegment document_segment(std::shared_ptr<const IndexedDataset> ds, int64_t 
 
 // ---- TokenWindowDataset ----
 
-TokenWindowDataset::TokenWindowDataset(std::vector<TokenSegment> segments, int64_t seq_len, int64_t vocab_size)
+TokenWindowDataset::TokenWindowDataset(std::vector<TokenSegment> segments, int64_t seq_len, int64_t vocab_size,
+                                       int64_t eager_check_bytes)
     : segments_(std::move(segments)), seq_len_(seq_len), vocab_size_(vocab_size) {
   TESSERA_CHECK(!segments_.empty(), "token dataset: no files given");
   TESSERA_CHECK(seq_len > 0, "token dataset ", source_name(), ": sequence length must be positive, got ", seq_len);
@@ -54,7 +55,7 @@ TokenWindowDataset::TokenWindowDataset(std::vector<TokenSegment> segments, int64
   TESSERA_CHECK(n >= seq_len + 1, "sequence length ", seq_len, " needs at least ", seq_len + 1, " tokens; ",
                 source_name(), " has ", n);
   num_samples_ = (n - 1) / seq_len;
-  if (bytes <= kEagerCheckBytes) check_all_ids();
+  if (bytes <= eager_check_bytes) check_all_ids();
 }
 
 std::string TokenWindowDataset::source_name() const {
