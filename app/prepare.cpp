@@ -260,7 +260,8 @@ int run_prepare_command(const PrepareArgs& args) {
   int64_t total_bytes = 0;
   for (const auto& in : inputs) total_bytes += in.file->size();
   const int64_t pieces = count_pieces(inputs, separator);
-  TESSERA_CHECK(pieces > 0, "empty input: ", inputs.size() == 1 ? inputs[0].path : "the inputs", " hold no text");
+  TESSERA_CHECK(pieces > 0, "empty input: ", inputs.size() == 1 ? inputs[0].path + " holds" : "the inputs hold",
+                " no text");
   const fs::path parent = fs::path(args.out).parent_path();
   if (!parent.empty()) fs::create_directories(parent);
 
