@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "app/build_info.h"
+#include "app/prepare.h"
 #include "app/trainer.h"
 
 namespace tessera {
@@ -23,11 +24,28 @@ void register_train(CLI::App& app, int& exit_code) {
   cmd->add_flag("--print-config", args->print_config, "Print the resolved config (defaults filled in) and exit");
   cmd->callback([args, &exit_code] { exit_code = run_train_command(*args); });
 }
+void register_prepare(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<PrepareArgs>();
+  auto* cmd = app.add_subcommand("prepare", "Tokenize text (.txt, .jsonl) into an indexed dataset (.bin + .idx)");
+  cmd->add_option("--input", args->inputs, "Input files: .jsonl (one JSON object per line, its \"text\") or plain text")
+      ->required();
+  cmd->add_option("--tokenizer", args->tokenizer, "Tokenizer: gpt2 or byte")->required();
+  cmd->add_option("--vocab", args->vocab_dir, "gpt2: directory holding encoder.json and vocab.bpe");
+  cmd->add_option("--out", args->out, "Output prefix: writes PREFIX.bin and PREFIX.idx")->required();
+  cmd->add_option("--val-fraction", args->val_fraction, "Hold out the last fraction of documents as PREFIX_val")
+      ->capture_default_str();
+  cmd->add_option("--separator", args->separator,
+                  "Plain text: split documents on this string (\\n allowed, e.g. '\\n\\n'); default one per file");
+  cmd->add_option("--append-eot", args->append_eot, "Append the end-of-document token to each document (true/false)")
+      ->default_str("true");
+  cmd->callback([args, &exit_code] { exit_code = run_prepare_command(*args); });
+}
 }  // namespace
 
 void register_commands(CLI::App& app, int& exit_code) {
   register_info(app);
   register_train(app, exit_code);
+  register_prepare(app, exit_code);
 }
 
 }  // namespace tessera
