@@ -167,14 +167,14 @@ void Trainer::evaluate(int64_t s, TrainSummary& summary) {
 TrainSummary Trainer::run() {
   StopSignals stop;
   TrainSummary summary;
-  peak_flops_ = (cfg_.log.peak_gflops > 0 ? cfg_.log.peak_gflops : measure_cpu_peak_gflops()) * 1e9;
+  peak_flops_ = (cfg_.log.peak_gflops > 0 ? cfg_.log.peak_gflops : cpu_nominal_peak_gflops()) * 1e9;
   {
     std::ostringstream os;
     os << "model " << model_->config().preset << ": " << params_->numel() << " parameters, "
        << model_->config().n_layer << " layers, C=" << model_->config().n_embd << " | batch "
        << cfg_.train.global_batch << " x " << cfg_.train.seq_len << " tokens (micro " << cfg_.train.micro_batch
        << ", accumulation " << accum_ << ") | " << cfg_.train.steps << " steps | MFU vs "
-       << (cfg_.log.peak_gflops > 0 ? "log.peak_gflops " : "measured CPU peak ") << static_cast<int64_t>(peak_flops_ / 1e9)
+       << (cfg_.log.peak_gflops > 0 ? "log.peak_gflops " : "nominal CPU peak ") << static_cast<int64_t>(peak_flops_ / 1e9)
        << " GFLOP/s";
     progress_.message(os.str());
   }
@@ -227,8 +227,9 @@ TrainSummary Trainer::run() {
 
 namespace {
 void print_summary(const TrainSummary& s, const std::string& run_dir) {
-  std::printf("done: %ld steps (%ld skipped) in %s | final loss %.4f | val_loss %.4f", static_cast<long>(s.steps_done),
-              static_cast<long>(s.skipped_steps), format_duration(s.elapsed_s).c_str(), s.last_loss, s.val_loss);
+  std::printf("done: %ld steps (%ld skipped) in %s | final loss %.4f", static_cast<long>(s.steps_done),
+              static_cast<long>(s.skipped_steps), format_duration(s.elapsed_s).c_str(), s.last_loss);
+  if (s.val_loss >= 0) std::printf(" | val_loss %.4f", s.val_loss);
   if (s.val_accuracy >= 0) std::printf(" | accuracy %.1f%%", 100.0 * s.val_accuracy);
   std::printf("\nrun directory: %s (config.toml, metrics.jsonl)\n", run_dir.c_str());
 }

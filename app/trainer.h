@@ -28,7 +28,7 @@ struct TrainSummary {
   int64_t steps_done = 0;
   int64_t skipped_steps = 0;
   double last_loss = 0;
-  double val_loss = 0;
+  double val_loss = -1;      // -1 when there is no validation data
   double val_accuracy = -1;  // -1 when the task has no accuracy
   double elapsed_s = 0;
   int exit_code = kExitOk;

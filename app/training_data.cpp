@@ -1,6 +1,9 @@
 // open_training_data: one function per data task.
 #include "app/training_data.h"
 
+#include "data/blend.h"
+#include "data/indexed_dataset.h"
+#include "data/token_dataset.h"
 #include "kernels/check.h"
 
 namespace tessera {
@@ -20,11 +23,46 @@ TrainingData open_addition(const Config& cfg) {
   d.task = task;
   return d;
 }
+// The vocabulary the token ids are checked against: the model's (which may pad the tokenizer's).
+int64_t token_vocab(const Config& cfg) {
+  if (cfg.model.vocab_size > 0) return cfg.model.vocab_size;
+  return cfg.data.tokenizer == "gpt2" ? kGpt2VocabSize : ByteTokenizer().vocab_size();
+}
+
+// Token files blended by weight; the validation set is data.valid, or the last data.val_fraction
+// of the first dataset's documents (which training then does not see).
+TrainingData open_tokens(const Config& cfg) {
+  const auto& sources = cfg.data.train;
+  TESSERA_CHECK(!sources.empty(), "data.task = \"tokens\" needs at least one [[data.train]] table with a path");
+  const int64_t T = cfg.train.seq_len, V = token_vocab(cfg);
+  const bool hold_out = cfg.data.valid.empty() && cfg.data.val_fraction > 0;
+  TrainingData d;
+  d.vocab_size = cfg.data.tokenizer == "gpt2" ? kGpt2VocabSize : ByteTokenizer().vocab_size();
+  std::vector<std::shared_ptr<const Dataset>> parts;
+  std::vector<double> weights;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    std::vector<TokenSegment> segments = open_token_segments({sources[i].path});
+    if (i == 0 && hold_out) {
+      TESSERA_CHECK(segments.size() == 1 && detect_token_format(sources[0].path) == TokenFileFormat::kIndexed,
+                    "data.val_fraction holds out documents of an indexed dataset, but ", sources[0].path,
+                    " is not one; set data.valid to a validation dataset instead");
+      const auto ds = std::static_pointer_cast<const IndexedDataset>(segments[0].owner);
+      TrainValSegments split = split_documents(ds, cfg.data.val_fraction);
+      segments = {split.train};
+      d.valid = std::make_shared<TokenWindowDataset>(std::vector<TokenSegment>{split.val}, T, V);
+    }
+    parts.push_back(std::make_shared<TokenWindowDataset>(std::move(segments), T, V));
+    weights.push_back(sources[i].weight);
+  }
+  d.train = parts.size() == 1 ? parts[0] : std::make_shared<BlendedDataset>(parts, weights);
+  if (!cfg.data.valid.empty()) d.valid = open_token_dataset({cfg.data.valid}, T, V);
+  return d;
+}
 }  // namespace
 
 TrainingData open_training_data(const Config& cfg) {
   if (cfg.data.task == "addition") return open_addition(cfg);
-  TESSERA_CHECK(false, "data.task = \"", cfg.data.task, "\" is not available in this build");
+  return open_tokens(cfg);
 }
 
 }  // namespace tessera

@@ -8,6 +8,7 @@
 #include "app/config.h"
 #include "data/addition.h"
 #include "data/dataset.h"
+#include "data/tokenizer.h"
 
 namespace tessera {
 

@@ -10,6 +10,9 @@
 
 namespace tessera {
 
+// GPT-2's vocabulary: 50,000 merges + 256 bytes + <|endoftext|>.
+constexpr int64_t kGpt2VocabSize = 50257;
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;

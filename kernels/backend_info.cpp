@@ -3,7 +3,10 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
+#include <fstream>
+#include <string>
 #include <cstdlib>
 #include <sstream>
 
@@ -63,6 +66,22 @@ double measure_cpu_peak_gflops() {
   return flops / secs / 1e9;
 }
 
+double cpu_nominal_peak_gflops() {
+  std::ifstream in("/proc/cpuinfo");
+  double mhz = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("cpu MHz", 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) mhz = std::max(mhz, std::atof(line.c_str() + colon + 1));
+    }
+  }
+  __builtin_cpu_init();
+  const double flops_per_cycle = __builtin_cpu_supports("avx512f")                                  ? 64.0
+                                 : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 32.0
+                                                                                                    : 8.0;
+  return omp_get_max_threads() * mhz / 1e3 * flops_per_cycle;
+}
+
 int cuda_device_count() {
 #ifdef TESSERA_WITH_CUDA
   return cuda::device_count();
@@ -74,7 +93,9 @@ int cuda_device_count() {
 std::string kernels_backend_info() {
   std::ostringstream os;
   const char* coretype = std::getenv("OPENBLAS_CORETYPE");
-  os << "cpu: features" << cpu_features() << ", " << omp_get_max_threads() << " OpenMP threads\n";
+  os << "cpu: features" << cpu_features() << ", " << omp_get_max_threads() << " OpenMP threads, fp32 peak "
+     << static_cast<int64_t>(cpu_nominal_peak_gflops()) << " GFLOP/s nominal, "
+     << static_cast<int64_t>(measure_cpu_peak_gflops()) << " measured\n";
   os << "blas: " << TESSERA_BLAS_NAME << (coretype ? std::string(" (OPENBLAS_CORETYPE=") + coretype + ")" : "") << "\n";
 #ifdef TESSERA_WITH_CUDA
   os << "cuda: built (" << cuda::library_versions() << "), " << cuda::device_count() << " device(s) visible\n";

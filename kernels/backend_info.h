@@ -6,8 +6,12 @@
 namespace tessera {
 
 std::string kernels_backend_info();
-// Measured fp32 FMA throughput of this CPU with all OpenMP threads (a ~50 ms register-only loop):
-// the denominator of MFU on the CPU backend.
+// Nominal fp32 peak of this CPU with all OpenMP threads, the denominator of MFU on the CPU
+// backend: threads x clock (cpu MHz of /proc/cpuinfo) x fp32 FLOPs per cycle (2 FMA pipes x SIMD
+// width x 2: 64 with AVX-512, 32 with AVX2+FMA, 8 otherwise). 0 when the clock is unknown.
+double cpu_nominal_peak_gflops();
+// Measured fp32 FMA throughput with all OpenMP threads (a ~50 ms register-only loop); shown by
+// `tessera info` next to the nominal peak. Noisy when other processes share the cores.
 double measure_cpu_peak_gflops();
 // Number of CUDA devices visible (0 when CUDA is not built or no GPU is present).
 int cuda_device_count();
