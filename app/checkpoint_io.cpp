@@ -328,7 +328,7 @@ H5File create_file(const std::string& path, MPI_Comm comm) {
   const std::string what = "cannot create checkpoint file " + path;
   H5PropList fapl(h5_check_id(H5Pcreate(H5P_FILE_ACCESS), what));
   h5_check(H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL), what);
-  // The 1.8 format: large attributes (long configs) go to dense storage; h5py and HDF5 >= 1.8 read it.
+  // The 1.8 file format (indexed links for groups with many tensors); h5py and HDF5 >= 1.8 read it.
   h5_check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_V110), what);
   return H5File(h5_check_id(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), what));
 }

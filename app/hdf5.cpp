@@ -55,7 +55,8 @@ H5Type string_type(size_t size) {
   H5Type t(h5_check_id(H5Tcopy(H5T_C_S1), "cannot create a string type"));
   h5_check(H5Tset_size(t.get(), size), "cannot size a string type");
   h5_check(H5Tset_cset(t.get(), H5T_CSET_UTF8), "cannot set a string type's character set");
-  h5_check(H5Tset_strpad(t.get(), H5T_STR_NULLPAD), "cannot set a string type's padding");
+  const H5T_str_t pad = size == H5T_VARIABLE ? H5T_STR_NULLTERM : H5T_STR_NULLPAD;
+  h5_check(H5Tset_strpad(t.get(), pad), "cannot set a string type's padding");
   return t;
 }
 
@@ -95,10 +96,10 @@ void h5_write_attribute(hid_t obj, const std::string& name, const H5Scalar& valu
     write_raw_attribute(obj, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, d, where);
   } else {
     const std::string& s = std::get<std::string>(value);
-    // A zero-size string type is not allowed: "" is stored as one padding byte.
-    H5Type t = string_type(s.empty() ? 1 : s.size());
-    const std::string padded = s.empty() ? std::string(1, '\0') : s;
-    write_raw_attribute(obj, name, t.get(), t.get(), padded.data(), where);
+    TESSERA_CHECK(s.find('\0') == std::string::npos, "string attribute ", name, " of ", where, " contains a NUL byte");
+    H5Type t = string_type(H5T_VARIABLE);
+    const char* text = s.c_str();
+    write_raw_attribute(obj, name, t.get(), t.get(), &text, where);
   }
 }
 

@@ -78,9 +78,9 @@ std::string h5_error_reason();
 hid_t h5_check_id(hid_t id, const std::string& what);
 void h5_check(herr_t rc, const std::string& what);
 
-// Scalar attribute values. Strings are stored as fixed-length UTF-8 (any length: files use the
-// 1.8 format, whose dense attribute storage has no 64 KiB limit); reads also accept
-// variable-length strings.
+// Scalar attribute values. Strings are stored as variable-length UTF-8 (the text lives in the
+// global heap, so any length fits, and h5py reads them as str); reads also accept fixed-length
+// strings.
 using H5Scalar = std::variant<int64_t, double, std::string>;
 // Creates (or replaces) attribute `name` on the object `obj`; `where` names the object in errors.
 void h5_write_attribute(hid_t obj, const std::string& name, const H5Scalar& value, const std::string& where);
