@@ -1,6 +1,7 @@
-// Checkpoint file writer and reader. The writer first agrees on a plan (the union of tensors over
-// ranks, checked for exact cover) and then runs each collective HDF5 step inside `together`, so a
-// failure on any rank ends the write on every rank at the same point with the same message.
+// Checkpoint file writer and reader. The writer first agrees on a plan (app/checkpoint_plan.h: the
+// union of tensors over ranks, checked for exact cover) and then runs each collective HDF5 step
+// inside `together`, so a failure on any rank ends the write on every rank at the same point with
+// the same message.
 #include "app/checkpoint_io.h"
 
 #include <fcntl.h>
@@ -14,6 +15,7 @@
 #include <sstream>
 #include <type_traits>
 
+#include "app/checkpoint_plan.h"
 #include "kernels/check.h"
 #include "parallel/mpi.h"
 
@@ -22,6 +24,10 @@ namespace tessera {
 namespace {
 
 namespace fs = std::filesystem;
+using ckpt::Box;
+using ckpt::ByteReader;
+using ckpt::ByteWriter;
+using ckpt::WritePlan;
 
 // Target chunk size in elements (1 MiB of float32): the unit of the Fletcher32 checksum and of
 // parallel I/O. Small enough to keep read-modify-write of partly written chunks cheap.
@@ -29,83 +35,6 @@ constexpr int64_t kChunkElements = 1 << 18;
 
 const char* const kMetaFields[] = {"format_version", "tessera_version", "step", "tokens_seen", "consumed_samples",
                                    "config"};
-
-// ---- serialization of plans and metadata between ranks ----
-
-class ByteWriter {
- public:
-  void i64(int64_t v) { out_.append(reinterpret_cast<const char*>(&v), sizeof v); }
-  void f64(double v) { out_.append(reinterpret_cast<const char*>(&v), sizeof v); }
-  void str(const std::string& s) {
-    i64(static_cast<int64_t>(s.size()));
-    out_ += s;
-  }
-  void shape(const Shape& s) {
-    i64(s.ndim());
-    for (int i = 0; i < s.ndim(); ++i) i64(s[i]);
-  }
-  void attr(const AttrValue& v) {
-    i64(static_cast<int64_t>(v.index()));
-    if (v.index() == 0) i64(std::get<int64_t>(v));
-    if (v.index() == 1) f64(std::get<double>(v));
-    if (v.index() == 2) str(std::get<std::string>(v));
-  }
-  void attrs(const AttrMap& m) {
-    i64(static_cast<int64_t>(m.size()));
-    for (const auto& [k, v] : m) {
-      str(k);
-      attr(v);
-    }
-  }
-  const std::string& bytes() const { return out_; }
-
- private:
-  std::string out_;
-};
-
-class ByteReader {
- public:
-  explicit ByteReader(const std::string& in) : in_(in) {}
-  int64_t i64() { return take<int64_t>(); }
-  double f64() { return take<double>(); }
-  std::string str() {
-    const auto n = static_cast<size_t>(i64());
-    std::string s = in_.substr(pos_, n);
-    pos_ += n;
-    return s;
-  }
-  Shape shape() {
-    Shape s;
-    const int64_t n = i64();
-    for (int64_t i = 0; i < n; ++i) s.push_back(i64());
-    return s;
-  }
-  AttrValue attr() {
-    const int64_t kind = i64();
-    if (kind == 0) return i64();
-    if (kind == 1) return f64();
-    return str();
-  }
-  AttrMap attrs() {
-    AttrMap m;
-    for (int64_t n = i64(); n > 0; --n) {
-      std::string k = str();
-      m[k] = attr();
-    }
-    return m;
-  }
-
- private:
-  template <typename T>
-  T take() {
-    T v;
-    std::memcpy(&v, in_.data() + pos_, sizeof v);
-    pos_ += sizeof v;
-    return v;
-  }
-  const std::string& in_;
-  size_t pos_ = 0;
-};
 
 // Runs f on this rank, then makes every rank agree: if f threw anywhere, all ranks throw the
 // message of the lowest failing rank. Every collective HDF5 step goes through here.
@@ -119,173 +48,6 @@ void together(MPI_Comm comm, F&& f) {
     if (error.empty()) error = "unknown error";
   }
   throw_if_any_failed(comm, error);
-}
-
-std::string join(const std::vector<std::string>& lines, const std::string& sep) {
-  std::string out;
-  for (size_t i = 0; i < lines.size(); ++i) out += (i ? sep : "") + lines[i];
-  return out;
-}
-
-// ---- slices and the write plan ----
-
-// A box in a tensor's index space: [start[i], start[i] + count[i]) along each dimension.
-struct Box {
-  std::vector<int64_t> start, count;
-  int64_t volume() const {
-    int64_t v = 1;
-    for (int64_t c : count) v *= c;
-    return v;
-  }
-  bool overlaps(const Box& o) const {
-    for (size_t i = 0; i < start.size(); ++i)
-      if (start[i] + count[i] <= o.start[i] || o.start[i] + o.count[i] <= start[i]) return false;
-    return volume() > 0 && o.volume() > 0;
-  }
-};
-
-std::string check_path(const std::string& path) {
-  if (path.size() < 2 || path.front() != '/' || path.back() == '/' || path.find("//") != std::string::npos)
-    return "tensor path \"" + path + "\" must be absolute, like /model/wte.weight";
-  if (path == "/meta" || path.rfind("/meta/", 0) == 0) return "tensor path " + path + " is inside /meta, which is reserved";
-  return "";
-}
-
-// "" when the slice is consistent, else what is wrong with it.
-std::string check_slice(const TensorSlice& s) {
-  if (std::string e = check_path(s.path); !e.empty()) return e;
-  const Shape& g = s.global_shape;
-  const std::string name = "tensor " + s.path + " " + g.str();
-  if (g.ndim() < 1) return name + ": tensors need at least one dimension";
-  for (int i = 0; i < g.ndim(); ++i)
-    if (g[i] <= 0) return name + ": every dimension must be positive";
-  if (s.dim == -1) {
-    if (s.local_shape.ndim() != 0 && !(s.local_shape == g))
-      return name + ": a whole-tensor slice (dim = -1) has local shape " + s.local_shape.str();
-  } else {
-    if (s.dim < 0 || s.dim >= g.ndim()) return name + ": slice dimension " + std::to_string(s.dim) + " is out of range";
-    if (s.local_shape.ndim() != g.ndim()) return name + ": local shape " + s.local_shape.str() + " has the wrong rank";
-    for (int i = 0; i < g.ndim(); ++i)
-      if (i != s.dim && s.local_shape[i] != g[i])
-        return name + ": local shape " + s.local_shape.str() + " differs from the global one outside dimension " +
-               std::to_string(s.dim);
-    if (s.start < 0 || s.local_shape[s.dim] < 0 || s.start + s.local_shape[s.dim] > g[s.dim])
-      return name + ": slice [" + std::to_string(s.start) + ", " + std::to_string(s.start + s.local_shape[s.dim]) +
-             ") along dimension " + std::to_string(s.dim) + " is out of range";
-  }
-  const int64_t n = s.dim == -1 ? g.numel() : s.local_shape.numel();
-  if (s.write && n > 0 && s.data == nullptr) return name + ": slice to write has no data";
-  return "";
-}
-
-Box box_of(const TensorSlice& s) {
-  Box b;
-  for (int i = 0; i < s.global_shape.ndim(); ++i) {
-    const bool sliced = i == s.dim;
-    b.start.push_back(sliced ? s.start : 0);
-    b.count.push_back(sliced ? s.local_shape[i] : s.global_shape[i]);
-  }
-  return b;
-}
-
-struct DatasetPlan {
-  Shape shape;
-  std::vector<std::vector<Box>> boxes;  // by rank, in each rank's slice order
-  size_t rounds() const {
-    size_t r = 0;
-    for (const auto& b : boxes) r = std::max(r, b.size());
-    return r;
-  }
-};
-using WritePlan = std::map<std::string, DatasetPlan>;  // sorted by path: the same order on every rank
-
-std::string encode_slices(const std::vector<TensorSlice>& slices) {
-  ByteWriter w;
-  w.i64(static_cast<int64_t>(slices.size()));
-  for (const TensorSlice& s : slices) {
-    w.str(s.path);
-    w.shape(s.global_shape);
-    w.i64(s.write ? 1 : 0);
-    const Box b = box_of(s);
-    for (size_t i = 0; i < b.start.size(); ++i) {
-      w.i64(b.start[i]);
-      w.i64(b.count[i]);
-    }
-  }
-  return w.bytes();
-}
-
-// Adds one rank's slices to the plan; "" or the first inconsistency with other ranks.
-std::string add_rank_slices(WritePlan& plan, const std::string& bytes, int rank, int nranks) {
-  ByteReader r(bytes);
-  for (int64_t n = r.i64(); n > 0; --n) {
-    const std::string path = r.str();
-    const Shape shape = r.shape();
-    const bool write = r.i64() != 0;
-    Box b;
-    for (int i = 0; i < shape.ndim(); ++i) {
-      b.start.push_back(r.i64());
-      b.count.push_back(r.i64());
-    }
-    auto [it, fresh] = plan.try_emplace(path, DatasetPlan{shape, std::vector<std::vector<Box>>(nranks)});
-    if (!fresh && !(it->second.shape == shape))
-      return "tensor " + path + " is declared with shape " + it->second.shape.str() + " and, on rank " +
-             std::to_string(rank) + ", " + shape.str();
-    if (write) it->second.boxes[static_cast<size_t>(rank)].push_back(b);
-  }
-  return "";
-}
-
-// Each element of each tensor must be written by exactly one slice: a gap would leave garbage in
-// the file, an overlap means two replicas both think they own the data.
-std::string check_cover(const std::string& path, const DatasetPlan& d) {
-  std::vector<std::pair<int, const Box*>> all;
-  int64_t total = 0;
-  for (size_t rank = 0; rank < d.boxes.size(); ++rank)
-    for (const Box& b : d.boxes[rank]) {
-      all.emplace_back(static_cast<int>(rank), &b);
-      total += b.volume();
-    }
-  for (size_t i = 0; i < all.size(); ++i)
-    for (size_t j = i + 1; j < all.size(); ++j)
-      if (all[i].second->overlaps(*all[j].second))
-        return "tensor " + path + ": slices written by rank " + std::to_string(all[i].first) + " and rank " +
-               std::to_string(all[j].first) + " overlap (mark replicas with write = false)";
-  if (total != d.shape.numel())
-    return "tensor " + path + " " + d.shape.str() + ": the written slices cover " + std::to_string(total) + " of " +
-           std::to_string(d.shape.numel()) + " elements";
-  return "";
-}
-
-std::string check_plan(const WritePlan& plan, const GroupAttributes& groups) {
-  std::vector<std::string> errors;
-  for (const auto& [path, d] : plan)
-    if (std::string e = check_cover(path, d); !e.empty()) errors.push_back(e);
-  for (auto it = plan.begin(); it != plan.end(); ++it) {
-    auto next = std::next(it);
-    if (next != plan.end() && next->first.rfind(it->first + "/", 0) == 0)
-      errors.push_back("tensor path " + it->first + " is also a group (of " + next->first + ")");
-  }
-  for (const auto& [group, attrs] : groups) {
-    if (plan.count(group)) errors.push_back("attribute group " + group + " is also a tensor");
-    if (group != "/" && !check_path(group).empty()) errors.push_back("attribute group \"" + group + "\" is not a valid path");
-  }
-  return join(errors, "; ");
-}
-
-WritePlan make_plan(const std::vector<TensorSlice>& slices, const GroupAttributes& groups, MPI_Comm comm) {
-  std::string local_error;
-  for (const TensorSlice& s : slices)
-    if (local_error.empty()) local_error = check_slice(s);
-  throw_if_any_failed(comm, local_error);
-  const auto all = allgather_bytes(comm, encode_slices(slices));
-  WritePlan plan;
-  std::string error;
-  for (int r = 0; r < static_cast<int>(all.size()) && error.empty(); ++r)
-    error = add_rank_slices(plan, all[static_cast<size_t>(r)], r, static_cast<int>(all.size()));
-  if (error.empty()) error = check_plan(plan, groups);
-  throw_if_any_failed(comm, error);
-  return plan;
 }
 
 // Every rank writes rank 0's metadata: parallel HDF5 needs identical metadata calls everywhere.
@@ -408,27 +170,37 @@ H5Dataset create_dataset(hid_t file, const std::string& path, const Shape& shape
       H5Dcreate2(file, path.c_str(), H5T_IEEE_F32LE, space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT), what));
 }
 
-// One collective H5Dwrite: this rank's box (or nothing) of dataset ds.
-void write_round(hid_t ds, const Box* box, const float* data, const std::string& what) {
+// Selects the union of boxes in a dataset's file space. Its elements, in HDF5's row-major
+// iteration order, are the boxes concatenated: the memory layout of the slice.
+void select_boxes(hid_t space, const std::vector<Box>& boxes, const std::string& what) {
+  h5_check(H5Sselect_none(space), what);
+  for (const Box& b : boxes) {
+    std::vector<hsize_t> start(b.start.begin(), b.start.end()), count(b.count.begin(), b.count.end());
+    h5_check(H5Sselect_hyperslab(space, H5S_SELECT_OR, start.data(), nullptr, count.data(), nullptr), what);
+  }
+}
+
+// One collective H5Dwrite: this rank's selection (or nothing) of dataset ds.
+void write_round(hid_t ds, const std::vector<Box>* boxes, const float* data, const std::string& what) {
   H5Space file_space(h5_check_id(H5Dget_space(ds), what));
   H5PropList dxpl(h5_check_id(H5Pcreate(H5P_DATASET_XFER), what));
   h5_check(H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE), what);
-  if (box == nullptr || box->volume() == 0) {
-    const hsize_t one = 1;
-    H5Space mem(h5_check_id(H5Screate_simple(1, &one, nullptr), what));
+  int64_t n = 0;
+  for (const Box& b : boxes ? *boxes : std::vector<Box>{}) n += b.volume();
+  const float dummy = 0;
+  const hsize_t mem_n = static_cast<hsize_t>(std::max<int64_t>(n, 1));
+  H5Space mem(h5_check_id(H5Screate_simple(1, &mem_n, nullptr), what));
+  if (n == 0) {  // take part in the collective call with nothing to write
     h5_check(H5Sselect_none(mem.get()), what);
     h5_check(H5Sselect_none(file_space.get()), what);
-    const float dummy = 0;
-    h5_check(H5Dwrite(ds, H5T_NATIVE_FLOAT, mem.get(), file_space.get(), dxpl.get(), &dummy), what);
-    return;
+    data = &dummy;
+  } else {
+    select_boxes(file_space.get(), *boxes, what);
   }
-  std::vector<hsize_t> start(box->start.begin(), box->start.end()), count(box->count.begin(), box->count.end());
-  h5_check(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr), what);
-  H5Space mem(h5_check_id(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr), what));
   h5_check(H5Dwrite(ds, H5T_NATIVE_FLOAT, mem.get(), file_space.get(), dxpl.get(), data), what);
 }
 
-// This rank's slices of `path` to write, in call order (matching plan.boxes[rank]).
+// This rank's slices of `path` to write, in call order (matching plan.writes[rank]).
 std::vector<const TensorSlice*> local_writes(const std::vector<TensorSlice>& slices, const std::string& path) {
   std::vector<const TensorSlice*> out;
   for (const TensorSlice& s : slices)
@@ -443,12 +215,12 @@ void write_tensors(hid_t file, const WritePlan& plan, const std::vector<TensorSl
     H5Dataset ds;
     together(comm, [&] { ds = create_dataset(file, path, d.shape, where); });
     const auto mine = local_writes(slices, path);
-    const auto& boxes = d.boxes[static_cast<size_t>(rank)];
+    const auto& writes = d.writes[static_cast<size_t>(rank)];
     const std::string what = "cannot write tensor " + path + " to " + where;
     for (size_t round = 0; round < d.rounds(); ++round) {
       together(comm, [&] {
-        const bool have = round < boxes.size();
-        write_round(ds.get(), have ? &boxes[round] : nullptr, have ? mine[round]->data : nullptr, what);
+        const bool have = round < writes.size();
+        write_round(ds.get(), have ? &writes[round] : nullptr, have ? mine[round]->data : nullptr, what);
       });
     }
     together(comm, [&] { h5_check(ds.close(), "cannot close tensor " + path + " in " + where); });
@@ -485,7 +257,7 @@ void write_file(const std::string& path, const CheckpointMeta& meta, const Group
 void write_checkpoint_file(const std::string& path, const CheckpointMeta& meta, const std::vector<TensorSlice>& slices,
                            MPI_Comm comm, const GroupAttributes& groups) {
   H5QuietErrors quiet;
-  const WritePlan plan = make_plan(slices, groups, comm);
+  const WritePlan plan = ckpt::make_write_plan(slices, groups, comm);
   const auto [m, g] = broadcast_meta(meta, groups, comm);
   check_meta(m, g);
   bool created = false;
@@ -648,38 +420,20 @@ bool CheckpointReader::has(const std::string& path) const {
 
 Shape CheckpointReader::shape(const std::string& path) const { return info(path).shape; }
 
-namespace {
-// "" when (dim, start, local) selects a valid part of a tensor of shape `stored`.
-std::string check_read(const Shape& stored, int dim, int64_t start, const Shape& local) {
-  const std::string asked = " was asked for";
-  if (dim == -1) return local == stored ? "" : "shape " + local.str() + asked;
-  if (dim < 0 || dim >= stored.ndim() || local.ndim() != stored.ndim())
-    return "a slice of shape " + local.str() + " along dimension " + std::to_string(dim) + asked;
-  for (int i = 0; i < stored.ndim(); ++i)
-    if (i != dim && local[i] != stored[i])
-      return "a slice of shape " + local.str() + " along dimension " + std::to_string(dim) + asked;
-  if (start < 0 || local[dim] < 0 || start + local[dim] > stored[dim])
-    return "the slice [" + std::to_string(start) + ", " + std::to_string(start + local[dim]) + ") along dimension " +
-           std::to_string(dim) + asked + ", out of range";
-  return "";
-}
-}  // namespace
-
 void CheckpointReader::read(const std::string& path, int dim, int64_t start, const Shape& local_shape,
                             float* out) const {
   H5QuietErrors quiet;
   const TensorInfo& t = info(path);
   TESSERA_CHECK(t.dtype == "float32", path, " in ", path_, " has dtype ", t.dtype, "; tessera tensors are float32");
-  const std::string bad = check_read(t.shape, dim, start, local_shape);
+  const std::string bad = ckpt::selection_problem(t.shape, dim, start, local_shape);
   TESSERA_CHECK(bad.empty(), path, " in ", path_, " has shape ", t.shape.str(), ", but ", bad);
-  if (local_shape.numel() == 0) return;
+  const hsize_t n = static_cast<hsize_t>(ckpt::selection_size(t.shape, dim, local_shape));
+  if (n == 0) return;
   const std::string what = "cannot read " + path + " from " + path_;
   H5Dataset ds(h5_check_id(H5Dopen2(file_.get(), path.c_str(), H5P_DEFAULT), what));
   H5Space file_space(h5_check_id(H5Dget_space(ds.get()), what));
-  std::vector<hsize_t> first(static_cast<size_t>(t.shape.ndim()), 0), count = to_hsize(local_shape);
-  if (dim >= 0) first[static_cast<size_t>(dim)] = static_cast<hsize_t>(start);
-  h5_check(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, first.data(), nullptr, count.data(), nullptr), what);
-  H5Space mem(h5_check_id(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr), what));
+  select_boxes(file_space.get(), ckpt::selection_boxes(t.shape, dim, start, local_shape), what);
+  H5Space mem(h5_check_id(H5Screate_simple(1, &n, nullptr), what));
   if (H5Dread(ds.get(), H5T_NATIVE_FLOAT, mem.get(), file_space.get(), H5P_DEFAULT, out) < 0) {
     const auto messages = h5_error_messages();
     TESSERA_CHECK(!mentions_checksum(messages), "checksum mismatch reading ", path, " in ", path_,
@@ -691,7 +445,7 @@ void CheckpointReader::read(const std::string& path, int dim, int64_t start, con
 std::vector<float> CheckpointReader::read_all(const std::string& path) const {
   const Shape s = shape(path);
   std::vector<float> out(static_cast<size_t>(s.numel()));
-  read(path, -1, 0, s, out.data());
+  read(path, TensorSlice::kWhole, 0, s, out.data());
   return out;
 }
 
@@ -720,7 +474,7 @@ std::vector<std::string> compare_shapes(const CheckpointReader& reader,
 void check_shapes(const CheckpointReader& reader, const std::vector<std::pair<std::string, Shape>>& expected) {
   const auto mismatches = compare_shapes(reader, expected);
   TESSERA_CHECK(mismatches.empty(), reader.path(), " does not match the model (", mismatches.size(),
-                mismatches.size() == 1 ? " mismatch" : " mismatches", "):\n  ", join(mismatches, "\n  "));
+                mismatches.size() == 1 ? " mismatch" : " mismatches", "):\n  ", ckpt::join(mismatches, "\n  "));
 }
 
 }  // namespace tessera

@@ -26,15 +26,21 @@ using AttrMap = std::map<std::string, AttrValue>;
 // Attributes of groups other than /meta, by group path: {"/optim", {{"step", int64_t{100}}}}.
 using GroupAttributes = std::map<std::string, AttrMap>;
 
-// This rank's part of a global float32 tensor stored at `path` (e.g. "/model/wte.weight"): the
-// hyperslab [start, start + local_shape[dim]) along `dim` and whole along the other dimensions,
-// or the whole tensor when dim = -1 (local_shape may then be left empty). data is row-major over
-// local_shape. write = false marks a replica that another rank writes: it declares the tensor
-// but writes nothing. Across all ranks the written slices must cover each tensor exactly once.
+// This rank's part of a global float32 tensor stored at `path` (e.g. "/model/wte.weight"):
+//   dim >= 0:     the hyperslab [start, start + local_shape[dim]) along dim, whole along the others
+//                 (a tensor-parallel shard);
+//   dim = kWhole: the whole tensor (local_shape may be left empty);
+//   dim = kFlat:  elements [start, start + local_shape[0]) of the tensor's row-major flattening,
+//                 local_shape = {count} (a ZeRO-1 shard of a flat buffer, which may cut rows).
+// data is row-major over the selection. write = false marks a replica that another rank writes:
+// it declares the tensor but writes nothing. Across all ranks the written slices must cover each
+// tensor exactly once.
 struct TensorSlice {
+  static constexpr int kWhole = -1;
+  static constexpr int kFlat = -2;
   std::string path;
   Shape global_shape;
-  int dim = -1;
+  int dim = kWhole;
   int64_t start = 0;
   Shape local_shape;
   const float* data = nullptr;
@@ -89,9 +95,9 @@ class CheckpointReader {
   bool has(const std::string& path) const;
   Shape shape(const std::string& path) const;  // throws if absent
 
-  // Reads the hyperslab [start, start + local_shape[dim]) along dim (dim = -1: the whole tensor)
-  // into out (row-major over local_shape). local_shape must match the stored shape along every
-  // other dimension: a differing shape is an error naming both.
+  // Reads a selection, as TensorSlice defines it (dim >= 0, kWhole or kFlat), into out (row-major).
+  // local_shape must match the stored shape along every other dimension: a differing shape is an
+  // error naming both.
   void read(const std::string& path, int dim, int64_t start, const Shape& local_shape, float* out) const;
   std::vector<float> read_all(const std::string& path) const;
 

@@ -1,7 +1,8 @@
 // Tests app/checkpoint_io.h across ranks: registered twice, as plain one-rank tests and as
 // `mpiexec -n 2 tests_app --gtest_filter=CheckpointMpi.*` (tests/CMakeLists.txt). Each rank writes
-// its share of tensors split along dim 0 and dim 1, rank 0 alone writes a replicated one; every
-// rank reads all of it back, and so does a single process on its own.
+// its share of tensors split along dim 0 and dim 1 and a ZeRO-1 style flat range that cuts rows;
+// rank 0 alone writes a replicated one; every rank reads all of it back, and so does a single
+// process on its own.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -46,7 +47,9 @@ TEST(CheckpointMpi, RanksWriteShardsAndEveryoneReadsTheWhole) {
   // (R, C) split by rows, (R, K) split by columns (a row-parallel weight), (C) replicated.
   const int64_t R = 700, C = 600, K = 30;
   const auto rows = global_values(R * C, 1.0f), cols = global_values(R * K, -50.0f), norm = global_values(C, 2.0f);
+  const auto moment = global_values(R * K, 7.0f);
   const auto [r0, r1] = share(R, rank, size);
+  const auto [f0, f1] = share(R * K - 1, rank, size);  // R K - 1: the split falls inside a row
   const auto [k0, k1] = share(K, rank, size);
   std::vector<float> my_cols;
   for (int64_t r = 0; r < R; ++r)
@@ -55,6 +58,9 @@ TEST(CheckpointMpi, RanksWriteShardsAndEveryoneReadsTheWhole) {
       {"/model/rows.weight", {R, C}, 0, r0, {r1 - r0, C}, rows.data() + r0 * C, true},
       {"/model/cols.weight", {R, K}, 1, k0, {R, k1 - k0}, my_cols.data(), true},
       {"/model/norm.weight", {C}, -1, 0, {C}, norm.data(), rank == 0},
+      {"/optim/cols.weight/exp_avg", {R, K}, TensorSlice::kFlat, f0, {f1 - f0}, moment.data() + f0, true},
+      {"/optim/cols.weight/exp_avg", {R, K}, TensorSlice::kFlat, R * K - 1, {1}, moment.data() + R * K - 1,
+       rank == size - 1},
   };
   CheckpointMeta meta;
   meta.step = 42;
@@ -68,6 +74,7 @@ TEST(CheckpointMpi, RanksWriteShardsAndEveryoneReadsTheWhole) {
     EXPECT_EQ(r.read_all("/model/rows.weight"), rows);
     EXPECT_EQ(r.read_all("/model/cols.weight"), cols);
     EXPECT_EQ(r.read_all("/model/norm.weight"), norm);
+    EXPECT_EQ(r.read_all("/optim/cols.weight/exp_avg"), moment);
     // Each rank's own shard, as a resume on the same layout reads it.
     std::vector<float> mine(static_cast<size_t>(R * (k1 - k0)));
     r.read("/model/cols.weight", 1, k0, {R, k1 - k0}, mine.data());
@@ -79,6 +86,7 @@ TEST(CheckpointMpi, RanksWriteShardsAndEveryoneReadsTheWhole) {
     EXPECT_EQ(alone.read_all("/model/rows.weight"), rows);
     EXPECT_EQ(alone.read_all("/model/cols.weight"), cols);
     EXPECT_EQ(alone.read_all("/model/norm.weight"), norm);
+    EXPECT_EQ(alone.read_all("/optim/cols.weight/exp_avg"), moment);
     EXPECT_EQ(std::get<int64_t>(alone.group_attributes().at("/optim").at("step")), 42);
   }
   MPI_Barrier(comm);
