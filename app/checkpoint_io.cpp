@@ -164,7 +164,7 @@ H5Dataset create_dataset(hid_t file, const std::string& path, const Shape& shape
   H5PropList dcpl(h5_check_id(H5Pcreate(H5P_DATASET_CREATE), what));
   h5_check(H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()), what);
   h5_check(H5Pset_fletcher32(dcpl.get()), what);
-  // Every element is written, so no fill values (parallel filtered writes require this anyway).
+  // Every element is written once, so writing fill values first would be wasted I/O.
   h5_check(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), what);
   return H5Dataset(h5_check_id(
       H5Dcreate2(file, path.c_str(), H5T_IEEE_F32LE, space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT), what));
@@ -186,7 +186,8 @@ void write_round(hid_t ds, const std::vector<Box>* boxes, const float* data, con
   H5PropList dxpl(h5_check_id(H5Pcreate(H5P_DATASET_XFER), what));
   h5_check(H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE), what);
   int64_t n = 0;
-  for (const Box& b : boxes ? *boxes : std::vector<Box>{}) n += b.volume();
+  if (boxes != nullptr)
+    for (const Box& b : *boxes) n += b.volume();
   const float dummy = 0;
   const hsize_t mem_n = static_cast<hsize_t>(std::max<int64_t>(n, 1));
   H5Space mem(h5_check_id(H5Screate_simple(1, &mem_n, nullptr), what));
