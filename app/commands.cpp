@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "app/build_info.h"
+#include "app/ckpt_commands.h"
 #include "app/prepare.h"
 #include "app/trainer.h"
 
@@ -24,6 +25,7 @@ void register_train(CLI::App& app, int& exit_code) {
   cmd->add_flag("--print-config", args->print_config, "Print the resolved config (defaults filled in) and exit");
   cmd->callback([args, &exit_code] { exit_code = run_train_command(*args); });
 }
+
 void register_prepare(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<PrepareArgs>();
   auto* cmd = app.add_subcommand("prepare", "Tokenize text (.txt, .jsonl) into an indexed dataset (.bin + .idx)");
@@ -40,12 +42,31 @@ void register_prepare(CLI::App& app, int& exit_code) {
       ->default_str("true");
   cmd->callback([args, &exit_code] { exit_code = run_prepare_command(*args); });
 }
+
+void register_ckpt(CLI::App& app, int& exit_code) {
+  auto* ckpt = app.add_subcommand("ckpt", "Checkpoint files: inspect one, or export its model");
+  ckpt->require_subcommand(1);
+
+  auto inspect = std::make_shared<CkptInspectArgs>();
+  auto* cmd = ckpt->add_subcommand("inspect", "Print a checkpoint's metadata and every tensor (shape, dtype, L2 norm)");
+  cmd->add_option("file", inspect->file, "Checkpoint file (.h5)")->required();
+  cmd->add_flag("--config", inspect->show_config, "Also print the config (TOML) stored in the checkpoint");
+  cmd->callback([inspect, &exit_code] { exit_code = run_ckpt_inspect(*inspect, std::cout); });
+
+  auto exp = std::make_shared<CkptExportArgs>();
+  cmd = ckpt->add_subcommand("export", "Export the model to Hugging Face format (model.safetensors + config.json)");
+  cmd->add_option("file", exp->file, "Checkpoint file (.h5)")->required();
+  cmd->add_option("--format", exp->format, "Output format")->check(CLI::IsMember({"safetensors"}))->capture_default_str();
+  cmd->add_option("--out", exp->out_dir, "Output directory (created if needed)")->required();
+  cmd->callback([exp, &exit_code] { exit_code = run_ckpt_export(*exp, std::cout); });
+}
 }  // namespace
 
 void register_commands(CLI::App& app, int& exit_code) {
   register_info(app);
   register_train(app, exit_code);
   register_prepare(app, exit_code);
+  register_ckpt(app, exit_code);
 }
 
 }  // namespace tessera

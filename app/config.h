@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>

@@ -7,8 +7,12 @@
 #include "app/build_info.h"
 #include "app/commands.h"
 #include "kernels/check.h"
+#include "parallel/mpi.h"
 
 int main(int argc, char** argv) {
+  // MPI lives for the whole run (MPICH runs a singleton when started without mpirun). Commands
+  // take MPI_COMM_WORLD from here; errors are caught below, so MPI_Finalize always runs.
+  tessera::MpiSession mpi(&argc, &argv);
   CLI::App app{"tessera: a standalone C++ trainer for large language models"};
   app.set_version_flag("--version", std::string("tessera ") + TESSERA_VERSION);
   app.require_subcommand(1);

@@ -1,0 +1,481 @@
+// Checkpoint file writer and reader. The writer first agrees on a plan (app/checkpoint_plan.h: the
+// union of tensors over ranks, checked for exact cover) and then runs each collective HDF5 step
+// inside `together`, so a failure on any rank ends the write on every rank at the same point with
+// the same message.
+#include "app/checkpoint_io.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <filesystem>
+#include <set>
+#include <sstream>
+#include <type_traits>
+
+#include "app/checkpoint_plan.h"
+#include "kernels/check.h"
+#include "parallel/mpi.h"
+
+namespace tessera {
+
+namespace {
+
+namespace fs = std::filesystem;
+using ckpt::Box;
+using ckpt::ByteReader;
+using ckpt::ByteWriter;
+using ckpt::WritePlan;
+
+// Target chunk size in elements (1 MiB of float32): the unit of the Fletcher32 checksum and of
+// parallel I/O. Small enough to keep read-modify-write of partly written chunks cheap.
+constexpr int64_t kChunkElements = 1 << 18;
+
+const char* const kMetaFields[] = {"format_version", "tessera_version", "step", "tokens_seen", "consumed_samples",
+                                   "config"};
+
+// Runs f on this rank, then makes every rank agree: if f threw anywhere, all ranks throw the
+// message of the lowest failing rank. Every collective HDF5 step goes through here.
+template <typename F>
+void together(MPI_Comm comm, F&& f) {
+  std::string error;
+  try {
+    f();
+  } catch (const std::exception& e) {
+    error = e.what();
+    if (error.empty()) error = "unknown error";
+  }
+  throw_if_any_failed(comm, error);
+}
+
+// Every rank writes rank 0's metadata: parallel HDF5 needs identical metadata calls everywhere.
+std::pair<CheckpointMeta, GroupAttributes> broadcast_meta(const CheckpointMeta& meta, const GroupAttributes& groups,
+                                                          MPI_Comm comm) {
+  ByteWriter w;
+  w.i64(meta.format_version);
+  w.str(meta.tessera_version);
+  w.i64(meta.step);
+  w.i64(meta.tokens_seen);
+  w.i64(meta.consumed_samples);
+  w.str(meta.config_toml);
+  w.attrs(meta.extra);
+  w.i64(static_cast<int64_t>(groups.size()));
+  for (const auto& [g, attrs] : groups) {
+    w.str(g);
+    w.attrs(attrs);
+  }
+  const std::string bytes = broadcast_bytes(comm, w.bytes(), 0);
+  ByteReader r(bytes);
+  CheckpointMeta m;
+  m.format_version = r.i64();
+  m.tessera_version = r.str();
+  m.step = r.i64();
+  m.tokens_seen = r.i64();
+  m.consumed_samples = r.i64();
+  m.config_toml = r.str();
+  m.extra = r.attrs();
+  GroupAttributes gs;
+  for (int64_t n = r.i64(); n > 0; --n) {
+    std::string g = r.str();
+    gs[g] = r.attrs();
+  }
+  return {m, gs};
+}
+
+// ---- HDF5 writing ----
+
+H5File create_file(const std::string& path, MPI_Comm comm) {
+  const std::string what = "cannot create checkpoint file " + path;
+  H5PropList fapl(h5_check_id(H5Pcreate(H5P_FILE_ACCESS), what));
+  h5_check(H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL), what);
+  // The 1.8 file format (indexed links for groups with many tensors); h5py and HDF5 >= 1.8 read it.
+  h5_check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_V110), what);
+  return H5File(h5_check_id(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), what));
+}
+
+// Opens the group at `path`, creating it (and its parents) if needed.
+H5Group open_or_create_group(hid_t file, const std::string& path, const std::string& where) {
+  const std::string what = "cannot create group " + path + " in " + where;
+  std::string prefix;
+  std::stringstream parts(path);
+  for (std::string part; std::getline(parts, part, '/');) {
+    if (part.empty()) continue;
+    prefix += "/" + part;
+    const htri_t exists = H5Lexists(file, prefix.c_str(), H5P_DEFAULT);
+    h5_check(exists, what);
+    if (!exists) H5Group(h5_check_id(H5Gcreate2(file, prefix.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), what));
+  }
+  return H5Group(h5_check_id(H5Gopen2(file, path.c_str(), H5P_DEFAULT), what));
+}
+
+// The same on every rank (it checks rank 0's metadata), so it may throw without agreement.
+void check_meta(const CheckpointMeta& m, const GroupAttributes& groups) {
+  for (const auto& [key, value] : m.extra)
+    TESSERA_CHECK(!key.empty() && std::find(std::begin(kMetaFields), std::end(kMetaFields), key) == std::end(kMetaFields),
+                  "extra metadata \"", key, "\" is empty or the name of a fixed /meta attribute");
+  for (const auto& [group, attrs] : groups)
+    for (const auto& [key, value] : attrs) TESSERA_CHECK(!key.empty(), "group ", group, " has an attribute without a name");
+}
+
+void write_meta(hid_t file, const CheckpointMeta& m, const GroupAttributes& groups, const std::string& where) {
+  H5Group meta = open_or_create_group(file, "/meta", where);
+  const std::string obj = "/meta in " + where;
+  h5_write_attribute(meta.get(), "format_version", m.format_version, obj);
+  h5_write_attribute(meta.get(), "tessera_version", m.tessera_version, obj);
+  h5_write_attribute(meta.get(), "step", m.step, obj);
+  h5_write_attribute(meta.get(), "tokens_seen", m.tokens_seen, obj);
+  h5_write_attribute(meta.get(), "consumed_samples", m.consumed_samples, obj);
+  h5_write_attribute(meta.get(), "config", m.config_toml, obj);
+  for (const auto& [key, value] : m.extra) h5_write_attribute(meta.get(), key, value, obj);
+  for (const auto& [path, attrs] : groups) {
+    H5Group g = open_or_create_group(file, path, where);
+    for (const auto& [key, value] : attrs) h5_write_attribute(g.get(), key, value, path + " in " + where);
+  }
+}
+
+std::vector<hsize_t> to_hsize(const Shape& s) {
+  std::vector<hsize_t> d;
+  for (int i = 0; i < s.ndim(); ++i) d.push_back(static_cast<hsize_t>(s[i]));
+  return d;
+}
+
+// Chunks of about kChunkElements: whole along the trailing dimensions, as many leading rows as fit.
+std::vector<hsize_t> chunk_dims(const std::vector<hsize_t>& dims) {
+  std::vector<hsize_t> chunk(dims.size(), 1);
+  hsize_t inner = 1;
+  for (size_t i = dims.size(); i-- > 0;) {
+    const hsize_t fit = std::max<hsize_t>(1, static_cast<hsize_t>(kChunkElements) / inner);
+    chunk[i] = std::min(dims[i], fit);
+    if (chunk[i] < dims[i]) break;  // dimensions before i stay 1
+    inner *= dims[i];
+  }
+  return chunk;
+}
+
+H5Dataset create_dataset(hid_t file, const std::string& path, const Shape& shape, const std::string& where) {
+  const std::string what = "cannot create tensor " + path + " " + shape.str() + " in " + where;
+  const auto dims = to_hsize(shape);
+  const auto chunk = chunk_dims(dims);
+  H5Space space(h5_check_id(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), what));
+  H5PropList lcpl(h5_check_id(H5Pcreate(H5P_LINK_CREATE), what));
+  h5_check(H5Pset_create_intermediate_group(lcpl.get(), 1), what);
+  H5PropList dcpl(h5_check_id(H5Pcreate(H5P_DATASET_CREATE), what));
+  h5_check(H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()), what);
+  h5_check(H5Pset_fletcher32(dcpl.get()), what);
+  // Every element is written once, so writing fill values first would be wasted I/O.
+  h5_check(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), what);
+  return H5Dataset(h5_check_id(
+      H5Dcreate2(file, path.c_str(), H5T_IEEE_F32LE, space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT), what));
+}
+
+// Selects the union of boxes in a dataset's file space. Its elements, in HDF5's row-major
+// iteration order, are the boxes concatenated: the memory layout of the slice.
+void select_boxes(hid_t space, const std::vector<Box>& boxes, const std::string& what) {
+  h5_check(H5Sselect_none(space), what);
+  for (const Box& b : boxes) {
+    std::vector<hsize_t> start(b.start.begin(), b.start.end()), count(b.count.begin(), b.count.end());
+    h5_check(H5Sselect_hyperslab(space, H5S_SELECT_OR, start.data(), nullptr, count.data(), nullptr), what);
+  }
+}
+
+// One collective H5Dwrite: this rank's selection (or nothing) of dataset ds.
+void write_round(hid_t ds, const std::vector<Box>* boxes, const float* data, const std::string& what) {
+  H5Space file_space(h5_check_id(H5Dget_space(ds), what));
+  H5PropList dxpl(h5_check_id(H5Pcreate(H5P_DATASET_XFER), what));
+  h5_check(H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE), what);
+  int64_t n = 0;
+  if (boxes != nullptr)
+    for (const Box& b : *boxes) n += b.volume();
+  const float dummy = 0;
+  const hsize_t mem_n = static_cast<hsize_t>(std::max<int64_t>(n, 1));
+  H5Space mem(h5_check_id(H5Screate_simple(1, &mem_n, nullptr), what));
+  if (n == 0) {  // take part in the collective call with nothing to write
+    h5_check(H5Sselect_none(mem.get()), what);
+    h5_check(H5Sselect_none(file_space.get()), what);
+    data = &dummy;
+  } else {
+    select_boxes(file_space.get(), *boxes, what);
+  }
+  h5_check(H5Dwrite(ds, H5T_NATIVE_FLOAT, mem.get(), file_space.get(), dxpl.get(), data), what);
+}
+
+// This rank's slices of `path` to write, in call order (matching plan.writes[rank]).
+std::vector<const TensorSlice*> local_writes(const std::vector<TensorSlice>& slices, const std::string& path) {
+  std::vector<const TensorSlice*> out;
+  for (const TensorSlice& s : slices)
+    if (s.write && s.path == path) out.push_back(&s);
+  return out;
+}
+
+void write_tensors(hid_t file, const WritePlan& plan, const std::vector<TensorSlice>& slices, MPI_Comm comm,
+                   const std::string& where) {
+  const int rank = comm_rank(comm);
+  for (const auto& [path, d] : plan) {
+    H5Dataset ds;
+    together(comm, [&] { ds = create_dataset(file, path, d.shape, where); });
+    const auto mine = local_writes(slices, path);
+    const auto& writes = d.writes[static_cast<size_t>(rank)];
+    const std::string what = "cannot write tensor " + path + " to " + where;
+    for (size_t round = 0; round < d.rounds(); ++round) {
+      together(comm, [&] {
+        const bool have = round < writes.size();
+        write_round(ds.get(), have ? &writes[round] : nullptr, have ? mine[round]->data : nullptr, what);
+      });
+    }
+    together(comm, [&] { h5_check(ds.close(), "cannot close tensor " + path + " in " + where); });
+  }
+}
+
+void fsync_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  TESSERA_CHECK(fd >= 0, "cannot open ", path, " to sync it: ", std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  TESSERA_CHECK(rc == 0, "cannot sync ", path, " to disk: ", std::strerror(err));
+}
+
+void write_file(const std::string& path, const CheckpointMeta& meta, const GroupAttributes& groups,
+                const WritePlan& plan, const std::vector<TensorSlice>& slices, MPI_Comm comm, bool& created) {
+  H5File file;
+  together(comm, [&] { file = create_file(path, comm); });
+  created = true;
+  together(comm, [&] { write_meta(file.get(), meta, groups, path); });
+  write_tensors(file.get(), plan, slices, comm, path);
+  together(comm, [&] {
+    h5_check(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), "cannot flush checkpoint file " + path);
+    h5_check(file.close(), "cannot close checkpoint file " + path);
+  });
+  together(comm, [&] {
+    if (comm_rank(comm) == 0) fsync_file(path);
+  });
+}
+
+}  // namespace
+
+void write_checkpoint_file(const std::string& path, const CheckpointMeta& meta, const std::vector<TensorSlice>& slices,
+                           MPI_Comm comm, const GroupAttributes& groups) {
+  H5QuietErrors quiet;
+  const WritePlan plan = ckpt::make_write_plan(slices, groups, comm);
+  const auto [m, g] = broadcast_meta(meta, groups, comm);
+  check_meta(m, g);
+  bool created = false;
+  try {
+    write_file(path, m, g, plan, slices, comm, created);
+  } catch (const Error&) {
+    // Every rank is here (errors are agreed) and the file is closed: leave no half-written file.
+    if (created && comm_rank(comm) == 0) {
+      std::error_code ec;
+      fs::remove(path, ec);
+    }
+    throw;
+  }
+}
+
+// ---- reading ----
+
+namespace {
+
+std::string dtype_name(hid_t type) {
+  const size_t bits = 8 * H5Tget_size(type);
+  switch (H5Tget_class(type)) {
+    case H5T_FLOAT:
+      return "float" + std::to_string(bits);
+    case H5T_INTEGER:
+      return (H5Tget_sign(type) == H5T_SGN_NONE ? "uint" : "int") + std::to_string(bits);
+    case H5T_STRING:
+      return "string";
+    default:
+      return "other";
+  }
+}
+
+Shape to_shape(const std::vector<hsize_t>& dims, const std::string& what) {
+  TESSERA_CHECK(static_cast<int>(dims.size()) <= Shape::kMaxDims, what, " has ", dims.size(),
+                " dimensions; tessera reads at most ", Shape::kMaxDims);
+  Shape s;
+  for (hsize_t d : dims) s.push_back(static_cast<int64_t>(d));
+  return s;
+}
+
+struct VisitState {
+  std::string file;
+  std::vector<TensorInfo> tensors;
+  GroupAttributes groups;
+  std::string error;  // HDF5 callbacks must not throw: the first error is kept here
+};
+
+void visit_object(hid_t root, const std::string& path, VisitState& st) {
+  const std::string where = path + " in " + st.file;
+  H5Object obj(h5_check_id(H5Oopen(root, path.c_str(), H5P_DEFAULT), "cannot open " + where));
+  const H5I_type_t kind = H5Iget_type(obj.get());
+  if (kind == H5I_DATASET) {
+    H5Space space(h5_check_id(H5Dget_space(obj.get()), "cannot read the shape of " + where));
+    H5Type type(h5_check_id(H5Dget_type(obj.get()), "cannot read the type of " + where));
+    st.tensors.push_back({path, to_shape(h5_dims(space.get()), where), dtype_name(type.get())});
+  } else if (kind == H5I_GROUP && path != "/meta") {
+    AttrMap attrs;
+    for (const std::string& name : h5_attribute_names(obj.get(), where))
+      attrs[name] = h5_read_attribute(obj.get(), name, where);
+    if (!attrs.empty()) st.groups[path] = std::move(attrs);
+  }
+}
+
+herr_t visit_link(hid_t root, const char* name, const H5L_info_t* info, void* data) {
+  if (info->type != H5L_TYPE_HARD) return 0;  // soft/external links are not part of the format
+  auto& st = *static_cast<VisitState*>(data);
+  try {
+    visit_object(root, std::string("/") + name, st);
+  } catch (const Error& e) {
+    st.error = e.what();
+    return -1;
+  }
+  return 0;
+}
+
+template <typename T>
+T meta_field(const AttrMap& attrs, const std::string& key, const std::string& file) {
+  auto it = attrs.find(key);
+  TESSERA_CHECK(it != attrs.end(), file, ": /meta has no attribute ", key, " (damaged, or not a tessera checkpoint)");
+  const T* v = std::get_if<T>(&it->second);
+  TESSERA_CHECK(v != nullptr, file, ": /meta attribute ", key, " must be ",
+                std::is_same_v<T, std::string> ? "a string" : "an integer");
+  return *v;
+}
+
+CheckpointMeta read_meta(hid_t file, const std::string& path) {
+  TESSERA_CHECK(H5Lexists(file, "/meta", H5P_DEFAULT) > 0, path, " has no /meta group: not a tessera checkpoint");
+  const std::string where = "/meta in " + path;
+  H5Group g(h5_check_id(H5Gopen2(file, "/meta", H5P_DEFAULT), "cannot open " + where));
+  AttrMap attrs;
+  for (const std::string& name : h5_attribute_names(g.get(), where)) attrs[name] = h5_read_attribute(g.get(), name, where);
+  CheckpointMeta m;
+  // The version first: a newer format may lack or change the fields below.
+  m.format_version = meta_field<int64_t>(attrs, "format_version", path);
+  TESSERA_CHECK(m.format_version <= kCheckpointFormatVersion, path, " was written by a newer tessera: format version ",
+                m.format_version, ", this build reads up to ", kCheckpointFormatVersion);
+  TESSERA_CHECK(m.format_version >= 1, path, " has an invalid format version ", m.format_version);
+  m.tessera_version = meta_field<std::string>(attrs, "tessera_version", path);
+  m.step = meta_field<int64_t>(attrs, "step", path);
+  m.tokens_seen = meta_field<int64_t>(attrs, "tokens_seen", path);
+  m.consumed_samples = meta_field<int64_t>(attrs, "consumed_samples", path);
+  m.config_toml = meta_field<std::string>(attrs, "config", path);
+  for (const char* key : kMetaFields) attrs.erase(key);
+  m.extra = std::move(attrs);
+  return m;
+}
+
+H5File open_file(const std::string& path) {
+  TESSERA_CHECK(fs::exists(path), "checkpoint file ", path, " does not exist");
+  TESSERA_CHECK(!fs::is_directory(path), "checkpoint ", path, " is a directory, not a file");
+  H5PropList fapl(h5_check_id(H5Pcreate(H5P_FILE_ACCESS), "cannot open " + path));
+  // Checkpoints are immutable once renamed into place; parallel file systems often lack flock.
+  h5_check(H5Pset_file_locking(fapl.get(), false, true), "cannot open " + path);
+  const hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get());
+  if (id < 0) {
+    const std::string reason = h5_error_reason();
+    detail::fail(path, " is not a readable HDF5 file (truncated or not a checkpoint)",
+                 reason.empty() ? "" : ": " + reason);
+  }
+  return H5File(id);
+}
+
+bool mentions_checksum(const std::vector<std::string>& messages) {
+  for (std::string m : messages) {
+    std::transform(m.begin(), m.end(), m.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (m.find("checksum") != std::string::npos) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+CheckpointReader::CheckpointReader(const std::string& path, MPI_Comm comm) : path_(path) {
+  H5QuietErrors quiet;
+  together(comm, [&] {
+    file_ = open_file(path);
+    meta_ = read_meta(file_.get(), path);
+    VisitState st{path, {}, {}, {}};
+    if (H5Lvisit(file_.get(), H5_INDEX_NAME, H5_ITER_INC, visit_link, &st) < 0)
+      detail::fail(st.error.empty() ? "cannot list the contents of " + path : st.error);
+    tensors_ = std::move(st.tensors);
+    groups_ = std::move(st.groups);
+    AttrMap root;
+    for (const std::string& name : h5_attribute_names(file_.get(), "/ in " + path))
+      root[name] = h5_read_attribute(file_.get(), name, "/ in " + path);
+    if (!root.empty()) groups_["/"] = std::move(root);
+  });
+}
+
+const TensorInfo& CheckpointReader::info(const std::string& path) const {
+  for (const TensorInfo& t : tensors_)
+    if (t.path == path) return t;
+  detail::fail(path_, " has no tensor ", path);
+}
+
+bool CheckpointReader::has(const std::string& path) const {
+  return std::any_of(tensors_.begin(), tensors_.end(), [&](const TensorInfo& t) { return t.path == path; });
+}
+
+Shape CheckpointReader::shape(const std::string& path) const { return info(path).shape; }
+
+void CheckpointReader::read(const std::string& path, int dim, int64_t start, const Shape& local_shape,
+                            float* out) const {
+  H5QuietErrors quiet;
+  const TensorInfo& t = info(path);
+  TESSERA_CHECK(t.dtype == "float32", path, " in ", path_, " has dtype ", t.dtype, "; tessera tensors are float32");
+  const std::string bad = ckpt::selection_problem(t.shape, dim, start, local_shape);
+  TESSERA_CHECK(bad.empty(), path, " in ", path_, " has shape ", t.shape.str(), ", but ", bad);
+  const hsize_t n = static_cast<hsize_t>(ckpt::selection_size(t.shape, dim, local_shape));
+  if (n == 0) return;
+  const std::string what = "cannot read " + path + " from " + path_;
+  H5Dataset ds(h5_check_id(H5Dopen2(file_.get(), path.c_str(), H5P_DEFAULT), what));
+  H5Space file_space(h5_check_id(H5Dget_space(ds.get()), what));
+  select_boxes(file_space.get(), ckpt::selection_boxes(t.shape, dim, start, local_shape), what);
+  H5Space mem(h5_check_id(H5Screate_simple(1, &n, nullptr), what));
+  if (H5Dread(ds.get(), H5T_NATIVE_FLOAT, mem.get(), file_space.get(), H5P_DEFAULT, out) < 0) {
+    const auto messages = h5_error_messages();
+    TESSERA_CHECK(!mentions_checksum(messages), "checksum mismatch reading ", path, " in ", path_,
+                  ": the file is corrupted");
+    detail::fail(what, messages.empty() ? "" : ": " + messages.back());
+  }
+}
+
+std::vector<float> CheckpointReader::read_all(const std::string& path) const {
+  const Shape s = shape(path);
+  std::vector<float> out(static_cast<size_t>(s.numel()));
+  read(path, TensorSlice::kWhole, 0, s, out.data());
+  return out;
+}
+
+std::vector<std::string> compare_shapes(const CheckpointReader& reader,
+                                        const std::vector<std::pair<std::string, Shape>>& expected) {
+  std::vector<std::string> missing, wrong, unexpected;
+  std::set<std::string> listed, top_groups;
+  for (const auto& [path, shape] : expected) {
+    listed.insert(path);
+    top_groups.insert(path.substr(0, path.find('/', 1)));
+    if (!reader.has(path)) {
+      missing.push_back("missing " + path + " (expected " + shape.str() + ")");
+    } else if (!(reader.shape(path) == shape)) {
+      wrong.push_back(path + " has shape " + reader.shape(path).str() + " in the checkpoint, expected " + shape.str());
+    }
+  }
+  for (const TensorInfo& t : reader.tensors())
+    if (!listed.count(t.path) && top_groups.count(t.path.substr(0, t.path.find('/', 1))))
+      unexpected.push_back("unexpected " + t.path + " " + t.shape.str());
+  std::vector<std::string> out = std::move(missing);
+  out.insert(out.end(), wrong.begin(), wrong.end());
+  out.insert(out.end(), unexpected.begin(), unexpected.end());
+  return out;
+}
+
+void check_shapes(const CheckpointReader& reader, const std::vector<std::pair<std::string, Shape>>& expected) {
+  const auto mismatches = compare_shapes(reader, expected);
+  TESSERA_CHECK(mismatches.empty(), reader.path(), " does not match the model (", mismatches.size(),
+                mismatches.size() == 1 ? " mismatch" : " mismatches", "):\n  ", ckpt::join(mismatches, "\n  "));
+}
+
+}  // namespace tessera

@@ -1,0 +1,130 @@
+// The ckpt commands. Norms are computed by reading each tensor in row blocks of at most 64 MiB,
+// so inspecting a large checkpoint needs little memory and also verifies every chunk's checksum.
+#include "app/ckpt_commands.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ostream>
+
+#include "app/checkpoint_io.h"
+#include "app/hf_export.h"
+#include "kernels/check.h"
+
+namespace tessera {
+
+namespace {
+
+constexpr int64_t kBlockElements = int64_t{16} << 20;
+
+double l2_norm(const CheckpointReader& r, const TensorInfo& t) {
+  const Shape& s = t.shape;
+  if (s.ndim() == 0 || s.numel() == 0) return 0.0;
+  const int64_t row = s.numel() / s[0];
+  const int64_t rows_per_block = std::max<int64_t>(1, kBlockElements / std::max<int64_t>(row, 1));
+  std::vector<float> buf;
+  double sum = 0.0;
+  for (int64_t r0 = 0; r0 < s[0]; r0 += rows_per_block) {
+    Shape part = s;
+    part[0] = std::min(rows_per_block, s[0] - r0);
+    buf.resize(static_cast<size_t>(part.numel()));
+    r.read(t.path, 0, r0, part, buf.data());
+    for (float v : buf) sum += static_cast<double>(v) * v;
+  }
+  return std::sqrt(sum);
+}
+
+// 124439808 -> "124,439,808"
+std::string with_commas(int64_t n) {
+  std::string digits = std::to_string(n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+// 124439808 -> "124.4M"
+std::string human(int64_t n) {
+  const char* units[] = {"", "K", "M", "B", "T"};
+  double v = static_cast<double>(n);
+  int u = 0;
+  while (v >= 1000.0 && u < 4) {
+    v /= 1000.0;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f%s" : "%.1f%s", v, units[u]);
+  return buf;
+}
+
+std::string value_str(const AttrValue& v) {
+  if (const auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
+  if (const auto* d = std::get_if<double>(&v)) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.17g", *d);
+    return buf;
+  }
+  return "\"" + std::get<std::string>(v) + "\"";
+}
+
+std::string pad(const std::string& s, size_t width) { return s + std::string(width > s.size() ? width - s.size() : 1, ' '); }
+
+void print_meta(const CheckpointReader& r, std::ostream& out) {
+  const CheckpointMeta& m = r.meta();
+  const size_t w = 18;
+  out << pad("checkpoint", w) << r.path() << "\n";
+  out << pad("format version", w) << m.format_version << "\n";
+  out << pad("tessera version", w) << m.tessera_version << "\n";
+  out << pad("step", w) << with_commas(m.step) << "\n";
+  out << pad("tokens seen", w) << with_commas(m.tokens_seen) << "\n";
+  out << pad("consumed samples", w) << with_commas(m.consumed_samples) << "\n";
+  for (const auto& [key, value] : m.extra) out << pad("/meta " + key, w) << value_str(value) << "\n";
+  for (const auto& [group, attrs] : r.group_attributes())
+    for (const auto& [key, value] : attrs) out << pad(group + " " + key, w) << value_str(value) << "\n";
+}
+
+void print_tensors(const CheckpointReader& r, std::ostream& out) {
+  size_t name_w = 6, shape_w = 5;
+  for (const TensorInfo& t : r.tensors()) {
+    name_w = std::max(name_w, t.path.size());
+    shape_w = std::max(shape_w, t.shape.str().size());
+  }
+  out << "\n" << pad("tensor", name_w + 2) << pad("shape", shape_w + 2) << pad("dtype", 9) << "L2 norm\n";
+  int64_t model_params = 0;
+  for (const TensorInfo& t : r.tensors()) {
+    std::string norm = "-";
+    if (t.dtype == "float32") {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.6g", l2_norm(r, t));
+      norm = buf;
+    }
+    out << pad(t.path, name_w + 2) << pad(t.shape.str(), shape_w + 2) << pad(t.dtype, 9) << norm << "\n";
+    if (t.path.rfind("/model/", 0) == 0) model_params += t.shape.numel();
+  }
+  out << "\n/model parameters: " << with_commas(model_params) << " (" << human(model_params) << ")\n";
+}
+
+}  // namespace
+
+int run_ckpt_inspect(const CkptInspectArgs& args, std::ostream& out) {
+  CheckpointReader reader(args.file, MPI_COMM_SELF);
+  print_meta(reader, out);
+  print_tensors(reader, out);
+  if (args.show_config) out << "\nconfig:\n" << reader.meta().config_toml << (reader.meta().config_toml.ends_with('\n') ? "" : "\n");
+  return 0;
+}
+
+int run_ckpt_export(const CkptExportArgs& args, std::ostream& out) {
+  TESSERA_CHECK(args.format == "safetensors", "ckpt export: format \"", args.format,
+                "\" is not supported; the only format is safetensors");
+  CheckpointReader reader(args.file, MPI_COMM_SELF);
+  const HfExportSummary s = export_hf_safetensors(reader, args.out_dir);
+  out << "wrote " << args.out_dir << "/model.safetensors (" << s.architecture << ", " << s.tensors << " tensors, "
+      << with_commas(s.parameters) << " parameters) and " << args.out_dir << "/config.json\n";
+  return 0;
+}
+
+}  // namespace tessera

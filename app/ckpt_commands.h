@@ -1,0 +1,26 @@
+// `tessera ckpt inspect` and `tessera ckpt export`: look into a checkpoint file, or hand its model
+// to Hugging Face. Both read one file as one process (MPI_COMM_SELF), whatever the launch.
+#pragma once
+
+#include <iosfwd>
+#include <string>
+
+namespace tessera {
+
+struct CkptInspectArgs {
+  std::string file;
+  bool show_config = false;  // also print the stored TOML config
+};
+
+struct CkptExportArgs {
+  std::string file;
+  std::string format = "safetensors";
+  std::string out_dir;
+};
+
+// Prints metadata and a table of every tensor (name, shape, dtype, L2 norm read from the file).
+// Returns the exit status; errors throw tessera::Error.
+int run_ckpt_inspect(const CkptInspectArgs& args, std::ostream& out);
+int run_ckpt_export(const CkptExportArgs& args, std::ostream& out);
+
+}  // namespace tessera

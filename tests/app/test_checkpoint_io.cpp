@@ -1,0 +1,330 @@
+// Tests app/checkpoint_io.h on one rank: write then read back equal (metadata, extra attributes,
+// whole tensors and slices along each dimension), hyperslab reads, and every error a user can
+// meet: truncated, foreign, corrupted, newer-format and meta-less files, and shape mismatches.
+#include "app/checkpoint_io.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "h5_reader.h"
+#include "mpi_testing.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::test_world;
+
+fs::path temp_dir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("tessera_test_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+// Distinct, exactly representable values: base + i / 8.
+std::vector<float> pattern(int64_t n, float base) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = base + static_cast<float>(i) * 0.125f;
+  return v;
+}
+
+// Row-major (R, C) matrix: the columns [c0, c0 + n).
+std::vector<float> columns(const std::vector<float>& m, int64_t R, int64_t C, int64_t c0, int64_t n) {
+  std::vector<float> out;
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = c0; c < c0 + n; ++c) out.push_back(m[static_cast<size_t>(r * C + c)]);
+  return out;
+}
+
+TensorSlice whole(const std::string& path, Shape shape, const std::vector<float>& data) {
+  return TensorSlice{path, shape, -1, 0, shape, data.data(), true};
+}
+
+CheckpointMeta sample_meta() {
+  CheckpointMeta m;
+  m.step = 1200;
+  m.tokens_seen = 9830400;
+  m.consumed_samples = 38400;
+  m.config_toml = "[model]\npreset = \"gpt2\"\nn_layer = 2\n";
+  m.extra = {{"train_seed", int64_t{1337}}, {"loss_scale", 0.5}, {"run_name", std::string("tiny")}};
+  return m;
+}
+
+// The message of the tessera::Error that f throws ("" if none).
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(CheckpointIo, WholeTensorsAndMetadataRoundTrip) {
+  const fs::path file = temp_dir("ckpt_whole") / "step.h5";
+  const auto a = pattern(12, 1.0f), b = pattern(5, -3.0f), m = pattern(12, 0.25f);
+  const CheckpointMeta meta = sample_meta();
+  const GroupAttributes groups = {{"/optim", {{"step", int64_t{1200}}}},
+                                  {"/data", {{"epoch", int64_t{2}}, {"sampler", std::string("feistel")}}}};
+  write_checkpoint_file(file, meta,
+                        {whole("/model/a", {3, 4}, a), whole("/model/b", {5}, b), whole("/optim/a/exp_avg", {3, 4}, m)},
+                        test_world(), groups);
+
+  CheckpointReader r(file, test_world());
+  EXPECT_EQ(r.meta(), meta);
+  EXPECT_EQ(r.meta().tessera_version, TESSERA_VERSION);
+  EXPECT_EQ(r.group_attributes(), groups);
+  ASSERT_EQ(r.tensors().size(), 3u);
+  EXPECT_EQ(r.tensors()[0].path, "/model/a");
+  EXPECT_EQ(r.tensors()[0].shape, Shape({3, 4}));
+  EXPECT_EQ(r.tensors()[0].dtype, "float32");
+  EXPECT_EQ(r.tensors()[2].path, "/optim/a/exp_avg");
+  EXPECT_TRUE(r.has("/model/b"));
+  EXPECT_FALSE(r.has("/model/c"));
+  EXPECT_EQ(r.read_all("/model/a"), a);
+  EXPECT_EQ(r.read_all("/model/b"), b);
+  EXPECT_EQ(r.read_all("/optim/a/exp_avg"), m);
+}
+
+// The layout documented in docs/checkpoints.md, seen through an independent reader (tests/h5_reader.h)
+// and the HDF5 API: attribute names and types, float32 data, chunked with the Fletcher32 filter.
+TEST(CheckpointIo, FileLayoutIsAsDocumented) {
+  const fs::path file = temp_dir("ckpt_layout") / "step.h5";
+  const auto a = pattern(600 * 1000, 0.0f);
+  write_checkpoint_file(file, sample_meta(), {whole("/model/wte.weight", {600, 1000}, a)}, test_world(),
+                        {{"/optim", {{"step", int64_t{3}}}}});
+  testing::H5Reader h5(file);
+  EXPECT_EQ(h5.attr_int("/meta", "format_version"), 1);
+  EXPECT_EQ(h5.attr_int("/meta", "step"), 1200);
+  EXPECT_EQ(h5.attr_int("/meta", "tokens_seen"), 9830400);
+  EXPECT_EQ(h5.attr_int("/meta", "consumed_samples"), 38400);
+  EXPECT_EQ(h5.attr_string("/meta", "tessera_version"), TESSERA_VERSION);
+  EXPECT_EQ(h5.attr_string("/meta", "config"), sample_meta().config_toml);
+  EXPECT_EQ(h5.attr_double("/meta", "loss_scale"), 0.5);
+  EXPECT_EQ(h5.attr_int("/optim", "step"), 3);
+  const auto data = h5.read<double>("/model/wte.weight");
+  EXPECT_EQ(data.shape, (std::vector<int64_t>{600, 1000}));
+  EXPECT_EQ(data.values[123456], a[123456]);
+
+  H5File f(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  H5Dataset ds(H5Dopen2(f.get(), "/model/wte.weight", H5P_DEFAULT));
+  H5Type type(H5Dget_type(ds.get()));
+  EXPECT_GT(H5Tequal(type.get(), H5T_IEEE_F32LE), 0);
+  H5PropList dcpl(H5Dget_create_plist(ds.get()));
+  EXPECT_EQ(H5Pget_layout(dcpl.get()), H5D_CHUNKED);
+  hsize_t chunk[2] = {0, 0};
+  H5Pget_chunk(dcpl.get(), 2, chunk);
+  EXPECT_EQ(chunk[0], 262u);  // 2^18 elements / 1000 per row
+  EXPECT_EQ(chunk[1], 1000u);
+  ASSERT_EQ(H5Pget_nfilters(dcpl.get()), 1);
+  unsigned flags = 0, config = 0;
+  size_t nelmts = 0;
+  EXPECT_EQ(H5Pget_filter2(dcpl.get(), 0, &flags, &nelmts, nullptr, 0, nullptr, &config), H5Z_FILTER_FLETCHER32);
+}
+
+// Slices of one tensor in one call stand in for ranks: rows split along dim 0, columns along
+// dim 1, and a replica (write = false) that adds nothing.
+TEST(CheckpointIo, SlicesAlongEachDimensionReassemble) {
+  const fs::path file = temp_dir("ckpt_slices") / "step.h5";
+  const auto rows = pattern(6 * 5, 10.0f), cols = pattern(4 * 6, -7.0f);
+  const auto left = columns(cols, 4, 6, 0, 2), right = columns(cols, 4, 6, 2, 4);
+  std::vector<TensorSlice> slices = {
+      {"/model/rows", {6, 5}, 0, 0, {2, 5}, rows.data(), true},
+      {"/model/rows", {6, 5}, 0, 2, {4, 5}, rows.data() + 10, true},
+      {"/model/rows", {6, 5}, 0, 2, {4, 5}, rows.data() + 10, false},  // a replica of the second half
+      {"/model/cols", {4, 6}, 1, 2, {4, 4}, right.data(), true},
+      {"/model/cols", {4, 6}, 1, 0, {4, 2}, left.data(), true},
+  };
+  write_checkpoint_file(file, sample_meta(), slices, test_world());
+  CheckpointReader r(file, test_world());
+  EXPECT_EQ(r.read_all("/model/rows"), rows);
+  EXPECT_EQ(r.read_all("/model/cols"), cols);
+}
+
+// ZeRO-1 style: flat ranges of the row-major flattening that cut rows, in 2-D and 3-D.
+TEST(CheckpointIo, FlatRangesReassemble) {
+  const fs::path file = temp_dir("ckpt_flat") / "step.h5";
+  const auto m = pattern(5 * 7, 3.0f), c = pattern(3 * 4 * 5, -1.0f);
+  const int64_t kFlat = TensorSlice::kFlat;
+  write_checkpoint_file(file, sample_meta(),
+                        {{"/optim/m/exp_avg", {5, 7}, kFlat, 0, {10}, m.data(), true},
+                         {"/optim/m/exp_avg", {5, 7}, kFlat, 23, {12}, m.data() + 23, true},
+                         {"/optim/m/exp_avg", {5, 7}, kFlat, 10, {13}, m.data() + 10, true},
+                         {"/optim/c/exp_avg", {3, 4, 5}, kFlat, 0, {7}, c.data(), true},
+                         {"/optim/c/exp_avg", {3, 4, 5}, kFlat, 7, {26}, c.data() + 7, true},
+                         {"/optim/c/exp_avg", {3, 4, 5}, kFlat, 33, {27}, c.data() + 33, true}},
+                        test_world());
+  CheckpointReader r(file, test_world());
+  EXPECT_EQ(r.read_all("/optim/m/exp_avg"), m);
+  EXPECT_EQ(r.read_all("/optim/c/exp_avg"), c);
+  std::vector<float> part(21);
+  r.read("/optim/c/exp_avg", kFlat, 9, {21}, part.data());
+  EXPECT_EQ(part, std::vector<float>(c.begin() + 9, c.begin() + 30));
+}
+
+TEST(CheckpointIo, ReadsHyperslabs) {
+  const fs::path file = temp_dir("ckpt_hyperslab") / "step.h5";
+  const auto m = pattern(6 * 5, 1.0f);
+  write_checkpoint_file(file, sample_meta(), {whole("/model/m", {6, 5}, m)}, test_world());
+  CheckpointReader r(file, test_world());
+  std::vector<float> part(2 * 5);
+  r.read("/model/m", 0, 3, {2, 5}, part.data());
+  EXPECT_EQ(part, std::vector<float>(m.begin() + 15, m.begin() + 25));
+  std::vector<float> cols(6 * 3);
+  r.read("/model/m", 1, 1, {6, 3}, cols.data());
+  EXPECT_EQ(cols, columns(m, 6, 5, 1, 3));
+}
+
+TEST(CheckpointIo, ReadsThatDoNotFitTheTensorAreErrors) {
+  const fs::path file = temp_dir("ckpt_badread") / "step.h5";
+  const auto m = pattern(6 * 5, 1.0f);
+  write_checkpoint_file(file, sample_meta(), {whole("/model/m", {6, 5}, m)}, test_world());
+  CheckpointReader r(file, test_world());
+  std::vector<float> out(64);
+  EXPECT_EQ(error_of([&] { r.read("/model/m", TensorSlice::kWhole, 0, {6, 6}, out.data()); }),
+            "/model/m in " + file.string() + " has shape (6, 5), but shape (6, 6) was asked for");
+  EXPECT_NE(error_of([&] { r.read("/model/m", 0, 0, {2, 4}, out.data()); }).find("a slice of shape (2, 4) along dimension 0"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { r.read("/model/m", 0, 5, {2, 5}, out.data()); }).find("[5, 7) along dimension 0 is out of range"),
+            std::string::npos);
+  EXPECT_EQ(error_of([&] { r.read_all("/model/x"); }), file.string() + " has no tensor /model/x");
+}
+
+TEST(CheckpointIo, InconsistentSlicesAreRejectedBeforeWriting) {
+  const fs::path dir = temp_dir("ckpt_badslices");
+  const auto d = pattern(8, 0.0f);
+  auto write = [&](std::vector<TensorSlice> s) {
+    return error_of([&] { write_checkpoint_file(dir / "x.h5", sample_meta(), s, test_world()); });
+  };
+  EXPECT_NE(write({{"/model/a", {8}, 0, 0, {4}, d.data(), true}}).find("cover 4 of 8 elements"), std::string::npos);
+  EXPECT_NE(write({{"/model/a", {8}, 0, 0, {5}, d.data(), true}, {"/model/a", {8}, 0, 3, {5}, d.data(), true}})
+                .find("overlap"),
+            std::string::npos);
+  EXPECT_NE(write({whole("/model/a", {8}, d), whole("/model/a", {2, 4}, d)}).find("declared with shape (8)"),
+            std::string::npos);
+  EXPECT_NE(write({{"/model/a", {8}, 0, 6, {4}, d.data(), true}}).find("out of range"), std::string::npos);
+  EXPECT_NE(write({{"/model/b", {2, 4}, TensorSlice::kFlat, 0, {5}, d.data(), true},
+                   {"/model/b", {2, 4}, 1, 2, {2, 2}, d.data(), true}})
+                .find("overlap"),
+            std::string::npos);
+  EXPECT_NE(write({whole("model/a", {8}, d)}).find("must be absolute"), std::string::npos);
+  EXPECT_NE(write({whole("/meta/a", {8}, d)}).find("reserved"), std::string::npos);
+  EXPECT_FALSE(fs::exists(dir / "x.h5"));
+
+  CheckpointMeta m = sample_meta();
+  m.extra["step"] = int64_t{1};
+  EXPECT_NE(error_of([&] { write_checkpoint_file(dir / "x.h5", m, {whole("/model/a", {8}, d)}, test_world()); })
+                .find("fixed /meta attribute"),
+            std::string::npos);
+}
+
+TEST(CheckpointIo, LongAndEmptyStringsRoundTrip) {
+  const fs::path file = temp_dir("ckpt_strings") / "step.h5";
+  CheckpointMeta m = sample_meta();
+  m.config_toml = std::string(200000, 'x');  // beyond the 64 KiB object-header limit
+  m.extra["empty"] = std::string();
+  const auto d = pattern(3, 0.0f);
+  write_checkpoint_file(file, m, {whole("/model/a", {3}, d)}, test_world());
+  CheckpointReader r(file, test_world());
+  EXPECT_EQ(r.meta(), m);
+}
+
+TEST(CheckpointIo, MissingForeignAndTruncatedFilesAreNamed) {
+  const fs::path dir = temp_dir("ckpt_truncated");
+  EXPECT_EQ(error_of([&] { CheckpointReader((dir / "none.h5").string(), test_world()); }),
+            "checkpoint file " + (dir / "none.h5").string() + " does not exist");
+
+  std::ofstream(dir / "notes.h5") << "not an HDF5 file\n";
+  EXPECT_EQ(error_of([&] { CheckpointReader((dir / "notes.h5").string(), test_world()); })
+                .rfind((dir / "notes.h5").string() + " is not a readable HDF5 file (truncated or not a checkpoint)", 0),
+            0u);
+
+  const fs::path file = dir / "step.h5";
+  const auto d = pattern(100000, 0.0f);
+  write_checkpoint_file(file, sample_meta(), {whole("/model/a", {100000}, d)}, test_world());
+  fs::resize_file(file, fs::file_size(file) / 2);
+  EXPECT_EQ(error_of([&] { CheckpointReader(file.string(), test_world()); })
+                .rfind(file.string() + " is not a readable HDF5 file (truncated or not a checkpoint)", 0),
+            0u);
+}
+
+// Flips bytes in the middle of one tensor's stored data (found by its known values): reading that
+// tensor fails the Fletcher32 check with a message naming it; the others still read.
+TEST(CheckpointIo, CorruptedDataIsAChecksumMismatch) {
+  const fs::path file = temp_dir("ckpt_corrupt") / "step.h5";
+  const auto q = pattern(64 * 64, 1000.0f), other = pattern(64, 5.0f);
+  write_checkpoint_file(file, sample_meta(),
+                        {whole("/model/blocks.0.attn.q.weight", {64, 64}, q), whole("/model/other", {64}, other)},
+                        test_world());
+  std::string bytes;
+  {
+    std::ifstream in(file, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::string needle(reinterpret_cast<const char*>(q.data() + 2000), 16);
+  const size_t at = bytes.find(needle);
+  ASSERT_NE(at, std::string::npos);
+  for (size_t i = at; i < at + 4; ++i) bytes[i] = static_cast<char>(~bytes[i]);
+  std::ofstream(file, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+
+  CheckpointReader r(file, test_world());
+  EXPECT_EQ(error_of([&] { r.read_all("/model/blocks.0.attn.q.weight"); }),
+            "checksum mismatch reading /model/blocks.0.attn.q.weight in " + file.string() + ": the file is corrupted");
+  EXPECT_EQ(r.read_all("/model/other"), other);
+}
+
+TEST(CheckpointIo, NewerFormatVersionIsRefused) {
+  const fs::path file = temp_dir("ckpt_newer") / "step.h5";
+  CheckpointMeta m = sample_meta();
+  m.format_version = 2;
+  const auto d = pattern(3, 0.0f);
+  write_checkpoint_file(file, m, {whole("/model/a", {3}, d)}, test_world());
+  EXPECT_EQ(error_of([&] { CheckpointReader(file.string(), test_world()); }),
+            file.string() + " was written by a newer tessera: format version 2, this build reads up to 1");
+}
+
+TEST(CheckpointIo, FileWithoutMetaIsNotACheckpoint) {
+  const fs::path file = temp_dir("ckpt_nometa") / "plain.h5";
+  {
+    H5File f(H5Fcreate(file.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
+    const hsize_t n = 4;
+    H5Space space(H5Screate_simple(1, &n, nullptr));
+    H5Dataset ds(H5Dcreate2(f.get(), "weights", H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+  }
+  EXPECT_EQ(error_of([&] { CheckpointReader(file.string(), test_world()); }),
+            file.string() + " has no /meta group: not a tessera checkpoint");
+}
+
+TEST(CheckpointIo, CompareShapesListsEveryMismatch) {
+  const fs::path file = temp_dir("ckpt_compare") / "step.h5";
+  const auto d = pattern(64, 0.0f);
+  write_checkpoint_file(file, sample_meta(),
+                        {whole("/model/wte.weight", {16, 4}, d), whole("/model/ln_f.weight", {4}, d),
+                         whole("/model/old.weight", {4}, d), whole("/optim/wte.weight/exp_avg", {16, 4}, d)},
+                        test_world());
+  CheckpointReader r(file, test_world());
+  const std::vector<std::pair<std::string, Shape>> expected = {
+      {"/model/wte.weight", {32, 4}}, {"/model/ln_f.weight", {4}}, {"/model/lm_head.weight", {32, 4}}};
+  const auto mismatches = compare_shapes(r, expected);
+  EXPECT_EQ(mismatches, (std::vector<std::string>{
+                            "missing /model/lm_head.weight (expected (32, 4))",
+                            "/model/wte.weight has shape (16, 4) in the checkpoint, expected (32, 4)",
+                            "unexpected /model/old.weight (4)",  // /optim is not compared: nothing expected there
+                        }));
+  const std::string e = error_of([&] { check_shapes(r, expected); });
+  EXPECT_NE(e.find(file.string() + " does not match the model (3 mismatches):\n  missing /model/lm_head.weight"),
+            std::string::npos);
+  EXPECT_NO_THROW(check_shapes(r, {{"/model/wte.weight", {16, 4}},
+                                   {"/model/ln_f.weight", {4}},
+                                   {"/model/old.weight", {4}}}));
+}
+
+}  // namespace
+}  // namespace tessera
