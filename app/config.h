@@ -134,6 +134,8 @@ struct TrainConfig {
   int64_t eval_batches = 4;
   int64_t max_bad_steps = 5;
   std::string name;
+  int64_t exit_after_steps = 0;
+  double exit_after_minutes = 0.0;
 
   template <class V>
   void visit(V& v) {
@@ -151,6 +153,10 @@ struct TrainConfig {
     v.field("max_bad_steps", max_bad_steps, "consecutive steps with a non-finite loss or gradient "
             "(skipped) before the run stops", Allowed::at_least(1));
     v.field("name", name, "run name; \"\" = the config file name without .toml", Allowed::any());
+    v.field("exit_after_steps", exit_after_steps, "save a checkpoint and exit after this many steps of this "
+            "invocation (the schedule is unchanged: a resumed run continues it); 0 = off", Allowed::at_least(0));
+    v.field("exit_after_minutes", exit_after_minutes, "save a checkpoint and exit at the first step boundary "
+            "after this many minutes of this invocation; 0 = off", Allowed::at_least(0.0));
   }
   bool operator==(const TrainConfig&) const = default;
 };
@@ -223,7 +229,8 @@ struct CheckpointConfig {
   template <class V>
   void visit(V& v) {
     v.field("dir", dir, "checkpoint directory; \"\" = <run dir>/checkpoints", Allowed::any());
-    v.field("every", every, "save every this many steps; 0 = never", Allowed::at_least(0));
+    v.field("every", every, "also save every this many steps; 0 = only at the end, on exit_after_* and on "
+            "signals", Allowed::at_least(0));
     v.field("keep_last", keep_last, "checkpoints kept; older ones are deleted", Allowed::at_least(1));
     v.field("resume", resume, "auto = the newest checkpoint in dir if there is one; none = start "
             "fresh; anything else = the path of a checkpoint to resume from", Allowed::any());

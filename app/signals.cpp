@@ -8,7 +8,7 @@ namespace tessera {
 
 namespace {
 std::atomic<int> g_stop_signal{0};  // written only by the handler, read by the loop
-struct sigaction g_old_int, g_old_term;
+struct sigaction g_old_int, g_old_term, g_old_usr1;
 
 void on_signal(int sig) { g_stop_signal.store(sig); }
 }  // namespace
@@ -20,11 +20,13 @@ StopSignals::StopSignals() {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, &g_old_int);
   sigaction(SIGTERM, &sa, &g_old_term);
+  sigaction(SIGUSR1, &sa, &g_old_usr1);
 }
 
 StopSignals::~StopSignals() {
   sigaction(SIGINT, &g_old_int, nullptr);
   sigaction(SIGTERM, &g_old_term, nullptr);
+  sigaction(SIGUSR1, &g_old_usr1, nullptr);
 }
 
 bool StopSignals::requested() const { return g_stop_signal.load() != 0; }

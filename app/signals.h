@@ -1,5 +1,5 @@
-// Clean stop on Ctrl-C (SIGINT) and SIGTERM: the handler only sets a flag, which the training loop
-// reads at step boundaries. The flag is the one process-wide variable: a signal handler can reach
+// Clean stop on Ctrl-C (SIGINT), and preemption on SIGTERM or SIGUSR1 (what Slurm sends before a
+// time limit): the handler only sets a flag, which the training loop reads at step boundaries. The flag is the one process-wide variable: a signal handler can reach
 // nothing else.
 #pragma once
 

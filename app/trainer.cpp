@@ -2,6 +2,7 @@
 // micro_batch sequences per forward, accumulation = global_batch / (micro_batch x dp).
 #include "app/trainer.h"
 
+#include <csignal>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -27,7 +28,7 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 
 }  // namespace
 
-Trainer::Trainer(const Config& cfg, const std::string& run_dir)
+Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm)
     : cfg_(cfg),
       run_dir_(run_dir),
       accum_(tessera::grad_accum_steps(cfg, 1)),
@@ -45,7 +46,19 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir)
   schedule_ = LrSchedule{cfg_.optim.lr, cfg_.optim.min_lr, cfg_.optim.warmup_steps, cfg_.train.steps,
                          parse_lr_decay(cfg_.optim.decay)};
   flops_per_token_ = flops_per_token(mc, cfg_.train.seq_len);
-  if (!run_dir_.empty()) metrics_ = MetricsWriter(run_dir_ + "/metrics.jsonl", /*append=*/false);
+  const std::string ckpt_dir = !cfg_.checkpoint.dir.empty() ? cfg_.checkpoint.dir
+                               : run_dir_.empty()           ? ""
+                                                            : run_dir_ + "/checkpoints";
+  if (!ckpt_dir.empty()) {
+    ckpt_ = std::make_unique<CheckpointWriter>(ckpt_dir, cfg_.checkpoint.keep_last, comm);
+    if (auto path = find_resume_checkpoint(ckpt_dir, cfg_.checkpoint.resume, comm)) {
+      const RestoredState st = restore_training_state(*path, *params_, *opt_, comm);
+      resumed_from_ = *path;
+      start_step_ = st.step;
+      consumed_at_start_ = st.consumed_samples;
+    }
+  }
+  if (!run_dir_.empty()) metrics_ = MetricsWriter(run_dir_ + "/metrics.jsonl", /*append=*/start_step_ > 0);
 }
 
 std::vector<ParamSegment> Trainer::segments() const {
@@ -66,7 +79,9 @@ std::vector<ParamSegment> Trainer::segments() const {
 // Runs every micro-batch of step s and accumulates gradients of the mean loss over the global
 // batch; returns that mean loss.
 double Trainer::forward_backward(int64_t s) {
-  if (!loader_) loader_ = std::make_unique<DataLoader>(*data_.train, sampler_, layout_, s);
+  if (!loader_)
+    loader_ = std::make_unique<DataLoader>(*data_.train, sampler_, layout_,
+                                           consumed_at_start_ + (s - start_step_) * cfg_.train.global_batch);
   std::vector<Batch> batches;
   int64_t targets = 0;
   for (int64_t m = 0; m < accum_; ++m) {
@@ -164,39 +179,77 @@ void Trainer::evaluate(int64_t s, TrainSummary& summary) {
   metrics_.write(record);
 }
 
+void Trainer::print_header() {
+  peak_flops_ = (cfg_.log.peak_gflops > 0 ? cfg_.log.peak_gflops : cpu_nominal_peak_gflops()) * 1e9;
+  std::ostringstream os;
+  os << "model " << model_->config().preset << ": " << params_->numel() << " parameters, "
+     << model_->config().n_layer << " layers, C=" << model_->config().n_embd << " | batch "
+     << cfg_.train.global_batch << " x " << cfg_.train.seq_len << " tokens (micro " << cfg_.train.micro_batch
+     << ", accumulation " << accum_ << ") | " << cfg_.train.steps << " steps | MFU vs "
+     << (cfg_.log.peak_gflops > 0 ? "log.peak_gflops " : "nominal CPU peak ") << static_cast<int64_t>(peak_flops_ / 1e9)
+     << " GFLOP/s";
+  progress_.message(os.str());
+  if (!resumed_from_.empty())
+    progress_.message("resumed from " + resumed_from_ + " at step " + std::to_string(start_step_));
+}
+
+void Trainer::save_checkpoint(int64_t steps_done) {
+  TrainingState st;
+  st.params = params_.get();
+  st.optimizer = opt_.get();
+  st.step = steps_done;
+  st.consumed_samples = consumed_at_start_ + (steps_done - start_step_) * cfg_.train.global_batch;
+  st.tokens_seen = st.consumed_samples * cfg_.train.seq_len;
+  st.config_toml = to_toml(cfg_);
+  st.seeds = {{"train_seed", cfg_.train.seed}, {"data_seed", cfg_.data.seed}};
+  ckpt_->save(st);
+}
+
+// Why the loop should stop after this step, if it should (and with which exit code).
+std::optional<std::pair<std::string, int>> Trainer::stop_reason(const StopSignals& stop, int64_t done,
+                                                                double minutes) const {
+  if (stop.requested()) {
+    const int sig = stop.signal_number();
+    const bool preempt = sig == SIGTERM || sig == SIGUSR1;
+    return std::make_pair(std::string(preempt ? "preempted by signal " : "stopped by signal ") + std::to_string(sig),
+                          preempt ? kExitPreempted : kExitInterrupted);
+  }
+  if (done == cfg_.train.steps) return std::nullopt;
+  if (cfg_.train.exit_after_steps > 0 && done - start_step_ >= cfg_.train.exit_after_steps)
+    return std::make_pair("train.exit_after_steps = " + std::to_string(cfg_.train.exit_after_steps) + " reached",
+                          static_cast<int>(kExitOk));
+  if (cfg_.train.exit_after_minutes > 0 && minutes >= cfg_.train.exit_after_minutes)
+    return std::make_pair(std::string("train.exit_after_minutes reached"), static_cast<int>(kExitOk));
+  return std::nullopt;
+}
+
 TrainSummary Trainer::run() {
   StopSignals stop;
   TrainSummary summary;
-  peak_flops_ = (cfg_.log.peak_gflops > 0 ? cfg_.log.peak_gflops : cpu_nominal_peak_gflops()) * 1e9;
-  {
-    std::ostringstream os;
-    os << "model " << model_->config().preset << ": " << params_->numel() << " parameters, "
-       << model_->config().n_layer << " layers, C=" << model_->config().n_embd << " | batch "
-       << cfg_.train.global_batch << " x " << cfg_.train.seq_len << " tokens (micro " << cfg_.train.micro_batch
-       << ", accumulation " << accum_ << ") | " << cfg_.train.steps << " steps | MFU vs "
-       << (cfg_.log.peak_gflops > 0 ? "log.peak_gflops " : "nominal CPU peak ") << static_cast<int64_t>(peak_flops_ / 1e9)
-       << " GFLOP/s";
-    progress_.message(os.str());
-  }
+  summary.steps_done = start_step_;
+  print_header();
   const auto t_start = Clock::now();
   double train_seconds = 0;
   int64_t consecutive_bad = 0;
   double window_seconds = 0;  // step time since the last record, for its tokens/s
   int64_t window_steps = 0;
-  for (int64_t s = 0; s < cfg_.train.steps; ++s) {
+  bool stopped_early = false;
+  for (int64_t s = start_step_; s < cfg_.train.steps; ++s) {
     const auto t0 = Clock::now();
     const StepResult r = step(s);
     const double dt = seconds_since(t0);
     train_seconds += dt;
-    summary.steps_done = s + 1;
+    const int64_t done = s + 1;
+    summary.steps_done = done;
     if (r.skipped) {
       ++summary.skipped_steps;
       ++consecutive_bad;
-      progress_.message("warning: step " + std::to_string(s + 1) + " skipped: " + r.problem);
+      progress_.message("warning: step " + std::to_string(done) + " skipped: " + r.problem);
       if (consecutive_bad >= cfg_.train.max_bad_steps) {
         progress_.message("error: " + std::to_string(consecutive_bad) + " consecutive non-finite steps (train.max_bad_steps = " +
                           std::to_string(cfg_.train.max_bad_steps) + "); stopping. Lower optim.lr or check the data.");
         summary.exit_code = kExitDiverged;
+        stopped_early = true;
         break;
       }
     } else {
@@ -205,21 +258,29 @@ TrainSummary Trainer::run() {
     }
     window_seconds += dt;
     ++window_steps;
-    const bool record = (s + 1) % cfg_.log.every == 0 || s + 1 == cfg_.train.steps;
+    const bool record = done % cfg_.log.every == 0 || done == cfg_.train.steps;
     if (record || progress_.live()) {
       log_step(s, r, window_seconds / static_cast<double>(window_steps), train_seconds, record);
       if (record) window_seconds = 0, window_steps = 0;
     }
-    const bool last = s + 1 == cfg_.train.steps;
-    if (!last && cfg_.train.eval_every > 0 && (s + 1) % cfg_.train.eval_every == 0) evaluate(s + 1, summary);
-    if (stop.requested()) {
-      progress_.message("stopping after step " + std::to_string(s + 1) + " (signal " +
-                        std::to_string(stop.signal_number()) + ")");
-      summary.exit_code = kExitInterrupted;
+    const bool last = done == cfg_.train.steps;
+    if (!last && cfg_.train.eval_every > 0 && done % cfg_.train.eval_every == 0) evaluate(done, summary);
+    if (auto why = stop_reason(stop, done, seconds_since(t_start) / 60.0)) {
+      save_checkpoint(done);
+      ckpt_->wait();
+      progress_.message(why->first + ": saved " + ckpt_->last_path() + " after step " + std::to_string(done) +
+                        "; run the same command to resume");
+      summary.exit_code = why->second;
+      stopped_early = true;
       break;
     }
+    if (!last && cfg_.checkpoint.every > 0 && done % cfg_.checkpoint.every == 0) save_checkpoint(done);
   }
-  if (summary.exit_code == kExitOk) evaluate(summary.steps_done, summary);
+  if (!stopped_early) {
+    evaluate(summary.steps_done, summary);
+    if (summary.steps_done > start_step_) save_checkpoint(summary.steps_done);
+  }
+  ckpt_->wait();
   summary.elapsed_s = seconds_since(t_start);
   progress_.finish();
   return summary;
@@ -242,10 +303,6 @@ void check_supported(const Config& cfg) {
                 "[parallel] asks for a multi-process layout (tp=", p.tp, ", pp=", p.pp, ", cp=", p.cp, ", dp=", p.dp,
                 ", sequence_parallel=", p.sequence_parallel, ", zero=", p.zero,
                 "), but this build trains on one process; leave [parallel] at its defaults");
-  TESSERA_CHECK(cfg.checkpoint.every == 0, "checkpoint.every = ", cfg.checkpoint.every,
-                ": checkpoint saving is not built yet; set it to 0");
-  TESSERA_CHECK(cfg.checkpoint.resume == "auto" || cfg.checkpoint.resume == "none", "checkpoint.resume = \"",
-                cfg.checkpoint.resume, "\": resuming from a checkpoint is not built yet; use \"auto\" or \"none\"");
 }
 
 int run_train_command(const TrainArgs& args) {
@@ -263,7 +320,7 @@ int run_train_command(const TrainArgs& args) {
     out << to_toml(cfg);
   }
   std::cout << build_info();
-  Trainer trainer(cfg, dir);
+  Trainer trainer(cfg, dir, MPI_COMM_WORLD);  // the entry point: the one place the world is named
   const TrainSummary summary = trainer.run();
   print_summary(summary, dir);
   return summary.exit_code;

@@ -6,6 +6,12 @@
 #include <string>
 #include <vector>
 
+#include <mpi.h>
+
+#include <optional>
+#include <utility>
+
+#include "app/checkpointing.h"
 #include "app/config.h"
 #include "app/metrics.h"
 #include "app/signals.h"
@@ -22,7 +28,8 @@
 namespace tessera {
 
 // Exit codes of `tessera train` (docs/training.md).
-enum TrainExit : int { kExitOk = 0, kExitError = 1, kExitDiverged = 3, kExitInterrupted = 130 };
+// 75 (EX_TEMPFAIL): preempted (SIGTERM/SIGUSR1), a checkpoint was saved; requeue to resume.
+enum TrainExit : int { kExitOk = 0, kExitError = 1, kExitDiverged = 3, kExitPreempted = 75, kExitInterrupted = 130 };
 
 struct TrainSummary {
   int64_t steps_done = 0;
@@ -36,7 +43,9 @@ struct TrainSummary {
 
 class Trainer {
  public:
-  Trainer(const Config& cfg, const std::string& run_dir);
+  // run_dir "" writes no files (tests); checkpoints go to checkpoint.dir or <run_dir>/checkpoints,
+  // and checkpoint.resume decides whether the run continues one.
+  Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm);
   TrainSummary run();
 
   struct StepResult {
@@ -47,6 +56,7 @@ class Trainer {
   // One optimizer step (0-based s) over the global batch: accumulate micro-batches, clip, update.
   StepResult step(int64_t s);
   const ParameterStore& params() const { return *params_; }
+  int64_t start_step() const { return start_step_; }
   int64_t grad_accum_steps() const { return accum_; }
 
  private:
@@ -54,6 +64,9 @@ class Trainer {
   std::string nonfinite_report(double loss, double norm) const;
   void evaluate(int64_t s, TrainSummary& summary);
   void log_step(int64_t s, const StepResult& r, double step_seconds, double elapsed, bool record);
+  void print_header();
+  void save_checkpoint(int64_t steps_done);
+  std::optional<std::pair<std::string, int>> stop_reason(const StopSignals& stop, int64_t done, double minutes) const;
   std::vector<ParamSegment> segments() const;
 
   Config cfg_;
@@ -70,6 +83,9 @@ class Trainer {
   LrSchedule schedule_;
   MetricsWriter metrics_;
   ProgressPrinter progress_;
+  std::unique_ptr<CheckpointWriter> ckpt_;
+  std::string resumed_from_;
+  int64_t start_step_ = 0, consumed_at_start_ = 0;
   double flops_per_token_ = 0;
   double peak_flops_ = 0;
 };

@@ -5,9 +5,13 @@
 
 namespace tessera {
 
-DataLoader::DataLoader(const Dataset& dataset, const Sampler& sampler, const BatchLayout& layout, int64_t first_step,
+DataLoader::DataLoader(const Dataset& dataset, const Sampler& sampler, const BatchLayout& layout, int64_t first_sample,
                        int depth)
-    : dataset_(dataset), sampler_(sampler), layout_(layout), next_step_(first_step), depth_(static_cast<size_t>(depth)) {
+    : dataset_(dataset),
+      sampler_(sampler),
+      layout_(layout),
+      next_step_start_(first_sample),
+      depth_(static_cast<size_t>(depth)) {
   validate(layout_);
   TESSERA_CHECK(depth >= 1, "loader depth must be at least 1");
   thread_ = std::thread([this] { run(); });
@@ -30,9 +34,8 @@ void DataLoader::run() {
         cv_.wait(lock, [&] { return stop_ || ready_.size() < depth_; });
         if (stop_) return;
       }
-      const int64_t step_start = next_step_ * layout_.global_batch;
-      Batch b = make_batch(dataset_, sampler_.micro_batch(step_start, next_micro_, layout_));
-      if (++next_micro_ == layout_.micro_batches()) next_micro_ = 0, ++next_step_;
+      Batch b = make_batch(dataset_, sampler_.micro_batch(next_step_start_, next_micro_, layout_));
+      if (++next_micro_ == layout_.micro_batches()) next_micro_ = 0, next_step_start_ += layout_.global_batch;
       {
         std::lock_guard<std::mutex> lock(mu_);
         ready_.push_back(std::move(b));

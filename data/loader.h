@@ -1,6 +1,7 @@
 // DataLoader: builds this rank's micro-batches, in training order, on a background thread that
 // stays up to `depth` micro-batches ahead. Which samples go where is the Sampler's pure function
-// of (consumed samples, micro-batch, rank), so the loader's only state is the step it starts at.
+// of (consumed samples, micro-batch, rank), so the loader's only state is the sample position it
+// starts at (a checkpoint stores it).
 #pragma once
 
 #include <condition_variable>
@@ -17,8 +18,9 @@ namespace tessera {
 
 class DataLoader {
  public:
-  // Delivers micro-batches of steps first_step, first_step + 1, ... (micro_batches() per step).
-  DataLoader(const Dataset& dataset, const Sampler& sampler, const BatchLayout& layout, int64_t first_step,
+  // Delivers the micro-batches (micro_batches() per step) of the steps that start at global sample
+  // positions first_sample, first_sample + global_batch, ...
+  DataLoader(const Dataset& dataset, const Sampler& sampler, const BatchLayout& layout, int64_t first_sample,
              int depth = 4);
   ~DataLoader();  // stops and joins the thread
   DataLoader(const DataLoader&) = delete;
@@ -32,7 +34,7 @@ class DataLoader {
   const Dataset& dataset_;
   const Sampler& sampler_;
   BatchLayout layout_;
-  int64_t next_step_, next_micro_ = 0;  // producer position
+  int64_t next_step_start_, next_micro_ = 0;  // producer position
   size_t depth_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -35,6 +35,8 @@ class AdamW {
   void step(double lr, double grad_scale = 1.0);
 
   int64_t steps_taken() const { return steps_; }
+  // After loading the moments from a checkpoint: the bias corrections continue from `steps`.
+  void set_steps_taken(int64_t steps) { steps_ = steps; }
   const Tensor& exp_avg() const { return m_.tensor(); }
   const Tensor& exp_avg_sq() const { return v_.tensor(); }
 

@@ -25,7 +25,7 @@ MpiSession::MpiSession(int* argc, char*** argv) {
     check_mpi(MPI_Query_thread(&thread_level_), "MPI_Query_thread");
     return;
   }
-  check_mpi(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &thread_level_), "MPI_Init_thread");
+  check_mpi(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &thread_level_), "MPI_Init_thread");
   owns_ = true;
 }
 

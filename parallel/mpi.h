@@ -9,7 +9,8 @@
 
 namespace tessera {
 
-// RAII: initializes MPI (MPI_THREAD_FUNNELED: only the main thread calls MPI; OpenMP threads do
+// RAII: initializes MPI (MPI_THREAD_MULTIPLE: the checkpoint writer thread does collective I/O on its
+// own duplicated communicator while the main thread trains; OpenMP threads do
 // not) unless it already is, and finalizes it on destruction only if this session initialized it.
 // Started without mpirun, MPICH runs as a singleton: one process, rank 0 of size 1.
 class MpiSession {

@@ -29,7 +29,7 @@ TEST(DataLoader, ResumingAtAStepContinuesExactly) {
   BatchLayout layout{6, 3, 1, 0};
   DataLoader full(ds, sampler, layout, 0);
   for (int i = 0; i < 2 * 7; ++i) full.next();
-  DataLoader resumed(ds, sampler, layout, 7);
+  DataLoader resumed(ds, sampler, layout, 7 * 6);  // 7 steps of 6 samples consumed
   for (int i = 0; i < 2 * 20; ++i) EXPECT_EQ(full.next().tokens, resumed.next().tokens) << i;
 }
 

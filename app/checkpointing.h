@@ -1,0 +1,78 @@
+// The trainer's side of checkpoints: which state goes into a file (parameters, AdamW moments and
+// step, data position, seeds, config), the file names (step_00001000.h5, written under a .tmp
+// name and renamed when complete; `latest` names the newest complete one), pruning to keep_last,
+// and which file a run resumes from. A file is written on a background thread from a host copy
+// of the state, so training waits only for the copy. The format itself is app/checkpoint_io.h.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "app/checkpoint_io.h"
+#include "model/parameters.h"
+#include "optim/adamw.h"
+
+namespace tessera {
+
+// The live state a checkpoint captures (views; copied by CheckpointWriter::save).
+struct TrainingState {
+  const ParameterStore* params = nullptr;
+  const AdamW* optimizer = nullptr;
+  int64_t step = 0;              // optimizer steps done
+  int64_t consumed_samples = 0;  // samples drawn by the sampler (all ranks)
+  int64_t tokens_seen = 0;
+  std::string config_toml;
+  AttrMap seeds;                 // stored under /rng
+};
+
+class CheckpointWriter {
+ public:
+  // comm is duplicated: the writer thread's collective I/O never mixes with training's messages.
+  CheckpointWriter(std::string dir, int64_t keep_last, MPI_Comm comm);
+  ~CheckpointWriter();  // waits for a pending write
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  // Waits for the previous write, copies the state, and writes it on the background thread.
+  void save(const TrainingState& state);
+  // Blocks until the pending write has finished; rethrows its error.
+  void wait();
+  const std::string& dir() const { return dir_; }
+  // The file the last finished save wrote.
+  std::string last_path() const { return last_path_; }
+
+ private:
+  struct Snapshot;
+  void write(std::shared_ptr<Snapshot> snap);
+  void publish(const std::string& tmp, const std::string& final_path);
+  std::string dir_;
+  int64_t keep_last_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  std::thread thread_;
+  std::exception_ptr error_;
+  std::string last_path_, pending_path_;
+};
+
+// "step_00001000.h5"
+std::string checkpoint_file_name(int64_t step);
+// The checkpoint to resume from: resume = "none" -> none; "auto" -> the file `latest` names, or
+// else the newest step_*.h5 in dir that opens cleanly (a file cut short by a crash is skipped
+// with a warning); anything else -> that path, which must open. Collective over comm.
+std::optional<std::string> find_resume_checkpoint(const std::string& dir, const std::string& resume, MPI_Comm comm);
+
+struct RestoredState {
+  int64_t step = 0, consumed_samples = 0, tokens_seen = 0;
+};
+// Loads parameters and optimizer state into this rank's shards, after checking every shape
+// against the model (all mismatches listed in one error).
+RestoredState restore_training_state(const std::string& path, ParameterStore& params, AdamW& optimizer,
+                                     MPI_Comm comm);
+
+}  // namespace tessera
