@@ -4,6 +4,8 @@
 #include <climits>
 #include <queue>
 
+#include "kernels/check.h"
+
 namespace tessera {
 
 uint64_t BpeMerges::key(int32_t left, int32_t right) {
@@ -110,6 +112,7 @@ bool still_there(const SymbolList& w, const Candidate& c) {
 // are the pairs the round created pushed, so a new lower-ranked pair cannot cut in mid-round.
 void bpe_merge_heap(const BpeMerges& merges, std::vector<int32_t>* symbols) {
   if (symbols->size() < 2) return;
+  TESSERA_CHECK(symbols->size() < size_t{INT32_MAX}, "bpe: a piece of ", symbols->size(), " bytes is too long");
   SymbolList w(*symbols);
   CandidateHeap heap;
   for (int32_t i = 0; i + 1 < static_cast<int32_t>(symbols->size()); ++i) push_pair(merges, w, i, &heap);

@@ -172,7 +172,7 @@ class Gpt2Tokenizer::ChunkEncoder {
       symbols_.clear();
       for (unsigned char c : piece) symbols_.push_back(tok_.byte_ids_[c]);
       bpe_merge(tok_.merges_, &symbols_);
-      it->second = {static_cast<uint32_t>(pool_.size()), static_cast<uint32_t>(symbols_.size())};
+      it->second = {pool_.size(), symbols_.size()};
       pool_.insert(pool_.end(), symbols_.begin(), symbols_.end());
     }
     out->insert(out->end(), pool_.begin() + it->second.first,
@@ -180,7 +180,7 @@ class Gpt2Tokenizer::ChunkEncoder {
   }
 
   const Gpt2Tokenizer& tok_;
-  std::unordered_map<std::string_view, std::pair<uint32_t, uint32_t>> cache_;  // piece -> ids in pool_
+  std::unordered_map<std::string_view, std::pair<size_t, size_t>> cache_;  // piece -> (offset, count) in pool_
   std::vector<int32_t> pool_;
   std::vector<int32_t> symbols_;
 };

@@ -1,0 +1,90 @@
+// GPT-2 tokenizer throughput: encodes Tiny Shakespeare and Alice (from shared/data) with 1 and 2
+// OpenMP threads and prints wall-clock MB/s and MB per CPU-second (what one core does, robust to a
+// busy machine), medians of 5 runs after one warm-up; each run is a cold call (the word cache lives
+// per call). Usage: tokenizer_bench [data_dir, default ../shared/data]
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "data/gpt2_tokenizer.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) {
+    std::fprintf(stderr, "tokenizer_bench: cannot read %s\n", path.c_str());
+    std::exit(1);
+  }
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// CPU seconds used by the process so far, all threads together.
+double cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Timing {
+  double wall_s, cpu_s;  // medians
+  size_t tokens;
+};
+
+// 5 encodes of text on `threads` threads, after a warm-up.
+Timing time_encode(const tessera::Gpt2Tokenizer& tok, const std::string& text, int threads) {
+  omp_set_num_threads(threads);
+  Timing t{0, 0, tok.encode(text).size()};
+  std::vector<double> wall, cpu;
+  for (int run = 0; run < 5; ++run) {
+    Clock::time_point t0 = Clock::now();
+    double c0 = cpu_seconds();
+    size_t n = tok.encode(text).size();
+    cpu.push_back(cpu_seconds() - c0);
+    wall.push_back(seconds_since(t0));
+    if (n != t.tokens) std::fprintf(stderr, "tokenizer_bench: token count changed between runs\n");
+  }
+  t.wall_s = median(wall);
+  t.cpu_s = median(cpu);
+  return t;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string dir = argc > 1 ? argv[1] : "../shared/data";
+  Clock::time_point t0 = Clock::now();
+  tessera::Gpt2Tokenizer tok(dir + "/gpt2");
+  std::printf("loaded encoder.json + vocab.bpe in %.0f ms\n", 1e3 * seconds_since(t0));
+  std::printf("%-30s %9s %8s %7s %8s %10s\n", "file", "bytes", "tokens", "threads", "MB/s", "MB/cpu-s");
+  for (const char* name : {"tinyshakespeare.txt", "alice_in_wonderland_pg11.txt"}) {
+    const std::string text = read_file(dir + "/" + name);
+    for (int threads : {1, 2}) {
+      Timing t = time_encode(tok, text, threads);
+      double mb = text.size() / 1e6;
+      std::printf("%-30s %9zu %8zu %7d %8.1f %10.1f\n", name, text.size(), t.tokens, threads, mb / t.wall_s,
+                  mb / t.cpu_s);
+    }
+  }
+  return 0;
+}
