@@ -77,6 +77,7 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::string& dir) {
   const std::filesystem::path d(dir);
   IdsByBytes ids = load_vocab((d / "encoder.json").string());
   load_merges((d / "vocab.bpe").string(), ids);
+  index_whole_tokens();
 }
 
 Gpt2Tokenizer::IdsByBytes Gpt2Tokenizer::load_vocab(const std::string& path) {
@@ -134,6 +135,20 @@ void Gpt2Tokenizer::load_merges(const std::string& path, const IdsByBytes& ids) 
   TESSERA_CHECK(merges_.size() > 0, path, ": no merges; expected lines like \"Ġ t\"");
 }
 
+// A piece equal to such a token needs no merging: its ids are [id]. Checked per token by running
+// BPE on it, so the shortcut is exact for any vocabulary (in GPT-2's, nearly every token qualifies).
+void Gpt2Tokenizer::index_whole_tokens() {
+  std::vector<int32_t> symbols;
+  for (int32_t id = 0; id < vocab_size_; ++id) {
+    if (!has_token_[id] || id == eot_id_) continue;
+    std::string_view bytes = token_bytes(id);
+    symbols.clear();
+    for (unsigned char c : bytes) symbols.push_back(byte_ids_[c]);
+    bpe_merge(merges_, &symbols);
+    if (symbols.size() == 1 && symbols[0] == id) whole_tokens_.emplace(bytes, id);
+  }
+}
+
 std::string_view Gpt2Tokenizer::token_bytes(int32_t id) const {
   TESSERA_CHECK(id >= 0 && id < vocab_size_ && has_token_[id], "gpt2 tokenizer: id ", id,
                 " is not in the vocabulary [0, ", vocab_size_, ")");
@@ -146,8 +161,9 @@ std::string Gpt2Tokenizer::decode(const std::vector<int32_t>& ids) const {
   return out;
 }
 
-// Encodes pieces of one text on one thread, caching each distinct piece's ids (the cache lives as
-// long as the call: no state is shared between threads or calls).
+// Encodes pieces of one text on one thread. A piece that is a whole token is looked up; the ids of
+// other pieces are cached for the rest of the call (no mutable state is shared between threads or
+// calls).
 class Gpt2Tokenizer::ChunkEncoder {
  public:
   explicit ChunkEncoder(const Gpt2Tokenizer& tok) : tok_(tok) {}
@@ -165,6 +181,10 @@ class Gpt2Tokenizer::ChunkEncoder {
   void encode_piece(std::string_view piece, std::vector<int32_t>* out) {
     if (piece.size() == 1) {
       out->push_back(tok_.byte_ids_[static_cast<unsigned char>(piece[0])]);
+      return;
+    }
+    if (auto whole = tok_.whole_tokens_.find(piece); whole != tok_.whole_tokens_.end()) {
+      out->push_back(whole->second);
       return;
     }
     auto [it, fresh] = cache_.try_emplace(piece, 0, 0);

@@ -1,6 +1,7 @@
 // GPT-2's byte-level BPE tokenizer, loaded from the original encoder.json and vocab.bpe, exact on
 // any bytes. Key decisions: pre-tokenize with a hand-written scanner (data/gpt2_pretokenizer.h),
-// merge by rank (data/bpe.h) with a per-call word cache, and split large inputs at safe points into
+// merge by rank (data/bpe.h) with a read-only cache of the words that are tokens and a per-call
+// cache of the others, and split large inputs at safe points into
 // chunks encoded on OpenMP threads, so the ids never depend on the thread count.
 #pragma once
 
@@ -44,6 +45,7 @@ class Gpt2Tokenizer : public Tokenizer {
   using IdsByBytes = std::unordered_map<std::string, int32_t>;
   IdsByBytes load_vocab(const std::string& path);
   void load_merges(const std::string& path, const IdsByBytes& ids);
+  void index_whole_tokens();
   void encode_ordinary(std::string_view text, int threads, std::vector<int32_t>* out) const;
 
   std::string token_pool_;                               // every token's bytes, back to back
@@ -51,6 +53,9 @@ class Gpt2Tokenizer : public Tokenizer {
   std::vector<uint8_t> has_token_;                       // id -> 1 when encoder.json defines it
   std::array<int32_t, 256> byte_ids_{};                  // byte -> id of its one-byte token
   BpeMerges merges_;
+  // Token bytes -> id for every token that BPE encodes as itself: a read-only cache, shared by all
+  // calls and threads, of most frequent words (" the", " and", ...).
+  std::unordered_map<std::string_view, int32_t> whole_tokens_;
   int64_t vocab_size_ = 0;
   int32_t eot_id_ = -1;
 };

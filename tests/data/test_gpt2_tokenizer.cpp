@@ -255,7 +255,7 @@ class TinyVocab {
  public:
   static inline const std::vector<std::pair<std::string, std::string>> kMerges = {
       {"h", "e"}, {"l", "l"}, {"he", "ll"}, {"hell", "o"}, {" ", "w"}, {"o", "r"}, {" w", "or"}, {"l", "d"},
-      {" wor", "ld"}};
+      {" wor", "ld"}, {"a", "b"}, {"b", "c"}, {"a", "bc"}};  // "abc" is a token BPE cannot reach
 
   TinyVocab() : dir_(fs::temp_directory_path() / ("tessera_tiny_vocab_" + std::to_string(::getpid()))) {
     fs::create_directories(dir_);
@@ -296,10 +296,12 @@ std::string error_of(F f) {
 TEST(Gpt2Tokenizer, TinyVocabularyMergesByRank) {
   TinyVocab v;
   Gpt2Tokenizer tok(v.dir());
-  EXPECT_EQ(tok.vocab_size(), 256 + 9 + 1);
-  EXPECT_EQ(tok.eot_id(), 265);
+  EXPECT_EQ(tok.vocab_size(), 256 + 12 + 1);
+  EXPECT_EQ(tok.eot_id(), 268);
   EXPECT_EQ(tok.encode("hello world"), (std::vector<int32_t>{259, 264}));
-  EXPECT_EQ(tok.encode("hello<|endoftext|>", true), (std::vector<int32_t>{259, 265}));
+  EXPECT_EQ(tok.encode("hello<|endoftext|>", true), (std::vector<int32_t>{259, 268}));
+  // (a, b) ranks before (b, c): "abc" is ab + c, although "abc" (267) is in the vocabulary.
+  EXPECT_EQ(tok.encode("abc"), (std::vector<int32_t>{265, 'c'}));
   EXPECT_EQ(tok.encode("hellohello"), (std::vector<int32_t>{259, 259}));  // one piece, two merges each
   EXPECT_EQ(tok.encode("hhe"), (std::vector<int32_t>{'h', 256}));
   EXPECT_EQ(tok.token_bytes(264), " world");
