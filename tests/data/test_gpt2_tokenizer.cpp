@@ -310,6 +310,17 @@ TEST(Gpt2Tokenizer, TinyVocabularyMergesByRank) {
   EXPECT_EQ(tok.decode(tok.encode(bytes)), bytes);
 }
 
+TEST(Gpt2Tokenizer, ParallelEncodeEqualsSerialOnATinyVocabulary) {
+  TinyVocab v;
+  Gpt2Tokenizer tok(v.dir());
+  std::mt19937_64 rng(13);
+  const std::string s = random_text(rng, 100000);  // ~250 KB: several chunks
+  std::vector<int32_t> serial = tok.encode(s, true, 1);
+  EXPECT_EQ(tok.encode(s, true, 2), serial);
+  EXPECT_EQ(tok.encode(s, true, 4), serial);
+  EXPECT_EQ(tok.decode(serial), s);
+}
+
 TEST(Gpt2Tokenizer, MissingDirectoryOrFilesAreNamed) {
   EXPECT_NE(error_of([] { Gpt2Tokenizer("/nonexistent/tessera/vocab"); }).find("'/nonexistent/tessera/vocab' does not exist"),
             std::string::npos);
