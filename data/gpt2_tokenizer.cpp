@@ -224,17 +224,24 @@ std::vector<size_t> chunk_bounds(std::string_view text, int chunks) {
 
 }  // namespace
 
+// Several chunks per thread, taken dynamically: a thread that the OS holds back (a busy machine)
+// delays the others by one chunk at most. Each thread's cache serves all the chunks it takes.
 void Gpt2Tokenizer::encode_ordinary(std::string_view text, int threads, std::vector<int32_t>* out) const {
-  int chunks = static_cast<int>(std::min<size_t>(std::max(threads, 1), text.size() / kMinBytesPerThread));
-  std::vector<size_t> bounds = chunk_bounds(text, std::max(chunks, 1));
+  threads = std::max(threads, 1);
+  size_t chunks = std::min<size_t>(static_cast<size_t>(threads) * kChunksPerThread, text.size() / kMinChunkBytes);
+  std::vector<size_t> bounds = chunk_bounds(text, static_cast<int>(std::max<size_t>(chunks, 1)));
   const int n = static_cast<int>(bounds.size()) - 1;
-  if (n == 1) {
+  if (n == 1 || threads == 1) {
     ChunkEncoder(*this).encode(text, 0, text.size(), out);
     return;
   }
   std::vector<std::vector<int32_t>> parts(n);
-#pragma omp parallel for num_threads(n) schedule(static, 1)
-  for (int i = 0; i < n; ++i) ChunkEncoder(*this).encode(text, bounds[i], bounds[i + 1], &parts[i]);
+#pragma omp parallel num_threads(std::min(threads, n))
+  {
+    ChunkEncoder encoder(*this);
+#pragma omp for schedule(dynamic, 1)
+    for (int i = 0; i < n; ++i) encoder.encode(text, bounds[i], bounds[i + 1], &parts[i]);
+  }
   for (const auto& part : parts) out->insert(out->end(), part.begin(), part.end());
 }
 

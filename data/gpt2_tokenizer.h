@@ -37,8 +37,10 @@ class Gpt2Tokenizer : public Tokenizer {
   std::string_view token_bytes(int32_t id) const;
   const BpeMerges& merges() const { return merges_; }
 
-  // Inputs below this many bytes per thread are encoded on one thread.
-  static constexpr size_t kMinBytesPerThread = 64 * 1024;
+  // Large inputs are cut into up to kChunksPerThread chunks per thread, of kMinChunkBytes or more;
+  // an input of less than 2 * kMinChunkBytes is encoded on the calling thread.
+  static constexpr size_t kMinChunkBytes = 64 * 1024;
+  static constexpr int kChunksPerThread = 4;
 
  private:
   class ChunkEncoder;

@@ -69,13 +69,27 @@ Timing time_encode(const tessera::Gpt2Tokenizer& tok, const std::string& text, i
   return t;
 }
 
+// CPUs that 2 busy OpenMP threads actually get right now (2.0 on an idle 2-core machine): a
+// busy machine caps what 2 threads can gain, so this is printed next to the numbers.
+double cpus_for_two_threads() {
+  Clock::time_point t0 = Clock::now();
+  double c0 = cpu_seconds();
+#pragma omp parallel num_threads(2)
+  {
+    volatile double x = 0;
+    while (seconds_since(t0) < 0.3) x = x + 1;
+  }
+  return (cpu_seconds() - c0) / seconds_since(t0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string dir = argc > 1 ? argv[1] : "../shared/data";
   Clock::time_point t0 = Clock::now();
   tessera::Gpt2Tokenizer tok(dir + "/gpt2");
-  std::printf("loaded encoder.json + vocab.bpe in %.0f ms\n", 1e3 * seconds_since(t0));
+  std::printf("loaded encoder.json + vocab.bpe in %.0f ms; 2 busy threads get %.2f CPUs now\n",
+              1e3 * seconds_since(t0), cpus_for_two_threads());
   std::printf("%-30s %9s %8s %7s %8s %10s\n", "file", "bytes", "tokens", "threads", "MB/s", "MB/cpu-s");
   for (const char* name : {"tinyshakespeare.txt", "alice_in_wonderland_pg11.txt"}) {
     const std::string text = read_file(dir + "/" + name);

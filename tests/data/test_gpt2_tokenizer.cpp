@@ -170,11 +170,13 @@ TEST(Gpt2Tokenizer, ArbitraryBytesRoundTrip) {
 TEST(Gpt2Tokenizer, ParallelEncodeEqualsSerial) {
   REQUIRE_GPT2();
   std::mt19937_64 rng(11);
-  // Large enough for several chunks; random text has many safe split points, one long line few.
+  // Large enough for several chunks; random text has many safe split points.
   std::string mixed = random_text(rng, 120000);
   std::string one_line(300000, 'x');
   for (size_t i = 0; i < one_line.size(); i += 7) one_line[i] = i % 3 ? ',' : ' ';
-  for (const std::string* s : {&mixed, &one_line}) {
+  std::string no_split;  // no safe split point at all: encoded on one thread
+  while (no_split.size() < 300000) no_split += "\xC3\xA9\xC3\xA8 ";
+  for (const std::string* s : {&mixed, &one_line, &no_split}) {
     std::vector<int32_t> serial = tok.encode(*s, true, 1);
     EXPECT_EQ(tok.encode(*s, true, 2), serial);
     EXPECT_EQ(tok.encode(*s, true, 5), serial);
