@@ -39,7 +39,7 @@ class Gpt2Tokenizer : public Tokenizer {
 
   // Large inputs are cut into up to kChunksPerThread chunks per thread, of kMinChunkBytes or more;
   // an input of less than 2 * kMinChunkBytes is encoded on the calling thread.
-  static constexpr size_t kMinChunkBytes = 64 * 1024;
+  static constexpr size_t kMinChunkBytes = 128 * 1024;
   static constexpr int kChunksPerThread = 4;
 
  private:
