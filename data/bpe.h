@@ -1,7 +1,6 @@
-// Byte-pair-encoding merges: the merge table of a vocab.bpe file and the merging of one word's
-// symbols. Key decision: exactly GPT-2's rule (encoder.py bpe()): take the lowest-ranked adjacent
-// pair, merge all its non-overlapping occurrences left to right in one pass, repeat; a scan for
-// short words and a heap for long ones give the same result.
+// BPE merging of one word's symbols by the ranks of a vocab.bpe. Key decision: exactly encoder.py's
+// bpe(): the lowest-ranked pair, all its occurrences in one left-to-right pass, repeat (a scan for
+// short words, a heap for long ones; the same result).
 #pragma once
 
 #include <cstddef>

@@ -1,7 +1,6 @@
-// GPT-2's pre-tokenizer: splits text into the pieces that openai/gpt-2 encoder.py's pattern
+// GPT-2's pre-tokenizer: the pieces (each BPE-encoded alone) that openai/gpt-2 encoder.py matches with
 //   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-// matches, each later BPE-encoded on its own. Key decision: a hand-written scanner (no regex
-// library) that takes the alternatives in order at each start, on bytes that need not be UTF-8.
+// Key decision: a hand-written scanner (no regex library), on bytes that need not be UTF-8.
 #pragma once
 
 #include <cstddef>

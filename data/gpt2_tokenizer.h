@@ -1,8 +1,6 @@
-// GPT-2's byte-level BPE tokenizer, loaded from the original encoder.json and vocab.bpe, exact on
-// any bytes. Key decisions: pre-tokenize with a hand-written scanner (data/gpt2_pretokenizer.h),
-// merge by rank (data/bpe.h) with a read-only cache of the words that are tokens and a per-call
-// cache of the others, and split large inputs at safe points into
-// chunks encoded on OpenMP threads, so the ids never depend on the thread count.
+// GPT-2's byte-level BPE tokenizer from the original encoder.json and vocab.bpe, exact on any bytes.
+// Key decision: no shared mutable state (read-only tables, per-call caches), so large inputs split
+// at safe points encode on OpenMP threads with ids that never depend on the thread count.
 #pragma once
 
 #include <array>
@@ -23,8 +21,10 @@ class Gpt2Tokenizer : public Tokenizer {
   // Loads dir/encoder.json (token -> id) and dir/vocab.bpe (merges in rank order). Throws Error
   // naming the file when one is missing or malformed.
   explicit Gpt2Tokenizer(const std::string& dir);
+  Gpt2Tokenizer(const Gpt2Tokenizer&) = delete;  // whole_tokens_ points into token_pool_
+  Gpt2Tokenizer& operator=(const Gpt2Tokenizer&) = delete;
 
-  // Uses up to omp_get_max_threads() threads on large inputs; the ids are those of one thread.
+  // Uses up to omp_get_max_threads() threads on large inputs; the ids equal the serial ones.
   std::vector<int32_t> encode(std::string_view text, bool allow_special = false) const override;
   // The same on at most `threads` threads (1: serial).
   std::vector<int32_t> encode(std::string_view text, bool allow_special, int threads) const;
