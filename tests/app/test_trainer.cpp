@@ -2,12 +2,9 @@
 // command end to end (loss falls, files written, config errors, divergence, Ctrl-C).
 #include "app/trainer.h"
 
+#include "cli_testing.h"
+
 #include <gtest/gtest.h>
-#include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -16,55 +13,11 @@
 #include <sstream>
 #include <thread>
 
-extern char** environ;
-
 namespace tessera {
 namespace {
 
 namespace fs = std::filesystem;
-
-const char* kTinyConfig = R"(
-[model]
-preset = "gpt2"
-n_layer = 2
-n_head = 2
-n_embd = 32
-
-[data]
-digits = 1
-val_examples = 16
-
-[train]
-steps = 60
-global_batch = 8
-micro_batch = 8
-seq_len = 24
-eval_every = 0
-eval_batches = 1
-
-[optim]
-lr = 3e-3
-warmup_steps = 5
-
-[log]
-every = 10
-progress = "lines"
-peak_gflops = 100.0
-)";
-
-fs::path temp_dir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("tessera_test_" + name + "_" + std::to_string(getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
-}
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using namespace testing;
 
 // Gradient accumulation over k micro-batches computes the same step as one batch of k times the
 // size: the same samples, the same mean. Only the summation order of the weight gradients differs
@@ -87,53 +40,6 @@ TEST(Trainer, GradientAccumulationEqualsOneLargeBatch) {
     scale = std::max(scale, static_cast<double>(std::abs(pa.ptr<float>()[i])));
   }
   EXPECT_LT(diff / scale, 1e-5);
-}
-
-struct RunResult {
-  int exit_code = -1;
-  std::string output;
-};
-
-// Runs build/tessera with args, output (stdout + stderr) to a file; optionally sends SIGINT once
-// `signal_when_file` exists.
-RunResult run_tessera(const std::vector<std::string>& args, const fs::path& dir, const fs::path& signal_when_file = {}) {
-  const fs::path log = dir / "output.txt";
-  std::vector<std::string> full = {TESSERA_BINARY};
-  full.insert(full.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : full) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid = 0;
-  EXPECT_EQ(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&fa);
-  if (!signal_when_file.empty()) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (!fs::exists(signal_when_file) || fs::file_size(signal_when_file) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    kill(pid, SIGINT);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  RunResult r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.output = read_file(log);
-  return r;
-}
-
-std::vector<double> losses(const fs::path& metrics) {
-  std::vector<double> out;
-  std::istringstream in(read_file(metrics));
-  for (std::string line; std::getline(in, line);) {
-    const auto k = line.find("\"loss\": ");
-    if (k != std::string::npos) out.push_back(std::stod(line.substr(k + 8)));
-  }
-  return out;
 }
 
 TEST(TrainCommand, LossFallsAndRunDirectoryHoldsConfigAndMetrics) {
