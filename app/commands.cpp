@@ -6,6 +6,7 @@
 
 #include "app/build_info.h"
 #include "app/ckpt_commands.h"
+#include "app/generate.h"
 #include "app/prepare.h"
 #include "app/trainer.h"
 
@@ -60,6 +61,21 @@ void register_ckpt(CLI::App& app, int& exit_code) {
   cmd->add_option("--out", exp->out_dir, "Output directory (created if needed)")->required();
   cmd->callback([exp, &exit_code] { exit_code = run_ckpt_export(*exp, std::cout); });
 }
+void register_generate(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<GenerateArgs>();
+  auto* cmd = app.add_subcommand("generate", "Continue a prompt with a trained checkpoint (KV cache; greedy or sampled)");
+  cmd->add_option("--ckpt", args->ckpt, "Checkpoint file (.h5)")->required();
+  cmd->add_option("--prompt", args->prompt, "Text to continue")->required();
+  cmd->add_option("--max-tokens", args->max_tokens, "Tokens to generate")->capture_default_str();
+  cmd->add_option("--temperature", args->temperature, "0 = greedy; else sample from softmax(logits / T)")
+      ->capture_default_str();
+  cmd->add_option("--top-k", args->top_k, "Sample among the k most likely tokens (0 = all)")->capture_default_str();
+  cmd->add_option("--seed", args->seed, "Sampling seed")->capture_default_str();
+  cmd->add_option("--vocab", args->vocab_dir, "GPT-2 tokenizer directory (encoder.json, vocab.bpe)");
+  cmd->add_flag("--no-cache", args->no_cache, "Re-run the whole sequence for every token (for comparison)");
+  cmd->add_flag("--stop-at-newline", args->stop_at_newline, "Stop after the first newline (addition answers)");
+  cmd->callback([args, &exit_code] { exit_code = run_generate_command(*args); });
+}
 }  // namespace
 
 void register_commands(CLI::App& app, int& exit_code) {
@@ -67,6 +83,7 @@ void register_commands(CLI::App& app, int& exit_code) {
   register_train(app, exit_code);
   register_prepare(app, exit_code);
   register_ckpt(app, exit_code);
+  register_generate(app, exit_code);
 }
 
 }  // namespace tessera

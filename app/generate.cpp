@@ -1,0 +1,138 @@
+// Generation: checkpoint -> model, prompt -> ids, a prefill then one token per forward through
+// the KV cache, ids -> text as they come.
+#include "app/generate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <numeric>
+#include <random>
+
+#include "app/checkpoint_io.h"
+#include "app/config.h"
+#include "app/hf_export.h"
+#include "data/addition.h"
+#include "data/tokenizer.h"
+#include "kernels/allocator.h"
+#include "model/gpt.h"
+
+namespace tessera {
+
+namespace {
+
+// The addition task's characters as a Tokenizer.
+class CharTokenizerAdapter : public Tokenizer {
+ public:
+  std::vector<int32_t> encode(std::string_view text, bool) const override { return tok_.encode(std::string(text)); }
+  std::string decode(const std::vector<int32_t>& ids) const override { return tok_.decode(ids); }
+  int64_t vocab_size() const override { return tok_.vocab_size(); }
+  int32_t eot_id() const override { return 12; }  // '\n' ends an answer
+  std::string name() const override { return "addition characters"; }
+
+ private:
+  CharTokenizer tok_;
+};
+
+std::unique_ptr<Tokenizer> tokenizer_for(const Config& cfg, const std::string& vocab_dir_arg) {
+  if (cfg.data.task == "addition") return std::make_unique<CharTokenizerAdapter>();
+  const std::string dir = !vocab_dir_arg.empty() ? vocab_dir_arg : cfg.data.vocab_dir;
+  TESSERA_CHECK(cfg.data.tokenizer != "gpt2" || !dir.empty(), "this checkpoint's data was tokenized with gpt2: ",
+                "pass --vocab DIR (the directory with encoder.json and vocab.bpe)");
+  return make_tokenizer(cfg.data.tokenizer, dir);
+}
+
+// Parameters of the checkpoint's /model, loaded into a fresh f32 model.
+struct LoadedModel {
+  Allocator alloc;
+  std::unique_ptr<ParameterStore> params;
+  std::unique_ptr<Gpt> model;
+};
+
+void load_model(LoadedModel& m, const CheckpointReader& r) {
+  const ModelConfig mc = model_config_of(r);
+  m.params = std::make_unique<ParameterStore>(m.alloc, DType::F32);
+  m.model = std::make_unique<Gpt>(mc, *m.params);
+  m.params->finalize();
+  check_shapes(r, model_tensor_shapes(mc));
+  for (int id = 0; id < m.params->size(); ++id) {
+    const ParamEntry& e = m.params->entry(id);
+    r.read("/model/" + e.spec.name, -1, 0, e.local_shape, m.params->param(id).ptr<float>());
+  }
+}
+
+std::vector<float> last_row(const Tensor& logits) {
+  const int64_t V = logits.dim(1), rows = logits.dim(0);
+  const float* p = logits.ptr<float>() + (rows - 1) * V;
+  return std::vector<float>(p, p + V);
+}
+
+}  // namespace
+
+int32_t sample_token(const std::vector<float>& logits, double temperature, int64_t top_k, double u) {
+  const int64_t V = static_cast<int64_t>(logits.size());
+  if (temperature <= 0) return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  std::vector<int32_t> order(static_cast<size_t>(V));
+  std::iota(order.begin(), order.end(), 0);
+  const int64_t k = top_k > 0 ? std::min(top_k, V) : V;
+  std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                    [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  std::vector<double> p(static_cast<size_t>(k));
+  double total = 0;
+  for (int64_t i = 0; i < k; ++i) total += p[i] = std::exp((logits[order[i]] - logits[order[0]]) / temperature);
+  double acc = 0;
+  for (int64_t i = 0; i < k; ++i) {
+    acc += p[i] / total;
+    if (u < acc) return order[i];
+  }
+  return order[k - 1];
+}
+
+int run_generate_command(const GenerateArgs& a) {
+  TESSERA_CHECK(a.max_tokens >= 0, "--max-tokens must be >= 0, got ", a.max_tokens);
+  TESSERA_CHECK(a.temperature >= 0, "--temperature must be >= 0, got ", a.temperature);
+  CheckpointReader reader(a.ckpt, MPI_COMM_SELF);
+  const Config cfg = parse_config_string(reader.meta().config_toml, a.ckpt + " (stored config)");
+  const auto tok = tokenizer_for(cfg, a.vocab_dir);
+  LoadedModel m;
+  load_model(m, reader);
+  const Gpt& gpt = *m.model;
+
+  std::vector<int32_t> ids = tok->encode(a.prompt, false);
+  TESSERA_CHECK(!ids.empty(), "the prompt is empty");
+  const int64_t capacity = std::min<int64_t>(gpt.config().max_seq_len, static_cast<int64_t>(ids.size()) + a.max_tokens);
+  TESSERA_CHECK(static_cast<int64_t>(ids.size()) < gpt.config().max_seq_len, "the prompt has ", ids.size(),
+                " tokens; the model's context is ", gpt.config().max_seq_len);
+  std::cout << a.prompt << std::flush;
+
+  std::mt19937_64 rng(a.seed);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  KvCache cache = gpt.make_cache(m.alloc, capacity);
+  std::vector<int32_t> pending = ids;  // positions not yet in the cache
+  int64_t generated = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (generated < a.max_tokens && static_cast<int64_t>(ids.size()) < capacity) {
+    GptCtx ctx;
+    if (a.no_cache) {
+      gpt.forward(ctx, m.alloc, Tensor(ids.data(), DType::I32, {1, static_cast<int64_t>(ids.size())}), Tensor());
+    } else {
+      gpt.forward_cached(ctx, m.alloc, Tensor(pending.data(), DType::I32, {1, static_cast<int64_t>(pending.size())}),
+                         cache);
+    }
+    const int32_t next = sample_token(last_row(ctx.logits), a.temperature, a.top_k, uniform(rng));
+    ids.push_back(next);
+    pending = {next};
+    ++generated;
+    std::cout << tok->decode({next}) << std::flush;
+    if (a.stop_at_newline && tok->decode({next}) == "\n") break;
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!a.stop_at_newline || ids.empty() || tok->decode({ids.back()}) != "\n") std::cout << "\n";
+  std::fprintf(stderr, "%ld tokens in %.3f s: %.1f tokens/s (%s)\n", static_cast<long>(generated), s,
+               s > 0 ? generated / s : 0.0, a.no_cache ? "no cache" : "KV cache");
+  return 0;
+}
+
+}  // namespace tessera

@@ -1,0 +1,31 @@
+// `tessera generate`: loads a checkpoint's model and continues a prompt, with a KV cache (or,
+// for comparison, re-running the whole sequence per token), greedy or sampled.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tessera {
+
+struct GenerateArgs {
+  std::string ckpt;
+  std::string prompt;
+  int64_t max_tokens = 32;
+  double temperature = 0.0;  // 0 = greedy
+  int64_t top_k = 0;         // 0 = whole vocabulary
+  uint64_t seed = 0;
+  std::string vocab_dir;     // GPT-2 files, when the checkpoint's data.vocab_dir is not set
+  bool no_cache = false;
+  bool stop_at_newline = false;
+};
+
+// Prints the prompt and its continuation to stdout, and tokens/s to stderr. Returns the exit code.
+int run_generate_command(const GenerateArgs& args);
+
+// The sampling rule, exposed for tests: index of the next token given the last position's logits.
+// temperature 0 -> argmax; else softmax(logits / temperature) over the top_k largest (0 = all),
+// drawn with u in [0, 1).
+int32_t sample_token(const std::vector<float>& logits, double temperature, int64_t top_k, double u);
+
+}  // namespace tessera
