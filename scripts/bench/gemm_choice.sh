@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the GEMM library comparison behind docs/performance.md "GEMM library choice": the same
 # gemm_bench built against OpenBLAS and BLIS, each with the environment as it is and with
-# OpenBLAS's core-type overrides removed. The machine may be shared, so gemm_bench waits for idle
-# CPUs before each measurement (--idle-wait) and reports the CPU share its threads got.
+# OpenBLAS's core-type overrides removed, then three more alternating rounds, summarized by
+# gemm_summary.py. The machine may be shared, so gemm_bench waits for idle CPUs before each
+# measurement (--idle-wait) and reports the CPU share its threads got. Takes 15-60 minutes.
 # Usage: scripts/bench/gemm_choice.sh [log dir, default build/bench/logs] [extra gemm_bench args]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -25,3 +26,12 @@ done
 # What a core-type override costs: Sandybridge kernels have AVX but no FMA.
 OPENBLAS_CORETYPE=Sandybridge ./build/bench/gemm_bench_openblas "${args[@]}" --no-peak --no-mixed --tokens 1024 \
   | tee "$logs/openblas_coretype_sandybridge.txt"
+# More rounds, libraries alternating, so that one disturbed run does not decide.
+for round in 1 2 3; do
+  for lib in openblas blis; do
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ./build/bench/gemm_bench_$lib "${args[@]}" --no-peak \
+      > "$logs/repeat_${lib}_$round.txt"
+  done
+done
+runs() { local l=$1; echo "$logs/${l}_as_is.txt,$logs/${l}_unset.txt,$logs/repeat_${l}_1.txt,$logs/repeat_${l}_2.txt,$logs/repeat_${l}_3.txt"; }
+scripts/bench/gemm_summary.py openblas="$(runs openblas)" blis="$(runs blis)" | tee "$logs/summary.md"
