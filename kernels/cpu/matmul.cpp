@@ -113,7 +113,7 @@ Shape with_last_dim(const Shape& s, int64_t last) {
   return r;
 }
 
-// Validates Linear shapes and returns (N, In, Out); x (N.., In), w (Out, In), y (N.., Out).
+// Validates Linear shapes, x (N.., In), w (Out, In), y (N.., Out); returns m = N, n = Out, k = In.
 GemmDims linear_dims(const char* op, const char* y_name, const Tensor& y, const Tensor& x, const Tensor& w) {
   check_ndim(op, "w", w, 2);
   TESSERA_CHECK(x.ndim() >= 1, op, ": x has shape ", x.shape.str(), ", expected at least 1 dim");
