@@ -251,7 +251,7 @@ struct LogConfig {
     v.field("progress", progress, "console output: tty = a live line updated every step, lines = one line per "
             "log step, auto = tty when stdout is a terminal", Allowed::one_of({"auto", "tty", "lines"}));
     v.field("peak_gflops", peak_gflops, "the device's peak GFLOP/s, the denominator of MFU; 0 = this CPU's "
-            "nominal fp32 peak (threads x clock x FLOPs per cycle, see docs/training.md)", Allowed::at_least(0.0));
+            "fp32 peak: the larger of nominal (threads x clock x FLOPs per cycle) and measured (docs/training.md)", Allowed::at_least(0.0));
   }
   bool operator==(const LogConfig&) const = default;
 };

@@ -180,13 +180,13 @@ void Trainer::evaluate(int64_t s, TrainSummary& summary) {
 }
 
 void Trainer::print_header() {
-  peak_flops_ = (cfg_.log.peak_gflops > 0 ? cfg_.log.peak_gflops : cpu_nominal_peak_gflops()) * 1e9;
+  peak_flops_ = (cfg_.log.peak_gflops > 0 ? cfg_.log.peak_gflops : cpu_peak_gflops()) * 1e9;
   std::ostringstream os;
   os << "model " << model_->config().preset << ": " << params_->numel() << " parameters, "
      << model_->config().n_layer << " layers, C=" << model_->config().n_embd << " | batch "
      << cfg_.train.global_batch << " x " << cfg_.train.seq_len << " tokens (micro " << cfg_.train.micro_batch
      << ", accumulation " << accum_ << ") | " << cfg_.train.steps << " steps | MFU vs "
-     << (cfg_.log.peak_gflops > 0 ? "log.peak_gflops " : "nominal CPU peak ") << static_cast<int64_t>(peak_flops_ / 1e9)
+     << (cfg_.log.peak_gflops > 0 ? "log.peak_gflops " : "CPU peak ") << static_cast<int64_t>(peak_flops_ / 1e9)
      << " GFLOP/s";
   progress_.message(os.str());
   if (!resumed_from_.empty())

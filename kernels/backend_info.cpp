@@ -82,6 +82,8 @@ double cpu_nominal_peak_gflops() {
   return omp_get_max_threads() * mhz / 1e3 * flops_per_cycle;
 }
 
+double cpu_peak_gflops() { return std::max(cpu_nominal_peak_gflops(), measure_cpu_peak_gflops()); }
+
 int cuda_device_count() {
 #ifdef TESSERA_WITH_CUDA
   return cuda::device_count();

@@ -6,10 +6,14 @@
 namespace tessera {
 
 std::string kernels_backend_info();
-// Nominal fp32 peak of this CPU with all OpenMP threads, the denominator of MFU on the CPU
-// backend: threads x clock (cpu MHz of /proc/cpuinfo) x fp32 FLOPs per cycle (2 FMA pipes x SIMD
-// width x 2: 64 with AVX-512, 32 with AVX2+FMA, 8 otherwise). 0 when the clock is unknown.
+// Nominal fp32 peak of this CPU with all OpenMP threads: threads x clock (cpu MHz of
+// /proc/cpuinfo, often the base clock) x fp32 FLOPs per cycle (2 FMA pipes x SIMD width x 2: 64
+// with AVX-512, 32 with AVX2+FMA, 8 otherwise). 0 when the clock is unknown.
 double cpu_nominal_peak_gflops();
+// The denominator of MFU on the CPU backend: the larger of the nominal peak and a measured FMA
+// loop, so a turbo clock above the nominal one never inflates MFU, and a busy machine (which
+// slows the measurement) falls back to the nominal figure.
+double cpu_peak_gflops();
 // Measured fp32 FMA throughput with all OpenMP threads (a ~50 ms register-only loop); shown by
 // `tessera info` next to the nominal peak. Noisy when other processes share the cores.
 double measure_cpu_peak_gflops();

@@ -110,3 +110,65 @@ TEST(TrainCommand, CtrlCStopsAfterTheCurrentStepWithASummary) {
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// prepare (byte tokenizer) two small corpora, then train on their blend with a held-out fraction.
+TEST(TrainCommand, TrainsOnPreparedTokenFilesBlended) {
+  const fs::path dir = testing::temp_dir("tokens");
+  for (const char* name : {"a", "b"}) {
+    std::ofstream out(dir / (std::string(name) + ".txt"));
+    for (int doc = 0; doc < 40; ++doc) out << "the quick brown fox " << name << " jumps over the lazy dog " << doc << "\n\n";
+  }
+  for (const char* name : {"a", "b"}) {
+    const auto r = testing::run_tessera({"prepare", "--input", (dir / (std::string(name) + ".txt")).string(), "--tokenizer",
+                                         "byte", "--separator", "\\n\\n", "--out", (dir / name).string()},
+                                        dir);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  std::ofstream(dir / "tokens.toml") << R"(
+[model]
+n_layer = 2
+n_head = 2
+n_embd = 32
+[data]
+task = "tokens"
+tokenizer = "byte"
+val_fraction = 0.2
+[[data.train]]
+path = ")" << (dir / "a").string() << R"("
+weight = 3.0
+[[data.train]]
+path = ")" << (dir / "b").string() << R"("
+weight = 1.0
+[train]
+steps = 40
+global_batch = 8
+micro_batch = 4
+seq_len = 32
+eval_every = 20
+[optim]
+lr = 3e-3
+warmup_steps = 5
+[log]
+every = 10
+progress = "lines"
+)";
+  const auto r = testing::run_tessera({"train", (dir / "tokens.toml").string(), "--run-dir", (dir / "run").string()}, dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto l = testing::losses(dir / "run" / "metrics.jsonl");
+  ASSERT_EQ(l.size(), 4u);
+  EXPECT_LT(l.back(), 0.7 * l.front()) << r.output;
+  EXPECT_NE(r.output.find("val_loss"), std::string::npos) << r.output;
+  // A missing dataset is named.
+  const auto bad = testing::run_tessera({"train", (dir / "tokens.toml").string(), "--set",
+                                         "data.train=[{path=\"" + (dir / "nope").string() + "\"}]"},
+                                        dir);
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.output.find("nope"), std::string::npos) << bad.output;
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tessera
