@@ -3,9 +3,6 @@
 #include "app/prepare.h"
 
 #include <gtest/gtest.h>
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -15,8 +12,7 @@
 #include "data/indexed_dataset.h"
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
-
-extern char** environ;
+#include "cli_testing.h"
 
 namespace tessera {
 namespace {
@@ -43,29 +39,12 @@ std::string read_file(const std::string& p) {
 
 void write_file(const std::string& p, const std::string& bytes) { std::ofstream(p, std::ios::binary) << bytes; }
 
-struct RunResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together
-};
+using testing::RunResult;
 
-RunResult run_prepare(const std::vector<std::string>& args, const Dir& dir) {
-  const std::string log = dir / "output.txt";
-  std::vector<std::string> full = {TESSERA_BINARY, "prepare"};
-  full.insert(full.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : full) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid = 0;
-  EXPECT_EQ(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&fa);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  RunResult r{WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), read_file(log)};
-  fs::remove(log);
+RunResult run_prepare(std::vector<std::string> args, const Dir& dir) {
+  args.insert(args.begin(), "prepare");
+  RunResult r = testing::run_tessera(args, dir.path);
+  fs::remove(dir.path / "output.txt");
   return r;
 }
 
