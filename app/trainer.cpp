@@ -24,8 +24,6 @@ static_assert(kIgnoreTarget == kIgnoreIndex, "data and kernels must agree on the
 namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-
 }  // namespace
 
 Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm)
@@ -194,6 +192,7 @@ void Trainer::print_header() {
 }
 
 void Trainer::save_checkpoint(int64_t steps_done) {
+  if (!ckpt_) return;  // no run directory and no checkpoint.dir: nothing is written
   TrainingState st;
   st.params = params_.get();
   st.optimizer = opt_.get();
@@ -267,9 +266,13 @@ TrainSummary Trainer::run() {
     if (!last && cfg_.train.eval_every > 0 && done % cfg_.train.eval_every == 0) evaluate(done, summary);
     if (auto why = stop_reason(stop, done, seconds_since(t_start) / 60.0)) {
       save_checkpoint(done);
-      ckpt_->wait();
-      progress_.message(why->first + ": saved " + ckpt_->last_path() + " after step " + std::to_string(done) +
-                        "; run the same command to resume");
+      if (ckpt_) {
+        ckpt_->wait();
+        progress_.message(why->first + ": saved " + ckpt_->last_path() + " after step " + std::to_string(done) +
+                          "; run the same command to resume");
+      } else {
+        progress_.message(why->first + " after step " + std::to_string(done));
+      }
       summary.exit_code = why->second;
       stopped_early = true;
       break;
@@ -280,7 +283,7 @@ TrainSummary Trainer::run() {
     evaluate(summary.steps_done, summary);
     if (summary.steps_done > start_step_) save_checkpoint(summary.steps_done);
   }
-  ckpt_->wait();
+  if (ckpt_) ckpt_->wait();
   summary.elapsed_s = seconds_since(t_start);
   progress_.finish();
   return summary;
