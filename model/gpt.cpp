@@ -176,14 +176,24 @@ Gpt::Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> reco
     : cfg_(resolve(cfg)), ps_(&ps) {
   TESSERA_CHECK(recompute.empty() || static_cast<int64_t>(recompute.size()) == cfg_.n_layer, "recompute policy has ",
                 recompute.size(), " entries for ", cfg_.n_layer, " layers");
-  embed_ = Embedding(ps, cfg_);
+  // Each part registers a contiguous run of parameter ids; remember them for GradsReady.
+  auto registered = [&](auto&& make) {
+    const int first = ps.size();
+    make();
+    return IdRange{first, ps.size()};
+  };
+  embed_ids_ = registered([&] { embed_ = Embedding(ps, cfg_); });
   for (int64_t l = 0; l < cfg_.n_layer; ++l)
-    blocks_.emplace_back(ps, static_cast<int>(l), cfg_, recompute.empty() ? Recompute::None : recompute[l]);
-  ln_f_ = Norm(ps, "ln_f", cfg_);
-  if (cfg_.tied_embeddings)
-    lm_head_ = Linear::tied(ps, embed_.token_weight_id());
-  else
-    lm_head_ = Linear(ps, "lm_head", cfg_.n_embd, cfg_.vocab_size, false, ShardSpec::tp(0), cfg_.init_std);
+    block_ids_.push_back(registered([&] {
+      blocks_.emplace_back(ps, static_cast<int>(l), cfg_, recompute.empty() ? Recompute::None : recompute[l]);
+    }));
+  ln_f_ids_ = registered([&] { ln_f_ = Norm(ps, "ln_f", cfg_); });
+  head_ids_ = registered([&] {
+    if (cfg_.tied_embeddings)
+      lm_head_ = Linear::tied(ps, embed_.token_weight_id());
+    else
+      lm_head_ = Linear(ps, "lm_head", cfg_.n_embd, cfg_.vocab_size, false, ShardSpec::tp(0), cfg_.init_std);
+  });
 }
 
 void Gpt::forward_layers(GptCtx& ctx, Allocator& alloc, const Tensor& tokens, KvCache* cache) const {
@@ -249,7 +259,10 @@ void Gpt::forward_cached(GptCtx& ctx, Allocator& alloc, const Tensor& tokens, Kv
   cache.length += tokens.dim(1);
 }
 
-void Gpt::backward(GptCtx& ctx, Allocator& alloc, double loss_scale) const {
+void Gpt::backward(GptCtx& ctx, Allocator& alloc, double loss_scale, const GradsReady& on_ready) const {
+  auto ready = [&](const IdRange& r) {
+    if (on_ready && r.end > r.first) on_ready(r.first, r.end);
+  };
   TESSERA_CHECK(ctx.targets.defined() && ctx.logits.defined(), "Gpt::backward needs a forward with targets");
   const int64_t B = ctx.B, T = ctx.T, C = cfg_.n_embd, L = cfg_.n_layer;
   const DType dt = ps_->dtype();
@@ -260,12 +273,16 @@ void Gpt::backward(GptCtx& ctx, Allocator& alloc, double loss_scale) const {
   Buffer dres = workspace(alloc, dt, {B, T, C});
   ln_f_.backward(dres, dln, ctx.resid[L], ctx.ln_f);
   dln.release();
+  ready(head_ids_);  // empty when tied: the token embedding is final only after its own backward
+  ready(ln_f_ids_);
   // Blocks, last to first; dres carries dL/d(resid[l]).
   for (int64_t l = L - 1; l >= 0; --l) {
     blocks_[l].backward(ctx.blocks[l], alloc, dres, ctx.resid[l]);
     ctx.resid[l + 1].release();
+    ready(block_ids_[static_cast<size_t>(l)]);
   }
   embed_.backward(dres, ctx.tokens, 0);
+  ready(embed_ids_);
   ctx = GptCtx{};
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "kernels/allocator.h"
@@ -136,7 +137,11 @@ class Gpt {
   KvCache make_cache(Allocator& alloc, int64_t capacity) const;
   // Accumulates the gradient of loss_scale * (sum of token losses) into the parameter gradients.
   // loss_scale = 1 / (non-ignored targets in the whole optimizer batch) gives the mean.
-  void backward(GptCtx& ctx, Allocator& alloc, double loss_scale) const;
+  // on_ready, when given, is called with each range [first, end) of parameter ids as soon as
+  // their gradients are final for this backward (last layer first), so a data-parallel gradient
+  // reduction of those parameters can start while earlier layers still compute.
+  using GradsReady = std::function<void(int first, int end)>;
+  void backward(GptCtx& ctx, Allocator& alloc, double loss_scale, const GradsReady& on_ready = {}) const;
 
   const ModelConfig& config() const { return cfg_; }
 
@@ -149,6 +154,12 @@ class Gpt {
   std::vector<Block> blocks_;
   Norm ln_f_;
   Linear lm_head_;
+  // Parameter-id ranges of each part, in registration order (which is the flat-buffer order).
+  struct IdRange {
+    int first = 0, end = 0;
+  };
+  IdRange embed_ids_, ln_f_ids_, head_ids_;
+  std::vector<IdRange> block_ids_;
 };
 
 }  // namespace tessera

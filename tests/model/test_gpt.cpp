@@ -313,3 +313,39 @@ TEST_P(GptKvCache, CachedDecodingEqualsFullForward) {
 INSTANTIATE_TEST_SUITE_P(Presets, GptKvCache, ::testing::Values("gpt2", "llama"));
 
 }  // namespace tessera
+
+namespace tessera {
+
+// GradsReady reports every parameter exactly once, last layer first, and a reported gradient
+// never changes afterwards (what an overlapped data-parallel reduction relies on).
+class GptGradsReady : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GptGradsReady, EachParameterOnceFinalWhenReported) {
+  TinyModel m(tiny_config(GetParam()), DType::F32);
+  auto tokens = testing::random_ids({2, 6}, 13, 21);
+  auto targets = testing::random_ids({2, 6}, 13, 22);
+  GptCtx ctx;
+  m.gpt.forward(ctx, m.alloc, tokens.t(), targets.t());
+  std::vector<int> times_reported(static_cast<size_t>(m.ps.size()), 0);
+  std::vector<std::vector<float>> at_report(static_cast<size_t>(m.ps.size()));
+  std::vector<int> firsts;
+  m.gpt.backward(ctx, m.alloc, 1.0 / 12, [&](int first, int end) {
+    firsts.push_back(first);
+    for (int id = first; id < end; ++id) {
+      ++times_reported[static_cast<size_t>(id)];
+      const Tensor g = m.ps.grad(id);
+      at_report[static_cast<size_t>(id)].assign(g.ptr<float>(), g.ptr<float>() + g.numel());
+    }
+  });
+  for (int id = 0; id < m.ps.size(); ++id) {
+    EXPECT_EQ(times_reported[static_cast<size_t>(id)], 1) << m.ps.entry(id).spec.name;
+    const Tensor g = m.ps.grad(id);
+    EXPECT_EQ(at_report[static_cast<size_t>(id)], std::vector<float>(g.ptr<float>(), g.ptr<float>() + g.numel()))
+        << m.ps.entry(id).spec.name << " changed after it was reported final";
+  }
+  for (size_t i = 1; i + 1 < firsts.size(); ++i) EXPECT_LT(firsts[i], firsts[i - 1]) << "blocks last to first";
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, GptGradsReady, ::testing::Values("gpt2", "llama"));
+
+}  // namespace tessera
