@@ -47,4 +47,11 @@ inline int64_t check_rows(const char* op, const char* arg, const Tensor& x) {
   return x.dim(-1);
 }
 
+// A norm's input x (N, C) and weight w (C); returns C. Every other tensor is checked against these.
+inline int64_t check_norm_input(const char* op, const Tensor& x, const Tensor& w) {
+  int64_t C = check_rows(op, "x", x);
+  check_vector(op, "w", w, x.dtype, C);
+  return C;
+}
+
 }  // namespace tessera::cpu

@@ -148,19 +148,12 @@ void backward(float* dx, float* dw, float* db, const float* dy, const float* x, 
 }
 }  // namespace simd
 
-// Validates x (N, C) and w (C); returns C. Every other tensor is checked against these.
-int64_t check_input(const char* op, const Tensor& x, const Tensor& w) {
-  int64_t C = cpu::check_rows(op, "x", x);
-  cpu::check_vector(op, "w", w, x.dtype, C);
-  return C;
-}
-
 }  // namespace
 
 void layernorm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& w,
                        const Tensor& b, double eps) {
   const char* op = "layernorm_forward";
-  int64_t C = check_input(op, x, w), N = x.numel() / C;
+  int64_t C = cpu::check_norm_input(op, x, w), N = x.numel() / C;
   cpu::check_like(op, "y", y, x);
   cpu::check_numel(op, "mean", mean, x.dtype, N);
   cpu::check_numel(op, "rstd", rstd, x.dtype, N);
@@ -176,7 +169,7 @@ void layernorm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd, 
 void layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,
                         const Tensor& w, const Tensor& mean, const Tensor& rstd) {
   const char* op = "layernorm_backward";
-  int64_t C = check_input(op, x, w), N = x.numel() / C;
+  int64_t C = cpu::check_norm_input(op, x, w), N = x.numel() / C;
   cpu::check_like(op, "dx", dx, x);
   cpu::check_like(op, "dy", dy, x);
   cpu::check_vector(op, "dw", dw, x.dtype, C);

@@ -106,18 +106,11 @@ void backward(float* dx, float* dw, const float* dy, const float* x, const float
 }
 }  // namespace simd
 
-// Validates x (N, C) and w (C); returns C. Every other tensor is checked against these.
-int64_t check_input(const char* op, const Tensor& x, const Tensor& w) {
-  int64_t C = cpu::check_rows(op, "x", x);
-  cpu::check_vector(op, "w", w, x.dtype, C);
-  return C;
-}
-
 }  // namespace
 
 void rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w, double eps) {
   const char* op = "rmsnorm_forward";
-  int64_t C = check_input(op, x, w), N = x.numel() / C;
+  int64_t C = cpu::check_norm_input(op, x, w), N = x.numel() / C;
   cpu::check_like(op, "y", y, x);
   cpu::check_numel(op, "rstd", rstd, x.dtype, N);
   if (x.dtype == DType::F64)
@@ -129,7 +122,7 @@ void rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const
 void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
                       const Tensor& rstd) {
   const char* op = "rmsnorm_backward";
-  int64_t C = check_input(op, x, w), N = x.numel() / C;
+  int64_t C = cpu::check_norm_input(op, x, w), N = x.numel() / C;
   cpu::check_like(op, "dx", dx, x);
   cpu::check_like(op, "dy", dy, x);
   cpu::check_vector(op, "dw", dw, x.dtype, C);
