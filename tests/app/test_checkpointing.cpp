@@ -103,6 +103,21 @@ TEST(Checkpointing, KillDuringSaveKeepsThePreviousCheckpoint) {
   fs::remove_all(run.dir);
 }
 
+// train.exit_after_minutes: saves at the first step boundary past the limit and exits 0; the
+// same command continues the schedule to the end.
+TEST(Checkpointing, ExitAfterMinutesSavesAndTheSameCommandContinues) {
+  const TrainRun run = make_run("ckpt_minutes");
+  RunResult r = run.train({"train.steps=20", "train.exit_after_minutes=1e-6"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("train.exit_after_minutes reached: saved"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(run.ckpts() / "step_00000001.h5"));
+  r = run.train({"train.steps=20"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("at step 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("done: 20 steps"), std::string::npos) << r.output;
+  fs::remove_all(run.dir);
+}
+
 // SIGUSR1 (Slurm's warning before the time limit): checkpoint at the step boundary, exit 75.
 TEST(Checkpointing, PreemptionSignalSavesAndExitsForRequeue) {
   const TrainRun run = make_run("ckpt_preempt");
