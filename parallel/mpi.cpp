@@ -8,7 +8,6 @@
 
 namespace tessera {
 
-namespace {
 void check_mpi(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
   char text[MPI_MAX_ERROR_STRING];
@@ -16,7 +15,6 @@ void check_mpi(int rc, const char* what) {
   MPI_Error_string(rc, text, &len);
   detail::fail(what, " failed: ", std::string(text, static_cast<size_t>(len)));
 }
-}  // namespace
 
 MpiSession::MpiSession(int* argc, char*** argv) {
   int initialized = 0;

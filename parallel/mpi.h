@@ -29,6 +29,10 @@ class MpiSession {
   int thread_level_ = MPI_THREAD_SINGLE;
 };
 
+// Throws tessera::Error "<what> failed: <MPI error string>" unless rc is MPI_SUCCESS. A failed MPI
+// call is a broken environment, not a user error.
+void check_mpi(int rc, const char* what);
+
 // Named comm_rank/comm_size, not rank/size, so that `int rank = comm_rank(comm);` compiles.
 int comm_rank(MPI_Comm comm);
 int comm_size(MPI_Comm comm);

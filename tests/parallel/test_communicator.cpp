@@ -1,0 +1,209 @@
+// Tests parallel/communicator.h and grid_comms.h: every op against values computed from the rank
+// numbers, async overlap, grid sub-communicators, byte counters, error agreement. Runs as one rank
+// under ctest and again under mpiexec with 1, 2 and 4 ranks (tests/CMakeLists.txt).
+#include "parallel/communicator.h"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <vector>
+
+#include "mpi_testing.h"
+#include "parallel/grid_comms.h"
+#include "parallel/mpi.h"
+
+namespace tessera {
+namespace {
+
+using testing::test_world;
+
+template <class T>
+Tensor view(std::vector<T>& v) {
+  return Tensor(v.data(), dtype_of<T>(), {static_cast<int64_t>(v.size())});
+}
+
+MpiCommunicator world_comm() { return MpiCommunicator::duplicate(test_world()); }
+
+TEST(Communicator, SizeAndRankMatchTheWorld) {
+  const MpiCommunicator c = world_comm();
+  EXPECT_EQ(c.size(), comm_size(test_world()));
+  EXPECT_EQ(c.rank(), comm_rank(test_world()));
+}
+
+TEST(Communicator, AllReduceSumsAndAverages) {
+  MpiCommunicator c = world_comm();
+  const int p = c.size(), r = c.rank();
+  std::vector<float> f(5);
+  for (size_t i = 0; i < f.size(); ++i) f[i] = static_cast<float>(r + 1) * static_cast<float>(i + 1);
+  c.all_reduce(view(f));
+  const float ranks_sum = static_cast<float>(p * (p + 1) / 2);  // sum of (r + 1)
+  for (size_t i = 0; i < f.size(); ++i) EXPECT_EQ(f[i], ranks_sum * static_cast<float>(i + 1));
+
+  std::vector<double> d = {static_cast<double>(r), 1.0, -2.0 * r};
+  c.all_reduce(view(d), ReduceOp::Average);
+  EXPECT_DOUBLE_EQ(d[0], (p - 1) / 2.0);
+  EXPECT_DOUBLE_EQ(d[1], 1.0);
+  EXPECT_DOUBLE_EQ(d[2], -(p - 1.0));
+}
+
+TEST(Communicator, ReduceScatterGivesEachRankItsChunk) {
+  MpiCommunicator c = world_comm();
+  const int p = c.size(), r = c.rank(), n = 3;
+  std::vector<float> in(static_cast<size_t>(p * n)), out(n);
+  for (int chunk = 0; chunk < p; ++chunk)
+    for (int i = 0; i < n; ++i) in[static_cast<size_t>(chunk * n + i)] = static_cast<float>(100 * r + 10 * chunk + i);
+  c.reduce_scatter(view(in), view(out));
+  // sum over ranks k of (100 k + 10 r + i)
+  for (int i = 0; i < n; ++i) EXPECT_EQ(out[static_cast<size_t>(i)], static_cast<float>(100 * p * (p - 1) / 2 + p * (10 * r + i)));
+
+  std::vector<double> din(static_cast<size_t>(p), static_cast<double>(r)), dout(1);
+  c.reduce_scatter(view(din), view(dout), ReduceOp::Average);
+  EXPECT_DOUBLE_EQ(dout[0], (p - 1) / 2.0);
+}
+
+TEST(Communicator, AllGatherConcatenatesByRank) {
+  MpiCommunicator c = world_comm();
+  const int p = c.size(), r = c.rank(), n = 2;
+  std::vector<int32_t> in = {10 * r, 10 * r + 1}, out(static_cast<size_t>(p * n), -1);
+  c.all_gather(view(in), view(out));
+  for (int k = 0; k < p; ++k) {
+    EXPECT_EQ(out[static_cast<size_t>(k * n)], 10 * k);
+    EXPECT_EQ(out[static_cast<size_t>(k * n + 1)], 10 * k + 1);
+  }
+}
+
+TEST(Communicator, BroadcastCopiesTheRoot) {
+  MpiCommunicator c = world_comm();
+  const int root = c.size() - 1;
+  std::vector<double> v(4, static_cast<double>(c.rank()));
+  c.broadcast(view(v), root);
+  for (double x : v) EXPECT_EQ(x, root);
+}
+
+TEST(Communicator, SendRecvAroundARing) {
+  MpiCommunicator c = world_comm();
+  const int p = c.size(), r = c.rank();
+  std::vector<float> mine = {static_cast<float>(r), static_cast<float>(r) + 0.5f}, theirs(2, -1.0f);
+  CommHandle in = c.recv_async(view(theirs), (r + p - 1) % p, 7);
+  CommHandle out = c.send_async(view(mine), (r + 1) % p, 7);
+  out.wait();
+  in.wait();
+  const float prev = static_cast<float>((r + p - 1) % p);
+  EXPECT_EQ(theirs[0], prev);
+  EXPECT_EQ(theirs[1], prev + 0.5f);
+  EXPECT_TRUE(in.done());
+}
+
+TEST(Communicator, AsyncOpsOverlapLocalWork) {
+  MpiCommunicator c = world_comm();
+  const int p = c.size();
+  std::vector<float> a(1024, 1.0f);
+  std::vector<double> b(256, 2.0);
+  CommHandle ha = c.all_reduce_async(view(a));
+  CommHandle hb = c.all_reduce_async(view(b), ReduceOp::Average);
+  // Local work while both are in flight (buffers untouched), polling for completion.
+  double local = 0;
+  int polls = 0;
+  for (int i = 0; !(ha.test() && hb.test()); ++i, ++polls) local += 1.0 / (i + 1);
+  EXPECT_GE(local, 0.0);
+  EXPECT_TRUE(ha.done() && hb.done());
+  for (float x : a) ASSERT_EQ(x, static_cast<float>(p));
+  for (double x : b) ASSERT_EQ(x, 2.0);
+  {
+    std::vector<float> scoped(8, 1.0f);
+    CommHandle h = c.all_reduce_async(view(scoped));  // the destructor waits
+  }
+}
+
+TEST(Communicator, ByteCountersFollowTheRingVolumes) {
+  MpiCommunicator c = world_comm();
+  const int64_t p = c.size(), r = c.rank();
+  std::vector<float> t(16);  // 64 bytes
+  std::vector<float> big(static_cast<size_t>(16 * p));
+  c.all_reduce(view(t));
+  EXPECT_EQ(c.counters().all_reduce, 2 * (p - 1) * 64 / p);
+  c.reduce_scatter(view(big), view(t));
+  EXPECT_EQ(c.counters().reduce_scatter, (p - 1) * 64);  // (p - 1) / p x (p x 64)
+  c.all_gather(view(t), view(big));
+  EXPECT_EQ(c.counters().all_gather, (p - 1) * 64);
+  c.broadcast(view(t), 0);
+  EXPECT_EQ(c.counters().broadcast, r == 0 && p > 1 ? 64 : 0);
+  std::vector<float> received(16);  // a separate buffer: with one rank the ring sends to itself
+  CommHandle in = c.recv_async(view(received), static_cast<int>((r + p - 1) % p));
+  c.send(view(t), static_cast<int>((r + 1) % p));
+  in.wait();
+  EXPECT_EQ(c.counters().send, 64);
+  EXPECT_EQ(c.bytes_sent(), 2 * (p - 1) * 64 / p + 2 * (p - 1) * 64 + (r == 0 && p > 1 ? 64 : 0) + 64);
+  c.reset_counters();
+  EXPECT_EQ(c.bytes_sent(), 0);
+}
+
+TEST(Communicator, RejectsBadArgumentsBeforeCommunicating) {
+  MpiCommunicator c = world_comm();
+  std::vector<int32_t> ints(4);
+  std::vector<float> f(4), g(4 * c.size() + 1);
+  EXPECT_THROW(c.all_reduce(view(ints)), Error);
+  EXPECT_THROW(c.reduce_scatter(view(g), view(f)), Error);
+  EXPECT_THROW(c.all_gather(view(f), view(g)), Error);
+  EXPECT_THROW(c.broadcast(view(f), c.size()), Error);
+  EXPECT_THROW(c.send(view(f), -1), Error);
+  EXPECT_EQ(c.bytes_sent(), 0);  // nothing was started, nothing counted
+}
+
+// Sub-communicators of every layout that fits the world: an all_reduce of world ranks over each
+// group sums exactly that group's ranks (e.g. 4 ranks as tp 2 x dp 2: the tp pair, the dp pair).
+TEST(Communicator, GridGroupsReduceOnlyTheirMembers) {
+  MPI_Comm world = test_world();
+  const int64_t p = comm_size(world), r = comm_rank(world);
+  const std::vector<GridDegrees> layouts = {{}, {.tp = 2}, {.cp = 2}, {.pp = 2}, {.tp = 2, .pp = 2}, {.tp = 2, .cp = 2}};
+  for (const GridDegrees& d : layouts) {
+    if (p % (d.tp * d.cp * d.pp) != 0) continue;
+    const ProcessGrid grid(d, p, r);
+    GridComms comms(grid, world);
+    auto check = [&](MpiCommunicator& c, const std::vector<int64_t>& group, const char* name) {
+      EXPECT_EQ(c.size(), static_cast<int>(group.size())) << name;
+      EXPECT_EQ(group[static_cast<size_t>(c.rank())], r) << name;
+      std::vector<double> v = {static_cast<double>(r)};
+      c.all_reduce(view(v));
+      EXPECT_EQ(v[0], static_cast<double>(std::accumulate(group.begin(), group.end(), int64_t{0})))
+          << name << " on grid " << grid.coords().str();
+    };
+    check(comms.tp, grid.tp_group(), "tp");
+    check(comms.cp, grid.cp_group(), "cp");
+    check(comms.dp, grid.dp_group(), "dp");
+    check(comms.pp, grid.pp_group(), "pp");
+    check(comms.dp_cp, grid.dp_cp_group(), "dp_cp");
+    EXPECT_EQ(comms.tp.rank(), grid.tp_rank());
+    EXPECT_EQ(comms.dp.rank(), grid.dp_rank());
+    EXPECT_EQ(comms.pp.rank(), grid.pp_rank());
+  }
+}
+
+// One rank's op fails its local checks; every rank agrees on the error and the communicator still
+// works afterwards (no rank is left waiting in a collective).
+TEST(Communicator, AnErrorOnOneRankReachesEveryRank) {
+  MpiCommunicator c = world_comm();
+  const int last = c.size() - 1;
+  std::string error;
+  try {
+    if (c.rank() == last) {
+      std::vector<int32_t> ints(2);
+      c.all_reduce(view(ints));  // rejected: integers do not reduce
+    }
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_EQ(error.empty(), c.rank() != last);
+  try {
+    throw_if_any_failed(c.comm(), error);
+    FAIL() << "no error raised";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "all_reduce: reduces f32 or f64 tensors, got i32");
+  }
+  std::vector<float> v = {1.0f};
+  c.all_reduce(view(v));
+  EXPECT_EQ(v[0], static_cast<float>(c.size()));
+}
+
+}  // namespace
+}  // namespace tessera
