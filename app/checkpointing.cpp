@@ -37,7 +37,7 @@ std::vector<float> copy_flat(const Tensor& t) {
 
 // This rank's slice of each parameter-shaped tensor, under prefix + name + suffix.
 void add_slices(std::vector<TensorSlice>& out, const ParameterStore& ps, const std::vector<float>& flat,
-                const std::string& prefix, const std::string& suffix) {
+                const std::string& prefix, const std::string& suffix, bool write) {
   for (const ParamEntry& e : ps.entries()) {
     TensorSlice s;
     s.path = prefix + e.spec.name + suffix;
@@ -47,6 +47,7 @@ void add_slices(std::vector<TensorSlice>& out, const ParameterStore& ps, const s
     s.start = sharded ? e.shard_start : 0;
     s.local_shape = e.local_shape;
     s.data = flat.data() + e.offset;
+    s.write = write;
     out.push_back(s);
   }
 }
@@ -139,9 +140,9 @@ void CheckpointWriter::save(const TrainingState& st) {
   snap->params = copy_flat(st.params->flat_params());
   snap->exp_avg = copy_flat(st.optimizer->exp_avg());
   snap->exp_avg_sq = copy_flat(st.optimizer->exp_avg_sq());
-  add_slices(snap->slices, *st.params, snap->params, "/model/", "");
-  add_slices(snap->slices, *st.params, snap->exp_avg, "/optim/", "/exp_avg");
-  add_slices(snap->slices, *st.params, snap->exp_avg_sq, "/optim/", "/exp_avg_sq");
+  add_slices(snap->slices, *st.params, snap->params, "/model/", "", st.writes_tensors);
+  add_slices(snap->slices, *st.params, snap->exp_avg, "/optim/", "/exp_avg", st.writes_tensors);
+  add_slices(snap->slices, *st.params, snap->exp_avg_sq, "/optim/", "/exp_avg_sq", st.writes_tensors);
   pending_path_ = (fs::path(dir_) / checkpoint_file_name(st.step)).string();
   thread_ = std::thread([this, snap] {
     try {

@@ -30,6 +30,7 @@ struct TrainingState {
   int64_t tokens_seen = 0;
   std::string config_toml;
   AttrMap seeds;                 // stored under /rng
+  bool writes_tensors = true;    // false on data-parallel replicas: one copy of each element is written
 };
 
 class CheckpointWriter {

@@ -204,6 +204,8 @@ struct ParallelConfig {
   int64_t cp = 1;
   bool sequence_parallel = false;
   int64_t zero = 0;
+  double bucket_mb = 25.0;
+  bool overlap_grad_reduce = true;
 
   template <class V>
   void visit(V& v) {
@@ -216,6 +218,10 @@ struct ParallelConfig {
             "over the tp group", Allowed::any());
     v.field("zero", zero, "ZeRO stage: 0 = replicated optimizer state, 1 = sharded over dp",
             Allowed::closed(0, 1));
+    v.field("bucket_mb", bucket_mb, "data parallel: gradients are summed in buckets of about this many MiB",
+            Allowed::greater_than(0.0));
+    v.field("overlap_grad_reduce", overlap_grad_reduce, "data parallel: start each bucket's reduction as soon "
+            "as its gradients are final during backward (false: all after backward)", Allowed::any());
   }
   bool operator==(const ParallelConfig&) const = default;
 };

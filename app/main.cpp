@@ -22,6 +22,10 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const tessera::CollectiveError& e) {
+    // Every rank holds this same error: one prints it, all exit.
+    if (tessera::comm_rank(MPI_COMM_WORLD) == 0) std::fprintf(stderr, "tessera: error: %s\n", e.what());
+    return 1;
   } catch (const tessera::Error& e) {
     std::fprintf(stderr, "tessera: error: %s\n", e.what());
     return 1;

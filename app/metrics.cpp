@@ -87,11 +87,12 @@ std::string format_rate(double v) {
   return buf;
 }
 
-ProgressPrinter::ProgressPrinter(const std::string& mode) {
-  tty_ = mode == "tty" || (mode == "auto" && isatty(STDOUT_FILENO));
+ProgressPrinter::ProgressPrinter(const std::string& mode, bool enabled) : enabled_(enabled) {
+  tty_ = enabled && (mode == "tty" || (mode == "auto" && isatty(STDOUT_FILENO)));
 }
 
 void ProgressPrinter::step(const StepStats& s, bool record) {
+  if (!enabled_) return;
   char buf[320];
   const int width = static_cast<int>(std::to_string(s.total_steps).size());
   std::snprintf(buf, sizeof buf,
@@ -107,6 +108,7 @@ void ProgressPrinter::step(const StepStats& s, bool record) {
 }
 
 void ProgressPrinter::message(const std::string& text) {
+  if (!enabled_) return;
   if (line_open_) std::cout << "\r\033[K";
   std::cout << text << std::endl;
   line_open_ = false;

@@ -43,8 +43,9 @@ struct StepStats {
 // Prints one line per call; on a terminal the line is rewritten in place.
 class ProgressPrinter {
  public:
-  // mode: "auto" (terminal if stdout is one), "tty" or "lines".
-  explicit ProgressPrinter(const std::string& mode);
+  // mode: "auto" (terminal if stdout is one), "tty" or "lines". A printer that is not enabled
+  // prints nothing (every rank but one in a parallel run).
+  explicit ProgressPrinter(const std::string& mode, bool enabled = true);
   // On a terminal every call rewrites the line (a recorded step is kept on screen);
   // otherwise only recorded steps print.
   void step(const StepStats& s, bool record);
@@ -55,6 +56,7 @@ class ProgressPrinter {
 
  private:
   bool tty_ = false;
+  bool enabled_ = true;
   bool line_open_ = false;
 };
 

@@ -16,6 +16,7 @@
 #include "kernels/backend_info.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
+#include "parallel/mpi.h"
 
 namespace tessera {
 
@@ -26,14 +27,23 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 }  // namespace
 
+namespace {
+GridDegrees data_parallel_degrees(const Config& c) { return GridDegrees{1, 1, 1, c.parallel.dp}; }
+int64_t world_size_of(MPI_Comm comm) { return comm == MPI_COMM_NULL ? 1 : comm_size(comm); }
+int64_t world_rank_of(MPI_Comm comm) { return comm == MPI_COMM_NULL ? 0 : comm_rank(comm); }
+}  // namespace
+
 Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm)
     : cfg_(cfg),
       run_dir_(run_dir),
-      accum_(tessera::grad_accum_steps(cfg, 1)),
+      grid_(data_parallel_degrees(cfg), world_size_of(comm), world_rank_of(comm)),
+      lead_(grid_.rank() == 0),
+      accum_(tessera::grad_accum_steps(cfg, grid_.dp_size())),
       data_(open_training_data(cfg)),
       sampler_(data_.train->num_samples(), static_cast<uint64_t>(cfg.train.seed)),
-      layout_{cfg.train.global_batch, cfg.train.micro_batch, 1, 0},
-      progress_(cfg.log.progress) {
+      layout_{cfg.train.global_batch, cfg.train.micro_batch, grid_.dp_size(), grid_.dp_rank()},
+      progress_(cfg.log.progress, grid_.rank() == 0) {
+  if (comm != MPI_COMM_NULL && grid_.world_size() > 1) comms_ = std::make_unique<GridComms>(grid_, comm);
   const ModelConfig mc = resolve(to_model_config(cfg_, data_.vocab_size));
   params_ = std::make_unique<ParameterStore>(alloc_, DType::F32);
   model_ = std::make_unique<Gpt>(mc, *params_, recompute_policy(cfg_));
@@ -41,13 +51,21 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm)
   params_->initialize(static_cast<uint64_t>(cfg_.train.seed));
   opt_ = std::make_unique<AdamW>(params_->flat_params(), params_->flat_grads(), segments(), alloc_,
                                  AdamWOptions{cfg_.optim.beta1, cfg_.optim.beta2, cfg_.optim.eps, cfg_.optim.weight_decay});
+  if (grid_.dp_size() > 1) {
+    std::vector<int64_t> offsets;
+    for (const ParamEntry& e : params_->entries()) offsets.push_back(e.offset);
+    offsets.push_back(params_->numel());
+    reducer_ = std::make_unique<BucketedAllReduce>(params_->flat_grads(), offsets,
+                                                   static_cast<int64_t>(cfg_.parallel.bucket_mb * (1 << 20)), comms_->dp,
+                                                   cfg_.parallel.overlap_grad_reduce);
+  }
   schedule_ = LrSchedule{cfg_.optim.lr, cfg_.optim.min_lr, cfg_.optim.warmup_steps, cfg_.train.steps,
                          parse_lr_decay(cfg_.optim.decay)};
   flops_per_token_ = flops_per_token(mc, cfg_.train.seq_len);
   const std::string ckpt_dir = !cfg_.checkpoint.dir.empty() ? cfg_.checkpoint.dir
                                : run_dir_.empty()           ? ""
                                                             : run_dir_ + "/checkpoints";
-  if (!ckpt_dir.empty()) {
+  if (!ckpt_dir.empty() && comm != MPI_COMM_NULL) {
     ckpt_ = std::make_unique<CheckpointWriter>(ckpt_dir, cfg_.checkpoint.keep_last, comm);
     if (auto path = find_resume_checkpoint(ckpt_dir, cfg_.checkpoint.resume, comm)) {
       const RestoredState st = restore_training_state(*path, *params_, *opt_, comm);
@@ -56,7 +74,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm)
       consumed_at_start_ = st.consumed_samples;
     }
   }
-  if (!run_dir_.empty()) metrics_ = MetricsWriter(run_dir_ + "/metrics.jsonl", /*append=*/start_step_ > 0);
+  if (!run_dir_.empty() && lead_) metrics_ = MetricsWriter(run_dir_ + "/metrics.jsonl", /*append=*/start_step_ > 0);
 }
 
 std::vector<ParamSegment> Trainer::segments() const {
@@ -76,26 +94,46 @@ std::vector<ParamSegment> Trainer::segments() const {
 
 // Runs every micro-batch of step s and accumulates gradients of the mean loss over the global
 // batch; returns that mean loss.
+void Trainer::sum_over_dp(std::vector<double>& values) {
+  if (!comms_) return;
+  comms_->dp.all_reduce(Tensor(values.data(), DType::F64, {static_cast<int64_t>(values.size())}), ReduceOp::Sum);
+}
+
+// Runs this rank's micro-batches of step s and leaves in the gradients the gradient of the mean
+// loss over the whole global batch (every rank's tokens): each rank scales its losses by
+// 1 / (targets in the global batch), and data-parallel buckets sum the ranks' gradients, started
+// during the last micro-batch's backward. Returns that global mean loss.
 double Trainer::forward_backward(int64_t s) {
   if (!loader_)
     loader_ = std::make_unique<DataLoader>(*data_.train, sampler_, layout_,
                                            consumed_at_start_ + (s - start_step_) * cfg_.train.global_batch);
   std::vector<Batch> batches;
-  int64_t targets = 0;
+  std::vector<double> sums = {0.0, 0.0};  // loss sum, targets
   for (int64_t m = 0; m < accum_; ++m) {
     batches.push_back(loader_->next());
     const Batch& b = batches.back();
-    targets += count_not_equal(Tensor(const_cast<int32_t*>(b.targets.data()), DType::I32, {b.B, b.T}), kIgnoreIndex);
+    sums[1] += static_cast<double>(
+        count_not_equal(Tensor(const_cast<int32_t*>(b.targets.data()), DType::I32, {b.B, b.T}), kIgnoreIndex));
   }
-  double loss_sum = 0;
-  for (Batch& b : batches) {
+  std::vector<double> targets = {sums[1]};
+  sum_over_dp(targets);
+  const double loss_scale = targets[0] > 0 ? 1.0 / targets[0] : 0.0;
+  for (size_t m = 0; m < batches.size(); ++m) {
+    Batch& b = batches[m];
     GptCtx ctx;
     const double loss = model_->forward(ctx, alloc_, Tensor(b.tokens.data(), DType::I32, {b.B, b.T}),
                                         Tensor(b.targets.data(), DType::I32, {b.B, b.T}));
-    loss_sum += loss * static_cast<double>(ctx.n_targets);
-    model_->backward(ctx, alloc_, 1.0 / static_cast<double>(targets));
+    sums[0] += loss * static_cast<double>(ctx.n_targets);
+    // Only the last micro-batch communicates: earlier ones only accumulate locally.
+    const bool last = m + 1 == batches.size();
+    Gpt::GradsReady ready;
+    if (reducer_ && last) ready = [this](int first, int end) { reducer_->ready(first, end); };
+    model_->backward(ctx, alloc_, loss_scale, ready);
   }
-  return targets ? loss_sum / static_cast<double>(targets) : 0.0;
+  if (reducer_) reducer_->finish();
+  std::vector<double> loss = {sums[0]};
+  sum_over_dp(loss);
+  return targets[0] > 0 ? loss[0] / targets[0] : 0.0;
 }
 
 std::string Trainer::nonfinite_report(double loss, double norm) const {
@@ -178,7 +216,9 @@ void Trainer::evaluate(int64_t s, TrainSummary& summary) {
 }
 
 void Trainer::print_header() {
-  peak_flops_ = (cfg_.log.peak_gflops > 0 ? cfg_.log.peak_gflops : cpu_peak_gflops()) * 1e9;
+  // Every rank runs on its own cores: the job's peak is the world's.
+  peak_flops_ = (cfg_.log.peak_gflops > 0 ? cfg_.log.peak_gflops : cpu_peak_gflops()) * 1e9 *
+                static_cast<double>(grid_.world_size());
   std::ostringstream os;
   os << "model " << model_->config().preset << ": " << params_->numel() << " parameters, "
      << model_->config().n_layer << " layers, C=" << model_->config().n_embd << " | batch "
@@ -201,6 +241,7 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   st.tokens_seen = st.consumed_samples * cfg_.train.seq_len;
   st.config_toml = to_toml(cfg_);
   st.seeds = {{"train_seed", cfg_.train.seed}, {"data_seed", cfg_.data.seed}};
+  st.writes_tensors = grid_.dp_rank() == 0;  // replicas hold the same values
   ckpt_->save(st);
 }
 
@@ -302,30 +343,49 @@ void print_summary(const TrainSummary& s, const std::string& run_dir) {
 // Keys that parse but whose features are not built yet are refused rather than ignored.
 void check_supported(const Config& cfg) {
   const ParallelConfig& p = cfg.parallel;
-  TESSERA_CHECK(p.tp == 1 && p.pp == 1 && p.cp == 1 && (p.dp == -1 || p.dp == 1) && !p.sequence_parallel && p.zero == 0,
-                "[parallel] asks for a multi-process layout (tp=", p.tp, ", pp=", p.pp, ", cp=", p.cp, ", dp=", p.dp,
-                ", sequence_parallel=", p.sequence_parallel, ", zero=", p.zero,
-                "), but this build trains on one process; leave [parallel] at its defaults");
+  TESSERA_CHECK(p.tp == 1 && p.pp == 1 && p.cp == 1 && !p.sequence_parallel && p.zero == 0,
+                "[parallel] asks for tp=", p.tp, ", pp=", p.pp, ", cp=", p.cp, ", sequence_parallel=",
+                p.sequence_parallel, ", zero=", p.zero, ", but this build parallelizes over data only ",
+                "(parallel.dp); leave the others at their defaults");
 }
 
 int run_train_command(const TrainArgs& args) {
-  const Config cfg = load_config(args.config_path, args.overrides);
+  MPI_Comm world = MPI_COMM_WORLD;  // the entry point: the one place the world is named
+  const bool lead = comm_rank(world) == 0;
+  // Setup problems (config, data, checkpoint) are usually the same on every rank; collected and
+  // raised together so that one message is printed and every rank exits.
+  Config cfg;
+  std::string dir, error;
+  try {
+    cfg = load_config(args.config_path, args.overrides);
+    if (!args.print_config) {
+      check_supported(cfg);
+      dir = args.run_dir.empty() ? run_dir(cfg) : args.run_dir;
+      if (lead) std::filesystem::create_directories(dir);
+    }
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  throw_if_any_failed(world, error);
   if (args.print_config) {
-    std::cout << to_toml(cfg);
+    if (lead) std::cout << to_toml(cfg);
     return kExitOk;
   }
-  check_supported(cfg);
-  const std::string dir = args.run_dir.empty() ? run_dir(cfg) : args.run_dir;
-  std::filesystem::create_directories(dir);
-  {
+  if (lead) {
     std::ofstream out(dir + "/config.toml");
     TESSERA_CHECK(out.is_open(), "cannot write ", dir, "/config.toml");
     out << to_toml(cfg);
+    std::cout << build_info();
   }
-  std::cout << build_info();
-  Trainer trainer(cfg, dir, MPI_COMM_WORLD);  // the entry point: the one place the world is named
-  const TrainSummary summary = trainer.run();
-  print_summary(summary, dir);
+  std::unique_ptr<Trainer> trainer;
+  try {
+    trainer = std::make_unique<Trainer>(cfg, dir, world);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  throw_if_any_failed(world, error);
+  const TrainSummary summary = trainer->run();
+  if (lead) print_summary(summary, dir);
   return summary.exit_code;
 }
 

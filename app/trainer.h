@@ -24,6 +24,9 @@
 #include "model/parameters.h"
 #include "optim/adamw.h"
 #include "optim/schedule.h"
+#include "parallel/data_parallel.h"
+#include "parallel/grid_comms.h"
+#include "parallel/process_grid.h"
 
 namespace tessera {
 
@@ -43,8 +46,10 @@ struct TrainSummary {
 
 class Trainer {
  public:
-  // run_dir "" writes no files (tests); checkpoints go to checkpoint.dir or <run_dir>/checkpoints,
-  // and checkpoint.resume decides whether the run continues one.
+  // comm: the ranks training together (data parallel over all of them); MPI_COMM_NULL = one
+  // process without MPI and without checkpoints (tests). run_dir "" writes no files;
+  // checkpoints go to checkpoint.dir or <run_dir>/checkpoints, and checkpoint.resume decides
+  // whether the run continues one.
   Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm);
   TrainSummary run();
 
@@ -69,8 +74,14 @@ class Trainer {
   std::optional<std::pair<std::string, int>> stop_reason(const StopSignals& stop, int64_t done, double minutes) const;
   std::vector<ParamSegment> segments() const;
 
+  // Sums a few scalars (loss, target counts) over the data-parallel group; no-op on one rank.
+  void sum_over_dp(std::vector<double>& values);
+
   Config cfg_;
   std::string run_dir_;
+  ProcessGrid grid_;                  // data parallel only, so far: every rank holds the whole model
+  std::unique_ptr<GridComms> comms_;
+  bool lead_ = true;                  // rank 0: prints, writes metrics
   int64_t accum_ = 1;
   TrainingData data_;
   Sampler sampler_;
@@ -80,6 +91,7 @@ class Trainer {
   std::unique_ptr<ParameterStore> params_;
   std::unique_ptr<Gpt> model_;
   std::unique_ptr<AdamW> opt_;
+  std::unique_ptr<BucketedAllReduce> reducer_;  // dp > 1
   LrSchedule schedule_;
   MetricsWriter metrics_;
   ProgressPrinter progress_;

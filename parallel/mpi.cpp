@@ -57,7 +57,7 @@ void throw_if_any_failed(MPI_Comm comm, const std::string& local_error) {
   std::string message = local_error;
   message.resize(static_cast<size_t>(len));
   check_mpi(MPI_Bcast(message.data(), len, MPI_CHAR, first, comm), "MPI_Bcast");
-  throw Error(message);
+  throw CollectiveError(message);
 }
 
 std::vector<std::string> allgather_bytes(MPI_Comm comm, const std::string& mine) {

@@ -4,10 +4,19 @@
 
 #include <mpi.h>
 
+#include "kernels/check.h"
+
 #include <string>
 #include <vector>
 
 namespace tessera {
+
+// An error every rank of a communicator throws together, with the same message: the program
+// prints it once (rank 0) and all ranks exit.
+class CollectiveError : public Error {
+ public:
+  using Error::Error;
+};
 
 // RAII: initializes MPI (MPI_THREAD_MULTIPLE: the checkpoint writer thread does collective I/O on its
 // own duplicated communicator while the main thread trains; OpenMP threads do

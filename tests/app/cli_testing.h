@@ -73,11 +73,11 @@ struct RunResult {
 
 // Runs build/tessera with args, output (stdout + stderr) to a file; optionally sends SIGINT once
 // `signal_when_file` exists.
-inline RunResult run_tessera(const std::vector<std::string>& args, const fs::path& dir,
+inline RunResult run_program(const std::string& program, const std::vector<std::string>& args, const fs::path& dir,
                              const fs::path& signal_when_file = {}, int signal = SIGINT,
                              const std::vector<std::string>& env = {}) {
   const fs::path log = dir / "output.txt";
-  std::vector<std::string> full = {TESSERA_BINARY};
+  std::vector<std::string> full = {program};
   full.insert(full.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : full) argv.push_back(a.data());
@@ -118,6 +118,12 @@ inline std::vector<double> losses(const fs::path& metrics) {
     if (k != std::string::npos) out.push_back(std::stod(line.substr(k + 8)));
   }
   return out;
+}
+
+inline RunResult run_tessera(const std::vector<std::string>& args, const fs::path& dir,
+                             const fs::path& signal_when_file = {}, int signal = SIGINT,
+                             const std::vector<std::string>& env = {}) {
+  return run_program(TESSERA_BINARY, args, dir, signal_when_file, signal, env);
 }
 
 }  // namespace tessera::testing

@@ -27,7 +27,7 @@ TEST(Trainer, GradientAccumulationEqualsOneLargeBatch) {
   Config one = parse_config_string(kTinyConfig, "tiny.toml");
   Config four = one;
   four.train.micro_batch = 2;  // 4 micro-batches of 2
-  Trainer a(one, "", MPI_COMM_SELF), b(four, "", MPI_COMM_SELF);
+  Trainer a(one, "", MPI_COMM_NULL), b(four, "", MPI_COMM_NULL);
   ASSERT_EQ(a.grad_accum_steps(), 1);
   ASSERT_EQ(b.grad_accum_steps(), 4);
   const auto ra = a.step(0), rb = b.step(0);
