@@ -26,11 +26,16 @@ int main(int argc, char** argv) {
     // Every rank holds this same error: one prints it, all exit.
     if (tessera::comm_rank(MPI_COMM_WORLD) == 0) std::fprintf(stderr, "tessera: error: %s\n", e.what());
     return 1;
-  } catch (const tessera::Error& e) {
-    std::fprintf(stderr, "tessera: error: %s\n", e.what());
-    return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tessera: unexpected error: %s\n", e.what());
+    // An error on this rank alone: the others may be waiting in a collective, so in a parallel
+    // run the whole job is aborted (all ranks exit non-zero) instead of hanging.
+    const bool parallel = tessera::comm_size(MPI_COMM_WORLD) > 1;
+    const bool ours = dynamic_cast<const tessera::Error*>(&e) != nullptr;
+    std::fprintf(stderr, "tessera: %s%s\n", ours ? "error: " : "unexpected error: ", e.what());
+    if (parallel) {
+      std::fprintf(stderr, "tessera: rank %d failed alone; aborting every rank\n", tessera::comm_rank(MPI_COMM_WORLD));
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
     return 1;
   }
   return exit_code;

@@ -246,20 +246,22 @@ void Trainer::save_checkpoint(int64_t steps_done) {
 }
 
 // Why the loop should stop after this step, if it should (and with which exit code).
+// Why the loop should stop after this step, if it should (and with which exit code). Every rank
+// must stop at the same step: signals and clocks are local, so the ranks agree on them first.
 std::optional<std::pair<std::string, int>> Trainer::stop_reason(const StopSignals& stop, int64_t done,
-                                                                double minutes) const {
-  if (stop.requested()) {
-    const int sig = stop.signal_number();
-    const bool preempt = sig == SIGTERM || sig == SIGUSR1;
-    return std::make_pair(std::string(preempt ? "preempted by signal " : "stopped by signal ") + std::to_string(sig),
-                          preempt ? kExitPreempted : kExitInterrupted);
-  }
+                                                                double minutes) {
+  const int sig = stop.signal_number();
+  const bool time_up = cfg_.train.exit_after_minutes > 0 && minutes >= cfg_.train.exit_after_minutes;
+  std::vector<double> votes = {sig == SIGINT ? 1.0 : 0.0, sig == SIGTERM || sig == SIGUSR1 ? 1.0 : 0.0,
+                               time_up ? 1.0 : 0.0};
+  sum_over_dp(votes);
+  if (votes[1] > 0) return std::make_pair(std::string("preempted by signal"), static_cast<int>(kExitPreempted));
+  if (votes[0] > 0) return std::make_pair(std::string("stopped by signal"), static_cast<int>(kExitInterrupted));
   if (done == cfg_.train.steps) return std::nullopt;
   if (cfg_.train.exit_after_steps > 0 && done - start_step_ >= cfg_.train.exit_after_steps)
     return std::make_pair("train.exit_after_steps = " + std::to_string(cfg_.train.exit_after_steps) + " reached",
                           static_cast<int>(kExitOk));
-  if (cfg_.train.exit_after_minutes > 0 && minutes >= cfg_.train.exit_after_minutes)
-    return std::make_pair(std::string("train.exit_after_minutes reached"), static_cast<int>(kExitOk));
+  if (votes[2] > 0) return std::make_pair(std::string("train.exit_after_minutes reached"), static_cast<int>(kExitOk));
   return std::nullopt;
 }
 

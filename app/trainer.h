@@ -71,7 +71,7 @@ class Trainer {
   void log_step(int64_t s, const StepResult& r, double step_seconds, double elapsed, bool record);
   void print_header();
   void save_checkpoint(int64_t steps_done);
-  std::optional<std::pair<std::string, int>> stop_reason(const StopSignals& stop, int64_t done, double minutes) const;
+  std::optional<std::pair<std::string, int>> stop_reason(const StopSignals& stop, int64_t done, double minutes);
   std::vector<ParamSegment> segments() const;
 
   // Sums a few scalars (loss, target counts) over the data-parallel group; no-op on one rank.
