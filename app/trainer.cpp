@@ -74,6 +74,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm)
       consumed_at_start_ = st.consumed_samples;
     }
   }
+  step_at_record_ = start_step_;
   if (!run_dir_.empty() && lead_) metrics_ = MetricsWriter(run_dir_ + "/metrics.jsonl", /*append=*/start_step_ > 0);
 }
 
@@ -177,15 +178,24 @@ void Trainer::log_step(int64_t s, const StepResult& r, double step_seconds, doub
   st.memory = format_bytes(alloc_.total_peak());
   progress_.step(st, record);
   if (!record) return;
-  metrics_.write(JsonRecord()
-                     .add("step", done)
-                     .add("loss", r.loss)
-                     .add("lr", r.lr)
-                     .add("grad_norm", r.grad_norm)
-                     .add("tokens_per_s", tps)
-                     .add("mfu", mfu)
-                     .add("elapsed_s", elapsed)
-                     .add("tokens", static_cast<int64_t>(done) * cfg_.train.global_batch * cfg_.train.seq_len));
+  JsonRecord rec;
+  rec.add("step", done)
+      .add("loss", r.loss)
+      .add("lr", r.lr)
+      .add("grad_norm", r.grad_norm)
+      .add("tokens_per_s", tps)
+      .add("mfu", mfu)
+      .add("elapsed_s", elapsed)
+      .add("tokens", static_cast<int64_t>(done) * cfg_.train.global_batch * cfg_.train.seq_len);
+  if (comms_) {
+    // Bytes this rank sent over the data-parallel group per step since the last record (ring
+    // volumes, parallel/communicator.h): 2 (p-1)/p of the gradients, plus a few scalars.
+    const int64_t sent = comms_->dp.bytes_sent();
+    rec.add("dp_bytes_per_step", (sent - dp_bytes_at_record_) / std::max<int64_t>(1, done - step_at_record_));
+    dp_bytes_at_record_ = sent;
+    step_at_record_ = done;
+  }
+  metrics_.write(rec);
 }
 
 void Trainer::evaluate(int64_t s, TrainSummary& summary) {

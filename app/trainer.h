@@ -98,6 +98,7 @@ class Trainer {
   std::unique_ptr<CheckpointWriter> ckpt_;
   std::string resumed_from_;
   int64_t start_step_ = 0, consumed_at_start_ = 0;
+  int64_t dp_bytes_at_record_ = 0, step_at_record_ = 0;  // communication accounting per record
   double flops_per_token_ = 0;
   double peak_flops_ = 0;
 };

@@ -64,6 +64,17 @@ TEST(DataParallelTraining, EqualsTheOneRankRun) {
       EXPECT_LT(max_rel_diff(ckpt.read_all(t.path), base.read_all(t.path)), 1e-5) << run << " " << t.path;
     }
   }
+  // Communication accounting: with 2 ranks each sends, per step, its whole gradient once (ring
+  // all-reduce: 2 (p-1)/p = 1 x the bytes) plus three scalar reductions of 8, 8 and 24 bytes
+  // (global targets, global loss, the stop vote).
+  int64_t params = 0;
+  for (const auto& t : base.tensors())
+    if (t.path.rfind("/model/", 0) == 0) params += t.shape.numel();
+  const std::string metrics = testing::read_file(dir / "dp2true" / "metrics.jsonl");
+  // The last record (the first does not yet include a stop vote, which follows the record).
+  const auto at = metrics.rfind("\"dp_bytes_per_step\": ");
+  ASSERT_NE(at, std::string::npos) << metrics;
+  EXPECT_EQ(std::stoll(metrics.substr(at + 21)), 4 * params + 8 + 8 + 24);
   // The 2-rank checkpoint continues on 1 rank.
   fs::copy(dir / "dp2true", dir / "resumed", fs::copy_options::recursive);
   r = train(dir, "resumed", 1, {"--set", "train.steps=8"});
