@@ -2,7 +2,11 @@
 // micro_batch sequences per forward, accumulation = global_batch / (micro_batch x dp).
 #include "app/trainer.h"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <csignal>
+#include <cstdlib>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -361,9 +365,18 @@ void check_supported(const Config& cfg) {
                 "(parallel.dp); leave the others at their defaults");
 }
 
+// Ranks sharing a node split its cores between them unless OMP_NUM_THREADS says otherwise:
+// two ranks of two threads each on two cores stall at every parallel region.
+void share_cores_between_ranks(MPI_Comm world) {
+  const int local = ranks_on_this_node(world);
+  if (local > 1 && std::getenv("OMP_NUM_THREADS") == nullptr)
+    omp_set_num_threads(std::max(1, omp_get_num_procs() / local));
+}
+
 int run_train_command(const TrainArgs& args) {
   MPI_Comm world = MPI_COMM_WORLD;  // the entry point: the one place the world is named
   const bool lead = comm_rank(world) == 0;
+  share_cores_between_ranks(world);
   // Setup problems (config, data, checkpoint) are usually the same on every rank; collected and
   // raised together so that one message is printed and every rank exits.
   Config cfg;

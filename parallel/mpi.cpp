@@ -46,6 +46,15 @@ int comm_size(MPI_Comm comm) {
   return s;
 }
 
+int ranks_on_this_node(MPI_Comm comm) {
+  MPI_Comm node = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, comm_rank(comm), MPI_INFO_NULL, &node),
+            "MPI_Comm_split_type");
+  const int n = comm_size(node);
+  MPI_Comm_free(&node);
+  return n;
+}
+
 void throw_if_any_failed(MPI_Comm comm, const std::string& local_error) {
   const int n = comm_size(comm);
   int mine = local_error.empty() ? n : comm_rank(comm);

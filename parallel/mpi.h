@@ -45,6 +45,8 @@ void check_mpi(int rc, const char* what);
 // Named comm_rank/comm_size, not rank/size, so that `int rank = comm_rank(comm);` compiles.
 int comm_rank(MPI_Comm comm);
 int comm_size(MPI_Comm comm);
+// How many ranks of comm share this node (MPI_COMM_TYPE_SHARED); collective over comm.
+int ranks_on_this_node(MPI_Comm comm);
 
 // Collective over comm. Each rank passes "" when its part went well, else its error message.
 // If any rank failed, every rank throws tessera::Error carrying the message of the lowest failed
