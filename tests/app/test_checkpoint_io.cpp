@@ -12,20 +12,15 @@
 #include <iterator>
 
 #include "h5_reader.h"
+#include "cli_testing.h"
 #include "mpi_testing.h"
 
 namespace tessera {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::temp_dir;
 using testing::test_world;
-
-fs::path temp_dir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("tessera_test_" + name + "_" + std::to_string(getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
-}
 
 // Distinct, exactly representable values: base + i / 8.
 std::vector<float> pattern(int64_t n, float base) {

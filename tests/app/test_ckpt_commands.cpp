@@ -17,27 +17,15 @@
 #include "kernels/allocator.h"
 #include "model/gpt.h"
 #include "model/parameters.h"
+#include "cli_testing.h"
 #include "mpi_testing.h"
 
 namespace tessera {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::temp_dir;
 using testing::test_world;
-
-fs::path temp_dir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("tessera_test_" + name + "_" + std::to_string(getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
-}
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 struct CommandResult {
   int exit_code = -1;
@@ -48,7 +36,7 @@ struct CommandResult {
 CommandResult run(const std::string& command, const fs::path& dir) {
   const fs::path out = dir / "stdout.txt", err = dir / "stderr.txt";
   const int status = std::system((command + " > " + out.string() + " 2> " + err.string()).c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_text(out), read_text(err)};
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, testing::read_file(out), testing::read_file(err)};
 }
 
 CommandResult tessera(const std::string& args, const fs::path& dir) {
