@@ -723,9 +723,9 @@ std::vector<Recompute> recompute_policy(const Config& c) {
 
 std::string run_dir(const Config& c) { return (std::filesystem::path(c.log.dir) / c.train.name).string(); }
 
-std::string checkpoint_dir(const Config& c) {
+std::string checkpoint_dir(const Config& c, const std::string& dir) {
   if (!c.checkpoint.dir.empty()) return c.checkpoint.dir;
-  return (std::filesystem::path(run_dir(c)) / "checkpoints").string();
+  return dir.empty() ? "" : (std::filesystem::path(dir) / "checkpoints").string();
 }
 
 }  // namespace tessera

@@ -316,8 +316,9 @@ ModelConfig to_model_config(const Config& c, int64_t data_vocab_size);
 // model.recompute as one policy per layer, for the Gpt constructor.
 std::vector<Recompute> recompute_policy(const Config& c);
 
-// <log.dir>/<train.name>, and checkpoint.dir or <run dir>/checkpoints when empty.
+// <log.dir>/<train.name>; and checkpoint.dir, or <dir>/checkpoints when it is empty, where dir is
+// the run directory actually used (--run-dir may replace run_dir(c)); "" when both are empty.
 std::string run_dir(const Config& c);
-std::string checkpoint_dir(const Config& c);
+std::string checkpoint_dir(const Config& c, const std::string& dir);
 
 }  // namespace tessera

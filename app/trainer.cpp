@@ -66,9 +66,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm)
   schedule_ = LrSchedule{cfg_.optim.lr, cfg_.optim.min_lr, cfg_.optim.warmup_steps, cfg_.train.steps,
                          parse_lr_decay(cfg_.optim.decay)};
   flops_per_token_ = flops_per_token(mc, cfg_.train.seq_len);
-  const std::string ckpt_dir = !cfg_.checkpoint.dir.empty() ? cfg_.checkpoint.dir
-                               : run_dir_.empty()           ? ""
-                                                            : run_dir_ + "/checkpoints";
+  const std::string ckpt_dir = checkpoint_dir(cfg_, run_dir_);
   if (!ckpt_dir.empty() && comm != MPI_COMM_NULL) {
     ckpt_ = std::make_unique<CheckpointWriter>(ckpt_dir, cfg_.checkpoint.keep_last, comm);
     if (auto path = find_resume_checkpoint(ckpt_dir, cfg_.checkpoint.resume, comm)) {

@@ -405,9 +405,11 @@ TEST(ConfigLoad, ReadsAFileAndNamesTheRunAfterIt) {
   EXPECT_EQ(c.train.name, "quick");
   EXPECT_EQ(load_config(f.path(), {"train.name=mine"}).train.name, "mine");
   EXPECT_EQ(run_dir(c), "runs/quick");
-  EXPECT_EQ(checkpoint_dir(c), "runs/quick/checkpoints");
+  EXPECT_EQ(checkpoint_dir(c, run_dir(c)), "runs/quick/checkpoints");
+  EXPECT_EQ(checkpoint_dir(c, "elsewhere"), "elsewhere/checkpoints");
+  EXPECT_EQ(checkpoint_dir(c, ""), "");
   c.checkpoint.dir = "/ckpt";
-  EXPECT_EQ(checkpoint_dir(c), "/ckpt");
+  EXPECT_EQ(checkpoint_dir(c, run_dir(c)), "/ckpt");
 }
 
 TEST(ConfigLoad, ErrorsNameThePathGiven) {
