@@ -35,19 +35,20 @@ std::vector<float> copy_flat(const Tensor& t) {
   return std::vector<float>(p, p + t.numel());
 }
 
-// This rank's slice of each parameter-shaped tensor, under prefix + name + suffix.
+// This rank's slice of each parameter-shaped tensor, under prefix + name + suffix. A padded
+// shard stores its real rows only: they come first in its local buffer.
 void add_slices(std::vector<TensorSlice>& out, const ParameterStore& ps, const std::vector<float>& flat,
-                const std::string& prefix, const std::string& suffix, bool write) {
+                const std::string& prefix, const std::string& suffix, const TrainingState& st) {
   for (const ParamEntry& e : ps.entries()) {
     TensorSlice s;
     s.path = prefix + e.spec.name + suffix;
     s.global_shape = e.spec.global_shape;
-    const bool sharded = e.spec.shard.axis != GridAxis::None && !(e.local_shape == e.spec.global_shape);
+    const bool sharded = e.sharded();
     s.dim = sharded ? e.spec.shard.dim : TensorSlice::kWhole;
     s.start = sharded ? e.shard_start : 0;
-    s.local_shape = e.local_shape;
+    s.local_shape = sharded ? e.stored_shape() : e.local_shape;
     s.data = flat.data() + e.offset;
-    s.write = write;
+    s.write = st.writes_tensors && (sharded || st.writes_replicated);
     out.push_back(s);
   }
 }
@@ -140,9 +141,9 @@ void CheckpointWriter::save(const TrainingState& st) {
   snap->params = copy_flat(st.params->flat_params());
   snap->exp_avg = copy_flat(st.optimizer->exp_avg());
   snap->exp_avg_sq = copy_flat(st.optimizer->exp_avg_sq());
-  add_slices(snap->slices, *st.params, snap->params, "/model/", "", st.writes_tensors);
-  add_slices(snap->slices, *st.params, snap->exp_avg, "/optim/", "/exp_avg", st.writes_tensors);
-  add_slices(snap->slices, *st.params, snap->exp_avg_sq, "/optim/", "/exp_avg_sq", st.writes_tensors);
+  add_slices(snap->slices, *st.params, snap->params, "/model/", "", st);
+  add_slices(snap->slices, *st.params, snap->exp_avg, "/optim/", "/exp_avg", st);
+  add_slices(snap->slices, *st.params, snap->exp_avg_sq, "/optim/", "/exp_avg_sq", st);
   pending_path_ = (fs::path(dir_) / checkpoint_file_name(st.step)).string();
   thread_ = std::thread([this, snap] {
     try {
@@ -203,9 +204,9 @@ void read_into(const CheckpointReader& r, const ParameterStore& ps, const Tensor
                const std::string& suffix) {
   float* base = flat.ptr<float>();
   for (const ParamEntry& e : ps.entries()) {
-    const bool sharded = e.spec.shard.axis != GridAxis::None && !(e.local_shape == e.spec.global_shape);
+    const bool sharded = e.sharded();
     r.read(prefix + e.spec.name + suffix, sharded ? e.spec.shard.dim : TensorSlice::kWhole,
-           sharded ? e.shard_start : 0, e.local_shape, base + e.offset);
+           sharded ? e.shard_start : 0, sharded ? e.stored_shape() : e.local_shape, base + e.offset);
   }
 }
 

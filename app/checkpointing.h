@@ -31,6 +31,7 @@ struct TrainingState {
   std::string config_toml;
   AttrMap seeds;                 // stored under /rng
   bool writes_tensors = true;    // false on data-parallel replicas: one copy of each element is written
+  bool writes_replicated = true; // false on tp ranks > 0: tensors every tp rank holds whole are written once
 };
 
 class CheckpointWriter {

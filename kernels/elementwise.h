@@ -9,6 +9,11 @@ namespace tessera {
 void fill_zero(const Tensor& t);
 // dst = src (same numel and dtype).
 void copy(const Tensor& dst, const Tensor& src);
+// A block of columns, for cutting and pasting along an inner dimension (heads, sequence chunks):
+// dst (N, w) = src (N, W)[:, col0 : col0 + w]. Both 2-D, same dtype, any dtype.
+void copy_columns(const Tensor& dst, const Tensor& src, int64_t col0);
+// dst (N, W)[:, col0 : col0 + w] = src (N, w).
+void paste_columns(const Tensor& dst, const Tensor& src, int64_t col0);
 // y = a + b (the residual connection). y may alias a or b.
 void residual_forward(const Tensor& y, const Tensor& a, const Tensor& b);
 // da += dy, db += dy (either may be undefined). A residual's two inputs each receive dy.

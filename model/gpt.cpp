@@ -22,29 +22,66 @@ double residual_init_std(const ModelConfig& cfg) { return cfg.init_std / std::sq
 
 // ---- Attention ----
 
-Attention::Attention(ParameterStore& ps, const std::string& name, const ModelConfig& cfg)
-    : n_head_(cfg.n_head),
+Attention::Attention(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, const TensorParallel& tp)
+    : tp_(tp),
+      n_head_(cfg.n_head),
       n_kv_head_(cfg.kv_heads()),
       head_dim_(cfg.head_dim()),
+      kv_replicated_(n_kv_head_ % tp.size() != 0),
       rope_(cfg.position == PositionKind::Rope),
       rope_theta_(cfg.rope_theta) {
+  TESSERA_CHECK(n_head_ % tp.size() == 0, "model.n_head = ", n_head_, " is not divisible by parallel.tp = ", tp.size());
+  if (kv_replicated_) {
+    TESSERA_CHECK(tp.size() % n_kv_head_ == 0, "parallel.tp = ", tp.size(), " is not a multiple of model.n_kv_head = ",
+                  n_kv_head_);
+    kv_head_ = tp.rank() * (n_head_ / tp.size()) / (n_head_ / n_kv_head_);
+  }
   const int64_t C = cfg.n_embd, kv = n_kv_head_ * head_dim_;
+  const ShardSpec kv_shard = kv_replicated_ ? ShardSpec::replicated() : ShardSpec::tp(0);
   q_ = Linear(ps, name + ".q", C, C, cfg.bias, ShardSpec::tp(0), cfg.init_std);
-  k_ = Linear(ps, name + ".k", C, kv, cfg.bias, ShardSpec::tp(0), cfg.init_std);
-  v_ = Linear(ps, name + ".v", C, kv, cfg.bias, ShardSpec::tp(0), cfg.init_std);
+  k_ = Linear(ps, name + ".k", C, kv, cfg.bias, kv_shard, cfg.init_std, kv_replicated_);
+  v_ = Linear(ps, name + ".v", C, kv, cfg.bias, kv_shard, cfg.init_std, kv_replicated_);
   proj_ = Linear(ps, name + ".proj", C, C, cfg.bias, ShardSpec::tp(1), residual_init_std(cfg));
+}
+
+void Attention::project_kv(const Linear& proj, Allocator& alloc, const Tensor& out, const Tensor& x) const {
+  const int64_t B = x.dim(0), T = x.dim(1), D = head_dim_;
+  if (!kv_replicated_) {
+    proj.forward(out.view({B, T, out.dim(2) * D}), x);
+    return;
+  }
+  // All KV heads, then this rank's one: columns [kv_head D, (kv_head + 1) D) of (B T, KV D).
+  Buffer all = workspace(alloc, x.dtype, {B * T, n_kv_head_ * D});
+  proj.forward(all, x);
+  copy_columns(out.view({B * T, D}), all, kv_head_ * D);
+}
+
+void Attention::project_kv_backward(const Linear& proj, Allocator& alloc, const Tensor& dx, const Tensor& d,
+                                    const Tensor& x) const {
+  const int64_t B = x.dim(0), T = x.dim(1), D = head_dim_;
+  if (!kv_replicated_) {
+    proj.backward(dx, d.view({B, T, d.dim(2) * D}), x, /*accumulate_dx=*/true);
+    return;
+  }
+  Buffer all = workspace(alloc, x.dtype, {B * T, n_kv_head_ * D});
+  fill_zero(all);
+  paste_columns(all, d.view({B * T, D}), kv_head_ * D);
+  proj.backward(dx, all, x, true);
 }
 
 void Attention::forward(AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x, Buffer* cache_k,
                         Buffer* cache_v, int64_t pos) const {
-  const int64_t B = x.dim(0), T = x.dim(1);
-  const int64_t H = q_.out() / head_dim_, KV = k_.out() / head_dim_, D = head_dim_;
+  TESSERA_CHECK(!cache_k || !tp_.active(), "cached decoding runs on one rank (tp = 1)");
+  const int64_t B = x.dim(0), T = x.dim(1) * (tp_.sequence_sharded() ? tp_.size() : 1);
+  const int64_t H = q_.out() / head_dim_, KV = kv_replicated_ ? 1 : k_.out() / head_dim_, D = head_dim_;
+  Buffer gathered;
+  const Tensor xf = enter_region(tp_, alloc, gathered, x, T);  // (B, T, C)
   ctx.q = activation(alloc, x.dtype, {B, T, H, D});
   ctx.k = activation(alloc, x.dtype, {B, T, KV, D});
   ctx.v = activation(alloc, x.dtype, {B, T, KV, D});
-  q_.forward(ctx.q.tensor().view({B, T, H * D}), x);
-  k_.forward(ctx.k.tensor().view({B, T, KV * D}), x);
-  v_.forward(ctx.v.tensor().view({B, T, KV * D}), x);
+  q_.forward(ctx.q.tensor().view({B, T, H * D}), xf);
+  project_kv(k_, alloc, ctx.k, xf);
+  project_kv(v_, alloc, ctx.v, xf);
   if (rope_) {
     rope_forward(ctx.q, ctx.q, pos, rope_theta_);
     rope_forward(ctx.k, ctx.k, pos, rope_theta_);
@@ -61,32 +98,48 @@ void Attention::forward(AttentionCtx& ctx, Allocator& alloc, const Tensor& y, co
   } else {
     attention_forward(ctx.out, ctx.lse, ctx.q, ctx.k, ctx.v, 0, 0);
   }
-  proj_.forward(y, ctx.out.tensor().view({B, T, H * D}));
+  // The row-parallel projection's partial sums, then their sum over tp (bias added once).
+  Buffer partial;
+  if (tp_.sequence_sharded()) partial = workspace(alloc, x.dtype, {B, T, y.dim(2)});
+  const Tensor yf = partial.defined() ? partial.tensor() : y;
+  proj_.forward(yf, ctx.out.tensor().view({B, T, H * D}), /*with_bias=*/tp_.rank() == 0);
+  leave_region(tp_, alloc, y, yf);
 }
 
 void Attention::backward(const AttentionCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy,
                          const Tensor& x) const {
   const Tensor& q = ctx.q;
   const int64_t B = q.dim(0), T = q.dim(1), H = q.dim(2), D = q.dim(3), KV = ctx.k.tensor().dim(2);
+  Buffer dy_gathered;
+  const Tensor dyf = leave_region_backward(tp_, alloc, dy_gathered, dy, T);  // (B, T, C)
   Buffer dout = workspace(alloc, x.dtype, {B, T, H, D});
-  proj_.backward(dout.tensor().view({B, T, H * D}), dy, ctx.out.tensor().view({B, T, H * D}));
+  proj_.backward(dout.tensor().view({B, T, H * D}), dyf, ctx.out.tensor().view({B, T, H * D}));
   Buffer dq = workspace(alloc, x.dtype, {B, T, H, D});
   Buffer dk = workspace(alloc, x.dtype, {B, T, KV, D});
   Buffer dv = workspace(alloc, x.dtype, {B, T, KV, D});
   attention_backward(dq, dk, dv, dout, ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse, 0, 0);
+  dout.release();
   if (rope_) {
     rope_backward(dq, dq, 0, rope_theta_);
     rope_backward(dk, dk, 0, rope_theta_);
   }
-  q_.backward(dx, dq.tensor().view({B, T, H * D}), x, /*accumulate_dx=*/true);
-  k_.backward(dx, dk.tensor().view({B, T, KV * D}), x, true);
-  v_.backward(dx, dv.tensor().view({B, T, KV * D}), x, true);
+  // The input gradient over the full sequence, partial over tp; then summed (or reduce-scattered).
+  Buffer x_gathered, dx_full;
+  const Tensor xf = enter_region(tp_, alloc, x_gathered, x, T);
+  if (tp_.sequence_sharded()) dx_full = workspace(alloc, x.dtype, xf.shape);
+  const Tensor dxf = dx_full.defined() ? dx_full.tensor() : dx;
+  q_.backward(dxf, dq.tensor().view({B, T, H * D}), xf);
+  project_kv_backward(k_, alloc, dxf, dk, xf);
+  project_kv_backward(v_, alloc, dxf, dv, xf);
+  enter_region_backward(tp_, alloc, dx, dxf);
 }
 
 // ---- Mlp ----
 
-Mlp::Mlp(ParameterStore& ps, const std::string& name, const ModelConfig& cfg) : kind_(cfg.mlp) {
+Mlp::Mlp(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, const TensorParallel& tp)
+    : tp_(tp), kind_(cfg.mlp) {
   const int64_t C = cfg.n_embd, F = cfg.ffn_hidden;
+  TESSERA_CHECK(F % tp.size() == 0, "model.ffn_hidden = ", F, " is not divisible by parallel.tp = ", tp.size());
   if (kind_ == MlpKind::Gelu) {
     in_ = Linear(ps, name + ".fc", C, F, cfg.bias, ShardSpec::tp(0), cfg.init_std);
     out_ = Linear(ps, name + ".proj", F, C, cfg.bias, ShardSpec::tp(1), residual_init_std(cfg));
@@ -98,42 +151,57 @@ Mlp::Mlp(ParameterStore& ps, const std::string& name, const ModelConfig& cfg) : 
 }
 
 void Mlp::forward(MlpCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const {
-  const int64_t B = x.dim(0), T = x.dim(1), F = in_.out();
+  const int64_t B = x.dim(0), T = x.dim(1) * (tp_.sequence_sharded() ? tp_.size() : 1), F = in_.out();
+  Buffer gathered;
+  const Tensor xf = enter_region(tp_, alloc, gathered, x, T);  // (B, T, C)
   ctx.h = activation(alloc, x.dtype, {B, T, F});
   ctx.act = activation(alloc, x.dtype, {B, T, F});
-  in_.forward(ctx.h, x);
+  in_.forward(ctx.h, xf);
   if (kind_ == MlpKind::Gelu) {
     gelu_forward(ctx.act, ctx.h);
   } else {
     ctx.up = activation(alloc, x.dtype, {B, T, F});
-    up_.forward(ctx.up, x);
+    up_.forward(ctx.up, xf);
     swiglu_forward(ctx.act, ctx.h, ctx.up);
   }
-  out_.forward(y, ctx.act);
+  Buffer partial;
+  if (tp_.sequence_sharded()) partial = workspace(alloc, x.dtype, {B, T, y.dim(2)});
+  const Tensor yf = partial.defined() ? partial.tensor() : y;
+  out_.forward(yf, ctx.act, /*with_bias=*/tp_.rank() == 0);
+  leave_region(tp_, alloc, y, yf);
 }
 
 void Mlp::backward(const MlpCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy, const Tensor& x) const {
+  const int64_t T = ctx.act.tensor().dim(1);
+  Buffer dy_gathered;
+  const Tensor dyf = leave_region_backward(tp_, alloc, dy_gathered, dy, T);
   Buffer dact = workspace(alloc, x.dtype, ctx.act.tensor().shape);
-  out_.backward(dact, dy, ctx.act);
+  out_.backward(dact, dyf, ctx.act);
+  Buffer x_gathered, dx_full;
+  const Tensor xf = enter_region(tp_, alloc, x_gathered, x, T);
+  if (tp_.sequence_sharded()) dx_full = workspace(alloc, x.dtype, xf.shape);
+  const Tensor dxf = dx_full.defined() ? dx_full.tensor() : dx;
   if (kind_ == MlpKind::Gelu) {
     gelu_backward(dact, dact, ctx.h);  // in place: dact becomes dh
-    in_.backward(dx, dact, x);
+    in_.backward(dxf, dact, xf);
   } else {
     Buffer dup = workspace(alloc, x.dtype, ctx.up.tensor().shape);
     swiglu_backward(dact, dup, dact, ctx.h, ctx.up);  // dact becomes dgate
-    in_.backward(dx, dact, x);
-    up_.backward(dx, dup, x, /*accumulate_dx=*/true);
+    in_.backward(dxf, dact, xf);
+    up_.backward(dxf, dup, xf, /*accumulate_dx=*/true);
   }
+  enter_region_backward(tp_, alloc, dx, dxf);
 }
 
 // ---- Block ----
 
-Block::Block(ParameterStore& ps, int index, const ModelConfig& cfg, Recompute recompute) : recompute_(recompute) {
+Block::Block(ParameterStore& ps, int index, const ModelConfig& cfg, Recompute recompute, const TensorParallel& tp)
+    : recompute_(recompute) {
   const std::string p = "blocks." + std::to_string(index);
-  ln1_ = Norm(ps, p + ".ln1", cfg);
-  attn_ = Attention(ps, p + ".attn", cfg);
-  ln2_ = Norm(ps, p + ".ln2", cfg);
-  mlp_ = Mlp(ps, p + ".mlp", cfg);
+  ln1_ = Norm(ps, p + ".ln1", cfg, tp.sequence_sharded());
+  attn_ = Attention(ps, p + ".attn", cfg, tp);
+  ln2_ = Norm(ps, p + ".ln2", cfg, tp.sequence_sharded());
+  mlp_ = Mlp(ps, p + ".mlp", cfg, tp);
 }
 
 void Block::forward_saved(BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x, Buffer* cache_k,
@@ -164,7 +232,6 @@ void Block::backward(BlockCtx& ctx, Allocator& alloc, const Tensor& dres, const 
   mlp_.backward(ctx.mlp, alloc, dln, dres, ctx.ln2.y);
   ln2_.backward(dres, dln, ctx.x1, ctx.ln2);  // dres is now dL/dx1
   // Attention branch: dL/dx = dL/dx1 + the path through ln1 and attention.
-  fill_zero(dln);
   attn_.backward(ctx.attn, alloc, dln, dres, ctx.ln1.y);
   ln1_.backward(dres, dln, x, ctx.ln1);
   ctx = BlockCtx{};
@@ -172,8 +239,10 @@ void Block::backward(BlockCtx& ctx, Allocator& alloc, const Tensor& dres, const 
 
 // ---- Gpt ----
 
-Gpt::Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> recompute)
-    : cfg_(resolve(cfg)), ps_(&ps) {
+Gpt::Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> recompute, TensorParallel tp)
+    : cfg_(resolve(cfg)), ps_(&ps), tp_(tp) {
+  TESSERA_CHECK(ps.layout().tp_size == tp.size() && ps.layout().tp_rank == tp.rank(), "the parameter store is laid out for tp rank ",
+                ps.layout().tp_rank, " of ", ps.layout().tp_size, ", the model for rank ", tp.rank(), " of ", tp.size());
   TESSERA_CHECK(recompute.empty() || static_cast<int64_t>(recompute.size()) == cfg_.n_layer, "recompute policy has ",
                 recompute.size(), " entries for ", cfg_.n_layer, " layers");
   // Each part registers a contiguous run of parameter ids; remember them for GradsReady.
@@ -182,44 +251,72 @@ Gpt::Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> reco
     make();
     return IdRange{first, ps.size()};
   };
-  embed_ids_ = registered([&] { embed_ = Embedding(ps, cfg_); });
+  embed_ids_ = registered([&] { embed_ = Embedding(ps, cfg_, tp_); });
   for (int64_t l = 0; l < cfg_.n_layer; ++l)
     block_ids_.push_back(registered([&] {
-      blocks_.emplace_back(ps, static_cast<int>(l), cfg_, recompute.empty() ? Recompute::None : recompute[l]);
+      blocks_.emplace_back(ps, static_cast<int>(l), cfg_, recompute.empty() ? Recompute::None : recompute[l], tp_);
     }));
-  ln_f_ids_ = registered([&] { ln_f_ = Norm(ps, "ln_f", cfg_); });
+  ln_f_ids_ = registered([&] { ln_f_ = Norm(ps, "ln_f", cfg_, tp_.sequence_sharded()); });
   head_ids_ = registered([&] {
     if (cfg_.tied_embeddings)
       lm_head_ = Linear::tied(ps, embed_.token_weight_id());
     else
-      lm_head_ = Linear(ps, "lm_head", cfg_.n_embd, cfg_.vocab_size, false, ShardSpec::tp(0), cfg_.init_std);
+      lm_head_ = Linear(ps, "lm_head", cfg_.n_embd, cfg_.vocab_size, false, ShardSpec::tp_padded(0), cfg_.init_std);
   });
 }
 
 void Gpt::forward_layers(GptCtx& ctx, Allocator& alloc, const Tensor& tokens, KvCache* cache) const {
   check_dtype("Gpt::forward", "tokens", tokens, DType::I32);
   TESSERA_CHECK(tokens.ndim() == 2, "Gpt::forward: tokens must be (B, T), got ", tokens.shape.str());
-  const int64_t B = tokens.dim(0), T = tokens.dim(1), C = cfg_.n_embd, V = cfg_.vocab_size, L = cfg_.n_layer;
+  const int64_t B = tokens.dim(0), T = tokens.dim(1), C = cfg_.n_embd, L = cfg_.n_layer;
   const int64_t pos = cache ? cache->length : 0;
   TESSERA_CHECK(pos + T <= cfg_.max_seq_len, "sequence length ", pos + T, " exceeds model.max_seq_len = ",
                 cfg_.max_seq_len);
+  TESSERA_CHECK(!tp_.sequence_sharded() || T % tp_.size() == 0, "sequence parallelism: sequence length ", T,
+                " is not divisible by parallel.tp = ", tp_.size());
+  const int64_t Tl = tp_.local_seq(T);
   const DType dt = ps_->dtype();
   ctx = GptCtx{};
   ctx.B = B;
   ctx.T = T;
   ctx.tokens = tokens;
   ctx.resid.reserve(static_cast<size_t>(L + 1));
-  for (int64_t l = 0; l <= L; ++l) ctx.resid.push_back(activation(alloc, dt, {B, T, C}));
+  for (int64_t l = 0; l <= L; ++l) ctx.resid.push_back(activation(alloc, dt, {B, Tl, C}));
   ctx.blocks.resize(static_cast<size_t>(L));
-  embed_.forward(ctx.resid[0], tokens, pos);
+  embed_.forward(alloc, ctx.resid[0], tokens, pos);
   for (int64_t l = 0; l < L; ++l) {
     Buffer* ck = cache ? &cache->k[static_cast<size_t>(l)] : nullptr;
     Buffer* cv = cache ? &cache->v[static_cast<size_t>(l)] : nullptr;
     blocks_[l].forward(ctx.blocks[l], alloc, ctx.resid[l + 1], ctx.resid[l], ck, cv, pos);
   }
   ln_f_.forward(ctx.ln_f, alloc, ctx.resid[L]);
-  ctx.logits = activation(alloc, dt, {B * T, V});
-  lm_head_.forward(ctx.logits, ctx.ln_f.y.tensor().view({B * T, C}));
+  // The LM head is column-parallel over the vocabulary: it needs the whole sequence.
+  if (tp_.sequence_sharded()) {
+    ctx.head_in = activation(alloc, dt, {B, T, C});
+    gather_sequence(tp_, alloc, ctx.head_in, ctx.ln_f.y);
+  }
+  const Tensor head_in = ctx.head_in.defined() ? ctx.head_in.tensor() : ctx.ln_f.y.tensor();
+  ctx.logits = activation(alloc, dt, {B * T, lm_head_.out()});
+  lm_head_.forward(ctx.logits, head_in.view({B * T, C}));
+}
+
+void Gpt::loss_forward(GptCtx& ctx, Allocator& alloc, const Tensor& flat_targets) const {
+  const int64_t BT = ctx.B * ctx.T;
+  const DType dt = ps_->dtype();
+  ctx.losses = activation(alloc, dt, {BT});
+  ctx.lse = activation(alloc, dt, {BT});
+  if (!tp_.active()) {
+    cross_entropy_forward(ctx.losses, ctx.lse, ctx.logits, flat_targets);
+    return;
+  }
+  // Vocabulary-parallel: per-rank log-sum-exp and target logit, combined over tp; the (B T, V)
+  // logits are never gathered, only 2 B T numbers per rank move.
+  Buffer lse_part = workspace(alloc, dt, {BT}), target_logit = workspace(alloc, dt, {BT});
+  Buffer lse_parts = workspace(alloc, dt, {tp_.size(), BT});
+  cross_entropy_shard_forward(lse_part, target_logit, ctx.logits, flat_targets, embed_.vocab_shard());
+  tp_.comm->all_gather(lse_part, lse_parts);
+  all_reduce_tp(tp_, target_logit);
+  cross_entropy_combine(ctx.losses, ctx.lse, lse_parts, target_logit, flat_targets);
 }
 
 double Gpt::forward(GptCtx& ctx, Allocator& alloc, const Tensor& tokens, const Tensor& targets) const {
@@ -227,12 +324,8 @@ double Gpt::forward(GptCtx& ctx, Allocator& alloc, const Tensor& tokens, const T
   forward_layers(ctx, alloc, tokens, nullptr);
   ctx.targets = targets;
   if (!targets.defined()) return 0.0;
-  const int64_t BT = ctx.B * ctx.T;
-  const DType dt = ps_->dtype();
-  ctx.losses = activation(alloc, dt, {BT});
-  ctx.lse = activation(alloc, dt, {BT});
-  const Tensor flat_targets = targets.view({BT});
-  cross_entropy_forward(ctx.losses, ctx.lse, ctx.logits, flat_targets);
+  const Tensor flat_targets = targets.view({ctx.B * ctx.T});
+  loss_forward(ctx, alloc, flat_targets);
   ctx.n_targets = count_not_equal(flat_targets, kIgnoreIndex);
   ctx.loss = ctx.n_targets > 0 ? sum(ctx.losses) / static_cast<double>(ctx.n_targets) : 0.0;
   return ctx.loss;
@@ -241,6 +334,7 @@ double Gpt::forward(GptCtx& ctx, Allocator& alloc, const Tensor& tokens, const T
 KvCache Gpt::make_cache(Allocator& alloc, int64_t capacity) const {
   TESSERA_CHECK(capacity > 0 && capacity <= cfg_.max_seq_len, "KV cache capacity ", capacity, " outside [1, ",
                 cfg_.max_seq_len, "]");
+  TESSERA_CHECK(!tp_.active(), "cached decoding runs on one rank (tp = 1)");
   KvCache c;
   c.capacity = capacity;
   for (int64_t l = 0; l < cfg_.n_layer; ++l) {
@@ -264,15 +358,22 @@ void Gpt::backward(GptCtx& ctx, Allocator& alloc, double loss_scale, const Grads
     if (on_ready && r.end > r.first) on_ready(r.first, r.end);
   };
   TESSERA_CHECK(ctx.targets.defined() && ctx.logits.defined(), "Gpt::backward needs a forward with targets");
-  const int64_t B = ctx.B, T = ctx.T, C = cfg_.n_embd, L = cfg_.n_layer;
+  const int64_t B = ctx.B, T = ctx.T, C = cfg_.n_embd, L = cfg_.n_layer, Tl = tp_.local_seq(T);
   const DType dt = ps_->dtype();
-  // Loss -> logits (in place) -> final norm input.
-  cross_entropy_backward(ctx.logits, ctx.logits, ctx.lse, ctx.targets.view({B * T}), loss_scale);
+  // Loss -> logits (in place) -> final norm input (summed over the vocabulary shards of tp).
+  cross_entropy_backward(ctx.logits, ctx.logits, ctx.lse, ctx.targets.view({B * T}), loss_scale,
+                         tp_.active() ? embed_.vocab_shard() : VocabShard{});
+  const Tensor head_in = ctx.head_in.defined() ? ctx.head_in.tensor() : ctx.ln_f.y.tensor();
   Buffer dln = workspace(alloc, dt, {B, T, C});
-  lm_head_.backward(dln.tensor().view({B * T, C}), ctx.logits, ctx.ln_f.y.tensor().view({B * T, C}));
-  Buffer dres = workspace(alloc, dt, {B, T, C});
-  ln_f_.backward(dres, dln, ctx.resid[L], ctx.ln_f);
+  lm_head_.backward(dln.tensor().view({B * T, C}), ctx.logits, head_in.view({B * T, C}));
+  Buffer dln_local;
+  if (tp_.sequence_sharded()) dln_local = workspace(alloc, dt, {B, Tl, C});
+  const Tensor dlnl = dln_local.defined() ? dln_local.tensor() : dln.tensor();
+  enter_region_backward(tp_, alloc, dlnl, dln);
+  Buffer dres = workspace(alloc, dt, {B, Tl, C});
+  ln_f_.backward(dres, dlnl, ctx.resid[L], ctx.ln_f);
   dln.release();
+  dln_local.release();
   ready(head_ids_);  // empty when tied: the token embedding is final only after its own backward
   ready(ln_f_ids_);
   // Blocks, last to first; dres carries dL/d(resid[l]).
@@ -281,7 +382,7 @@ void Gpt::backward(GptCtx& ctx, Allocator& alloc, double loss_scale, const Grads
     ctx.resid[l + 1].release();
     ready(block_ids_[static_cast<size_t>(l)]);
   }
-  embed_.backward(dres, ctx.tokens, 0);
+  embed_.backward(alloc, dres, ctx.tokens, 0);
   ready(embed_ids_);
   ctx = GptCtx{};
 }

@@ -38,20 +38,32 @@ struct AttentionCtx {
 };
 
 // Causal multi-head (grouped-query) self-attention with its q, k, v and output projections.
+// Tensor parallel: each rank holds H / tp query heads (q column-parallel, proj row-parallel) and
+// the KV heads they read: KV / tp of them when tp divides KV; otherwise (fewer KV heads than tp)
+// k and v are replicated, each rank computes them all and uses its one KV head.
 class Attention {
  public:
   Attention() = default;
-  Attention(ParameterStore& ps, const std::string& name, const ModelConfig& cfg);
-  // y (B, T, C) = proj(attention(q(x), k(x), v(x))), x (B, T, C). With a cache (B = 1), x holds
-  // positions [pos, pos + T): their keys and values are appended at pos and the queries attend
-  // to the cache's [0, pos + T).
+  Attention(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, const TensorParallel& tp);
+  // y (B, T_local, C) = proj(attention(q(x), k(x), v(x))), x (B, T_local, C) (T_local = T / tp
+  // under sequence parallelism, else T). With a cache (B = 1, tp = 1), x holds positions
+  // [pos, pos + T): their keys and values are appended at pos and the queries attend to the
+  // cache's [0, pos + T).
   void forward(AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x, Buffer* cache_k = nullptr,
                Buffer* cache_v = nullptr, int64_t pos = 0) const;
-  // dx (B, T, C) += gradient through the branch; dy (B, T, C).
+  // dx (B, T_local, C) written with the gradient through the branch; dy (B, T_local, C).
   void backward(const AttentionCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy, const Tensor& x) const;
 
  private:
+  // k or v of this rank's KV heads (B, T, KV_local, D) from x (B, T, C).
+  void project_kv(const Linear& proj, Allocator& alloc, const Tensor& out, const Tensor& x) const;
+  // dx (B, T, C) += the gradient through k or v, from d (B, T, KV_local, D).
+  void project_kv_backward(const Linear& proj, Allocator& alloc, const Tensor& dx, const Tensor& d,
+                           const Tensor& x) const;
+  TensorParallel tp_;
   int64_t n_head_ = 0, n_kv_head_ = 0, head_dim_ = 0;
+  bool kv_replicated_ = false;  // fewer KV heads than tp ranks
+  int64_t kv_head_ = 0;         // when replicated: the KV head this rank's queries read
   bool rope_ = false;
   double rope_theta_ = 10000.0;
   Linear q_, k_, v_, proj_;
@@ -63,16 +75,19 @@ struct MlpCtx {
   Buffer act;   // (B, T, F) gelu(h) or silu(h) * up: the down projection's input
 };
 
-// GPT-2 MLP (fc, GELU, proj) or LLaMA's (gate, up, SwiGLU, down).
+// GPT-2 MLP (fc, GELU, proj) or LLaMA's (gate, up, SwiGLU, down). Tensor parallel: the hidden
+// features F are split (fc/gate/up column-parallel, proj/down row-parallel).
 class Mlp {
  public:
   Mlp() = default;
-  Mlp(ParameterStore& ps, const std::string& name, const ModelConfig& cfg);
+  Mlp(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, const TensorParallel& tp);
+  // y, x (B, T_local, C), as Attention.
   void forward(MlpCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const;
-  // dx (B, T, C) written.
+  // dx (B, T_local, C) written.
   void backward(const MlpCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy, const Tensor& x) const;
 
  private:
+  TensorParallel tp_;
   MlpKind kind_ = MlpKind::Gelu;
   Linear in_, up_, out_;  // in_: fc (gelu) or gate (swiglu)
 };
@@ -90,7 +105,7 @@ struct BlockCtx {
 class Block {
  public:
   Block() = default;
-  Block(ParameterStore& ps, int index, const ModelConfig& cfg, Recompute recompute);
+  Block(ParameterStore& ps, int index, const ModelConfig& cfg, Recompute recompute, const TensorParallel& tp);
   // y (B, T, C) from x (B, T, C). Under full recomputation ctx keeps nothing. With a cache, as
   // Attention::forward (inference only).
   void forward(BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x, Buffer* cache_k = nullptr,
@@ -112,12 +127,13 @@ struct GptCtx {
   int64_t B = 0, T = 0;
   Tensor tokens;              // (B, T) I32, owned by the caller
   Tensor targets;             // (B, T) I32 or undefined (no loss)
-  std::vector<Buffer> resid;  // L + 1 of (B, T, C): embedding output, then each block's output
+  std::vector<Buffer> resid;  // L + 1 of (B, T_local, C): embedding output, then each block's output
   std::vector<BlockCtx> blocks;
   NormCtx ln_f;
-  Buffer logits;  // (B*T, V); after backward it holds the logits' gradient
-  Buffer losses;  // (B*T)
-  Buffer lse;     // (B*T)
+  Buffer head_in;  // (B, T, C) sequence parallel only: ln_f's output gathered for the LM head
+  Buffer logits;   // (B*T, V_local); after backward it holds the logits' gradient
+  Buffer losses;   // (B*T)
+  Buffer lse;      // (B*T), over the whole vocabulary
   double loss = 0.0;        // mean over non-ignored targets
   int64_t n_targets = 0;    // non-ignored targets
 };
@@ -125,8 +141,9 @@ struct GptCtx {
 class Gpt {
  public:
   // Registers every parameter in ps (call ps.finalize() afterwards). recompute: one policy per
-  // layer, or empty for none.
-  Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> recompute = {});
+  // layer, or empty for none. tp: the tensor-parallel group this rank belongs to (ps must be laid
+  // out for it); its ranks call forward and backward together, on the same tokens.
+  Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> recompute = {}, TensorParallel tp = {});
 
   // tokens (B, T) I32; targets (B, T) I32 (kIgnoreIndex allowed) or undefined for logits only.
   // Returns the mean loss over non-ignored targets (0 without targets).
@@ -148,8 +165,11 @@ class Gpt {
  private:
   // The forward shared by training and cached inference.
   void forward_layers(GptCtx& ctx, Allocator& alloc, const Tensor& tokens, KvCache* cache) const;
+  // ctx.losses and ctx.lse from ctx.logits: local, or vocabulary-parallel over tp.
+  void loss_forward(GptCtx& ctx, Allocator& alloc, const Tensor& flat_targets) const;
   ModelConfig cfg_;
   const ParameterStore* ps_;
+  TensorParallel tp_;
   Embedding embed_;
   std::vector<Block> blocks_;
   Norm ln_f_;

@@ -11,13 +11,14 @@ namespace tessera {
 // ---- Linear ----
 
 Linear::Linear(ParameterStore& ps, const std::string& name, int64_t in, int64_t out, bool bias,
-               ShardSpec weight_shard, double init_std)
+               ShardSpec weight_shard, double init_std, bool sum_grad_over_tp)
     : ps_(&ps) {
-  weight_ = ps.add({name + ".weight", {out, in}, weight_shard, ParamKind::Matrix, InitKind::Normal, init_std});
+  weight_ = ps.add(
+      {name + ".weight", {out, in}, weight_shard, ParamKind::Matrix, InitKind::Normal, init_std, sum_grad_over_tp});
   if (bias) {
     // A column-parallel layer's bias is split with its output features; a row-parallel one's is whole.
     ShardSpec bias_shard = weight_shard.dim == 0 ? ShardSpec::tp(0) : ShardSpec::replicated();
-    bias_ = ps.add({name + ".bias", {out}, bias_shard, ParamKind::Bias, InitKind::Zeros, 0.0});
+    bias_ = ps.add({name + ".bias", {out}, bias_shard, ParamKind::Bias, InitKind::Zeros, 0.0, sum_grad_over_tp});
   }
 }
 
@@ -31,8 +32,8 @@ Linear Linear::tied(ParameterStore& ps, int weight_id) {
 int64_t Linear::in() const { return ps_->entry(weight_).local_shape[1]; }
 int64_t Linear::out() const { return ps_->entry(weight_).local_shape[0]; }
 
-void Linear::forward(const Tensor& y, const Tensor& x) const {
-  linear_forward(y, x, ps_->param(weight_), bias_ >= 0 ? ps_->param(bias_) : Tensor());
+void Linear::forward(const Tensor& y, const Tensor& x, bool with_bias) const {
+  linear_forward(y, x, ps_->param(weight_), bias_ >= 0 && with_bias ? ps_->param(bias_) : Tensor());
 }
 
 void Linear::backward(const Tensor& dx, const Tensor& dy, const Tensor& x, bool accumulate_dx) const {
@@ -49,29 +50,42 @@ void Linear::backward(const Tensor& dx, const Tensor& dy, const Tensor& x, bool 
 
 // ---- Embedding ----
 
-Embedding::Embedding(ParameterStore& ps, const ModelConfig& cfg) : ps_(&ps) {
-  wte_ = ps.add({"wte.weight", {cfg.vocab_size, cfg.n_embd}, ShardSpec::tp(0), ParamKind::Embedding,
+Embedding::Embedding(ParameterStore& ps, const ModelConfig& cfg, const TensorParallel& tp)
+    : ps_(&ps), tp_(tp), shard_(VocabShard::of(cfg.vocab_size, tp.size(), tp.rank())) {
+  wte_ = ps.add({"wte.weight", {cfg.vocab_size, cfg.n_embd}, ShardSpec::tp_padded(0), ParamKind::Embedding,
                  InitKind::Normal, cfg.init_std});
+  // Every tp rank computes the whole position gradient from the full output gradient: no sum.
   if (cfg.position == PositionKind::Learned)
     wpe_ = ps.add({"wpe.weight", {cfg.max_seq_len, cfg.n_embd}, ShardSpec::replicated(), ParamKind::Embedding,
                    InitKind::Normal, cfg.init_std / 2});
 }
 
-void Embedding::forward(const Tensor& out, const Tensor& tokens, int64_t pos_offset) const {
-  embedding_forward(out, tokens, ps_->param(wte_), wpe_ >= 0 ? ps_->param(wpe_) : Tensor(), pos_offset);
+void Embedding::forward(Allocator& alloc, const Tensor& out, const Tensor& tokens, int64_t pos_offset) const {
+  // The full (B, T, C) output, partial over tp: this rank's ids, positions on rank 0 only.
+  const int64_t B = tokens.dim(0), T = tokens.dim(1);
+  Buffer staging;
+  if (tp_.sequence_sharded()) staging = Buffer(alloc, out.dtype, {B, T, out.dim(2)}, MemCategory::Workspace);
+  const Tensor full = staging.defined() ? staging.tensor() : out;
+  const bool positions = wpe_ >= 0 && tp_.rank() == 0;
+  embedding_forward(full, tokens, ps_->param(wte_), positions ? ps_->param(wpe_) : Tensor(), pos_offset, shard_);
+  leave_region(tp_, alloc, out, full);
 }
 
-void Embedding::backward(const Tensor& dout, const Tensor& tokens, int64_t pos_offset) const {
-  embedding_backward(ps_->grad(wte_), wpe_ >= 0 ? ps_->grad(wpe_) : Tensor(), dout, tokens, pos_offset);
+void Embedding::backward(Allocator& alloc, const Tensor& dout, const Tensor& tokens, int64_t pos_offset) const {
+  Buffer staging;
+  const Tensor full = leave_region_backward(tp_, alloc, staging, dout, tokens.dim(1));
+  embedding_backward(ps_->grad(wte_), wpe_ >= 0 ? ps_->grad(wpe_) : Tensor(), full, tokens, pos_offset, shard_);
 }
 
 // ---- Norm ----
 
-Norm::Norm(ParameterStore& ps, const std::string& name, const ModelConfig& cfg)
+Norm::Norm(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, bool sequence_parallel)
     : ps_(&ps), kind_(cfg.norm), eps_(cfg.norm_eps) {
-  weight_ = ps.add({name + ".weight", {cfg.n_embd}, ShardSpec::replicated(), ParamKind::Norm, InitKind::Ones, 0.0});
+  weight_ = ps.add({name + ".weight", {cfg.n_embd}, ShardSpec::replicated(), ParamKind::Norm, InitKind::Ones, 0.0,
+                    sequence_parallel});
   if (cfg.bias)
-    bias_ = ps.add({name + ".bias", {cfg.n_embd}, ShardSpec::replicated(), ParamKind::Norm, InitKind::Zeros, 0.0});
+    bias_ = ps.add({name + ".bias", {cfg.n_embd}, ShardSpec::replicated(), ParamKind::Norm, InitKind::Zeros, 0.0,
+                    sequence_parallel});
 }
 
 void Norm::forward(NormCtx& ctx, Allocator& alloc, const Tensor& x) const {

@@ -6,23 +6,28 @@
 
 #include "kernels/allocator.h"
 #include "kernels/tensor.h"
+#include "kernels/vocab_shard.h"
 #include "model/config.h"
 #include "model/parameters.h"
+#include "parallel/tensor_parallel.h"
 
 namespace tessera {
 
 // y = x W^T + b. Column-parallel layers shard W along dim 0 (and b with it), row-parallel along
-// dim 1 (b replicated); with tp = 1 both are the plain layer.
+// dim 1 (b replicated); with tp = 1 both are the plain layer. The communication around them is
+// the caller's (parallel/tensor_parallel.h): a row-parallel layer's output is a partial sum.
 class Linear {
  public:
   Linear() = default;
+  // sum_grad_over_tp: see ParamSpec (a replicated layer whose gradient each tp rank computes in part).
   Linear(ParameterStore& ps, const std::string& name, int64_t in, int64_t out, bool bias, ShardSpec weight_shard,
-         double init_std);
+         double init_std, bool sum_grad_over_tp = false);
   // A layer whose weight is an existing parameter (tied LM head: the token embedding), no bias.
   static Linear tied(ParameterStore& ps, int weight_id);
 
-  // y (N, out), x (N, in); leading dims flatten into N.
-  void forward(const Tensor& y, const Tensor& x) const;
+  // y (N, out), x (N, in); leading dims flatten into N. with_bias = false leaves the bias out (a
+  // row-parallel layer adds it on one tp rank only, so that the sum over ranks holds it once).
+  void forward(const Tensor& y, const Tensor& x, bool with_bias = true) const;
   // dx (N, in) written, or added to when accumulate_dx; dW and db accumulated. dx may be undefined.
   void backward(const Tensor& dx, const Tensor& dy, const Tensor& x, bool accumulate_dx = false) const;
 
@@ -35,19 +40,26 @@ class Linear {
   int bias_ = -1;
 };
 
-// Token embedding (V, C) plus, for learned positions, a position embedding (P, C).
+// Token embedding (V, C) plus, for learned positions, a position embedding (P, C). Under tensor
+// parallelism the token table is split over the vocabulary (padded to ceil(V / tp) rows per rank):
+// each rank looks up the ids it holds, rank 0 adds the positions, and the group sums (or, under
+// sequence parallelism, reduce-scatters) the result.
 class Embedding {
  public:
   Embedding() = default;
-  Embedding(ParameterStore& ps, const ModelConfig& cfg);
-  // out (B, T, C), tokens (B, T) I32.
-  void forward(const Tensor& out, const Tensor& tokens, int64_t pos_offset) const;
-  // Accumulates the embeddings' gradients from dout (B, T, C).
-  void backward(const Tensor& dout, const Tensor& tokens, int64_t pos_offset) const;
+  Embedding(ParameterStore& ps, const ModelConfig& cfg, const TensorParallel& tp);
+  // out (B, T_local, C), tokens (B, T) I32 (T_local = T / tp under sequence parallelism).
+  void forward(Allocator& alloc, const Tensor& out, const Tensor& tokens, int64_t pos_offset) const;
+  // Accumulates the embeddings' gradients from dout (B, T_local, C).
+  void backward(Allocator& alloc, const Tensor& dout, const Tensor& tokens, int64_t pos_offset) const;
   int token_weight_id() const { return wte_; }
+  // The vocabulary ids this rank's table (and the tied or untied LM head) holds.
+  const VocabShard& vocab_shard() const { return shard_; }
 
  private:
   const ParameterStore* ps_ = nullptr;
+  TensorParallel tp_;
+  VocabShard shard_;
   int wte_ = -1;
   int wpe_ = -1;
 };
@@ -63,7 +75,9 @@ struct NormCtx {
 class Norm {
  public:
   Norm() = default;
-  Norm(ParameterStore& ps, const std::string& name, const ModelConfig& cfg);
+  // Under sequence parallelism each tp rank normalizes its own positions, so the gradient of the
+  // (replicated) weights is summed over tp: sequence_parallel marks them for it.
+  Norm(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, bool sequence_parallel = false);
   // x (B, T, C) -> ctx.y
   void forward(NormCtx& ctx, Allocator& alloc, const Tensor& x) const;
   // dx (B, T, C) += d/dx (a norm's input is the residual stream); parameter gradients accumulated.

@@ -4,6 +4,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/philox.h"
 
+#include <algorithm>
 #include <type_traits>
 
 namespace tessera {
@@ -21,10 +22,13 @@ int ParameterStore::add(ParamSpec spec) {
   if (spec.shard.axis == GridAxis::Tp && layout_.tp_size > 1) {
     int d = spec.shard.dim;
     int64_t global = spec.global_shape[d];
-    TESSERA_CHECK(global % layout_.tp_size == 0, "parameter ", spec.name, " dimension ", d, " (", global,
-                  ") is not divisible by tensor-parallel size ", layout_.tp_size);
-    e.local_shape[d] = global / layout_.tp_size;
+    TESSERA_CHECK(spec.shard.padded || global % layout_.tp_size == 0, "parameter ", spec.name, " dimension ", d, " (",
+                  global, ") is not divisible by tensor-parallel size ", layout_.tp_size);
+    e.local_shape[d] = (global + layout_.tp_size - 1) / layout_.tp_size;
     e.shard_start = e.local_shape[d] * layout_.tp_rank;
+    e.shard_valid = std::clamp<int64_t>(global - e.shard_start, 0, e.local_shape[d]);
+  } else if (spec.shard.axis != GridAxis::None) {
+    e.shard_valid = spec.global_shape[spec.shard.dim];
   }
   e.offset = total_;
   total_ += e.local_shape.numel();
@@ -63,6 +67,23 @@ int ParameterStore::find(const std::string& name) const {
 
 void ParameterStore::zero_grads() { fill_zero(grads_.tensor()); }
 
+Shape ParamEntry::stored_shape() const {
+  Shape s = local_shape;
+  if (spec.shard.axis != GridAxis::None) s[spec.shard.dim] = shard_valid;
+  return s;
+}
+
+namespace {
+// True when local element `local` of e lies in a padding row of a padded shard.
+bool is_padding(const ParamEntry& e, int64_t local) {
+  if (!e.spec.shard.padded || e.spec.shard.axis == GridAxis::None) return false;
+  const int d = e.spec.shard.dim;
+  int64_t inner = 1;
+  for (int i = d + 1; i < e.local_shape.ndim(); ++i) inner *= e.local_shape[i];
+  return (local / inner) % e.local_shape[d] >= e.shard_valid;
+}
+}  // namespace
+
 int64_t global_index(const ParamEntry& e, int64_t local) {
   const Shape& ls = e.local_shape;
   const Shape& gs = e.spec.global_shape;
@@ -85,6 +106,10 @@ void ParameterStore::initialize_entry(const ParamEntry& e, uint64_t seed) {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
       double v = 0.0;
+      if (is_padding(e, i)) {
+        p[i] = 0;
+        continue;
+      }
       switch (e.spec.init) {
         case InitKind::Zeros: v = 0.0; break;
         case InitKind::Ones: v = 1.0; break;

@@ -14,13 +14,18 @@
 
 namespace tessera {
 
-// Which process-grid axis a parameter is split over, and along which dimension.
+// Which process-grid axis a parameter is split over, and along which dimension. An even split
+// needs the dimension divisible by tp; a padded split (the vocabulary: 50257 is prime to most tp)
+// gives every rank ceil(n / tp) rows, the last ones ending in zero padding rows that the model
+// never reads and checkpoints never store.
 enum class GridAxis { None, Tp };
 struct ShardSpec {
   GridAxis axis = GridAxis::None;
   int dim = -1;
+  bool padded = false;
   static ShardSpec replicated() { return {}; }
   static ShardSpec tp(int dim) { return {GridAxis::Tp, dim}; }
+  static ShardSpec tp_padded(int dim) { return {GridAxis::Tp, dim, true}; }
 };
 
 // This rank's place on the axes parameters can be split over (filled from the ProcessGrid later).
@@ -40,6 +45,10 @@ struct ParamSpec {
   ParamKind kind = ParamKind::Matrix;
   InitKind init = InitKind::Normal;
   double init_std = 0.02;
+  // Replicated over tp, but each tp rank computes only part of the gradient (norms under
+  // sequence parallelism, KV projections shared by several ranks' heads): the trainer sums the
+  // gradient over the tp group before the update.
+  bool sum_grad_over_tp = false;
 };
 
 struct ParamEntry {
@@ -47,6 +56,12 @@ struct ParamEntry {
   Shape local_shape;
   int64_t offset = 0;       // into the flat buffers, in elements
   int64_t shard_start = 0;  // first global index along spec.shard.dim held here
+  int64_t shard_valid = 0;  // indices along spec.shard.dim held here (< local_shape there when padded)
+
+  // Split over tp on this layout (false for replicated parameters, and for every one when tp = 1).
+  bool sharded() const { return spec.shard.axis != GridAxis::None && !(local_shape == spec.global_shape); }
+  // The part of local_shape that is real (padding rows dropped): what a checkpoint stores.
+  Shape stored_shape() const;
 };
 
 class ParameterStore {

@@ -38,6 +38,40 @@ void copy(const Tensor& dst, const Tensor& src) {
   if (dst.data != src.data) std::memcpy(dst.data, src.data, dst.nbytes());
 }
 
+namespace {
+// Copies w columns per row between a narrow (N, w) and a wide (N, W) matrix at column col0.
+void copy_column_block(const char* op, const Tensor& narrow, const Tensor& wide, int64_t col0, bool to_wide) {
+  check_cpu(op, narrow);
+  check_cpu(op, wide);
+  check_same_dtype(op, narrow, wide);
+  TESSERA_CHECK(narrow.ndim() == 2 && wide.ndim() == 2 && narrow.dim(0) == wide.dim(0), op, ": expected (N, w) and (N, W), got ",
+                narrow.shape.str(), " and ", wide.shape.str());
+  const int64_t N = narrow.dim(0), w = narrow.dim(1), W = wide.dim(1);
+  TESSERA_CHECK(col0 >= 0 && col0 + w <= W, op, ": columns [", col0, ", ", col0 + w, ") outside the ", W, " of ",
+                wide.shape.str());
+  const size_t es = dtype_size(narrow.dtype);
+  char* n = static_cast<char*>(narrow.data);
+  char* x = static_cast<char*>(wide.data);
+#pragma omp parallel for schedule(static) if (N * w > 65536)
+  for (int64_t r = 0; r < N; ++r) {
+    char* a = n + static_cast<size_t>(r * w) * es;
+    char* b = x + static_cast<size_t>(r * W + col0) * es;
+    if (to_wide)
+      std::memcpy(b, a, static_cast<size_t>(w) * es);
+    else
+      std::memcpy(a, b, static_cast<size_t>(w) * es);
+  }
+}
+}  // namespace
+
+void copy_columns(const Tensor& dst, const Tensor& src, int64_t col0) {
+  copy_column_block("copy_columns", dst, src, col0, /*to_wide=*/false);
+}
+
+void paste_columns(const Tensor& dst, const Tensor& src, int64_t col0) {
+  copy_column_block("paste_columns", src, dst, col0, /*to_wide=*/true);
+}
+
 void residual_forward(const Tensor& y, const Tensor& a, const Tensor& b) {
   check_pair("residual_forward", y, a);
   check_pair("residual_forward", y, b);

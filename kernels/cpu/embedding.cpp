@@ -13,27 +13,36 @@ namespace {
 // Columns per task in the backward scatter: a task owns its columns, so no two threads write one.
 constexpr int64_t kColBlock = 64;
 
-// Sizes of one call: B batch, T sequence, C channels; V vocab and P positions (0 without wpe).
+// Sizes of one call: B batch, T sequence, C channels; V vocab and P positions (0 without wpe);
+// the table holds ids [start, start + held) (the whole vocabulary unless vocabulary-parallel).
 struct Dims {
   int64_t B, T, C, V, P;
+  int64_t start = 0, held = 0;
+  // The table row of a token id, or -1 when another rank holds it.
+  int64_t row(int32_t id) const {
+    const int64_t r = id - start;
+    return r >= 0 && r < held ? r : -1;
+  }
 };
 
 namespace reference {
 template <typename T>
 void forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t pos_offset, Dims d) {
   for (int64_t bt = 0; bt < d.B * d.T; ++bt) {
-    const T* e = wte + tokens[bt] * d.C;                               // (C)
+    const int64_t r = d.row(tokens[bt]);
+    const T* e = r >= 0 ? wte + r * d.C : nullptr;                     // (C)
     const T* p = wpe ? wpe + (pos_offset + bt % d.T) * d.C : nullptr;  // (C)
     T* o = out + bt * d.C;                                             // (C)
-    for (int64_t c = 0; c < d.C; ++c) o[c] = e[c] + (p ? p[c] : T(0));
+    for (int64_t c = 0; c < d.C; ++c) o[c] = (e ? e[c] : T(0)) + (p ? p[c] : T(0));
   }
 }
 template <typename T>
 void backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t pos_offset, Dims d) {
   for (int64_t bt = 0; bt < d.B * d.T; ++bt) {
     const T* g = dout + bt * d.C;  // (C)
-    T* e = dwte + tokens[bt] * d.C;
-    for (int64_t c = 0; c < d.C; ++c) e[c] += g[c];
+    const int64_t r = d.row(tokens[bt]);
+    if (r >= 0)
+      for (int64_t c = 0; c < d.C; ++c) dwte[r * d.C + c] += g[c];
     if (!dwpe) continue;
     T* p = dwpe + (pos_offset + bt % d.T) * d.C;
     for (int64_t c = 0; c < d.C; ++c) p[c] += g[c];
@@ -45,8 +54,15 @@ namespace simd {
 void forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t pos_offset, Dims d) {
 #pragma omp parallel for schedule(static)
   for (int64_t bt = 0; bt < d.B * d.T; ++bt) {
-    const float* e = wte + tokens[bt] * d.C;  // (C)
-    float* o = out + bt * d.C;                // (C)
+    const int64_t r = d.row(tokens[bt]);
+    float* o = out + bt * d.C;  // (C)
+    if (r < 0) {  // held by another rank: the position part only
+      const float* p = wpe ? wpe + (pos_offset + bt % d.T) * d.C : nullptr;
+#pragma omp simd
+      for (int64_t c = 0; c < d.C; ++c) o[c] = p ? p[c] : 0.0f;
+      continue;
+    }
+    const float* e = wte + r * d.C;  // (C)
     if (wpe) {
       const float* p = wpe + (pos_offset + bt % d.T) * d.C;
 #pragma omp simd
@@ -65,8 +81,10 @@ void token_grad(float* dwte, const float* dout, const int32_t* tokens, Dims d) {
   for (int64_t blk = 0; blk < blocks; ++blk) {
     int64_t c0 = blk * kColBlock, nc = std::min(kColBlock, d.C - c0);
     for (int64_t bt = 0; bt < d.B * d.T; ++bt) {
+      const int64_t r = d.row(tokens[bt]);
+      if (r < 0) continue;
       const float* g = dout + bt * d.C + c0;
-      float* e = dwte + tokens[bt] * d.C + c0;
+      float* e = dwte + r * d.C + c0;
 #pragma omp simd
       for (int64_t j = 0; j < nc; ++j) e[j] += g[j];
     }
@@ -117,10 +135,15 @@ int64_t check_table(const char* op, const char* arg, const Tensor& table, DType 
 
 // Validates all arguments of one call and returns its sizes. wte is (V, C) forward, dwte backward.
 Dims check_args(const char* op, const Tensor& act, const char* act_name, const Tensor& tokens, const Tensor& wte,
-                const char* wte_name, const Tensor& wpe, const char* wpe_name, int64_t pos_offset) {
+                const char* wte_name, const Tensor& wpe, const char* wpe_name, int64_t pos_offset,
+                const VocabShard& shard) {
   cpu::check_float(op, wte_name, wte);
   TESSERA_CHECK(wte.ndim() == 2, op, ": ", wte_name, " must be (V, C), got ", wte.shape.str());
-  Dims d{0, 0, wte.dim(1), wte.dim(0), 0};
+  const VocabShard s = shard.resolved(wte.dim(0));
+  TESSERA_CHECK(s.start >= 0 && s.valid >= 0 && s.valid <= wte.dim(0) && s.start + s.valid <= s.vocab, op,
+                ": vocabulary shard [", s.start, ", ", s.start + s.valid, ") of ", s.vocab, " ids does not fit ",
+                wte_name, " ", wte.shape.str());
+  Dims d{0, 0, wte.dim(1), s.vocab, 0, s.start, s.valid};
   check_tokens(op, tokens, d.V);
   d.B = tokens.dim(0);
   d.T = tokens.dim(1);
@@ -137,8 +160,8 @@ Dims check_args(const char* op, const Tensor& act, const char* act_name, const T
 }  // namespace
 
 void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
-                       int64_t pos_offset) {
-  Dims d = check_args("embedding_forward", out, "out", tokens, wte, "wte", wpe, "wpe", pos_offset);
+                       int64_t pos_offset, const VocabShard& shard) {
+  Dims d = check_args("embedding_forward", out, "out", tokens, wte, "wte", wpe, "wpe", pos_offset, shard);
   const int32_t* ids = tokens.ptr<int32_t>();
   if (wte.dtype == DType::F64)
     reference::forward(out.ptr<double>(), ids, wte.ptr<double>(), wpe.defined() ? wpe.ptr<double>() : nullptr,
@@ -148,8 +171,8 @@ void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wt
 }
 
 void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens,
-                        int64_t pos_offset) {
-  Dims d = check_args("embedding_backward", dout, "dout", tokens, dwte, "dwte", dwpe, "dwpe", pos_offset);
+                        int64_t pos_offset, const VocabShard& shard) {
+  Dims d = check_args("embedding_backward", dout, "dout", tokens, dwte, "dwte", dwpe, "dwpe", pos_offset, shard);
   const int32_t* ids = tokens.ptr<int32_t>();
   if (dwte.dtype == DType::F64) {
     reference::backward(dwte.ptr<double>(), dwpe.defined() ? dwpe.ptr<double>() : nullptr, dout.ptr<double>(), ids,

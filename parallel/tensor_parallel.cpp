@@ -1,0 +1,76 @@
+// The tensor-parallel mappings. Sequence chunks are not contiguous in a (B, T, C) tensor when B > 1,
+// so the gather/scatter go through a (tp, B, T / tp, C) staging buffer: each rank's chunk is
+// contiguous there, as the collectives need.
+#include "parallel/tensor_parallel.h"
+
+#include "kernels/elementwise.h"
+
+namespace tessera {
+
+namespace {
+// Checks full (B, T, C) against local (B, T / tp, C) and returns B.
+int64_t check_sequence_pair(const char* op, const TensorParallel& tp, const Tensor& full, const Tensor& local) {
+  TESSERA_CHECK(full.ndim() == 3 && local.ndim() == 3, op, ": expected (B, T, C) tensors, got ", full.shape.str(),
+                " and ", local.shape.str());
+  TESSERA_CHECK(full.dim(1) == local.dim(1) * tp.size() && full.dim(0) == local.dim(0) && full.dim(2) == local.dim(2),
+                op, ": full ", full.shape.str(), " is not ", tp.size(), " x local ", local.shape.str(),
+                " along the sequence");
+  return full.dim(0);
+}
+}  // namespace
+
+void all_reduce_tp(const TensorParallel& tp, const Tensor& t) {
+  if (tp.active()) tp.comm->all_reduce(t, ReduceOp::Sum);
+}
+
+void gather_sequence(const TensorParallel& tp, Allocator& alloc, const Tensor& full, const Tensor& local) {
+  const int64_t B = check_sequence_pair("gather_sequence", tp, full, local);
+  const int64_t R = tp.size(), chunk = local.dim(1) * local.dim(2);  // one sequence's chunk
+  Buffer staging(alloc, full.dtype, {R, B, chunk}, MemCategory::Workspace);
+  tp.comm->all_gather(local, staging);
+  // staging[r] (B, chunk) -> columns [r chunk, (r + 1) chunk) of full viewed as (B, T C).
+  const Tensor wide = full.view({B, R * chunk});
+  for (int64_t r = 0; r < R; ++r) paste_columns(wide, staging.tensor().slice_rows(r, r + 1).view({B, chunk}), r * chunk);
+}
+
+void reduce_scatter_sequence(const TensorParallel& tp, Allocator& alloc, const Tensor& local, const Tensor& full) {
+  const int64_t B = check_sequence_pair("reduce_scatter_sequence", tp, full, local);
+  const int64_t R = tp.size(), chunk = local.dim(1) * local.dim(2);
+  Buffer staging(alloc, full.dtype, {R, B, chunk}, MemCategory::Workspace);
+  const Tensor wide = full.view({B, R * chunk});
+  for (int64_t r = 0; r < R; ++r) copy_columns(staging.tensor().slice_rows(r, r + 1).view({B, chunk}), wide, r * chunk);
+  tp.comm->reduce_scatter(staging, local, ReduceOp::Sum);
+}
+
+Tensor enter_region(const TensorParallel& tp, Allocator& alloc, Buffer& storage, const Tensor& x, int64_t T) {
+  if (!tp.sequence_sharded()) return x;
+  storage = Buffer(alloc, x.dtype, {x.dim(0), T, x.dim(2)}, MemCategory::Workspace);
+  gather_sequence(tp, alloc, storage, x);
+  return storage;
+}
+
+void enter_region_backward(const TensorParallel& tp, Allocator& alloc, const Tensor& dx_local, const Tensor& dx_full) {
+  if (tp.sequence_sharded()) {
+    reduce_scatter_sequence(tp, alloc, dx_local, dx_full);
+    return;
+  }
+  TESSERA_CHECK(dx_local.data == dx_full.data, "enter_region_backward: without sequence parallelism the local and full "
+                "gradients are one tensor");
+  all_reduce_tp(tp, dx_full);
+}
+
+void leave_region(const TensorParallel& tp, Allocator& alloc, const Tensor& y_local, const Tensor& y_full) {
+  if (tp.sequence_sharded()) {
+    reduce_scatter_sequence(tp, alloc, y_local, y_full);
+    return;
+  }
+  TESSERA_CHECK(y_local.data == y_full.data, "leave_region: without sequence parallelism the local and full outputs "
+                "are one tensor");
+  all_reduce_tp(tp, y_full);
+}
+
+Tensor leave_region_backward(const TensorParallel& tp, Allocator& alloc, Buffer& storage, const Tensor& dy, int64_t T) {
+  return enter_region(tp, alloc, storage, dy, T);
+}
+
+}  // namespace tessera

@@ -1,0 +1,58 @@
+// Tensor parallelism as the model sees it, and the mappings between its regions (Megatron-LM's
+// f and g operators, and their sequence-parallel forms). The model calls these at the edges of
+// each column-parallel -> row-parallel pair (attention, MLP) and around the vocabulary-parallel
+// embedding and LM head; everything between runs on this rank's shard with no communication.
+//
+//   region edge          plain tp: forward / backward        sequence parallel: forward / backward
+//   enter (before a      identity / all-reduce dx            all-gather along T / reduce-scatter dx
+//   column layer)
+//   leave (after a       all-reduce y / identity             reduce-scatter along T / all-gather dy
+//   row layer)
+//
+// Under sequence parallelism the residual stream, norms and dropout between regions hold
+// (B, T / tp, C): rank r holds positions [r T / tp, (r + 1) T / tp) of every sequence.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/allocator.h"
+#include "kernels/tensor.h"
+#include "parallel/communicator.h"
+
+namespace tessera {
+
+struct TensorParallel {
+  Communicator* comm = nullptr;    // the tensor-parallel group; null: tp = 1
+  bool sequence_parallel = false;  // ignored when tp = 1
+
+  int64_t size() const { return comm ? comm->size() : 1; }
+  int64_t rank() const { return comm ? comm->rank() : 0; }
+  bool active() const { return size() > 1; }
+  bool sequence_sharded() const { return active() && sequence_parallel; }
+  // Positions of a sequence of T this rank holds between regions.
+  int64_t local_seq(int64_t T) const { return sequence_sharded() ? T / size() : T; }
+};
+
+// In place: t becomes the sum of every tp rank's t (no-op when tp = 1).
+void all_reduce_tp(const TensorParallel& tp, const Tensor& t);
+
+// full (B, T, C) = every rank's local (B, T / tp, C), in rank order along T.
+void gather_sequence(const TensorParallel& tp, Allocator& alloc, const Tensor& full, const Tensor& local);
+
+// local (B, T / tp, C) = this rank's positions of the sum over ranks of full (B, T, C).
+void reduce_scatter_sequence(const TensorParallel& tp, Allocator& alloc, const Tensor& local, const Tensor& full);
+
+// Entering a region (forward): the full (B, T, C) input. Plain tp: x itself (storage untouched);
+// sequence parallel: x gathered into `storage`.
+Tensor enter_region(const TensorParallel& tp, Allocator& alloc, Buffer& storage, const Tensor& x, int64_t T);
+// Entering a region (backward): dx_local (B, T / tp or T, C) from the region's partial input
+// gradient dx_full (B, T, C): all-reduce (dx_local must then be dx_full) or reduce-scatter.
+void enter_region_backward(const TensorParallel& tp, Allocator& alloc, const Tensor& dx_local, const Tensor& dx_full);
+// Leaving a region (forward): y_local from the rank's partial output y_full (all-reduce in place,
+// y_local = y_full; or reduce-scatter).
+void leave_region(const TensorParallel& tp, Allocator& alloc, const Tensor& y_local, const Tensor& y_full);
+// Leaving a region (backward): the full output gradient (B, T, C) from dy (local): dy itself or
+// gathered into `storage`.
+Tensor leave_region_backward(const TensorParallel& tp, Allocator& alloc, Buffer& storage, const Tensor& dy, int64_t T);
+
+}  // namespace tessera
