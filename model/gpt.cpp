@@ -52,7 +52,7 @@ void Attention::project_kv(const Linear& proj, Allocator& alloc, const Tensor& o
   }
   // All KV heads, then this rank's one: columns [kv_head D, (kv_head + 1) D) of (B T, KV D).
   Buffer all = workspace(alloc, x.dtype, {B * T, n_kv_head_ * D});
-  proj.forward(all, x);
+  proj.forward(all.tensor().view({B, T, n_kv_head_ * D}), x);
   copy_columns(out.view({B * T, D}), all, kv_head_ * D);
 }
 
@@ -66,7 +66,7 @@ void Attention::project_kv_backward(const Linear& proj, Allocator& alloc, const 
   Buffer all = workspace(alloc, x.dtype, {B * T, n_kv_head_ * D});
   fill_zero(all);
   paste_columns(all, d.view({B * T, D}), kv_head_ * D);
-  proj.backward(dx, all, x, true);
+  proj.backward(dx, all.tensor().view({B, T, n_kv_head_ * D}), x, true);
 }
 
 void Attention::forward(AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x, Buffer* cache_k,
