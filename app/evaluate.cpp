@@ -25,6 +25,8 @@ int32_t argmax_row(const Tensor& logits, int64_t row) {
   if (logits.dtype == DType::F64) return argmax_row(logits.ptr<double>() + row * V, V);
   return argmax_row(logits.ptr<float>() + row * V, V);
 }
+
+int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 }  // namespace
 
 double validation_loss(const Gpt& model, Allocator& alloc, const Dataset& val, int64_t batches, int64_t micro_batch) {
@@ -49,14 +51,22 @@ std::vector<std::vector<int32_t>> greedy_generate(const Gpt& model, Allocator& a
   std::vector<std::vector<int32_t>> seqs = prompts;
   if (seqs.empty()) return seqs;
   const int64_t B = static_cast<int64_t>(seqs.size());
+  const int64_t V = model.config().vocab_size;
   for (int64_t step = 0; step < max_new; ++step) {
-    const int64_t T = static_cast<int64_t>(seqs[0].size());
+    // Sequence parallelism needs a length divisible by tp: pad on the right (token 0), which
+    // causal attention hides from the positions before it.
+    const int64_t T = static_cast<int64_t>(seqs[0].size()), Tp = round_up(T, model.seq_multiple());
     std::vector<int32_t> tokens;
-    tokens.reserve(static_cast<size_t>(B * T));
-    for (const auto& s : seqs) tokens.insert(tokens.end(), s.begin(), s.end());
+    tokens.reserve(static_cast<size_t>(B * Tp));
+    for (const auto& s : seqs) {
+      tokens.insert(tokens.end(), s.begin(), s.end());
+      tokens.insert(tokens.end(), static_cast<size_t>(Tp - T), 0);
+    }
     GptCtx ctx;
-    model.forward(ctx, alloc, ids_tensor(tokens, B, T), Tensor());
-    for (int64_t b = 0; b < B; ++b) seqs[b].push_back(argmax_row(ctx.logits, b * T + T - 1));
+    model.forward(ctx, alloc, ids_tensor(tokens, B, Tp), Tensor());
+    Buffer last(alloc, ctx.logits.tensor().dtype, {B, V}, MemCategory::Workspace);
+    model.logits_at(ctx, alloc, T - 1, last);
+    for (int64_t b = 0; b < B; ++b) seqs[b].push_back(argmax_row(last, b));
   }
   return seqs;
 }

@@ -32,7 +32,20 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 }  // namespace
 
 namespace {
-GridDegrees data_parallel_degrees(const Config& c) { return GridDegrees{1, 1, 1, c.parallel.dp}; }
+GridDegrees grid_degrees(const Config& c) { return GridDegrees{c.parallel.tp, 1, 1, c.parallel.dp}; }
+
+// The layout against the model: heads, MLP, sequence (under sequence parallelism) over tp.
+void validate_layout(const Config& c, const ModelConfig& m, int64_t world) {
+  GridLimits l;
+  l.n_head = m.n_head;
+  l.n_kv_head = m.kv_heads();
+  l.n_layer = m.n_layer;
+  l.seq_len = c.train.seq_len;
+  l.vocab_size = m.vocab_size;
+  l.ffn_hidden = m.ffn_hidden;
+  l.sequence_parallel = c.parallel.sequence_parallel;
+  validate_grid(grid_degrees(c), world, l);
+}
 int64_t world_size_of(MPI_Comm comm) { return comm == MPI_COMM_NULL ? 1 : comm_size(comm); }
 int64_t world_rank_of(MPI_Comm comm) { return comm == MPI_COMM_NULL ? 0 : comm_rank(comm); }
 }  // namespace
@@ -40,7 +53,7 @@ int64_t world_rank_of(MPI_Comm comm) { return comm == MPI_COMM_NULL ? 0 : comm_r
 Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm)
     : cfg_(cfg),
       run_dir_(run_dir),
-      grid_(data_parallel_degrees(cfg), world_size_of(comm), world_rank_of(comm)),
+      grid_(grid_degrees(cfg), world_size_of(comm), world_rank_of(comm)),
       lead_(grid_.rank() == 0),
       accum_(tessera::grad_accum_steps(cfg, grid_.dp_size())),
       data_(open_training_data(cfg)),
@@ -49,8 +62,13 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm)
       progress_(cfg.log.progress, grid_.rank() == 0) {
   if (comm != MPI_COMM_NULL && grid_.world_size() > 1) comms_ = std::make_unique<GridComms>(grid_, comm);
   const ModelConfig mc = resolve(to_model_config(cfg_, data_.vocab_size));
-  params_ = std::make_unique<ParameterStore>(alloc_, DType::F32);
-  model_ = std::make_unique<Gpt>(mc, *params_, recompute_policy(cfg_));
+  validate_layout(cfg_, mc, grid_.world_size());
+  // The tp ranks of a dp replica hold one model between them and read the same batches.
+  TensorParallel tp;
+  if (grid_.tp_size() > 1) tp = TensorParallel{&comms_->tp, cfg_.parallel.sequence_parallel};
+  params_ = std::make_unique<ParameterStore>(alloc_, DType::F32, ShardLayout{static_cast<int>(grid_.tp_size()),
+                                                                             static_cast<int>(grid_.tp_rank())});
+  model_ = std::make_unique<Gpt>(mc, *params_, recompute_policy(cfg_), tp);
   params_->finalize();
   params_->initialize(static_cast<uint64_t>(cfg_.train.seed));
   opt_ = std::make_unique<AdamW>(params_->flat_params(), params_->flat_grads(), segments(), alloc_,
@@ -97,6 +115,13 @@ std::vector<ParamSegment> Trainer::segments() const {
 
 // Runs every micro-batch of step s and accumulates gradients of the mean loss over the global
 // batch; returns that mean loss.
+void Trainer::sum_over_world(std::vector<double>& values) {
+  if (!comms_) return;
+  const Tensor t(values.data(), DType::F64, {static_cast<int64_t>(values.size())});
+  for (MpiCommunicator* c : {&comms_->tp, &comms_->cp, &comms_->dp, &comms_->pp})
+    if (c->size() > 1 || c == &comms_->dp) c->all_reduce(t, ReduceOp::Sum);  // dp always: its byte count is logged
+}
+
 void Trainer::sum_over_dp(std::vector<double>& values) {
   if (!comms_) return;
   comms_->dp.all_reduce(Tensor(values.data(), DType::F64, {static_cast<int64_t>(values.size())}), ReduceOp::Sum);
@@ -134,9 +159,46 @@ double Trainer::forward_backward(int64_t s) {
     model_->backward(ctx, alloc_, loss_scale, ready);
   }
   if (reducer_) reducer_->finish();
+  sum_partial_grads_over_tp();
   std::vector<double> loss = {sums[0]};
   sum_over_dp(loss);
   return targets[0] > 0 ? loss[0] / targets[0] : 0.0;
+}
+
+// Parameters every tp rank holds whole but computes only part of the gradient of (ParamSpec::
+// sum_grad_over_tp) are summed over the tp group; one all-reduce for all of them.
+void Trainer::sum_partial_grads_over_tp() {
+  if (grid_.tp_size() == 1) return;
+  std::vector<int> ids;
+  int64_t n = 0;
+  for (int id = 0; id < params_->size(); ++id)
+    if (params_->entry(id).spec.sum_grad_over_tp) ids.push_back(id), n += params_->entry(id).local_shape.numel();
+  if (ids.empty()) return;
+  Buffer packed(alloc_, DType::F32, {n}, MemCategory::Workspace);
+  int64_t at = 0;
+  for (int id : ids) {
+    const Tensor g = params_->grad(id);
+    copy(packed.tensor().view({n}).slice_rows(at, at + g.numel()), g.view({g.numel()}));
+    at += g.numel();
+  }
+  comms_->tp.all_reduce(packed, ReduceOp::Sum);
+  at = 0;
+  for (int id : ids) {
+    const Tensor g = params_->grad(id);
+    copy(g.view({g.numel()}), packed.tensor().slice_rows(at, at + g.numel()));
+    at += g.numel();
+  }
+}
+
+// The L2 norm of the whole model's gradient: tp shards each count once, tensors every tp rank
+// holds whole count on tp rank 0 only (dp replicas hold equal, already reduced gradients).
+double Trainer::global_grad_norm() {
+  if (grid_.tp_size() == 1) return grad_norm(params_->flat_grads());
+  std::vector<double> sq = {0.0};
+  for (int id = 0; id < params_->size(); ++id)
+    if (params_->entry(id).sharded() || grid_.tp_rank() == 0) sq[0] += squared_norm(params_->grad(id));
+  comms_->tp.all_reduce(Tensor(sq.data(), DType::F64, {1}), ReduceOp::Sum);
+  return std::sqrt(sq[0]);
 }
 
 std::string Trainer::nonfinite_report(double loss, double norm) const {
@@ -151,7 +213,7 @@ Trainer::StepResult Trainer::step(int64_t s) {
   StepResult r;
   params_->zero_grads();
   r.loss = forward_backward(s);
-  r.grad_norm = grad_norm(params_->flat_grads());
+  r.grad_norm = global_grad_norm();
   r.lr = schedule_.at(s);
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
     r.skipped = true;
@@ -192,9 +254,12 @@ void Trainer::log_step(int64_t s, const StepResult& r, double step_seconds, doub
   if (comms_) {
     // Bytes this rank sent over the data-parallel group per step since the last record (ring
     // volumes, parallel/communicator.h): 2 (p-1)/p of the gradients, plus a few scalars.
-    const int64_t sent = comms_->dp.bytes_sent();
-    rec.add("dp_bytes_per_step", (sent - dp_bytes_at_record_) / std::max<int64_t>(1, done - step_at_record_));
+    const int64_t steps = std::max<int64_t>(1, done - step_at_record_);
+    const int64_t sent = comms_->dp.bytes_sent(), tp_sent = comms_->tp.bytes_sent();
+    rec.add("dp_bytes_per_step", (sent - dp_bytes_at_record_) / steps);
+    if (grid_.tp_size() > 1) rec.add("tp_bytes_per_step", (tp_sent - tp_bytes_at_record_) / steps);
     dp_bytes_at_record_ = sent;
+    tp_bytes_at_record_ = tp_sent;
     step_at_record_ = done;
   }
   metrics_.write(rec);
@@ -253,7 +318,8 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   st.tokens_seen = st.consumed_samples * cfg_.train.seq_len;
   st.config_toml = to_toml(cfg_);
   st.seeds = {{"train_seed", cfg_.train.seed}, {"data_seed", cfg_.data.seed}};
-  st.writes_tensors = grid_.dp_rank() == 0;  // replicas hold the same values
+  st.writes_tensors = grid_.dp_rank() == 0;     // replicas hold the same values
+  st.writes_replicated = grid_.tp_rank() == 0;  // as do tp ranks, for what they hold whole
   ckpt_->save(st);
 }
 
@@ -266,7 +332,7 @@ std::optional<std::pair<std::string, int>> Trainer::stop_reason(const StopSignal
   const bool time_up = cfg_.train.exit_after_minutes > 0 && minutes >= cfg_.train.exit_after_minutes;
   std::vector<double> votes = {sig == SIGINT ? 1.0 : 0.0, sig == SIGTERM || sig == SIGUSR1 ? 1.0 : 0.0,
                                time_up ? 1.0 : 0.0};
-  sum_over_dp(votes);
+  sum_over_world(votes);
   if (votes[1] > 0) return std::make_pair(std::string("preempted by signal"), static_cast<int>(kExitPreempted));
   if (votes[0] > 0) return std::make_pair(std::string("stopped by signal"), static_cast<int>(kExitInterrupted));
   if (done == cfg_.train.steps) return std::nullopt;
@@ -357,10 +423,9 @@ void print_summary(const TrainSummary& s, const std::string& run_dir) {
 // Keys that parse but whose features are not built yet are refused rather than ignored.
 void check_supported(const Config& cfg) {
   const ParallelConfig& p = cfg.parallel;
-  TESSERA_CHECK(p.tp == 1 && p.pp == 1 && p.cp == 1 && !p.sequence_parallel && p.zero == 0,
-                "[parallel] asks for tp=", p.tp, ", pp=", p.pp, ", cp=", p.cp, ", sequence_parallel=",
-                p.sequence_parallel, ", zero=", p.zero, ", but this build parallelizes over data only ",
-                "(parallel.dp); leave the others at their defaults");
+  TESSERA_CHECK(p.pp == 1 && p.cp == 1 && p.zero == 0, "[parallel] asks for pp=", p.pp, ", cp=", p.cp, ", zero=", p.zero,
+                ", but this build parallelizes over data and tensors only (parallel.dp, parallel.tp, "
+                "parallel.sequence_parallel); leave the others at their defaults");
 }
 
 // Ranks sharing a node split its cores between them unless OMP_NUM_THREADS says otherwise:

@@ -74,12 +74,16 @@ class Trainer {
   std::optional<std::pair<std::string, int>> stop_reason(const StopSignals& stop, int64_t done, double minutes);
   std::vector<ParamSegment> segments() const;
 
+  void sum_partial_grads_over_tp();
+  double global_grad_norm();
   // Sums a few scalars (loss, target counts) over the data-parallel group; no-op on one rank.
   void sum_over_dp(std::vector<double>& values);
+  // Sums over every rank (signal and clock votes: all ranks must stop at the same step).
+  void sum_over_world(std::vector<double>& values);
 
   Config cfg_;
   std::string run_dir_;
-  ProcessGrid grid_;                  // data parallel only, so far: every rank holds the whole model
+  ProcessGrid grid_;                  // tp x dp: the tp ranks of a replica share the model
   std::unique_ptr<GridComms> comms_;
   bool lead_ = true;                  // rank 0: prints, writes metrics
   int64_t accum_ = 1;
@@ -98,7 +102,7 @@ class Trainer {
   std::unique_ptr<CheckpointWriter> ckpt_;
   std::string resumed_from_;
   int64_t start_step_ = 0, consumed_at_start_ = 0;
-  int64_t dp_bytes_at_record_ = 0, step_at_record_ = 0;  // communication accounting per record
+  int64_t dp_bytes_at_record_ = 0, tp_bytes_at_record_ = 0, step_at_record_ = 0;  // communication accounting per record
   double flops_per_token_ = 0;
   double peak_flops_ = 0;
 };

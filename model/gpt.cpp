@@ -331,6 +331,29 @@ double Gpt::forward(GptCtx& ctx, Allocator& alloc, const Tensor& tokens, const T
   return ctx.loss;
 }
 
+void Gpt::logits_at(const GptCtx& ctx, Allocator& alloc, int64_t position, const Tensor& out) const {
+  const int64_t B = ctx.B, T = ctx.T, V = cfg_.vocab_size, Vl = ctx.logits.tensor().dim(1), R = tp_.size();
+  TESSERA_CHECK(position >= 0 && position < T, "logits_at: position ", position, " outside [0, ", T, ")");
+  check_shape("Gpt::logits_at", "out", out, Shape{B, V});
+  // This rank's (B, V_local) rows, all ranks' side by side, then each rank's real columns.
+  Buffer mine = workspace(alloc, out.dtype, {B, Vl});
+  const Tensor all_rows = ctx.logits.tensor().view({B, T * Vl});
+  copy_columns(mine, all_rows, position * Vl);
+  if (R == 1) {
+    copy(out, mine);
+    return;
+  }
+  Buffer gathered = workspace(alloc, out.dtype, {R, B, Vl});
+  tp_.comm->all_gather(mine, gathered);
+  for (int64_t r = 0; r < R; ++r) {
+    const VocabShard s = VocabShard::of(V, R, r);
+    if (s.valid == 0) continue;
+    Buffer cols = workspace(alloc, out.dtype, {B, s.valid});
+    copy_columns(cols, gathered.tensor().slice_rows(r, r + 1).view({B, Vl}), 0);
+    paste_columns(out, cols, s.start);
+  }
+}
+
 KvCache Gpt::make_cache(Allocator& alloc, int64_t capacity) const {
   TESSERA_CHECK(capacity > 0 && capacity <= cfg_.max_seq_len, "KV cache capacity ", capacity, " outside [1, ",
                 cfg_.max_seq_len, "]");

@@ -160,6 +160,13 @@ class Gpt {
   using GradsReady = std::function<void(int first, int end)>;
   void backward(GptCtx& ctx, Allocator& alloc, double loss_scale, const GradsReady& on_ready = {}) const;
 
+  // The logits of position `position` of every sequence over the whole vocabulary: out (B, V),
+  // gathered from the vocabulary shards of tp (collective over the tp group), after a forward.
+  void logits_at(const GptCtx& ctx, Allocator& alloc, int64_t position, const Tensor& out) const;
+  // Sequence lengths must be a multiple of this (tp under sequence parallelism, else 1). Inference
+  // may pad a sequence on the right: causal attention keeps earlier positions unaffected.
+  int64_t seq_multiple() const { return tp_.sequence_sharded() ? tp_.size() : 1; }
+
   const ModelConfig& config() const { return cfg_; }
 
  private:

@@ -66,15 +66,13 @@ void validate_grid(const GridDegrees& degrees, int64_t world, const GridLimits& 
     TESSERA_CHECK(m.seq_len % (2 * d.cp) == 0, "train.seq_len = ", m.seq_len, " is not divisible by 2 x parallel.cp = 2 x ",
                   d.cp, " = ", 2 * d.cp, " (context parallel cuts the sequence into 2 x cp chunks)");
   }
+  if (m.ffn_hidden > 0) check_divisible("model.ffn_hidden", m.ffn_hidden, "parallel.tp", d.tp);
+  if (m.sequence_parallel && d.tp > 1)
+    TESSERA_CHECK(m.seq_len % d.tp == 0, "train.seq_len = ", m.seq_len, " is not divisible by parallel.tp = ", d.tp,
+                  " (parallel.sequence_parallel shards the sequence over the tensor-parallel ranks)");
   TESSERA_CHECK(m.vocab_size >= 1, "model.vocab_size = ", m.vocab_size, " must be at least 1");
 }
 
-int64_t padded_vocab(int64_t vocab, int64_t tp, int64_t multiple) {
-  TESSERA_CHECK(vocab >= 1 && tp >= 1 && multiple >= 1, "padded_vocab(", vocab, ", ", tp, ", ", multiple,
-                "): every argument must be at least 1");
-  const int64_t step = multiple * tp;
-  return (vocab + step - 1) / step * step;
-}
 
 ProcessGrid::ProcessGrid(const GridDegrees& degrees, int64_t world_size, int64_t world_rank)
     : world_size_(world_size), rank_(world_rank) {

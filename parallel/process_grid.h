@@ -97,20 +97,18 @@ struct GridLimits {
   int64_t virtual_stages = 1;  // model chunks per pipeline stage (interleaved 1F1B)
   int64_t seq_len = 2;         // train.seq_len
   int64_t vocab_size = 1;
+  int64_t ffn_hidden = 0;          // 0: not checked
+  bool sequence_parallel = false;  // parallel.sequence_parallel
 };
 
 // Checks the degrees against the world (resolve_degrees) and the model, throwing tessera::Error
 // with a message naming the config keys and values:
 //   tp x cp x pp x dp = world;  model.n_head % tp = 0;
 //   model.n_kv_head % tp = 0, or, with fewer KV heads than tp (replicated), tp % n_kv_head = 0;
-//   model.n_layer % (pp x virtual_stages) = 0;  train.seq_len % (2 x cp) = 0 when cp > 1.
+//   model.n_layer % (pp x virtual_stages) = 0;  train.seq_len % (2 x cp) = 0 when cp > 1;
+//   model.ffn_hidden % tp = 0;  train.seq_len % tp = 0 under sequence parallelism.
+// The vocabulary needs no divisibility: each tp rank holds ceil(V / tp) rows, the last padded.
 void validate_grid(const GridDegrees& degrees, int64_t world_size, const GridLimits& limits);
 
-// The embedding/LM-head row count with tp: vocab rounded up to a multiple of (multiple x tp), so
-// every tp rank holds the same number of rows and that number is a multiple of `multiple`
-// (aligned GEMMs). Megatron pads the same way (make-vocab-size-divisible-by 128). The extra rows
-// are never a target; their logits must be masked to -inf before the softmax.
-// padded_vocab(50257, 1) = 50304, padded_vocab(50257, 4) = 50688, padded_vocab(32000, 2) = 32000.
-int64_t padded_vocab(int64_t vocab, int64_t tp, int64_t multiple = 128);
 
 }  // namespace tessera

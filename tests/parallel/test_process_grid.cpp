@@ -1,5 +1,5 @@
 // Tests parallel/process_grid.h without MPI: the doc comment's worked example (computed by hand),
-// rank <-> coordinate round trips, group memberships, every validation message, padded_vocab.
+// rank <-> coordinate round trips, group memberships, every validation message, validate_grid's tp checks.
 #include "parallel/process_grid.h"
 
 #include <gtest/gtest.h>
@@ -177,21 +177,19 @@ TEST(ValidateGrid, SequenceMustSplitInto2CpChunks) {
   EXPECT_NO_THROW(validate_grid({}, 1, l));
 }
 
-TEST(PaddedVocab, RoundsUpToMultipleTimesTp) {
-  EXPECT_EQ(padded_vocab(50257, 1), 50304);
-  EXPECT_EQ(padded_vocab(50257, 4), 50688);
-  EXPECT_EQ(padded_vocab(32000, 2), 32000);
-  EXPECT_EQ(padded_vocab(257, 1, 1), 257);
-  EXPECT_EQ(padded_vocab(257, 2, 1), 258);
-  EXPECT_EQ(padded_vocab(1, 8, 128), 1024);
-  for (int64_t tp : {1, 2, 3, 8}) {
-    const int64_t v = padded_vocab(50257, tp);
-    EXPECT_EQ(v % (128 * tp), 0);
-    EXPECT_GE(v, 50257);
-    EXPECT_LT(v - 50257, 128 * tp);
-  }
-  EXPECT_THROW(padded_vocab(0, 1), Error);
-  EXPECT_THROW(padded_vocab(10, 0), Error);
+TEST(ValidateGrid, MlpAndSequenceMustSplitOverTp) {
+  GridLimits l = kLimits;
+  l.ffn_hidden = 3000;
+  EXPECT_EQ(error_of([&] { validate_grid({.tp = 4}, 4, l); }),
+            "model.ffn_hidden = 3000 is not divisible by parallel.tp = 4");
+  l.ffn_hidden = 3072;
+  l.seq_len = 1022;
+  EXPECT_NO_THROW(validate_grid({.tp = 4}, 4, l));  // the sequence is split only under sequence parallelism
+  l.sequence_parallel = true;
+  EXPECT_EQ(error_of([&] { validate_grid({.tp = 4}, 4, l); }),
+            "train.seq_len = 1022 is not divisible by parallel.tp = 4 (parallel.sequence_parallel shards the "
+            "sequence over the tensor-parallel ranks)");
+  EXPECT_NO_THROW(validate_grid({.tp = 1}, 1, l));
 }
 
 }  // namespace

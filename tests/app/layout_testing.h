@@ -1,0 +1,59 @@
+// Helpers for the cross-layout tests: run `tessera train` on N ranks (mpiexec) or one, and compare
+// a run's losses and final checkpoint with a reference run's.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "app/checkpoint_io.h"
+#include "cli_testing.h"
+#include "mpi_testing.h"
+
+namespace tessera::testing {
+
+// `tessera train <dir>/<config> --run-dir <dir>/<run> <settings...>`, under mpiexec when ranks > 1.
+inline RunResult train_run(const fs::path& dir, const std::string& config, const std::string& run, int ranks,
+                           const std::vector<std::string>& settings) {
+  std::vector<std::string> args;
+  if (ranks > 1) args = {"-n", std::to_string(ranks), TESSERA_BINARY};
+  args.insert(args.end(), {"train", (dir / config).string(), "--run-dir", (dir / run).string()});
+  args.insert(args.end(), settings.begin(), settings.end());
+  return ranks > 1 ? run_program(TESSERA_MPIEXEC, args, dir) : run_tessera(args, dir);
+}
+
+// Every loss of `got` within rel of `want`, step by step.
+inline void expect_losses_near(const std::vector<double>& got, const std::vector<double>& want, double rel,
+                               const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], rel * std::abs(want[i])) << what << " step " << i + 1;
+}
+
+// Every tensor of checkpoint `got` against `want`'s: max |got - want| relative to the largest
+// magnitude of its family in `want` (parameters, first moments, second moments). A per-tensor
+// scale would not do: a tensor that is near zero because its gradient cancels (the attention key
+// bias, whose exact gradient is zero; a bias whose gradient changes sign) moves by rounding noise
+// that AdamW amplifies, by far less than lr, but by a large fraction of itself.
+inline void expect_checkpoints_near(const fs::path& got, const fs::path& want, double rel, const std::string& what) {
+  CheckpointReader a(got.string(), test_world()), b(want.string(), test_world());
+  ASSERT_EQ(a.tensors().size(), b.tensors().size()) << what;
+  auto family = [](const std::string& path) {
+    if (path.rfind("/model/", 0) == 0) return 0;
+    return path.size() > 7 && path.compare(path.size() - 7, 7, "_avg_sq") == 0 ? 2 : 1;
+  };
+  double scale[3] = {1e-30, 1e-30, 1e-30};
+  for (const auto& t : b.tensors())
+    for (float v : b.read_all(t.path)) scale[family(t.path)] = std::max(scale[family(t.path)], double(std::abs(v)));
+  for (const auto& t : b.tensors()) {
+    const auto x = a.read_all(t.path), y = b.read_all(t.path);
+    ASSERT_EQ(x.size(), y.size()) << what << " " << t.path;
+    double diff = 0;
+    for (size_t i = 0; i < x.size(); ++i) diff = std::max(diff, double(std::abs(x[i] - y[i])));
+    EXPECT_LT(diff / scale[family(t.path)], rel) << what << " " << t.path;
+  }
+}
+
+}  // namespace tessera::testing
