@@ -297,12 +297,16 @@ void Trainer::print_header() {
   peak_flops_ = (cfg_.log.peak_gflops > 0 ? cfg_.log.peak_gflops : cpu_peak_gflops()) * 1e9 *
                 static_cast<double>(grid_.world_size());
   std::ostringstream os;
-  os << "model " << model_->config().preset << ": " << params_->numel() << " parameters, "
+  os << "model " << model_->config().preset << ": " << params_->global_numel() << " parameters, "
      << model_->config().n_layer << " layers, C=" << model_->config().n_embd << " | batch "
      << cfg_.train.global_batch << " x " << cfg_.train.seq_len << " tokens (micro " << cfg_.train.micro_batch
      << ", accumulation " << accum_ << ") | " << cfg_.train.steps << " steps | MFU vs "
      << (cfg_.log.peak_gflops > 0 ? "log.peak_gflops " : "CPU peak ") << static_cast<int64_t>(peak_flops_ / 1e9)
      << " GFLOP/s";
+  if (grid_.world_size() > 1)
+    os << "\nlayout: " << grid_.world_size() << " ranks = tp " << grid_.tp_size() << " x dp " << grid_.dp_size()
+       << (grid_.tp_size() > 1 && cfg_.parallel.sequence_parallel ? " (sequence parallel)" : "") << "; "
+       << params_->numel() << " parameters per rank";
   progress_.message(os.str());
   if (!resumed_from_.empty())
     progress_.message("resumed from " + resumed_from_ + " at step " + std::to_string(start_step_));

@@ -65,6 +65,12 @@ int ParameterStore::find(const std::string& name) const {
   return it == by_name_.end() ? -1 : it->second;
 }
 
+int64_t ParameterStore::global_numel() const {
+  int64_t n = 0;
+  for (const ParamEntry& e : entries_) n += e.spec.global_shape.numel();
+  return n;
+}
+
 void ParameterStore::zero_grads() { fill_zero(grads_.tensor()); }
 
 Shape ParamEntry::stored_shape() const {

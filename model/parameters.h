@@ -87,7 +87,8 @@ class ParameterStore {
 
   const Tensor& flat_params() const { return params_.tensor(); }
   const Tensor& flat_grads() const { return grads_.tensor(); }
-  int64_t numel() const { return total_; }  // local elements
+  int64_t numel() const { return total_; }  // local elements (padding included)
+  int64_t global_numel() const;              // elements of the whole model, on any layout
   DType dtype() const { return dtype_; }
   const ShardLayout& layout() const { return layout_; }
 

@@ -160,4 +160,57 @@ TEST(CrossEntropy, RejectsBadTargetsAndArguments) {
                {"cross_entropy_backward", "partially overlaps"});
 }
 
+// Vocabulary-parallel: V = 11 over 3 shards of 4 columns (the last: 3 ids and a padding column
+// holding a huge logit that must not count). Per-shard forwards combined give the whole loss and
+// lse; each shard's backward is its slice of the whole gradient, padding columns 0.
+template <typename T>
+void check_vocab_shards(double tol) {
+  const int64_t N = 6, V = 11, parts = 3, cols = VocabShard::rows_per_part(V, parts);
+  auto logits = float_rounded(HostTensor<double>::uniform({N, V}, 800, -4, 4)).cast<T>();
+  auto targets = make_targets(N, V, 801, {2});
+  Forward<T> whole(N);
+  cross_entropy_forward(whole.losses.t(), whole.lse.t(), logits.t(), targets.t());
+  HostTensor<T> dwhole({N, V});
+  cross_entropy_backward(dwhole.t(), logits.t(), whole.lse.t(), targets.t(), 0.25);
+  HostTensor<T> parts_lse({parts, N}), target_logit({N});
+  std::vector<HostTensor<T>> shard_logits;
+  for (int64_t r = 0; r < parts; ++r) {
+    const VocabShard s = VocabShard::of(V, parts, r);
+    HostTensor<T> local({N, cols}, T(1e4));  // padding columns: huge, and ignored
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t c = 0; c < s.valid; ++c) local[n * cols + c] = logits[n * V + s.start + c];
+    HostTensor<T> lse_part({N}), tl({N});
+    cross_entropy_shard_forward(lse_part.t(), tl.t(), local.t(), targets.t(), s);
+    for (int64_t n = 0; n < N; ++n) parts_lse[r * N + n] = lse_part[n], target_logit[n] += tl[n];
+    shard_logits.push_back(local);
+  }
+  Forward<T> combined(N);
+  cross_entropy_combine(combined.losses.t(), combined.lse.t(), parts_lse.t(), target_logit.t(), targets.t());
+  for (int64_t n = 0; n < N; ++n) {
+    EXPECT_NEAR(combined.lse[n], whole.lse[n], tol) << "row " << n;
+    EXPECT_NEAR(combined.losses[n], whole.losses[n], tol) << "row " << n;
+  }
+  EXPECT_EQ(combined.losses[2], T(0));  // ignored
+  for (int64_t r = 0; r < parts; ++r) {
+    const VocabShard s = VocabShard::of(V, parts, r);
+    HostTensor<T>& d = shard_logits[static_cast<size_t>(r)];
+    cross_entropy_backward(d.t(), d.t(), combined.lse.t(), targets.t(), 0.25, s);  // in place
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t c = 0; c < cols; ++c)
+        EXPECT_NEAR(d[n * cols + c], c < s.valid ? dwhole[n * V + s.start + c] : T(0), tol) << r << " " << n << " " << c;
+  }
+}
+
+TEST(CrossEntropy, VocabShardsCombineToTheWholeLossF64) { check_vocab_shards<double>(1e-12); }
+TEST(CrossEntropy, VocabShardsCombineToTheWholeLossF32) { check_vocab_shards<float>(2e-6); }
+
+TEST(CrossEntropy, VocabShardRejectsAShardThatDoesNotFit) {
+  HostTensor<float> logits({2, 4}), a({2}), b({2});
+  HostTensor<int32_t> targets({2});
+  expect_error([&] { cross_entropy_shard_forward(a.t(), b.t(), logits.t(), targets.t(), VocabShard{8, 5, 12}); },
+               {"cross_entropy_shard_forward", "[8, 13) of 12 ids"});
+  expect_error([&] { cross_entropy_shard_forward(a.t(), b.t(), logits.t(), targets.t(), VocabShard{0, 5, 12}); },
+               {"does not fit logits (2, 4)"});
+}
+
 }  // namespace tessera

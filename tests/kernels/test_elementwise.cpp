@@ -1,7 +1,7 @@
 // Tests kernels/elementwise.h against plain loops.
 #include "kernels/elementwise.h"
 
-#include "testing.h"
+#include "op_testing.h"
 
 namespace tessera {
 using testing::HostTensor;
@@ -46,6 +46,20 @@ TEST(Elementwise, RejectsMismatch) {
   HostTensor<double> c({3});
   EXPECT_THROW(copy(a.t(), b.t()), Error);
   EXPECT_THROW(accumulate(a.t(), c.t()), Error);
+}
+
+TEST(Elementwise, CopyAndPasteColumns) {
+  HostTensor<float> wide({3, 5});
+  for (int64_t i = 0; i < wide.numel(); ++i) wide[i] = static_cast<float>(i);
+  HostTensor<float> narrow({3, 2});
+  copy_columns(narrow.t(), wide.t(), 2);  // columns 2, 3 of each row
+  EXPECT_EQ(narrow.vec(), (std::vector<float>{2, 3, 7, 8, 12, 13}));
+  HostTensor<float> back({3, 5});
+  paste_columns(back.t(), narrow.t(), 3);
+  EXPECT_EQ(back.vec(), (std::vector<float>{0, 0, 0, 2, 3, 0, 0, 0, 7, 8, 0, 0, 0, 12, 13}));
+  testing::expect_error([&] { copy_columns(narrow.t(), wide.t(), 4); }, {"copy_columns", "columns [4, 6)", "(3, 5)"});
+  HostTensor<float> rows4({4, 2});
+  testing::expect_error([&] { paste_columns(wide.t(), rows4.t(), 0); }, {"paste_columns", "expected (N, w) and (N, W)"});
 }
 
 }  // namespace tessera

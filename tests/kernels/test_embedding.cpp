@@ -163,4 +163,44 @@ TEST(Embedding, RejectsBadShapesAndDtypes) {
   expect_error([&] { embedding_backward(tab.wte.t(), wpe_bad.t(), out.t(), tokens.t(), 0); }, {"dwpe", "(9, 5)"});
 }
 
+// Vocabulary-parallel: V = 7 over 3 shards of ceil(7 / 3) = 3 rows (the last holds 1 id and 2
+// padding rows). Shard outputs (positions added by shard 0 only) sum to the whole lookup; each
+// shard's dwte is the slice of the whole dwte, its padding rows untouched.
+TEST(Embedding, VocabShardsSumToTheWholeLookup) {
+  const int64_t C = 6, parts = 3, rows = VocabShard::rows_per_part(kV, parts);
+  Tables<double> whole(C, 700);
+  auto tokens = testing::random_ids({kB, kT}, kV, 701);
+  HostTensor<double> want({kB, kT, C}), sum({kB, kT, C});
+  embedding_forward(want.t(), tokens.t(), whole.wte.t(), whole.wpe.t(), 2);
+  auto dout = HostTensor<double>::uniform({kB, kT, C}, 702);
+  HostTensor<double> dwte({kV, C}), dwpe({kP, C});
+  embedding_backward(dwte.t(), dwpe.t(), dout.t(), tokens.t(), 2);
+  for (int64_t r = 0; r < parts; ++r) {
+    const VocabShard shard = VocabShard::of(kV, parts, r);
+    HostTensor<double> table({rows, C}), out({kB, kT, C}), dtable({rows, C}, 5.0), dpos({kP, C});
+    for (int64_t i = 0; i < shard.valid * C; ++i) table[i] = whole.wte[shard.start * C + i];
+    embedding_forward(out.t(), tokens.t(), table.t(), r == 0 ? whole.wpe.t() : Tensor(), 2, shard);
+    for (int64_t i = 0; i < out.numel(); ++i) sum[i] += out[i];
+    embedding_backward(dtable.t(), dpos.t(), dout.t(), tokens.t(), 2, shard);
+    for (int64_t i = 0; i < rows * C; ++i)
+      EXPECT_DOUBLE_EQ(dtable[i], 5.0 + (i < shard.valid * C ? dwte[shard.start * C + i] : 0.0)) << "shard " << r;
+    for (int64_t i = 0; i < dpos.numel(); ++i) EXPECT_DOUBLE_EQ(dpos[i], dwpe[i]);
+  }
+  for (int64_t i = 0; i < want.numel(); ++i) EXPECT_NEAR(sum[i], want[i], 1e-15);
+  // The float path agrees with the double one on a shard.
+  const VocabShard shard = VocabShard::of(kV, parts, 1);
+  HostTensor<float> table({rows, C}), out({kB, kT, C});
+  HostTensor<double> ref({kB, kT, C});
+  HostTensor<double> table64({rows, C});
+  for (int64_t i = 0; i < shard.valid * C; ++i) table64[i] = whole.wte[shard.start * C + i];
+  table = table64.cast<float>();
+  embedding_forward(out.t(), tokens.t(), table.t(), Tensor(), 0, shard);
+  embedding_forward(ref.t(), tokens.t(), table64.t(), Tensor(), 0, shard);
+  for (int64_t i = 0; i < out.numel(); ++i) EXPECT_FLOAT_EQ(out[i], static_cast<float>(ref[i]));
+  // Ids are checked against the whole vocabulary, not the shard.
+  tokens[4] = static_cast<int32_t>(kV);
+  expect_error([&] { embedding_forward(out.t(), tokens.t(), table.t(), Tensor(), 0, shard); },
+               {"embedding_forward", "token id 7", "[0, 7)"});
+}
+
 }  // namespace tessera
