@@ -209,7 +209,21 @@ std::string Trainer::nonfinite_report(double loss, double norm) const {
   return "gradient norm is " + std::to_string(norm);
 }
 
+namespace {
+// Test hook (tests/app/test_tensor_parallel_training.cpp): TESSERA_TEST_FAIL_AT_STEP = "rank:step"
+// makes that world rank throw at the start of that 0-based step, alone, as a real fault would
+// (a bad disk, an out-of-memory), to check that the job ends instead of hanging.
+void fail_here_if_asked(int64_t world_rank, int64_t s) {
+  const char* hook = std::getenv("TESSERA_TEST_FAIL_AT_STEP");
+  if (!hook) return;
+  long rank = -1, step = -1;
+  if (std::sscanf(hook, "%ld:%ld", &rank, &step) == 2 && rank == world_rank && step == s)
+    TESSERA_CHECK(false, "TESSERA_TEST_FAIL_AT_STEP: rank ", rank, " fails at step ", step);
+}
+}  // namespace
+
 Trainer::StepResult Trainer::step(int64_t s) {
+  fail_here_if_asked(grid_.rank(), s);
   StepResult r;
   params_->zero_grads();
   r.loss = forward_backward(s);

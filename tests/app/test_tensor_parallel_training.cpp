@@ -135,4 +135,20 @@ TEST(TensorParallelTraining, LayoutErrorsNameTheKeys) {
   fs::remove_all(dir);
 }
 
+// A rank that fails alone in the middle of training (its tp partner then waits in a collective
+// that never completes) ends the whole job with a non-zero exit, printing why, instead of hanging.
+TEST(TensorParallelTraining, ARankThatFailsAloneEndsTheJob) {
+  const fs::path dir = testing::temp_dir("tp_fail");
+  std::ofstream(dir / "tiny.toml") << config("gpt2");
+  std::vector<std::string> args = {"-n", "2", TESSERA_BINARY, "train", (dir / "tiny.toml").string(), "--run-dir",
+                                   (dir / "run").string()};
+  for (const auto& a : settings(6, tp_sets(2, false))) args.push_back(a);
+  const auto r = testing::run_program(TESSERA_MPIEXEC, args, dir, {}, SIGINT, {"TESSERA_TEST_FAIL_AT_STEP=1:2"});
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("rank 1 fails at step 2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 1 failed alone; aborting every rank"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step 6/6"), std::string::npos) << r.output;
+  fs::remove_all(dir);
+}
+
 }  // namespace tessera
