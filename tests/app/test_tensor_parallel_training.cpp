@@ -4,6 +4,8 @@
 // LLaMA presets; checkpoints resume across layouts and continue the same trajectory.
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include "layout_testing.h"
 
 namespace tessera {
@@ -132,6 +134,36 @@ TEST(TensorParallelTraining, LayoutErrorsNameTheKeys) {
   EXPECT_NE(r.output.find("train.seq_len = 22 is not divisible by parallel.tp = 4"), std::string::npos) << r.output;
   const auto first = r.output.find("tessera: error:");
   EXPECT_EQ(r.output.find("tessera: error:", first + 1), std::string::npos) << "printed once: " << r.output;
+  fs::remove_all(dir);
+}
+
+// tp_bytes_per_step against the ring volumes (parallel/communicator.h) of every collective the
+// model and trainer issue on the tp group, for the tiny GPT-2 (L = 2, C = 32) at B = 2, T = 24,
+// 4 micro-batches per step, tp = 2 (all-reduce sends b, all-gather and reduce-scatter b / 2).
+TEST(TensorParallelTraining, TpBytesPerStepMatchTheAnalyticVolume) {
+  const fs::path dir = testing::temp_dir("tp_bytes");
+  std::ofstream(dir / "tiny.toml") << config("gpt2");
+  const int64_t L = 2, act = 2 * 24 * 32 * 4, bt = 2 * 24 * 4, micro = 4;  // bytes of (B, T, C) and of (B T)
+  const int64_t step_extras = 8 + 24;  // the gradient norm's square sum (f64) and the stop vote (3 x f64)
+  // Plain tp: forward all-reduces after the embedding and each attention and MLP, backward
+  // all-reduces before ln_f and before each attention and MLP input; the loss all-gathers the
+  // per-rank log-sum-exps (b = 2 bt) and all-reduces the target logits.
+  const int64_t plain = micro * (2 * (1 + 2 * L) * act + bt + bt) + step_extras;
+  // Sequence parallel: each edge is an all-gather or reduce-scatter (act / 2): forward 1 + 4 L + 1
+  // (embedding, 2 per branch, the LM head's gather), backward 1 + 6 L + 1 (ln_f, per branch: gather
+  // dy, re-gather x, reduce-scatter dx; the embedding's gather), plus one all-reduce of the norms'
+  // gradients: 2 L + 1 norms of weight and bias (C floats each).
+  const int64_t norms = (2 * L + 1) * 2 * 32 * 4;
+  const int64_t sp = micro * ((2 + 4 * L + 2 + 6 * L) * act / 2 + bt + bt) + norms + step_extras;
+  for (const auto& [name, sets, want] : std::vector<std::tuple<std::string, std::vector<std::string>, int64_t>>{
+           {"tp2", tp_sets(2, false), plain}, {"tp2sp", tp_sets(2, true), sp}}) {
+    const auto r = testing::train_run(dir, "tiny.toml", name, 2, settings(3, sets));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::string metrics = testing::read_file(dir / name / "metrics.jsonl");
+    const auto at = metrics.rfind("\"tp_bytes_per_step\": ");  // the last record: it includes a stop vote
+    ASSERT_NE(at, std::string::npos) << metrics;
+    EXPECT_EQ(std::stoll(metrics.substr(at + 21)), want) << name;
+  }
   fs::remove_all(dir);
 }
 
