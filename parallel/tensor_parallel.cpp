@@ -49,16 +49,6 @@ Tensor enter_region(const TensorParallel& tp, Allocator& alloc, Buffer& storage,
   return storage;
 }
 
-void enter_region_backward(const TensorParallel& tp, Allocator& alloc, const Tensor& dx_local, const Tensor& dx_full) {
-  if (tp.sequence_sharded()) {
-    reduce_scatter_sequence(tp, alloc, dx_local, dx_full);
-    return;
-  }
-  TESSERA_CHECK(dx_local.data == dx_full.data, "enter_region_backward: without sequence parallelism the local and full "
-                "gradients are one tensor");
-  all_reduce_tp(tp, dx_full);
-}
-
 void leave_region(const TensorParallel& tp, Allocator& alloc, const Tensor& y_local, const Tensor& y_full) {
   if (tp.sequence_sharded()) {
     reduce_scatter_sequence(tp, alloc, y_local, y_full);
@@ -67,6 +57,11 @@ void leave_region(const TensorParallel& tp, Allocator& alloc, const Tensor& y_lo
   TESSERA_CHECK(y_local.data == y_full.data, "leave_region: without sequence parallelism the local and full outputs "
                 "are one tensor");
   all_reduce_tp(tp, y_full);
+}
+
+// The two edges are each other's adjoint: entering backward is leaving forward and vice versa.
+void enter_region_backward(const TensorParallel& tp, Allocator& alloc, const Tensor& dx_local, const Tensor& dx_full) {
+  leave_region(tp, alloc, dx_local, dx_full);
 }
 
 Tensor leave_region_backward(const TensorParallel& tp, Allocator& alloc, Buffer& storage, const Tensor& dy, int64_t T) {
