@@ -35,10 +35,14 @@ int ParameterStore::add(ParamSpec spec) {
   return id;
 }
 
-void ParameterStore::finalize() {
+void ParameterStore::finalize(int64_t pad_multiple) {
   TESSERA_CHECK(!finalized_, "ParameterStore::finalize() called twice");
-  params_ = Buffer(alloc_, dtype_, {total_}, MemCategory::Parameters);
-  grads_ = Buffer(alloc_, dtype_, {total_}, MemCategory::Gradients);
+  TESSERA_CHECK(pad_multiple >= 1, "ParameterStore::finalize: pad_multiple = ", pad_multiple);
+  const int64_t padded = (total_ + pad_multiple - 1) / pad_multiple * pad_multiple;
+  params_ = Buffer(alloc_, dtype_, {padded}, MemCategory::Parameters);
+  grads_ = Buffer(alloc_, dtype_, {padded}, MemCategory::Gradients);
+  flat_params_ = params_.tensor().slice_rows(0, total_);
+  flat_grads_ = grads_.tensor().slice_rows(0, total_);
   finalized_ = true;
 }
 
@@ -61,7 +65,7 @@ int ParameterStore::find(const std::string& name) const {
   return it == by_name_.end() ? -1 : it->second;
 }
 
-void ParameterStore::zero_grads() { fill_zero(grads_.tensor()); }
+void ParameterStore::zero_grads() { fill_zero(grads_.tensor()); }  // padding included
 
 int64_t global_index(const ParamEntry& e, int64_t local) {
   const Shape& ls = e.local_shape;
