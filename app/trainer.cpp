@@ -51,18 +51,11 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm)
   const ModelConfig mc = resolve(to_model_config(cfg_, data_.vocab_size));
   params_ = std::make_unique<ParameterStore>(alloc_, DType::F32);
   model_ = std::make_unique<Gpt>(mc, *params_, recompute_policy(cfg_));
-  params_->finalize();
+  params_->finalize(DataParallelOptimizer::pad_multiple(cfg_.parallel, grid_.dp_size()));
   params_->initialize(static_cast<uint64_t>(cfg_.train.seed));
-  opt_ = std::make_unique<AdamW>(params_->flat_params(), params_->flat_grads(), segments(), alloc_,
-                                 AdamWOptions{cfg_.optim.beta1, cfg_.optim.beta2, cfg_.optim.eps, cfg_.optim.weight_decay});
-  if (grid_.dp_size() > 1) {
-    std::vector<int64_t> offsets;
-    for (const ParamEntry& e : params_->entries()) offsets.push_back(e.offset);
-    offsets.push_back(params_->numel());
-    reducer_ = std::make_unique<BucketedAllReduce>(params_->flat_grads(), offsets,
-                                                   static_cast<int64_t>(cfg_.parallel.bucket_mb * (1 << 20)), comms_->dp,
-                                                   cfg_.parallel.overlap_grad_reduce);
-  }
+  opt_ = std::make_unique<DataParallelOptimizer>(
+      *params_, segments(), AdamWOptions{cfg_.optim.beta1, cfg_.optim.beta2, cfg_.optim.eps, cfg_.optim.weight_decay},
+      cfg_.parallel, comms_ ? &comms_->dp : nullptr, alloc_);
   schedule_ = LrSchedule{cfg_.optim.lr, cfg_.optim.min_lr, cfg_.optim.warmup_steps, cfg_.train.steps,
                          parse_lr_decay(cfg_.optim.decay)};
   flops_per_token_ = flops_per_token(mc, cfg_.train.seq_len);
@@ -70,7 +63,9 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm)
   if (!ckpt_dir.empty() && comm != MPI_COMM_NULL) {
     ckpt_ = std::make_unique<CheckpointWriter>(ckpt_dir, cfg_.checkpoint.keep_last, comm);
     if (auto path = find_resume_checkpoint(ckpt_dir, cfg_.checkpoint.resume, comm)) {
-      const RestoredState st = restore_training_state(*path, *params_, *opt_, comm);
+      const FullOptimizerState moments = opt_->state_buffers();
+      const RestoredState st = restore_training_state(*path, *params_, moments.state, comm);
+      opt_->load_state(moments.state, st.optimizer_steps);
       resumed_from_ = *path;
       start_step_ = st.step;
       consumed_at_start_ = st.consumed_samples;
@@ -129,11 +124,9 @@ double Trainer::forward_backward(int64_t s) {
     sums[0] += loss * static_cast<double>(ctx.n_targets);
     // Only the last micro-batch communicates: earlier ones only accumulate locally.
     const bool last = m + 1 == batches.size();
-    Gpt::GradsReady ready;
-    if (reducer_ && last) ready = [this](int first, int end) { reducer_->ready(first, end); };
-    model_->backward(ctx, alloc_, loss_scale, ready);
+    model_->backward(ctx, alloc_, loss_scale, last ? opt_->grads_ready_hook() : Gpt::GradsReady{});
   }
-  if (reducer_) reducer_->finish();
+  opt_->reduce_grads();
   std::vector<double> loss = {sums[0]};
   sum_over_dp(loss);
   return targets[0] > 0 ? loss[0] / targets[0] : 0.0;
@@ -151,7 +144,7 @@ Trainer::StepResult Trainer::step(int64_t s) {
   StepResult r;
   params_->zero_grads();
   r.loss = forward_backward(s);
-  r.grad_norm = grad_norm(params_->flat_grads());
+  r.grad_norm = opt_->grad_norm();
   r.lr = schedule_.at(s);
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
     r.skipped = true;
@@ -191,7 +184,8 @@ void Trainer::log_step(int64_t s, const StepResult& r, double step_seconds, doub
       .add("tokens", static_cast<int64_t>(done) * cfg_.train.global_batch * cfg_.train.seq_len);
   if (comms_) {
     // Bytes this rank sent over the data-parallel group per step since the last record (ring
-    // volumes, parallel/communicator.h): 2 (p-1)/p of the gradients, plus a few scalars.
+    // volumes, parallel/communicator.h): 2 (p-1)/p of the gradients (ZeRO-1: a reduce-scatter and an
+    // all-gather of (p-1)/p each), plus a few scalars.
     const int64_t sent = comms_->dp.bytes_sent();
     rec.add("dp_bytes_per_step", (sent - dp_bytes_at_record_) / std::max<int64_t>(1, done - step_at_record_));
     dp_bytes_at_record_ = sent;
@@ -247,7 +241,8 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   if (!ckpt_) return;  // no run directory and no checkpoint.dir: nothing is written
   TrainingState st;
   st.params = params_.get();
-  st.optimizer = opt_.get();
+  const FullOptimizerState optimizer = opt_->gather_state();  // ZeRO-1: gathered over dp (collective)
+  st.optimizer = optimizer.state;
   st.step = steps_done;
   st.consumed_samples = consumed_at_start_ + (steps_done - start_step_) * cfg_.train.global_batch;
   st.tokens_seen = st.consumed_samples * cfg_.train.seq_len;
@@ -357,10 +352,12 @@ void print_summary(const TrainSummary& s, const std::string& run_dir) {
 // Keys that parse but whose features are not built yet are refused rather than ignored.
 void check_supported(const Config& cfg) {
   const ParallelConfig& p = cfg.parallel;
-  TESSERA_CHECK(p.tp == 1 && p.pp == 1 && p.cp == 1 && !p.sequence_parallel && p.zero == 0,
+  TESSERA_CHECK(p.tp == 1 && p.pp == 1 && p.cp == 1 && !p.sequence_parallel,
                 "[parallel] asks for tp=", p.tp, ", pp=", p.pp, ", cp=", p.cp, ", sequence_parallel=",
-                p.sequence_parallel, ", zero=", p.zero, ", but this build parallelizes over data only ",
-                "(parallel.dp); leave the others at their defaults");
+                p.sequence_parallel, ", but this build parallelizes over data only ",
+                "(parallel.dp, parallel.zero); leave the others at their defaults");
+  TESSERA_CHECK(p.zero == 0 || p.zero == 1, "parallel.zero = ", p.zero,
+                " is not supported: 0 (replicated optimizer state) or 1 (ZeRO-1, sharded over dp)");
 }
 
 // Ranks sharing a node split its cores between them unless OMP_NUM_THREADS says otherwise:
