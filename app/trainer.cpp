@@ -99,8 +99,9 @@ void Trainer::sum_over_dp(std::vector<double>& values) {
 
 // Runs this rank's micro-batches of step s and leaves in the gradients the gradient of the mean
 // loss over the whole global batch (every rank's tokens): each rank scales its losses by
-// 1 / (targets in the global batch), and data-parallel buckets sum the ranks' gradients, started
-// during the last micro-batch's backward. Returns that global mean loss.
+// 1 / (targets in the global batch), and opt_ sums the ranks' gradients (buckets started during
+// the last micro-batch's backward, or ZeRO-1's reduce-scatter after it). Returns that global mean
+// loss.
 double Trainer::forward_backward(int64_t s) {
   if (!loader_)
     loader_ = std::make_unique<DataLoader>(*data_.train, sampler_, layout_,
