@@ -134,13 +134,13 @@ void CheckpointWriter::save(const TrainingState& st) {
   snap->meta.consumed_samples = st.consumed_samples;
   snap->meta.tokens_seen = st.tokens_seen;
   snap->meta.config_toml = st.config_toml;
-  snap->groups["/optim"]["step"] = st.optimizer->steps_taken();
+  snap->groups["/optim"]["step"] = st.optimizer.steps;
   snap->groups["/data"]["consumed_samples"] = st.consumed_samples;
   if (!st.seeds.empty()) snap->groups["/rng"] = st.seeds;
   // The only part the training step waits for: copying the state to host memory.
   snap->params = copy_flat(st.params->flat_params());
-  snap->exp_avg = copy_flat(st.optimizer->exp_avg());
-  snap->exp_avg_sq = copy_flat(st.optimizer->exp_avg_sq());
+  snap->exp_avg = copy_flat(st.optimizer.exp_avg);
+  snap->exp_avg_sq = copy_flat(st.optimizer.exp_avg_sq);
   add_slices(snap->slices, *st.params, snap->params, "/model/", "", st);
   add_slices(snap->slices, *st.params, snap->exp_avg, "/optim/", "/exp_avg", st);
   add_slices(snap->slices, *st.params, snap->exp_avg_sq, "/optim/", "/exp_avg_sq", st);
@@ -219,7 +219,18 @@ int64_t int_attr(const GroupAttributes& g, const std::string& group, const std::
 }
 }  // namespace
 
+OptimizerState optimizer_state(const AdamW& optimizer) {
+  return {optimizer.exp_avg(), optimizer.exp_avg_sq(), optimizer.steps_taken()};
+}
+
 RestoredState restore_training_state(const std::string& path, ParameterStore& params, AdamW& optimizer,
+                                     MPI_Comm comm) {
+  const RestoredState s = restore_training_state(path, params, optimizer_state(optimizer), comm);
+  optimizer.set_steps_taken(s.optimizer_steps);
+  return s;
+}
+
+RestoredState restore_training_state(const std::string& path, ParameterStore& params, const OptimizerState& optimizer,
                                      MPI_Comm comm) {
   CheckpointReader r(path, comm);
   std::vector<std::pair<std::string, Shape>> expected;
@@ -232,14 +243,16 @@ RestoredState restore_training_state(const std::string& path, ParameterStore& pa
   std::string local_error;
   try {
     read_into(r, params, params.flat_params(), "/model/", "");
-    read_into(r, params, optimizer.exp_avg(), "/optim/", "/exp_avg");
-    read_into(r, params, optimizer.exp_avg_sq(), "/optim/", "/exp_avg_sq");
+    TESSERA_CHECK(optimizer.exp_avg.numel() >= params.numel() && optimizer.exp_avg_sq.numel() >= params.numel(),
+                  "restore_training_state: the moments' buffers are smaller than the ", params.numel(), " parameters");
+    read_into(r, params, optimizer.exp_avg, "/optim/", "/exp_avg");
+    read_into(r, params, optimizer.exp_avg_sq, "/optim/", "/exp_avg_sq");
   } catch (const Error& e) {
     local_error = e.what();
   }
   throw_if_any_failed(comm, local_error);  // a corrupt chunk seen by one rank stops them all
-  optimizer.set_steps_taken(int_attr(r.group_attributes(), "/optim", "step", path));
   RestoredState s;
+  s.optimizer_steps = int_attr(r.group_attributes(), "/optim", "step", path);
   s.step = r.meta().step;
   s.consumed_samples = r.meta().consumed_samples;
   s.tokens_seen = r.meta().tokens_seen;

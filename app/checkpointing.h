@@ -21,10 +21,19 @@
 
 namespace tessera {
 
+// AdamW's state as a checkpoint holds it: the moments at the layout of the ParameterStore's flat
+// buffer, whole on this rank (ZeRO-1 gathers its shards into such buffers first), and the steps.
+struct OptimizerState {
+  Tensor exp_avg, exp_avg_sq;  // (N), or longer: elements past the parameters are ignored
+  int64_t steps = 0;
+};
+// Views of a (replicated) AdamW's state.
+OptimizerState optimizer_state(const AdamW& optimizer);
+
 // The live state a checkpoint captures (views; copied by CheckpointWriter::save).
 struct TrainingState {
   const ParameterStore* params = nullptr;
-  const AdamW* optimizer = nullptr;
+  OptimizerState optimizer;
   int64_t step = 0;              // optimizer steps done
   int64_t consumed_samples = 0;  // samples drawn by the sampler (all ranks)
   int64_t tokens_seen = 0;
@@ -71,9 +80,14 @@ std::optional<std::string> find_resume_checkpoint(const std::string& dir, const 
 
 struct RestoredState {
   int64_t step = 0, consumed_samples = 0, tokens_seen = 0;
+  int64_t optimizer_steps = 0;  // AdamW's bias corrections continue from here
 };
-// Loads parameters and optimizer state into this rank's shards, after checking every shape
-// against the model (all mismatches listed in one error).
+// Loads the parameters and the moments into this rank's tensor-parallel shards (moments: into
+// optimizer's tensors, whose steps are ignored), after checking every shape against the model (all
+// mismatches listed in one error).
+RestoredState restore_training_state(const std::string& path, ParameterStore& params, const OptimizerState& optimizer,
+                                     MPI_Comm comm);
+// The same into a replicated AdamW, whose step count is set too.
 RestoredState restore_training_state(const std::string& path, ParameterStore& params, AdamW& optimizer,
                                      MPI_Comm comm);
 

@@ -69,18 +69,11 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm)
   params_ = std::make_unique<ParameterStore>(alloc_, DType::F32, ShardLayout{static_cast<int>(grid_.tp_size()),
                                                                              static_cast<int>(grid_.tp_rank())});
   model_ = std::make_unique<Gpt>(mc, *params_, recompute_policy(cfg_), tp);
-  params_->finalize();
+  params_->finalize(DataParallelOptimizer::pad_multiple(cfg_.parallel, grid_.dp_size()));
   params_->initialize(static_cast<uint64_t>(cfg_.train.seed));
-  opt_ = std::make_unique<AdamW>(params_->flat_params(), params_->flat_grads(), segments(), alloc_,
-                                 AdamWOptions{cfg_.optim.beta1, cfg_.optim.beta2, cfg_.optim.eps, cfg_.optim.weight_decay});
-  if (grid_.dp_size() > 1) {
-    std::vector<int64_t> offsets;
-    for (const ParamEntry& e : params_->entries()) offsets.push_back(e.offset);
-    offsets.push_back(params_->numel());
-    reducer_ = std::make_unique<BucketedAllReduce>(params_->flat_grads(), offsets,
-                                                   static_cast<int64_t>(cfg_.parallel.bucket_mb * (1 << 20)), comms_->dp,
-                                                   cfg_.parallel.overlap_grad_reduce);
-  }
+  opt_ = std::make_unique<DataParallelOptimizer>(
+      *params_, segments(), AdamWOptions{cfg_.optim.beta1, cfg_.optim.beta2, cfg_.optim.eps, cfg_.optim.weight_decay},
+      cfg_.parallel, comms_ ? &comms_->dp : nullptr, alloc_);
   schedule_ = LrSchedule{cfg_.optim.lr, cfg_.optim.min_lr, cfg_.optim.warmup_steps, cfg_.train.steps,
                          parse_lr_decay(cfg_.optim.decay)};
   flops_per_token_ = flops_per_token(mc, cfg_.train.seq_len);
@@ -88,7 +81,9 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm)
   if (!ckpt_dir.empty() && comm != MPI_COMM_NULL) {
     ckpt_ = std::make_unique<CheckpointWriter>(ckpt_dir, cfg_.checkpoint.keep_last, comm);
     if (auto path = find_resume_checkpoint(ckpt_dir, cfg_.checkpoint.resume, comm)) {
-      const RestoredState st = restore_training_state(*path, *params_, *opt_, comm);
+      const FullOptimizerState moments = opt_->state_buffers();
+      const RestoredState st = restore_training_state(*path, *params_, moments.state, comm);
+      opt_->load_state(moments.state, st.optimizer_steps);
       resumed_from_ = *path;
       start_step_ = st.step;
       consumed_at_start_ = st.consumed_samples;
@@ -129,8 +124,9 @@ void Trainer::sum_over_dp(std::vector<double>& values) {
 
 // Runs this rank's micro-batches of step s and leaves in the gradients the gradient of the mean
 // loss over the whole global batch (every rank's tokens): each rank scales its losses by
-// 1 / (targets in the global batch), and data-parallel buckets sum the ranks' gradients, started
-// during the last micro-batch's backward. Returns that global mean loss.
+// 1 / (targets in the global batch), and opt_ sums the ranks' gradients (buckets started during
+// the last micro-batch's backward, or ZeRO-1's reduce-scatter after it). Returns that global mean
+// loss.
 double Trainer::forward_backward(int64_t s) {
   if (!loader_)
     loader_ = std::make_unique<DataLoader>(*data_.train, sampler_, layout_,
@@ -154,12 +150,14 @@ double Trainer::forward_backward(int64_t s) {
     sums[0] += loss * static_cast<double>(ctx.n_targets);
     // Only the last micro-batch communicates: earlier ones only accumulate locally.
     const bool last = m + 1 == batches.size();
-    Gpt::GradsReady ready;
-    if (reducer_ && last) ready = [this](int first, int end) { reducer_->ready(first, end); };
-    model_->backward(ctx, alloc_, loss_scale, ready);
+    model_->backward(ctx, alloc_, loss_scale, last ? opt_->grads_ready_hook() : Gpt::GradsReady{});
   }
-  if (reducer_) reducer_->finish();
-  sum_partial_grads_over_tp();
+  // The tp-partial gradients (ParamSpec::sum_grad_over_tp) are summed over tp where the dp
+  // reduction reads them: before ZeRO-1's reduce-scatter, after the replicated all-reduce (whose
+  // buckets may still be in flight until reduce_grads returns). Sums commute; races do not.
+  if (opt_->sharded()) sum_partial_grads_over_tp();
+  opt_->reduce_grads();
+  if (!opt_->sharded()) sum_partial_grads_over_tp();
   std::vector<double> loss = {sums[0]};
   sum_over_dp(loss);
   return targets[0] > 0 ? loss[0] / targets[0] : 0.0;
@@ -191,14 +189,12 @@ void Trainer::sum_partial_grads_over_tp() {
 }
 
 // The L2 norm of the whole model's gradient: tp shards each count once, tensors every tp rank
-// holds whole count on tp rank 0 only (dp replicas hold equal, already reduced gradients).
+// holds whole count on tp rank 0 only; the optimizer sums its part over dp (ZeRO-1 shards).
 double Trainer::global_grad_norm() {
-  if (grid_.tp_size() == 1) return grad_norm(params_->flat_grads());
-  std::vector<double> sq = {0.0};
-  for (int id = 0; id < params_->size(); ++id)
-    if (params_->entry(id).sharded() || grid_.tp_rank() == 0) sq[0] += squared_norm(params_->grad(id));
-  comms_->tp.all_reduce(Tensor(sq.data(), DType::F64, {1}), ReduceOp::Sum);
-  return std::sqrt(sq[0]);
+  const bool count_replicated = grid_.tp_rank() == 0;
+  double sq = opt_->grad_sq_norm([&](const ParamEntry& e) { return e.sharded() || count_replicated; });
+  if (grid_.tp_size() > 1) comms_->tp.all_reduce(Tensor(&sq, DType::F64, {1}), ReduceOp::Sum);
+  return std::sqrt(sq);
 }
 
 std::string Trainer::nonfinite_report(double loss, double norm) const {
@@ -267,7 +263,8 @@ void Trainer::log_step(int64_t s, const StepResult& r, double step_seconds, doub
       .add("tokens", static_cast<int64_t>(done) * cfg_.train.global_batch * cfg_.train.seq_len);
   if (comms_) {
     // Bytes this rank sent over the data-parallel group per step since the last record (ring
-    // volumes, parallel/communicator.h): 2 (p-1)/p of the gradients, plus a few scalars.
+    // volumes, parallel/communicator.h): 2 (p-1)/p of the gradients (ZeRO-1: a reduce-scatter and an
+    // all-gather of (p-1)/p each), plus a few scalars; and over the tp group (tensor_parallel.h edges).
     const int64_t steps = std::max<int64_t>(1, done - step_at_record_);
     const int64_t sent = comms_->dp.bytes_sent(), tp_sent = comms_->tp.bytes_sent();
     rec.add("dp_bytes_per_step", (sent - dp_bytes_at_record_) / steps);
@@ -330,7 +327,8 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   if (!ckpt_) return;  // no run directory and no checkpoint.dir: nothing is written
   TrainingState st;
   st.params = params_.get();
-  st.optimizer = opt_.get();
+  const FullOptimizerState optimizer = opt_->gather_state();  // ZeRO-1: gathered over dp (collective)
+  st.optimizer = optimizer.state;
   st.step = steps_done;
   st.consumed_samples = consumed_at_start_ + (steps_done - start_step_) * cfg_.train.global_batch;
   st.tokens_seen = st.consumed_samples * cfg_.train.seq_len;
@@ -441,9 +439,11 @@ void print_summary(const TrainSummary& s, const std::string& run_dir) {
 // Keys that parse but whose features are not built yet are refused rather than ignored.
 void check_supported(const Config& cfg) {
   const ParallelConfig& p = cfg.parallel;
-  TESSERA_CHECK(p.pp == 1 && p.cp == 1 && p.zero == 0, "[parallel] asks for pp=", p.pp, ", cp=", p.cp, ", zero=", p.zero,
-                ", but this build parallelizes over data and tensors only (parallel.dp, parallel.tp, "
-                "parallel.sequence_parallel); leave the others at their defaults");
+  TESSERA_CHECK(p.pp == 1 && p.cp == 1, "[parallel] asks for pp=", p.pp, ", cp=", p.cp,
+                ", but this build parallelizes over data and tensors only (parallel.dp, parallel.zero, "
+                "parallel.tp, parallel.sequence_parallel); leave the others at their defaults");
+  TESSERA_CHECK(p.zero == 0 || p.zero == 1, "parallel.zero = ", p.zero,
+                " is not supported: 0 (replicated optimizer state) or 1 (ZeRO-1, sharded over dp)");
 }
 
 // Ranks sharing a node split its cores between them unless OMP_NUM_THREADS says otherwise:

@@ -13,6 +13,7 @@
 
 #include "app/checkpointing.h"
 #include "app/config.h"
+#include "app/dp_optimizer.h"
 #include "app/metrics.h"
 #include "app/signals.h"
 #include "app/training_data.h"
@@ -22,9 +23,7 @@
 #include "kernels/allocator.h"
 #include "model/gpt.h"
 #include "model/parameters.h"
-#include "optim/adamw.h"
 #include "optim/schedule.h"
-#include "parallel/data_parallel.h"
 #include "parallel/grid_comms.h"
 #include "parallel/process_grid.h"
 
@@ -94,8 +93,7 @@ class Trainer {
   Allocator alloc_;
   std::unique_ptr<ParameterStore> params_;
   std::unique_ptr<Gpt> model_;
-  std::unique_ptr<AdamW> opt_;
-  std::unique_ptr<BucketedAllReduce> reducer_;  // dp > 1
+  std::unique_ptr<DataParallelOptimizer> opt_;  // gradient reduction over dp, AdamW (parallel.zero)
   LrSchedule schedule_;
   MetricsWriter metrics_;
   ProgressPrinter progress_;

@@ -39,10 +39,14 @@ int ParameterStore::add(ParamSpec spec) {
   return id;
 }
 
-void ParameterStore::finalize() {
+void ParameterStore::finalize(int64_t pad_multiple) {
   TESSERA_CHECK(!finalized_, "ParameterStore::finalize() called twice");
-  params_ = Buffer(alloc_, dtype_, {total_}, MemCategory::Parameters);
-  grads_ = Buffer(alloc_, dtype_, {total_}, MemCategory::Gradients);
+  TESSERA_CHECK(pad_multiple >= 1, "ParameterStore::finalize: pad_multiple = ", pad_multiple);
+  const int64_t padded = (total_ + pad_multiple - 1) / pad_multiple * pad_multiple;
+  params_ = Buffer(alloc_, dtype_, {padded}, MemCategory::Parameters);
+  grads_ = Buffer(alloc_, dtype_, {padded}, MemCategory::Gradients);
+  flat_params_ = params_.tensor().slice_rows(0, total_);
+  flat_grads_ = grads_.tensor().slice_rows(0, total_);
   finalized_ = true;
 }
 
@@ -71,7 +75,7 @@ int64_t ParameterStore::global_numel() const {
   return n;
 }
 
-void ParameterStore::zero_grads() { fill_zero(grads_.tensor()); }
+void ParameterStore::zero_grads() { fill_zero(grads_.tensor()); }  // padding included
 
 Shape ParamEntry::stored_shape() const {
   Shape s = local_shape;

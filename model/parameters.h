@@ -72,8 +72,9 @@ class ParameterStore {
 
   // Registers a parameter before finalize(); returns its id. Names must be unique.
   int add(ParamSpec spec);
-  // Allocates the flat parameter and gradient buffers (zero-filled).
-  void finalize();
+  // Allocates the flat parameter and gradient buffers (zero-filled), padded with zeros to a multiple
+  // of pad_multiple elements (ZeRO-1 shards them over the data-parallel ranks).
+  void finalize(int64_t pad_multiple = 1);
   // Fills every parameter from (seed, name, global index): the same global model on any layout.
   void initialize(uint64_t seed);
   void zero_grads();
@@ -85,10 +86,14 @@ class ParameterStore {
   const std::vector<ParamEntry>& entries() const { return entries_; }
   int size() const { return static_cast<int>(entries_.size()); }
 
-  const Tensor& flat_params() const { return params_.tensor(); }
-  const Tensor& flat_grads() const { return grads_.tensor(); }
-  int64_t numel() const { return total_; }  // local elements (padding included)
+  const Tensor& flat_params() const { return flat_params_; }  // (numel())
+  const Tensor& flat_grads() const { return flat_grads_; }
+  // The same buffers with their padding: (padded_numel()), the padding zero.
+  const Tensor& padded_flat_params() const { return params_.tensor(); }
+  const Tensor& padded_flat_grads() const { return grads_.tensor(); }
+  int64_t numel() const { return total_; }  // local elements (tp padding rows included)
   int64_t global_numel() const;              // elements of the whole model, on any layout
+  int64_t padded_numel() const { return params_.tensor().numel(); }
   DType dtype() const { return dtype_; }
   const ShardLayout& layout() const { return layout_; }
 
@@ -101,7 +106,8 @@ class ParameterStore {
   std::unordered_map<std::string, int> by_name_;
   int64_t total_ = 0;
   bool finalized_ = false;
-  Buffer params_, grads_;
+  Buffer params_, grads_;           // (padded)
+  Tensor flat_params_, flat_grads_;  // (total_) views of them
 };
 
 // The global flat index of local element `local` of entry e (row-major over the global shape).

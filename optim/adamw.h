@@ -23,6 +23,7 @@ struct ParamSegment {
   int64_t offset = 0;
   int64_t numel = 0;
   bool decay = true;
+  bool operator==(const ParamSegment&) const = default;
 };
 
 class AdamW {

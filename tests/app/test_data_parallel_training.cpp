@@ -2,6 +2,8 @@
 // per rank, buckets overlapped with backward, or all after it) give the losses and final
 // parameters of the 1-rank run, up to the order of the gradient sums (fp32: ~1e-7 relative per
 // step; 1e-5 leaves room for six steps of AdamW). The checkpoint of a 2-rank run resumes on 1 rank.
+// The same for ZeRO-1 (parallel.zero = 1) on 2 and 4 ranks, whose checkpoints resume on 1 rank and
+// which resumes 1-rank checkpoints.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -80,6 +82,87 @@ TEST(DataParallelTraining, EqualsTheOneRankRun) {
   r = train(dir, "resumed", 1, {"--set", "train.steps=8"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("at step 6"), std::string::npos) << r.output;
+  fs::remove_all(dir);
+}
+
+// ZeRO-1 (parallel.zero = 1) = serial, on a model of 28,281 parameters (C = 33): an odd count, so
+// the flat buffer is padded for 2 and 4 ranks. The checkpoint's moments are the gathered shards.
+namespace {
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+const std::vector<std::string> kOddModel = {"--set", "model.n_embd=33", "--set", "model.n_head=3"};
+const std::vector<std::string> kZero = with(kOddModel, {"--set", "parallel.zero=1"});
+
+// The last record's dp_bytes_per_step (the first does not yet include a stop vote).
+int64_t last_dp_bytes(const fs::path& metrics) {
+  const std::string text = testing::read_file(metrics);
+  const auto at = text.rfind("\"dp_bytes_per_step\": ");
+  return at == std::string::npos ? -1 : std::stoll(text.substr(at + 21));
+}
+
+}  // namespace
+
+TEST(DataParallelTraining, ZeroOneEqualsTheOneRankRun) {
+  const fs::path dir = testing::temp_dir("zero");
+  std::ofstream(dir / "tiny.toml") << testing::kTinyConfig;
+  auto r = train(dir, "one", 1, kOddModel);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto want = testing::losses(dir / "one" / "metrics.jsonl");
+  ASSERT_EQ(want.size(), 6u);
+  CheckpointReader base((dir / "one" / "checkpoints" / "step_00000006.h5").string(), testing::test_world());
+  int64_t params = 0;
+  for (const auto& t : base.tensors())
+    if (t.path.rfind("/model/", 0) == 0) params += t.shape.numel();
+  ASSERT_EQ(params, 28281);
+  for (int ranks : {2, 4}) {
+    const std::string run = "zero" + std::to_string(ranks);
+    r = train(dir, run, ranks, kZero);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto got = testing::losses(dir / run / "metrics.jsonl");
+    ASSERT_EQ(got.size(), want.size()) << run;
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << run << " step " << i + 1;
+    // Parameters and (gathered) moments, at the layout of the 1-rank checkpoint; the key bias is
+    // excluded as in EqualsTheOneRankRun.
+    CheckpointReader ckpt((dir / run / "checkpoints" / "step_00000006.h5").string(), testing::test_world());
+    ASSERT_EQ(ckpt.tensors().size(), base.tensors().size()) << run;
+    for (const auto& t : base.tensors()) {
+      if (t.path.find("attn.k.bias") != std::string::npos) continue;
+      EXPECT_LT(max_rel_diff(ckpt.read_all(t.path), base.read_all(t.path)), 1e-5) << run << " " << t.path;
+    }
+    // Communication per step: a reduce-scatter and an all-gather of the padded buffer (P floats),
+    // (p - 1) / p x 4P bytes each, plus four scalar all-reduces of 8, 8, 24 (the stop vote) and 8
+    // (the squared gradient norm) bytes, 2 (p - 1) / p x each.
+    const int64_t padded = (params + ranks - 1) / ranks * ranks;
+    const int64_t scalars = 2 * (ranks - 1) * 8 / ranks * 3 + 2 * (ranks - 1) * 24 / ranks;
+    EXPECT_EQ(last_dp_bytes(dir / run / "metrics.jsonl"), 2 * (ranks - 1) * padded / ranks * 4 + scalars) << run;
+  }
+  fs::remove_all(dir);
+}
+
+TEST(DataParallelTraining, ZeroOneCheckpointsResumeOnAnyLayout) {
+  const fs::path dir = testing::temp_dir("zero_resume");
+  std::ofstream(dir / "tiny.toml") << testing::kTinyConfig;
+  auto r = train(dir, "one", 1, kOddModel);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto want = testing::losses(dir / "one" / "metrics.jsonl");
+  ASSERT_EQ(want.size(), 6u);
+  const std::vector<std::string> stop_at_3 = {"--set", "train.exit_after_steps=3"};
+  // ZeRO-1 on 2 ranks for 3 steps, then 1 rank; and 1 rank for 3 steps, then ZeRO-1 on 2 ranks.
+  struct Leg { std::string run; int first_ranks, second_ranks; };
+  auto settings = [](int ranks) { return ranks > 1 ? kZero : kOddModel; };
+  for (const Leg& leg : {Leg{"zero_then_one", 2, 1}, Leg{"one_then_zero", 1, 2}}) {
+    r = train(dir, leg.run, leg.first_ranks, with(settings(leg.first_ranks), stop_at_3));
+    ASSERT_EQ(r.exit_code, 0) << leg.run << ": " << r.output;
+    r = train(dir, leg.run, leg.second_ranks, settings(leg.second_ranks));
+    ASSERT_EQ(r.exit_code, 0) << leg.run << ": " << r.output;
+    EXPECT_NE(r.output.find("at step 3"), std::string::npos) << r.output;
+    const auto got = testing::losses(dir / leg.run / "metrics.jsonl");
+    ASSERT_EQ(got.size(), want.size()) << leg.run;
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << leg.run << " step " << i + 1;
+  }
   fs::remove_all(dir);
 }
 

@@ -70,12 +70,19 @@ TEST(TensorParallelTraining, Gpt2LayoutsEqualTheOneRankRun) {
                {"tp4", 4, tp_sets(4, false)},
                {"tp4sp", 4, tp_sets(4, true)},
                {"dp2tp2", 4, tp_sets(2, false)},
-               {"dp2tp2sp_recompute", 4, cat(tp_sets(2, true), {"--set", "model.recompute=\"full\""})}});
+               {"dp2tp2_zero", 4, cat(tp_sets(2, false), {"--set", "parallel.zero=1"})},
+               {"dp2tp2sp_zero_recompute", 4,
+                cat(tp_sets(2, true), {"--set", "parallel.zero=1", "--set", "model.recompute=\"full\""})}});
 }
 
 TEST(TensorParallelTraining, LlamaLayoutsEqualTheOneRankRun) {
-  expect_layouts_equal_one_rank("llama",
-                                {{"tp2", 2, tp_sets(2, false)}, {"tp4sp", 4, tp_sets(4, true)}, {"dp2tp2sp", 4, tp_sets(2, true)}});
+  auto zero = [](std::vector<std::string> s) {
+    s.insert(s.end(), {"--set", "parallel.zero=1"});
+    return s;
+  };
+  expect_layouts_equal_one_rank("llama", {{"tp2", 2, tp_sets(2, false)},
+                                          {"tp4sp", 4, tp_sets(4, true)},
+                                          {"dp2tp2sp_zero", 4, zero(tp_sets(2, true))}});
 }
 
 // A checkpoint written under one layout continues under another: the resumed losses equal those
@@ -99,7 +106,11 @@ TEST(TensorParallelTraining, CheckpointsResumeAcrossLayouts) {
   const std::vector<Hop> hops = {
       {"tp2_to_one", 2, tp_sets(2, false), 1, {}},
       {"one_to_tp2sp", 1, {}, 2, tp_sets(2, true)},
-      {"tp4_to_dp2tp2sp", 4, tp_sets(4, false), 4, tp_sets(2, true)},
+      {"tp4_to_dp2tp2sp_zero", 4, tp_sets(4, false), 4, [] {
+         auto s = tp_sets(2, true);
+         s.insert(s.end(), {"--set", "parallel.zero=1"});
+         return s;
+       }()},
   };
   for (const Hop& h : hops) {
     r = testing::train_run(dir, "tiny.toml", h.name, h.ranks_before, settings(8, [&] {

@@ -72,9 +72,14 @@ TEST(TrainCommand, ConfigErrorsStopBeforeAnythingRuns) {
   r = run_tessera({"train", cfg, "--set", "train.micro_batch=3"}, dir);
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("global_batch"), std::string::npos) << r.output;
-  r = run_tessera({"train", cfg, "--set", "parallel.tp=2"}, dir);
+  r = run_tessera({"train", cfg, "--set", "parallel.tp=2"}, dir);  // one rank cannot hold tp = 2
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.output.find("[parallel]"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("parallel.tp x parallel.cp x parallel.pp = 2 x 1 x 1 = 2 does not divide the 1 ranks"),
+            std::string::npos)
+      << r.output;
+  r = run_tessera({"train", cfg, "--set", "parallel.pp=2"}, dir);  // not built yet: refused, not ignored
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("[parallel] asks for pp=2"), std::string::npos) << r.output;
   r = run_tessera({"train", (dir / "missing.toml").string()}, dir);
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("missing.toml"), std::string::npos) << r.output;

@@ -35,6 +35,26 @@ TEST(ParameterStore, FlatLayoutIsContiguous) {
   EXPECT_EQ(ps.find("missing"), -1);
 }
 
+TEST(ParameterStore, PaddedBuffersEndInZeros) {
+  // 24 + 24 + 4 + 6 = 58 elements, padded to a multiple of 4 (ZeRO-1 over 4 ranks): 60.
+  Allocator alloc;
+  ParameterStore ps(alloc, DType::F32);
+  register_example(ps);
+  ps.finalize(4);
+  ps.initialize(7);
+  EXPECT_EQ(ps.numel(), 58);
+  EXPECT_EQ(ps.padded_numel(), 60);
+  EXPECT_EQ(ps.flat_params().numel(), 58);
+  EXPECT_EQ(ps.flat_grads().numel(), 58);
+  EXPECT_EQ(ps.padded_flat_params().data, ps.flat_params().data);
+  EXPECT_EQ(ps.padded_flat_grads().numel(), 60);
+  EXPECT_EQ(alloc.counter(MemCategory::Parameters).current, 60u * 4);
+  const float* p = ps.padded_flat_params().ptr<float>();
+  EXPECT_EQ(p[58], 0.0f);
+  EXPECT_EQ(p[59], 0.0f);
+  EXPECT_THROW(ParameterStore(alloc, DType::F32).finalize(0), Error);
+}
+
 TEST(ParameterStore, InitializationIsDeterministicAndDistributedAsAsked) {
   Allocator alloc;
   ParameterStore a(alloc, DType::F64), b(alloc, DType::F64), c(alloc, DType::F64);

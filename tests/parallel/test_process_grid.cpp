@@ -179,9 +179,9 @@ TEST(ValidateGrid, SequenceMustSplitInto2CpChunks) {
 
 TEST(ValidateGrid, MlpAndSequenceMustSplitOverTp) {
   GridLimits l = kLimits;
-  l.ffn_hidden = 3000;
+  l.ffn_hidden = 3002;
   EXPECT_EQ(error_of([&] { validate_grid({.tp = 4}, 4, l); }),
-            "model.ffn_hidden = 3000 is not divisible by parallel.tp = 4");
+            "model.ffn_hidden = 3002 is not divisible by parallel.tp = 4");
   l.ffn_hidden = 3072;
   l.seq_len = 1022;
   EXPECT_NO_THROW(validate_grid({.tp = 4}, 4, l));  // the sequence is split only under sequence parallelism
