@@ -1,6 +1,7 @@
 // Backend report. The only place outside kernels/cuda that knows whether CUDA was compiled in.
 #include "kernels/backend_info.h"
 
+#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -17,6 +18,19 @@
 namespace tessera {
 
 namespace {
+// OpenBLAS picks its kernels at run time (DYNAMIC_ARCH): name the core it chose and its threading,
+// which decide GEMM speed (docs/performance.md). OpenBLAS's cblas.h defines OPENBLAS_VERSION; BLIS's
+// does not.
+std::string blas_details() {
+#ifdef OPENBLAS_VERSION
+  const int parallel = openblas_get_parallel();  // 0 sequential, 1 pthreads, 2 OpenMP
+  return std::string(", core ") + openblas_get_corename() + ", " +
+         (parallel == 2 ? "OpenMP" : parallel == 1 ? "pthreads" : "sequential") + " build";
+#else
+  return "";
+#endif
+}
+
 std::string cpu_features() {
   std::string s;
   __builtin_cpu_init();
@@ -98,7 +112,7 @@ std::string kernels_backend_info() {
   os << "cpu: features" << cpu_features() << ", " << omp_get_max_threads() << " OpenMP threads, fp32 peak "
      << static_cast<int64_t>(cpu_nominal_peak_gflops()) << " GFLOP/s nominal, "
      << static_cast<int64_t>(measure_cpu_peak_gflops()) << " measured\n";
-  os << "blas: " << TESSERA_BLAS_NAME << (coretype ? std::string(" (OPENBLAS_CORETYPE=") + coretype + ")" : "") << "\n";
+  os << "blas: " << TESSERA_BLAS_NAME << blas_details() << (coretype ? std::string(" (OPENBLAS_CORETYPE=") + coretype + ")" : "") << "\n";
 #ifdef TESSERA_WITH_CUDA
   os << "cuda: built (" << cuda::library_versions() << "), " << cuda::device_count() << " device(s) visible\n";
 #else

@@ -1,0 +1,165 @@
+// Tests kernels/profiler.h: null-profiler scopes, counts and self times adding up under nesting,
+// per-step averages, reset, and the table's order. Times come from a fake clock, so every
+// expectation is exact; nothing here measures speed.
+#include "kernels/profiler.h"
+
+#include <chrono>
+#include <sstream>
+#include <thread>
+
+#include "kernels/check.h"
+#include "testing.h"
+
+namespace tessera {
+namespace {
+
+// A clock the test advances by hand, and how often the profiler read it.
+double fake_now = 0;
+int fake_reads = 0;
+double fake_clock() {
+  ++fake_reads;
+  return fake_now;
+}
+
+class ProfilerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { fake_now = 0, fake_reads = 0; }
+  // One scope of family f lasting `seconds` on the fake clock.
+  static void timed(Profiler* p, OpFamily f, double seconds) {
+    ProfileScope s(p, f);
+    fake_now += seconds;
+  }
+};
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  return lines;
+}
+
+std::string first_word(const std::string& line) { return line.substr(0, line.find(' ')); }
+
+}  // namespace
+
+TEST_F(ProfilerTest, NullProfilerScopeIsNoOp) {
+  Profiler prof(&fake_clock);
+  {
+    ProfileScope a(nullptr, OpFamily::Matmul);
+    ProfileScope b(nullptr, OpFamily::Attention);
+    fake_now += 5;
+  }
+  EXPECT_EQ(fake_reads, 0);
+  EXPECT_EQ(prof.total_calls(), 0);
+  EXPECT_EQ(prof.total_seconds(), 0.0);
+  EXPECT_EQ(prof.open_scopes(), 0);
+}
+
+TEST_F(ProfilerTest, CountsAndTimesAddUp) {
+  Profiler prof(&fake_clock);
+  timed(&prof, OpFamily::Matmul, 2.0);
+  timed(&prof, OpFamily::Matmul, 3.0);
+  timed(&prof, OpFamily::Norm, 0.5);
+  timed(&prof, OpFamily::AdamW, 1.5);
+  prof.add(OpFamily::Communication, 0.25, 4);  // measured elsewhere
+
+  EXPECT_EQ(prof.entry(OpFamily::Matmul).calls, 2);
+  EXPECT_DOUBLE_EQ(prof.entry(OpFamily::Matmul).seconds, 5.0);
+  EXPECT_EQ(prof.entry(OpFamily::Norm).calls, 1);
+  EXPECT_EQ(prof.entry(OpFamily::Communication).calls, 4);
+  EXPECT_EQ(prof.entry(OpFamily::Attention).calls, 0);
+  EXPECT_EQ(prof.total_calls(), 2 + 1 + 1 + 4);
+  EXPECT_DOUBLE_EQ(prof.total_seconds(), 5.0 + 0.5 + 1.5 + 0.25);
+  EXPECT_EQ(fake_reads, 8);  // two clock reads per scope
+}
+
+TEST_F(ProfilerTest, NestedScopesChargeSelfTime) {
+  Profiler prof(&fake_clock);
+  {
+    ProfileScope attn(&prof, OpFamily::Attention);  // 10 s in all
+    fake_now += 1;
+    timed(&prof, OpFamily::Matmul, 3);
+    fake_now += 2;
+    {
+      ProfileScope ew(&prof, OpFamily::Elementwise);  // 3 s, of which matmul 2
+      timed(&prof, OpFamily::Matmul, 2);
+      fake_now += 1;
+    }
+    fake_now += 1;
+    EXPECT_EQ(prof.open_scopes(), 1);
+  }
+  EXPECT_EQ(prof.open_scopes(), 0);
+  EXPECT_DOUBLE_EQ(prof.entry(OpFamily::Matmul).seconds, 5.0);
+  EXPECT_DOUBLE_EQ(prof.entry(OpFamily::Elementwise).seconds, 1.0);
+  EXPECT_DOUBLE_EQ(prof.entry(OpFamily::Attention).seconds, 4.0);
+  EXPECT_DOUBLE_EQ(prof.total_seconds(), 10.0);  // = wall time of the outermost scope
+  EXPECT_EQ(prof.total_calls(), 4);
+}
+
+TEST_F(ProfilerTest, PerStepAveragesAndReset) {
+  Profiler prof(&fake_clock);
+  for (int step = 0; step < 2; ++step) {
+    timed(&prof, OpFamily::Matmul, 0.010);
+    timed(&prof, OpFamily::Matmul, 0.030);
+    prof.end_step();
+  }
+  EXPECT_EQ(prof.steps(), 2);
+  // 80 ms over 2 steps = 40 ms/step, 2 calls/step.
+  const auto lines = lines_of(prof.table());
+  ASSERT_EQ(lines.size(), 3u);  // header, matmul, total
+  std::istringstream row(lines[1]);
+  std::string name;
+  double ms = 0, calls = 0;
+  std::string pct;
+  row >> name >> ms >> pct >> calls;
+  EXPECT_EQ(name, "matmul");
+  EXPECT_NEAR(ms, 40.0, 1e-9);
+  EXPECT_EQ(pct, "100.0%");
+  EXPECT_EQ(calls, 2.0);
+
+  prof.reset();
+  EXPECT_EQ(prof.steps(), 0);
+  EXPECT_EQ(prof.total_calls(), 0);
+  EXPECT_EQ(prof.total_seconds(), 0.0);
+  EXPECT_EQ(lines_of(prof.table()).size(), 2u);  // header and total only
+}
+
+TEST_F(ProfilerTest, TableListsFamiliesSortedByTime) {
+  Profiler prof(&fake_clock);
+  timed(&prof, OpFamily::Norm, 1);
+  timed(&prof, OpFamily::AdamW, 4);
+  timed(&prof, OpFamily::Matmul, 10);
+  timed(&prof, OpFamily::CrossEntropy, 2);
+  timed(&prof, OpFamily::Activation, 3);
+  prof.end_step();
+  const auto lines = lines_of(prof.table());
+  ASSERT_EQ(lines.size(), 7u);
+  EXPECT_EQ(first_word(lines[0]), "op");
+  const std::vector<std::string> order = {"matmul", "adamw", "gelu/swiglu", "cross_entropy", "norm", "total"};
+  for (size_t i = 0; i < order.size(); ++i) EXPECT_EQ(first_word(lines[i + 1]), order[i]) << prof.table();
+  // Families never called are not listed.
+  EXPECT_EQ(prof.table().find("attention"), std::string::npos);
+  EXPECT_NE(lines.back().find("100.0%"), std::string::npos);
+}
+
+TEST_F(ProfilerTest, MisuseIsReported) {
+  Profiler prof(&fake_clock);
+  EXPECT_THROW(prof.close(), Error);
+  prof.open(OpFamily::Rope);
+  EXPECT_THROW(prof.reset(), Error);
+  prof.close();
+  EXPECT_NO_THROW(prof.reset());
+}
+
+TEST(Profiler, SteadyClockScopeIsCounted) {
+  Profiler prof;  // the real clock: only structural checks
+  {
+    ProfileScope s(&prof, OpFamily::Embedding);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(prof.entry(OpFamily::Embedding).calls, 1);
+  EXPECT_GT(prof.entry(OpFamily::Embedding).seconds, 0.0);
+  EXPECT_EQ(prof.total_seconds(), prof.entry(OpFamily::Embedding).seconds);
+}
+
+}  // namespace tessera
