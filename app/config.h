@@ -136,6 +136,7 @@ struct TrainConfig {
   std::string name;
   int64_t exit_after_steps = 0;
   double exit_after_minutes = 0.0;
+  bool profile = false;
 
   template <class V>
   void visit(V& v) {
@@ -157,6 +158,8 @@ struct TrainConfig {
             "invocation (the schedule is unchanged: a resumed run continues it); 0 = off", Allowed::at_least(0));
     v.field("exit_after_minutes", exit_after_minutes, "save a checkpoint and exit at the first step boundary "
             "after this many minutes of this invocation; 0 = off", Allowed::at_least(0.0));
+    v.field("profile", profile, "time every op family (matmul, attention, norm, communication, adamw, ...) and "
+            "print where each step's time goes at every log step (rank 0's view)", Allowed::any());
   }
   bool operator==(const TrainConfig&) const = default;
 };

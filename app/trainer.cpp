@@ -89,6 +89,13 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm)
       consumed_at_start_ = st.consumed_samples;
     }
   }
+  if (cfg_.train.profile) {
+    profiling_ = true;
+    model_->set_profiler(&profiler_);
+    if (comms_)
+      for (MpiCommunicator* c : {&comms_->tp, &comms_->cp, &comms_->dp, &comms_->pp, &comms_->dp_cp})
+        c->set_profiler(&profiler_);
+  }
   step_at_record_ = start_step_;
   if (!run_dir_.empty() && lead_) metrics_ = MetricsWriter(run_dir_ + "/metrics.jsonl", /*append=*/start_step_ > 0);
 }
@@ -155,9 +162,12 @@ double Trainer::forward_backward(int64_t s) {
   // The tp-partial gradients (ParamSpec::sum_grad_over_tp) are summed over tp where the dp
   // reduction reads them: before ZeRO-1's reduce-scatter, after the replicated all-reduce (whose
   // buckets may still be in flight until reduce_grads returns). Sums commute; races do not.
-  if (opt_->sharded()) sum_partial_grads_over_tp();
-  opt_->reduce_grads();
-  if (!opt_->sharded()) sum_partial_grads_over_tp();
+  {
+    ProfileScope scope(prof(), OpFamily::Communication);  // the dp reduction's waits
+    if (opt_->sharded()) sum_partial_grads_over_tp();
+    opt_->reduce_grads();
+    if (!opt_->sharded()) sum_partial_grads_over_tp();
+  }
   std::vector<double> loss = {sums[0]};
   sum_over_dp(loss);
   return targets[0] > 0 ? loss[0] / targets[0] : 0.0;
@@ -221,8 +231,12 @@ void fail_here_if_asked(int64_t world_rank, int64_t s) {
 Trainer::StepResult Trainer::step(int64_t s) {
   fail_here_if_asked(grid_.rank(), s);
   StepResult r;
-  params_->zero_grads();
+  {
+    ProfileScope scope(prof(), OpFamily::Elementwise);
+    params_->zero_grads();
+  }
   r.loss = forward_backward(s);
+  ProfileScope scope(prof(), OpFamily::AdamW);  // the norm, clipping and the update
   r.grad_norm = global_grad_norm();
   r.lr = schedule_.at(s);
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
@@ -398,6 +412,14 @@ TrainSummary Trainer::run() {
     if (record || progress_.live()) {
       log_step(s, r, window_seconds / static_cast<double>(window_steps), train_seconds, record);
       if (record) window_seconds = 0, window_steps = 0;
+    }
+    if (profiling_) {
+      profiler_.end_step();
+      if (record) {
+        progress_.message("profile of steps " + std::to_string(done - profiler_.steps() + 1) + "-" +
+                          std::to_string(done) + " (rank 0):\n" + profiler_.table());
+        profiler_.reset();
+      }
     }
     const bool last = done == cfg_.train.steps;
     if (!last && cfg_.train.eval_every > 0 && done % cfg_.train.eval_every == 0) evaluate(done, summary);

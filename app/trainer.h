@@ -73,6 +73,7 @@ class Trainer {
   std::optional<std::pair<std::string, int>> stop_reason(const StopSignals& stop, int64_t done, double minutes);
   std::vector<ParamSegment> segments() const;
 
+  Profiler* prof() { return profiling_ ? &profiler_ : nullptr; }
   void sum_partial_grads_over_tp();
   double global_grad_norm();
   // Sums a few scalars (loss, target counts) over the data-parallel group; no-op on one rank.
@@ -96,6 +97,8 @@ class Trainer {
   std::unique_ptr<DataParallelOptimizer> opt_;  // gradient reduction over dp, AdamW (parallel.zero)
   LrSchedule schedule_;
   MetricsWriter metrics_;
+  Profiler profiler_;        // train.profile: where the step time goes, printed at log steps
+  bool profiling_ = false;
   ProgressPrinter progress_;
   std::unique_ptr<CheckpointWriter> ckpt_;
   std::string resumed_from_;

@@ -71,6 +71,7 @@ void Attention::project_kv_backward(const Linear& proj, Allocator& alloc, const 
 
 void Attention::forward(AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x, Buffer* cache_k,
                         Buffer* cache_v, int64_t pos) const {
+  ProfileScope scope(prof_, OpFamily::Attention);  // the kernel; projections and edges time themselves
   TESSERA_CHECK(!cache_k || !tp_.active(), "cached decoding runs on one rank (tp = 1)");
   const int64_t B = x.dim(0), T = x.dim(1) * (tp_.sequence_sharded() ? tp_.size() : 1);
   const int64_t H = q_.out() / head_dim_, KV = kv_replicated_ ? 1 : k_.out() / head_dim_, D = head_dim_;
@@ -83,6 +84,7 @@ void Attention::forward(AttentionCtx& ctx, Allocator& alloc, const Tensor& y, co
   project_kv(k_, alloc, ctx.k, xf);
   project_kv(v_, alloc, ctx.v, xf);
   if (rope_) {
+    ProfileScope rope(prof_, OpFamily::Rope);
     rope_forward(ctx.q, ctx.q, pos, rope_theta_);
     rope_forward(ctx.k, ctx.k, pos, rope_theta_);
   }
@@ -108,6 +110,7 @@ void Attention::forward(AttentionCtx& ctx, Allocator& alloc, const Tensor& y, co
 
 void Attention::backward(const AttentionCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy,
                          const Tensor& x) const {
+  ProfileScope scope(prof_, OpFamily::Attention);
   const Tensor& q = ctx.q;
   const int64_t B = q.dim(0), T = q.dim(1), H = q.dim(2), D = q.dim(3), KV = ctx.k.tensor().dim(2);
   Buffer dy_gathered;
@@ -120,6 +123,7 @@ void Attention::backward(const AttentionCtx& ctx, Allocator& alloc, const Tensor
   attention_backward(dq, dk, dv, dout, ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse, 0, 0);
   dout.release();
   if (rope_) {
+    ProfileScope rope(prof_, OpFamily::Rope);
     rope_backward(dq, dq, 0, rope_theta_);
     rope_backward(dk, dk, 0, rope_theta_);
   }
@@ -151,6 +155,7 @@ Mlp::Mlp(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, co
 }
 
 void Mlp::forward(MlpCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const {
+  ProfileScope scope(prof_, OpFamily::Activation);
   const int64_t B = x.dim(0), T = x.dim(1) * (tp_.sequence_sharded() ? tp_.size() : 1), F = in_.out();
   Buffer gathered;
   const Tensor xf = enter_region(tp_, alloc, gathered, x, T);  // (B, T, C)
@@ -172,6 +177,7 @@ void Mlp::forward(MlpCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& 
 }
 
 void Mlp::backward(const MlpCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy, const Tensor& x) const {
+  ProfileScope scope(prof_, OpFamily::Activation);
   const int64_t T = ctx.act.tensor().dim(1);
   Buffer dy_gathered;
   const Tensor dyf = leave_region_backward(tp_, alloc, dy_gathered, dy, T);
@@ -206,6 +212,7 @@ Block::Block(ParameterStore& ps, int index, const ModelConfig& cfg, Recompute re
 
 void Block::forward_saved(BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x, Buffer* cache_k,
                           Buffer* cache_v, int64_t pos) const {
+  ProfileScope scope(prof_, OpFamily::Elementwise);  // the residual adds
   ln1_.forward(ctx.ln1, alloc, x);
   ctx.x1 = activation(alloc, x.dtype, x.shape);
   attn_.forward(ctx.attn, alloc, ctx.x1, ctx.ln1.y, cache_k, cache_v, pos);
@@ -223,6 +230,7 @@ void Block::forward(BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tens
 }
 
 void Block::backward(BlockCtx& ctx, Allocator& alloc, const Tensor& dres, const Tensor& x) const {
+  ProfileScope scope(prof_, OpFamily::Elementwise);
   if (!ctx.saved) {
     Buffer y = workspace(alloc, x.dtype, x.shape);
     forward_saved(ctx, alloc, y, x, nullptr, nullptr, 0);
@@ -235,6 +243,34 @@ void Block::backward(BlockCtx& ctx, Allocator& alloc, const Tensor& dres, const 
   attn_.backward(ctx.attn, alloc, dln, dres, ctx.ln1.y);
   ln1_.backward(dres, dln, x, ctx.ln1);
   ctx = BlockCtx{};
+}
+
+// ---- Profiling: every module passes the profiler down to what it holds ----
+
+void Attention::set_profiler(Profiler* p) {
+  prof_ = p;
+  for (Linear* l : {&q_, &k_, &v_, &proj_}) l->set_profiler(p);
+}
+
+void Mlp::set_profiler(Profiler* p) {
+  prof_ = p;
+  for (Linear* l : {&in_, &up_, &out_}) l->set_profiler(p);
+}
+
+void Block::set_profiler(Profiler* p) {
+  prof_ = p;
+  ln1_.set_profiler(p);
+  ln2_.set_profiler(p);
+  attn_.set_profiler(p);
+  mlp_.set_profiler(p);
+}
+
+void Gpt::set_profiler(Profiler* p) {
+  prof_ = p;
+  embed_.set_profiler(p);
+  for (Block& b : blocks_) b.set_profiler(p);
+  ln_f_.set_profiler(p);
+  lm_head_.set_profiler(p);
 }
 
 // ---- Gpt ----
@@ -266,6 +302,7 @@ Gpt::Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> reco
 }
 
 void Gpt::forward_layers(GptCtx& ctx, Allocator& alloc, const Tensor& tokens, KvCache* cache) const {
+  ProfileScope scope(prof_, OpFamily::Other);
   check_dtype("Gpt::forward", "tokens", tokens, DType::I32);
   TESSERA_CHECK(tokens.ndim() == 2, "Gpt::forward: tokens must be (B, T), got ", tokens.shape.str());
   const int64_t B = tokens.dim(0), T = tokens.dim(1), C = cfg_.n_embd, L = cfg_.n_layer;
@@ -301,6 +338,7 @@ void Gpt::forward_layers(GptCtx& ctx, Allocator& alloc, const Tensor& tokens, Kv
 }
 
 void Gpt::loss_forward(GptCtx& ctx, Allocator& alloc, const Tensor& flat_targets) const {
+  ProfileScope scope(prof_, OpFamily::CrossEntropy);
   const int64_t BT = ctx.B * ctx.T;
   const DType dt = ps_->dtype();
   ctx.losses = activation(alloc, dt, {BT});
@@ -377,6 +415,7 @@ void Gpt::forward_cached(GptCtx& ctx, Allocator& alloc, const Tensor& tokens, Kv
 }
 
 void Gpt::backward(GptCtx& ctx, Allocator& alloc, double loss_scale, const GradsReady& on_ready) const {
+  ProfileScope scope(prof_, OpFamily::Other);
   auto ready = [&](const IdRange& r) {
     if (on_ready && r.end > r.first) on_ready(r.first, r.end);
   };
@@ -384,8 +423,11 @@ void Gpt::backward(GptCtx& ctx, Allocator& alloc, double loss_scale, const Grads
   const int64_t B = ctx.B, T = ctx.T, C = cfg_.n_embd, L = cfg_.n_layer, Tl = tp_.local_seq(T);
   const DType dt = ps_->dtype();
   // Loss -> logits (in place) -> final norm input (summed over the vocabulary shards of tp).
-  cross_entropy_backward(ctx.logits, ctx.logits, ctx.lse, ctx.targets.view({B * T}), loss_scale,
-                         tp_.active() ? embed_.vocab_shard() : VocabShard{});
+  {
+    ProfileScope ce(prof_, OpFamily::CrossEntropy);
+    cross_entropy_backward(ctx.logits, ctx.logits, ctx.lse, ctx.targets.view({B * T}), loss_scale,
+                           tp_.active() ? embed_.vocab_shard() : VocabShard{});
+  }
   const Tensor head_in = ctx.head_in.defined() ? ctx.head_in.tensor() : ctx.ln_f.y.tensor();
   Buffer dln = workspace(alloc, dt, {B, T, C});
   lm_head_.backward(dln.tensor().view({B * T, C}), ctx.logits, head_in.view({B * T, C}));

@@ -53,6 +53,7 @@ class Attention {
                Buffer* cache_v = nullptr, int64_t pos = 0) const;
   // dx (B, T_local, C) written with the gradient through the branch; dy (B, T_local, C).
   void backward(const AttentionCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy, const Tensor& x) const;
+  void set_profiler(Profiler* p);
 
  private:
   // k or v of this rank's KV heads (B, T, KV_local, D) from x (B, T, C).
@@ -61,6 +62,7 @@ class Attention {
   void project_kv_backward(const Linear& proj, Allocator& alloc, const Tensor& dx, const Tensor& d,
                            const Tensor& x) const;
   TensorParallel tp_;
+  Profiler* prof_ = nullptr;
   int64_t n_head_ = 0, n_kv_head_ = 0, head_dim_ = 0;
   bool kv_replicated_ = false;  // fewer KV heads than tp ranks
   int64_t kv_head_ = 0;         // when replicated: the KV head this rank's queries read
@@ -85,9 +87,11 @@ class Mlp {
   void forward(MlpCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const;
   // dx (B, T_local, C) written.
   void backward(const MlpCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy, const Tensor& x) const;
+  void set_profiler(Profiler* p);
 
  private:
   TensorParallel tp_;
+  Profiler* prof_ = nullptr;
   MlpKind kind_ = MlpKind::Gelu;
   Linear in_, up_, out_;  // in_: fc (gelu) or gate (swiglu)
 };
@@ -113,11 +117,13 @@ class Block {
   // dres (B, T, C): on entry d loss / d y, on return d loss / d x.
   void backward(BlockCtx& ctx, Allocator& alloc, const Tensor& dres, const Tensor& x) const;
   Recompute recompute() const { return recompute_; }
+  void set_profiler(Profiler* p);
 
  private:
   void forward_saved(BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x, Buffer* cache_k,
                      Buffer* cache_v, int64_t pos) const;
   Recompute recompute_ = Recompute::None;
+  Profiler* prof_ = nullptr;
   Norm ln1_, ln2_;
   Attention attn_;
   Mlp mlp_;
@@ -168,6 +174,8 @@ class Gpt {
   int64_t seq_multiple() const { return tp_.sequence_sharded() ? tp_.size() : 1; }
 
   const ModelConfig& config() const { return cfg_; }
+  // Times every op family of forward and backward into p (owned by the caller; null: off).
+  void set_profiler(Profiler* p);
 
  private:
   // The forward shared by training and cached inference.
@@ -177,6 +185,7 @@ class Gpt {
   ModelConfig cfg_;
   const ParameterStore* ps_;
   TensorParallel tp_;
+  Profiler* prof_ = nullptr;
   Embedding embed_;
   std::vector<Block> blocks_;
   Norm ln_f_;

@@ -33,10 +33,12 @@ int64_t Linear::in() const { return ps_->entry(weight_).local_shape[1]; }
 int64_t Linear::out() const { return ps_->entry(weight_).local_shape[0]; }
 
 void Linear::forward(const Tensor& y, const Tensor& x, bool with_bias) const {
+  ProfileScope scope(prof_, OpFamily::Matmul);
   linear_forward(y, x, ps_->param(weight_), bias_ >= 0 && with_bias ? ps_->param(bias_) : Tensor());
 }
 
 void Linear::backward(const Tensor& dx, const Tensor& dy, const Tensor& x, bool accumulate_dx) const {
+  ProfileScope scope(prof_, OpFamily::Matmul);
   const Tensor w = ps_->param(weight_);
   const Tensor db = bias_ >= 0 ? ps_->grad(bias_) : Tensor();
   if (!accumulate_dx || !dx.defined()) {
@@ -61,6 +63,7 @@ Embedding::Embedding(ParameterStore& ps, const ModelConfig& cfg, const TensorPar
 }
 
 void Embedding::forward(Allocator& alloc, const Tensor& out, const Tensor& tokens, int64_t pos_offset) const {
+  ProfileScope scope(prof_, OpFamily::Embedding);
   // The full (B, T, C) output, partial over tp: this rank's ids, positions on rank 0 only.
   const int64_t B = tokens.dim(0), T = tokens.dim(1);
   Buffer staging;
@@ -72,6 +75,7 @@ void Embedding::forward(Allocator& alloc, const Tensor& out, const Tensor& token
 }
 
 void Embedding::backward(Allocator& alloc, const Tensor& dout, const Tensor& tokens, int64_t pos_offset) const {
+  ProfileScope scope(prof_, OpFamily::Embedding);
   Buffer staging;
   const Tensor full = leave_region_backward(tp_, alloc, staging, dout, tokens.dim(1));
   embedding_backward(ps_->grad(wte_), wpe_ >= 0 ? ps_->grad(wpe_) : Tensor(), full, tokens, pos_offset, shard_);
@@ -89,6 +93,7 @@ Norm::Norm(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, 
 }
 
 void Norm::forward(NormCtx& ctx, Allocator& alloc, const Tensor& x) const {
+  ProfileScope scope(prof_, OpFamily::Norm);
   const int64_t rows = x.numel() / x.dim(-1);
   ctx.y = Buffer(alloc, x.dtype, x.shape, MemCategory::Activations);
   ctx.rstd = Buffer(alloc, x.dtype, {rows}, MemCategory::Activations);
@@ -102,6 +107,7 @@ void Norm::forward(NormCtx& ctx, Allocator& alloc, const Tensor& x) const {
 }
 
 void Norm::backward(const Tensor& dx, const Tensor& dy, const Tensor& x, const NormCtx& ctx) const {
+  ProfileScope scope(prof_, OpFamily::Norm);
   if (kind_ == NormKind::LayerNorm)
     layernorm_backward(dx, ps_->grad(weight_), bias_ >= 0 ? ps_->grad(bias_) : Tensor(), dy, x, ps_->param(weight_),
                        ctx.mean, ctx.rstd);

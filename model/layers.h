@@ -5,6 +5,7 @@
 #include <string>
 
 #include "kernels/allocator.h"
+#include "kernels/profiler.h"
 #include "kernels/tensor.h"
 #include "kernels/vocab_shard.h"
 #include "model/config.h"
@@ -33,9 +34,12 @@ class Linear {
 
   int64_t in() const;
   int64_t out() const;
+  // Times forward and backward as OpFamily::Matmul (null: no timing). Likewise for every module.
+  void set_profiler(Profiler* p) { prof_ = p; }
 
  private:
   const ParameterStore* ps_ = nullptr;
+  Profiler* prof_ = nullptr;
   int weight_ = -1;
   int bias_ = -1;
 };
@@ -55,9 +59,11 @@ class Embedding {
   int token_weight_id() const { return wte_; }
   // The vocabulary ids this rank's table (and the tied or untied LM head) holds.
   const VocabShard& vocab_shard() const { return shard_; }
+  void set_profiler(Profiler* p) { prof_ = p; }
 
  private:
   const ParameterStore* ps_ = nullptr;
+  Profiler* prof_ = nullptr;
   TensorParallel tp_;
   VocabShard shard_;
   int wte_ = -1;
@@ -82,9 +88,11 @@ class Norm {
   void forward(NormCtx& ctx, Allocator& alloc, const Tensor& x) const;
   // dx (B, T, C) += d/dx (a norm's input is the residual stream); parameter gradients accumulated.
   void backward(const Tensor& dx, const Tensor& dy, const Tensor& x, const NormCtx& ctx) const;
+  void set_profiler(Profiler* p) { prof_ = p; }
 
  private:
   const ParameterStore* ps_ = nullptr;
+  Profiler* prof_ = nullptr;
   NormKind kind_ = NormKind::LayerNorm;
   double eps_ = 1e-5;
   int weight_ = -1;

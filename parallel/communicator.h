@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "kernels/profiler.h"
 #include "kernels/tensor.h"
 
 namespace tessera {
@@ -62,15 +63,25 @@ class Communicator {
   virtual int rank() const = 0;
 
   // In place: every rank ends with the sum (or mean) of everyone's t.
-  void all_reduce(Tensor t, ReduceOp op = ReduceOp::Sum) { all_reduce_async(t, op).wait(); }
+  void all_reduce(Tensor t, ReduceOp op = ReduceOp::Sum) {
+    ProfileScope scope(profiler_, OpFamily::Communication);
+    all_reduce_async(t, op).wait();
+  }
   // input holds size() x output.numel() elements; rank r gets the reduction of chunk r.
   void reduce_scatter(Tensor input, Tensor output, ReduceOp op = ReduceOp::Sum) {
+    ProfileScope scope(profiler_, OpFamily::Communication);
     reduce_scatter_async(input, output, op).wait();
   }
   // output holds size() x input.numel() elements: chunk r is rank r's input.
-  void all_gather(Tensor input, Tensor output) { all_gather_async(input, output).wait(); }
+  void all_gather(Tensor input, Tensor output) {
+    ProfileScope scope(profiler_, OpFamily::Communication);
+    all_gather_async(input, output).wait();
+  }
   // In place: every rank ends with root's t.
-  void broadcast(Tensor t, int root) { broadcast_async(t, root).wait(); }
+  void broadcast(Tensor t, int root) {
+    ProfileScope scope(profiler_, OpFamily::Communication);
+    broadcast_async(t, root).wait();
+  }
   void send(Tensor t, int dst, int tag = 0) { send_async(t, dst, tag).wait(); }
   void recv(Tensor t, int src, int tag = 0) { recv_async(t, src, tag).wait(); }
 
@@ -80,6 +91,10 @@ class Communicator {
   CommHandle broadcast_async(Tensor t, int root);
   CommHandle send_async(Tensor t, int dst, int tag = 0);
   CommHandle recv_async(Tensor t, int src, int tag = 0);
+
+  // Times the blocking ops (start to completion) as OpFamily::Communication; null: off. The
+  // asynchronous ops' waits are the caller's to time.
+  void set_profiler(Profiler* p) { profiler_ = p; }
 
   const CommCounters& counters() const { return counters_; }
   int64_t bytes_sent() const { return counters_.total(); }
@@ -97,6 +112,7 @@ class Communicator {
  private:
   void check_peer(const char* op, const char* arg, int peer) const;
   CommCounters counters_;
+  Profiler* profiler_ = nullptr;
 };
 
 // Owns an MPI communicator (MPI_Comm_free on destruction, unless MPI is already finalized).
