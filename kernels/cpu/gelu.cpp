@@ -5,14 +5,22 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cpu/simd_math.h"
+
 namespace tessera {
 namespace {
+
+// tanh: std::tanh for the double reference; for float a polynomial exp that vectorizes (glibc's
+// tanhf is an opaque scalar call: it made GELU 45% of a small model's step, measured with
+// train.profile).
+inline double tanh_of(double u) { return std::tanh(u); }
+inline float tanh_of(float u) { return cpu::tanh_polynomial(u); }
 
 template <typename T>
 inline T gelu_value(T x) {
   const T k = T(0.7978845608028654);  // sqrt(2/pi)
   T u = k * (x + T(0.044715) * x * x * x);
-  return T(0.5) * x * (T(1) + std::tanh(u));
+  return T(0.5) * x * (T(1) + tanh_of(u));
 }
 
 template <typename T>
@@ -20,7 +28,7 @@ inline T gelu_grad(T x) {
   const T k = T(0.7978845608028654);
   T x2 = x * x;
   T u = k * (x + T(0.044715) * x2 * x);
-  T th = std::tanh(u);
+  T th = tanh_of(u);
   T sech2 = T(1) - th * th;
   return T(0.5) * (T(1) + th) + T(0.5) * x * sech2 * k * (T(1) + T(3 * 0.044715) * x2);
 }

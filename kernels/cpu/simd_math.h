@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -38,6 +39,15 @@ inline float exp_polynomial(float x) {
   float y = p * s1 * s2;
   y = x > kMax ? std::numeric_limits<float>::infinity() : y;
   return x < kMin ? 0.0f : y;
+}
+
+// tanh(x) through exp_polynomial: with t = e^(-2|x|) in (0, 1], tanh|x| = (1 - t) / (1 + t), sign
+// restored. Absolute error ~1e-7 (relative error grows as |x| -> 0, where 1 - t cancels); what
+// uses it (GELU's 1 + tanh, 1 - tanh^2) needs the absolute error only. NaN stays NaN.
+inline float tanh_polynomial(float x) {
+  const float t = exp_polynomial(-2.0f * std::abs(x));
+  const float y = (1.0f - t) / (1.0f + t);
+  return x < 0.0f ? -y : (x != x ? x : y);
 }
 
 }  // namespace tessera::cpu

@@ -36,4 +36,15 @@ TEST(SimdMath, ExpSaturatesAndPropagatesNaN) {
   EXPECT_NEAR(cpu::exp_polynomial(-87.33f) / std::exp(double(-87.33f)), 1.0, 2.4e-7);
 }
 
+TEST(SimdMath, TanhWithinAbsolute2e7) {
+  double worst = 0;
+  for (float x = -12.0f; x <= 12.0f; x += 0.00037f)
+    worst = std::max(worst, std::abs(double(cpu::tanh_polynomial(x)) - std::tanh(double(x))));
+  EXPECT_LT(worst, 2e-7);
+  EXPECT_EQ(cpu::tanh_polynomial(100.0f), 1.0f);
+  EXPECT_EQ(cpu::tanh_polynomial(-100.0f), -1.0f);
+  EXPECT_EQ(cpu::tanh_polynomial(0.0f), 0.0f);
+  EXPECT_TRUE(std::isnan(cpu::tanh_polynomial(std::numeric_limits<float>::quiet_NaN())));
+}
+
 }  // namespace tessera
