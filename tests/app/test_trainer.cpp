@@ -56,6 +56,10 @@ TEST(TrainCommand, LossFallsAndRunDirectoryHoldsConfigAndMetrics) {
   for (const char* key : {"\"step\"", "\"lr\"", "\"grad_norm\"", "\"tokens_per_s\"", "\"mfu\"", "\"elapsed_s\"",
                           "\"val_loss\"", "\"val_accuracy\""})
     EXPECT_NE(metrics.find(key), std::string::npos) << key;
+  // The allocator peak: at least the parameters, gradients and two moments (4 x 4 bytes each).
+  const auto at = metrics.find("\"memory_peak_bytes\": ");
+  ASSERT_NE(at, std::string::npos) << metrics;
+  EXPECT_GT(std::stoll(metrics.substr(at + 21)), 16 * 26656) << "the tiny model has 26656 parameters";
   // The saved config is the resolved one and loads back.
   EXPECT_EQ(load_config((dir / "run" / "config.toml").string()).train.steps, 60);
   fs::remove_all(dir);
