@@ -51,11 +51,26 @@ double DataParallelOptimizer::grad_sq_norm(const std::function<bool(const ParamE
   // The reduced gradient this rank holds: all of it, or its ZeRO-1 range [begin, begin + n).
   const Tensor g = zero_ ? zero_->grad_shard() : params_.flat_grads();
   const int64_t begin = zero_ ? zero_->shard_begin() : 0, end = begin + g.numel();
+  // Consecutive counted parameters are summed as one run (all of them when nothing is left out).
   double sq = 0;
+  int64_t run_lo = 0, run_hi = 0;
+  auto flush = [&] {
+    if (run_lo < run_hi) sq += squared_norm(g.slice_rows(run_lo - begin, run_hi - begin));
+    run_lo = run_hi = 0;
+  };
   for (const ParamEntry& e : params_.entries()) {
     const int64_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.local_shape.numel());
-    if (lo < hi && counts(e)) sq += squared_norm(g.slice_rows(lo - begin, hi - begin));
+    if (lo >= hi) continue;
+    if (!counts(e)) {
+      flush();
+    } else if (run_lo < run_hi && lo == run_hi) {
+      run_hi = hi;
+    } else {
+      flush();
+      run_lo = lo, run_hi = hi;
+    }
   }
+  flush();
   if (zero_) dp_->all_reduce(Tensor(&sq, DType::F64, {1}), ReduceOp::Sum);
   return sq;
 }

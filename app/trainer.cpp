@@ -120,8 +120,7 @@ std::vector<ParamSegment> Trainer::segments() const {
 void Trainer::sum_over_world(std::vector<double>& values) {
   if (!comms_) return;
   const Tensor t(values.data(), DType::F64, {static_cast<int64_t>(values.size())});
-  for (MpiCommunicator* c : {&comms_->tp, &comms_->cp, &comms_->dp, &comms_->pp})
-    if (c->size() > 1 || c == &comms_->dp) c->all_reduce(t, ReduceOp::Sum);  // dp always: its byte count is logged
+  for (MpiCommunicator* c : {&comms_->tp, &comms_->cp, &comms_->dp, &comms_->pp}) c->all_reduce(t, ReduceOp::Sum);
 }
 
 void Trainer::sum_over_dp(std::vector<double>& values) {

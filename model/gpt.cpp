@@ -73,7 +73,7 @@ void Attention::forward(AttentionCtx& ctx, Allocator& alloc, const Tensor& y, co
                         Buffer* cache_v, int64_t pos) const {
   ProfileScope scope(prof_, OpFamily::Attention);  // the kernel; projections and edges time themselves
   TESSERA_CHECK(!cache_k || !tp_.active(), "cached decoding runs on one rank (tp = 1)");
-  const int64_t B = x.dim(0), T = x.dim(1) * (tp_.sequence_sharded() ? tp_.size() : 1);
+  const int64_t B = x.dim(0), T = tp_.full_seq(x.dim(1));
   const int64_t H = q_.out() / head_dim_, KV = kv_replicated_ ? 1 : k_.out() / head_dim_, D = head_dim_;
   Buffer gathered;
   const Tensor xf = enter_region(tp_, alloc, gathered, x, T);  // (B, T, C)
@@ -102,8 +102,7 @@ void Attention::forward(AttentionCtx& ctx, Allocator& alloc, const Tensor& y, co
   }
   // The row-parallel projection's partial sums, then their sum over tp (bias added once).
   Buffer partial;
-  if (tp_.sequence_sharded()) partial = workspace(alloc, x.dtype, {B, T, y.dim(2)});
-  const Tensor yf = partial.defined() ? partial.tensor() : y;
+  const Tensor yf = region_full(tp_, alloc, partial, y, T);
   proj_.forward(yf, ctx.out.tensor().view({B, T, H * D}), /*with_bias=*/tp_.rank() == 0);
   leave_region(tp_, alloc, y, yf);
 }
@@ -130,8 +129,7 @@ void Attention::backward(const AttentionCtx& ctx, Allocator& alloc, const Tensor
   // The input gradient over the full sequence, partial over tp; then summed (or reduce-scattered).
   Buffer x_gathered, dx_full;
   const Tensor xf = enter_region(tp_, alloc, x_gathered, x, T);
-  if (tp_.sequence_sharded()) dx_full = workspace(alloc, x.dtype, xf.shape);
-  const Tensor dxf = dx_full.defined() ? dx_full.tensor() : dx;
+  const Tensor dxf = region_full(tp_, alloc, dx_full, dx, T);
   q_.backward(dxf, dq.tensor().view({B, T, H * D}), xf);
   project_kv_backward(k_, alloc, dxf, dk, xf);
   project_kv_backward(v_, alloc, dxf, dv, xf);
@@ -156,7 +154,7 @@ Mlp::Mlp(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, co
 
 void Mlp::forward(MlpCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const {
   ProfileScope scope(prof_, OpFamily::Activation);
-  const int64_t B = x.dim(0), T = x.dim(1) * (tp_.sequence_sharded() ? tp_.size() : 1), F = in_.out();
+  const int64_t B = x.dim(0), T = tp_.full_seq(x.dim(1)), F = in_.out();
   Buffer gathered;
   const Tensor xf = enter_region(tp_, alloc, gathered, x, T);  // (B, T, C)
   ctx.h = activation(alloc, x.dtype, {B, T, F});
@@ -170,8 +168,7 @@ void Mlp::forward(MlpCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& 
     swiglu_forward(ctx.act, ctx.h, ctx.up);
   }
   Buffer partial;
-  if (tp_.sequence_sharded()) partial = workspace(alloc, x.dtype, {B, T, y.dim(2)});
-  const Tensor yf = partial.defined() ? partial.tensor() : y;
+  const Tensor yf = region_full(tp_, alloc, partial, y, T);
   out_.forward(yf, ctx.act, /*with_bias=*/tp_.rank() == 0);
   leave_region(tp_, alloc, y, yf);
 }
@@ -185,8 +182,7 @@ void Mlp::backward(const MlpCtx& ctx, Allocator& alloc, const Tensor& dx, const 
   out_.backward(dact, dyf, ctx.act);
   Buffer x_gathered, dx_full;
   const Tensor xf = enter_region(tp_, alloc, x_gathered, x, T);
-  if (tp_.sequence_sharded()) dx_full = workspace(alloc, x.dtype, xf.shape);
-  const Tensor dxf = dx_full.defined() ? dx_full.tensor() : dx;
+  const Tensor dxf = region_full(tp_, alloc, dx_full, dx, T);
   if (kind_ == MlpKind::Gelu) {
     gelu_backward(dact, dact, ctx.h);  // in place: dact becomes dh
     in_.backward(dxf, dact, xf);

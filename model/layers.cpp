@@ -65,10 +65,8 @@ Embedding::Embedding(ParameterStore& ps, const ModelConfig& cfg, const TensorPar
 void Embedding::forward(Allocator& alloc, const Tensor& out, const Tensor& tokens, int64_t pos_offset) const {
   ProfileScope scope(prof_, OpFamily::Embedding);
   // The full (B, T, C) output, partial over tp: this rank's ids, positions on rank 0 only.
-  const int64_t B = tokens.dim(0), T = tokens.dim(1);
   Buffer staging;
-  if (tp_.sequence_sharded()) staging = Buffer(alloc, out.dtype, {B, T, out.dim(2)}, MemCategory::Workspace);
-  const Tensor full = staging.defined() ? staging.tensor() : out;
+  const Tensor full = region_full(tp_, alloc, staging, out, tokens.dim(1));
   const bool positions = wpe_ >= 0 && tp_.rank() == 0;
   embedding_forward(full, tokens, ps_->param(wte_), positions ? ps_->param(wpe_) : Tensor(), pos_offset, shard_);
   leave_region(tp_, alloc, out, full);

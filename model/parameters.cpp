@@ -83,16 +83,13 @@ Shape ParamEntry::stored_shape() const {
   return s;
 }
 
-namespace {
-// True when local element `local` of e lies in a padding row of a padded shard.
-bool is_padding(const ParamEntry& e, int64_t local) {
-  if (!e.spec.shard.padded || e.spec.shard.axis == GridAxis::None) return false;
-  const int d = e.spec.shard.dim;
+bool ParamEntry::is_padding(int64_t local) const {
+  if (!spec.shard.padded || spec.shard.axis == GridAxis::None) return false;
+  const int d = spec.shard.dim;
   int64_t inner = 1;
-  for (int i = d + 1; i < e.local_shape.ndim(); ++i) inner *= e.local_shape[i];
-  return (local / inner) % e.local_shape[d] >= e.shard_valid;
+  for (int i = d + 1; i < local_shape.ndim(); ++i) inner *= local_shape[i];
+  return (local / inner) % local_shape[d] >= shard_valid;
 }
-}  // namespace
 
 int64_t global_index(const ParamEntry& e, int64_t local) {
   const Shape& ls = e.local_shape;
@@ -116,7 +113,7 @@ void ParameterStore::initialize_entry(const ParamEntry& e, uint64_t seed) {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
       double v = 0.0;
-      if (is_padding(e, i)) {
+      if (e.is_padding(i)) {
         p[i] = 0;
         continue;
       }

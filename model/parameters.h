@@ -62,6 +62,8 @@ struct ParamEntry {
   bool sharded() const { return spec.shard.axis != GridAxis::None && !(local_shape == spec.global_shape); }
   // The part of local_shape that is real (padding rows dropped): what a checkpoint stores.
   Shape stored_shape() const;
+  // Whether local element `local` (row-major over local_shape) lies in a padding row.
+  bool is_padding(int64_t local) const;
 };
 
 class ParameterStore {

@@ -59,6 +59,12 @@ void leave_region(const TensorParallel& tp, Allocator& alloc, const Tensor& y_lo
   all_reduce_tp(tp, y_full);
 }
 
+Tensor region_full(const TensorParallel& tp, Allocator& alloc, Buffer& storage, const Tensor& local, int64_t T) {
+  if (!tp.sequence_sharded()) return local;
+  storage = Buffer(alloc, local.dtype, {local.dim(0), T, local.dim(2)}, MemCategory::Workspace);
+  return storage;
+}
+
 // The two edges are each other's adjoint: entering backward is leaving forward and vice versa.
 void enter_region_backward(const TensorParallel& tp, Allocator& alloc, const Tensor& dx_local, const Tensor& dx_full) {
   leave_region(tp, alloc, dx_local, dx_full);

@@ -29,8 +29,9 @@ struct TensorParallel {
   int64_t rank() const { return comm ? comm->rank() : 0; }
   bool active() const { return size() > 1; }
   bool sequence_sharded() const { return active() && sequence_parallel; }
-  // Positions of a sequence of T this rank holds between regions.
+  // Positions of a sequence of T this rank holds between regions, and back.
   int64_t local_seq(int64_t T) const { return sequence_sharded() ? T / size() : T; }
+  int64_t full_seq(int64_t T_local) const { return sequence_sharded() ? T_local * size() : T_local; }
 };
 
 // In place: t becomes the sum of every tp rank's t (no-op when tp = 1).
@@ -51,6 +52,10 @@ void enter_region_backward(const TensorParallel& tp, Allocator& alloc, const Ten
 // Leaving a region (forward): y_local from the rank's partial output y_full (all-reduce in place,
 // y_local = y_full; or reduce-scatter).
 void leave_region(const TensorParallel& tp, Allocator& alloc, const Tensor& y_local, const Tensor& y_full);
+// Where a region's full-sequence result goes before leave_region (its output) or
+// enter_region_backward (its input gradient): `local` (B, T_local, C) itself without sequence
+// parallelism, else a (B, T, C) workspace buffer in `storage`.
+Tensor region_full(const TensorParallel& tp, Allocator& alloc, Buffer& storage, const Tensor& local, int64_t T);
 // Leaving a region (backward): the full output gradient (B, T, C) from dy (local): dy itself or
 // gathered into `storage`.
 Tensor leave_region_backward(const TensorParallel& tp, Allocator& alloc, Buffer& storage, const Tensor& dy, int64_t T);

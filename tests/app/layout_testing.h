@@ -25,6 +25,14 @@ inline RunResult train_run(const fs::path& dir, const std::string& config, const
   return ranks > 1 ? run_program(TESSERA_MPIEXEC, args, dir) : run_tessera(args, dir);
 }
 
+// The integer `key` of the last metrics.jsonl record that has it (communication counters: the
+// first record does not yet include a stop vote, which follows the record); -1 when none does.
+inline int64_t last_metric(const fs::path& metrics, const std::string& key) {
+  const std::string text = read_file(metrics), field = "\"" + key + "\": ";
+  const auto at = text.rfind(field);
+  return at == std::string::npos ? -1 : std::stoll(text.substr(at + field.size()));
+}
+
 // Every loss of `got` within rel of `want`, step by step.
 inline void expect_losses_near(const std::vector<double>& got, const std::vector<double>& want, double rel,
                                const std::string& what) {

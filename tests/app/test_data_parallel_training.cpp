@@ -50,11 +50,7 @@ TEST(DataParallelTraining, EqualsTheOneRankRun) {
   int64_t params = 0;
   for (const auto& t : base.tensors())
     if (t.path.rfind("/model/", 0) == 0) params += t.shape.numel();
-  const std::string metrics = testing::read_file(dir / "dp2true" / "metrics.jsonl");
-  // The last record (the first does not yet include a stop vote, which follows the record).
-  const auto at = metrics.rfind("\"dp_bytes_per_step\": ");
-  ASSERT_NE(at, std::string::npos) << metrics;
-  EXPECT_EQ(std::stoll(metrics.substr(at + 21)), 4 * params + 8 + 8 + 24);
+  EXPECT_EQ(testing::last_metric(dir / "dp2true" / "metrics.jsonl", "dp_bytes_per_step"), 4 * params + 8 + 8 + 24);
   // The 2-rank checkpoint continues on 1 rank.
   fs::copy(dir / "dp2true", dir / "resumed", fs::copy_options::recursive);
   r = train(dir, "resumed", 1, {"--set", "train.steps=8"});
@@ -73,12 +69,6 @@ std::vector<std::string> with(std::vector<std::string> a, const std::vector<std:
 const std::vector<std::string> kOddModel = {"--set", "model.n_embd=33", "--set", "model.n_head=3"};
 const std::vector<std::string> kZero = with(kOddModel, {"--set", "parallel.zero=1"});
 
-// The last record's dp_bytes_per_step (the first does not yet include a stop vote).
-int64_t last_dp_bytes(const fs::path& metrics) {
-  const std::string text = testing::read_file(metrics);
-  const auto at = text.rfind("\"dp_bytes_per_step\": ");
-  return at == std::string::npos ? -1 : std::stoll(text.substr(at + 21));
-}
 
 }  // namespace
 
@@ -107,7 +97,7 @@ TEST(DataParallelTraining, ZeroOneEqualsTheOneRankRun) {
     // (the squared gradient norm) bytes, 2 (p - 1) / p x each.
     const int64_t padded = (params + ranks - 1) / ranks * ranks;
     const int64_t scalars = 2 * (ranks - 1) * 8 / ranks * 3 + 2 * (ranks - 1) * 24 / ranks;
-    EXPECT_EQ(last_dp_bytes(dir / run / "metrics.jsonl"), 2 * (ranks - 1) * padded / ranks * 4 + scalars) << run;
+    EXPECT_EQ(testing::last_metric(dir / run / "metrics.jsonl", "dp_bytes_per_step"), 2 * (ranks - 1) * padded / ranks * 4 + scalars) << run;
   }
   fs::remove_all(dir);
 }

@@ -51,14 +51,7 @@ struct Model {
 
 // Element `local` of shard entry e against the whole tensor w (global row-major): padding -> 0.
 double whole_value(const ParamEntry& e, const std::vector<double>& w, int64_t local) {
-  const ParamEntry* pe = &e;
-  const int d = e.spec.shard.dim;
-  if (e.spec.shard.axis != GridAxis::None && e.spec.shard.padded) {
-    int64_t inner = 1;
-    for (int i = d + 1; i < e.local_shape.ndim(); ++i) inner *= e.local_shape[i];
-    if ((local / inner) % e.local_shape[d] >= e.shard_valid) return 0.0;
-  }
-  return w[static_cast<size_t>(global_index(*pe, local))];
+  return e.is_padding(local) ? 0.0 : w[static_cast<size_t>(global_index(e, local))];
 }
 
 class GptTensorParallel : public ::testing::TestWithParam<Case> {};
