@@ -17,7 +17,7 @@
 #include "app/metrics.h"
 #include "data/file_io.h"
 #include "data/indexed_dataset.h"
-#include "data/json_field.h"
+#include "data/json.h"
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
 #include "kernels/check.h"

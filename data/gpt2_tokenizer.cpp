@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "data/gpt2_pretokenizer.h"
-#include "data/json_string_map.h"
+#include "data/json.h"
 #include "data/unicode_class.h"
 #include "kernels/check.h"
 

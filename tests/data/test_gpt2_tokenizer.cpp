@@ -11,7 +11,7 @@
 
 #include <unistd.h>
 
-#include "data/json_string_map.h"
+#include "data/json.h"
 #include "kernels/check.h"
 #include "testing.h"
 
@@ -70,14 +70,23 @@ std::vector<Case> read_cases(const std::string& path) {
     if (line.rfind("{\"text\": ", 0) != 0) continue;
     Case c;
     c.line = n;
-    size_t pos = 9;
-    c.text = parse_json_string(line, &pos, path);
-    size_t ids = line.find("\"ids\": [", pos);
-    size_t close = line.find(']', ids);
-    std::istringstream nums(line.substr(ids + 8, close - ids - 8));
-    for (std::string num; std::getline(nums, num, ',');)
-      if (num.find_first_of("0123456789") != std::string::npos) c.ids.push_back(std::stoi(num));
-    c.allowed_special = line.find("\"allowed_special\": true", close) != std::string::npos;
+    JsonReader in(line, path + ":" + std::to_string(n), LoneSurrogate::kError);
+    in.expect('{');
+    do {
+      const std::string key = in.string();
+      in.expect(':');
+      if (key == "text") {
+        c.text = in.string();
+      } else if (key == "ids") {
+        in.expect('[');
+        if (!in.take(']'))
+          do c.ids.push_back(static_cast<int32_t>(in.integer()));
+          while (in.more(']'));
+      } else {
+        c.allowed_special = c.allowed_special || (key == "allowed_special" && in.peek() == 't');
+        in.skip_value();
+      }
+    } while (in.more('}'));
     cases.push_back(std::move(c));
   }
   return cases;
