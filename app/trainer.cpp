@@ -115,8 +115,7 @@ std::vector<ParamSegment> Trainer::segments() const {
   return segs;
 }
 
-// Runs every micro-batch of step s and accumulates gradients of the mean loss over the global
-// batch; returns that mean loss.
+// Sums values element-wise over every rank of the grid (each group in turn), in place.
 void Trainer::sum_over_world(std::vector<double>& values) {
   if (!comms_) return;
   const Tensor t(values.data(), DType::F64, {static_cast<int64_t>(values.size())});
