@@ -1,9 +1,11 @@
 // CPU causal GQA attention: a templated two-pass reference per query row (F64, the test oracle) and
-// a flash-style F32 path (query tiles x key tiles, online softmax, O(T) memory) under OpenMP.
+// a flash-style F32 path (query tiles x key tiles, online softmax, O(T) memory) under OpenMP, its
+// tile products through the CPU BLAS.
 // The F32 backward is parallel over (b, kv head): a thread owns that head's dk/dv and the dq rows of
 // its query heads, so there are no races and the result does not depend on the thread count.
 #include "kernels/attention.h"
 
+#include "kernels/cpu/blas.h"
 #include "kernels/cpu/simd_math.h"
 
 #include <algorithm>
@@ -111,54 +113,12 @@ constexpr int64_t kBc = 64;  // keys per tile
 // e^x that vectorizes (kernels/cpu/simd_math.h); 0 for -inf, as masked scores need.
 using cpu::exp_polynomial;
 
-// C (m, n) += A (m, k) B (k, n), the product every step of the tile loop is made of. A is read
-// through strides (a_rs, a_cs), so a transposed tile costs no copy; rows of B and C are contiguous
-// (ldb, ldc apart). Blocks of kMr x kNr outputs stay in registers across the k loop.
-constexpr int64_t kMr = 4, kNr = 16;
-
-template <int64_t MR>
-void gemm_block(float* C, int64_t ldc, const float* A, int64_t a_rs, int64_t a_cs, const float* B, int64_t ldb,
-                int64_t k) {
-  float acc[MR][kNr] = {};
-  for (int64_t p = 0; p < k; ++p) {
-    const float* b = B + p * ldb;
-    for (int64_t r = 0; r < MR; ++r) {
-      const float a = A[r * a_rs + p * a_cs];
-#pragma omp simd
-      for (int64_t c = 0; c < kNr; ++c) acc[r][c] += a * b[c];
-    }
-  }
-  for (int64_t r = 0; r < MR; ++r)
-#pragma omp simd
-    for (int64_t c = 0; c < kNr; ++c) C[r * ldc + c] += acc[r][c];
-}
-
-// The ragged right edge (n % kNr columns), a plain loop.
-void gemm_edge(float* C, int64_t ldc, const float* A, int64_t a_rs, int64_t a_cs, const float* B, int64_t ldb,
-               int64_t m, int64_t n, int64_t k) {
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t p = 0; p < k; ++p) {
-      const float a = A[r * a_rs + p * a_cs];
-#pragma omp simd
-      for (int64_t c = 0; c < n; ++c) C[r * ldc + c] += a * B[p * ldb + c];
-    }
-}
-
-void gemm_acc(float* C, int64_t ldc, const float* A, int64_t a_rs, int64_t a_cs, const float* B, int64_t ldb,
-              int64_t m, int64_t n, int64_t k) {
-  const int64_t n_full = n - n % kNr;
-  for (int64_t c = 0; c < n_full; c += kNr) {
-    int64_t r = 0;
-    for (; r + kMr <= m; r += kMr) gemm_block<kMr>(C + r * ldc + c, ldc, A + r * a_rs, a_rs, a_cs, B + c, ldb, k);
-    for (; r < m; ++r) gemm_block<1>(C + r * ldc + c, ldc, A + r * a_rs, a_rs, a_cs, B + c, ldb, k);
-  }
-  if (n_full < n) gemm_edge(C + n_full, ldc, A, a_rs, a_cs, B + n_full, ldb, m, n - n_full, k);
-}
-
-// dst (D, kBc) = transpose of n rows of src, rows row_stride apart (one kv head of (S, KV, D)).
-void load_transposed(float* dst, const float* src, int64_t n, int64_t row_stride, int64_t D) {
-  for (int64_t j = 0; j < n; ++j)
-    for (int64_t d = 0; d < D; ++d) dst[d * kBc + j] = src[j * row_stride + d];
+// C (m, n) = op(A) op(B) + beta C (kernels/cpu/blas.h), the product every step of the tile loop is
+// made of: strides read a head's rows of (B, T, H, D) in place, transposes cost no copies, and
+// inside the OpenMP region the BLAS runs on the calling thread.
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* A, int64_t lda,
+          const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  cpu::sgemm("attention", trans_a, trans_b, m, n, k, 1.0f, A, lda, B, ldb, beta, C, ldc);
 }
 
 inline float dot(const float* __restrict a, const float* __restrict b, int64_t D) {
@@ -175,12 +135,10 @@ bool worth_threads(const Dims& m) { return 4 * m.B * m.H * m.T * m.S * m.D >= kP
 
 // Per-thread scratch, sized once per parallel region.
 struct Scratch {
-  std::vector<float> kt, vt;      // (D, kBc) transposed key / value tile
-  std::vector<float> s, dp;       // (kBr, kBc) scores, then probabilities; dout . v (backward)
-  std::vector<float> acc;         // (kBr, D) unnormalized output rows (forward)
+  std::vector<float> s, dp;  // (kBr, kBc) scores, then probabilities; dout . v (backward)
+  std::vector<float> acc;    // (kBr, D) unnormalized output rows (forward)
   explicit Scratch(int64_t D)
-      : kt(static_cast<size_t>(D * kBc)), vt(kt.size()), s(static_cast<size_t>(kBr * kBc)), dp(s.size()),
-        acc(static_cast<size_t>(kBr * D)) {}
+      : s(static_cast<size_t>(kBr * kBc)), dp(s.size()), acc(static_cast<size_t>(kBr * D)) {}
 };
 
 // Query tile [i0, i1) of one (b, h), the kv head g it reads, and the key tile [j0, j0 + nc).
@@ -195,10 +153,10 @@ int64_t visible_in_tile(const Dims& m, const Tile& t, int64_t r) {
   return std::clamp<int64_t>(m.visible(t.i0 + r) - t.j0, 0, t.nc);
 }
 
-// s (rows, kBc) = the tile's rows of q (or dout) times kt (D, kBc), over the tile's nc columns.
-void tile_scores(float* s, const float* q, const Dims& m, const Tile& t, const float* kt) {
-  std::fill(s, s + t.rows() * kBc, 0.0f);
-  gemm_acc(s, kBc, q + m.q_row(t.b, t.i0, t.h), m.H * m.D, 1, kt, kBc, t.rows(), t.nc, m.D);
+// s (rows, kBc) = the tile's rows of q (or dout) times the key (or value) rows [j0, j0 + nc) of
+// kv head g, transposed: kv points at row j0.
+void tile_scores(float* s, const float* q, const Dims& m, const Tile& t, const float* kv) {
+  gemm(false, true, t.rows(), t.nc, m.D, q + m.q_row(t.b, t.i0, t.h), m.H * m.D, kv, m.KV * m.D, 0.0f, s, kBc);
 }
 
 // Online softmax step for one row: folds its n visible scaled scores s into the running max mx,
@@ -240,12 +198,11 @@ void forward_tile(float* out, float* lse, const float* q, const float* k, const 
   for (t.j0 = 0; t.j0 < n_keys; t.j0 += kBc) {
     t.nc = std::min(kBc, n_keys - t.j0);
     const int64_t kv0 = m.kv_row(t.b, t.j0, t.g);
-    load_transposed(sc.kt.data(), k + kv0, t.nc, stride, D);
-    tile_scores(sc.s.data(), q, m, t, sc.kt.data());
+    tile_scores(sc.s.data(), q, m, t, k + kv0);
     for (int64_t r = 0; r < t.rows(); ++r)
       online_softmax_row(mx[r], l[r], sc.acc.data() + r * D, sc.s.data() + r * kBc, visible_in_tile(m, t, r), t.nc,
                          scale, D);
-    gemm_acc(sc.acc.data(), D, sc.s.data(), kBc, 1, v + kv0, stride, t.rows(), D, t.nc);  // acc += P V
+    gemm(false, false, t.rows(), D, t.nc, sc.s.data(), kBc, v + kv0, stride, 1.0f, sc.acc.data(), D);  // acc += P V
   }
   for (int64_t r = 0; r < t.rows(); ++r) {
     float* o = out + m.q_row(t.b, t.i0 + r, t.h);
@@ -311,16 +268,14 @@ void backward_tile(const Grads& g, const float* out, const float* lse_all, const
   for (t.j0 = 0; t.j0 < n_keys; t.j0 += kBc) {
     t.nc = std::min(kBc, n_keys - t.j0);
     const int64_t kv0 = m.kv_row(t.b, t.j0, t.g);
-    load_transposed(sc.kt.data(), g.k + kv0, t.nc, stride, D);
-    load_transposed(sc.vt.data(), g.v + kv0, t.nc, stride, D);
     float* p = sc.s.data();
     float* ds = sc.dp.data();
-    tile_scores(p, g.q, m, t, sc.kt.data());
-    tile_scores(ds, g.dout, m, t, sc.vt.data());  // dout . v
+    tile_scores(p, g.q, m, t, g.k + kv0);
+    tile_scores(ds, g.dout, m, t, g.v + kv0);  // dout . v
     probabilities_and_score_grads(p, ds, lse, delta, m, t, scale);
-    gemm_acc(g.dq + q0, q_stride, ds, kBc, 1, g.k + kv0, stride, t.rows(), D, t.nc);       // dq += dS K
-    gemm_acc(g.dk + kv0, stride, ds, 1, kBc, g.q + q0, q_stride, t.nc, D, t.rows());       // dk += dS^T q
-    gemm_acc(g.dv + kv0, stride, p, 1, kBc, g.dout + q0, q_stride, t.nc, D, t.rows());     // dv += P^T dout
+    gemm(false, false, t.rows(), D, t.nc, ds, kBc, g.k + kv0, stride, 1.0f, g.dq + q0, q_stride);     // dq += dS K
+    gemm(true, false, t.nc, D, t.rows(), ds, kBc, g.q + q0, q_stride, 1.0f, g.dk + kv0, stride);      // dk += dS^T q
+    gemm(true, false, t.nc, D, t.rows(), p, kBc, g.dout + q0, q_stride, 1.0f, g.dv + kv0, stride);    // dv += P^T dout
   }
 }
 

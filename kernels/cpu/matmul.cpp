@@ -1,11 +1,11 @@
 // CPU matmul and Linear: F64 runs a plain triple-loop reference (the test oracle), F32 calls
-// cblas_sgemm from the CPU BLAS. The Linear layer is written once over a typed gemm() for both.
+// the CPU BLAS (kernels/cpu/blas.h). The Linear layer is written once over a typed gemm() for both.
 #include "kernels/matmul.h"
 
-#include <cblas.h>
+#include "kernels/cpu/blas.h"
+
 
 #include <algorithm>
-#include <climits>
 #include <cstdint>
 
 namespace tessera {
@@ -39,19 +39,10 @@ void gemm(const GemmDims& d, T alpha, const T* a, const T* b, T beta, T* c) {
 }  // namespace reference
 
 namespace blas {
-int blas_int(const char* op, int64_t v) {
-  TESSERA_CHECK(v <= INT_MAX, op, ": dimension ", v, " exceeds the BLAS integer range");
-  return static_cast<int>(v);
-}
-
 void gemm(const char* op, const GemmDims& d, float alpha, const float* a, const float* b, float beta, float* c) {
-  if (d.m == 0 || d.n == 0) return;
-  // Leading dimensions of row-major storage; BLAS requires them >= 1 even for empty operands.
-  int64_t lda = std::max<int64_t>(1, d.trans_a ? d.m : d.k);
-  int64_t ldb = std::max<int64_t>(1, d.trans_b ? d.k : d.n);
-  cblas_sgemm(CblasRowMajor, d.trans_a ? CblasTrans : CblasNoTrans, d.trans_b ? CblasTrans : CblasNoTrans,
-              blas_int(op, d.m), blas_int(op, d.n), blas_int(op, d.k), alpha, a, blas_int(op, lda), b,
-              blas_int(op, ldb), beta, c, blas_int(op, d.n));
+  // Leading dimensions of contiguous row-major storage.
+  cpu::sgemm(op, d.trans_a, d.trans_b, d.m, d.n, d.k, alpha, a, d.trans_a ? d.m : d.k, b, d.trans_b ? d.k : d.n,
+             beta, c, d.n);
 }
 }  // namespace blas
 
