@@ -15,26 +15,15 @@ products forward, 5 backward (q k^T again, dout v^T, dS k, dS^T q, P^T dout).
 """
 import argparse
 import os
-import statistics
 import subprocess
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from gemm_torch import timed
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def median_ms(fn, warmup, reps):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def run_tessera(binary, threads, warmup, reps):
@@ -69,8 +58,8 @@ def run_torch(B, T, H, KV, D, warmup, reps):
         out.backward(dout)
         q.grad = k.grad = v.grad = None
 
-    fwd = median_ms(forward, warmup, reps)
-    return fwd, median_ms(forward_backward, warmup, reps) - fwd
+    fwd = timed(forward, reps, warmup) * 1e3
+    return fwd, timed(forward_backward, reps, warmup) * 1e3 - fwd
 
 
 def main():

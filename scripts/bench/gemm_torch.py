@@ -18,6 +18,7 @@ LAYERS = [("attn.proj", 768, 768), ("attn.qkv", 768, 2304), ("mlp.fc", 768, 3072
 
 
 def timed(fn, reps, warmup):
+    """Median seconds of reps calls of fn after warmup calls (attention_compare.py uses it too)."""
     for _ in range(warmup):
         fn()
     times = []
