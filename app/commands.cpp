@@ -9,10 +9,21 @@
 #include "app/generate.h"
 #include "app/prepare.h"
 #include "app/trainer.h"
+#include "parallel/mpi.h"
 
 namespace tessera {
 
 namespace {
+// Only `train` is parallel. Under mpirun every rank would run one of the others whole (printing
+// and writing the same files N times), so they refuse: every rank throws the same error, rank 0
+// prints it, and all exit 1.
+void require_one_process(const std::string& command) {
+  const int ranks = comm_size(MPI_COMM_WORLD);
+  if (ranks > 1)
+    throw CollectiveError("tessera " + command + " runs on one process; start it without mpirun (got " +
+                          std::to_string(ranks) + " ranks)");
+}
+
 void register_info(CLI::App& app) {
   auto* cmd = app.add_subcommand("info", "Print the build: version, CPU features, BLAS, threads, CUDA");
   cmd->callback([] { std::cout << build_info(); });
@@ -41,7 +52,10 @@ void register_prepare(CLI::App& app, int& exit_code) {
                   "Plain text: split documents on this string (\\n allowed, e.g. '\\n\\n'); default one per file");
   cmd->add_option("--append-eot", args->append_eot, "Append the end-of-document token to each document (true/false)")
       ->default_str("true");
-  cmd->callback([args, &exit_code] { exit_code = run_prepare_command(*args); });
+  cmd->callback([args, &exit_code] {
+    require_one_process("prepare");
+    exit_code = run_prepare_command(*args);
+  });
 }
 
 void register_ckpt(CLI::App& app, int& exit_code) {
@@ -52,14 +66,20 @@ void register_ckpt(CLI::App& app, int& exit_code) {
   auto* cmd = ckpt->add_subcommand("inspect", "Print a checkpoint's metadata and every tensor (shape, dtype, L2 norm)");
   cmd->add_option("file", inspect->file, "Checkpoint file (.h5)")->required();
   cmd->add_flag("--config", inspect->show_config, "Also print the config (TOML) stored in the checkpoint");
-  cmd->callback([inspect, &exit_code] { exit_code = run_ckpt_inspect(*inspect, std::cout); });
+  cmd->callback([inspect, &exit_code] {
+    require_one_process("ckpt inspect");
+    exit_code = run_ckpt_inspect(*inspect, std::cout);
+  });
 
   auto exp = std::make_shared<CkptExportArgs>();
   cmd = ckpt->add_subcommand("export", "Export the model to Hugging Face format (model.safetensors + config.json)");
   cmd->add_option("file", exp->file, "Checkpoint file (.h5)")->required();
   cmd->add_option("--format", exp->format, "Output format")->check(CLI::IsMember({"safetensors"}))->capture_default_str();
   cmd->add_option("--out", exp->out_dir, "Output directory (created if needed)")->required();
-  cmd->callback([exp, &exit_code] { exit_code = run_ckpt_export(*exp, std::cout); });
+  cmd->callback([exp, &exit_code] {
+    require_one_process("ckpt export");
+    exit_code = run_ckpt_export(*exp, std::cout);
+  });
 }
 void register_generate(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<GenerateArgs>();
@@ -74,7 +94,10 @@ void register_generate(CLI::App& app, int& exit_code) {
   cmd->add_option("--vocab", args->vocab_dir, "GPT-2 tokenizer directory (encoder.json, vocab.bpe)");
   cmd->add_flag("--no-cache", args->no_cache, "Re-run the whole sequence for every token (for comparison)");
   cmd->add_flag("--stop-at-newline", args->stop_at_newline, "Stop after the first newline (addition answers)");
-  cmd->callback([args, &exit_code] { exit_code = run_generate_command(*args); });
+  cmd->callback([args, &exit_code] {
+    require_one_process("generate");
+    exit_code = run_generate_command(*args);
+  });
 }
 }  // namespace
 
