@@ -232,6 +232,7 @@ struct ParallelConfig {
 struct CheckpointConfig {
   std::string dir;
   int64_t every = 0;
+  bool at_end = true;
   int64_t keep_last = 3;
   std::string resume = "auto";
 
@@ -240,6 +241,8 @@ struct CheckpointConfig {
     v.field("dir", dir, "checkpoint directory; \"\" = <run dir>/checkpoints", Allowed::any());
     v.field("every", every, "also save every this many steps; 0 = only at the end, on exit_after_* and on "
             "signals", Allowed::at_least(0));
+    v.field("at_end", at_end, "save when the run completes train.steps; false: a completed run saves only what "
+            "checkpoint.every asks for (benchmarks); signals and exit_after_* still save", Allowed::any());
     v.field("keep_last", keep_last, "checkpoints kept; older ones are deleted", Allowed::at_least(1));
     v.field("resume", resume, "auto = the newest checkpoint in dir if there is one; none = start "
             "fresh; anything else = the path of a checkpoint to resume from", Allowed::any());

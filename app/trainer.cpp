@@ -352,7 +352,6 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   ckpt_->save(st);
 }
 
-// Why the loop should stop after this step, if it should (and with which exit code).
 // Why the loop should stop after this step, if it should (and with which exit code). Every rank
 // must stop at the same step: signals and clocks are local, so the ranks agree on them first.
 std::optional<std::pair<std::string, int>> Trainer::stop_reason(const StopSignals& stop, int64_t done,
@@ -435,11 +434,13 @@ TrainSummary Trainer::run() {
       stopped_early = true;
       break;
     }
-    if (!last && cfg_.checkpoint.every > 0 && done % cfg_.checkpoint.every == 0) save_checkpoint(done);
+    // The last step's save is the end-of-run one, unless checkpoint.at_end = false.
+    const bool periodic = cfg_.checkpoint.every > 0 && done % cfg_.checkpoint.every == 0;
+    if (periodic && !(last && cfg_.checkpoint.at_end)) save_checkpoint(done);
   }
   if (!stopped_early) {
     evaluate(summary.steps_done, summary);
-    if (summary.steps_done > start_step_) save_checkpoint(summary.steps_done);
+    if (summary.steps_done > start_step_ && cfg_.checkpoint.at_end) save_checkpoint(summary.steps_done);
   }
   if (ckpt_) ckpt_->wait();
   summary.elapsed_s = seconds_since(t_start);

@@ -228,7 +228,7 @@ def run_monitored(cmd, env, log_path, metrics_path, warmup, total_steps, threads
       exit: exit code;
       rss_steps_kib: peak RSS while training, VmHWM read when the record of the second-to-last
         step appears: after warm-up, optimizer state and steady activations, before anything the
-        program does after its steps (tessera saves a checkpoint at the end of a run);
+        program does after its steps (evaluation, a checkpoint);
       rss_max_kib: peak RSS of the whole process;
       cpu_share: CPU seconds / (wall seconds x threads) over the measured steps: 1.0 when the
         process had its threads' cores to itself, less when other processes took them."""
@@ -306,6 +306,7 @@ grad_clip = {o['grad_clip']}
 
 [checkpoint]
 resume = "none"
+at_end = false
 
 [log]
 every = 1
@@ -335,7 +336,7 @@ def run_tessera(c, args, workdir, tag, data_path, peak, env):
     flops = [r["mfu"] * peak * 1e9 / r["tokens_per_s"] for r in recs[-1:]]
     params = re.search(r": (\d+) parameters", text)
     mems = re.findall(r"\| mem ([\d.]+ \w+) \|", text)
-    shutil.rmtree(run_dir, ignore_errors=True)  # the end-of-run checkpoint: GiB for 124M
+    shutil.rmtree(run_dir, ignore_errors=True)
     return dict(mon, step_s=seconds, alloc_peak=mems[-1] if mems else "?", params=int(params[1]) if params else None,
                 flops_per_token=flops[0] if flops else None, log=log)
 
@@ -523,7 +524,7 @@ def main():
     print_memory(results)
     print("\nAnalytic: fp32 parameters, gradients and two AdamW moments, plus what one forward saves for backward "
           "(tests/model/test_gpt.cpp's count); the allocator peak adds backward's temporaries and workspace. "
-          "Peak RSS in steps: VmHWM at the second-to-last step (before tessera's end-of-run checkpoint).")
+          "Peak RSS in steps: VmHWM at the second-to-last step (before anything after the last step).")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": machine, "tessera": tinfo, "torch": pinfo, "peak": peak, "threads": args.threads,

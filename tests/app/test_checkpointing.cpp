@@ -139,6 +139,30 @@ TEST(Checkpointing, KeepLastPrunesOlderFiles) {
   fs::remove_all(run.dir);
 }
 
+// checkpoint.at_end = false (benchmarks): a completed run saves only what checkpoint.every asks
+// for, the last step included when every divides it.
+TEST(Checkpointing, AtEndFalseSavesOnlyThePeriodicCheckpoints) {
+  const TrainRun run = make_run("ckpt_at_end");
+  auto saved = [&] {
+    std::vector<std::string> names;
+    if (fs::exists(run.ckpts()))
+      for (const auto& e : fs::directory_iterator(run.ckpts())) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  RunResult r = run.train({"train.steps=3", "checkpoint.at_end=false"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(saved(), std::vector<std::string>{});
+  r = run.train({"train.steps=7", "checkpoint.at_end=false", "checkpoint.every=2", "checkpoint.resume=\"none\""});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(saved(), (std::vector<std::string>{"latest", "step_00000002.h5", "step_00000004.h5", "step_00000006.h5"}));
+  r = run.train({"train.steps=8", "checkpoint.at_end=false", "checkpoint.every=2", "checkpoint.resume=\"none\""});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(saved(), (std::vector<std::string>{"latest", "step_00000004.h5", "step_00000006.h5", "step_00000008.h5"}))
+      << "keep_last = 3";
+  fs::remove_all(run.dir);
+}
+
 // A newest checkpoint cut short (a full disk, a crash outside tessera) is skipped with a warning.
 TEST(Checkpointing, DamagedNewestCheckpointFallsBackToTheOneBefore) {
   const TrainRun run = make_run("ckpt_damaged");
