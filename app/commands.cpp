@@ -1,6 +1,7 @@
 // The subcommands that exist today. A command is registered only once it works.
 #include "app/commands.h"
 
+#include <functional>
 #include <iostream>
 #include <memory>
 
@@ -16,12 +17,15 @@ namespace tessera {
 namespace {
 // Only `train` is parallel. Under mpirun every rank would run one of the others whole (printing
 // and writing the same files N times), so they refuse: every rank throws the same error, rank 0
-// prints it, and all exit 1.
-void require_one_process(const std::string& command) {
-  const int ranks = comm_size(MPI_COMM_WORLD);
-  if (ranks > 1)
-    throw CollectiveError("tessera " + command + " runs on one process; start it without mpirun (got " +
-                          std::to_string(ranks) + " ranks)");
+// prints it, and all exit 1. Returns the callback that checks, then runs `run`.
+std::function<void()> on_one_process(const std::string& command, std::function<void()> run) {
+  return [command, run = std::move(run)] {
+    const int ranks = comm_size(MPI_COMM_WORLD);
+    if (ranks > 1)
+      throw CollectiveError("tessera " + command + " runs on one process; start it without mpirun (got " +
+                            std::to_string(ranks) + " ranks)");
+    run();
+  };
 }
 
 void register_info(CLI::App& app) {
@@ -52,10 +56,7 @@ void register_prepare(CLI::App& app, int& exit_code) {
                   "Plain text: split documents on this string (\\n allowed, e.g. '\\n\\n'); default one per file");
   cmd->add_option("--append-eot", args->append_eot, "Append the end-of-document token to each document (true/false)")
       ->default_str("true");
-  cmd->callback([args, &exit_code] {
-    require_one_process("prepare");
-    exit_code = run_prepare_command(*args);
-  });
+  cmd->callback(on_one_process("prepare", [args, &exit_code] { exit_code = run_prepare_command(*args); }));
 }
 
 void register_ckpt(CLI::App& app, int& exit_code) {
@@ -66,20 +67,15 @@ void register_ckpt(CLI::App& app, int& exit_code) {
   auto* cmd = ckpt->add_subcommand("inspect", "Print a checkpoint's metadata and every tensor (shape, dtype, L2 norm)");
   cmd->add_option("file", inspect->file, "Checkpoint file (.h5)")->required();
   cmd->add_flag("--config", inspect->show_config, "Also print the config (TOML) stored in the checkpoint");
-  cmd->callback([inspect, &exit_code] {
-    require_one_process("ckpt inspect");
-    exit_code = run_ckpt_inspect(*inspect, std::cout);
-  });
+  cmd->callback(
+      on_one_process("ckpt inspect", [inspect, &exit_code] { exit_code = run_ckpt_inspect(*inspect, std::cout); }));
 
   auto exp = std::make_shared<CkptExportArgs>();
   cmd = ckpt->add_subcommand("export", "Export the model to Hugging Face format (model.safetensors + config.json)");
   cmd->add_option("file", exp->file, "Checkpoint file (.h5)")->required();
   cmd->add_option("--format", exp->format, "Output format")->check(CLI::IsMember({"safetensors"}))->capture_default_str();
   cmd->add_option("--out", exp->out_dir, "Output directory (created if needed)")->required();
-  cmd->callback([exp, &exit_code] {
-    require_one_process("ckpt export");
-    exit_code = run_ckpt_export(*exp, std::cout);
-  });
+  cmd->callback(on_one_process("ckpt export", [exp, &exit_code] { exit_code = run_ckpt_export(*exp, std::cout); }));
 }
 void register_generate(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<GenerateArgs>();
@@ -94,10 +90,7 @@ void register_generate(CLI::App& app, int& exit_code) {
   cmd->add_option("--vocab", args->vocab_dir, "GPT-2 tokenizer directory (encoder.json, vocab.bpe)");
   cmd->add_flag("--no-cache", args->no_cache, "Re-run the whole sequence for every token (for comparison)");
   cmd->add_flag("--stop-at-newline", args->stop_at_newline, "Stop after the first newline (addition answers)");
-  cmd->callback([args, &exit_code] {
-    require_one_process("generate");
-    exit_code = run_generate_command(*args);
-  });
+  cmd->callback(on_one_process("generate", [args, &exit_code] { exit_code = run_generate_command(*args); }));
 }
 }  // namespace
 

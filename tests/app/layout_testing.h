@@ -15,6 +15,12 @@
 
 namespace tessera::testing {
 
+// a followed by b: command-line settings put together.
+inline std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
 // `tessera train <dir>/<config> --run-dir <dir>/<run> <settings...>`, under mpiexec when ranks > 1.
 inline RunResult train_run(const fs::path& dir, const std::string& config, const std::string& run, int ranks,
                            const std::vector<std::string>& settings) {

@@ -62,14 +62,9 @@ TEST(DataParallelTraining, EqualsTheOneRankRun) {
 // ZeRO-1 (parallel.zero = 1) = serial, on a model of 28,281 parameters (C = 33): an odd count, so
 // the flat buffer is padded for 2 and 4 ranks. The checkpoint's moments are the gathered shards.
 namespace {
-std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
+using testing::with;
 const std::vector<std::string> kOddModel = {"--set", "model.n_embd=33", "--set", "model.n_head=3"};
 const std::vector<std::string> kZero = with(kOddModel, {"--set", "parallel.zero=1"});
-
-
 }  // namespace
 
 TEST(DataParallelTraining, ZeroOneEqualsTheOneRankRun) {

@@ -11,6 +11,7 @@
 namespace tessera {
 namespace {
 namespace fs = std::filesystem;
+using testing::with;
 
 // Four heads (tp 4 splits them), two KV heads for llama (tp 4 replicates them); vocabulary 14
 // (digits, '+', '=', ...) is padded on every tp > 1.
@@ -23,10 +24,9 @@ std::string config(const std::string& preset) {
 }
 
 std::vector<std::string> settings(int steps, std::vector<std::string> extra = {}) {
-  std::vector<std::string> s = {"--set", "train.steps=" + std::to_string(steps), "--set", "train.global_batch=8",
-                                "--set", "train.micro_batch=2", "--set", "log.every=1", "--set", "checkpoint.every=6"};
-  s.insert(s.end(), extra.begin(), extra.end());
-  return s;
+  return with({"--set", "train.steps=" + std::to_string(steps), "--set", "train.global_batch=8", "--set",
+               "train.micro_batch=2", "--set", "log.every=1", "--set", "checkpoint.every=6"},
+              extra);
 }
 
 struct Layout {
@@ -35,10 +35,6 @@ struct Layout {
   std::vector<std::string> sets;
 };
 
-std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
 const std::vector<std::string> kZero = {"--set", "parallel.zero=1"};
 
 std::vector<std::string> tp_sets(int tp, bool sp) {
