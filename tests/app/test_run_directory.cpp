@@ -169,9 +169,13 @@ TEST(RunDirectory, UserFilesAndJunkAreNeverDeletedNorResumed) {
   const TrainRun run = make_run("rundir_userfiles");
   RunResult r = run.train({"train.steps=6", "checkpoint.every=3", "checkpoint.keep_last=2"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  fs::copy_file(run.ckpts() / "step_00000006.h5", run.ckpts() / "step_00000006_best_keep.h5");
-  std::ofstream(run.ckpts() / "step_notes.h5") << "my notes\n";
-  std::ofstream(run.ckpts() / "step_99999999.h5") << "not a checkpoint\n";
+  fs::copy_file(run.ckpts() / "step_00000006.h5", run.dir / "best.h5");
+  auto add_user_files = [&] {
+    fs::copy_file(run.dir / "best.h5", run.ckpts() / "step_00000006_best_keep.h5", fs::copy_options::overwrite_existing);
+    std::ofstream(run.ckpts() / "step_notes.h5") << "my notes\n";
+    std::ofstream(run.ckpts() / "step_99999999.h5") << "not a checkpoint\n";
+  };
+  add_user_files();
   const std::vector<std::string> users = {"step_00000006_best_keep.h5", "step_99999999.h5", "step_notes.h5"};
 
   r = run.train({"train.steps=12", "checkpoint.every=3", "checkpoint.keep_last=2"});
@@ -184,6 +188,7 @@ TEST(RunDirectory, UserFilesAndJunkAreNeverDeletedNorResumed) {
 
   // With no checkpoint of tessera's own left, "auto" must not pick the user's copy (or the junk).
   for (const char* f : {"latest", "step_00000009.h5", "step_00000012.h5"}) fs::remove(run.ckpts() / f);
+  add_user_files();  // whatever happened above, this part checks resume on its own
   r = run.train({"train.steps=3", "checkpoint.keep_last=1"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.find("resumed from"), std::string::npos) << r.output;
