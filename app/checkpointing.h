@@ -1,8 +1,9 @@
 // The trainer's side of checkpoints: which state goes into a file (parameters, AdamW moments and
 // step, data position, seeds, config, run id), the file names (step_00001000.h5, written under a
 // .tmp name and renamed when complete; `latest` names the newest complete one), pruning to
-// keep_last (only this run's own files), and which file a run resumes from. A file is written on a background thread from a host copy
-// of the state, so training waits only for the copy. The format itself is app/checkpoint_io.h.
+// keep_last (this run's own files only), and which file a run resumes from. A file is written on
+// a background thread from a host copy of the state, so training waits only for the copy. The
+// format itself is app/checkpoint_io.h.
 #pragma once
 
 #include <mpi.h>
@@ -97,7 +98,7 @@ std::optional<int64_t> checkpoint_step(const std::string& file_name);
 // "20250131T120000Z-0123456789abcdef".
 std::string new_run_id();
 // The checkpoint to resume from: resume = "none" -> none; "auto" -> the file `latest` names, or
-// else the newest step_*.h5 in dir that opens cleanly (a file cut short by a crash is skipped
+// else the newest checkpoint (checkpoint_step names only) in dir that opens cleanly (a file cut short by a crash is skipped
 // with a warning); anything else -> that path, which must open. Collective over comm.
 std::optional<std::string> find_resume_checkpoint(const std::string& dir, const std::string& resume, MPI_Comm comm);
 

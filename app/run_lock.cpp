@@ -46,7 +46,10 @@ std::string read_all(int fd) {
 
 // Whether path is dir or lies under it (both resolved as far as they exist: symlinks, "..").
 bool is_within(const fs::path& path, const fs::path& dir) {
-  const fs::path rel = fs::weakly_canonical(path).lexically_relative(fs::weakly_canonical(dir));
+  std::error_code ec1, ec2;
+  fs::path p = fs::weakly_canonical(fs::absolute(path), ec1), d = fs::weakly_canonical(fs::absolute(dir), ec2);
+  if (ec1 || ec2) p = fs::absolute(path).lexically_normal(), d = fs::absolute(dir).lexically_normal();
+  const fs::path rel = p.lexically_relative(d);
   return !rel.empty() && *rel.begin() != "..";
 }
 
@@ -106,7 +109,9 @@ std::vector<RunLock> lock_run_directories(const std::string& run_dir, const std:
   std::vector<RunLock> locks;
   if (!run_dir.empty()) locks.emplace_back(run_dir);
   if (!checkpoint_dir.empty() && (run_dir.empty() || !is_within(checkpoint_dir, run_dir))) {
-    fs::create_directories(checkpoint_dir);
+    std::error_code ec;
+    fs::create_directories(checkpoint_dir, ec);
+    TESSERA_CHECK(!ec, "cannot create checkpoint.dir ", checkpoint_dir, ": ", ec.message());
     locks.emplace_back(checkpoint_dir);
   }
   return locks;

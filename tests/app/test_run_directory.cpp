@@ -83,6 +83,16 @@ pid_t spawn_tessera(const std::vector<std::string>& args, const fs::path& log) {
   return pid;
 }
 
+// Kills and reaps a background process on scope exit, so a failed assertion leaves none running.
+struct Reaper {
+  pid_t pid;
+  ~Reaper() {
+    if (pid <= 0) return;
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+};
+
 bool wait_for_nonempty(const fs::path& file, std::chrono::seconds limit) {
   const auto deadline = std::chrono::steady_clock::now() + limit;
   while (!fs::exists(file) || fs::file_size(file) == 0) {
@@ -234,12 +244,32 @@ TEST(RunLock, SecondHolderIsRefusedWithTheHolderNamed) {
   fs::remove_all(dir);
 }
 
+// A checkpoint.dir inside the run directory shares its lock; one outside gets its own.
+TEST(RunLock, CheckpointDirOutsideTheRunDirectoryIsLockedToo) {
+  const fs::path dir = testing::temp_dir("runlock_dirs");
+  fs::create_directories(dir / "run");
+  auto lock_paths = [&](const fs::path& ckpt) {
+    std::vector<std::string> paths;
+    for (const RunLock& l : lock_run_directories((dir / "run").string(), ckpt.string())) paths.push_back(l.path());
+    return paths;
+  };
+  const std::string run_lock = (dir / "run" / ".tessera.lock").string();
+  EXPECT_EQ(lock_paths(dir / "run" / "checkpoints"), std::vector<std::string>{run_lock});
+  EXPECT_EQ(lock_paths(dir / "run" / "x" / ".." / "ckpt"), std::vector<std::string>{run_lock});
+  EXPECT_EQ(lock_paths(dir / "run"), std::vector<std::string>{run_lock});
+  EXPECT_EQ(lock_paths(dir / "run" / ".." / "shared"),
+            (std::vector<std::string>{run_lock, (dir / "run" / ".." / "shared" / ".tessera.lock").string()}));
+  EXPECT_EQ(lock_paths(dir / "runx"), (std::vector<std::string>{run_lock, (dir / "runx" / ".tessera.lock").string()}));
+  fs::remove_all(dir);
+}
+
 // Issue #11: two jobs on one run directory. The second stops at once, naming the first (host and
 // PID) and the lock file, and leaves the first's metrics alone; after the first is killed with
 // SIGKILL, and after a normal exit, the next job takes the lock.
 TEST(RunDirectory, SecondJobOnALockedRunDirectoryStopsAtOnce) {
   const TrainRun run = make_run("rundir_lock");
   const pid_t first = spawn_tessera(run.args({"train.steps=100000"}), run.dir / "first.txt");
+  Reaper reaper{first};
   ASSERT_TRUE(wait_for_nonempty(run.run() / "metrics.jsonl", std::chrono::seconds(60)))
       << testing::read_file(run.dir / "first.txt");
   const auto t0 = std::chrono::steady_clock::now();
@@ -255,6 +285,7 @@ TEST(RunDirectory, SecondJobOnALockedRunDirectoryStopsAtOnce) {
   kill(first, SIGKILL);
   int status = 0;
   waitpid(first, &status, 0);
+  reaper.pid = 0;
   EXPECT_TRUE(WIFSIGNALED(status));
   const std::string metrics = testing::read_file(run.run() / "metrics.jsonl");
   EXPECT_EQ(metrics.find("\"step\": 3,"), metrics.rfind("\"step\": 3,")) << "one writer: " << metrics;
