@@ -1,16 +1,21 @@
-// CheckpointWriter (snapshot, background write, rename, `latest`, pruning) and resume.
+// CheckpointWriter (snapshot, background write, rename, `latest`, pruning), run ids and resume.
 #include "app/checkpointing.h"
 
 #include <fcntl.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <random>
+#include <sstream>
 
 #include "kernels/check.h"
 #include "parallel/mpi.h"
@@ -72,18 +77,12 @@ void write_atomically(const std::string& path, const std::string& text) {
   fs::rename(tmp, path);
 }
 
-int64_t step_of(const fs::path& p) {
-  const std::string name = p.filename().string();
-  if (name.rfind("step_", 0) != 0 || p.extension() != ".h5") return -1;
-  return std::atoll(name.c_str() + 5);
-}
-
-// Complete checkpoints in dir, newest first.
+// Checkpoints in dir (names as checkpoint_file_name writes them), newest first.
 std::vector<std::string> checkpoints_newest_first(const std::string& dir) {
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec))
-    if (step_of(entry.path()) >= 0) found.emplace_back(step_of(entry.path()), entry.path().string());
+    if (auto step = checkpoint_step(entry.path().filename().string())) found.emplace_back(*step, entry.path().string());
   std::sort(found.rbegin(), found.rend());
   std::vector<std::string> out;
   for (auto& f : found) out.push_back(f.second);
@@ -108,9 +107,36 @@ std::string checkpoint_file_name(int64_t step) {
   return buf;
 }
 
-CheckpointWriter::CheckpointWriter(std::string dir, int64_t keep_last, MPI_Comm comm)
-    : dir_(std::move(dir)), keep_last_(keep_last) {
+std::optional<int64_t> checkpoint_step(const std::string& name) {
+  const size_t digits = name.size() - std::min(name.size(), std::strlen("step_") + std::strlen(".h5"));
+  if (digits < 8 || digits > 18 || !name.starts_with("step_") || !name.ends_with(".h5")) return std::nullopt;
+  const std::string number = name.substr(5, digits);
+  if (!std::all_of(number.begin(), number.end(), [](char c) { return c >= '0' && c <= '9'; })) return std::nullopt;
+  const int64_t step = std::stoll(number);
+  // Only the one spelling tessera writes: "step_000000042.h5" (9 digits) is not step 42's name.
+  if (checkpoint_file_name(step) != name) return std::nullopt;
+  return step;
+}
+
+std::string new_run_id() {
+  uint64_t bits = 0;
+  // getrandom(2): the kernel's entropy pool, never a time-seeded generator (two jobs started in
+  // the same second on two nodes must differ). random_device reads the same pool if it fails.
+  if (::getrandom(&bits, sizeof bits, 0) != static_cast<ssize_t>(sizeof bits))
+    bits = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  ::gmtime_r(&now, &utc);
+  char buf[64];
+  const size_t n = std::strftime(buf, sizeof buf, "%Y%m%dT%H%M%SZ", &utc);
+  std::snprintf(buf + n, sizeof buf - n, "-%016llx", static_cast<unsigned long long>(bits));
+  return buf;
+}
+
+CheckpointWriter::CheckpointWriter(std::string dir, int64_t keep_last, MPI_Comm comm, CheckpointRun run)
+    : dir_(std::move(dir)), keep_last_(keep_last), run_id_(std::move(run.id)), own_(std::move(run.files)) {
   MPI_Comm_dup(comm, &comm_);
+  if (run_id_.empty()) run_id_ = broadcast_bytes(comm_, comm_rank(comm_) == 0 ? new_run_id() : "", 0);
   if (comm_rank(comm_) == 0) fs::create_directories(dir_);
   MPI_Barrier(comm_);
 }
@@ -134,6 +160,7 @@ void CheckpointWriter::save(const TrainingState& st) {
   snap->meta.consumed_samples = st.consumed_samples;
   snap->meta.tokens_seen = st.tokens_seen;
   snap->meta.config_toml = st.config_toml;
+  snap->meta.extra[kRunIdKey] = run_id_;
   snap->groups["/optim"]["step"] = st.optimizer.steps;
   snap->groups["/data"]["consumed_samples"] = st.consumed_samples;
   if (!st.seeds.empty()) snap->groups["/rng"] = st.seeds;
@@ -172,9 +199,32 @@ void CheckpointWriter::publish(const std::string& tmp, const std::string& final_
   }
   fs::rename(tmp, final_path);
   fsync_path(dir_, O_RDONLY | O_DIRECTORY);
-  write_atomically((fs::path(dir_) / "latest").string(), fs::path(final_path).filename().string() + "\n");
-  const auto all = checkpoints_newest_first(dir_);
-  for (size_t i = static_cast<size_t>(keep_last_); i < all.size(); ++i) fs::remove(all[i]);
+  const std::string name = fs::path(final_path).filename().string();
+  write_atomically((fs::path(dir_) / "latest").string(), name + "\n");
+  prune(name);
+}
+
+// Deletes this run's checkpoints beyond the newest keep_last, newest meaning most recently saved:
+// this process's saves, after the files of this run that were in the directory when it resumed
+// (by step). Nothing else is ever deleted: not another run's files (a reused directory), not a
+// name tessera does not write (step_best.h5), not a file that does not open, and never the file
+// `latest` names, which is the one just saved.
+void CheckpointWriter::prune(const std::string& latest) {
+  std::erase(own_, latest);
+  own_.push_back(latest);
+  std::vector<std::string> kept;
+  for (size_t i = 0; i < own_.size(); ++i) {
+    if (i + static_cast<size_t>(keep_last_) >= own_.size() || own_[i] == latest) {
+      kept.push_back(own_[i]);
+      continue;
+    }
+    std::error_code ec;
+    fs::remove(fs::path(dir_) / own_[i], ec);
+    // A file that cannot be deleted costs disk space, not the run.
+    if (ec) std::cerr << "warning: cannot delete old checkpoint " << (fs::path(dir_) / own_[i]).string() << ": "
+                      << ec.message() << "\n";
+  }
+  own_ = std::move(kept);
 }
 
 std::optional<std::string> find_resume_checkpoint(const std::string& dir, const std::string& resume, MPI_Comm comm) {
@@ -197,6 +247,89 @@ std::optional<std::string> find_resume_checkpoint(const std::string& dir, const 
     if (comm_rank(comm) == 0) std::cerr << "warning: skipping checkpoint " << p << ": " << why << "\n";
   }
   return std::nullopt;
+}
+
+namespace {
+
+struct FoundCheckpoint {
+  std::string name;
+  std::string run_id;  // "" for files written before run ids existed
+};
+
+std::string run_id_of(const CheckpointReader& r) {
+  const auto it = r.meta().extra.find(kRunIdKey);
+  return it != r.meta().extra.end() && std::holds_alternative<std::string>(it->second)
+             ? std::get<std::string>(it->second)
+             : "";
+}
+
+// The checkpoints in dir that open cleanly, oldest first, with their run ids. Each file is opened
+// by this process alone (rank 0 of the job), so the other ranks need not take part.
+std::vector<FoundCheckpoint> readable_checkpoints(const std::string& dir) {
+  auto paths = checkpoints_newest_first(dir);
+  std::reverse(paths.begin(), paths.end());
+  std::vector<FoundCheckpoint> out;
+  for (const auto& p : paths) {
+    try {
+      CheckpointReader r(p, MPI_COMM_SELF);
+      out.push_back({fs::path(p).filename().string(), run_id_of(r)});
+    } catch (const Error&) {
+      // Not a checkpoint (junk under a checkpoint's name, a file cut short): nobody's, left alone.
+    }
+  }
+  return out;
+}
+
+std::string refusal(const std::string& dir, const std::string& resume, const std::vector<FoundCheckpoint>& found) {
+  std::map<std::string, std::vector<std::string>> by_run;
+  for (const auto& f : found) by_run[f.run_id].push_back(f.name);
+  std::ostringstream os;
+  os << "checkpoint directory " << dir << " holds checkpoints of another run (";
+  const char* sep = "";
+  for (const auto& [id, names] : by_run) {
+    os << sep << (id.empty() ? "written before run ids" : "run " + id) << ": ";
+    for (size_t i = 0; i < names.size() && i < 6; ++i) os << (i ? ", " : "") << names[i];
+    if (names.size() > 6) os << " and " << names.size() - 6 << " more";
+    sep = "; ";
+  }
+  os << "), and this run would start fresh ("
+     << (resume == "none" ? "checkpoint.resume = \"none\"" : "checkpoint.resume = \"auto\" found none it can resume")
+     << "), so keep_last pruning and a later resume could mix the two runs. Set checkpoint.resume = \"auto\" to "
+        "continue that run, or checkpoint.overwrite = true to start a new run here anyway (the other run's files "
+        "are left in place and never pruned; a save at the same step replaces its file), or use another run "
+        "directory (--run-dir or train.name) or checkpoint.dir";
+  return os.str();
+}
+
+}  // namespace
+
+RunStart start_run(const std::string& dir, const std::string& resume, bool overwrite, MPI_Comm comm) {
+  RunStart start;
+  start.resume_from = find_resume_checkpoint(dir, resume, comm);
+  std::string error, id;
+  if (comm_rank(comm) == 0) {
+    try {
+      const std::vector<FoundCheckpoint> found = readable_checkpoints(dir);
+      if (start.resume_from) {
+        id = run_id_of(CheckpointReader(*start.resume_from, MPI_COMM_SELF));
+        if (id.empty()) {
+          id = new_run_id();
+          std::cerr << "note: " << *start.resume_from << " has no run id (written by an older tessera); this run "
+                    << "continues as run " << id << ", and checkpoints without a run id are never pruned\n";
+        }
+        for (const auto& f : found)
+          if (f.run_id == id) start.run.files.push_back(f.name);
+      } else {
+        if (!found.empty() && !overwrite) error = refusal(dir, resume, found);
+        id = new_run_id();
+      }
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  throw_if_any_failed(comm, error);
+  start.run.id = broadcast_bytes(comm, id, 0);
+  return start;
 }
 
 namespace {

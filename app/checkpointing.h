@@ -1,8 +1,9 @@
 // The trainer's side of checkpoints: which state goes into a file (parameters, AdamW moments and
-// step, data position, seeds, config), the file names (step_00001000.h5, written under a .tmp
-// name and renamed when complete; `latest` names the newest complete one), pruning to keep_last,
-// and which file a run resumes from. A file is written on a background thread from a host copy
-// of the state, so training waits only for the copy. The format itself is app/checkpoint_io.h.
+// step, data position, seeds, config, run id), the file names (step_00001000.h5, written under a
+// .tmp name and renamed when complete; `latest` names the newest complete one), pruning to
+// keep_last (this run's own files only), and which file a run resumes from. A file is written on
+// a background thread from a host copy of the state, so training waits only for the copy. The
+// format itself is app/checkpoint_io.h.
 #pragma once
 
 #include <mpi.h>
@@ -43,10 +44,22 @@ struct TrainingState {
   bool writes_replicated = true; // false on tp ranks > 0: tensors every tp rank holds whole are written once
 };
 
+// The /meta attribute naming the run a checkpoint belongs to (CheckpointMeta::extra).
+inline constexpr const char* kRunIdKey = "run_id";
+
+// A run as its checkpoint directory knows it: its id, made when the run starts fresh and inherited
+// when it resumes, stored in every checkpoint it writes; and the checkpoints of this run already in
+// the directory (a resumed run's, oldest first; known on rank 0), which pruning may delete.
+struct CheckpointRun {
+  std::string id;
+  std::vector<std::string> files;  // file names in dir
+};
+
 class CheckpointWriter {
  public:
   // comm is duplicated: the writer thread's collective I/O never mixes with training's messages.
-  CheckpointWriter(std::string dir, int64_t keep_last, MPI_Comm comm);
+  // run.id empty: a new run id (collective).
+  CheckpointWriter(std::string dir, int64_t keep_last, MPI_Comm comm, CheckpointRun run = {});
   ~CheckpointWriter();  // waits for a pending write
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
@@ -56,6 +69,7 @@ class CheckpointWriter {
   // Blocks until the pending write has finished; rethrows its error.
   void wait();
   const std::string& dir() const { return dir_; }
+  const std::string& run_id() const { return run_id_; }
   // The file the last finished save wrote.
   std::string last_path() const { return last_path_; }
 
@@ -63,8 +77,11 @@ class CheckpointWriter {
   struct Snapshot;
   void write(std::shared_ptr<Snapshot> snap);
   void publish(const std::string& tmp, const std::string& final_path);
+  void prune(const std::string& latest);
   std::string dir_;
   int64_t keep_last_;
+  std::string run_id_;
+  std::vector<std::string> own_;  // this run's checkpoint names in dir_, oldest first (rank 0)
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::thread thread_;
   std::exception_ptr error_;
@@ -73,10 +90,27 @@ class CheckpointWriter {
 
 // "step_00001000.h5"
 std::string checkpoint_file_name(int64_t step);
+// The step of a name checkpoint_file_name writes (^step_[0-9]{8}\.h5$, more digits only past step
+// 99,999,999); nullopt for any other name (step_notes.h5, step_00000006_best.h5): only such names
+// are listed, resumed from or pruned.
+std::optional<int64_t> checkpoint_step(const std::string& file_name);
+// A new run id: the UTC start time and 64 random bits from the kernel's entropy source,
+// "20250131T120000Z-0123456789abcdef".
+std::string new_run_id();
 // The checkpoint to resume from: resume = "none" -> none; "auto" -> the file `latest` names, or
-// else the newest step_*.h5 in dir that opens cleanly (a file cut short by a crash is skipped
+// else the newest checkpoint (checkpoint_step names only) in dir that opens cleanly (a file cut short by a crash is skipped
 // with a warning); anything else -> that path, which must open. Collective over comm.
 std::optional<std::string> find_resume_checkpoint(const std::string& dir, const std::string& resume, MPI_Comm comm);
+
+// How a run starts in its checkpoint directory (collective over comm): the checkpoint it resumes
+// from (find_resume_checkpoint) and the run it continues, whose id is read from that file; or,
+// starting fresh, a new run. A fresh start in a directory holding checkpoints that open cleanly
+// (another run's) is refused, naming them and the ways out, unless overwrite is set.
+struct RunStart {
+  std::optional<std::string> resume_from;
+  CheckpointRun run;
+};
+RunStart start_run(const std::string& dir, const std::string& resume, bool overwrite, MPI_Comm comm);
 
 struct RestoredState {
   int64_t step = 0, consumed_samples = 0, tokens_seen = 0;

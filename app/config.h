@@ -235,6 +235,7 @@ struct CheckpointConfig {
   bool at_end = true;
   int64_t keep_last = 3;
   std::string resume = "auto";
+  bool overwrite = false;
 
   template <class V>
   void visit(V& v) {
@@ -246,6 +247,8 @@ struct CheckpointConfig {
     v.field("keep_last", keep_last, "checkpoints kept; older ones are deleted", Allowed::at_least(1));
     v.field("resume", resume, "auto = the newest checkpoint in dir if there is one; none = start "
             "fresh; anything else = the path of a checkpoint to resume from", Allowed::any());
+    v.field("overwrite", overwrite, "start fresh even where dir holds another run's checkpoints (refused "
+            "otherwise); they stay, never pruned, and a save at the same step replaces its file", Allowed::any());
   }
   bool operator==(const CheckpointConfig&) const = default;
 };

@@ -17,6 +17,7 @@
 
 #include "app/build_info.h"
 #include "app/evaluate.h"
+#include "app/run_lock.h"
 #include "kernels/backend_info.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
@@ -79,8 +80,11 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm)
   flops_per_token_ = flops_per_token(mc, cfg_.train.seq_len);
   const std::string ckpt_dir = checkpoint_dir(cfg_, run_dir_);
   if (!ckpt_dir.empty() && comm != MPI_COMM_NULL) {
-    ckpt_ = std::make_unique<CheckpointWriter>(ckpt_dir, cfg_.checkpoint.keep_last, comm);
-    if (auto path = find_resume_checkpoint(ckpt_dir, cfg_.checkpoint.resume, comm)) {
+    // Which checkpoint to continue, and whose: a fresh start over another run's files is refused here,
+    // before metrics.jsonl is opened (and truncated).
+    const RunStart start = start_run(ckpt_dir, cfg_.checkpoint.resume, cfg_.checkpoint.overwrite, comm);
+    ckpt_ = std::make_unique<CheckpointWriter>(ckpt_dir, cfg_.checkpoint.keep_last, comm, start.run);
+    if (const auto& path = start.resume_from) {
       const FullOptimizerState moments = opt_->state_buffers();
       const RestoredState st = restore_training_state(*path, *params_, moments.state, comm);
       opt_->load_state(moments.state, st.optimizer_steps);
@@ -331,6 +335,7 @@ void Trainer::print_header() {
     os << "\nlayout: " << grid_.world_size() << " ranks = tp " << grid_.tp_size() << " x dp " << grid_.dp_size()
        << (grid_.tp_size() > 1 && cfg_.parallel.sequence_parallel ? " (sequence parallel)" : "") << "; "
        << params_->numel() << " parameters per rank";
+  if (ckpt_) os << "\nrun id " << ckpt_->run_id();
   progress_.message(os.str());
   if (!resumed_from_.empty())
     progress_.message("resumed from " + resumed_from_ + " at step " + std::to_string(start_step_));
@@ -484,30 +489,40 @@ int run_train_command(const TrainArgs& args) {
   // raised together so that one message is printed and every rank exits.
   Config cfg;
   std::string dir, error;
+  std::vector<RunLock> locks;  // rank 0's, held until return; the kernel drops them if the process dies
   try {
     cfg = load_config(args.config_path, args.overrides);
     if (!args.print_config) {
       check_supported(cfg);
       dir = args.run_dir.empty() ? run_dir(cfg) : args.run_dir;
-      if (lead) std::filesystem::create_directories(dir);
+      if (lead) {
+        std::filesystem::create_directories(dir);
+        // One job per run directory, before anything in it is written: a second one would
+        // overwrite config.toml, interleave metrics.jsonl and race on `latest`.
+        locks = lock_run_directories(dir, checkpoint_dir(cfg, dir));
+        for (const RunLock& l : locks)
+          if (!l.warning().empty()) std::cerr << l.warning() << "\n";
+      }
     }
   } catch (const Error& e) {
     error = e.what();
   }
-  throw_if_any_failed(world, error);
+  throw_if_any_failed(world, error);  // a held lock stops every rank with one message
   if (args.print_config) {
     if (lead) std::cout << to_toml(cfg);
     return kExitOk;
   }
-  if (lead) {
-    std::ofstream out(dir + "/config.toml");
-    TESSERA_CHECK(out.is_open(), "cannot write ", dir, "/config.toml");
-    out << to_toml(cfg);
-    std::cout << build_info();
-  }
+  if (lead) std::cout << build_info();
   std::unique_ptr<Trainer> trainer;
   try {
     trainer = std::make_unique<Trainer>(cfg, dir, world);
+    // Written once the Trainer has accepted the directory (a refused fresh start leaves the old
+    // run's config.toml as it was).
+    if (lead) {
+      std::ofstream out(dir + "/config.toml");
+      TESSERA_CHECK(out.is_open(), "cannot write ", dir, "/config.toml");
+      out << to_toml(cfg);
+    }
   } catch (const Error& e) {
     error = e.what();
   }

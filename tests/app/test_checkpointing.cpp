@@ -156,7 +156,8 @@ TEST(Checkpointing, AtEndFalseSavesOnlyThePeriodicCheckpoints) {
   r = run.train({"train.steps=7", "checkpoint.at_end=false", "checkpoint.every=2", "checkpoint.resume=\"none\""});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(saved(), (std::vector<std::string>{"latest", "step_00000002.h5", "step_00000004.h5", "step_00000006.h5"}));
-  r = run.train({"train.steps=8", "checkpoint.at_end=false", "checkpoint.every=2", "checkpoint.resume=\"none\""});
+  r = run.train({"train.steps=8", "checkpoint.at_end=false", "checkpoint.every=2", "checkpoint.resume=\"none\"",
+                 "checkpoint.overwrite=true"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(saved(), (std::vector<std::string>{"latest", "step_00000004.h5", "step_00000006.h5", "step_00000008.h5"}))
       << "keep_last = 3";
