@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <ctime>
 #include <sstream>
 
@@ -38,6 +37,13 @@ std::string seconds(double s) {
   return os.str();
 }
 
+// Seconds to nanoseconds; 0 for a value that is not positive (or NaN); at most 1e9 s (31 years:
+// never), so that a huge or infinite allowance cannot overflow.
+int64_t allowance_ns(double s) {
+  if (!(s > 0)) return 0;
+  return std::max<int64_t>(1, static_cast<int64_t>(std::min(s, 1e9) * 1e9));
+}
+
 std::string join(const std::vector<int64_t>& ranks) {
   std::string s;
   for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
@@ -47,11 +53,9 @@ std::string join(const std::vector<int64_t>& ranks) {
 }  // namespace
 
 WaitSlot::WaitSlot(std::string group, std::vector<int64_t> world_ranks, double allowance_s)
-    : group_(std::move(group)),
-      world_ranks_(std::move(world_ranks)),
-      allowance_ns_(std::isfinite(allowance_s) && allowance_s > 0 ? static_cast<int64_t>(allowance_s * 1e9) : 0) {
-  TESSERA_CHECK(allowance_ns_ > 0, "WaitSlot ", group_, ": the allowance must be a positive, finite number of "
-                "seconds, got ", allowance_s);
+    : group_(std::move(group)), world_ranks_(std::move(world_ranks)), allowance_ns_(allowance_ns(allowance_s)) {
+  TESSERA_CHECK(allowance_ns_ > 0, "WaitSlot ", group_, ": the allowance must be a positive number of seconds, got ",
+                allowance_s);
 }
 
 void WaitSlot::begin(const char* what, int64_t bytes, int peer) noexcept {

@@ -21,7 +21,8 @@ namespace tessera {
 // (begin/end never nest on one slot); the watchdog thread reads it concurrently, without locks.
 class WaitSlot {
  public:
-  // group: what the report calls it ("dp group"); world_ranks: its members; allowance_s > 0.
+  // group: what the report calls it ("dp group"); world_ranks: its members; allowance_s > 0
+  // (beyond 1e9 s, including infinity: never).
   WaitSlot(std::string group, std::vector<int64_t> world_ranks, double allowance_s);
   WaitSlot(const WaitSlot&) = delete;
   WaitSlot& operator=(const WaitSlot&) = delete;

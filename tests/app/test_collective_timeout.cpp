@@ -2,7 +2,7 @@
 // a few seconds after the timeout, with exit code 124 and a report from rank 0 naming the
 // collective, its group and the peer; a watched run that nobody stops is unchanged; bad values are
 // refused. Every run here has its own deadline, so a regression fails instead of hanging ctest
-// (which also has a TIMEOUT for these tests, tests/CMakeLists.txt).
+// (which also has a TIMEOUT for these tests: tests/CMakeLists.txt lists them by name).
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -176,9 +176,9 @@ TEST(CollectiveTimeout, AStoppedRankEndsTheJobNamingTheCollective) {
   std::printf("[ ended    ] %.1f s after SIGSTOP, exit %d: %s\n", seconds, *code,
               report == std::string::npos ? "no report" : out.substr(report, out.find('\n', report) - report).c_str());
   EXPECT_EQ(*code, 124) << out;
-  // 2 s of waiting, at most 0.2 s to notice, 0.5 s for the message to get out, then the abort; the
-  // rest is slack for a shared machine.
-  EXPECT_GT(seconds, 2.0) << out;
+  // 2 s of waiting (which may have begun a little before the stop), at most 0.2 s to notice, 0.5 s
+  // for the message to get out, then the abort; the rest is slack for a shared machine.
+  EXPECT_GT(seconds, 1.0) << out;
   EXPECT_LT(seconds, 12.0) << out;
   EXPECT_NE(out.find("tessera: error: collective timeout (parallel.timeout_s = 2): world rank 0 waited 2."),
             std::string::npos) << out;

@@ -98,11 +98,14 @@ TEST(Watchdog, PointToPointNamesThePeerAndOtherWaitsInFlight) {
   EXPECT_TRUE(contains(reports[0], " in checkpoint save on the world group")) << reports[0];
 }
 
-TEST(Watchdog, RefusesAnAllowanceThatIsNotAPositiveNumber) {
+TEST(Watchdog, RefusesAnAllowanceThatIsNotPositive) {
   Recorder rec;
   Watchdog dog(0, rec.callback());
-  for (double bad : {0.0, -1.0, std::numeric_limits<double>::infinity(), std::nan("")})
+  for (double bad : {0.0, -1.0, -std::numeric_limits<double>::infinity(), std::nan("")})
     EXPECT_THROW(dog.add_slot("dp group", {0, 1}, bad), Error) << bad;
+  // Huge allowances mean never, without overflowing the nanoseconds.
+  EXPECT_DOUBLE_EQ(dog.add_slot("dp group", {0, 1}, std::numeric_limits<double>::infinity()).allowance_s(), 1e9);
+  EXPECT_DOUBLE_EQ(dog.add_slot("dp group", {0, 1}, 1e300).allowance_s(), 1e9);
 }
 
 // What a watched wait adds to a collective: one steady-clock read and a few atomic stores. Measured
