@@ -30,9 +30,11 @@ std::string wall_clock_at(int64_t then_ns, int64_t now_ns) {
   return buf;
 }
 
+// A measured duration: "2.1 s" (always one decimal, so that 2.0 reads as measured).
 std::string seconds(double s) {
   std::ostringstream os;
-  os.precision(s < 10 ? 2 : 3);
+  os.setf(std::ios::fixed);
+  os.precision(1);
   os << s << " s";
   return os.str();
 }
@@ -137,7 +139,7 @@ std::string Watchdog::describe(const WaitSlot& s, const char* what, int64_t byte
                                int64_t now_ns) const {
   std::ostringstream os;
   os << "world rank " << world_rank_ << " waited " << seconds(static_cast<double>(now_ns - since_ns) * 1e-9)
-     << " (allowed " << seconds(s.allowance_s()) << ", since " << wall_clock_at(since_ns, now_ns) << ") in " << what;
+     << " (allowed " << s.allowance_s() << " s, since " << wall_clock_at(since_ns, now_ns) << ") in " << what;
   if (bytes > 0) os << " of " << format_bytes(static_cast<size_t>(bytes));
   os << " on the " << s.group_ << " (world ranks " << join(s.world_ranks_) << ")";
   const bool p2p = peer >= 0 && static_cast<size_t>(peer) < s.world_ranks_.size();
