@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <optional>
 #include <string>
@@ -209,6 +210,7 @@ struct ParallelConfig {
   int64_t zero = 0;
   double bucket_mb = 25.0;
   bool overlap_grad_reduce = true;
+  double timeout_s = 0.0;
 
   template <class V>
   void visit(V& v) {
@@ -225,6 +227,10 @@ struct ParallelConfig {
             Allowed::greater_than(0.0));
     v.field("overlap_grad_reduce", overlap_grad_reduce, "data parallel: start each bucket's reduction as soon "
             "as its gradients are final during backward (false: all after backward)", Allowed::any());
+    v.field("timeout_s", timeout_s, "a rank that waits this many seconds in one collective (a stopped, hung or "
+            "dead peer) names the collective, its group and ranks, and aborts the job (exit 124); waits for a "
+            "checkpoint save and the setup are allowed 4x; 0 = wait forever; production: 600-1800 "
+            "(docs/parallel.md)", Allowed::half_open(0.0, std::numeric_limits<double>::infinity()));
   }
   bool operator==(const ParallelConfig&) const = default;
 };

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <thread>
 
 #include "app/build_info.h"
 #include "app/evaluate.h"
@@ -49,9 +50,14 @@ void validate_layout(const Config& c, const ModelConfig& m, int64_t world) {
 }
 int64_t world_size_of(MPI_Comm comm) { return comm == MPI_COMM_NULL ? 1 : comm_size(comm); }
 int64_t world_rank_of(MPI_Comm comm) { return comm == MPI_COMM_NULL ? 0 : comm_rank(comm); }
+std::vector<int64_t> all_ranks(int64_t world) {
+  std::vector<int64_t> ranks(static_cast<size_t>(world));
+  for (int64_t r = 0; r < world; ++r) ranks[static_cast<size_t>(r)] = r;
+  return ranks;
+}
 }  // namespace
 
-Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm)
+Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, Watchdog* watchdog)
     : cfg_(cfg),
       run_dir_(run_dir),
       grid_(grid_degrees(cfg), world_size_of(comm), world_rank_of(comm)),
@@ -62,6 +68,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm)
       layout_{cfg.train.global_batch, cfg.train.micro_batch, grid_.dp_size(), grid_.dp_rank()},
       progress_(cfg.log.progress, grid_.rank() == 0) {
   if (comm != MPI_COMM_NULL && grid_.world_size() > 1) comms_ = std::make_unique<GridComms>(grid_, comm);
+  if (watchdog && comms_) comms_->watch(*watchdog, grid_, cfg_.parallel.timeout_s);
   const ModelConfig mc = resolve(to_model_config(cfg_, data_.vocab_size));
   validate_layout(cfg_, mc, grid_.world_size());
   // The tp ranks of a dp replica hold one model between them and read the same batches.
@@ -84,6 +91,11 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm)
     // before metrics.jsonl is opened (and truncated).
     const RunStart start = start_run(ckpt_dir, cfg_.checkpoint.resume, cfg_.checkpoint.overwrite, comm);
     ckpt_ = std::make_unique<CheckpointWriter>(ckpt_dir, cfg_.checkpoint.keep_last, comm, start.run);
+    // The writer's collective HDF5 I/O runs on its own thread, out of any communicator's sight; the
+    // main thread's waits for it are watched as one region.
+    if (watchdog)
+      ckpt_wait_ = &watchdog->add_slot("world group", all_ranks(grid_.world_size()),
+                                       kRegionTimeoutFactor * cfg_.parallel.timeout_s);
     if (const auto& path = start.resume_from) {
       const FullOptimizerState moments = opt_->state_buffers();
       const RestoredState st = restore_training_state(*path, *params_, moments.state, comm);
@@ -354,7 +366,13 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   st.seeds = {{"train_seed", cfg_.train.seed}, {"data_seed", cfg_.data.seed}};
   st.writes_tensors = grid_.dp_rank() == 0;     // replicas hold the same values
   st.writes_replicated = grid_.tp_rank() == 0;  // as do tp ranks, for what they hold whole
+  WatchedWait watched(ckpt_wait_, "checkpoint save (waiting for the previous one, copying the state)");
   ckpt_->save(st);
+}
+
+void Trainer::wait_for_checkpoint() {
+  WatchedWait watched(ckpt_wait_, "checkpoint save (waiting for the writer thread)");
+  ckpt_->wait();
 }
 
 // Why the loop should stop after this step, if it should (and with which exit code). Every rank
@@ -429,7 +447,7 @@ TrainSummary Trainer::run() {
     if (auto why = stop_reason(stop, done, seconds_since(t_start) / 60.0)) {
       save_checkpoint(done);
       if (ckpt_) {
-        ckpt_->wait();
+        wait_for_checkpoint();
         progress_.message(why->first + ": saved " + ckpt_->last_path() + " after step " + std::to_string(done) +
                           "; run the same command to resume");
       } else {
@@ -447,7 +465,7 @@ TrainSummary Trainer::run() {
     evaluate(summary.steps_done, summary);
     if (summary.steps_done > start_step_ && cfg_.checkpoint.at_end) save_checkpoint(summary.steps_done);
   }
-  if (ckpt_) ckpt_->wait();
+  if (ckpt_) wait_for_checkpoint();
   summary.elapsed_s = seconds_since(t_start);
   progress_.finish();
   return summary;
@@ -481,6 +499,22 @@ void share_cores_between_ranks(MPI_Comm world) {
     omp_set_num_threads(std::max(1, omp_get_num_procs() / local));
 }
 
+namespace {
+// parallel.timeout_s > 0 on more than one rank: a watchdog whose report ends the whole job (exit
+// kExitCollectiveTimeout) instead of leaving it waiting forever on a stopped or dead rank.
+std::unique_ptr<Watchdog> collective_watchdog(double timeout_s, MPI_Comm world) {
+  if (timeout_s <= 0 || comm_size(world) < 2) return nullptr;
+  return std::make_unique<Watchdog>(comm_rank(world), [timeout_s, world](const std::string& report) {
+    std::fprintf(stderr, "tessera: error: collective timeout (parallel.timeout_s = %g): %s; aborting every rank\n",
+                 timeout_s, report.c_str());
+    std::fflush(nullptr);
+    // As in main(): MPICH's launcher can drop output it has not forwarded when the abort arrives.
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    MPI_Abort(world, kExitCollectiveTimeout);
+  });
+}
+}  // namespace
+
 int run_train_command(const TrainArgs& args) {
   MPI_Comm world = MPI_COMM_WORLD;  // the entry point: the one place the world is named
   const bool lead = comm_rank(world) == 0;
@@ -513,20 +547,28 @@ int run_train_command(const TrainArgs& args) {
     return kExitOk;
   }
   if (lead) std::cout << build_info();
+  // Declared before the trainer, which reports to it: destroyed after it.
+  const std::unique_ptr<Watchdog> watchdog = collective_watchdog(cfg.parallel.timeout_s, world);
   std::unique_ptr<Trainer> trainer;
-  try {
-    trainer = std::make_unique<Trainer>(cfg, dir, world);
-    // Written once the Trainer has accepted the directory (a refused fresh start leaves the old
-    // run's config.toml as it was).
-    if (lead) {
-      std::ofstream out(dir + "/config.toml");
-      TESSERA_CHECK(out.is_open(), "cannot write ", dir, "/config.toml");
-      out << to_toml(cfg);
+  {
+    WaitSlot* setup = watchdog ? &watchdog->add_slot("world group", all_ranks(comm_size(world)),
+                                                     kRegionTimeoutFactor * cfg.parallel.timeout_s)
+                               : nullptr;
+    WatchedWait watched(setup, "setup (communicators, checkpoint resume)");
+    try {
+      trainer = std::make_unique<Trainer>(cfg, dir, world, watchdog.get());
+      // Written once the Trainer has accepted the directory (a refused fresh start leaves the old
+      // run's config.toml as it was).
+      if (lead) {
+        std::ofstream out(dir + "/config.toml");
+        TESSERA_CHECK(out.is_open(), "cannot write ", dir, "/config.toml");
+        out << to_toml(cfg);
+      }
+    } catch (const Error& e) {
+      error = e.what();
     }
-  } catch (const Error& e) {
-    error = e.what();
+    throw_if_any_failed(world, error);
   }
-  throw_if_any_failed(world, error);
   const TrainSummary summary = trainer->run();
   if (lead) print_summary(summary, dir);
   return summary.exit_code;

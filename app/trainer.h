@@ -26,12 +26,25 @@
 #include "optim/schedule.h"
 #include "parallel/grid_comms.h"
 #include "parallel/process_grid.h"
+#include "parallel/watchdog.h"
 
 namespace tessera {
 
 // Exit codes of `tessera train` (docs/training.md).
 // 75 (EX_TEMPFAIL): preempted (SIGTERM/SIGUSR1), a checkpoint was saved; requeue to resume.
-enum TrainExit : int { kExitOk = 0, kExitError = 1, kExitDiverged = 3, kExitPreempted = 75, kExitInterrupted = 130 };
+// 124 (as timeout(1)): a rank waited past parallel.timeout_s for a peer and aborted the job.
+enum TrainExit : int {
+  kExitOk = 0,
+  kExitError = 1,
+  kExitDiverged = 3,
+  kExitPreempted = 75,
+  kExitCollectiveTimeout = 124,
+  kExitInterrupted = 130
+};
+
+// parallel.timeout_s times this: waits that include work, not only peers (the setup, which may read
+// a checkpoint; waiting for the checkpoint writer, which writes one).
+inline constexpr double kRegionTimeoutFactor = 4.0;
 
 struct TrainSummary {
   int64_t steps_done = 0;
@@ -48,8 +61,10 @@ class Trainer {
   // comm: the ranks training together (data parallel over all of them); MPI_COMM_NULL = one
   // process without MPI and without checkpoints (tests). run_dir "" writes no files;
   // checkpoints go to checkpoint.dir or <run_dir>/checkpoints, and checkpoint.resume decides
-  // whether the run continues one.
-  Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm);
+  // whether the run continues one. watchdog (null: none): every wait on a communicator is allowed
+  // parallel.timeout_s, every wait for the checkpoint writer kRegionTimeoutFactor x that; it must
+  // outlive the trainer.
+  Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, Watchdog* watchdog = nullptr);
   TrainSummary run();
 
   struct StepResult {
@@ -70,6 +85,7 @@ class Trainer {
   void log_step(int64_t s, const StepResult& r, double step_seconds, double elapsed, bool record);
   void print_header();
   void save_checkpoint(int64_t steps_done);
+  void wait_for_checkpoint();  // the pending save, watched
   std::optional<std::pair<std::string, int>> stop_reason(const StopSignals& stop, int64_t done, double minutes);
   std::vector<ParamSegment> segments() const;
 
@@ -101,6 +117,7 @@ class Trainer {
   bool profiling_ = false;
   ProgressPrinter progress_;
   std::unique_ptr<CheckpointWriter> ckpt_;
+  WaitSlot* ckpt_wait_ = nullptr;  // the main thread waiting for the writer; null: not watched
   std::string resumed_from_;
   int64_t start_step_ = 0, consumed_at_start_ = 0;
   int64_t dp_bytes_at_record_ = 0, tp_bytes_at_record_ = 0, step_at_record_ = 0;  // communication accounting per record

@@ -16,12 +16,14 @@ CommHandle& CommHandle::operator=(CommHandle&& other) noexcept {
   if (this != &other) {
     wait();
     request_ = std::move(other.request_);
+    watch_ = other.watch_;
   }
   return *this;
 }
 
 void CommHandle::wait() {
   if (!request_) return;
+  WatchedWait watched(watch_.slot, watch_.what, watch_.bytes, watch_.peer);
   request_->wait();
   request_.reset();
 }
@@ -58,6 +60,7 @@ CommHandle Communicator::all_reduce_async(Tensor t, ReduceOp op) {
   check_reducible("all_reduce", t);
   const int64_t p = size();
   CommHandle h = start_all_reduce(t, op);
+  h.watch(wait_slot_, "all_reduce", static_cast<int64_t>(t.nbytes()));
   counters_.all_reduce += 2 * (p - 1) * static_cast<int64_t>(t.nbytes()) / p;
   return h;
 }
@@ -70,6 +73,7 @@ CommHandle Communicator::reduce_scatter_async(Tensor input, Tensor output, Reduc
   TESSERA_CHECK(input.numel() == size() * output.numel(), "reduce_scatter: input ", input.str(), " must hold ", size(),
                 " x output ", output.str(), " elements");
   CommHandle h = start_reduce_scatter(input, output, op);
+  h.watch(wait_slot_, "reduce_scatter", static_cast<int64_t>(input.nbytes()));
   counters_.reduce_scatter += (size() - 1) * static_cast<int64_t>(output.nbytes());
   return h;
 }
@@ -81,6 +85,7 @@ CommHandle Communicator::all_gather_async(Tensor input, Tensor output) {
   TESSERA_CHECK(output.numel() == size() * input.numel(), "all_gather: output ", output.str(), " must hold ", size(),
                 " x input ", input.str(), " elements");
   CommHandle h = start_all_gather(input, output);
+  h.watch(wait_slot_, "all_gather", static_cast<int64_t>(output.nbytes()));
   counters_.all_gather += (size() - 1) * static_cast<int64_t>(input.nbytes());
   return h;
 }
@@ -89,6 +94,7 @@ CommHandle Communicator::broadcast_async(Tensor t, int root) {
   check_defined("broadcast", "t", t);
   check_peer("broadcast", "root", root);
   CommHandle h = start_broadcast(t, root);
+  h.watch(wait_slot_, "broadcast", static_cast<int64_t>(t.nbytes()));
   if (rank() == root && size() > 1) counters_.broadcast += static_cast<int64_t>(t.nbytes());
   return h;
 }
@@ -97,6 +103,7 @@ CommHandle Communicator::send_async(Tensor t, int dst, int tag) {
   check_defined("send", "t", t);
   check_peer("send", "dst", dst);
   CommHandle h = start_send(t, dst, tag);
+  h.watch(wait_slot_, "send", static_cast<int64_t>(t.nbytes()), dst);
   counters_.send += static_cast<int64_t>(t.nbytes());
   return h;
 }
@@ -104,7 +111,9 @@ CommHandle Communicator::send_async(Tensor t, int dst, int tag) {
 CommHandle Communicator::recv_async(Tensor t, int src, int tag) {
   check_defined("recv", "t", t);
   check_peer("recv", "src", src);
-  return start_recv(t, src, tag);
+  CommHandle h = start_recv(t, src, tag);
+  h.watch(wait_slot_, "recv", static_cast<int64_t>(t.nbytes()), src);
+  return h;
 }
 
 // ---- MpiComm ----

@@ -1,5 +1,6 @@
 // Communicator: the collectives the trainer needs, on Tensors, device-agnostic (MPI on host buffers
-// now, NCCL later). Every op is started asynchronously; the blocking form starts and waits.
+// now, NCCL later). Every op is started asynchronously; the blocking form starts and waits. A
+// watched communicator reports every wait to a Watchdog (parallel/watchdog.h), whatever the backend.
 #pragma once
 
 #include <mpi.h>
@@ -9,6 +10,7 @@
 
 #include "kernels/profiler.h"
 #include "kernels/tensor.h"
+#include "parallel/watchdog.h"
 
 namespace tessera {
 
@@ -32,12 +34,25 @@ class CommHandle {
   CommHandle& operator=(CommHandle&& other) noexcept;
   ~CommHandle() { wait(); }
 
-  void wait();
+  void wait();  // reported to the watch slot, if any, while it blocks
   bool test();  // true once the op is complete; the result may then be read
   bool done() const { return request_ == nullptr; }
 
+  // Blocking in wait() is reported to slot as `what` (a string literal) of `bytes`, with the peer's
+  // rank for point-to-point ops (-1: a collective). Null: not watched.
+  void watch(WaitSlot* slot, const char* what, int64_t bytes, int peer = -1) {
+    watch_ = Watch{slot, what, bytes, peer};
+  }
+
  private:
+  struct Watch {
+    WaitSlot* slot = nullptr;
+    const char* what = "";
+    int64_t bytes = 0;
+    int peer = -1;
+  };
   std::unique_ptr<CommRequest> request_;
+  Watch watch_;
 };
 
 // Bytes this rank sends per kind of op, by the ring algorithms' volumes (p ranks, b bytes):
@@ -95,6 +110,9 @@ class Communicator {
   // Times the blocking ops (start to completion) as OpFamily::Communication; null: off. The
   // asynchronous ops' waits are the caller's to time.
   void set_profiler(Profiler* p) { profiler_ = p; }
+  // Every wait on an op of this communicator (blocking form, CommHandle::wait, the handle's
+  // destructor) is reported to slot, which must outlive the ops; null: not watched (the default).
+  void set_wait_slot(WaitSlot* slot) { wait_slot_ = slot; }
 
   const CommCounters& counters() const { return counters_; }
   int64_t bytes_sent() const { return counters_.total(); }
@@ -113,6 +131,7 @@ class Communicator {
   void check_peer(const char* op, const char* arg, int peer) const;
   CommCounters counters_;
   Profiler* profiler_ = nullptr;
+  WaitSlot* wait_slot_ = nullptr;
 };
 
 // Owns an MPI communicator (MPI_Comm_free on destruction, unless MPI is already finalized).

@@ -29,4 +29,22 @@ GridComms::GridComms(const ProcessGrid& grid, MPI_Comm world)
       pp(split_group(world, grid.pp_group(), grid.rank())),
       dp_cp(split_group(world, grid.dp_cp_group(), grid.rank())) {}
 
+void GridComms::watch(Watchdog& watchdog, const ProcessGrid& grid, double allowance_s) {
+  struct Group {
+    MpiCommunicator& comm;
+    const std::vector<int64_t>& world_ranks;
+    const char* name;
+  };
+  const Group groups[] = {{tp, grid.tp_group(), "tp group"},
+                          {cp, grid.cp_group(), "cp group"},
+                          {dp, grid.dp_group(), "dp group"},
+                          {pp, grid.pp_group(), "pp group"},
+                          {dp_cp, grid.dp_cp_group(), "dp x cp group"}};
+  for (const Group& g : groups) {
+    TESSERA_CHECK(g.comm.size() == static_cast<int>(g.world_ranks.size()), "GridComms::watch: the ", g.name, " has ",
+                  g.comm.size(), " ranks, but the grid's has ", g.world_ranks.size());
+    if (g.comm.size() > 1) g.comm.set_wait_slot(&watchdog.add_slot(g.name, g.world_ranks, allowance_s));
+  }
+}
+
 }  // namespace tessera
