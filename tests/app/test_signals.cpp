@@ -51,7 +51,7 @@ TEST(StopSignals, SigtermDuringALongEvaluationSavesWithinSeconds) {
   const double took = seconds_since(t0);
   ASSERT_TRUE(code.has_value()) << "still running 30 s after SIGTERM:\n" << p->output();
   EXPECT_EQ(*code, kExitPreempted) << p->output();
-  EXPECT_LT(took, 3.0) << p->output();
+  EXPECT_LT(took, 5.0) << p->output();  // a few tenths of a second here; minutes without the vote
   EXPECT_NE(p->output().find("preempted by signal: saved"), std::string::npos) << p->output();
   EXPECT_TRUE(fs::exists(run.run() / "checkpoints" / "step_00000001.h5")) << p->output();
   EXPECT_EQ(testing::read_file(run.run() / "metrics.jsonl").find("val_loss"), std::string::npos);
@@ -74,9 +74,25 @@ TEST(StopSignals, SecondSigintExitsAtOnce) {
   const double took = seconds_since(t0);
   ASSERT_TRUE(code.has_value()) << p->output();
   EXPECT_EQ(*code, 128 + SIGINT) << p->output();
-  EXPECT_LT(took, 1.0) << p->output();
+  EXPECT_LT(took, 1.5) << p->output();  // the graceful path waits 1.7 s more for the batch, then saves
   EXPECT_NE(p->output().find("second signal (SIGINT): exiting now"), std::string::npos) << p->output();
   EXPECT_FALSE(fs::exists(run.run() / "checkpoints" / "step_00000001.h5")) << p->output();
+}
+
+// The same signal twice within a moment (a scheduler signalling every process while a launcher
+// forwards it too) is one request: the run still saves and exits 130.
+TEST(StopSignals, TwoSignalsAtOnceCountAsOne) {
+  const SignalRun run("sig_duplicate");
+  auto p = run.start({"train.steps=1000", "train.eval_every=1", "train.eval_batches=4"},
+                     {"TESSERA_TEST_SAMPLE_DELAY_MS=100"});
+  ASSERT_TRUE(p->wait_for_file(run.run() / "metrics.jsonl")) << p->output();
+  p->signal(SIGINT);
+  p->signal(SIGINT);
+  const auto code = p->wait_exit(30);
+  ASSERT_TRUE(code.has_value()) << p->output();
+  EXPECT_EQ(*code, kExitInterrupted) << p->output();
+  EXPECT_NE(p->output().find("stopped by signal: saved"), std::string::npos) << p->output();
+  EXPECT_EQ(p->output().find("second signal"), std::string::npos) << p->output();
 }
 
 // A first batch that takes long to read (64 samples of 200 ms: 13 s) is abandoned: SIGTERM acts
@@ -92,7 +108,7 @@ TEST(StopSignals, SigtermWhileTheFirstBatchLoadsActsPromptly) {
   const double took = seconds_since(t0);
   ASSERT_TRUE(code.has_value()) << p->output();
   EXPECT_EQ(*code, kExitPreempted) << p->output();
-  EXPECT_LT(took, 2.0) << p->output();
+  EXPECT_LT(took, 5.0) << p->output();  // the batch alone takes 13 s
   EXPECT_NE(p->output().find("preempted by signal before the first step completed: nothing to save"),
             std::string::npos)
       << p->output();
@@ -119,11 +135,13 @@ TEST(StopSignals, OneOfTwoRanksSignalledDuringEvaluationStopsBoth) {
   ASSERT_NE(rank1, 0) << p.output();
   const auto t0 = Clock::now();
   kill(rank1, SIGTERM);
-  const auto code = p.wait_exit(60);
+  const auto code = p.wait_exit(120);
   const double took = seconds_since(t0);
   ASSERT_TRUE(code.has_value()) << "hung after one rank was signalled:\n" << p.output();
   EXPECT_EQ(*code, kExitPreempted) << p.output();
-  EXPECT_LT(took, 5.0) << p.output();
+  // About 2 s here (mostly the collective save); up to 45 s was seen with the two cores shared by
+  // 18 busy processes, whose ranks then wait for each other's time slices at every collective.
+  EXPECT_LT(took, 60.0) << p.output();
   EXPECT_NE(p.output().find("preempted by signal: saved"), std::string::npos) << p.output();
   EXPECT_TRUE(fs::exists(run.run() / "checkpoints" / "step_00000001.h5")) << p.output();
 }
