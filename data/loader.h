@@ -35,7 +35,8 @@ class DataLoader {
   // under it) is rethrown here, after the batches made before it.
   Batch next();
   // The same, but returns nothing as soon as give_up() is true while no batch is ready, asked
-  // every kPollInterval (a signal handler cannot wake a condition variable, so the wait polls).
+  // every kPollInterval (a signal handler cannot wake a condition variable, so the wait polls;
+  // give_up runs under the loader's lock: keep it to a flag read).
   // The micro-batch being made is not lost: a later next() still returns it.
   std::optional<Batch> next(const std::function<bool()>& give_up);
   static constexpr std::chrono::milliseconds kPollInterval{20};

@@ -15,7 +15,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::Spawned;
 
-// A byte-level dataset prepared by `tessera prepare` (about 120k tokens) and a tiny model on it.
+// A byte-level dataset prepared by `tessera prepare` (about 240k tokens) and a tiny model on it.
 struct TokenRun {
   fs::path dir;
   explicit TokenRun(const std::string& name) : dir(testing::temp_dir(name)) {
@@ -79,7 +79,7 @@ int64_t saved_step(const std::string& output) {
 // saved step.
 int64_t truncate_mid_run(const TokenRun& t, Spawned& p) {
   EXPECT_TRUE(p.wait_for_file(t.run() / "metrics.jsonl")) << p.output();
-  fs::resize_file(t.bin(), 1000);  // the windows are shuffled over 240 kB: the next few lie beyond
+  fs::resize_file(t.bin(), 1000);  // windows are shuffled over ~480 kB: the next ones lie beyond
   const auto code = p.wait_exit(60);
   EXPECT_TRUE(code.has_value()) << "still running 60 s after its data was truncated:\n" << p.output();
   EXPECT_EQ(code.value_or(-1), kExitError) << p.output();
