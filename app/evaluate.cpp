@@ -5,6 +5,7 @@
 #include <map>
 #include <numeric>
 
+#include "kernels/check.h"
 #include "kernels/tensor.h"
 
 namespace tessera {
@@ -27,16 +28,34 @@ int32_t argmax_row(const Tensor& logits, int64_t row) {
 }
 
 int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+// Reads a batch and asks the gate; nothing when it gives up. Without a gate a read error is thrown.
+std::optional<Batch> gated_batch(const Dataset& ds, const std::vector<int64_t>& idx, const EvalGate& gate) {
+  if (!gate) return make_batch(ds, idx);
+  std::optional<Batch> batch;
+  std::string error;
+  try {
+    batch = make_batch(ds, idx);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  if (!gate(error)) return std::nullopt;
+  TESSERA_CHECK(error.empty(), error);  // a gate that went on despite the error: report it here
+  return batch;
+}
 }  // namespace
 
-double validation_loss(const Gpt& model, Allocator& alloc, const Dataset& val, int64_t batches, int64_t micro_batch) {
+std::optional<double> validation_loss(const Gpt& model, Allocator& alloc, const Dataset& val, int64_t batches,
+                                      int64_t micro_batch, const EvalGate& gate) {
   double loss_sum = 0;
   int64_t count = 0;
   for (int64_t b = 0; b < batches; ++b) {
     std::vector<int64_t> idx(static_cast<size_t>(micro_batch));
     std::iota(idx.begin(), idx.end(), b * micro_batch);
     for (auto& i : idx) i %= val.num_samples();
-    Batch batch = make_batch(val, idx);
+    std::optional<Batch> gated = gated_batch(val, idx, gate);
+    if (!gated) return std::nullopt;
+    Batch& batch = *gated;
     GptCtx ctx;
     const double loss = model.forward(ctx, alloc, ids_tensor(batch.tokens, batch.B, batch.T),
                                       ids_tensor(batch.targets, batch.B, batch.T));
@@ -46,13 +65,15 @@ double validation_loss(const Gpt& model, Allocator& alloc, const Dataset& val, i
   return count ? loss_sum / static_cast<double>(count) : 0.0;
 }
 
-std::vector<std::vector<int32_t>> greedy_generate(const Gpt& model, Allocator& alloc,
-                                                  const std::vector<std::vector<int32_t>>& prompts, int64_t max_new) {
+std::optional<std::vector<std::vector<int32_t>>> greedy_generate(const Gpt& model, Allocator& alloc,
+                                                                 const std::vector<std::vector<int32_t>>& prompts,
+                                                                 int64_t max_new, const EvalGate& gate) {
   std::vector<std::vector<int32_t>> seqs = prompts;
   if (seqs.empty()) return seqs;
   const int64_t B = static_cast<int64_t>(seqs.size());
   const int64_t V = model.config().vocab_size;
   for (int64_t step = 0; step < max_new; ++step) {
+    if (gate && !gate("")) return std::nullopt;
     // Sequence parallelism needs a length divisible by tp: pad on the right (token 0), which
     // causal attention hides from the positions before it.
     const int64_t T = static_cast<int64_t>(seqs[0].size()), Tp = round_up(T, model.seq_multiple());
@@ -71,7 +92,8 @@ std::vector<std::vector<int32_t>> greedy_generate(const Gpt& model, Allocator& a
   return seqs;
 }
 
-AccuracyResult addition_accuracy(const Gpt& model, Allocator& alloc, const AdditionTask& task, int64_t examples) {
+std::optional<AccuracyResult> addition_accuracy(const Gpt& model, Allocator& alloc, const AdditionTask& task,
+                                                int64_t examples, const EvalGate& gate) {
   const CharTokenizer& tok = task.tokenizer();
   std::map<size_t, std::vector<AdditionProblem>> by_length;
   for (int64_t i = 0; i < examples; ++i) {
@@ -83,7 +105,9 @@ AccuracyResult addition_accuracy(const Gpt& model, Allocator& alloc, const Addit
   for (const auto& [length, problems] : by_length) {
     std::vector<std::vector<int32_t>> prompts;
     for (const auto& p : problems) prompts.push_back(tok.encode(p.prompt()));
-    const auto outs = greedy_generate(model, alloc, prompts, max_new);
+    const auto generated = greedy_generate(model, alloc, prompts, max_new, gate);
+    if (!generated) return std::nullopt;
+    const auto& outs = *generated;
     for (size_t i = 0; i < problems.size(); ++i) {
       std::vector<int32_t> tail(outs[i].begin() + static_cast<int64_t>(length), outs[i].end());
       std::string answer = tok.decode(tail);

@@ -1,8 +1,10 @@
 // Evaluation during training: validation loss, and for the addition task the exact-match accuracy
-// of greedy answers on held-out problems.
+// of greedy answers on held-out problems. A gate asked before every forward can abandon either.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,13 +15,24 @@
 
 namespace tessera {
 
-// Mean loss over samples [0, batches * micro_batch) of the validation dataset.
-double validation_loss(const Gpt& model, Allocator& alloc, const Dataset& val, int64_t batches, int64_t micro_batch);
+// Asked before each evaluation forward whether to go on, with this rank's error reading that
+// forward's batch ("" when none). The trainer's gate is a vote of every rank (tensor-parallel
+// forwards are collective, so all ranks must give up at the same batch): false when any rank was
+// asked to stop, an error thrown on every rank when any failed to read. An empty gate always goes
+// on, and a read error is thrown as it is.
+using EvalGate = std::function<bool(const std::string& read_error)>;
+
+// Mean loss over samples [0, batches * micro_batch) of the validation dataset; nothing when the
+// gate gave up.
+std::optional<double> validation_loss(const Gpt& model, Allocator& alloc, const Dataset& val, int64_t batches,
+                                      int64_t micro_batch, const EvalGate& gate = {});
 
 // Greedy continuation: for each prompt (all the same length), appends max_new tokens chosen by
-// argmax of the last position's logits. Re-runs the full forward per token (no KV cache).
-std::vector<std::vector<int32_t>> greedy_generate(const Gpt& model, Allocator& alloc,
-                                                  const std::vector<std::vector<int32_t>>& prompts, int64_t max_new);
+// argmax of the last position's logits. Re-runs the full forward per token (no KV cache). Nothing
+// when the gate gave up.
+std::optional<std::vector<std::vector<int32_t>>> greedy_generate(const Gpt& model, Allocator& alloc,
+                                                                 const std::vector<std::vector<int32_t>>& prompts,
+                                                                 int64_t max_new, const EvalGate& gate = {});
 
 struct AccuracyResult {
   int64_t correct = 0, total = 0;
@@ -27,7 +40,9 @@ struct AccuracyResult {
   double accuracy() const { return total ? static_cast<double>(correct) / static_cast<double>(total) : 0.0; }
 };
 
-// Exact match of greedy answers on the first `examples` validation problems.
-AccuracyResult addition_accuracy(const Gpt& model, Allocator& alloc, const AdditionTask& task, int64_t examples);
+// Exact match of greedy answers on the first `examples` validation problems; nothing when the gate
+// gave up.
+std::optional<AccuracyResult> addition_accuracy(const Gpt& model, Allocator& alloc, const AdditionTask& task,
+                                                int64_t examples, const EvalGate& gate = {});
 
 }  // namespace tessera

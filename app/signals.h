@@ -1,6 +1,9 @@
 // Clean stop on Ctrl-C (SIGINT), and preemption on SIGTERM or SIGUSR1 (what Slurm sends before a
-// time limit): the handler only sets a flag, which the training loop reads at step boundaries. The flag is the one process-wide variable: a signal handler can reach
-// nothing else.
+// time limit): the first signal only sets a flag, which the trainer polls at step boundaries,
+// between evaluation batches and while it waits for data, then saves and exits. A second signal
+// (over 0.25 s after the first: closer ones are one signal delivered twice) exits at once, code
+// 128 + signal, waiting for nothing. The flags are the process-wide variables: a signal handler
+// can reach nothing else.
 #pragma once
 
 namespace tessera {
@@ -12,7 +15,7 @@ class StopSignals {
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
   bool requested() const;
-  int signal_number() const;  // which signal asked, 0 if none
+  int signal_number() const;  // which signal asked first, 0 if none
 };
 
 }  // namespace tessera

@@ -60,6 +60,7 @@ std::vector<int64_t> all_ranks(int64_t world) {
 Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, Watchdog* watchdog)
     : cfg_(cfg),
       run_dir_(run_dir),
+      world_(comm),
       grid_(grid_degrees(cfg), world_size_of(comm), world_rank_of(comm)),
       lead_(grid_.rank() == 0),
       accum_(tessera::grad_accum_steps(cfg, grid_.dp_size())),
@@ -147,19 +148,30 @@ void Trainer::sum_over_dp(std::vector<double>& values) {
 // loss over the whole global batch (every rank's tokens): each rank scales its losses by
 // 1 / (targets in the global batch), and opt_ sums the ranks' gradients (buckets started during
 // the last micro-batch's backward, or ZeRO-1's reduce-scatter after it). Returns that global mean
-// loss.
-double Trainer::forward_backward(int64_t s) {
-  if (!loader_)
-    loader_ = std::make_unique<DataLoader>(*data_.train, sampler_, layout_,
-                                           consumed_at_start_ + (s - start_step_) * cfg_.train.global_batch);
+// loss, or nothing when the ranks voted to stop before the forwards (nothing has changed then).
+std::optional<double> Trainer::forward_backward(int64_t s) {
   std::vector<Batch> batches;
   std::vector<double> sums = {0.0, 0.0};  // loss sum, targets
-  for (int64_t m = 0; m < accum_; ++m) {
-    batches.push_back(loader_->next());
-    const Batch& b = batches.back();
-    sums[1] += static_cast<double>(
-        count_not_equal(Tensor(const_cast<int32_t*>(b.targets.data()), DType::I32, {b.B, b.T}), kIgnoreIndex));
+  // The batches are read (or fail to be read) before anything changes, and the ranks agree on
+  // the outcome before the first collective of the step: a rank stopped by a signal while it waits
+  // for data, or failing to read it, takes every rank out of the step together.
+  std::string read_error;
+  try {
+    if (!loader_)
+      loader_ = std::make_unique<DataLoader>(*data_.train, sampler_, layout_,
+                                             consumed_at_start_ + (s - start_step_) * cfg_.train.global_batch);
+    for (int64_t m = 0; m < accum_; ++m) {
+      std::optional<Batch> next = loader_->next([this] { return stop_requested(); });
+      if (!next) break;  // a stop signal: the vote below sees it
+      batches.push_back(std::move(*next));
+      const Batch& b = batches.back();
+      sums[1] += static_cast<double>(
+          count_not_equal(Tensor(const_cast<int32_t*>(b.targets.data()), DType::I32, {b.B, b.T}), kIgnoreIndex));
+    }
+  } catch (const std::exception& e) {
+    read_error = e.what();
   }
+  if (vote_stop(read_error)) return std::nullopt;
   std::vector<double> targets = {sums[1]};
   sum_over_dp(targets);
   const double loss_scale = targets[0] > 0 ? 1.0 / targets[0] : 0.0;
@@ -185,6 +197,20 @@ double Trainer::forward_backward(int64_t s) {
   std::vector<double> loss = {sums[0]};
   sum_over_dp(loss);
   return targets[0] > 0 ? loss[0] / targets[0] : 0.0;
+}
+
+bool Trainer::vote_stop(const std::string& read_error) {
+  std::vector<double> votes = {stop_requested() ? 1.0 : 0.0, read_error.empty() ? 0.0 : 1.0};
+  sum_over_world(votes);
+  if (votes[1] > 0) {
+    if (!comms_) throw DataError(read_error);
+    try {
+      throw_if_any_failed(world_, read_error);  // the lowest failed rank's message, on every rank
+    } catch (const CollectiveError& e) {
+      throw DataError(e.what());
+    }
+  }
+  return votes[0] > 0;
 }
 
 // Parameters every tp rank holds whole but computes only part of the gradient of (ParamSpec::
@@ -249,7 +275,12 @@ Trainer::StepResult Trainer::step(int64_t s) {
     ProfileScope scope(prof(), OpFamily::Elementwise);
     params_->zero_grads();
   }
-  r.loss = forward_backward(s);
+  const std::optional<double> loss = forward_backward(s);
+  if (!loss) {
+    r.abandoned = true;
+    return r;
+  }
+  r.loss = *loss;
   ProfileScope scope(prof(), OpFamily::AdamW);  // the norm, clipping and the update
   r.grad_norm = global_grad_norm();
   r.lr = schedule_.at(s);
@@ -305,31 +336,41 @@ void Trainer::log_step(int64_t s, const StepResult& r, double step_seconds, doub
   metrics_.write(rec);
 }
 
-void Trainer::evaluate(int64_t s, TrainSummary& summary) {
-  if (!data_.valid && !data_.task) return;
+bool Trainer::evaluate(int64_t s, TrainSummary& summary) {
+  if (!data_.valid && !data_.task) return true;
   const auto t0 = Clock::now();
+  // Every rank asks before each forward: a stop anywhere abandons the evaluation on all ranks at
+  // the same batch (tensor-parallel forwards are collective), and the stop vote that follows
+  // saves and exits.
+  const EvalGate gate = [this](const std::string& read_error) { return !vote_stop(read_error); };
   std::ostringstream os;
   os << std::fixed << "eval  step " << s << ":";
   JsonRecord record;
   record.add("step", s);
+  std::optional<double> val_loss;
+  std::optional<AccuracyResult> acc;
   if (data_.valid) {
-    summary.val_loss = validation_loss(*model_, alloc_, *data_.valid, cfg_.train.eval_batches, cfg_.train.micro_batch);
+    val_loss = validation_loss(*model_, alloc_, *data_.valid, cfg_.train.eval_batches, cfg_.train.micro_batch, gate);
+    if (!val_loss) return false;
     os.precision(4);
-    os << " val_loss " << summary.val_loss;
-    record.add("val_loss", summary.val_loss);
+    os << " val_loss " << *val_loss;
+    record.add("val_loss", *val_loss);
   }
   if (data_.task) {
-    const AccuracyResult acc = addition_accuracy(*model_, alloc_, *data_.task, cfg_.data.val_examples);
-    summary.val_accuracy = acc.accuracy();
+    acc = addition_accuracy(*model_, alloc_, *data_.task, cfg_.data.val_examples, gate);
+    if (!acc) return false;
     os.precision(1);
-    os << ", accuracy " << 100.0 * acc.accuracy() << "% (" << acc.correct << "/" << acc.total << ")";
-    for (const auto& e : acc.examples) os << " | " << e;
-    record.add("val_accuracy", acc.accuracy());
+    os << ", accuracy " << 100.0 * acc->accuracy() << "% (" << acc->correct << "/" << acc->total << ")";
+    for (const auto& e : acc->examples) os << " | " << e;
+    record.add("val_accuracy", acc->accuracy());
   }
+  if (val_loss) summary.val_loss = *val_loss;
+  if (acc) summary.val_accuracy = acc->accuracy();
   os.precision(1);
   os << " [" << seconds_since(t0) << "s]";
   progress_.message(os.str());
   metrics_.write(record);
+  return true;
 }
 
 void Trainer::print_header() {
@@ -368,6 +409,24 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   st.writes_replicated = grid_.tp_rank() == 0;  // as do tp ranks, for what they hold whole
   WatchedWait watched(ckpt_wait_, "checkpoint save (waiting for the previous one, copying the state)");
   ckpt_->save(st);
+  saved_step_ = steps_done;
+}
+
+void Trainer::save_after_stop(const std::string& why, int64_t done, const std::string& advice) {
+  const std::string after = " after step " + std::to_string(done);
+  if (!ckpt_) {
+    progress_.message(why + after);
+    return;
+  }
+  if (done > start_step_ && done != saved_step_) save_checkpoint(done);
+  wait_for_checkpoint();
+  if (done == saved_step_)
+    progress_.message(why + ": saved " + ckpt_->last_path() + after + "; " + advice);
+  else if (!resumed_from_.empty())  // no step completed since the resume: that file holds this state
+    progress_.message(why + after + ", before this run completed a step: nothing new to save (" + resumed_from_ +
+                      " holds step " + std::to_string(done) + "); " + advice);
+  else
+    progress_.message(why + " before the first step completed: nothing to save");
 }
 
 void Trainer::wait_for_checkpoint() {
@@ -396,10 +455,39 @@ std::optional<std::pair<std::string, int>> Trainer::stop_reason(const StopSignal
 
 TrainSummary Trainer::run() {
   StopSignals stop;
+  signals_ = &stop;
+  struct Forget {  // the handlers go when run() returns: so does the pointer to them
+    const StopSignals*& p;
+    ~Forget() { p = nullptr; }
+  } forget{signals_};
   TrainSummary summary;
   summary.steps_done = start_step_;
   print_header();
   const auto t_start = Clock::now();
+  try {
+    train_loop(stop, summary, t_start);
+  } catch (const DataError& e) {
+    // Every rank is here together (the failure was voted), before the failed step changed anything.
+    progress_.message(std::string("error: ") + e.what());
+    save_after_stop("stopped by a data error", summary.steps_done,
+                    "restore the data file and run the same command to resume");
+    summary.exit_code = kExitError;
+  }
+  if (ckpt_) wait_for_checkpoint();
+  summary.elapsed_s = seconds_since(t_start);
+  progress_.finish();
+  return summary;
+}
+
+void Trainer::train_loop(const StopSignals& stop, TrainSummary& summary, std::chrono::steady_clock::time_point t_start) {
+  const auto minutes = [&] { return seconds_since(t_start) / 60.0; };
+  // A stop the ranks voted for: save the state after `done` steps and leave with the signal's code.
+  const auto stop_after = [&](int64_t done) {
+    const auto why = stop_reason(stop, done, minutes());
+    const auto [text, code] = why.value_or(std::make_pair(std::string("stopped by signal"), int(kExitInterrupted)));
+    save_after_stop(text, done, "run the same command to resume");
+    summary.exit_code = code;
+  };
   double train_seconds = 0;
   int64_t consecutive_bad = 0;
   double window_seconds = 0;  // step time since the last record, for its tokens/s
@@ -408,6 +496,10 @@ TrainSummary Trainer::run() {
   for (int64_t s = start_step_; s < cfg_.train.steps; ++s) {
     const auto t0 = Clock::now();
     const StepResult r = step(s);
+    if (r.abandoned) {  // stopped while reading the step's data: the state is still that after s steps
+      stop_after(s);
+      return;
+    }
     const double dt = seconds_since(t0);
     train_seconds += dt;
     const int64_t done = s + 1;
@@ -443,16 +535,10 @@ TrainSummary Trainer::run() {
       }
     }
     const bool last = done == cfg_.train.steps;
+    // An evaluation abandoned for a signal records nothing; the vote below then stops the run.
     if (!last && cfg_.train.eval_every > 0 && done % cfg_.train.eval_every == 0) evaluate(done, summary);
-    if (auto why = stop_reason(stop, done, seconds_since(t_start) / 60.0)) {
-      save_checkpoint(done);
-      if (ckpt_) {
-        wait_for_checkpoint();
-        progress_.message(why->first + ": saved " + ckpt_->last_path() + " after step " + std::to_string(done) +
-                          "; run the same command to resume");
-      } else {
-        progress_.message(why->first + " after step " + std::to_string(done));
-      }
+    if (auto why = stop_reason(stop, done, minutes())) {
+      save_after_stop(why->first, done, "run the same command to resume");
       summary.exit_code = why->second;
       stopped_early = true;
       break;
@@ -462,13 +548,11 @@ TrainSummary Trainer::run() {
     if (periodic && !(last && cfg_.checkpoint.at_end)) save_checkpoint(done);
   }
   if (!stopped_early) {
-    evaluate(summary.steps_done, summary);
-    if (summary.steps_done > start_step_ && cfg_.checkpoint.at_end) save_checkpoint(summary.steps_done);
+    if (!evaluate(summary.steps_done, summary))
+      stop_after(summary.steps_done);  // a signal during the final evaluation: saved; a resume evaluates
+    else if (summary.steps_done > start_step_ && cfg_.checkpoint.at_end)
+      save_checkpoint(summary.steps_done);
   }
-  if (ckpt_) wait_for_checkpoint();
-  summary.elapsed_s = seconds_since(t_start);
-  progress_.finish();
-  return summary;
 }
 
 namespace {

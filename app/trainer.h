@@ -2,6 +2,7 @@
 // evaluation, progress output, metrics.jsonl, non-finite step skipping and a clean Ctrl-C stop.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,6 +47,13 @@ enum TrainExit : int {
 // a checkpoint; waiting for the checkpoint writer, which writes one).
 inline constexpr double kRegionTimeoutFactor = 4.0;
 
+// Reading training or validation data failed (a file truncated mid-run, a bad token id); thrown on
+// every rank together, after a vote, before the step's parameters change.
+class DataError : public Error {
+ public:
+  using Error::Error;
+};
+
 struct TrainSummary {
   int64_t steps_done = 0;
   int64_t skipped_steps = 0;
@@ -70,23 +78,34 @@ class Trainer {
   struct StepResult {
     double loss = 0, grad_norm = 0, lr = 0;
     bool skipped = false;
+    bool abandoned = false;  // a rank was asked to stop before the batches were read: nothing changed
     std::string problem;  // what went non-finite, when skipped
   };
   // One optimizer step (0-based s) over the global batch: accumulate micro-batches, clip, update.
+  // Throws DataError (every rank) when a batch cannot be read.
   StepResult step(int64_t s);
   const ParameterStore& params() const { return *params_; }
   int64_t start_step() const { return start_step_; }
   int64_t grad_accum_steps() const { return accum_; }
 
  private:
-  double forward_backward(int64_t s);
+  // The steps, evaluations and saves of run(); a stop (signal, exit_after_*, divergence) ends it early.
+  void train_loop(const StopSignals& stop, TrainSummary& summary, std::chrono::steady_clock::time_point t_start);
+  std::optional<double> forward_backward(int64_t s);
   std::string nonfinite_report(double loss, double norm) const;
-  void evaluate(int64_t s, TrainSummary& summary);
+  // False when abandoned (a rank was asked to stop): nothing is recorded.
+  bool evaluate(int64_t s, TrainSummary& summary);
   void log_step(int64_t s, const StepResult& r, double step_seconds, double elapsed, bool record);
   void print_header();
   void save_checkpoint(int64_t steps_done);
   void wait_for_checkpoint();  // the pending save, watched
+  // Saves the state after `done` steps unless it is on disk already, and says where it is.
+  void save_after_stop(const std::string& why, int64_t done, const std::string& advice);
   std::optional<std::pair<std::string, int>> stop_reason(const StopSignals& stop, int64_t done, double minutes);
+  // Collective over every rank, before each step's forwards and each evaluation forward: true when
+  // any rank was asked to stop; DataError on every rank when any rank's read_error is not empty.
+  bool vote_stop(const std::string& read_error);
+  bool stop_requested() const { return signals_ && signals_->requested(); }
   std::vector<ParamSegment> segments() const;
 
   Profiler* prof() { return profiling_ ? &profiler_ : nullptr; }
@@ -99,6 +118,8 @@ class Trainer {
 
   Config cfg_;
   std::string run_dir_;
+  MPI_Comm world_ = MPI_COMM_NULL;
+  const StopSignals* signals_ = nullptr;  // while run() runs
   ProcessGrid grid_;                  // tp x dp: the tp ranks of a replica share the model
   std::unique_ptr<GridComms> comms_;
   bool lead_ = true;                  // rank 0: prints, writes metrics
@@ -120,6 +141,7 @@ class Trainer {
   WaitSlot* ckpt_wait_ = nullptr;  // the main thread waiting for the writer; null: not watched
   std::string resumed_from_;
   int64_t start_step_ = 0, consumed_at_start_ = 0;
+  int64_t saved_step_ = -1;  // the step of this run's last save
   int64_t dp_bytes_at_record_ = 0, tp_bytes_at_record_ = 0, step_at_record_ = 0;  // communication accounting per record
   double flops_per_token_ = 0;
   double peak_flops_ = 0;

@@ -1,6 +1,10 @@
 // open_training_data: one function per data task.
 #include "app/training_data.h"
 
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+
 #include "data/blend.h"
 #include "data/indexed_dataset.h"
 #include "data/token_dataset.h"
@@ -58,11 +62,41 @@ TrainingData open_tokens(const Config& cfg) {
   if (!cfg.data.valid.empty()) d.valid = open_token_dataset({cfg.data.valid}, T, V);
   return d;
 }
+
+// Test hook (tests/app/test_signals.cpp): TESSERA_TEST_SAMPLE_DELAY_MS = "ms" makes every sample
+// read take that long longer, as on cold or remote storage, so that tests can signal a run while
+// it waits for data (a huge first batch) or evaluates.
+class DelayedDataset : public Dataset {
+ public:
+  DelayedDataset(std::shared_ptr<const Dataset> inner, std::chrono::milliseconds delay)
+      : inner_(std::move(inner)), delay_(delay) {}
+  int64_t num_samples() const override { return inner_->num_samples(); }
+  int64_t seq_len() const override { return inner_->seq_len(); }
+  int64_t vocab_size() const override { return inner_->vocab_size(); }
+  void get(int64_t index, int32_t* out, uint8_t* loss_mask) const override {
+    std::this_thread::sleep_for(delay_);
+    inner_->get(index, out, loss_mask);
+  }
+  std::string describe() const override { return inner_->describe(); }
+
+ private:
+  std::shared_ptr<const Dataset> inner_;
+  std::chrono::milliseconds delay_;
+};
+
+void delay_samples_if_asked(TrainingData& d) {
+  const char* hook = std::getenv("TESSERA_TEST_SAMPLE_DELAY_MS");
+  if (!hook) return;
+  const std::chrono::milliseconds delay(std::atol(hook));
+  d.train = std::make_shared<DelayedDataset>(d.train, delay);
+  if (d.valid) d.valid = std::make_shared<DelayedDataset>(d.valid, delay);
+}
 }  // namespace
 
 TrainingData open_training_data(const Config& cfg) {
-  if (cfg.data.task == "addition") return open_addition(cfg);
-  return open_tokens(cfg);
+  TrainingData d = cfg.data.task == "addition" ? open_addition(cfg) : open_tokens(cfg);
+  delay_samples_if_asked(d);
+  return d;
 }
 
 }  // namespace tessera

@@ -7,8 +7,9 @@
 
 namespace tessera {
 
-Batch make_batch(const Dataset& ds, const std::vector<int64_t>& indices) {
-  Batch b;
+namespace {
+// Fills b from the samples; false when *cancel was set before a sample was read.
+bool fill_batch(const Dataset& ds, const std::vector<int64_t>& indices, const std::atomic<bool>* cancel, Batch& b) {
   b.B = static_cast<int64_t>(indices.size());
   b.T = ds.seq_len();
   b.tokens.resize(static_cast<size_t>(b.B * b.T));
@@ -16,12 +17,27 @@ Batch make_batch(const Dataset& ds, const std::vector<int64_t>& indices) {
   std::vector<int32_t> window(static_cast<size_t>(b.T + 1));
   std::vector<uint8_t> mask(static_cast<size_t>(b.T + 1));
   for (int64_t r = 0; r < b.B; ++r) {
+    if (cancel && cancel->load(std::memory_order_relaxed)) return false;
     TESSERA_CHECK(indices[r] >= 0 && indices[r] < ds.num_samples(), "sample index ", indices[r], " outside ",
                   ds.describe(), " (", ds.num_samples(), " samples)");
     ds.get(indices[r], window.data(), mask.data());
     std::copy(window.begin(), window.end() - 1, b.tokens.begin() + r * b.T);
     for (int64_t t = 0; t < b.T; ++t) b.targets[r * b.T + t] = mask[t + 1] ? window[t + 1] : kIgnoreTarget;
   }
+  return true;
+}
+}  // namespace
+
+Batch make_batch(const Dataset& ds, const std::vector<int64_t>& indices) {
+  Batch b;
+  fill_batch(ds, indices, nullptr, b);
+  return b;
+}
+
+std::optional<Batch> make_batch(const Dataset& ds, const std::vector<int64_t>& indices,
+                                const std::atomic<bool>& cancel) {
+  Batch b;
+  if (!fill_batch(ds, indices, &cancel, b)) return std::nullopt;
   return b;
 }
 

@@ -4,7 +4,9 @@
 // The synthetic task (data/addition.h) and file datasets (Megatron indexed, llm.c shards) plug in here.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,5 +38,9 @@ struct Batch {
 // Fills a batch from samples indices[0..B): tokens = window[0, T), targets = window[1, T + 1),
 // with kIgnoreIndex (-1) for targets the loss mask excludes.
 Batch make_batch(const Dataset& ds, const std::vector<int64_t>& indices);
+// The same, giving up (nothing returned) once `cancel` is set, checked before each sample: a batch
+// of slow reads (cold storage, a huge batch) can be abandoned within one sample's read.
+std::optional<Batch> make_batch(const Dataset& ds, const std::vector<int64_t>& indices,
+                                const std::atomic<bool>& cancel);
 
 }  // namespace tessera

@@ -1,4 +1,5 @@
-// MappedFile and AtomicFileWriter: POSIX open/fstat/mmap and stdio under temporary names.
+// ReadOnlyFile, MappedFile and AtomicFileWriter: POSIX open/fstat/pread/mmap and stdio under
+// temporary names.
 #include "data/file_io.h"
 
 #include <fcntl.h>
@@ -7,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <tuple>
 #include <utility>
 
 #include "kernels/check.h"
@@ -21,15 +23,52 @@ struct FdGuard {
     if (fd >= 0) ::close(fd);
   }
 };
-}  // namespace
 
-MappedFile::MappedFile(const std::string& path) : path_(path) {
+// Opens path read-only and returns the descriptor and size; errors unless it is a regular file.
+std::pair<int, int64_t> open_regular_file(const std::string& path) {
   FdGuard fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
   TESSERA_CHECK(fd.fd >= 0, "cannot open ", path, ": ", std::strerror(errno));
   struct stat st {};
   TESSERA_CHECK(::fstat(fd.fd, &st) == 0, "cannot stat ", path, ": ", std::strerror(errno));
   TESSERA_CHECK(S_ISREG(st.st_mode), path, " is not a regular file");
-  size_ = static_cast<int64_t>(st.st_size);
+  const int out = fd.fd;
+  fd.fd = -1;  // ownership passes to the caller
+  return {out, static_cast<int64_t>(st.st_size)};
+}
+}  // namespace
+
+ReadOnlyFile::ReadOnlyFile(const std::string& path) : path_(path) {
+  std::tie(fd_, size_) = open_regular_file(path);
+}
+
+ReadOnlyFile::~ReadOnlyFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void ReadOnlyFile::read(int64_t offset, int64_t bytes, void* dst) const {
+  auto* out = static_cast<char*>(dst);
+  int64_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = ::pread(fd_, out + done, static_cast<size_t>(bytes - done), static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;  // a signal (the stop handlers) interrupted the read
+    TESSERA_CHECK(n >= 0, "cannot read ", path_, " (", bytes, " bytes at byte offset ", offset, "): ",
+                  std::strerror(errno));
+    if (n == 0) fail_short_read(offset, bytes, done);
+    done += n;
+  }
+}
+
+void ReadOnlyFile::fail_short_read(int64_t offset, int64_t bytes, int64_t got) const {
+  struct stat st {};
+  const std::string now = ::fstat(fd_, &st) == 0 ? std::to_string(st.st_size) : "an unknown number of";
+  detail::fail(path_, ": cannot read ", bytes, " bytes at byte offset ", offset,
+               got > 0 ? " (only " + std::to_string(got) + " there)" : std::string(), ": the file has ", now,
+               " bytes now, ", size_, " when it was opened (truncated or rewritten while in use?)");
+}
+
+MappedFile::MappedFile(const std::string& path) : path_(path) {
+  FdGuard fd{-1};
+  std::tie(fd.fd, size_) = open_regular_file(path);
   if (size_ == 0) return;
   void* p = ::mmap(nullptr, static_cast<size_t>(size_), PROT_READ, MAP_SHARED, fd.fd, 0);
   TESSERA_CHECK(p != MAP_FAILED, "cannot map ", path, " (", size_, " bytes): ", std::strerror(errno));

@@ -1,4 +1,5 @@
-// Files for the on-disk dataset formats: a read-only memory mapping (RAII) and a writer that
+// Files for the on-disk dataset formats: a file read with pread (token data, read while training
+// runs), a read-only memory mapping (headers and indices, read while opening) and a writer that
 // makes a file appear whole or not at all (written under a temporary name, renamed on commit).
 #pragma once
 
@@ -14,7 +15,34 @@ namespace tessera {
 // The formats are little-endian and values are written and read in native order.
 static_assert(std::endian::native == std::endian::little, "tessera's file formats assume a little-endian host");
 
-// The whole of a file mapped read-only. Errors name the path. An empty file maps to no memory
+// A regular file opened read-only and read at any offset with pread. For data read while training
+// runs: a file truncated meanwhile gives a short read, reported as an error naming the file, the
+// offset and the length, where touching a mapped page the file no longer backs would kill the
+// process with SIGBUS. (A file replaced by rename keeps being read whole: the descriptor holds it.)
+class ReadOnlyFile {
+ public:
+  explicit ReadOnlyFile(const std::string& path);
+  ~ReadOnlyFile();
+  ReadOnlyFile(const ReadOnlyFile&) = delete;
+  ReadOnlyFile& operator=(const ReadOnlyFile&) = delete;
+
+  int64_t size() const { return size_; }  // when opened
+  const std::string& path() const { return path_; }
+  // Reads bytes [offset, offset + bytes) into dst; safe from several threads at once. An error
+  // naming the file, offset and length when the file no longer holds them or the read fails.
+  void read(int64_t offset, int64_t bytes, void* dst) const;
+
+ private:
+  [[noreturn]] void fail_short_read(int64_t offset, int64_t bytes, int64_t got) const;
+
+  std::string path_;
+  int fd_ = -1;
+  int64_t size_ = 0;
+};
+
+// The whole of a file mapped read-only, for what is read only while a dataset is opened (a file
+// truncated under a mapping raises SIGBUS when a vanished page is touched, so data read during
+// training goes through ReadOnlyFile instead). Errors name the path. An empty file maps to no memory
 // (data() is null, size() 0): mmap refuses a length of 0.
 class MappedFile {
  public:

@@ -1,7 +1,8 @@
 // Megatron-LM's indexed dataset ("MMIDIDX" version 1): PREFIX.bin holds the token ids of every
 // sequence back to back, PREFIX.idx their lengths, byte offsets and document boundaries.
-// Byte-compatible with megatron/core/datasets/indexed_dataset.py both ways; read by mmap and
-// validated whole at open, so a bad file fails with a message naming it, never later mid-run.
+// Byte-compatible with megatron/core/datasets/indexed_dataset.py both ways. The .idx is mapped and
+// validated whole at open, so a bad file fails with a message naming it, never later mid-run; the
+// .bin is read with pread, so one truncated while training runs is an error, not a SIGBUS.
 //
 // PREFIX.idx, all little-endian, arrays packed with no padding (S sequences, D = documents + 1):
 //   offset 0         9 bytes   magic "MMIDIDX\0\0"
@@ -34,7 +35,7 @@ inline constexpr int64_t kIndexedHeaderBytes = 34;
 // "data/x", "data/x.bin" and "data/x.idx" all name the dataset with prefix "data/x".
 std::string indexed_dataset_prefix(const std::string& path);
 
-// A read-only, memory-mapped indexed dataset. Opening checks: both files exist, magic, version,
+// A read-only indexed dataset (.idx memory-mapped, .bin read with pread). Opening checks: both files exist, magic, version,
 // dtype code, that the .idx holds the arrays its header announces, document indices run from 0
 // to S without going back, sequences follow each other in the .bin (pointer k = the end of
 // sequence k - 1: what every Megatron writer produces) and the .bin is exactly as long as the
@@ -60,7 +61,7 @@ class IndexedDataset {
   int64_t document_token_offset(int64_t d) const;
   TokenSpan document(int64_t d) const;
   // Every token, in file order: the documents back to back.
-  TokenSpan tokens() const { return TokenSpan(bin_.data(), num_tokens_, dtype_); }
+  TokenSpan tokens() const { return TokenSpan(&bin_, 0, num_tokens_, dtype_); }
 
  private:
   void validate_header();
@@ -71,7 +72,8 @@ class IndexedDataset {
   const std::byte* doc_indices() const { return pointers() + 8 * num_sequences_; }
 
   std::string prefix_;
-  MappedFile idx_, bin_;
+  MappedFile idx_;
+  ReadOnlyFile bin_;
   TokenDType dtype_ = TokenDType::kUInt16;
   int64_t num_sequences_ = 0, num_doc_indices_ = 0, num_tokens_ = 0;
 };

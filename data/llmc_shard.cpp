@@ -1,6 +1,7 @@
 // llm.c shards: header checks in the order that gives the most useful message first.
 #include "data/llmc_shard.h"
 
+#include <algorithm>
 #include <array>
 #include <fstream>
 #include <limits>
@@ -18,7 +19,9 @@ bool has_llmc_magic(const std::string& path) {
 
 LlmcShard::LlmcShard(const std::string& path) : file_(path) {
   const int64_t size = file_.size();
-  const std::byte* p = file_.data();
+  std::array<std::byte, kLlmcHeaderBytes> header{};
+  file_.read(0, std::min(size, kLlmcHeaderBytes), header.data());
+  const std::byte* p = header.data();
   const int32_t magic = size >= 4 ? load_le<int32_t>(p) : 0;
   TESSERA_CHECK(magic != kLlmcLlama3Magic, path, ": llm.c shard with uint32 tokens (magic ", kLlmcLlama3Magic,
                 ", the Llama 3 flavour); tessera reads the GPT-2 flavour (magic ", kLlmcMagic, ", uint16 tokens)");

@@ -1,6 +1,7 @@
 // llm.c token shards (dev/data/data_common.py write_datafile, GPT-2 flavour): a header of 256
-// little-endian int32 then the tokens as uint16. Read by mmap, validated at open; also written,
-// for tests and to export data to llm.c.
+// little-endian int32 then the tokens as uint16. The header is validated at open and the tokens
+// read with pread (a shard truncated mid-run is an error, not a SIGBUS); also written, for tests
+// and to export data to llm.c.
 //
 //   offset 0     int32        magic 20240520
 //   offset 4     int32        version 1 (uint16 tokens)
@@ -26,7 +27,7 @@ inline constexpr int64_t kLlmcHeaderBytes = 256 * 4;
 // True when path is a readable file whose first 4 bytes are the llm.c magic.
 bool has_llmc_magic(const std::string& path);
 
-// One shard, mapped read-only. Open checks magic, version, and that the file holds exactly the
+// One shard, opened read-only. Open checks magic, version, and that the file holds exactly the
 // header and the N tokens its header announces.
 class LlmcShard {
  public:
@@ -34,10 +35,10 @@ class LlmcShard {
 
   const std::string& path() const { return file_.path(); }
   int64_t num_tokens() const { return num_tokens_; }
-  TokenSpan tokens() const { return TokenSpan(file_.data() + kLlmcHeaderBytes, num_tokens_, TokenDType::kUInt16); }
+  TokenSpan tokens() const { return TokenSpan(&file_, kLlmcHeaderBytes, num_tokens_, TokenDType::kUInt16); }
 
  private:
-  MappedFile file_;
+  ReadOnlyFile file_;
   int64_t num_tokens_ = 0;
 };
 

@@ -1,4 +1,4 @@
-// DataLoader: one producer thread, a bounded queue, errors carried to the consumer.
+// DataLoader: one producer thread, a bounded queue, errors carried to the consumer, waits that poll.
 #include "data/loader.h"
 
 #include "kernels/check.h"
@@ -34,11 +34,12 @@ void DataLoader::run() {
         cv_.wait(lock, [&] { return stop_ || ready_.size() < depth_; });
         if (stop_) return;
       }
-      Batch b = make_batch(dataset_, sampler_.micro_batch(next_step_start_, next_micro_, layout_));
+      std::optional<Batch> b = make_batch(dataset_, sampler_.micro_batch(next_step_start_, next_micro_, layout_), stop_);
+      if (!b) return;  // destroyed while making it
       if (++next_micro_ == layout_.micro_batches()) next_micro_ = 0, next_step_start_ += layout_.global_batch;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        ready_.push_back(std::move(b));
+        ready_.push_back(std::move(*b));
       }
       cv_.notify_all();
     }
@@ -49,9 +50,12 @@ void DataLoader::run() {
   }
 }
 
-Batch DataLoader::next() {
+Batch DataLoader::next() { return *next([] { return false; }); }
+
+std::optional<Batch> DataLoader::next(const std::function<bool()>& give_up) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return !ready_.empty() || error_; });
+  while (!cv_.wait_for(lock, kPollInterval, [&] { return !ready_.empty() || error_; }))
+    if (give_up()) return std::nullopt;
   if (ready_.empty()) std::rethrow_exception(error_);
   Batch b = std::move(ready_.front());
   ready_.pop_front();

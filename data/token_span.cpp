@@ -1,5 +1,9 @@
-// TokenSpan: one switch on the dtype per call, then a loop over the typed elements.
+// TokenSpan: one switch on the dtype per call, then reads into a buffer and a loop over the typed
+// elements.
 #include "data/token_span.h"
+
+#include <algorithm>
+#include <vector>
 
 #include "kernels/check.h"
 
@@ -56,31 +60,47 @@ bool token_dtype_is_integer(TokenDType dtype) {
 
 int64_t TokenSpan::operator[](int64_t i) const {
   return visit_integer(dtype_, [&](auto t) -> int64_t {
-    return static_cast<int64_t>(reinterpret_cast<const decltype(t)*>(bytes_)[i]);
+    file_->read(offset_ + i * int64_t(sizeof(t)), sizeof(t), &t);
+    return static_cast<int64_t>(t);
   });
 }
 
 void TokenSpan::copy_to(int64_t begin, int64_t n, int32_t* out) const {
+  TESSERA_CHECK(begin >= 0 && n >= 0 && begin + n <= size_, "internal: tokens [", begin, ", ", begin + n,
+                ") outside a span of ", size_);
   visit_integer(dtype_, [&](auto t) {
-    const auto* p = reinterpret_cast<const decltype(t)*>(bytes_) + begin;
-    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(p[i]);
+    using T = decltype(t);
+    // A training window (T + 1 ids, a few KiB) is one read into this buffer.
+    constexpr int64_t kChunk = 16384 / sizeof(T);
+    T buf[kChunk];
+    for (int64_t done = 0; done < n;) {
+      const int64_t k = std::min(kChunk, n - done);
+      file_->read(offset_ + (begin + done) * int64_t(sizeof(T)), k * int64_t(sizeof(T)), buf);
+      for (int64_t i = 0; i < k; ++i) out[done + i] = static_cast<int32_t>(buf[i]);
+      done += k;
+    }
   });
 }
 
 std::optional<int64_t> TokenSpan::find_out_of_range(int64_t limit) const {
-  if (size_ == 0) return std::nullopt;
   return visit_integer(dtype_, [&](auto t) -> std::optional<int64_t> {
     using T = decltype(t);
-    const auto* p = reinterpret_cast<const T*>(bytes_);
-    T lo = p[0], hi = p[0];
-    for (int64_t i = 1; i < size_; ++i) {
-      lo = p[i] < lo ? p[i] : lo;
-      hi = p[i] > hi ? p[i] : hi;
-    }
-    if (static_cast<int64_t>(lo) >= 0 && static_cast<int64_t>(hi) < limit) return std::nullopt;
-    for (int64_t i = 0; i < size_; ++i) {
-      const auto v = static_cast<int64_t>(p[i]);
-      if (v < 0 || v >= limit) return i;
+    const int64_t chunk = kScanChunkBytes / int64_t(sizeof(T));
+    std::vector<T> buf(static_cast<size_t>(std::min(chunk, size_)));
+    for (int64_t at = 0; at < size_; at += chunk) {
+      const int64_t k = std::min(chunk, size_ - at);
+      file_->read(offset_ + at * int64_t(sizeof(T)), k * int64_t(sizeof(T)), buf.data());
+      const T* p = buf.data();
+      T lo = p[0], hi = p[0];
+      for (int64_t i = 1; i < k; ++i) {
+        lo = p[i] < lo ? p[i] : lo;
+        hi = p[i] > hi ? p[i] : hi;
+      }
+      if (static_cast<int64_t>(lo) >= 0 && static_cast<int64_t>(hi) < limit) continue;
+      for (int64_t i = 0; i < k; ++i) {
+        const auto v = static_cast<int64_t>(p[i]);
+        if (v < 0 || v >= limit) return at + i;
+      }
     }
     return std::nullopt;
   });

@@ -1,5 +1,5 @@
-// Token ids stored in files, read in place: the element types the formats use (Megatron's dtype
-// codes) and a typed view over mapped bytes that converts to int32 only when copied out.
+// Token ids stored in files: the element types the formats use (Megatron's dtype codes) and a
+// typed view of a range of a file, read with pread and converted to int32 only when copied out.
 #pragma once
 
 #include <cstddef>
@@ -30,30 +30,35 @@ int64_t token_dtype_size(TokenDType dtype);
 const char* token_dtype_name(TokenDType dtype);  // numpy's name: "uint16", "int32", ...
 bool token_dtype_is_integer(TokenDType dtype);
 
-// n token ids of one integer dtype at `bytes` (aligned for the dtype: .bin files are mapped at a
-// page boundary and every sequence starts at a multiple of the element size).
+// n token ids of one integer dtype stored from byte `offset` of `file` (a view: the file's owner
+// keeps it open). Reads go through ReadOnlyFile, so a file truncated since it was opened is an
+// error naming it, never a crash.
 class TokenSpan {
  public:
   TokenSpan() = default;
-  TokenSpan(const std::byte* bytes, int64_t size, TokenDType dtype) : bytes_(bytes), size_(size), dtype_(dtype) {}
+  TokenSpan(const ReadOnlyFile* file, int64_t offset, int64_t size, TokenDType dtype)
+      : file_(file), offset_(offset), size_(size), dtype_(dtype) {}
 
   int64_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
   TokenDType dtype() const { return dtype_; }
-  const std::byte* bytes() const { return bytes_; }
-  int64_t operator[](int64_t i) const;
+  const ReadOnlyFile* file() const { return file_; }
+  int64_t offset() const { return offset_; }  // in bytes
+  int64_t operator[](int64_t i) const;        // one read per call: for messages and tests
   TokenSpan subspan(int64_t begin, int64_t n) const {
-    return TokenSpan(bytes_ + begin * token_dtype_size(dtype_), n, dtype_);
+    return TokenSpan(file_, offset_ + begin * token_dtype_size(dtype_), n, dtype_);
   }
   // The ids [begin, begin + n) converted to int32 (callers check the range against a vocabulary).
   void copy_to(int64_t begin, int64_t n, int32_t* out) const;
-  // The position of the first id outside [0, limit), or nothing. One vectorized pass computing
-  // the minimum and maximum; a second pass only when something is out of range.
+  // The position of the first id outside [0, limit), or nothing. Reads the span in chunks of
+  // kScanChunkBytes, one vectorized minimum/maximum pass each; a chunk is searched only when
+  // something in it is out of range.
   std::optional<int64_t> find_out_of_range(int64_t limit) const;
+  static constexpr int64_t kScanChunkBytes = int64_t(1) << 18;
 
  private:
-  const std::byte* bytes_ = nullptr;
-  int64_t size_ = 0;
+  const ReadOnlyFile* file_ = nullptr;
+  int64_t offset_ = 0, size_ = 0;
   TokenDType dtype_ = TokenDType::kUInt16;
 };
 

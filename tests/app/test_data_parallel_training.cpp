@@ -45,12 +45,12 @@ TEST(DataParallelTraining, EqualsTheOneRankRun) {
                                      dir / "one" / "checkpoints" / "step_00000006.h5", 1e-5, run);
   }
   // Communication accounting: with 2 ranks each sends, per step, its whole gradient once (ring
-  // all-reduce: 2 (p-1)/p = 1 x the bytes) plus three scalar reductions of 8, 8 and 24 bytes
-  // (global targets, global loss, the stop vote).
+  // all-reduce: 2 (p-1)/p = 1 x the bytes) plus four scalar reductions of 8, 8, 24 and 16 bytes
+  // (global targets, global loss, the stop vote, the vote on reading the step's data).
   int64_t params = 0;
   for (const auto& t : base.tensors())
     if (t.path.rfind("/model/", 0) == 0) params += t.shape.numel();
-  EXPECT_EQ(testing::last_metric(dir / "dp2true" / "metrics.jsonl", "dp_bytes_per_step"), 4 * params + 8 + 8 + 24);
+  EXPECT_EQ(testing::last_metric(dir / "dp2true" / "metrics.jsonl", "dp_bytes_per_step"), 4 * params + 8 + 8 + 24 + 16);
   // The 2-rank checkpoint continues on 1 rank.
   fs::copy(dir / "dp2true", dir / "resumed", fs::copy_options::recursive);
   r = train(dir, "resumed", 1, {"--set", "train.steps=8"});
@@ -88,10 +88,11 @@ TEST(DataParallelTraining, ZeroOneEqualsTheOneRankRun) {
     testing::expect_checkpoints_near(dir / run / "checkpoints" / "step_00000006.h5",
                                      dir / "one" / "checkpoints" / "step_00000006.h5", 1e-5, run);
     // Communication per step: a reduce-scatter and an all-gather of the padded buffer (P floats),
-    // (p - 1) / p x 4P bytes each, plus four scalar all-reduces of 8, 8, 24 (the stop vote) and 8
-    // (the squared gradient norm) bytes, 2 (p - 1) / p x each.
+    // (p - 1) / p x 4P bytes each, plus five scalar all-reduces of 8, 8, 24 (the stop vote), 16
+    // (the data vote) and 8 (the squared gradient norm) bytes, 2 (p - 1) / p x each.
     const int64_t padded = (params + ranks - 1) / ranks * ranks;
-    const int64_t scalars = 2 * (ranks - 1) * 8 / ranks * 3 + 2 * (ranks - 1) * 24 / ranks;
+    const int64_t scalars =
+        2 * (ranks - 1) * 8 / ranks * 3 + 2 * (ranks - 1) * 24 / ranks + 2 * (ranks - 1) * 16 / ranks;
     EXPECT_EQ(testing::last_metric(dir / run / "metrics.jsonl", "dp_bytes_per_step"), 2 * (ranks - 1) * padded / ranks * 4 + scalars) << run;
   }
   fs::remove_all(dir);

@@ -282,5 +282,22 @@ TEST(IndexedDataset, TinyShakespeareGpt2IdsRoundTrip) {
   EXPECT_EQ(read_bytes(dir / "s.bin"), raw);  // uint16 LE: the .bin is the raw file itself
 }
 
+// A .bin cut short after the dataset was opened (a file rewritten while training runs): reading
+// beyond the new end is an error naming the file, the offset and the length; what is still there
+// reads back. (A memory-mapped .bin killed the process with SIGBUS here.)
+TEST(IndexedDataset, BinTruncatedAfterOpenIsAnErrorNamingTheFile) {
+  TempDir dir("idx_truncated");
+  const std::vector<std::vector<int32_t>> docs = {{1, 2, 3, 4, 5}, {6, 7, 8, 9, 10, 11, 12}};
+  write_dataset(dir / "d", docs, TokenDType::kUInt16);
+  IndexedDataset ds(dir / "d");
+  std::filesystem::resize_file(dir / "d.bin", 10);  // 5 tokens left
+  EXPECT_EQ(to_vector(ds.document(0)), docs[0]);
+  EXPECT_TRUE(throws_with([&] { to_vector(ds.document(1)); },
+                          {dir / "d.bin", "cannot read 14 bytes at byte offset 10", "has 10 bytes now",
+                           "24 when it was opened"}));
+  std::filesystem::resize_file(dir / "d.bin", 0);
+  EXPECT_TRUE(throws_with([&] { ds.tokens()[0]; }, {dir / "d.bin", "byte offset 0", "has 0 bytes now"}));
+}
+
 }  // namespace
 }  // namespace tessera

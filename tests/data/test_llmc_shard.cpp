@@ -100,5 +100,18 @@ TEST_F(LlmcShardErrors, Truncated) {
   EXPECT_TRUE(open_fails({path, "negative token count"}));
 }
 
+// A shard cut short after it was opened: an error naming it, not a SIGBUS.
+TEST(LlmcShard, TruncatedAfterOpenIsAnErrorNamingTheFile) {
+  TempDir dir("llmc_truncated");
+  write_llmc_shard(dir / "s.bin", std::vector<int32_t>{5, 6, 7, 8});
+  LlmcShard shard(dir / "s.bin");
+  std::filesystem::resize_file(dir / "s.bin", 1024 + 2);
+  std::vector<int32_t> out(4);
+  shard.tokens().copy_to(0, 1, out.data());
+  EXPECT_EQ(out[0], 5);
+  EXPECT_TRUE(throws_with([&] { shard.tokens().copy_to(0, 4, out.data()); },
+                          {dir / "s.bin", "cannot read 8 bytes at byte offset 1024", "has 1026 bytes now"}));
+}
+
 }  // namespace
 }  // namespace tessera

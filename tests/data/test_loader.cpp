@@ -1,8 +1,15 @@
 // Tests data/loader.h: batches arrive in training order and equal the sampler's plan, a loader
-// started at step k continues an uninterrupted one exactly, and data errors reach the caller.
+// started at step k continues an uninterrupted one exactly, data errors (a file truncated under
+// the reading thread) reach the caller, and both waits can be given up promptly.
 #include "data/loader.h"
 
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
 #include "data/addition.h"
+#include "data/token_dataset.h"
+#include "temp_files.h"
 #include "testing.h"
 
 namespace tessera {
@@ -49,6 +56,50 @@ TEST(DataLoader, ErrorsReachTheCaller) {
   Sampler sampler(10, 1);
   DataLoader loader(ds, sampler, {2, 2, 1, 0}, 0);
   EXPECT_THROW(loader.next(), Error);
+}
+
+// A file truncated after it was opened: the loader thread's read error reaches next(), naming it.
+TEST(DataLoader, AFileTruncatedUnderTheThreadReachesTheCaller) {
+  testing::TempDir dir("loader_truncated");
+  IndexedDatasetBuilder b(dir / "d", TokenDType::kUInt16);
+  b.add_document(std::vector<int32_t>(4000, 3));
+  b.finalize();
+  auto ds = open_token_dataset({dir / "d"}, 16, 100);
+  std::filesystem::resize_file(dir / "d.bin", 0);
+  Sampler sampler(ds->num_samples(), 1);
+  DataLoader loader(*ds, sampler, {4, 4, 1, 0}, 0);
+  EXPECT_TRUE(testing::throws_with([&] { loader.next(); }, {dir / "d.bin", "cannot read", "has 0 bytes now"}));
+}
+
+namespace {
+// Every sample takes 50 ms to read, as from slow storage.
+class SlowDataset : public Dataset {
+ public:
+  int64_t num_samples() const override { return 1000; }
+  int64_t seq_len() const override { return 4; }
+  int64_t vocab_size() const override { return 10; }
+  void get(int64_t, int32_t* out, uint8_t* mask) const override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::fill(out, out + 5, 1);
+    if (mask) std::fill(mask, mask + 5, uint8_t{1});
+  }
+  std::string describe() const override { return "slow"; }
+};
+}  // namespace
+
+// A micro-batch of 200 slow samples takes 10 s: next(give_up) returns nothing within a poll of
+// give_up turning true, and the loader's destructor stops the thread between samples.
+TEST(DataLoader, WaitsCanBeGivenUpAndTheThreadStopsBetweenSamples) {
+  using Clock = std::chrono::steady_clock;
+  SlowDataset ds;
+  Sampler sampler(ds.num_samples(), 1);
+  const auto t0 = Clock::now();
+  {
+    DataLoader loader(ds, sampler, {200, 200, 1, 0}, 0);
+    const auto quit_at = Clock::now() + std::chrono::milliseconds(200);
+    EXPECT_FALSE(loader.next([&] { return Clock::now() > quit_at; }).has_value());
+  }
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 1.0);
 }
 
 }  // namespace tessera

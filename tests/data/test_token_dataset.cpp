@@ -151,5 +151,30 @@ TEST(ValidationSplit, HoldsOutTheLastDocuments) {
   EXPECT_EQ(split.val.first_position, int64_t(train.size()));  // positions in messages are file positions
 }
 
+// Windows read after the file was truncated fail with its name; windows still inside it read.
+TEST(TokenWindowDataset, FileTruncatedAfterOpenFailsTheWindowsBeyondIt) {
+  TempDir dir("tw_truncated");
+  write_indexed(dir / "d", {iota_ids(0, 40)});
+  auto ds = open_token_dataset({dir / "d"}, 4, 100);
+  std::filesystem::resize_file(dir / "d.bin", 2 * 20);
+  EXPECT_EQ(window(*ds, 0), iota_ids(0, 5));
+  std::vector<int32_t> out(5);
+  EXPECT_TRUE(throws_with([&] { ds->get(8, out.data(), nullptr); }, {dir / "d.bin", "byte offset 64"}));
+}
+
+// The check at open reads the stream in chunks: an id past the first chunk is found at its
+// position, and one in the last, partial chunk too.
+TEST(TokenWindowDataset, BadIdsAreFoundInEveryScanChunk) {
+  TempDir dir("tw_chunks");
+  const int64_t per_chunk = TokenSpan::kScanChunkBytes / 2;  // uint16 ids
+  for (const int64_t at : {per_chunk + 17, 2 * per_chunk + 3}) {
+    std::vector<int32_t> ids(2 * per_chunk + 100, 7);
+    ids[at] = 999;
+    write_llmc_shard(dir / "s.bin", ids);
+    EXPECT_TRUE(throws_with([&] { open_token_dataset({dir / "s.bin"}, 4, 257); },
+                            {"token id 999", "position " + std::to_string(at) + " "}));
+  }
+}
+
 }  // namespace
 }  // namespace tessera
