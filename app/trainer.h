@@ -21,6 +21,7 @@
 #include "data/loader.h"
 #include "data/sampler.h"
 #include "kernels/allocator.h"
+#include "kernels/exec.h"
 #include "model/gpt.h"
 #include "model/parameters.h"
 #include "optim/schedule.h"
@@ -65,7 +66,7 @@ class Trainer {
 
  private:
   double forward_backward(int64_t s);
-  std::string nonfinite_report(double loss, double norm) const;
+  std::string nonfinite_report(double loss, double norm);
   void evaluate(int64_t s, TrainSummary& summary);
   void log_step(int64_t s, const StepResult& r, double step_seconds, double elapsed, bool record);
   void print_header();
@@ -92,6 +93,7 @@ class Trainer {
   BatchLayout layout_;
   std::unique_ptr<DataLoader> loader_;  // created at the first step, positioned at it
   Allocator alloc_;
+  Exec ex_;  // where the model and optimizer run: alloc_'s device (CPU: the trivial context)
   std::unique_ptr<ParameterStore> params_;
   std::unique_ptr<Gpt> model_;
   std::unique_ptr<DataParallelOptimizer> opt_;  // gradient reduction over dp, AdamW (parallel.zero)
