@@ -308,7 +308,8 @@ void Trainer::evaluate(int64_t s, TrainSummary& summary) {
   JsonRecord record;
   record.add("step", s);
   if (data_.valid) {
-    summary.val_loss = validation_loss(ex_, *model_, alloc_, *data_.valid, cfg_.train.eval_batches, cfg_.train.micro_batch);
+    summary.val_loss =
+        validation_loss(ex_, *model_, alloc_, *data_.valid, cfg_.train.eval_batches, cfg_.train.micro_batch);
     os.precision(4);
     os << " val_loss " << summary.val_loss;
     record.add("val_loss", summary.val_loss);

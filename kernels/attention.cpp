@@ -38,9 +38,9 @@ void attention_backward(const Exec& ex, const Tensor& dq, const Tensor& dk, cons
                         const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         int64_t q_offset, int64_t k_offset) {
   const char* op = "attention_backward";
-  const Device d = front::device_of(op, ex,
-                                    {{"dq", dq}, {"dk", dk}, {"dv", dv}, {"dout", dout}, {"q", q}, {"k", k},
-                                     {"v", v}, {"out", out}, {"lse", lse}});
+  const Device d = front::device_of(
+      op, ex,
+      {{"dq", dq}, {"dk", dk}, {"dv", dv}, {"dout", dout}, {"q", q}, {"k", k}, {"v", v}, {"out", out}, {"lse", lse}});
   check_forward_args(op, out, lse, q, k, v);
   for (const Tensor* t : {&dq, &dk, &dv, &dout}) check_same_dtype(op, *t, q);
   check_shape(op, "dq", dq, q.shape);

@@ -22,8 +22,8 @@ int64_t check_shard_logits(const char* op, const Tensor& logits, const Tensor& t
   const int64_t cols = front::check_rows(op, "logits", logits), N = logits.numel() / cols;
   const VocabShard s = shard.resolved(cols);
   TESSERA_CHECK(s.start >= 0 && s.valid >= 0 && s.valid <= cols && s.start + s.valid <= s.vocab, op,
-                ": vocabulary shard [", s.start, ", ", s.start + s.valid, ") of ", s.vocab,
-                " ids does not fit logits ", logits.shape.str());
+                ": vocabulary shard [", s.start, ", ", s.start + s.valid, ") of ", s.vocab, " ids does not fit logits ",
+                logits.shape.str());
   front::check_numel(op, "targets", targets, DType::I32, N);
   return N;
 }

@@ -19,9 +19,7 @@ void check_float_dtype(const char* op, const Tensor& t) {
 }
 
 // A reduction's out: one defined F64 element.
-void check_scalar_out(const char* op, const Tensor& out) {
-  front::check_numel(op, "out", out, DType::F64, 1);
-}
+void check_scalar_out(const char* op, const Tensor& out) { front::check_numel(op, "out", out, DType::F64, 1); }
 
 // The device a copy runs on: the device side's when one tensor is on the host (an upload or a
 // read), else the one device of both; it must be ex's.
@@ -158,4 +156,3 @@ std::vector<double> read_values(const Exec& ex, const Tensor& t) {
 }
 
 }  // namespace tessera
-

@@ -21,7 +21,7 @@ void embedding_forward(const Exec& ex, const Tensor& out, const Tensor& tokens, 
 // dwte (V, C) += rows of dout scattered by token; dwpe (P, C) += dout summed over B at pos_offset + t.
 // Both accumulated; dwpe skipped when undefined. Deterministic (no atomics in a racy order).
 // With a shard, only the rows of ids held here receive gradient.
-void embedding_backward(const Exec& ex, const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens,
-                        int64_t pos_offset, const VocabShard& shard = {});
+void embedding_backward(const Exec& ex, const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                        const Tensor& tokens, int64_t pos_offset, const VocabShard& shard = {});
 
 }  // namespace tessera

@@ -23,8 +23,7 @@ void layernorm_backward(const Exec& ex, const Tensor& dx, const Tensor& dw, cons
                         const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd) {
   const char* op = "layernorm_backward";
   const Device d = front::device_of(
-      op, ex,
-      {{"dx", dx}, {"dw", dw}, {"db", db}, {"dy", dy}, {"x", x}, {"w", w}, {"mean", mean}, {"rstd", rstd}});
+      op, ex, {{"dx", dx}, {"dw", dw}, {"db", db}, {"dy", dy}, {"x", x}, {"w", w}, {"mean", mean}, {"rstd", rstd}});
   int64_t C = front::check_norm_input(op, x, w), N = x.numel() / C;
   front::check_like(op, "dx", dx, x);
   front::check_like(op, "dy", dy, x);

@@ -42,8 +42,8 @@ int64_t check_linear_shapes(const char* op, const char* y_name, const Tensor& y,
 
 }  // namespace
 
-void matmul(const Exec& ex, const Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
-            double alpha, double beta) {
+void matmul(const Exec& ex, const Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha,
+            double beta) {
   const char* op = "matmul";
   const Device d = front::device_of(op, ex, {{"c", c}, {"a", a}, {"b", b}});
   check_operand(op, "c", c, c);
@@ -79,8 +79,7 @@ void linear_forward(const Exec& ex, const Tensor& y, const Tensor& x, const Tens
 void linear_backward(const Exec& ex, const Tensor& dx, const Tensor& dw, const Tensor& dbias, const Tensor& dy,
                      const Tensor& x, const Tensor& w) {
   const char* op = "linear_backward";
-  const Device d =
-      front::device_of(op, ex, {{"dx", dx}, {"dw", dw}, {"dbias", dbias}, {"dy", dy}, {"x", x}, {"w", w}});
+  const Device d = front::device_of(op, ex, {{"dx", dx}, {"dw", dw}, {"dbias", dbias}, {"dy", dy}, {"x", x}, {"w", w}});
   check_operand(op, "x", x, x);
   check_float_dtype(op, x);
   check_operand(op, "dy", dy, x);

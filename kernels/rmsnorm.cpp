@@ -20,8 +20,7 @@ void rmsnorm_forward(const Exec& ex, const Tensor& y, const Tensor& rstd, const 
 void rmsnorm_backward(const Exec& ex, const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
                       const Tensor& w, const Tensor& rstd) {
   const char* op = "rmsnorm_backward";
-  const Device d =
-      front::device_of(op, ex, {{"dx", dx}, {"dw", dw}, {"dy", dy}, {"x", x}, {"w", w}, {"rstd", rstd}});
+  const Device d = front::device_of(op, ex, {{"dx", dx}, {"dw", dw}, {"dy", dy}, {"x", x}, {"w", w}, {"rstd", rstd}});
   int64_t C = front::check_norm_input(op, x, w), N = x.numel() / C;
   front::check_like(op, "dx", dx, x);
   front::check_like(op, "dy", dy, x);

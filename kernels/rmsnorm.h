@@ -11,7 +11,7 @@ void rmsnorm_forward(const Exec& ex, const Tensor& y, const Tensor& rstd, const 
 
 // dx (N, C) += ...   accumulated (residual stream, as layernorm_backward)
 // dw (C) += ...      accumulated
-void rmsnorm_backward(const Exec& ex, const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
-                      const Tensor& rstd);
+void rmsnorm_backward(const Exec& ex, const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
+                      const Tensor& w, const Tensor& rstd);
 
 }  // namespace tessera

@@ -27,8 +27,7 @@ void swiglu_forward(const Exec& ex, const Tensor& y, const Tensor& gate, const T
 void swiglu_backward(const Exec& ex, const Tensor& dgate, const Tensor& dup, const Tensor& dy, const Tensor& gate,
                      const Tensor& up) {
   const char* op = "swiglu_backward";
-  const Device d =
-      front::device_of(op, ex, {{"dgate", dgate}, {"dup", dup}, {"dy", dy}, {"gate", gate}, {"up", up}});
+  const Device d = front::device_of(op, ex, {{"dgate", dgate}, {"dup", dup}, {"dy", dy}, {"gate", gate}, {"up", up}});
   front::check_float(op, "gate", gate);
   check_same(op, "up", up, gate);
   check_same(op, "dy", dy, gate);

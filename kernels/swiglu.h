@@ -10,6 +10,7 @@ namespace tessera {
 // y, gate, up: (N, H) any shape, same numel.
 void swiglu_forward(const Exec& ex, const Tensor& y, const Tensor& gate, const Tensor& up);
 // dgate, dup written.
-void swiglu_backward(const Exec& ex, const Tensor& dgate, const Tensor& dup, const Tensor& dy, const Tensor& gate, const Tensor& up);
+void swiglu_backward(const Exec& ex, const Tensor& dgate, const Tensor& dup, const Tensor& dy, const Tensor& gate,
+                     const Tensor& up);
 
 }  // namespace tessera

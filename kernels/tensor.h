@@ -30,7 +30,8 @@ struct Device {
   static constexpr Device cpu() { return {DeviceKind::CPU, 0}; }
   static constexpr Device cuda(int i) { return {DeviceKind::CUDA, i}; }
   constexpr bool is_cpu() const { return kind == DeviceKind::CPU; }
-  bool operator==(const Device&) const = default;
+  // Spelled out, not `= default`: nvcc compiles kernels/cuda/*.cu, which include this, as C++17.
+  bool operator==(const Device& o) const { return kind == o.kind && index == o.index; }
   std::string str() const;
 };
 

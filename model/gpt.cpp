@@ -221,8 +221,8 @@ void Block::forward_saved(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const
   ctx.saved = true;
 }
 
-void Block::forward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
-                    Buffer* cache_k, Buffer* cache_v, int64_t pos) const {
+void Block::forward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x, Buffer* cache_k,
+                    Buffer* cache_v, int64_t pos) const {
   forward_saved(ex, ctx, alloc, y, x, cache_k, cache_v, pos);
   if (recompute_ == Recompute::Full) ctx = BlockCtx{};  // keep only x, which the caller owns
 }

@@ -1,7 +1,8 @@
 // The GPT, read small to large: Attention, Mlp, Block, Gpt. Each forward(ex, ctx, ...) fills a
 // per-micro-batch context with what its backward(ex, ctx, ...) needs, so several micro-batches can
-// be in flight; `ex` (kernels/exec.h) is where the ops run: the device and its stream. Dimension letters: B batch, T sequence, C channels, H heads, KV key/value heads,
-// D head dim, F MLP hidden, V vocab, L layers.
+// be in flight; `ex` (kernels/exec.h) is where the ops run: the device and its stream.
+// Dimension letters: B batch, T sequence, C channels, H heads, KV key/value heads, D head dim,
+// F MLP hidden, V vocab, L layers.
 #pragma once
 
 #include <cstdint>
@@ -123,8 +124,8 @@ class Block {
   void set_profiler(Profiler* p);
 
  private:
-  void forward_saved(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
-                     Buffer* cache_k, Buffer* cache_v, int64_t pos) const;
+  void forward_saved(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x, Buffer* cache_k,
+                     Buffer* cache_v, int64_t pos) const;
   Recompute recompute_ = Recompute::None;
   Profiler* prof_ = nullptr;
   Norm ln1_, ln2_;

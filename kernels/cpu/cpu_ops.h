@@ -15,8 +15,8 @@
 namespace tessera::cpu {
 
 // matmul.h
-void matmul(const Exec& ex, const Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
-            double alpha, double beta);
+void matmul(const Exec& ex, const Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha,
+            double beta);
 void linear_forward(const Exec& ex, const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& bias);
 void linear_backward(const Exec& ex, const Tensor& dx, const Tensor& dw, const Tensor& dbias, const Tensor& dy,
                      const Tensor& x, const Tensor& w);
@@ -26,8 +26,7 @@ void layernorm_forward(const Exec& ex, const Tensor& y, const Tensor& mean, cons
                        const Tensor& w, const Tensor& b, double eps);
 void layernorm_backward(const Exec& ex, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
                         const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd);
-void rmsnorm_forward(const Exec& ex, const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w,
-                     double eps);
+void rmsnorm_forward(const Exec& ex, const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w, double eps);
 void rmsnorm_backward(const Exec& ex, const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
                       const Tensor& w, const Tensor& rstd);
 

@@ -144,8 +144,7 @@ Cols shard_columns(const char* op, const Tensor& logits, const Tensor& targets, 
 }
 
 template <typename T>
-void combine(T* losses, T* lse, const T* parts, const T* target_logit, const int32_t* targets, int64_t R,
-             int64_t N) {
+void combine(T* losses, T* lse, const T* parts, const T* target_logit, const int32_t* targets, int64_t R, int64_t N) {
   for (int64_t n = 0; n < N; ++n) {
     double m = -std::numeric_limits<double>::infinity();
     for (int64_t r = 0; r < R; ++r) m = std::max(m, double(parts[r * N + n]));

@@ -123,8 +123,8 @@ Dims dims_of(const char* op, const Tensor& tokens, const Tensor& wte, const Tens
 
 }  // namespace
 
-void cpu::embedding_forward(const Exec&, const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                            const Tensor& wpe, int64_t pos_offset, const VocabShard& shard) {
+void cpu::embedding_forward(const Exec&, const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
+                            int64_t pos_offset, const VocabShard& shard) {
   Dims d = dims_of("embedding_forward", tokens, wte, wpe, shard);
   const int32_t* ids = tokens.ptr<int32_t>();
   if (wte.dtype == DType::F64)

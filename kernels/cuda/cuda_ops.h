@@ -14,7 +14,7 @@ namespace tessera::cuda {
 void synchronize(const Exec& ex);
 
 // elementwise.h
-void fill_zero(const Exec& ex, const Tensor& t);                   // cudaMemsetAsync
+void fill_zero(const Exec& ex, const Tensor& t);                  // cudaMemsetAsync
 void copy(const Exec& ex, const Tensor& dst, const Tensor& src);  // cudaMemcpyAsync, any direction
 
 }  // namespace tessera::cuda

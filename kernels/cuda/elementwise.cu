@@ -10,9 +10,7 @@ namespace {
 
 cudaStream_t stream_of(const Exec& ex) { return ex.stream; }
 
-void check_cuda(const char* op, cudaError_t e) {
-  TESSERA_CHECK(e == cudaSuccess, op, ": ", cudaGetErrorString(e));
-}
+void check_cuda(const char* op, cudaError_t e) { TESSERA_CHECK(e == cudaSuccess, op, ": ", cudaGetErrorString(e)); }
 
 }  // namespace
 

@@ -53,7 +53,8 @@ TEST(Presets, EveryConfigParsesAndTrainsOneTinyStep) {
     ps.initialize(kCpu, 1);
     std::vector<int32_t> tokens(8, 3), targets(8, 5);
     GptCtx ctx;
-    gpt.forward(kCpu, ctx, alloc, Tensor(tokens.data(), DType::I32, {1, 8}), Tensor(targets.data(), DType::I32, {1, 8}));
+    gpt.forward(kCpu, ctx, alloc, Tensor(tokens.data(), DType::I32, {1, 8}),
+                Tensor(targets.data(), DType::I32, {1, 8}));
     const double loss = read_loss_sums(kCpu, ctx.loss_sums).mean();
     EXPECT_GT(loss, 0.0);
     gpt.backward(kCpu, ctx, alloc, 1.0 / 8);

@@ -40,7 +40,8 @@ HostTensor<double> read_as(const Exec& ex, const Tensor& t) {
 }  // namespace
 
 Tensor OpRunner::in(const HostTensor<double>& x) {
-  return dtype_ == DType::F64 ? upload_as<double>(ex_, alloc_, buffers_, x) : upload_as<float>(ex_, alloc_, buffers_, x);
+  if (dtype_ == DType::F64) return upload_as<double>(ex_, alloc_, buffers_, x);
+  return upload_as<float>(ex_, alloc_, buffers_, x);
 }
 
 Tensor OpRunner::ids(const HostTensor<int32_t>& x) {
@@ -220,10 +221,10 @@ std::vector<OpCase> make_cases() {
 
   // ---- attention.h ----
 
-  // Grouped-query (H = 4, KV = 2), queries at positions 64..69 over keys 0..69 (a chunk of a longer
-  // sequence: every row sees 65 or more keys, two key tiles). Scores are D-term dot products; out is a convex combination
-  // of <= S rows and the gradients sums of <= G T terms: n eps with n <= 140 is ~8e-6. 3e-5, as
-  // test_attention.cpp.
+  // Grouped-query (H = 4, KV = 2), queries at positions 64..69 over keys 0..69 (a chunk of a
+  // longer sequence: every row sees 65 or more keys, two key tiles). Scores are D-term dot
+  // products; out is a convex combination of <= S rows and the gradients sums of <= G T terms:
+  // n eps with n <= 140 is ~8e-6. 3e-5, as test_attention.cpp.
   auto attention_inputs = [](OpRunner& r, uint64_t seed) {
     struct In {
       Tensor q, k, v;
@@ -323,7 +324,8 @@ std::vector<OpCase> make_cases() {
     }
     const Tensor losses = r.zeros({N}), lse = r.zeros({N});
     cross_entropy_combine(r.ex(), losses, lse, lse_parts, target_logit, targets);
-    std::vector<OpOutput> outs = {{"lse_parts", r.read(lse_parts)}, {"losses", r.read(losses)}, {"lse", r.read(lse)}};
+    std::vector<OpOutput> outs = {
+        {"lse_parts", r.read(lse_parts)}, {"losses", r.read(losses)}, {"lse", r.read(lse)}};
     for (int64_t rank = 0; rank < R; ++rank) {
       cross_entropy_backward(r.ex(), shard_logits[rank], shard_logits[rank], lse, targets, 0.5,
                              VocabShard::of(29, R, rank));  // in place

@@ -6,10 +6,10 @@
 #include "op_testing.h"
 
 namespace tessera {
-using testing::kCpu;
 using testing::expect_error;
 using testing::float_rounded;
 using testing::HostTensor;
+using testing::kCpu;
 namespace {
 
 // Random targets in [0, V) with the rows in `ignored` set to kIgnoreIndex.
@@ -149,11 +149,14 @@ TEST(CrossEntropy, RejectsBadTargetsAndArguments) {
   expect_error([&] { cross_entropy_backward(kCpu, d.t(), logits.t(), lse.t(), targets.t(), 1.0); },
                {"cross_entropy_backward", "target 20 at row 3"});
   targets[3] = -2;
-  expect_error([&] { cross_entropy_forward(kCpu, losses.t(), lse.t(), logits.t(), targets.t()); }, {"target -2 at row 3"});
+  expect_error([&] { cross_entropy_forward(kCpu, losses.t(), lse.t(), logits.t(), targets.t()); },
+               {"target -2 at row 3"});
   targets[3] = 0;
   HostTensor<float> targets_f({N});
-  expect_error([&] { cross_entropy_forward(kCpu, losses.t(), lse.t(), logits.t(), targets_f.t()); }, {"targets", "f32"});
-  expect_error([&] { cross_entropy_forward(kCpu, losses.t(), lse_bad.t(), logits.t(), targets.t()); }, {"lse", "5 elements"});
+  expect_error([&] { cross_entropy_forward(kCpu, losses.t(), lse.t(), logits.t(), targets_f.t()); },
+               {"targets", "f32"});
+  expect_error([&] { cross_entropy_forward(kCpu, losses.t(), lse_bad.t(), logits.t(), targets.t()); },
+               {"lse", "5 elements"});
   // dlogits shifted one row from the logits: in place must be the very same buffer.
   HostTensor<float> buffer({N + 1, V});
   Tensor rows_lo = buffer.t().slice_rows(0, N), rows_hi = buffer.t().slice_rows(1, N + 1);
@@ -208,10 +211,11 @@ TEST(CrossEntropy, VocabShardsCombineToTheWholeLossF32) { check_vocab_shards<flo
 TEST(CrossEntropy, VocabShardRejectsAShardThatDoesNotFit) {
   HostTensor<float> logits({2, 4}), a({2}), b({2});
   HostTensor<int32_t> targets({2});
-  expect_error([&] { cross_entropy_shard_forward(kCpu, a.t(), b.t(), logits.t(), targets.t(), VocabShard{8, 5, 12}); },
-               {"cross_entropy_shard_forward", "[8, 13) of 12 ids"});
-  expect_error([&] { cross_entropy_shard_forward(kCpu, a.t(), b.t(), logits.t(), targets.t(), VocabShard{0, 5, 12}); },
-               {"does not fit logits (2, 4)"});
+  auto shard_forward = [&](VocabShard s) {
+    cross_entropy_shard_forward(kCpu, a.t(), b.t(), logits.t(), targets.t(), s);
+  };
+  expect_error([&] { shard_forward(VocabShard{8, 5, 12}); }, {"cross_entropy_shard_forward", "[8, 13) of 12 ids"});
+  expect_error([&] { shard_forward(VocabShard{0, 5, 12}); }, {"does not fit logits (2, 4)"});
 }
 
 }  // namespace tessera

@@ -4,8 +4,8 @@
 #include "op_testing.h"
 
 namespace tessera {
-using testing::kCpu;
 using testing::HostTensor;
+using testing::kCpu;
 
 TEST(Elementwise, ResidualForwardAndBackward) {
   auto a = HostTensor<float>::uniform({5, 7}, 1), b = HostTensor<float>::uniform({5, 7}, 2);
@@ -58,9 +58,11 @@ TEST(Elementwise, CopyAndPasteColumns) {
   HostTensor<float> back({3, 5});
   paste_columns(kCpu, back.t(), narrow.t(), 3);
   EXPECT_EQ(back.vec(), (std::vector<float>{0, 0, 0, 2, 3, 0, 0, 0, 7, 8, 0, 0, 0, 12, 13}));
-  testing::expect_error([&] { copy_columns(kCpu, narrow.t(), wide.t(), 4); }, {"copy_columns", "columns [4, 6)", "(3, 5)"});
+  testing::expect_error([&] { copy_columns(kCpu, narrow.t(), wide.t(), 4); },
+                        {"copy_columns", "columns [4, 6)", "(3, 5)"});
   HostTensor<float> rows4({4, 2});
-  testing::expect_error([&] { paste_columns(kCpu, wide.t(), rows4.t(), 0); }, {"paste_columns", "expected (N, w) and (N, W)"});
+  testing::expect_error([&] { paste_columns(kCpu, wide.t(), rows4.t(), 0); },
+                        {"paste_columns", "expected (N, w) and (N, W)"});
 }
 
 }  // namespace tessera

@@ -6,10 +6,10 @@
 #include "op_testing.h"
 
 namespace tessera {
-using testing::kCpu;
 using testing::expect_error;
 using testing::float_rounded;
 using testing::HostTensor;
+using testing::kCpu;
 namespace {
 
 // B = 3, T = 5 over a vocabulary of V = 7: 15 tokens, so ids repeat and the scatter must add.
@@ -137,7 +137,8 @@ TEST(Embedding, RejectsOutOfRangeTokensAndPositions) {
   expect_error([&] { embedding_backward(kCpu, tab.wte.t(), tab.wpe.t(), out.t(), tokens.t(), 0); },
                {"embedding_backward", "token id 7", "[0, 7)"});
   tokens[1 * kT + 2] = -3;
-  expect_error([&] { embedding_forward(kCpu, out.t(), tokens.t(), tab.wte.t(), Tensor(), 0); }, {"token id -3", "[0, 7)"});
+  expect_error([&] { embedding_forward(kCpu, out.t(), tokens.t(), tab.wte.t(), Tensor(), 0); },
+               {"token id -3", "[0, 7)"});
   tokens[1 * kT + 2] = 0;
   // Positions 5 .. 9 with P = 9: position 9 is the first beyond the table.
   expect_error([&] { embedding_forward(kCpu, out.t(), tokens.t(), tab.wte.t(), tab.wpe.t(), kP - kT + 1); },

@@ -78,7 +78,9 @@ TEST(Front, OpsWithoutACudaKernelSaySo) {
       {"matmul", [&] { matmul(kCuda, on_cuda(mat), on_cuda(mat), on_cuda(mat), false, false); }},
       {"linear_forward", [&] { linear_forward(kCuda, on_cuda(mat), on_cuda(mat), on_cuda(mat), Tensor()); }},
       {"layernorm_forward",
-       [&] { layernorm_forward(kCuda, on_cuda(mat), on_cuda(rows), on_cuda(r), on_cuda(mat), on_cuda(w), Tensor(), 1e-5); }},
+       [&] {
+         layernorm_forward(kCuda, on_cuda(mat), on_cuda(rows), on_cuda(r), on_cuda(mat), on_cuda(w), Tensor(), 1e-5);
+       }},
       {"rmsnorm_forward", [&] { rmsnorm_forward(kCuda, on_cuda(mat), on_cuda(r), on_cuda(mat), on_cuda(w), 1e-5); }},
       {"gelu_forward", [&] { gelu_forward(kCuda, on_cuda(y), on_cuda(x)); }},
       {"swiglu_forward", [&] { swiglu_forward(kCuda, on_cuda(y), on_cuda(x), on_cuda(x)); }},
@@ -105,7 +107,8 @@ TEST(Front, CopyCrossesDevicesOnTheDeviceSidesContext) {
   HostTensor<float> host({6}), dev({6});
   expect_error([&] { copy(kCpu, on_cuda(dev), host.t()); },
                {"copy: dst is on cuda:0 but the execution context is for cpu"});
-  expect_error([&] { copy(kCuda, host.t(), host.t()); }, {"copy: dst is on cpu but the execution context is for cuda:0"});
+  expect_error([&] { copy(kCuda, host.t(), host.t()); },
+               {"copy: dst is on cpu but the execution context is for cuda:0"});
   HostTensor<float> other({6});
   Tensor elsewhere = other.t();
   elsewhere.device = Device::cuda(1);
@@ -118,7 +121,9 @@ TEST(Front, CopyCrossesDevicesOnTheDeviceSidesContext) {
 // The host reads: a reduction's result comes back through copy (and a synchronize).
 TEST(Front, ReadScalarAndValues) {
   HostTensor<double> v({3});
-  v[0] = 1.5; v[1] = -2.0; v[2] = 4.0;
+  v[0] = 1.5;
+  v[1] = -2.0;
+  v[2] = 4.0;
   EXPECT_EQ(read_values(kCpu, v.t()), (std::vector<double>{1.5, -2.0, 4.0}));
   EXPECT_EQ(read_scalar(kCpu, v.t().slice_rows(2, 3)), 4.0);
   expect_error([&] { read_scalar(kCpu, v.t()); }, {"read_scalar", "expected 1 elements"});

@@ -5,8 +5,8 @@
 #include "testing.h"
 
 namespace tessera {
-using testing::kCpu;
 using testing::HostTensor;
+using testing::kCpu;
 
 TEST(Gelu, ForwardMatchesReferenceAndKnownValues) {
   auto x = HostTensor<double>::uniform({4, 37}, 1, -4, 4);

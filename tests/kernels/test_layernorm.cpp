@@ -6,10 +6,10 @@
 #include "op_testing.h"
 
 namespace tessera {
-using testing::kCpu;
 using testing::expect_error;
 using testing::float_rounded;
 using testing::HostTensor;
+using testing::kCpu;
 namespace {
 
 constexpr double kEps = 1e-5;

@@ -8,8 +8,8 @@
 #include "testing.h"
 
 namespace tessera {
-using testing::kCpu;
 using testing::HostTensor;
+using testing::kCpu;
 
 namespace {
 

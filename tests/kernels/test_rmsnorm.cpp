@@ -6,10 +6,10 @@
 #include "op_testing.h"
 
 namespace tessera {
-using testing::kCpu;
 using testing::expect_error;
 using testing::float_rounded;
 using testing::HostTensor;
+using testing::kCpu;
 namespace {
 
 constexpr double kEps = 1e-5;
@@ -144,11 +144,14 @@ TEST(RmsNorm, FloatBackwardIndependentOfThreadCount) {
 TEST(RmsNorm, RejectsBadArguments) {
   HostTensor<float> x({4, 8}), y({4, 8}), w({8}), rstd({4}), w_bad({8, 1}), rstd_bad({5}), y_bad({8, 4});
   HostTensor<double> rstd64({4});
-  expect_error([&] { rmsnorm_forward(kCpu, y.t(), rstd.t(), x.t(), w_bad.t(), kEps); }, {"rmsnorm_forward", "w", "(8, 1)"});
+  expect_error([&] { rmsnorm_forward(kCpu, y.t(), rstd.t(), x.t(), w_bad.t(), kEps); },
+               {"rmsnorm_forward", "w", "(8, 1)"});
   expect_error([&] { rmsnorm_forward(kCpu, y.t(), rstd_bad.t(), x.t(), w.t(), kEps); },
                {"rmsnorm_forward", "rstd", "4 elements"});
-  expect_error([&] { rmsnorm_forward(kCpu, y_bad.t(), rstd.t(), x.t(), w.t(), kEps); }, {"rmsnorm_forward", "y", "(8, 4)"});
-  expect_error([&] { rmsnorm_forward(kCpu, y.t(), rstd64.t(), x.t(), w.t(), kEps); }, {"rmsnorm_forward", "rstd", "f64"});
+  expect_error([&] { rmsnorm_forward(kCpu, y_bad.t(), rstd.t(), x.t(), w.t(), kEps); },
+               {"rmsnorm_forward", "y", "(8, 4)"});
+  expect_error([&] { rmsnorm_forward(kCpu, y.t(), rstd64.t(), x.t(), w.t(), kEps); },
+               {"rmsnorm_forward", "rstd", "f64"});
   HostTensor<float> dx({4, 8}), dw({8});
   expect_error([&] { rmsnorm_backward(kCpu, dx.t(), dw.t(), y.t(), x.t(), w.t(), rstd_bad.t()); },
                {"rmsnorm_backward", "rstd"});

@@ -7,8 +7,8 @@
 #include "testing.h"
 
 namespace tessera {
-using testing::kCpu;
 using testing::HostTensor;
+using testing::kCpu;
 
 constexpr double kTheta = 10000.0;
 

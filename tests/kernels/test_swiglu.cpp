@@ -6,10 +6,10 @@
 #include "op_testing.h"
 
 namespace tessera {
-using testing::kCpu;
 using testing::expect_error;
 using testing::float_rounded;
 using testing::HostTensor;
+using testing::kCpu;
 TEST(SwiGlu, FloatForwardMatchesReferenceAndKnownValues) {
   auto gate = float_rounded(HostTensor<double>::uniform({6, 45}, 210, -6, 6));
   auto up = float_rounded(HostTensor<double>::uniform({6, 45}, 211, -2, 2));

@@ -11,9 +11,9 @@
 #include "testing.h"
 
 namespace tessera {
-using testing::kCpu;
 using testing::H5Reader;
 using testing::HostTensor;
+using testing::kCpu;
 
 namespace {
 

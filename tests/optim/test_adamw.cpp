@@ -6,8 +6,8 @@
 #include "testing.h"
 
 namespace tessera {
-using testing::kCpu;
 using testing::HostTensor;
+using testing::kCpu;
 
 TEST(AdamWOptimizer, DecaysOnlyDecaySegments) {
   Allocator alloc;

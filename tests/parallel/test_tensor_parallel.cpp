@@ -33,7 +33,8 @@ TEST(TensorParallel, GatherAndReduceScatterAlongTheSequence) {
   for (int64_t b = 0; b < kB; ++b)
     for (int64_t t = 0; t < kTl; ++t)
       for (int64_t c = 0; c < kC; ++c) local[(b * kTl + t) * kC + c] = value(b, r * kTl + t, c, 0);
-  gather_sequence(kCpu, tp, alloc, Tensor(full.data(), DType::F32, {kB, T, kC}), Tensor(local.data(), DType::F32, {kB, kTl, kC}));
+  gather_sequence(kCpu, tp, alloc, Tensor(full.data(), DType::F32, {kB, T, kC}),
+                  Tensor(local.data(), DType::F32, {kB, kTl, kC}));
   for (int64_t b = 0; b < kB; ++b)
     for (int64_t t = 0; t < T; ++t)
       for (int64_t c = 0; c < kC; ++c) ASSERT_EQ(full[(b * T + t) * kC + c], value(b, t, c, 0)) << b << " " << t << " " << c;
@@ -41,7 +42,8 @@ TEST(TensorParallel, GatherAndReduceScatterAlongTheSequence) {
   for (int64_t b = 0; b < kB; ++b)
     for (int64_t t = 0; t < T; ++t)
       for (int64_t c = 0; c < kC; ++c) full[(b * T + t) * kC + c] = value(b, t, c, r);
-  reduce_scatter_sequence(kCpu, tp, alloc, Tensor(local.data(), DType::F32, {kB, kTl, kC}), Tensor(full.data(), DType::F32, {kB, T, kC}));
+  reduce_scatter_sequence(kCpu, tp, alloc, Tensor(local.data(), DType::F32, {kB, kTl, kC}),
+                          Tensor(full.data(), DType::F32, {kB, T, kC}));
   for (int64_t b = 0; b < kB; ++b)
     for (int64_t t = 0; t < kTl; ++t)
       for (int64_t c = 0; c < kC; ++c) {

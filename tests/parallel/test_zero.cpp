@@ -72,7 +72,8 @@ TEST(Zero, StepsEqualAdamWOnSummedGradients) {
     std::vector<double> sq = {0.0};
     zero.shard_grad_sq_norm(kCpu, Tensor(sq.data(), DType::F64, {1}));
     comm.all_reduce(Tensor(sq.data(), DType::F64, {1}));
-    EXPECT_NEAR(sq[0], testing::squared_norm_of(Tensor(ref_grads.data(), DType::F32, {kN})), 1e-9 * sq[0]) << "step " << s;
+    EXPECT_NEAR(sq[0], testing::squared_norm_of(Tensor(ref_grads.data(), DType::F32, {kN})), 1e-9 * sq[0])
+        << "step " << s;
     const double lr = 0.01 * (s + 1), scale = s == 1 ? 0.5 : 1.0;
     zero.step(kCpu, lr, scale);
     ref.step(kCpu, lr, scale);
