@@ -47,15 +47,20 @@ void DataParallelOptimizer::reduce_grads() {
   if (zero_) zero_->reduce_grads();
 }
 
-double DataParallelOptimizer::grad_sq_norm(const std::function<bool(const ParamEntry&)>& counts) {
+void DataParallelOptimizer::grad_sq_norm(const Exec& ex, const Tensor& out,
+                                         const std::function<bool(const ParamEntry&)>& counts) {
   // The reduced gradient this rank holds: all of it, or its ZeRO-1 range [begin, begin + n).
   const Tensor g = zero_ ? zero_->grad_shard() : params_.flat_grads();
   const int64_t begin = zero_ ? zero_->shard_begin() : 0, end = begin + g.numel();
-  // Consecutive counted parameters are summed as one run (all of them when nothing is left out).
-  double sq = 0;
-  int64_t run_lo = 0, run_hi = 0;
+  // Consecutive counted parameters are summed as one run (all of them when nothing is left out):
+  // each run's sum of squares goes to a slot of `runs`, and out is their sum.
+  const Buffer runs(alloc_, DType::F64, {params_.size() + 1}, MemCategory::Workspace);  // zero-filled
+  int64_t n_runs = 0, run_lo = 0, run_hi = 0;
   auto flush = [&] {
-    if (run_lo < run_hi) sq += squared_norm(g.slice_rows(run_lo - begin, run_hi - begin));
+    if (run_lo < run_hi) {
+      squared_norm(ex, runs.tensor().slice_rows(n_runs, n_runs + 1), g.slice_rows(run_lo - begin, run_hi - begin));
+      ++n_runs;
+    }
     run_lo = run_hi = 0;
   };
   for (const ParamEntry& e : params_.entries()) {
@@ -71,15 +76,15 @@ double DataParallelOptimizer::grad_sq_norm(const std::function<bool(const ParamE
     }
   }
   flush();
-  if (zero_) dp_->all_reduce(Tensor(&sq, DType::F64, {1}), ReduceOp::Sum);
-  return sq;
+  sum(ex, out, runs.tensor().slice_rows(0, n_runs));
+  if (zero_) dp_->all_reduce(out, ReduceOp::Sum);
 }
 
-void DataParallelOptimizer::step(double lr, double grad_scale) {
+void DataParallelOptimizer::step(const Exec& ex, double lr, double grad_scale) {
   if (zero_)
-    zero_->step(lr, grad_scale);
+    zero_->step(ex, lr, grad_scale);
   else
-    adamw_->step(lr, grad_scale);
+    adamw_->step(ex, lr, grad_scale);
 }
 
 FullOptimizerState DataParallelOptimizer::gather_state() {
@@ -100,9 +105,9 @@ FullOptimizerState DataParallelOptimizer::state_buffers() {
   return full;
 }
 
-void DataParallelOptimizer::load_state(const OptimizerState& full, int64_t steps) {
+void DataParallelOptimizer::load_state(const Exec& ex, const OptimizerState& full, int64_t steps) {
   if (zero_) {
-    zero_->load_moments(full.exp_avg, full.exp_avg_sq);
+    zero_->load_moments(ex, full.exp_avg, full.exp_avg_sq);
     zero_->set_steps_taken(steps);
   } else {
     // restore_training_state read into AdamW's own buffers (state_buffers()).

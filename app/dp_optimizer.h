@@ -12,6 +12,7 @@
 #include "app/checkpointing.h"
 #include "app/config.h"
 #include "kernels/allocator.h"
+#include "kernels/exec.h"
 #include "model/parameters.h"
 #include "optim/adamw.h"
 #include "parallel/communicator.h"
@@ -44,19 +45,20 @@ class DataParallelOptimizer {
   std::function<void(int first, int end)> grads_ready_hook();
   // After backward, collective: the gradients summed over dp (all of them, or this rank's shard).
   void reduce_grads();
-  // The sum of squares of the reduced gradient over the parameters `counts` accepts (e.g. tensor-
-  // parallel replicas on one tp rank only), summed over dp under ZeRO-1 (collective then).
-  double grad_sq_norm(const std::function<bool(const ParamEntry&)>& counts);
+  // out (one F64 element, on the parameters' device) = the sum of squares of the reduced gradient
+  // over the parameters `counts` accepts (e.g. tensor-parallel replicas on one tp rank only),
+  // summed over dp under ZeRO-1 (collective then). Nothing is read back to the host.
+  void grad_sq_norm(const Exec& ex, const Tensor& out, const std::function<bool(const ParamEntry&)>& counts);
   // Whether ZeRO-1 shards the state (reduce_grads is then a reduce-scatter of the full buffer).
   bool sharded() const { return zero_ != nullptr; }
   // Collective under ZeRO-1 (the all-gather of the parameters).
-  void step(double lr, double grad_scale);
+  void step(const Exec& ex, double lr, double grad_scale);
 
   // Checkpoints. The moments at the full layout and the steps (ZeRO-1: gathered; collective).
   FullOptimizerState gather_state();
   // Buffers for restore_training_state to read full moments into; then load_state(them, steps).
   FullOptimizerState state_buffers();
-  void load_state(const OptimizerState& full, int64_t steps);
+  void load_state(const Exec& ex, const OptimizerState& full, int64_t steps);
 
  private:
   const ParameterStore& params_;

@@ -6,12 +6,16 @@
 #include <numeric>
 
 #include "kernels/check.h"
+#include "kernels/elementwise.h"
 #include "kernels/tensor.h"
 
 namespace tessera {
 
 namespace {
-Tensor ids_tensor(std::vector<int32_t>& v, int64_t B, int64_t T) { return Tensor(v.data(), DType::I32, {B, T}); }
+// Host ids (B, T) copied to the model's device.
+Buffer device_ids(const Exec& ex, Allocator& alloc, std::vector<int32_t>& v, int64_t B, int64_t T) {
+  return upload(ex, alloc, Tensor(v.data(), DType::I32, {B, T}), MemCategory::Activations);
+}
 
 template <typename T>
 int32_t argmax_row(const T* row, int64_t n) {
@@ -21,10 +25,22 @@ int32_t argmax_row(const T* row, int64_t n) {
   return static_cast<int32_t>(best);
 }
 
-int32_t argmax_row(const Tensor& logits, int64_t row) {
-  const int64_t V = logits.dim(1);
-  if (logits.dtype == DType::F64) return argmax_row(logits.ptr<double>() + row * V, V);
-  return argmax_row(logits.ptr<float>() + row * V, V);
+// The argmax of every row of logits (B, V) on ex's device, read to the host first.
+std::vector<int32_t> argmax_rows(const Exec& ex, const Tensor& logits) {
+  const int64_t B = logits.dim(0), V = logits.dim(1);
+  std::vector<int32_t> best;
+  auto on_host = [&](auto tag) {
+    using T = decltype(tag);
+    std::vector<T> host(static_cast<size_t>(B * V));
+    copy(ex, Tensor(host.data(), dtype_of<T>(), {B, V}), logits);
+    synchronize(ex);
+    for (int64_t b = 0; b < B; ++b) best.push_back(argmax_row(host.data() + b * V, V));
+  };
+  if (logits.dtype == DType::F64)
+    on_host(double{});
+  else
+    on_host(float{});
+  return best;
 }
 
 int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
@@ -45,10 +61,9 @@ std::optional<Batch> gated_batch(const Dataset& ds, const std::vector<int64_t>& 
 }
 }  // namespace
 
-std::optional<double> validation_loss(const Gpt& model, Allocator& alloc, const Dataset& val, int64_t batches,
-                                      int64_t micro_batch, const EvalGate& gate) {
-  double loss_sum = 0;
-  int64_t count = 0;
+std::optional<double> validation_loss(const Exec& ex, const Gpt& model, Allocator& alloc, const Dataset& val,
+                                      int64_t batches, int64_t micro_batch, const EvalGate& gate) {
+  const Buffer sums(alloc, DType::F64, {2}, MemCategory::Workspace);  // loss sum, targets: read once
   for (int64_t b = 0; b < batches; ++b) {
     std::vector<int64_t> idx(static_cast<size_t>(micro_batch));
     std::iota(idx.begin(), idx.end(), b * micro_batch);
@@ -56,16 +71,16 @@ std::optional<double> validation_loss(const Gpt& model, Allocator& alloc, const 
     std::optional<Batch> gated = gated_batch(val, idx, gate);
     if (!gated) return std::nullopt;
     Batch& batch = *gated;
+    const Buffer tokens = device_ids(ex, alloc, batch.tokens, batch.B, batch.T);
+    const Buffer targets = device_ids(ex, alloc, batch.targets, batch.B, batch.T);
     GptCtx ctx;
-    const double loss = model.forward(ctx, alloc, ids_tensor(batch.tokens, batch.B, batch.T),
-                                      ids_tensor(batch.targets, batch.B, batch.T));
-    loss_sum += loss * static_cast<double>(ctx.n_targets);
-    count += ctx.n_targets;
+    model.forward(ex, ctx, alloc, tokens, targets);
+    accumulate(ex, sums, ctx.loss_sums);
   }
-  return count ? loss_sum / static_cast<double>(count) : 0.0;
+  return read_loss_sums(ex, sums).mean();
 }
 
-std::optional<std::vector<std::vector<int32_t>>> greedy_generate(const Gpt& model, Allocator& alloc,
+std::optional<std::vector<std::vector<int32_t>>> greedy_generate(const Exec& ex, const Gpt& model, Allocator& alloc,
                                                                  const std::vector<std::vector<int32_t>>& prompts,
                                                                  int64_t max_new, const EvalGate& gate) {
   std::vector<std::vector<int32_t>> seqs = prompts;
@@ -83,17 +98,19 @@ std::optional<std::vector<std::vector<int32_t>>> greedy_generate(const Gpt& mode
       tokens.insert(tokens.end(), s.begin(), s.end());
       tokens.insert(tokens.end(), static_cast<size_t>(Tp - T), 0);
     }
+    const Buffer ids = device_ids(ex, alloc, tokens, B, Tp);
     GptCtx ctx;
-    model.forward(ctx, alloc, ids_tensor(tokens, B, Tp), Tensor());
+    model.forward(ex, ctx, alloc, ids, Tensor());
     Buffer last(alloc, ctx.logits.tensor().dtype, {B, V}, MemCategory::Workspace);
-    model.logits_at(ctx, alloc, T - 1, last);
-    for (int64_t b = 0; b < B; ++b) seqs[b].push_back(argmax_row(last, b));
+    model.logits_at(ex, ctx, alloc, T - 1, last);
+    const std::vector<int32_t> next = argmax_rows(ex, last);
+    for (int64_t b = 0; b < B; ++b) seqs[b].push_back(next[static_cast<size_t>(b)]);
   }
   return seqs;
 }
 
-std::optional<AccuracyResult> addition_accuracy(const Gpt& model, Allocator& alloc, const AdditionTask& task,
-                                                int64_t examples, const EvalGate& gate) {
+std::optional<AccuracyResult> addition_accuracy(const Exec& ex, const Gpt& model, Allocator& alloc,
+                                                const AdditionTask& task, int64_t examples, const EvalGate& gate) {
   const CharTokenizer& tok = task.tokenizer();
   std::map<size_t, std::vector<AdditionProblem>> by_length;
   for (int64_t i = 0; i < examples; ++i) {
@@ -105,7 +122,7 @@ std::optional<AccuracyResult> addition_accuracy(const Gpt& model, Allocator& all
   for (const auto& [length, problems] : by_length) {
     std::vector<std::vector<int32_t>> prompts;
     for (const auto& p : problems) prompts.push_back(tok.encode(p.prompt()));
-    const auto generated = greedy_generate(model, alloc, prompts, max_new, gate);
+    const auto generated = greedy_generate(ex, model, alloc, prompts, max_new, gate);
     if (!generated) return std::nullopt;
     const auto& outs = *generated;
     for (size_t i = 0; i < problems.size(); ++i) {

@@ -11,6 +11,7 @@
 #include "data/addition.h"
 #include "data/dataset.h"
 #include "kernels/allocator.h"
+#include "kernels/exec.h"
 #include "model/gpt.h"
 
 namespace tessera {
@@ -22,15 +23,15 @@ namespace tessera {
 // on, and a read error is thrown as it is.
 using EvalGate = std::function<bool(const std::string& read_error)>;
 
-// Mean loss over samples [0, batches * micro_batch) of the validation dataset; nothing when the
-// gate gave up.
-std::optional<double> validation_loss(const Gpt& model, Allocator& alloc, const Dataset& val, int64_t batches,
-                                      int64_t micro_batch, const EvalGate& gate = {});
+// Mean loss over samples [0, batches * micro_batch) of the validation dataset (one device read);
+// nothing when the gate gave up.
+std::optional<double> validation_loss(const Exec& ex, const Gpt& model, Allocator& alloc, const Dataset& val,
+                                      int64_t batches, int64_t micro_batch, const EvalGate& gate = {});
 
 // Greedy continuation: for each prompt (all the same length), appends max_new tokens chosen by
 // argmax of the last position's logits. Re-runs the full forward per token (no KV cache). Nothing
 // when the gate gave up.
-std::optional<std::vector<std::vector<int32_t>>> greedy_generate(const Gpt& model, Allocator& alloc,
+std::optional<std::vector<std::vector<int32_t>>> greedy_generate(const Exec& ex, const Gpt& model, Allocator& alloc,
                                                                  const std::vector<std::vector<int32_t>>& prompts,
                                                                  int64_t max_new, const EvalGate& gate = {});
 
@@ -42,7 +43,7 @@ struct AccuracyResult {
 
 // Exact match of greedy answers on the first `examples` validation problems; nothing when the gate
 // gave up.
-std::optional<AccuracyResult> addition_accuracy(const Gpt& model, Allocator& alloc, const AdditionTask& task,
-                                                int64_t examples, const EvalGate& gate = {});
+std::optional<AccuracyResult> addition_accuracy(const Exec& ex, const Gpt& model, Allocator& alloc,
+                                                const AdditionTask& task, int64_t examples, const EvalGate& gate = {});
 
 }  // namespace tessera

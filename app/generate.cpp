@@ -17,6 +17,7 @@
 #include "data/addition.h"
 #include "data/tokenizer.h"
 #include "kernels/allocator.h"
+#include "kernels/elementwise.h"
 #include "model/gpt.h"
 
 namespace tessera {
@@ -47,6 +48,7 @@ std::unique_ptr<Tokenizer> tokenizer_for(const Config& cfg, const std::string& v
 // Parameters of the checkpoint's /model, loaded into a fresh f32 model.
 struct LoadedModel {
   Allocator alloc;
+  Exec ex;  // the model's device: the CPU
   std::unique_ptr<ParameterStore> params;
   std::unique_ptr<Gpt> model;
 };
@@ -63,10 +65,19 @@ void load_model(LoadedModel& m, const CheckpointReader& r) {
   }
 }
 
-std::vector<float> last_row(const Tensor& logits) {
+// The last row of logits (rows, V) on ex's device, read to the host.
+std::vector<float> last_row(const Exec& ex, const Tensor& logits) {
   const int64_t V = logits.dim(1), rows = logits.dim(0);
-  const float* p = logits.ptr<float>() + (rows - 1) * V;
-  return std::vector<float>(p, p + V);
+  std::vector<float> row(static_cast<size_t>(V));
+  copy(ex, Tensor(row.data(), DType::F32, {1, V}), logits.slice_rows(rows - 1, rows));
+  synchronize(ex);
+  return row;
+}
+
+// Host ids as a (1, T) tensor on the model's device.
+Buffer device_ids(LoadedModel& m, std::vector<int32_t>& ids) {
+  return upload(m.ex, m.alloc, Tensor(ids.data(), DType::I32, {1, static_cast<int64_t>(ids.size())}),
+                MemCategory::Activations);
 }
 
 }  // namespace
@@ -114,14 +125,13 @@ int run_generate_command(const GenerateArgs& a) {
   int64_t generated = 0;
   const auto t0 = std::chrono::steady_clock::now();
   while (generated < a.max_tokens && static_cast<int64_t>(ids.size()) < capacity) {
+    const Buffer tokens = device_ids(m, a.no_cache ? ids : pending);
     GptCtx ctx;
-    if (a.no_cache) {
-      gpt.forward(ctx, m.alloc, Tensor(ids.data(), DType::I32, {1, static_cast<int64_t>(ids.size())}), Tensor());
-    } else {
-      gpt.forward_cached(ctx, m.alloc, Tensor(pending.data(), DType::I32, {1, static_cast<int64_t>(pending.size())}),
-                         cache);
-    }
-    const int32_t next = sample_token(last_row(ctx.logits), a.temperature, a.top_k, uniform(rng));
+    if (a.no_cache)
+      gpt.forward(m.ex, ctx, m.alloc, tokens, Tensor());
+    else
+      gpt.forward_cached(m.ex, ctx, m.alloc, tokens, cache);
+    const int32_t next = sample_token(last_row(m.ex, ctx.logits), a.temperature, a.top_k, uniform(rng));
     ids.push_back(next);
     pending = {next};
     ++generated;

@@ -79,7 +79,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
                                                                              static_cast<int>(grid_.tp_rank())});
   model_ = std::make_unique<Gpt>(mc, *params_, recompute_policy(cfg_), tp);
   params_->finalize(DataParallelOptimizer::pad_multiple(cfg_.parallel, grid_.dp_size()));
-  params_->initialize(static_cast<uint64_t>(cfg_.train.seed));
+  params_->initialize(ex_, static_cast<uint64_t>(cfg_.train.seed));
   opt_ = std::make_unique<DataParallelOptimizer>(
       *params_, segments(), AdamWOptions{cfg_.optim.beta1, cfg_.optim.beta2, cfg_.optim.eps, cfg_.optim.weight_decay},
       cfg_.parallel, comms_ ? &comms_->dp : nullptr, alloc_);
@@ -100,7 +100,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
     if (const auto& path = start.resume_from) {
       const FullOptimizerState moments = opt_->state_buffers();
       const RestoredState st = restore_training_state(*path, *params_, moments.state, comm);
-      opt_->load_state(moments.state, st.optimizer_steps);
+      opt_->load_state(ex_, moments.state, st.optimizer_steps);
       resumed_from_ = *path;
       start_step_ = st.step;
       consumed_at_start_ = st.consumed_samples;
@@ -151,7 +151,7 @@ void Trainer::sum_over_dp(std::vector<double>& values) {
 // loss, or nothing when the ranks voted to stop before the forwards (nothing has changed then).
 std::optional<double> Trainer::forward_backward(int64_t s) {
   std::vector<Batch> batches;
-  std::vector<double> sums = {0.0, 0.0};  // loss sum, targets
+  double my_targets = 0;  // counted on the host, where the batches are: no device read
   // The batches are read (or fail to be read) before anything changes, and the ranks agree on
   // the outcome before the first collective of the step: a rank stopped by a signal while it waits
   // for data, or failing to read it, takes every rank out of the step together.
@@ -165,25 +165,31 @@ std::optional<double> Trainer::forward_backward(int64_t s) {
       if (!next) break;  // a stop signal: the vote below sees it
       batches.push_back(std::move(*next));
       const Batch& b = batches.back();
-      sums[1] += static_cast<double>(
-          count_not_equal(Tensor(const_cast<int32_t*>(b.targets.data()), DType::I32, {b.B, b.T}), kIgnoreIndex));
+      my_targets += static_cast<double>(
+          std::count_if(b.targets.begin(), b.targets.end(), [](int32_t t) { return t != kIgnoreTarget; }));
     }
   } catch (const std::exception& e) {
     read_error = e.what();
   }
   if (vote_stop(read_error)) return std::nullopt;
-  std::vector<double> targets = {sums[1]};
+  std::vector<double> targets = {my_targets};
   sum_over_dp(targets);
   const double loss_scale = targets[0] > 0 ? 1.0 / targets[0] : 0.0;
+  // The micro-batches' loss sums are added up on the model's device and read once, after the loop.
+  const Buffer step_sums(alloc_, DType::F64, {2}, MemCategory::Workspace);
   for (size_t m = 0; m < batches.size(); ++m) {
-    Batch& b = batches[m];
+    const Batch& b = batches[m];
+    // The ids go to the model's device through the allocator; backward reads the tokens again.
+    const Buffer tokens = upload(ex_, alloc_, Tensor(const_cast<int32_t*>(b.tokens.data()), DType::I32, {b.B, b.T}),
+                                 MemCategory::Activations);
+    const Buffer batch_targets = upload(
+        ex_, alloc_, Tensor(const_cast<int32_t*>(b.targets.data()), DType::I32, {b.B, b.T}), MemCategory::Activations);
     GptCtx ctx;
-    const double loss = model_->forward(ctx, alloc_, Tensor(b.tokens.data(), DType::I32, {b.B, b.T}),
-                                        Tensor(b.targets.data(), DType::I32, {b.B, b.T}));
-    sums[0] += loss * static_cast<double>(ctx.n_targets);
+    model_->forward(ex_, ctx, alloc_, tokens, batch_targets);
+    accumulate(ex_, step_sums, ctx.loss_sums);
     // Only the last micro-batch communicates: earlier ones only accumulate locally.
     const bool last = m + 1 == batches.size();
-    model_->backward(ctx, alloc_, loss_scale, last ? opt_->grads_ready_hook() : Gpt::GradsReady{});
+    model_->backward(ex_, ctx, alloc_, loss_scale, last ? opt_->grads_ready_hook() : Gpt::GradsReady{});
   }
   // The tp-partial gradients (ParamSpec::sum_grad_over_tp) are summed over tp where the dp
   // reduction reads them: before ZeRO-1's reduce-scatter, after the replicated all-reduce (whose
@@ -194,7 +200,7 @@ std::optional<double> Trainer::forward_backward(int64_t s) {
     opt_->reduce_grads();
     if (!opt_->sharded()) sum_partial_grads_over_tp();
   }
-  std::vector<double> loss = {sums[0]};
+  std::vector<double> loss = {read_loss_sums(ex_, step_sums).loss_sum};  // the step's loss read
   sum_over_dp(loss);
   return targets[0] > 0 ? loss[0] / targets[0] : 0.0;
 }
@@ -226,14 +232,14 @@ void Trainer::sum_partial_grads_over_tp() {
   int64_t at = 0;
   for (int id : ids) {
     const Tensor g = params_->grad(id);
-    copy(packed.tensor().view({n}).slice_rows(at, at + g.numel()), g.view({g.numel()}));
+    copy(ex_, packed.tensor().view({n}).slice_rows(at, at + g.numel()), g.view({g.numel()}));
     at += g.numel();
   }
   comms_->tp.all_reduce(packed, ReduceOp::Sum);
   at = 0;
   for (int id : ids) {
     const Tensor g = params_->grad(id);
-    copy(g.view({g.numel()}), packed.tensor().slice_rows(at, at + g.numel()));
+    copy(ex_, g.view({g.numel()}), packed.tensor().slice_rows(at, at + g.numel()));
     at += g.numel();
   }
 }
@@ -242,15 +248,20 @@ void Trainer::sum_partial_grads_over_tp() {
 // holds whole count on tp rank 0 only; the optimizer sums its part over dp (ZeRO-1 shards).
 double Trainer::global_grad_norm() {
   const bool count_replicated = grid_.tp_rank() == 0;
-  double sq = opt_->grad_sq_norm([&](const ParamEntry& e) { return e.sharded() || count_replicated; });
-  if (grid_.tp_size() > 1) comms_->tp.all_reduce(Tensor(&sq, DType::F64, {1}), ReduceOp::Sum);
-  return std::sqrt(sq);
+  const Buffer sq(alloc_, DType::F64, {1}, MemCategory::Workspace);
+  opt_->grad_sq_norm(ex_, sq, [&](const ParamEntry& e) { return e.sharded() || count_replicated; });
+  if (grid_.tp_size() > 1) comms_->tp.all_reduce(sq, ReduceOp::Sum);
+  return std::sqrt(read_scalar(ex_, sq));  // the step's gradient norm read
 }
 
-std::string Trainer::nonfinite_report(double loss, double norm) const {
+std::string Trainer::nonfinite_report(double loss, double norm) {
   if (!std::isfinite(loss)) return "loss is " + std::to_string(loss);
+  // Only on a skipped step: every gradient's sum of squares, read at once.
+  const Buffer sq(alloc_, DType::F64, {params_->size()}, MemCategory::Workspace);
+  for (int id = 0; id < params_->size(); ++id) squared_norm(ex_, sq.tensor().slice_rows(id, id + 1), params_->grad(id));
+  const std::vector<double> sqs = read_values(ex_, sq);
   for (int id = 0; id < params_->size(); ++id)
-    if (!std::isfinite(squared_norm(params_->grad(id))))
+    if (!std::isfinite(sqs[static_cast<size_t>(id)]))
       return "gradient of " + params_->entry(id).spec.name + " is not finite";
   return "gradient norm is " + std::to_string(norm);
 }
@@ -273,7 +284,7 @@ Trainer::StepResult Trainer::step(int64_t s) {
   StepResult r;
   {
     ProfileScope scope(prof(), OpFamily::Elementwise);
-    params_->zero_grads();
+    params_->zero_grads(ex_);
   }
   const std::optional<double> loss = forward_backward(s);
   if (!loss) {
@@ -289,7 +300,7 @@ Trainer::StepResult Trainer::step(int64_t s) {
     r.problem = nonfinite_report(r.loss, r.grad_norm);
     return r;
   }
-  opt_->step(r.lr, clip_factor(r.grad_norm, cfg_.optim.grad_clip));
+  opt_->step(ex_, r.lr, clip_factor(r.grad_norm, cfg_.optim.grad_clip));
   return r;
 }
 
@@ -350,14 +361,15 @@ bool Trainer::evaluate(int64_t s, TrainSummary& summary) {
   std::optional<double> val_loss;
   std::optional<AccuracyResult> acc;
   if (data_.valid) {
-    val_loss = validation_loss(*model_, alloc_, *data_.valid, cfg_.train.eval_batches, cfg_.train.micro_batch, gate);
+    val_loss = validation_loss(ex_, *model_, alloc_, *data_.valid, cfg_.train.eval_batches, cfg_.train.micro_batch,
+                               gate);
     if (!val_loss) return false;
     os.precision(4);
     os << " val_loss " << *val_loss;
     record.add("val_loss", *val_loss);
   }
   if (data_.task) {
-    acc = addition_accuracy(*model_, alloc_, *data_.task, cfg_.data.val_examples, gate);
+    acc = addition_accuracy(ex_, *model_, alloc_, *data_.task, cfg_.data.val_examples, gate);
     if (!acc) return false;
     os.precision(1);
     os << ", accuracy " << 100.0 * acc->accuracy() << "% (" << acc->correct << "/" << acc->total << ")";

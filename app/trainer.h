@@ -22,6 +22,7 @@
 #include "data/loader.h"
 #include "data/sampler.h"
 #include "kernels/allocator.h"
+#include "kernels/exec.h"
 #include "model/gpt.h"
 #include "model/parameters.h"
 #include "optim/schedule.h"
@@ -92,7 +93,7 @@ class Trainer {
   // The steps, evaluations and saves of run(); a stop (signal, exit_after_*, divergence) ends it early.
   void train_loop(const StopSignals& stop, TrainSummary& summary, std::chrono::steady_clock::time_point t_start);
   std::optional<double> forward_backward(int64_t s);
-  std::string nonfinite_report(double loss, double norm) const;
+  std::string nonfinite_report(double loss, double norm);
   // False when abandoned (a rank was asked to stop): nothing is recorded.
   bool evaluate(int64_t s, TrainSummary& summary);
   void log_step(int64_t s, const StepResult& r, double step_seconds, double elapsed, bool record);
@@ -129,6 +130,7 @@ class Trainer {
   BatchLayout layout_;
   std::unique_ptr<DataLoader> loader_;  // created at the first step, positioned at it
   Allocator alloc_;
+  Exec ex_;  // where the model and optimizer run: alloc_'s device (CPU: the trivial context)
   std::unique_ptr<ParameterStore> params_;
   std::unique_ptr<Gpt> model_;
   std::unique_ptr<DataParallelOptimizer> opt_;  // gradient reduction over dp, AdamW (parallel.zero)

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "kernels/exec.h"
 #include "kernels/tensor.h"
 
 namespace tessera {
@@ -22,6 +23,7 @@ struct AdamWStep {
 //   m = beta1 m + (1 - beta1) g;   v = beta2 v + (1 - beta2) g^2
 //   p -= (lr / (1 - beta1^step)) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
 // params, grads, m, v: (N) same dtype (F32 or F64).
-void adamw_update(const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v, const AdamWStep& s);
+void adamw_update(const Exec& ex, const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
+                  const AdamWStep& s);
 
 }  // namespace tessera

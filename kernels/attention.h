@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "kernels/exec.h"
 #include "kernels/tensor.h"
 
 namespace tessera {
@@ -15,14 +16,14 @@ namespace tessera {
 // out (B, T, H, D) = softmax(scale q k^T + mask) v; lse (B, H, T) = log-sum-exp of the scaled,
 // masked scores of each query row, saved for backward. A row with no visible key gets out = 0 and
 // lse = -inf. All tensors share one dtype (F32 or F64).
-void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       int64_t q_offset, int64_t k_offset);
+void attention_forward(const Exec& ex, const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                       const Tensor& v, int64_t q_offset, int64_t k_offset);
 
 // Recomputes the probabilities from lse (P = exp(scale q k^T - lse)), so out and lse may be the
 // merged results of several key blocks (ring attention) and this call yields that block's share.
 // dq (B, T, H, D), dk, dv (B, S, KV, D): all accumulated (+=).
-void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
-                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, int64_t q_offset,
-                        int64_t k_offset);
+void attention_backward(const Exec& ex, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                        const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                        int64_t q_offset, int64_t k_offset);
 
 }  // namespace tessera

@@ -1,4 +1,4 @@
-// Backend report. The only place outside kernels/cuda that knows whether CUDA was compiled in.
+// Backend report: CPU features, BLAS, and the CUDA runtime when the CUDA backend is compiled in.
 #include "kernels/backend_info.h"
 
 #include <cblas.h>

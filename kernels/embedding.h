@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "kernels/exec.h"
 #include "kernels/tensor.h"
 #include "kernels/vocab_shard.h"
 
@@ -14,13 +15,13 @@ namespace tessera {
 // Vocabulary-parallel: with a shard, wte holds ids [shard.start, shard.start + shard.valid) and ids
 // in [0, shard.vocab) are accepted; an id held elsewhere contributes a zero row (the tensor-parallel
 // group then sums the ranks' outputs).
-void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
+void embedding_forward(const Exec& ex, const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
                        int64_t pos_offset, const VocabShard& shard = {});
 
 // dwte (V, C) += rows of dout scattered by token; dwpe (P, C) += dout summed over B at pos_offset + t.
 // Both accumulated; dwpe skipped when undefined. Deterministic (no atomics in a racy order).
 // With a shard, only the rows of ids held here receive gradient.
-void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens,
-                        int64_t pos_offset, const VocabShard& shard = {});
+void embedding_backward(const Exec& ex, const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                        const Tensor& tokens, int64_t pos_offset, const VocabShard& shard = {});
 
 }  // namespace tessera

@@ -6,13 +6,14 @@
 
 #include <cstdint>
 
+#include "kernels/exec.h"
 #include "kernels/tensor.h"
 
 namespace tessera {
 
 // y, x: (B, T, H, D), D even. y may alias x (in place).
-void rope_forward(const Tensor& y, const Tensor& x, int64_t pos_offset, double theta);
+void rope_forward(const Exec& ex, const Tensor& y, const Tensor& x, int64_t pos_offset, double theta);
 // dx = rotation by -a of dy (the transpose). dx may alias dy. Written.
-void rope_backward(const Tensor& dx, const Tensor& dy, int64_t pos_offset, double theta);
+void rope_backward(const Exec& ex, const Tensor& dx, const Tensor& dy, int64_t pos_offset, double theta);
 
 }  // namespace tessera

@@ -27,10 +27,11 @@ enum class DeviceKind : uint8_t { CPU, CUDA };
 struct Device {
   DeviceKind kind = DeviceKind::CPU;
   int index = 0;
-  static Device cpu() { return {DeviceKind::CPU, 0}; }
-  static Device cuda(int i) { return {DeviceKind::CUDA, i}; }
-  bool is_cpu() const { return kind == DeviceKind::CPU; }
-  bool operator==(const Device&) const = default;
+  static constexpr Device cpu() { return {DeviceKind::CPU, 0}; }
+  static constexpr Device cuda(int i) { return {DeviceKind::CUDA, i}; }
+  constexpr bool is_cpu() const { return kind == DeviceKind::CPU; }
+  // Spelled out, not `= default`: nvcc compiles kernels/cuda/*.cu, which include this, as C++17.
+  bool operator==(const Device& o) const { return kind == o.kind && index == o.index; }
   std::string str() const;
 };
 
@@ -83,7 +84,7 @@ struct Tensor {
   std::string str() const;  // "f32(2, 3) cpu"
 };
 
-// Argument checks used by the op launchers; each names the op and the argument.
+// Argument checks used by the op fronts (kernels/front.h); each names the op and the argument.
 void check_shape(const char* op, const char* arg, const Tensor& t, const Shape& expected);
 void check_dtype(const char* op, const char* arg, const Tensor& t, DType expected);
 void check_same_dtype(const char* op, const Tensor& a, const Tensor& b);

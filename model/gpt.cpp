@@ -44,96 +44,97 @@ Attention::Attention(ParameterStore& ps, const std::string& name, const ModelCon
   proj_ = Linear(ps, name + ".proj", C, C, cfg.bias, ShardSpec::tp(1), residual_init_std(cfg));
 }
 
-void Attention::project_kv(const Linear& proj, Allocator& alloc, const Tensor& out, const Tensor& x) const {
+void Attention::project_kv(const Exec& ex, const Linear& proj, Allocator& alloc, const Tensor& out,
+                           const Tensor& x) const {
   const int64_t B = x.dim(0), T = x.dim(1), D = head_dim_;
   if (!kv_replicated_) {
-    proj.forward(out.view({B, T, out.dim(2) * D}), x);
+    proj.forward(ex, out.view({B, T, out.dim(2) * D}), x);
     return;
   }
   // All KV heads, then this rank's one: columns [kv_head D, (kv_head + 1) D) of (B T, KV D).
   Buffer all = workspace(alloc, x.dtype, {B * T, n_kv_head_ * D});
-  proj.forward(all.tensor().view({B, T, n_kv_head_ * D}), x);
-  copy_columns(out.view({B * T, D}), all, kv_head_ * D);
+  proj.forward(ex, all.tensor().view({B, T, n_kv_head_ * D}), x);
+  copy_columns(ex, out.view({B * T, D}), all, kv_head_ * D);
 }
 
-void Attention::project_kv_backward(const Linear& proj, Allocator& alloc, const Tensor& dx, const Tensor& d,
-                                    const Tensor& x) const {
+void Attention::project_kv_backward(const Exec& ex, const Linear& proj, Allocator& alloc, const Tensor& dx,
+                                    const Tensor& d, const Tensor& x) const {
   const int64_t B = x.dim(0), T = x.dim(1), D = head_dim_;
   if (!kv_replicated_) {
-    proj.backward(dx, d.view({B, T, d.dim(2) * D}), x, /*accumulate_dx=*/true);
+    proj.backward(ex, dx, d.view({B, T, d.dim(2) * D}), x, /*accumulate_dx=*/true);
     return;
   }
   Buffer all = workspace(alloc, x.dtype, {B * T, n_kv_head_ * D});
-  fill_zero(all);
-  paste_columns(all, d.view({B * T, D}), kv_head_ * D);
-  proj.backward(dx, all.tensor().view({B, T, n_kv_head_ * D}), x, true);
+  fill_zero(ex, all);
+  paste_columns(ex, all, d.view({B * T, D}), kv_head_ * D);
+  proj.backward(ex, dx, all.tensor().view({B, T, n_kv_head_ * D}), x, true);
 }
 
-void Attention::forward(AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x, Buffer* cache_k,
-                        Buffer* cache_v, int64_t pos) const {
+void Attention::forward(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
+                        Buffer* cache_k, Buffer* cache_v, int64_t pos) const {
   ProfileScope scope(prof_, OpFamily::Attention);  // the kernel; projections and edges time themselves
   TESSERA_CHECK(!cache_k || !tp_.active(), "cached decoding runs on one rank (tp = 1)");
   const int64_t B = x.dim(0), T = tp_.full_seq(x.dim(1));
   const int64_t H = q_.out() / head_dim_, KV = kv_replicated_ ? 1 : k_.out() / head_dim_, D = head_dim_;
   Buffer gathered;
-  const Tensor xf = enter_region(tp_, alloc, gathered, x, T);  // (B, T, C)
+  const Tensor xf = enter_region(ex, tp_, alloc, gathered, x, T);  // (B, T, C)
   ctx.q = activation(alloc, x.dtype, {B, T, H, D});
   ctx.k = activation(alloc, x.dtype, {B, T, KV, D});
   ctx.v = activation(alloc, x.dtype, {B, T, KV, D});
-  q_.forward(ctx.q.tensor().view({B, T, H * D}), xf);
-  project_kv(k_, alloc, ctx.k, xf);
-  project_kv(v_, alloc, ctx.v, xf);
+  q_.forward(ex, ctx.q.tensor().view({B, T, H * D}), xf);
+  project_kv(ex, k_, alloc, ctx.k, xf);
+  project_kv(ex, v_, alloc, ctx.v, xf);
   if (rope_) {
     ProfileScope rope(prof_, OpFamily::Rope);
-    rope_forward(ctx.q, ctx.q, pos, rope_theta_);
-    rope_forward(ctx.k, ctx.k, pos, rope_theta_);
+    rope_forward(ex, ctx.q, ctx.q, pos, rope_theta_);
+    rope_forward(ex, ctx.k, ctx.k, pos, rope_theta_);
   }
   ctx.out = activation(alloc, x.dtype, {B, T, H, D});
   ctx.lse = activation(alloc, x.dtype, {B, H, T});
   if (cache_k) {
     // (capacity, KV, D) caches: append rows [pos, pos + T), attend to [0, pos + T).
-    copy(cache_k->tensor().slice_rows(pos, pos + T), ctx.k.tensor().view({T, KV, D}));
-    copy(cache_v->tensor().slice_rows(pos, pos + T), ctx.v.tensor().view({T, KV, D}));
+    copy(ex, cache_k->tensor().slice_rows(pos, pos + T), ctx.k.tensor().view({T, KV, D}));
+    copy(ex, cache_v->tensor().slice_rows(pos, pos + T), ctx.v.tensor().view({T, KV, D}));
     const Tensor k_all = cache_k->tensor().slice_rows(0, pos + T).view({1, pos + T, KV, D});
     const Tensor v_all = cache_v->tensor().slice_rows(0, pos + T).view({1, pos + T, KV, D});
-    attention_forward(ctx.out, ctx.lse, ctx.q, k_all, v_all, pos, 0);
+    attention_forward(ex, ctx.out, ctx.lse, ctx.q, k_all, v_all, pos, 0);
   } else {
-    attention_forward(ctx.out, ctx.lse, ctx.q, ctx.k, ctx.v, 0, 0);
+    attention_forward(ex, ctx.out, ctx.lse, ctx.q, ctx.k, ctx.v, 0, 0);
   }
   // The row-parallel projection's partial sums, then their sum over tp (bias added once).
   Buffer partial;
   const Tensor yf = region_full(tp_, alloc, partial, y, T);
-  proj_.forward(yf, ctx.out.tensor().view({B, T, H * D}), /*with_bias=*/tp_.rank() == 0);
-  leave_region(tp_, alloc, y, yf);
+  proj_.forward(ex, yf, ctx.out.tensor().view({B, T, H * D}), /*with_bias=*/tp_.rank() == 0);
+  leave_region(ex, tp_, alloc, y, yf);
 }
 
-void Attention::backward(const AttentionCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy,
+void Attention::backward(const Exec& ex, const AttentionCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy,
                          const Tensor& x) const {
   ProfileScope scope(prof_, OpFamily::Attention);
   const Tensor& q = ctx.q;
   const int64_t B = q.dim(0), T = q.dim(1), H = q.dim(2), D = q.dim(3), KV = ctx.k.tensor().dim(2);
   Buffer dy_gathered;
-  const Tensor dyf = leave_region_backward(tp_, alloc, dy_gathered, dy, T);  // (B, T, C)
+  const Tensor dyf = leave_region_backward(ex, tp_, alloc, dy_gathered, dy, T);  // (B, T, C)
   Buffer dout = workspace(alloc, x.dtype, {B, T, H, D});
-  proj_.backward(dout.tensor().view({B, T, H * D}), dyf, ctx.out.tensor().view({B, T, H * D}));
+  proj_.backward(ex, dout.tensor().view({B, T, H * D}), dyf, ctx.out.tensor().view({B, T, H * D}));
   Buffer dq = workspace(alloc, x.dtype, {B, T, H, D});
   Buffer dk = workspace(alloc, x.dtype, {B, T, KV, D});
   Buffer dv = workspace(alloc, x.dtype, {B, T, KV, D});
-  attention_backward(dq, dk, dv, dout, ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse, 0, 0);
+  attention_backward(ex, dq, dk, dv, dout, ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse, 0, 0);
   dout.release();
   if (rope_) {
     ProfileScope rope(prof_, OpFamily::Rope);
-    rope_backward(dq, dq, 0, rope_theta_);
-    rope_backward(dk, dk, 0, rope_theta_);
+    rope_backward(ex, dq, dq, 0, rope_theta_);
+    rope_backward(ex, dk, dk, 0, rope_theta_);
   }
   // The input gradient over the full sequence, partial over tp; then summed (or reduce-scattered).
   Buffer x_gathered, dx_full;
-  const Tensor xf = enter_region(tp_, alloc, x_gathered, x, T);
+  const Tensor xf = enter_region(ex, tp_, alloc, x_gathered, x, T);
   const Tensor dxf = region_full(tp_, alloc, dx_full, dx, T);
-  q_.backward(dxf, dq.tensor().view({B, T, H * D}), xf);
-  project_kv_backward(k_, alloc, dxf, dk, xf);
-  project_kv_backward(v_, alloc, dxf, dv, xf);
-  enter_region_backward(tp_, alloc, dx, dxf);
+  q_.backward(ex, dxf, dq.tensor().view({B, T, H * D}), xf);
+  project_kv_backward(ex, k_, alloc, dxf, dk, xf);
+  project_kv_backward(ex, v_, alloc, dxf, dv, xf);
+  enter_region_backward(ex, tp_, alloc, dx, dxf);
 }
 
 // ---- Mlp ----
@@ -152,47 +153,48 @@ Mlp::Mlp(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, co
   }
 }
 
-void Mlp::forward(MlpCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const {
+void Mlp::forward(const Exec& ex, MlpCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const {
   ProfileScope scope(prof_, OpFamily::Activation);
   const int64_t B = x.dim(0), T = tp_.full_seq(x.dim(1)), F = in_.out();
   Buffer gathered;
-  const Tensor xf = enter_region(tp_, alloc, gathered, x, T);  // (B, T, C)
+  const Tensor xf = enter_region(ex, tp_, alloc, gathered, x, T);  // (B, T, C)
   ctx.h = activation(alloc, x.dtype, {B, T, F});
   ctx.act = activation(alloc, x.dtype, {B, T, F});
-  in_.forward(ctx.h, xf);
+  in_.forward(ex, ctx.h, xf);
   if (kind_ == MlpKind::Gelu) {
-    gelu_forward(ctx.act, ctx.h);
+    gelu_forward(ex, ctx.act, ctx.h);
   } else {
     ctx.up = activation(alloc, x.dtype, {B, T, F});
-    up_.forward(ctx.up, xf);
-    swiglu_forward(ctx.act, ctx.h, ctx.up);
+    up_.forward(ex, ctx.up, xf);
+    swiglu_forward(ex, ctx.act, ctx.h, ctx.up);
   }
   Buffer partial;
   const Tensor yf = region_full(tp_, alloc, partial, y, T);
-  out_.forward(yf, ctx.act, /*with_bias=*/tp_.rank() == 0);
-  leave_region(tp_, alloc, y, yf);
+  out_.forward(ex, yf, ctx.act, /*with_bias=*/tp_.rank() == 0);
+  leave_region(ex, tp_, alloc, y, yf);
 }
 
-void Mlp::backward(const MlpCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy, const Tensor& x) const {
+void Mlp::backward(const Exec& ex, const MlpCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy,
+                   const Tensor& x) const {
   ProfileScope scope(prof_, OpFamily::Activation);
   const int64_t T = ctx.act.tensor().dim(1);
   Buffer dy_gathered;
-  const Tensor dyf = leave_region_backward(tp_, alloc, dy_gathered, dy, T);
+  const Tensor dyf = leave_region_backward(ex, tp_, alloc, dy_gathered, dy, T);
   Buffer dact = workspace(alloc, x.dtype, ctx.act.tensor().shape);
-  out_.backward(dact, dyf, ctx.act);
+  out_.backward(ex, dact, dyf, ctx.act);
   Buffer x_gathered, dx_full;
-  const Tensor xf = enter_region(tp_, alloc, x_gathered, x, T);
+  const Tensor xf = enter_region(ex, tp_, alloc, x_gathered, x, T);
   const Tensor dxf = region_full(tp_, alloc, dx_full, dx, T);
   if (kind_ == MlpKind::Gelu) {
-    gelu_backward(dact, dact, ctx.h);  // in place: dact becomes dh
-    in_.backward(dxf, dact, xf);
+    gelu_backward(ex, dact, dact, ctx.h);  // in place: dact becomes dh
+    in_.backward(ex, dxf, dact, xf);
   } else {
     Buffer dup = workspace(alloc, x.dtype, ctx.up.tensor().shape);
-    swiglu_backward(dact, dup, dact, ctx.h, ctx.up);  // dact becomes dgate
-    in_.backward(dxf, dact, xf);
-    up_.backward(dxf, dup, xf, /*accumulate_dx=*/true);
+    swiglu_backward(ex, dact, dup, dact, ctx.h, ctx.up);  // dact becomes dgate
+    in_.backward(ex, dxf, dact, xf);
+    up_.backward(ex, dxf, dup, xf, /*accumulate_dx=*/true);
   }
-  enter_region_backward(tp_, alloc, dx, dxf);
+  enter_region_backward(ex, tp_, alloc, dx, dxf);
 }
 
 // ---- Block ----
@@ -206,38 +208,38 @@ Block::Block(ParameterStore& ps, int index, const ModelConfig& cfg, Recompute re
   mlp_ = Mlp(ps, p + ".mlp", cfg, tp);
 }
 
-void Block::forward_saved(BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x, Buffer* cache_k,
-                          Buffer* cache_v, int64_t pos) const {
+void Block::forward_saved(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
+                          Buffer* cache_k, Buffer* cache_v, int64_t pos) const {
   ProfileScope scope(prof_, OpFamily::Elementwise);  // the residual adds
-  ln1_.forward(ctx.ln1, alloc, x);
+  ln1_.forward(ex, ctx.ln1, alloc, x);
   ctx.x1 = activation(alloc, x.dtype, x.shape);
-  attn_.forward(ctx.attn, alloc, ctx.x1, ctx.ln1.y, cache_k, cache_v, pos);
-  residual_forward(ctx.x1, ctx.x1, x);  // x1 = x + attn(ln1(x))
-  ln2_.forward(ctx.ln2, alloc, ctx.x1);
-  mlp_.forward(ctx.mlp, alloc, y, ctx.ln2.y);
-  residual_forward(y, y, ctx.x1);  // y = x1 + mlp(ln2(x1))
+  attn_.forward(ex, ctx.attn, alloc, ctx.x1, ctx.ln1.y, cache_k, cache_v, pos);
+  residual_forward(ex, ctx.x1, ctx.x1, x);  // x1 = x + attn(ln1(x))
+  ln2_.forward(ex, ctx.ln2, alloc, ctx.x1);
+  mlp_.forward(ex, ctx.mlp, alloc, y, ctx.ln2.y);
+  residual_forward(ex, y, y, ctx.x1);  // y = x1 + mlp(ln2(x1))
   ctx.saved = true;
 }
 
-void Block::forward(BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x, Buffer* cache_k,
+void Block::forward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x, Buffer* cache_k,
                     Buffer* cache_v, int64_t pos) const {
-  forward_saved(ctx, alloc, y, x, cache_k, cache_v, pos);
+  forward_saved(ex, ctx, alloc, y, x, cache_k, cache_v, pos);
   if (recompute_ == Recompute::Full) ctx = BlockCtx{};  // keep only x, which the caller owns
 }
 
-void Block::backward(BlockCtx& ctx, Allocator& alloc, const Tensor& dres, const Tensor& x) const {
+void Block::backward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& dres, const Tensor& x) const {
   ProfileScope scope(prof_, OpFamily::Elementwise);
   if (!ctx.saved) {
     Buffer y = workspace(alloc, x.dtype, x.shape);
-    forward_saved(ctx, alloc, y, x, nullptr, nullptr, 0);
+    forward_saved(ex, ctx, alloc, y, x, nullptr, nullptr, 0);
   }
   // MLP branch: dres holds dL/dy = dL/dx1 (skip path) + the path through ln2 and the MLP.
   Buffer dln = workspace(alloc, x.dtype, x.shape);
-  mlp_.backward(ctx.mlp, alloc, dln, dres, ctx.ln2.y);
-  ln2_.backward(dres, dln, ctx.x1, ctx.ln2);  // dres is now dL/dx1
+  mlp_.backward(ex, ctx.mlp, alloc, dln, dres, ctx.ln2.y);
+  ln2_.backward(ex, dres, dln, ctx.x1, ctx.ln2);  // dres is now dL/dx1
   // Attention branch: dL/dx = dL/dx1 + the path through ln1 and attention.
-  attn_.backward(ctx.attn, alloc, dln, dres, ctx.ln1.y);
-  ln1_.backward(dres, dln, x, ctx.ln1);
+  attn_.backward(ex, ctx.attn, alloc, dln, dres, ctx.ln1.y);
+  ln1_.backward(ex, dres, dln, x, ctx.ln1);
   ctx = BlockCtx{};
 }
 
@@ -297,7 +299,7 @@ Gpt::Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> reco
   });
 }
 
-void Gpt::forward_layers(GptCtx& ctx, Allocator& alloc, const Tensor& tokens, KvCache* cache) const {
+void Gpt::forward_layers(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& tokens, KvCache* cache) const {
   ProfileScope scope(prof_, OpFamily::Other);
   check_dtype("Gpt::forward", "tokens", tokens, DType::I32);
   TESSERA_CHECK(tokens.ndim() == 2, "Gpt::forward: tokens must be (B, T), got ", tokens.shape.str());
@@ -316,65 +318,72 @@ void Gpt::forward_layers(GptCtx& ctx, Allocator& alloc, const Tensor& tokens, Kv
   ctx.resid.reserve(static_cast<size_t>(L + 1));
   for (int64_t l = 0; l <= L; ++l) ctx.resid.push_back(activation(alloc, dt, {B, Tl, C}));
   ctx.blocks.resize(static_cast<size_t>(L));
-  embed_.forward(alloc, ctx.resid[0], tokens, pos);
+  embed_.forward(ex, alloc, ctx.resid[0], tokens, pos);
   for (int64_t l = 0; l < L; ++l) {
     Buffer* ck = cache ? &cache->k[static_cast<size_t>(l)] : nullptr;
     Buffer* cv = cache ? &cache->v[static_cast<size_t>(l)] : nullptr;
-    blocks_[l].forward(ctx.blocks[l], alloc, ctx.resid[l + 1], ctx.resid[l], ck, cv, pos);
+    blocks_[l].forward(ex, ctx.blocks[l], alloc, ctx.resid[l + 1], ctx.resid[l], ck, cv, pos);
   }
-  ln_f_.forward(ctx.ln_f, alloc, ctx.resid[L]);
+  ln_f_.forward(ex, ctx.ln_f, alloc, ctx.resid[L]);
   // The LM head is column-parallel over the vocabulary: it needs the whole sequence.
   if (tp_.sequence_sharded()) {
     ctx.head_in = activation(alloc, dt, {B, T, C});
-    gather_sequence(tp_, alloc, ctx.head_in, ctx.ln_f.y);
+    gather_sequence(ex, tp_, alloc, ctx.head_in, ctx.ln_f.y);
   }
   const Tensor head_in = ctx.head_in.defined() ? ctx.head_in.tensor() : ctx.ln_f.y.tensor();
   ctx.logits = activation(alloc, dt, {B * T, lm_head_.out()});
-  lm_head_.forward(ctx.logits, head_in.view({B * T, C}));
+  lm_head_.forward(ex, ctx.logits, head_in.view({B * T, C}));
 }
 
-void Gpt::loss_forward(GptCtx& ctx, Allocator& alloc, const Tensor& flat_targets) const {
+void Gpt::loss_forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& flat_targets) const {
   ProfileScope scope(prof_, OpFamily::CrossEntropy);
   const int64_t BT = ctx.B * ctx.T;
   const DType dt = ps_->dtype();
   ctx.losses = activation(alloc, dt, {BT});
   ctx.lse = activation(alloc, dt, {BT});
   if (!tp_.active()) {
-    cross_entropy_forward(ctx.losses, ctx.lse, ctx.logits, flat_targets);
+    cross_entropy_forward(ex, ctx.losses, ctx.lse, ctx.logits, flat_targets);
     return;
   }
   // Vocabulary-parallel: per-rank log-sum-exp and target logit, combined over tp; the (B T, V)
   // logits are never gathered, only 2 B T numbers per rank move.
   Buffer lse_part = workspace(alloc, dt, {BT}), target_logit = workspace(alloc, dt, {BT});
   Buffer lse_parts = workspace(alloc, dt, {tp_.size(), BT});
-  cross_entropy_shard_forward(lse_part, target_logit, ctx.logits, flat_targets, embed_.vocab_shard());
+  cross_entropy_shard_forward(ex, lse_part, target_logit, ctx.logits, flat_targets, embed_.vocab_shard());
   tp_.comm->all_gather(lse_part, lse_parts);
   all_reduce_tp(tp_, target_logit);
-  cross_entropy_combine(ctx.losses, ctx.lse, lse_parts, target_logit, flat_targets);
+  cross_entropy_combine(ex, ctx.losses, ctx.lse, lse_parts, target_logit, flat_targets);
 }
 
-double Gpt::forward(GptCtx& ctx, Allocator& alloc, const Tensor& tokens, const Tensor& targets) const {
+void Gpt::forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& tokens, const Tensor& targets) const {
   if (targets.defined()) check_shape("Gpt::forward", "targets", targets, tokens.shape);
-  forward_layers(ctx, alloc, tokens, nullptr);
+  forward_layers(ex, ctx, alloc, tokens, nullptr);
   ctx.targets = targets;
-  if (!targets.defined()) return 0.0;
+  if (!targets.defined()) return;
   const Tensor flat_targets = targets.view({ctx.B * ctx.T});
-  loss_forward(ctx, alloc, flat_targets);
-  ctx.n_targets = count_not_equal(flat_targets, kIgnoreIndex);
-  ctx.loss = ctx.n_targets > 0 ? sum(ctx.losses) / static_cast<double>(ctx.n_targets) : 0.0;
-  return ctx.loss;
+  loss_forward(ex, ctx, alloc, flat_targets);
+  // Workspace, not Activations: two numbers, which backward releases with the rest of ctx.
+  ctx.loss_sums = workspace(alloc, DType::F64, {2});
+  sum(ex, ctx.loss_sums.tensor().slice_rows(0, 1), ctx.losses);
+  count_not_equal(ex, ctx.loss_sums.tensor().slice_rows(1, 2), flat_targets, kIgnoreIndex);
 }
 
-void Gpt::logits_at(const GptCtx& ctx, Allocator& alloc, int64_t position, const Tensor& out) const {
+LossSums read_loss_sums(const Exec& ex, const Tensor& sums) {
+  check_shape("read_loss_sums", "sums", sums, Shape{2});
+  const std::vector<double> v = read_values(ex, sums);
+  return {v[0], static_cast<int64_t>(v[1])};
+}
+
+void Gpt::logits_at(const Exec& ex, const GptCtx& ctx, Allocator& alloc, int64_t position, const Tensor& out) const {
   const int64_t B = ctx.B, T = ctx.T, V = cfg_.vocab_size, Vl = ctx.logits.tensor().dim(1), R = tp_.size();
   TESSERA_CHECK(position >= 0 && position < T, "logits_at: position ", position, " outside [0, ", T, ")");
   check_shape("Gpt::logits_at", "out", out, Shape{B, V});
   // This rank's (B, V_local) rows, all ranks' side by side, then each rank's real columns.
   Buffer mine = workspace(alloc, out.dtype, {B, Vl});
   const Tensor all_rows = ctx.logits.tensor().view({B, T * Vl});
-  copy_columns(mine, all_rows, position * Vl);
+  copy_columns(ex, mine, all_rows, position * Vl);
   if (R == 1) {
-    copy(out, mine);
+    copy(ex, out, mine);
     return;
   }
   Buffer gathered = workspace(alloc, out.dtype, {R, B, Vl});
@@ -383,8 +392,8 @@ void Gpt::logits_at(const GptCtx& ctx, Allocator& alloc, int64_t position, const
     const VocabShard s = VocabShard::of(V, R, r);
     if (s.valid == 0) continue;
     Buffer cols = workspace(alloc, out.dtype, {B, s.valid});
-    copy_columns(cols, gathered.tensor().slice_rows(r, r + 1).view({B, Vl}), 0);
-    paste_columns(out, cols, s.start);
+    copy_columns(ex, cols, gathered.tensor().slice_rows(r, r + 1).view({B, Vl}), 0);
+    paste_columns(ex, out, cols, s.start);
   }
 }
 
@@ -401,16 +410,16 @@ KvCache Gpt::make_cache(Allocator& alloc, int64_t capacity) const {
   return c;
 }
 
-void Gpt::forward_cached(GptCtx& ctx, Allocator& alloc, const Tensor& tokens, KvCache& cache) const {
+void Gpt::forward_cached(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& tokens, KvCache& cache) const {
   TESSERA_CHECK(tokens.ndim() == 2 && tokens.dim(0) == 1, "cached decoding takes one sequence (1, T), got ",
                 tokens.shape.str());
   TESSERA_CHECK(cache.length + tokens.dim(1) <= cache.capacity, "KV cache full: ", cache.length, " + ",
                 tokens.dim(1), " positions exceed its capacity ", cache.capacity);
-  forward_layers(ctx, alloc, tokens, &cache);
+  forward_layers(ex, ctx, alloc, tokens, &cache);
   cache.length += tokens.dim(1);
 }
 
-void Gpt::backward(GptCtx& ctx, Allocator& alloc, double loss_scale, const GradsReady& on_ready) const {
+void Gpt::backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, double loss_scale, const GradsReady& on_ready) const {
   ProfileScope scope(prof_, OpFamily::Other);
   auto ready = [&](const IdRange& r) {
     if (on_ready && r.end > r.first) on_ready(r.first, r.end);
@@ -421,29 +430,29 @@ void Gpt::backward(GptCtx& ctx, Allocator& alloc, double loss_scale, const Grads
   // Loss -> logits (in place) -> final norm input (summed over the vocabulary shards of tp).
   {
     ProfileScope ce(prof_, OpFamily::CrossEntropy);
-    cross_entropy_backward(ctx.logits, ctx.logits, ctx.lse, ctx.targets.view({B * T}), loss_scale,
+    cross_entropy_backward(ex, ctx.logits, ctx.logits, ctx.lse, ctx.targets.view({B * T}), loss_scale,
                            tp_.active() ? embed_.vocab_shard() : VocabShard{});
   }
   const Tensor head_in = ctx.head_in.defined() ? ctx.head_in.tensor() : ctx.ln_f.y.tensor();
   Buffer dln = workspace(alloc, dt, {B, T, C});
-  lm_head_.backward(dln.tensor().view({B * T, C}), ctx.logits, head_in.view({B * T, C}));
+  lm_head_.backward(ex, dln.tensor().view({B * T, C}), ctx.logits, head_in.view({B * T, C}));
   Buffer dln_local;
   if (tp_.sequence_sharded()) dln_local = workspace(alloc, dt, {B, Tl, C});
   const Tensor dlnl = dln_local.defined() ? dln_local.tensor() : dln.tensor();
-  enter_region_backward(tp_, alloc, dlnl, dln);
+  enter_region_backward(ex, tp_, alloc, dlnl, dln);
   Buffer dres = workspace(alloc, dt, {B, Tl, C});
-  ln_f_.backward(dres, dlnl, ctx.resid[L], ctx.ln_f);
+  ln_f_.backward(ex, dres, dlnl, ctx.resid[L], ctx.ln_f);
   dln.release();
   dln_local.release();
   ready(head_ids_);  // empty when tied: the token embedding is final only after its own backward
   ready(ln_f_ids_);
   // Blocks, last to first; dres carries dL/d(resid[l]).
   for (int64_t l = L - 1; l >= 0; --l) {
-    blocks_[l].backward(ctx.blocks[l], alloc, dres, ctx.resid[l]);
+    blocks_[l].backward(ex, ctx.blocks[l], alloc, dres, ctx.resid[l]);
     ctx.resid[l + 1].release();
     ready(block_ids_[static_cast<size_t>(l)]);
   }
-  embed_.backward(alloc, dres, ctx.tokens, 0);
+  embed_.backward(ex, alloc, dres, ctx.tokens, 0);
   ready(embed_ids_);
   ctx = GptCtx{};
 }

@@ -1,7 +1,8 @@
-// The GPT, read small to large: Attention, Mlp, Block, Gpt. Each forward(ctx, ...) fills a
-// per-micro-batch context with what its backward(ctx, ...) needs, so several micro-batches can be
-// in flight. Dimension letters: B batch, T sequence, C channels, H heads, KV key/value heads,
-// D head dim, F MLP hidden, V vocab, L layers.
+// The GPT, read small to large: Attention, Mlp, Block, Gpt. Each forward(ex, ctx, ...) fills a
+// per-micro-batch context with what its backward(ex, ctx, ...) needs, so several micro-batches can
+// be in flight; `ex` (kernels/exec.h) is where the ops run: the device and its stream.
+// Dimension letters: B batch, T sequence, C channels, H heads, KV key/value heads, D head dim,
+// F MLP hidden, V vocab, L layers.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "kernels/allocator.h"
+#include "kernels/exec.h"
 #include "kernels/tensor.h"
 #include "model/config.h"
 #include "model/layers.h"
@@ -49,17 +51,18 @@ class Attention {
   // under sequence parallelism, else T). With a cache (B = 1, tp = 1), x holds positions
   // [pos, pos + T): their keys and values are appended at pos and the queries attend to the
   // cache's [0, pos + T).
-  void forward(AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x, Buffer* cache_k = nullptr,
-               Buffer* cache_v = nullptr, int64_t pos = 0) const;
+  void forward(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
+               Buffer* cache_k = nullptr, Buffer* cache_v = nullptr, int64_t pos = 0) const;
   // dx (B, T_local, C) written with the gradient through the branch; dy (B, T_local, C).
-  void backward(const AttentionCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy, const Tensor& x) const;
+  void backward(const Exec& ex, const AttentionCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy,
+                const Tensor& x) const;
   void set_profiler(Profiler* p);
 
  private:
   // k or v of this rank's KV heads (B, T, KV_local, D) from x (B, T, C).
-  void project_kv(const Linear& proj, Allocator& alloc, const Tensor& out, const Tensor& x) const;
+  void project_kv(const Exec& ex, const Linear& proj, Allocator& alloc, const Tensor& out, const Tensor& x) const;
   // dx (B, T, C) += the gradient through k or v, from d (B, T, KV_local, D).
-  void project_kv_backward(const Linear& proj, Allocator& alloc, const Tensor& dx, const Tensor& d,
+  void project_kv_backward(const Exec& ex, const Linear& proj, Allocator& alloc, const Tensor& dx, const Tensor& d,
                            const Tensor& x) const;
   TensorParallel tp_;
   Profiler* prof_ = nullptr;
@@ -84,9 +87,10 @@ class Mlp {
   Mlp() = default;
   Mlp(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, const TensorParallel& tp);
   // y, x (B, T_local, C), as Attention.
-  void forward(MlpCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const;
+  void forward(const Exec& ex, MlpCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const;
   // dx (B, T_local, C) written.
-  void backward(const MlpCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy, const Tensor& x) const;
+  void backward(const Exec& ex, const MlpCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy,
+                const Tensor& x) const;
   void set_profiler(Profiler* p);
 
  private:
@@ -112,15 +116,15 @@ class Block {
   Block(ParameterStore& ps, int index, const ModelConfig& cfg, Recompute recompute, const TensorParallel& tp);
   // y (B, T, C) from x (B, T, C). Under full recomputation ctx keeps nothing. With a cache, as
   // Attention::forward (inference only).
-  void forward(BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x, Buffer* cache_k = nullptr,
-               Buffer* cache_v = nullptr, int64_t pos = 0) const;
+  void forward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
+               Buffer* cache_k = nullptr, Buffer* cache_v = nullptr, int64_t pos = 0) const;
   // dres (B, T, C): on entry d loss / d y, on return d loss / d x.
-  void backward(BlockCtx& ctx, Allocator& alloc, const Tensor& dres, const Tensor& x) const;
+  void backward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& dres, const Tensor& x) const;
   Recompute recompute() const { return recompute_; }
   void set_profiler(Profiler* p);
 
  private:
-  void forward_saved(BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x, Buffer* cache_k,
+  void forward_saved(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x, Buffer* cache_k,
                      Buffer* cache_v, int64_t pos) const;
   Recompute recompute_ = Recompute::None;
   Profiler* prof_ = nullptr;
@@ -140,9 +144,19 @@ struct GptCtx {
   Buffer logits;   // (B*T, V_local); after backward it holds the logits' gradient
   Buffer losses;   // (B*T)
   Buffer lse;      // (B*T), over the whole vocabulary
-  double loss = 0.0;        // mean over non-ignored targets
-  int64_t n_targets = 0;    // non-ignored targets
+  // (2) F64 on the model's device, with targets: {sum of the token losses, non-ignored targets}.
+  // Left there: the trainer adds each micro-batch's into its step's sums and reads those once.
+  Buffer loss_sums;
 };
+
+// The host numbers of loss sums like GptCtx::loss_sums: a device read (synchronizes ex), so once
+// per step or per evaluation batch, not per op.
+struct LossSums {
+  double loss_sum = 0;
+  int64_t targets = 0;
+  double mean() const { return targets > 0 ? loss_sum / static_cast<double>(targets) : 0.0; }
+};
+LossSums read_loss_sums(const Exec& ex, const Tensor& sums);
 
 class Gpt {
  public:
@@ -151,12 +165,13 @@ class Gpt {
   // out for it); its ranks call forward and backward together, on the same tokens.
   Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> recompute = {}, TensorParallel tp = {});
 
-  // tokens (B, T) I32; targets (B, T) I32 (kIgnoreIndex allowed) or undefined for logits only.
-  // Returns the mean loss over non-ignored targets (0 without targets).
-  double forward(GptCtx& ctx, Allocator& alloc, const Tensor& tokens, const Tensor& targets) const;
+  // tokens (B, T) I32; targets (B, T) I32 (kIgnoreIndex allowed) or undefined for logits only; both
+  // on the model's device (upload host ids with copy()). With targets, ctx.loss_sums holds the
+  // loss sum and the target count (read_loss_sums(ex, ctx.loss_sums).mean() is the mean loss).
+  void forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& tokens, const Tensor& targets) const;
   // Inference with a KV cache: tokens (1, T) are the positions [cache.length, cache.length + T);
   // fills ctx.logits (T, V) and advances the cache. The cache is sized on first use.
-  void forward_cached(GptCtx& ctx, Allocator& alloc, const Tensor& tokens, KvCache& cache) const;
+  void forward_cached(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& tokens, KvCache& cache) const;
   KvCache make_cache(Allocator& alloc, int64_t capacity) const;
   // Accumulates the gradient of loss_scale * (sum of token losses) into the parameter gradients.
   // loss_scale = 1 / (non-ignored targets in the whole optimizer batch) gives the mean.
@@ -164,11 +179,12 @@ class Gpt {
   // their gradients are final for this backward (last layer first), so a data-parallel gradient
   // reduction of those parameters can start while earlier layers still compute.
   using GradsReady = std::function<void(int first, int end)>;
-  void backward(GptCtx& ctx, Allocator& alloc, double loss_scale, const GradsReady& on_ready = {}) const;
+  void backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, double loss_scale,
+                const GradsReady& on_ready = {}) const;
 
   // The logits of position `position` of every sequence over the whole vocabulary: out (B, V),
   // gathered from the vocabulary shards of tp (collective over the tp group), after a forward.
-  void logits_at(const GptCtx& ctx, Allocator& alloc, int64_t position, const Tensor& out) const;
+  void logits_at(const Exec& ex, const GptCtx& ctx, Allocator& alloc, int64_t position, const Tensor& out) const;
   // Sequence lengths must be a multiple of this (tp under sequence parallelism, else 1). Inference
   // may pad a sequence on the right: causal attention keeps earlier positions unaffected.
   int64_t seq_multiple() const { return tp_.sequence_sharded() ? tp_.size() : 1; }
@@ -179,9 +195,9 @@ class Gpt {
 
  private:
   // The forward shared by training and cached inference.
-  void forward_layers(GptCtx& ctx, Allocator& alloc, const Tensor& tokens, KvCache* cache) const;
+  void forward_layers(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& tokens, KvCache* cache) const;
   // ctx.losses and ctx.lse from ctx.logits: local, or vocabulary-parallel over tp.
-  void loss_forward(GptCtx& ctx, Allocator& alloc, const Tensor& flat_targets) const;
+  void loss_forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& flat_targets) const;
   ModelConfig cfg_;
   const ParameterStore* ps_;
   TensorParallel tp_;

@@ -32,22 +32,22 @@ Linear Linear::tied(ParameterStore& ps, int weight_id) {
 int64_t Linear::in() const { return ps_->entry(weight_).local_shape[1]; }
 int64_t Linear::out() const { return ps_->entry(weight_).local_shape[0]; }
 
-void Linear::forward(const Tensor& y, const Tensor& x, bool with_bias) const {
+void Linear::forward(const Exec& ex, const Tensor& y, const Tensor& x, bool with_bias) const {
   ProfileScope scope(prof_, OpFamily::Matmul);
-  linear_forward(y, x, ps_->param(weight_), bias_ >= 0 && with_bias ? ps_->param(bias_) : Tensor());
+  linear_forward(ex, y, x, ps_->param(weight_), bias_ >= 0 && with_bias ? ps_->param(bias_) : Tensor());
 }
 
-void Linear::backward(const Tensor& dx, const Tensor& dy, const Tensor& x, bool accumulate_dx) const {
+void Linear::backward(const Exec& ex, const Tensor& dx, const Tensor& dy, const Tensor& x, bool accumulate_dx) const {
   ProfileScope scope(prof_, OpFamily::Matmul);
   const Tensor w = ps_->param(weight_);
   const Tensor db = bias_ >= 0 ? ps_->grad(bias_) : Tensor();
   if (!accumulate_dx || !dx.defined()) {
-    linear_backward(dx, ps_->grad(weight_), db, dy, x, w);
+    linear_backward(ex, dx, ps_->grad(weight_), db, dy, x, w);
     return;
   }
-  linear_backward(Tensor(), ps_->grad(weight_), db, dy, x, w);
+  linear_backward(ex, Tensor(), ps_->grad(weight_), db, dy, x, w);
   const int64_t n = dy.numel() / out();
-  matmul(dx.view({n, in()}), dy.view({n, out()}), w, false, false, 1.0, 1.0);  // dx += dy W
+  matmul(ex, dx.view({n, in()}), dy.view({n, out()}), w, false, false, 1.0, 1.0);  // dx += dy W
 }
 
 // ---- Embedding ----
@@ -62,21 +62,23 @@ Embedding::Embedding(ParameterStore& ps, const ModelConfig& cfg, const TensorPar
                    InitKind::Normal, cfg.init_std / 2});
 }
 
-void Embedding::forward(Allocator& alloc, const Tensor& out, const Tensor& tokens, int64_t pos_offset) const {
+void Embedding::forward(const Exec& ex, Allocator& alloc, const Tensor& out, const Tensor& tokens,
+                        int64_t pos_offset) const {
   ProfileScope scope(prof_, OpFamily::Embedding);
   // The full (B, T, C) output, partial over tp: this rank's ids, positions on rank 0 only.
   Buffer staging;
   const Tensor full = region_full(tp_, alloc, staging, out, tokens.dim(1));
   const bool positions = wpe_ >= 0 && tp_.rank() == 0;
-  embedding_forward(full, tokens, ps_->param(wte_), positions ? ps_->param(wpe_) : Tensor(), pos_offset, shard_);
-  leave_region(tp_, alloc, out, full);
+  embedding_forward(ex, full, tokens, ps_->param(wte_), positions ? ps_->param(wpe_) : Tensor(), pos_offset, shard_);
+  leave_region(ex, tp_, alloc, out, full);
 }
 
-void Embedding::backward(Allocator& alloc, const Tensor& dout, const Tensor& tokens, int64_t pos_offset) const {
+void Embedding::backward(const Exec& ex, Allocator& alloc, const Tensor& dout, const Tensor& tokens,
+                         int64_t pos_offset) const {
   ProfileScope scope(prof_, OpFamily::Embedding);
   Buffer staging;
-  const Tensor full = leave_region_backward(tp_, alloc, staging, dout, tokens.dim(1));
-  embedding_backward(ps_->grad(wte_), wpe_ >= 0 ? ps_->grad(wpe_) : Tensor(), full, tokens, pos_offset, shard_);
+  const Tensor full = leave_region_backward(ex, tp_, alloc, staging, dout, tokens.dim(1));
+  embedding_backward(ex, ps_->grad(wte_), wpe_ >= 0 ? ps_->grad(wpe_) : Tensor(), full, tokens, pos_offset, shard_);
 }
 
 // ---- Norm ----
@@ -90,27 +92,27 @@ Norm::Norm(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, 
                     sequence_parallel});
 }
 
-void Norm::forward(NormCtx& ctx, Allocator& alloc, const Tensor& x) const {
+void Norm::forward(const Exec& ex, NormCtx& ctx, Allocator& alloc, const Tensor& x) const {
   ProfileScope scope(prof_, OpFamily::Norm);
   const int64_t rows = x.numel() / x.dim(-1);
   ctx.y = Buffer(alloc, x.dtype, x.shape, MemCategory::Activations);
   ctx.rstd = Buffer(alloc, x.dtype, {rows}, MemCategory::Activations);
   if (kind_ == NormKind::LayerNorm) {
     ctx.mean = Buffer(alloc, x.dtype, {rows}, MemCategory::Activations);
-    layernorm_forward(ctx.y, ctx.mean, ctx.rstd, x, ps_->param(weight_), bias_ >= 0 ? ps_->param(bias_) : Tensor(),
+    layernorm_forward(ex, ctx.y, ctx.mean, ctx.rstd, x, ps_->param(weight_), bias_ >= 0 ? ps_->param(bias_) : Tensor(),
                       eps_);
   } else {
-    rmsnorm_forward(ctx.y, ctx.rstd, x, ps_->param(weight_), eps_);
+    rmsnorm_forward(ex, ctx.y, ctx.rstd, x, ps_->param(weight_), eps_);
   }
 }
 
-void Norm::backward(const Tensor& dx, const Tensor& dy, const Tensor& x, const NormCtx& ctx) const {
+void Norm::backward(const Exec& ex, const Tensor& dx, const Tensor& dy, const Tensor& x, const NormCtx& ctx) const {
   ProfileScope scope(prof_, OpFamily::Norm);
   if (kind_ == NormKind::LayerNorm)
-    layernorm_backward(dx, ps_->grad(weight_), bias_ >= 0 ? ps_->grad(bias_) : Tensor(), dy, x, ps_->param(weight_),
+    layernorm_backward(ex, dx, ps_->grad(weight_), bias_ >= 0 ? ps_->grad(bias_) : Tensor(), dy, x, ps_->param(weight_),
                        ctx.mean, ctx.rstd);
   else
-    rmsnorm_backward(dx, ps_->grad(weight_), dy, x, ps_->param(weight_), ctx.rstd);
+    rmsnorm_backward(ex, dx, ps_->grad(weight_), dy, x, ps_->param(weight_), ctx.rstd);
 }
 
 }  // namespace tessera

@@ -1,10 +1,13 @@
 // The building-block modules: Linear, Embedding, Norm. Each has a forward/backward pair; what a
 // forward must keep for its backward lives in a per-micro-batch context struct owned by the caller.
+// Every forward and backward takes the Exec its ops run on first (`ex`, kernels/exec.h: the
+// device and stream), not to be confused with those context structs (`ctx`).
 #pragma once
 
 #include <string>
 
 #include "kernels/allocator.h"
+#include "kernels/exec.h"
 #include "kernels/profiler.h"
 #include "kernels/tensor.h"
 #include "kernels/vocab_shard.h"
@@ -28,9 +31,9 @@ class Linear {
 
   // y (N, out), x (N, in); leading dims flatten into N. with_bias = false leaves the bias out (a
   // row-parallel layer adds it on one tp rank only, so that the sum over ranks holds it once).
-  void forward(const Tensor& y, const Tensor& x, bool with_bias = true) const;
+  void forward(const Exec& ex, const Tensor& y, const Tensor& x, bool with_bias = true) const;
   // dx (N, in) written, or added to when accumulate_dx; dW and db accumulated. dx may be undefined.
-  void backward(const Tensor& dx, const Tensor& dy, const Tensor& x, bool accumulate_dx = false) const;
+  void backward(const Exec& ex, const Tensor& dx, const Tensor& dy, const Tensor& x, bool accumulate_dx = false) const;
 
   int64_t in() const;
   int64_t out() const;
@@ -53,9 +56,9 @@ class Embedding {
   Embedding() = default;
   Embedding(ParameterStore& ps, const ModelConfig& cfg, const TensorParallel& tp);
   // out (B, T_local, C), tokens (B, T) I32 (T_local = T / tp under sequence parallelism).
-  void forward(Allocator& alloc, const Tensor& out, const Tensor& tokens, int64_t pos_offset) const;
+  void forward(const Exec& ex, Allocator& alloc, const Tensor& out, const Tensor& tokens, int64_t pos_offset) const;
   // Accumulates the embeddings' gradients from dout (B, T_local, C).
-  void backward(Allocator& alloc, const Tensor& dout, const Tensor& tokens, int64_t pos_offset) const;
+  void backward(const Exec& ex, Allocator& alloc, const Tensor& dout, const Tensor& tokens, int64_t pos_offset) const;
   int token_weight_id() const { return wte_; }
   // The vocabulary ids this rank's table (and the tied or untied LM head) holds.
   const VocabShard& vocab_shard() const { return shard_; }
@@ -85,9 +88,9 @@ class Norm {
   // (replicated) weights is summed over tp: sequence_parallel marks them for it.
   Norm(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, bool sequence_parallel = false);
   // x (B, T, C) -> ctx.y
-  void forward(NormCtx& ctx, Allocator& alloc, const Tensor& x) const;
+  void forward(const Exec& ex, NormCtx& ctx, Allocator& alloc, const Tensor& x) const;
   // dx (B, T, C) += d/dx (a norm's input is the residual stream); parameter gradients accumulated.
-  void backward(const Tensor& dx, const Tensor& dy, const Tensor& x, const NormCtx& ctx) const;
+  void backward(const Exec& ex, const Tensor& dx, const Tensor& dy, const Tensor& x, const NormCtx& ctx) const;
   void set_profiler(Profiler* p) { prof_ = p; }
 
  private:

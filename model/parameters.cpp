@@ -75,7 +75,7 @@ int64_t ParameterStore::global_numel() const {
   return n;
 }
 
-void ParameterStore::zero_grads() { fill_zero(grads_.tensor()); }  // padding included
+void ParameterStore::zero_grads(const Exec& ex) { fill_zero(ex, grads_.tensor()); }  // padding included
 
 Shape ParamEntry::stored_shape() const {
   Shape s = local_shape;
@@ -105,37 +105,52 @@ int64_t global_index(const ParamEntry& e, int64_t local) {
   return g;
 }
 
-void ParameterStore::initialize_entry(const ParamEntry& e, uint64_t seed) {
-  const int64_t n = e.local_shape.numel();
+// Element i of e is v(i) = init value at global index global_index(e, i) (0 in padding rows),
+// drawn on the host into `staging` (one chunk at a time: it holds a few MiB, not the largest
+// parameter) and copied to the parameter on its device.
+void ParameterStore::initialize_entry(const Exec& ex, int id, uint64_t seed, const Tensor& staging) {
+  const ParamEntry& e = entry(id);
+  const int64_t n = e.local_shape.numel(), chunk = staging.numel();
   const philox::Key key = philox::make_key(seed, e.spec.name.c_str());
-  char* base = static_cast<char*>(params_.tensor().data) + e.offset * dtype_size(dtype_);
-  auto fill = [&](auto* p) {
+  const Tensor dst = param(id).view({n});
+  for (int64_t begin = 0; begin < n; begin += chunk) {
+    const int64_t len = std::min(chunk, n - begin);
+    auto fill = [&](auto* p) {
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      double v = 0.0;
-      if (e.is_padding(i)) {
-        p[i] = 0;
-        continue;
+      for (int64_t j = 0; j < len; ++j) {
+        const int64_t i = begin + j;
+        double v = 0.0;
+        if (e.is_padding(i)) {
+          p[j] = 0;
+          continue;
+        }
+        switch (e.spec.init) {
+          case InitKind::Zeros: v = 0.0; break;
+          case InitKind::Ones: v = 1.0; break;
+          case InitKind::Normal:
+            v = e.spec.init_std * philox::normal(key, static_cast<uint64_t>(global_index(e, i)));
+            break;
+        }
+        p[j] = static_cast<std::remove_pointer_t<decltype(p)>>(v);
       }
-      switch (e.spec.init) {
-        case InitKind::Zeros: v = 0.0; break;
-        case InitKind::Ones: v = 1.0; break;
-        case InitKind::Normal:
-          v = e.spec.init_std * philox::normal(key, static_cast<uint64_t>(global_index(e, i)));
-          break;
-      }
-      p[i] = static_cast<std::remove_pointer_t<decltype(p)>>(v);
-    }
-  };
-  if (dtype_ == DType::F32)
-    fill(reinterpret_cast<float*>(base));
-  else
-    fill(reinterpret_cast<double*>(base));
+    };
+    if (dtype_ == DType::F32)
+      fill(staging.ptr<float>());
+    else
+      fill(staging.ptr<double>());
+    // A host source may be reused as soon as copy returns (kernels/elementwise.h).
+    copy(ex, dst.slice_rows(begin, begin + len), staging.slice_rows(0, len));
+  }
 }
 
-void ParameterStore::initialize(uint64_t seed) {
+void ParameterStore::initialize(const Exec& ex, uint64_t seed) {
   TESSERA_CHECK(finalized_, "ParameterStore::initialize() before finalize()");
-  for (const ParamEntry& e : entries_) initialize_entry(e, seed);
+  // Host staging: 1 Mi elements, or the largest parameter when smaller.
+  int64_t largest = 0;
+  for (const ParamEntry& e : entries_) largest = std::max(largest, e.local_shape.numel());
+  Allocator host(Device::cpu());
+  const Buffer staging(host, dtype_, {std::min<int64_t>(largest, int64_t(1) << 20)}, MemCategory::Workspace);
+  for (int id = 0; id < size(); ++id) initialize_entry(ex, id, seed, staging);
 }
 
 }  // namespace tessera

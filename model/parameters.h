@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/allocator.h"
+#include "kernels/exec.h"
 #include "kernels/tensor.h"
 
 namespace tessera {
@@ -78,8 +79,10 @@ class ParameterStore {
   // of pad_multiple elements (ZeRO-1 shards them over the data-parallel ranks).
   void finalize(int64_t pad_multiple = 1);
   // Fills every parameter from (seed, name, global index): the same global model on any layout.
-  void initialize(uint64_t seed);
-  void zero_grads();
+  // The values are drawn on the host and copied to the parameters' device (a copy op through a
+  // host staging buffer), so a device model initializes as a CPU one does.
+  void initialize(const Exec& ex, uint64_t seed);
+  void zero_grads(const Exec& ex);
 
   Tensor param(int id) const;  // local shape
   Tensor grad(int id) const;
@@ -100,7 +103,7 @@ class ParameterStore {
   const ShardLayout& layout() const { return layout_; }
 
  private:
-  void initialize_entry(const ParamEntry& e, uint64_t seed);
+  void initialize_entry(const Exec& ex, int id, uint64_t seed, const Tensor& staging);
   Allocator& alloc_;
   DType dtype_;
   ShardLayout layout_;

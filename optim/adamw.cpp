@@ -27,7 +27,7 @@ AdamW::AdamW(const Tensor& params, const Tensor& grads, std::vector<ParamSegment
   TESSERA_CHECK(expect == params.numel(), "AdamW: segments cover ", expect, " of ", params.numel(), " elements");
 }
 
-void AdamW::step(double lr, double grad_scale) {
+void AdamW::step(const Exec& ex, double lr, double grad_scale) {
   ++steps_;
   AdamWStep s;
   s.lr = lr;
@@ -39,12 +39,16 @@ void AdamW::step(double lr, double grad_scale) {
   for (const ParamSegment& seg : segments_) {
     const int64_t begin = seg.offset, end = seg.offset + seg.numel;
     s.weight_decay = seg.decay ? opt_.weight_decay : 0.0;
-    adamw_update(params_.slice_rows(begin, end), grads_.slice_rows(begin, end), m_.tensor().slice_rows(begin, end),
+    adamw_update(ex, params_.slice_rows(begin, end), grads_.slice_rows(begin, end), m_.tensor().slice_rows(begin, end),
                  v_.tensor().slice_rows(begin, end), s);
   }
 }
 
-double grad_norm(const Tensor& grads) { return std::sqrt(squared_norm(grads)); }
+double grad_norm(const Exec& ex, Allocator& alloc, const Tensor& grads) {
+  const Buffer sq(alloc, DType::F64, {1}, MemCategory::Workspace);
+  squared_norm(ex, sq, grads);
+  return std::sqrt(read_scalar(ex, sq));
+}
 
 double clip_factor(double norm, double max_norm) {
   if (max_norm <= 0 || !(norm > max_norm)) return 1.0;

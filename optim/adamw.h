@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/allocator.h"
+#include "kernels/exec.h"
 #include "kernels/tensor.h"
 
 namespace tessera {
@@ -33,7 +34,7 @@ class AdamW {
         const AdamWOptions& opt);
 
   // One update with learning rate lr; gradients are multiplied by grad_scale first (clipping).
-  void step(double lr, double grad_scale = 1.0);
+  void step(const Exec& ex, double lr, double grad_scale = 1.0);
 
   int64_t steps_taken() const { return steps_; }
   // After loading the moments from a checkpoint: the bias corrections continue from `steps`.
@@ -49,8 +50,10 @@ class AdamW {
   int64_t steps_ = 0;
 };
 
-// L2 norm of a flat gradient buffer (this rank's part; distributed runs reduce the squares).
-double grad_norm(const Tensor& grads);
+// L2 norm of a flat gradient buffer (this rank's part; distributed runs reduce the squares), read
+// back to the host (a device sync; scratch from alloc). The trainer's norm is
+// DataParallelOptimizer::grad_sq_norm, which stays on the device until the step reads it.
+double grad_norm(const Exec& ex, Allocator& alloc, const Tensor& grads);
 // The factor that brings a gradient of norm `norm` down to `max_norm` (1 when within it or when
 // clipping is off, max_norm <= 0).
 double clip_factor(double norm, double max_norm);

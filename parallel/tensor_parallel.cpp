@@ -23,35 +23,41 @@ void all_reduce_tp(const TensorParallel& tp, const Tensor& t) {
   if (tp.active()) tp.comm->all_reduce(t, ReduceOp::Sum);
 }
 
-void gather_sequence(const TensorParallel& tp, Allocator& alloc, const Tensor& full, const Tensor& local) {
+void gather_sequence(const Exec& ex, const TensorParallel& tp, Allocator& alloc, const Tensor& full,
+                     const Tensor& local) {
   const int64_t B = check_sequence_pair("gather_sequence", tp, full, local);
   const int64_t R = tp.size(), chunk = local.dim(1) * local.dim(2);  // one sequence's chunk
   Buffer staging(alloc, full.dtype, {R, B, chunk}, MemCategory::Workspace);
   tp.comm->all_gather(local, staging);
   // staging[r] (B, chunk) -> columns [r chunk, (r + 1) chunk) of full viewed as (B, T C).
   const Tensor wide = full.view({B, R * chunk});
-  for (int64_t r = 0; r < R; ++r) paste_columns(wide, staging.tensor().slice_rows(r, r + 1).view({B, chunk}), r * chunk);
+  for (int64_t r = 0; r < R; ++r)
+    paste_columns(ex, wide, staging.tensor().slice_rows(r, r + 1).view({B, chunk}), r * chunk);
 }
 
-void reduce_scatter_sequence(const TensorParallel& tp, Allocator& alloc, const Tensor& local, const Tensor& full) {
+void reduce_scatter_sequence(const Exec& ex, const TensorParallel& tp, Allocator& alloc, const Tensor& local,
+                             const Tensor& full) {
   const int64_t B = check_sequence_pair("reduce_scatter_sequence", tp, full, local);
   const int64_t R = tp.size(), chunk = local.dim(1) * local.dim(2);
   Buffer staging(alloc, full.dtype, {R, B, chunk}, MemCategory::Workspace);
   const Tensor wide = full.view({B, R * chunk});
-  for (int64_t r = 0; r < R; ++r) copy_columns(staging.tensor().slice_rows(r, r + 1).view({B, chunk}), wide, r * chunk);
+  for (int64_t r = 0; r < R; ++r)
+    copy_columns(ex, staging.tensor().slice_rows(r, r + 1).view({B, chunk}), wide, r * chunk);
   tp.comm->reduce_scatter(staging, local, ReduceOp::Sum);
 }
 
-Tensor enter_region(const TensorParallel& tp, Allocator& alloc, Buffer& storage, const Tensor& x, int64_t T) {
+Tensor enter_region(const Exec& ex, const TensorParallel& tp, Allocator& alloc, Buffer& storage, const Tensor& x,
+                    int64_t T) {
   if (!tp.sequence_sharded()) return x;
   storage = Buffer(alloc, x.dtype, {x.dim(0), T, x.dim(2)}, MemCategory::Workspace);
-  gather_sequence(tp, alloc, storage, x);
+  gather_sequence(ex, tp, alloc, storage, x);
   return storage;
 }
 
-void leave_region(const TensorParallel& tp, Allocator& alloc, const Tensor& y_local, const Tensor& y_full) {
+void leave_region(const Exec& ex, const TensorParallel& tp, Allocator& alloc, const Tensor& y_local,
+                  const Tensor& y_full) {
   if (tp.sequence_sharded()) {
-    reduce_scatter_sequence(tp, alloc, y_local, y_full);
+    reduce_scatter_sequence(ex, tp, alloc, y_local, y_full);
     return;
   }
   TESSERA_CHECK(y_local.data == y_full.data, "leave_region: without sequence parallelism the local and full outputs "
@@ -66,12 +72,14 @@ Tensor region_full(const TensorParallel& tp, Allocator& alloc, Buffer& storage, 
 }
 
 // The two edges are each other's adjoint: entering backward is leaving forward and vice versa.
-void enter_region_backward(const TensorParallel& tp, Allocator& alloc, const Tensor& dx_local, const Tensor& dx_full) {
-  leave_region(tp, alloc, dx_local, dx_full);
+void enter_region_backward(const Exec& ex, const TensorParallel& tp, Allocator& alloc, const Tensor& dx_local,
+                           const Tensor& dx_full) {
+  leave_region(ex, tp, alloc, dx_local, dx_full);
 }
 
-Tensor leave_region_backward(const TensorParallel& tp, Allocator& alloc, Buffer& storage, const Tensor& dy, int64_t T) {
-  return enter_region(tp, alloc, storage, dy, T);
+Tensor leave_region_backward(const Exec& ex, const TensorParallel& tp, Allocator& alloc, Buffer& storage,
+                             const Tensor& dy, int64_t T) {
+  return enter_region(ex, tp, alloc, storage, dy, T);
 }
 
 }  // namespace tessera

@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "kernels/allocator.h"
+#include "kernels/exec.h"
 #include "kernels/tensor.h"
 #include "parallel/communicator.h"
 
@@ -38,26 +39,32 @@ struct TensorParallel {
 void all_reduce_tp(const TensorParallel& tp, const Tensor& t);
 
 // full (B, T, C) = every rank's local (B, T / tp, C), in rank order along T.
-void gather_sequence(const TensorParallel& tp, Allocator& alloc, const Tensor& full, const Tensor& local);
+void gather_sequence(const Exec& ex, const TensorParallel& tp, Allocator& alloc, const Tensor& full,
+                     const Tensor& local);
 
 // local (B, T / tp, C) = this rank's positions of the sum over ranks of full (B, T, C).
-void reduce_scatter_sequence(const TensorParallel& tp, Allocator& alloc, const Tensor& local, const Tensor& full);
+void reduce_scatter_sequence(const Exec& ex, const TensorParallel& tp, Allocator& alloc, const Tensor& local,
+                             const Tensor& full);
 
 // Entering a region (forward): the full (B, T, C) input. Plain tp: x itself (storage untouched);
 // sequence parallel: x gathered into `storage`.
-Tensor enter_region(const TensorParallel& tp, Allocator& alloc, Buffer& storage, const Tensor& x, int64_t T);
+Tensor enter_region(const Exec& ex, const TensorParallel& tp, Allocator& alloc, Buffer& storage, const Tensor& x,
+                    int64_t T);
 // Entering a region (backward): dx_local (B, T / tp or T, C) from the region's partial input
 // gradient dx_full (B, T, C): all-reduce (dx_local must then be dx_full) or reduce-scatter.
-void enter_region_backward(const TensorParallel& tp, Allocator& alloc, const Tensor& dx_local, const Tensor& dx_full);
+void enter_region_backward(const Exec& ex, const TensorParallel& tp, Allocator& alloc, const Tensor& dx_local,
+                           const Tensor& dx_full);
 // Leaving a region (forward): y_local from the rank's partial output y_full (all-reduce in place,
 // y_local = y_full; or reduce-scatter).
-void leave_region(const TensorParallel& tp, Allocator& alloc, const Tensor& y_local, const Tensor& y_full);
+void leave_region(const Exec& ex, const TensorParallel& tp, Allocator& alloc, const Tensor& y_local,
+                  const Tensor& y_full);
 // Where a region's full-sequence result goes before leave_region (its output) or
 // enter_region_backward (its input gradient): `local` (B, T_local, C) itself without sequence
 // parallelism, else a (B, T, C) workspace buffer in `storage`.
 Tensor region_full(const TensorParallel& tp, Allocator& alloc, Buffer& storage, const Tensor& local, int64_t T);
 // Leaving a region (backward): the full output gradient (B, T, C) from dy (local): dy itself or
 // gathered into `storage`.
-Tensor leave_region_backward(const TensorParallel& tp, Allocator& alloc, Buffer& storage, const Tensor& dy, int64_t T);
+Tensor leave_region_backward(const Exec& ex, const TensorParallel& tp, Allocator& alloc, Buffer& storage,
+                             const Tensor& dy, int64_t T);
 
 }  // namespace tessera

@@ -60,13 +60,15 @@ ZeroAdamW::ZeroAdamW(const Tensor& params, const Tensor& grads, const std::vecto
 
 void ZeroAdamW::reduce_grads() { comm_.reduce_scatter(grads_, grad_shard_.tensor(), ReduceOp::Sum); }
 
-double ZeroAdamW::shard_grad_sq_norm() const { return squared_norm(grad_shard_.tensor()); }
+void ZeroAdamW::shard_grad_sq_norm(const Exec& ex, const Tensor& out) const {
+  squared_norm(ex, out, grad_shard_.tensor());
+}
 
-void ZeroAdamW::step(double lr, double grad_scale) {
-  adamw_.step(lr, grad_scale);
+void ZeroAdamW::step(const Exec& ex, double lr, double grad_scale) {
+  adamw_.step(ex, lr, grad_scale);
   // The all-gather's input may not alias its output: the updated shard goes through the (now
   // spent) gradient shard.
-  copy(grad_shard_.tensor(), params_.slice_rows(begin_, begin_ + size_));
+  copy(ex, grad_shard_.tensor(), params_.slice_rows(begin_, begin_ + size_));
   comm_.all_gather(grad_shard_.tensor(), params_);
 }
 
@@ -77,15 +79,15 @@ void ZeroAdamW::gather_moments(const Tensor& exp_avg, const Tensor& exp_avg_sq) 
   comm_.all_gather(adamw_.exp_avg_sq(), exp_avg_sq);
 }
 
-void ZeroAdamW::load_moments(const Tensor& exp_avg, const Tensor& exp_avg_sq) {
+void ZeroAdamW::load_moments(const Exec& ex, const Tensor& exp_avg, const Tensor& exp_avg_sq) {
   for (const auto& [full, shard] : {std::pair{exp_avg, adamw_.exp_avg()}, std::pair{exp_avg_sq, adamw_.exp_avg_sq()}}) {
     TESSERA_CHECK(full.numel() == numel_ || full.numel() == params_.numel(), "ZeroAdamW::load_moments: ",
                   full.str(), " holds neither the ", numel_, " elements of the parameters nor the padded ",
                   params_.numel());
     const Tensor flat = full.view({full.numel()});
     const int64_t have = std::clamp<int64_t>(full.numel() - begin_, 0, size_);  // the rest is padding
-    fill_zero(shard);
-    if (have > 0) copy(shard.slice_rows(0, have), flat.slice_rows(begin_, begin_ + have));
+    fill_zero(ex, shard);
+    if (have > 0) copy(ex, shard.slice_rows(0, have), flat.slice_rows(begin_, begin_ + have));
   }
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/allocator.h"
+#include "kernels/exec.h"
 #include "kernels/tensor.h"
 #include "optim/adamw.h"
 #include "parallel/communicator.h"
@@ -39,12 +40,12 @@ class ZeroAdamW {
   // Collective: this rank's shard of the gradients summed over the group (reduce-scatter). The
   // full gradient buffer is left as it was (this rank's own contribution).
   void reduce_grads();
-  // Sum of squares of this rank's reduced gradient shard; the caller sums it over the group for
-  // the global norm.
-  double shard_grad_sq_norm() const;
+  // out (one F64 element) = the sum of squares of this rank's reduced gradient shard; the caller
+  // sums it over the group for the global norm.
+  void shard_grad_sq_norm(const Exec& ex, const Tensor& out) const;
   // Collective: AdamW on this rank's shard (gradients multiplied by grad_scale first), then every
   // rank's shard all-gathered into the full parameter buffer. Call after reduce_grads().
-  void step(double lr, double grad_scale = 1.0);
+  void step(const Exec& ex, double lr, double grad_scale = 1.0);
 
   int64_t steps_taken() const { return adamw_.steps_taken(); }
   void set_steps_taken(int64_t steps) { adamw_.set_steps_taken(steps); }
@@ -57,7 +58,7 @@ class ZeroAdamW {
   // Checkpoints. Collective: every rank's moments gathered into exp_avg, exp_avg_sq: (P) each.
   void gather_moments(const Tensor& exp_avg, const Tensor& exp_avg_sq);
   // Keeps this rank's shard of full moments: (N) or (P) each (the padding's moments are zero).
-  void load_moments(const Tensor& exp_avg, const Tensor& exp_avg_sq);
+  void load_moments(const Exec& ex, const Tensor& exp_avg, const Tensor& exp_avg_sq);
 
  private:
   Tensor params_, grads_;  // (P)

@@ -11,9 +11,31 @@
 #include <random>
 #include <vector>
 
+#include "kernels/elementwise.h"
+#include "kernels/exec.h"
 #include "kernels/tensor.h"
 
 namespace tessera::testing {
+
+// The execution context of tests on host memory: the CPU's (trivial: no stream).
+inline constexpr Exec kCpu{};
+
+// The reductions of kernels/elementwise.h on host tensors, their one F64 result returned.
+inline double sum_of(const Tensor& t) {
+  double v = 0;
+  sum(kCpu, Tensor(&v, DType::F64, {1}), t);
+  return v;
+}
+inline double squared_norm_of(const Tensor& t) {
+  double v = 0;
+  squared_norm(kCpu, Tensor(&v, DType::F64, {1}), t);
+  return v;
+}
+inline int64_t count_not_equal_of(const Tensor& ids, int32_t value) {
+  double v = 0;
+  count_not_equal(kCpu, Tensor(&v, DType::F64, {1}), ids, value);
+  return static_cast<int64_t>(v);
+}
 
 // Host memory owned by a test, viewed as a Tensor.
 template <typename T>

@@ -1,9 +1,9 @@
 // CPU AdamW (PyTorch's formula): a templated reference for F64 and an OpenMP SIMD float path.
 // Both take the step's scalars (bias corrections, decay factor) computed once in double.
-#include "kernels/adamw.h"
-
 #include <cmath>
 #include <cstdint>
+
+#include "kernels/cpu/cpu_ops.h"
 
 namespace tessera {
 namespace {
@@ -57,31 +57,10 @@ void update(float* p, const float* g, float* m, float* v, int64_t n, const AdamW
 }
 }  // namespace simd
 
-void check_args(const char* op, const char* arg, const Tensor& t, const Tensor& params) {
-  TESSERA_CHECK(t.defined(), op, ": ", arg, " is undefined");
-  check_cpu(op, t);
-  check_dtype(op, arg, t, params.dtype);
-  TESSERA_CHECK(t.numel() == params.numel(), op, ": ", arg, " has ", t.numel(), " elements, params has ",
-                params.numel());
-}
-
-void check_step(const char* op, const AdamWStep& s) {
-  TESSERA_CHECK(s.step >= 1, op, ": step is ", s.step, ", must be >= 1 (bias correction is 1-based)");
-  TESSERA_CHECK(s.beta1 >= 0 && s.beta1 < 1, op, ": beta1 is ", s.beta1, ", must be in [0, 1)");
-  TESSERA_CHECK(s.beta2 >= 0 && s.beta2 < 1, op, ": beta2 is ", s.beta2, ", must be in [0, 1)");
-}
-
 }  // namespace
 
-void adamw_update(const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v, const AdamWStep& s) {
-  const char* op = "adamw_update";
-  check_args(op, "params", params, params);
-  TESSERA_CHECK(params.dtype == DType::F32 || params.dtype == DType::F64, op, ": unsupported dtype ",
-                dtype_name(params.dtype), " (F32 or F64)");
-  check_args(op, "grads", grads, params);
-  check_args(op, "m", m, params);
-  check_args(op, "v", v, params);
-  check_step(op, s);
+void cpu::adamw_update(const Exec&, const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
+                       const AdamWStep& s) {
   if (params.dtype == DType::F64)
     reference::update(params.ptr<double>(), grads.ptr<double>(), m.ptr<double>(), v.ptr<double>(), params.numel(),
                       AdamWScalars<double>(s));

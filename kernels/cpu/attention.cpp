@@ -3,17 +3,16 @@
 // tile products through the CPU BLAS.
 // The F32 backward is parallel over (b, kv head): a thread owns that head's dk/dv and the dq rows of
 // its query heads, so there are no races and the result does not depend on the thread count.
-#include "kernels/attention.h"
-
-#include "kernels/cpu/blas.h"
-#include "kernels/cpu/simd_math.h"
-
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
+
+#include "kernels/cpu/blas.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/simd_math.h"
 
 namespace tessera {
 namespace {
@@ -297,50 +296,26 @@ void backward(const Grads& g, const float* out, const float* lse, const Dims& m)
 
 }  // namespace flash
 
-// Checks shapes, dtypes and devices of the forward's operands and returns the sizes.
-Dims check_forward_args(const char* op, const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                        const Tensor& v, int64_t q_offset, int64_t k_offset) {
-  for (const Tensor* t : {&out, &lse, &q, &k, &v}) {
-    check_cpu(op, *t);
-    check_same_dtype(op, *t, q);
-  }
-  TESSERA_CHECK(q.dtype == DType::F32 || q.dtype == DType::F64, op, ": unsupported dtype ", dtype_name(q.dtype));
-  TESSERA_CHECK(q.ndim() == 4, op, ": q must be (B, T, H, D), got ", q.shape.str());
-  TESSERA_CHECK(k.ndim() == 4, op, ": k must be (B, S, KV, D), got ", k.shape.str());
-  Dims m{q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3), q_offset, k_offset};
-  TESSERA_CHECK(m.D > 0, op, ": head dim D must be positive");
-  TESSERA_CHECK(m.KV > 0 && m.H % m.KV == 0, op, ": query heads ", m.H, " not a multiple of kv heads ", m.KV);
-  check_shape(op, "k", k, Shape{m.B, m.S, m.KV, m.D});
-  check_shape(op, "v", v, k.shape);
-  check_shape(op, "out", out, q.shape);
-  check_shape(op, "lse", lse, Shape{m.B, m.H, m.T});
-  return m;
+// The sizes of a call from its (checked) q (B, T, H, D) and k (B, S, KV, D).
+Dims dims_of(const Tensor& q, const Tensor& k, int64_t q_offset, int64_t k_offset) {
+  return Dims{q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3), q_offset, k_offset};
 }
 
 }  // namespace
 
-void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       int64_t q_offset, int64_t k_offset) {
-  const Dims m = check_forward_args("attention_forward", out, lse, q, k, v, q_offset, k_offset);
+void cpu::attention_forward(const Exec&, const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                            const Tensor& v, int64_t q_offset, int64_t k_offset) {
+  const Dims m = dims_of(q, k, q_offset, k_offset);
   if (q.dtype == DType::F64)
     reference::forward(out.ptr<double>(), lse.ptr<double>(), q.ptr<double>(), k.ptr<double>(), v.ptr<double>(), m);
   else
     flash::forward(out.ptr<float>(), lse.ptr<float>(), q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), m);
 }
 
-void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
-                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, int64_t q_offset,
-                        int64_t k_offset) {
-  const char* op = "attention_backward";
-  const Dims m = check_forward_args(op, out, lse, q, k, v, q_offset, k_offset);
-  for (const Tensor* t : {&dq, &dk, &dv, &dout}) {
-    check_cpu(op, *t);
-    check_same_dtype(op, *t, q);
-  }
-  check_shape(op, "dq", dq, q.shape);
-  check_shape(op, "dout", dout, q.shape);
-  check_shape(op, "dk", dk, k.shape);
-  check_shape(op, "dv", dv, k.shape);
+void cpu::attention_backward(const Exec&, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                             const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                             int64_t q_offset, int64_t k_offset) {
+  const Dims m = dims_of(q, k, q_offset, k_offset);
   if (q.dtype == DType::F64) {
     reference::backward(dq.ptr<double>(), dk.ptr<double>(), dv.ptr<double>(), dout.ptr<double>(), q.ptr<double>(),
                         k.ptr<double>(), v.ptr<double>(), out.ptr<double>(), lse.ptr<double>(), m);

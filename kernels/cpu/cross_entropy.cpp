@@ -1,14 +1,13 @@
 // CPU fused softmax cross-entropy: max-subtracted log-sum-exp per row (float exps, double sum);
 // backward reads each logit just before writing its gradient, so it can run in place.
-#include "kernels/cross_entropy.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 
-#include "kernels/cpu/arg_checks.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/simd_math.h"
+#include "kernels/cross_entropy.h"
 
 namespace tessera {
 namespace {
@@ -127,85 +126,25 @@ void shard_forward(float* lse_part, float* target_logit, const float* logits, co
 }
 }  // namespace simd
 
-// targets (N) I32, each in [0, V) or kIgnoreIndex; the error names the first bad row and value.
-void check_targets(const char* op, const Tensor& targets, int64_t N, int64_t V) {
-  cpu::check_numel(op, "targets", targets, DType::I32, N);
+// Every target in [0, V) or kIgnoreIndex: a check of the values, so the backend's (the front
+// checked the shapes). The error names the first bad row and value.
+void check_target_ids(const char* op, const Tensor& targets, int64_t V) {
   const int32_t* t = targets.ptr<int32_t>();
-  for (int64_t n = 0; n < N; ++n)
+  for (int64_t n = 0; n < targets.numel(); ++n)
     TESSERA_CHECK(t[n] == kIgnoreIndex || (t[n] >= 0 && t[n] < V), op, ": target ", t[n], " at row ", n,
                   " is outside [0, ", V, ") and is not the ignore index ", kIgnoreIndex);
 }
 
-// In place means the same buffer: a partial overlap would read logits already overwritten.
-void check_in_place(const char* op, const Tensor& dlogits, const Tensor& logits) {
-  auto a = reinterpret_cast<uintptr_t>(dlogits.data), b = reinterpret_cast<uintptr_t>(logits.data);
-  bool overlap = a < b + logits.nbytes() && b < a + dlogits.nbytes();
-  TESSERA_CHECK(a == b || !overlap, op, ": dlogits partially overlaps logits (in place needs the same buffer)");
-}
-
-}  // namespace
-
-void cross_entropy_forward(const Tensor& losses, const Tensor& lse, const Tensor& logits, const Tensor& targets) {
-  const char* op = "cross_entropy_forward";
-  int64_t V = cpu::check_rows(op, "logits", logits), N = logits.numel() / V;
-  cpu::check_numel(op, "losses", losses, logits.dtype, N);
-  cpu::check_numel(op, "lse", lse, logits.dtype, N);
-  check_targets(op, targets, N, V);
-  const int32_t* t = targets.ptr<int32_t>();
-  if (logits.dtype == DType::F64)
-    reference::forward(losses.ptr<double>(), lse.ptr<double>(), logits.ptr<double>(), t, N, V);
-  else
-    simd::forward(losses.ptr<float>(), lse.ptr<float>(), logits.ptr<float>(), t, N, V);
-}
-
-namespace {
-// The columns of logits (N, cols) under a shard, checked; targets are checked against its vocab.
-Cols shard_columns(const char* op, const Tensor& logits, const Tensor& targets, const VocabShard& shard,
-                   int64_t& N) {
-  const int64_t cols = cpu::check_rows(op, "logits", logits);
-  N = logits.numel() / cols;
+// The columns of checked logits (N, cols) under a shard; checks the targets against its vocabulary.
+Cols shard_columns(const char* op, const Tensor& logits, const Tensor& targets, const VocabShard& shard) {
+  const int64_t cols = logits.dim(-1);
   const VocabShard s = shard.resolved(cols);
-  TESSERA_CHECK(s.start >= 0 && s.valid >= 0 && s.valid <= cols && s.start + s.valid <= s.vocab, op,
-                ": vocabulary shard [", s.start, ", ", s.start + s.valid, ") of ", s.vocab,
-                " ids does not fit logits ", logits.shape.str());
-  check_targets(op, targets, N, s.vocab);
+  check_target_ids(op, targets, s.vocab);
   return {cols, s.valid, s.start};
 }
-}  // namespace
 
-void cross_entropy_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& lse, const Tensor& targets,
-                            double loss_scale, const VocabShard& shard) {
-  const char* op = "cross_entropy_backward";
-  int64_t N = 0;
-  const Cols k = shard_columns(op, logits, targets, shard, N);
-  cpu::check_like(op, "dlogits", dlogits, logits);
-  cpu::check_numel(op, "lse", lse, logits.dtype, N);
-  check_in_place(op, dlogits, logits);
-  const int32_t* t = targets.ptr<int32_t>();
-  if (logits.dtype == DType::F64)
-    reference::backward(dlogits.ptr<double>(), logits.ptr<double>(), lse.ptr<double>(), t, N, k, loss_scale);
-  else
-    simd::backward(dlogits.ptr<float>(), logits.ptr<float>(), lse.ptr<float>(), t, N, k, float(loss_scale));
-}
-
-void cross_entropy_shard_forward(const Tensor& lse_part, const Tensor& target_logit, const Tensor& logits,
-                                 const Tensor& targets, const VocabShard& shard) {
-  const char* op = "cross_entropy_shard_forward";
-  int64_t N = 0;
-  const Cols k = shard_columns(op, logits, targets, shard, N);
-  cpu::check_numel(op, "lse_part", lse_part, logits.dtype, N);
-  cpu::check_numel(op, "target_logit", target_logit, logits.dtype, N);
-  const int32_t* t = targets.ptr<int32_t>();
-  if (logits.dtype == DType::F64)
-    reference::shard_forward(lse_part.ptr<double>(), target_logit.ptr<double>(), logits.ptr<double>(), t, N, k);
-  else
-    simd::shard_forward(lse_part.ptr<float>(), target_logit.ptr<float>(), logits.ptr<float>(), t, N, k);
-}
-
-namespace {
 template <typename T>
-void combine(T* losses, T* lse, const T* parts, const T* target_logit, const int32_t* targets, int64_t R,
-             int64_t N) {
+void combine(T* losses, T* lse, const T* parts, const T* target_logit, const int32_t* targets, int64_t R, int64_t N) {
   for (int64_t n = 0; n < N; ++n) {
     double m = -std::numeric_limits<double>::infinity();
     for (int64_t r = 0; r < R; ++r) m = std::max(m, double(parts[r * N + n]));
@@ -216,20 +155,45 @@ void combine(T* losses, T* lse, const T* parts, const T* target_logit, const int
     losses[n] = targets[n] == kIgnoreIndex ? T(0) : T(l - double(target_logit[n]));
   }
 }
+
 }  // namespace
 
-void cross_entropy_combine(const Tensor& losses, const Tensor& lse, const Tensor& lse_parts,
-                           const Tensor& target_logit, const Tensor& targets) {
-  const char* op = "cross_entropy_combine";
-  const int64_t N = losses.numel();
-  cpu::check_float(op, "losses", losses);
-  TESSERA_CHECK(lse_parts.ndim() == 2 && lse_parts.dim(1) == N, op, ": lse_parts ", lse_parts.shape.str(),
-                " must be (ranks, ", N, ")");
-  const int64_t R = lse_parts.dim(0);
-  cpu::check_numel(op, "lse", lse, losses.dtype, N);
-  cpu::check_numel(op, "lse_parts", lse_parts, losses.dtype, R * N);
-  cpu::check_numel(op, "target_logit", target_logit, losses.dtype, N);
-  cpu::check_numel(op, "targets", targets, DType::I32, N);
+void cpu::cross_entropy_forward(const Exec&, const Tensor& losses, const Tensor& lse, const Tensor& logits,
+                                const Tensor& targets) {
+  const int64_t V = logits.dim(-1), N = logits.numel() / V;
+  check_target_ids("cross_entropy_forward", targets, V);
+  const int32_t* t = targets.ptr<int32_t>();
+  if (logits.dtype == DType::F64)
+    reference::forward(losses.ptr<double>(), lse.ptr<double>(), logits.ptr<double>(), t, N, V);
+  else
+    simd::forward(losses.ptr<float>(), lse.ptr<float>(), logits.ptr<float>(), t, N, V);
+}
+
+void cpu::cross_entropy_backward(const Exec&, const Tensor& dlogits, const Tensor& logits, const Tensor& lse,
+                                 const Tensor& targets, double loss_scale, const VocabShard& shard) {
+  const Cols k = shard_columns("cross_entropy_backward", logits, targets, shard);
+  const int64_t N = logits.numel() / k.cols;
+  const int32_t* t = targets.ptr<int32_t>();
+  if (logits.dtype == DType::F64)
+    reference::backward(dlogits.ptr<double>(), logits.ptr<double>(), lse.ptr<double>(), t, N, k, loss_scale);
+  else
+    simd::backward(dlogits.ptr<float>(), logits.ptr<float>(), lse.ptr<float>(), t, N, k, float(loss_scale));
+}
+
+void cpu::cross_entropy_shard_forward(const Exec&, const Tensor& lse_part, const Tensor& target_logit,
+                                      const Tensor& logits, const Tensor& targets, const VocabShard& shard) {
+  const Cols k = shard_columns("cross_entropy_shard_forward", logits, targets, shard);
+  const int64_t N = logits.numel() / k.cols;
+  const int32_t* t = targets.ptr<int32_t>();
+  if (logits.dtype == DType::F64)
+    reference::shard_forward(lse_part.ptr<double>(), target_logit.ptr<double>(), logits.ptr<double>(), t, N, k);
+  else
+    simd::shard_forward(lse_part.ptr<float>(), target_logit.ptr<float>(), logits.ptr<float>(), t, N, k);
+}
+
+void cpu::cross_entropy_combine(const Exec&, const Tensor& losses, const Tensor& lse, const Tensor& lse_parts,
+                                const Tensor& target_logit, const Tensor& targets) {
+  const int64_t N = losses.numel(), R = lse_parts.dim(0);
   const int32_t* t = targets.ptr<int32_t>();
   if (losses.dtype == DType::F64)
     combine(losses.ptr<double>(), lse.ptr<double>(), lse_parts.ptr<double>(), target_logit.ptr<double>(), t, R, N);

@@ -1,11 +1,9 @@
 // CPU token + position embedding: a double reference and a float path whose backward splits the
 // channels (not the rows) over threads, so the scatter-add into dwte is deterministic without atomics.
-#include "kernels/embedding.h"
-
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/cpu/arg_checks.h"
+#include "kernels/cpu/cpu_ops.h"
 
 namespace tessera {
 namespace {
@@ -105,11 +103,9 @@ void position_grad(float* dwpe, const float* dout, int64_t pos_offset, Dims d) {
 }
 }  // namespace simd
 
-// tokens (B, T) I32 with every id in [0, V); the error names the first bad id and where it is.
-void check_tokens(const char* op, const Tensor& tokens, int64_t V) {
-  cpu::check_defined(op, "tokens", tokens);
-  check_dtype(op, "tokens", tokens, DType::I32);
-  TESSERA_CHECK(tokens.ndim() == 2, op, ": tokens must be (B, T), got ", tokens.shape.str());
+// Every id of tokens (B, T) in [0, V): a check of the values, so the backend's (the front checked
+// the shapes). The error names the first bad id and where it is.
+void check_token_ids(const char* op, const Tensor& tokens, int64_t V) {
   const int32_t* ids = tokens.ptr<int32_t>();
   int64_t T = tokens.dim(1);
   for (int64_t i = 0; i < tokens.numel(); ++i)
@@ -117,51 +113,19 @@ void check_tokens(const char* op, const Tensor& tokens, int64_t V) {
                   ") is outside the vocabulary [0, ", V, ")");
 }
 
-// Positions pos_offset .. pos_offset + T - 1 must lie in [0, P).
-void check_positions(const char* op, int64_t pos_offset, int64_t T, int64_t P) {
-  TESSERA_CHECK(pos_offset >= 0, op, ": pos_offset ", pos_offset, " is negative");
-  TESSERA_CHECK(T == 0 || pos_offset + T <= P, op, ": position ", pos_offset + T - 1, " (pos_offset ", pos_offset,
-                " + T ", T, " - 1) is at or beyond the ", P, " positions of wpe");
-}
-
-// table (rows, C) 2-D of dtype dt; returns rows.
-int64_t check_table(const char* op, const char* arg, const Tensor& table, DType dt, int64_t C) {
-  cpu::check_float(op, arg, table);
-  check_dtype(op, arg, table, dt);
-  TESSERA_CHECK(table.ndim() == 2 && table.dim(1) == C, op, ": ", arg, " has shape ", table.shape.str(),
-                ", expected (rows, ", C, ")");
-  return table.dim(0);
-}
-
-// Validates all arguments of one call and returns its sizes. wte is (V, C) forward, dwte backward.
-Dims check_args(const char* op, const Tensor& act, const char* act_name, const Tensor& tokens, const Tensor& wte,
-                const char* wte_name, const Tensor& wpe, const char* wpe_name, int64_t pos_offset,
-                const VocabShard& shard) {
-  cpu::check_float(op, wte_name, wte);
-  TESSERA_CHECK(wte.ndim() == 2, op, ": ", wte_name, " must be (V, C), got ", wte.shape.str());
+// The sizes of one call, from checked arguments; wte is (V, C) forward, dwte backward. Checks the
+// token ids.
+Dims dims_of(const char* op, const Tensor& tokens, const Tensor& wte, const Tensor& wpe, const VocabShard& shard) {
   const VocabShard s = shard.resolved(wte.dim(0));
-  TESSERA_CHECK(s.start >= 0 && s.valid >= 0 && s.valid <= wte.dim(0) && s.start + s.valid <= s.vocab, op,
-                ": vocabulary shard [", s.start, ", ", s.start + s.valid, ") of ", s.vocab, " ids does not fit ",
-                wte_name, " ", wte.shape.str());
-  Dims d{0, 0, wte.dim(1), s.vocab, 0, s.start, s.valid};
-  check_tokens(op, tokens, d.V);
-  d.B = tokens.dim(0);
-  d.T = tokens.dim(1);
-  cpu::check_defined(op, act_name, act);
-  check_dtype(op, act_name, act, wte.dtype);
-  check_shape(op, act_name, act, Shape{d.B, d.T, d.C});
-  if (wpe.defined()) {
-    d.P = check_table(op, wpe_name, wpe, wte.dtype, d.C);
-    check_positions(op, pos_offset, d.T, d.P);
-  }
-  return d;
+  check_token_ids(op, tokens, s.vocab);
+  return Dims{tokens.dim(0), tokens.dim(1), wte.dim(1), s.vocab, wpe.defined() ? wpe.dim(0) : 0, s.start, s.valid};
 }
 
 }  // namespace
 
-void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
-                       int64_t pos_offset, const VocabShard& shard) {
-  Dims d = check_args("embedding_forward", out, "out", tokens, wte, "wte", wpe, "wpe", pos_offset, shard);
+void cpu::embedding_forward(const Exec&, const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
+                            int64_t pos_offset, const VocabShard& shard) {
+  Dims d = dims_of("embedding_forward", tokens, wte, wpe, shard);
   const int32_t* ids = tokens.ptr<int32_t>();
   if (wte.dtype == DType::F64)
     reference::forward(out.ptr<double>(), ids, wte.ptr<double>(), wpe.defined() ? wpe.ptr<double>() : nullptr,
@@ -170,9 +134,9 @@ void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wt
     simd::forward(out.ptr<float>(), ids, wte.ptr<float>(), wpe.defined() ? wpe.ptr<float>() : nullptr, pos_offset, d);
 }
 
-void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens,
-                        int64_t pos_offset, const VocabShard& shard) {
-  Dims d = check_args("embedding_backward", dout, "dout", tokens, dwte, "dwte", dwpe, "dwpe", pos_offset, shard);
+void cpu::embedding_backward(const Exec&, const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                             const Tensor& tokens, int64_t pos_offset, const VocabShard& shard) {
+  Dims d = dims_of("embedding_backward", tokens, dwte, dwpe, shard);
   const int32_t* ids = tokens.ptr<int32_t>();
   if (dwte.dtype == DType::F64) {
     reference::backward(dwte.ptr<double>(), dwpe.defined() ? dwpe.ptr<double>() : nullptr, dout.ptr<double>(), ids,

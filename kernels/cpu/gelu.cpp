@@ -1,10 +1,9 @@
 // CPU GELU (tanh approximation): a templated reference (used for F64 and as the oracle) and an
 // OpenMP SIMD float path. Both share the same scalar formula, written once.
-#include "kernels/gelu.h"
-
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/simd_math.h"
 
 namespace tessera {
@@ -55,26 +54,16 @@ void backward(float* dx, const float* dy, const float* x, int64_t n) {
 }
 }  // namespace simd
 
-void check_args(const char* op, const Tensor& a, const Tensor& b) {
-  check_cpu(op, a);
-  check_same_dtype(op, a, b);
-  TESSERA_CHECK(a.numel() == b.numel(), op, ": sizes differ, ", a.shape.str(), " vs ", b.shape.str());
-  TESSERA_CHECK(a.dtype == DType::F32 || a.dtype == DType::F64, op, ": unsupported dtype ", dtype_name(a.dtype));
-}
-
 }  // namespace
 
-void gelu_forward(const Tensor& y, const Tensor& x) {
-  check_args("gelu_forward", y, x);
+void cpu::gelu_forward(const Exec&, const Tensor& y, const Tensor& x) {
   if (x.dtype == DType::F64)
     reference::forward(y.ptr<double>(), x.ptr<double>(), x.numel());
   else
     simd::forward(y.ptr<float>(), x.ptr<float>(), x.numel());
 }
 
-void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) {
-  check_args("gelu_backward", dx, x);
-  check_args("gelu_backward", dy, x);
+void cpu::gelu_backward(const Exec&, const Tensor& dx, const Tensor& dy, const Tensor& x) {
   if (x.dtype == DType::F64)
     reference::backward(dx.ptr<double>(), dy.ptr<double>(), x.ptr<double>(), x.numel());
   else

@@ -1,12 +1,10 @@
 // CPU LayerNorm: a double reference (the oracle) and a float path, rows in parallel with two-pass
 // statistics; dw/db reduced per column block over all rows in order: deterministic for any threads.
-#include "kernels/layernorm.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/cpu/arg_checks.h"
+#include "kernels/cpu/cpu_ops.h"
 
 namespace tessera {
 namespace {
@@ -150,14 +148,9 @@ void backward(float* dx, float* dw, float* db, const float* dy, const float* x, 
 
 }  // namespace
 
-void layernorm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& w,
-                       const Tensor& b, double eps) {
-  const char* op = "layernorm_forward";
-  int64_t C = cpu::check_norm_input(op, x, w), N = x.numel() / C;
-  cpu::check_like(op, "y", y, x);
-  cpu::check_numel(op, "mean", mean, x.dtype, N);
-  cpu::check_numel(op, "rstd", rstd, x.dtype, N);
-  if (b.defined()) cpu::check_vector(op, "b", b, x.dtype, C);
+void cpu::layernorm_forward(const Exec&, const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                            const Tensor& w, const Tensor& b, double eps) {
+  const int64_t C = x.dim(-1), N = x.numel() / C;
   if (x.dtype == DType::F64)
     reference::forward(y.ptr<double>(), mean.ptr<double>(), rstd.ptr<double>(), x.ptr<double>(), w.ptr<double>(),
                        b.defined() ? b.ptr<double>() : nullptr, N, C, eps);
@@ -166,16 +159,9 @@ void layernorm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd, 
                   b.defined() ? b.ptr<float>() : nullptr, N, C, float(eps));
 }
 
-void layernorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,
-                        const Tensor& w, const Tensor& mean, const Tensor& rstd) {
-  const char* op = "layernorm_backward";
-  int64_t C = cpu::check_norm_input(op, x, w), N = x.numel() / C;
-  cpu::check_like(op, "dx", dx, x);
-  cpu::check_like(op, "dy", dy, x);
-  cpu::check_vector(op, "dw", dw, x.dtype, C);
-  cpu::check_numel(op, "mean", mean, x.dtype, N);
-  cpu::check_numel(op, "rstd", rstd, x.dtype, N);
-  if (db.defined()) cpu::check_vector(op, "db", db, x.dtype, C);
+void cpu::layernorm_backward(const Exec&, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
+                             const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd) {
+  const int64_t C = x.dim(-1), N = x.numel() / C;
   if (x.dtype == DType::F64)
     reference::backward(dx.ptr<double>(), dw.ptr<double>(), db.defined() ? db.ptr<double>() : nullptr, dy.ptr<double>(),
                         x.ptr<double>(), w.ptr<double>(), mean.ptr<double>(), rstd.ptr<double>(), N, C);

@@ -1,12 +1,10 @@
 // CPU matmul and Linear: F64 runs a plain triple-loop reference (the test oracle), F32 calls
 // the CPU BLAS (kernels/cpu/blas.h). The Linear layer is written once over a typed gemm() for both.
-#include "kernels/matmul.h"
-
-#include "kernels/cpu/blas.h"
-
-
 #include <algorithm>
 #include <cstdint>
+
+#include "kernels/cpu/blas.h"
+#include "kernels/cpu/cpu_ops.h"
 
 namespace tessera {
 namespace {
@@ -81,40 +79,14 @@ void accumulate_column_sums(T* dbias, const T* dy, int64_t n, int64_t out) {
   }
 }
 
-void check_float_dtype(const char* op, const Tensor& t) {
-  TESSERA_CHECK(t.dtype == DType::F32 || t.dtype == DType::F64, op, ": unsupported dtype ", dtype_name(t.dtype),
-                " (F32 or F64)");
-}
-
-// Checks arg is a defined CPU tensor of dtype like ref.
-void check_operand(const char* op, const char* arg, const Tensor& t, const Tensor& ref) {
-  TESSERA_CHECK(t.defined(), op, ": ", arg, " is undefined");
-  check_cpu(op, t);
-  check_dtype(op, arg, t, ref.dtype);
-}
-
-void check_ndim(const char* op, const char* arg, const Tensor& t, int ndim) {
-  TESSERA_CHECK(t.ndim() == ndim, op, ": ", arg, " has shape ", t.shape.str(), ", expected ", ndim, " dims");
-}
-
-// x's shape with the last dimension replaced by last.
-Shape with_last_dim(const Shape& s, int64_t last) {
-  Shape r = s;
-  r[-1] = last;
-  return r;
-}
-
-// Validates Linear shapes, x (N.., In), w (Out, In), y (N.., Out); returns m = N, n = Out, k = In.
-GemmDims linear_dims(const char* op, const char* y_name, const Tensor& y, const Tensor& x, const Tensor& w) {
-  check_ndim(op, "w", w, 2);
-  TESSERA_CHECK(x.ndim() >= 1, op, ": x has shape ", x.shape.str(), ", expected at least 1 dim");
-  int64_t out = w.dim(0), in = w.dim(1);
-  check_shape(op, "x", x, with_last_dim(x.shape, in));  // names x when its last dim is not w's In
-  check_shape(op, y_name, y, with_last_dim(x.shape, out));
+// Linear's GEMM sizes from checked shapes: x (N.., In), w (Out, In); m = N, n = Out, k = In.
+GemmDims linear_dims(const Tensor& x, const Tensor& w) {
   GemmDims d;
-  d.m = with_last_dim(x.shape, 1).numel();  // N: the flattened leading dims
-  d.n = out;
-  d.k = in;
+  d.n = w.dim(0);
+  d.k = w.dim(1);
+  Shape rows = x.shape;
+  rows[-1] = 1;
+  d.m = rows.numel();  // N: the flattened leading dims
   return d;
 }
 
@@ -149,60 +121,27 @@ void linear_backward_typed(const Tensor& dx, const Tensor& dw, const Tensor& dbi
 
 }  // namespace
 
-void matmul(const Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha,
-            double beta) {
+void cpu::matmul(const Exec&, const Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
+                 double alpha, double beta) {
   const char* op = "matmul";
-  check_operand(op, "c", c, c);
-  check_float_dtype(op, c);
-  check_operand(op, "a", a, c);
-  check_operand(op, "b", b, c);
-  check_ndim(op, "c", c, 2);
-  check_ndim(op, "a", a, 2);
-  check_ndim(op, "b", b, 2);
-  GemmDims d{c.dim(0), c.dim(1), trans_a ? a.dim(0) : a.dim(1), trans_a, trans_b};
-  check_shape(op, "a", a, trans_a ? Shape{d.k, d.m} : Shape{d.m, d.k});
-  check_shape(op, "b", b, trans_b ? Shape{d.n, d.k} : Shape{d.k, d.n});
+  const GemmDims d{c.dim(0), c.dim(1), trans_a ? a.dim(0) : a.dim(1), trans_a, trans_b};
   if (c.dtype == DType::F64)
     gemm(op, d, alpha, a.ptr<double>(), b.ptr<double>(), beta, c.ptr<double>());
   else
     gemm(op, d, alpha, a.ptr<float>(), b.ptr<float>(), beta, c.ptr<float>());
 }
 
-void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& bias) {
-  const char* op = "linear_forward";
-  check_operand(op, "x", x, x);
-  check_float_dtype(op, x);
-  check_operand(op, "y", y, x);
-  check_operand(op, "w", w, x);
-  GemmDims d = linear_dims(op, "y", y, x, w);
-  if (bias.defined()) {
-    check_operand(op, "bias", bias, x);
-    check_shape(op, "bias", bias, Shape{d.n});
-  }
+void cpu::linear_forward(const Exec&, const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  const GemmDims d = linear_dims(x, w);
   if (x.dtype == DType::F64)
     linear_forward_typed<double>(y, x, w, bias, d);
   else
     linear_forward_typed<float>(y, x, w, bias, d);
 }
 
-void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& dbias, const Tensor& dy, const Tensor& x,
-                     const Tensor& w) {
-  const char* op = "linear_backward";
-  check_operand(op, "x", x, x);
-  check_float_dtype(op, x);
-  check_operand(op, "dy", dy, x);
-  check_operand(op, "w", w, x);
-  check_operand(op, "dw", dw, x);
-  GemmDims d = linear_dims(op, "dy", dy, x, w);
-  check_shape(op, "dw", dw, w.shape);
-  if (dx.defined()) {
-    check_operand(op, "dx", dx, x);
-    check_shape(op, "dx", dx, x.shape);
-  }
-  if (dbias.defined()) {
-    check_operand(op, "dbias", dbias, x);
-    check_shape(op, "dbias", dbias, Shape{d.n});
-  }
+void cpu::linear_backward(const Exec&, const Tensor& dx, const Tensor& dw, const Tensor& dbias, const Tensor& dy,
+                          const Tensor& x, const Tensor& w) {
+  const GemmDims d = linear_dims(x, w);
   if (x.dtype == DType::F64)
     linear_backward_typed<double>(dx, dw, dbias, dy, x, w, d);
   else

@@ -1,12 +1,10 @@
 // CPU RMSNorm: a double reference (the oracle) and a float path, rows in parallel; dw reduced per
 // column block over all rows in order, so it is deterministic for any thread count.
-#include "kernels/rmsnorm.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/cpu/arg_checks.h"
+#include "kernels/cpu/cpu_ops.h"
 
 namespace tessera {
 namespace {
@@ -108,25 +106,18 @@ void backward(float* dx, float* dw, const float* dy, const float* x, const float
 
 }  // namespace
 
-void rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w, double eps) {
-  const char* op = "rmsnorm_forward";
-  int64_t C = cpu::check_norm_input(op, x, w), N = x.numel() / C;
-  cpu::check_like(op, "y", y, x);
-  cpu::check_numel(op, "rstd", rstd, x.dtype, N);
+void cpu::rmsnorm_forward(const Exec&, const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w,
+                          double eps) {
+  const int64_t C = x.dim(-1), N = x.numel() / C;
   if (x.dtype == DType::F64)
     reference::forward(y.ptr<double>(), rstd.ptr<double>(), x.ptr<double>(), w.ptr<double>(), N, C, eps);
   else
     simd::forward(y.ptr<float>(), rstd.ptr<float>(), x.ptr<float>(), w.ptr<float>(), N, C, float(eps));
 }
 
-void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& w,
-                      const Tensor& rstd) {
-  const char* op = "rmsnorm_backward";
-  int64_t C = cpu::check_norm_input(op, x, w), N = x.numel() / C;
-  cpu::check_like(op, "dx", dx, x);
-  cpu::check_like(op, "dy", dy, x);
-  cpu::check_vector(op, "dw", dw, x.dtype, C);
-  cpu::check_numel(op, "rstd", rstd, x.dtype, N);
+void cpu::rmsnorm_backward(const Exec&, const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
+                           const Tensor& w, const Tensor& rstd) {
+  const int64_t C = x.dim(-1), N = x.numel() / C;
   if (x.dtype == DType::F64)
     reference::backward(dx.ptr<double>(), dw.ptr<double>(), dy.ptr<double>(), x.ptr<double>(), w.ptr<double>(),
                         rstd.ptr<double>(), N, C);

@@ -1,11 +1,11 @@
 // CPU rotary position embedding: one templated loop for F32 and F64 (the rotation is the same simple
 // code in both, so the reference is the code itself). Angles come from a (T, D/2) cos/sin table
 // computed in double per call, so F32 positions far into a sequence lose no accuracy to the angle.
-#include "kernels/rope.h"
-
 #include <cmath>
 #include <cstdint>
 #include <vector>
+
+#include "kernels/cpu/cpu_ops.h"
 
 namespace tessera {
 namespace {
@@ -56,16 +56,6 @@ void rotate(T* y, const T* x, const Shape& shape, int64_t pos_offset, double the
   }
 }
 
-void check_args(const char* op, const Tensor& y, const Tensor& x) {
-  check_cpu(op, y);
-  check_cpu(op, x);
-  check_same_dtype(op, y, x);
-  TESSERA_CHECK(x.dtype == DType::F32 || x.dtype == DType::F64, op, ": unsupported dtype ", dtype_name(x.dtype));
-  TESSERA_CHECK(x.ndim() == 4, op, ": expected (B, T, H, D), got ", x.shape.str());
-  TESSERA_CHECK(x.dim(3) % 2 == 0, op, ": head dim D must be even, got ", x.dim(3));
-  check_shape(op, "output", y, x.shape);
-}
-
 void dispatch(const Tensor& y, const Tensor& x, int64_t pos_offset, double theta, double sign) {
   if (x.dtype == DType::F64)
     rotate(y.ptr<double>(), x.ptr<double>(), x.shape, pos_offset, theta, sign);
@@ -75,15 +65,11 @@ void dispatch(const Tensor& y, const Tensor& x, int64_t pos_offset, double theta
 
 }  // namespace
 
-void rope_forward(const Tensor& y, const Tensor& x, int64_t pos_offset, double theta) {
-  check_args("rope_forward", y, x);
-  TESSERA_CHECK(theta > 0, "rope_forward: theta must be positive, got ", theta);
+void cpu::rope_forward(const Exec&, const Tensor& y, const Tensor& x, int64_t pos_offset, double theta) {
   dispatch(y, x, pos_offset, theta, 1.0);
 }
 
-void rope_backward(const Tensor& dx, const Tensor& dy, int64_t pos_offset, double theta) {
-  check_args("rope_backward", dx, dy);
-  TESSERA_CHECK(theta > 0, "rope_backward: theta must be positive, got ", theta);
+void cpu::rope_backward(const Exec&, const Tensor& dx, const Tensor& dy, int64_t pos_offset, double theta) {
   dispatch(dx, dy, pos_offset, theta, -1.0);
 }
 

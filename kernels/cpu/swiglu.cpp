@@ -1,11 +1,9 @@
 // CPU SwiGLU, y = silu(gate) * up: a double reference and an OpenMP SIMD float path sharing one
 // scalar formula (float with the vectorizable exp); each element is read before it is written.
-#include "kernels/swiglu.h"
-
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/cpu/arg_checks.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/simd_math.h"
 
 namespace tessera {
@@ -56,31 +54,17 @@ void backward(float* dgate, float* dup, const float* dy, const float* gate, cons
 }
 }  // namespace simd
 
-// t has gate's dtype and element count (any shape).
-void check_same(const char* op, const char* arg, const Tensor& t, const Tensor& gate) {
-  cpu::check_numel(op, arg, t, gate.dtype, gate.numel());
-}
-
 }  // namespace
 
-void swiglu_forward(const Tensor& y, const Tensor& gate, const Tensor& up) {
-  const char* op = "swiglu_forward";
-  cpu::check_float(op, "gate", gate);
-  check_same(op, "up", up, gate);
-  check_same(op, "y", y, gate);
+void cpu::swiglu_forward(const Exec&, const Tensor& y, const Tensor& gate, const Tensor& up) {
   if (gate.dtype == DType::F64)
     reference::forward(y.ptr<double>(), gate.ptr<double>(), up.ptr<double>(), gate.numel());
   else
     simd::forward(y.ptr<float>(), gate.ptr<float>(), up.ptr<float>(), gate.numel());
 }
 
-void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dy, const Tensor& gate, const Tensor& up) {
-  const char* op = "swiglu_backward";
-  cpu::check_float(op, "gate", gate);
-  check_same(op, "up", up, gate);
-  check_same(op, "dy", dy, gate);
-  check_same(op, "dgate", dgate, gate);
-  check_same(op, "dup", dup, gate);
+void cpu::swiglu_backward(const Exec&, const Tensor& dgate, const Tensor& dup, const Tensor& dy, const Tensor& gate,
+                          const Tensor& up) {
   if (gate.dtype == DType::F64)
     reference::backward(dgate.ptr<double>(), dup.ptr<double>(), dy.ptr<double>(), gate.ptr<double>(), up.ptr<double>(),
                         gate.numel());

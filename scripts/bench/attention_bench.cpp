@@ -85,13 +85,13 @@ int main(int argc, char** argv) {
         tlse(lse.data(), DType::F32, {s.B, s.H, s.T}), tdout(dout.data(), DType::F32, {s.B, s.T, s.H, s.D}),
         tdq(dq.data(), DType::F32, {s.B, s.T, s.H, s.D}), tdk(dk.data(), DType::F32, {s.B, s.T, s.KV, s.D}),
         tdv(dv.data(), DType::F32, {s.B, s.T, s.KV, s.D});
-    const double fwd = median_ms([&] { attention_forward(tout, tlse, tq, tk, tv, 0, 0); }, warmup, reps);
+    const double fwd = median_ms([&] { attention_forward(Exec::cpu(), tout, tlse, tq, tk, tv, 0, 0); }, warmup, reps);
     const double bwd = median_ms(
         [&] {
           std::fill(dq.begin(), dq.end(), 0.0f);
           std::fill(dk.begin(), dk.end(), 0.0f);
           std::fill(dv.begin(), dv.end(), 0.0f);
-          attention_backward(tdq, tdk, tdv, tdout, tq, tk, tv, tout, tlse, 0, 0);
+          attention_backward(Exec::cpu(), tdq, tdk, tdv, tdout, tq, tk, tv, tout, tlse, 0, 0);
         },
         warmup, reps);
     std::printf("%-14s %5ld %5ld %5ld %5ld %5ld | %9.3f %9.1f | %9.3f %9.1f\n", s.name, long(s.B), long(s.T),

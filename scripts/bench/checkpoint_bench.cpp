@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
   ParameterStore ps(alloc, DType::F32);
   Gpt gpt(cfg, ps);
   ps.finalize();
-  ps.initialize(1);
+  ps.initialize(Exec::cpu(), 1);
   std::vector<ParamSegment> segs;
   for (const auto& e : ps.entries()) segs.push_back({e.offset, e.local_shape.numel(), true});
   AdamW opt(ps.flat_params(), ps.flat_grads(), segs, alloc, {});

@@ -19,8 +19,10 @@
 #include "model/parameters.h"
 #include "cli_testing.h"
 #include "mpi_testing.h"
+#include "testing.h"
 
 namespace tessera {
+using testing::kCpu;
 namespace {
 
 namespace fs = std::filesystem;
@@ -67,7 +69,7 @@ class TinyCheckpoint {
   TinyCheckpoint(const ModelConfig& cfg, const std::string& config_toml, const fs::path& dir)
       : ps_(alloc_, DType::F32), model_(cfg, ps_) {
     ps_.finalize();
-    ps_.initialize(1234);
+    ps_.initialize(kCpu, 1234);
     float* p = ps_.flat_params().ptr<float>();
     for (int64_t i = 0; i < ps_.numel(); ++i) p[i] += 0.001f * static_cast<float>(std::sin(0.37 * static_cast<double>(i)));
     file_ = dir / "step_000010.h5";

@@ -9,6 +9,7 @@
 
 namespace tessera {
 using testing::HostTensor;
+using testing::kCpu;
 
 namespace {
 
@@ -65,7 +66,7 @@ TEST(AdamW, FirstStepMovesEachParameterByLrTimesSign) {
   g.vec() = {0.3, -4.0, 1e-3};
   AdamWStep h;
   h.lr = 0.01;
-  adamw_update(p.t(), g.t(), m.t(), v.t(), h);
+  adamw_update(kCpu, p.t(), g.t(), m.t(), v.t(), h);
   EXPECT_NEAR(p[0], 1.0 - 0.01, 1e-9);
   EXPECT_NEAR(p[1], -2.0 + 0.01, 1e-9);
   EXPECT_NEAR(p[2], 0.5 - 0.01 * 1e-3 / (1e-3 + 1e-8), 1e-12);
@@ -78,7 +79,7 @@ TEST(AdamW, DoubleMatchesTorchFormulaOverSeveralSteps) {
   State<double> kernel = initial_state(n, 1), expected = initial_state(n, 1);
   for (int64_t step = 1; step <= 5; ++step) {
     auto g = grads_for_step(n, step);
-    adamw_update(kernel.p.t(), g.t(), kernel.m.t(), kernel.v.t(), hyper(step));
+    adamw_update(kCpu, kernel.p.t(), g.t(), kernel.m.t(), kernel.v.t(), hyper(step));
     torch_style_step(expected, g, hyper(step));
   }
   // Same arithmetic up to reassociation (lerp vs. weighted sum, * 1/sqrt vs. / sqrt): a few ulps.
@@ -94,8 +95,8 @@ TEST(AdamW, FloatMatchesDouble) {
   for (int64_t step = 1; step <= 5; ++step) {
     auto g = grads_for_step(n, step);
     auto gf = g.cast<float>();
-    adamw_update(s64.p.t(), g.t(), s64.m.t(), s64.v.t(), hyper(step));
-    adamw_update(s32.p.t(), gf.t(), s32.m.t(), s32.v.t(), hyper(step));
+    adamw_update(kCpu, s64.p.t(), g.t(), s64.m.t(), s64.v.t(), hyper(step));
+    adamw_update(kCpu, s32.p.t(), gf.t(), s32.m.t(), s32.v.t(), hyper(step));
   }
   // Each step is ~10 float operations per element, each rounding by <= 2^-24 ~ 6e-8 relative, and
   // the update is well conditioned (|g| >> eps), so after 5 steps the error is a few 1e-7 of the
@@ -108,12 +109,12 @@ TEST(AdamW, FloatMatchesDouble) {
 TEST(AdamW, RejectsBadArguments) {
   HostTensor<float> p({4}), g({4}), m({4}), v({4}), short_v({3});
   HostTensor<double> g64({4});
-  EXPECT_THROW(adamw_update(p.t(), g.t(), m.t(), short_v.t(), AdamWStep{}), Error);
-  EXPECT_THROW(adamw_update(p.t(), g64.t(), m.t(), v.t(), AdamWStep{}), Error);
+  EXPECT_THROW(adamw_update(kCpu, p.t(), g.t(), m.t(), short_v.t(), AdamWStep{}), Error);
+  EXPECT_THROW(adamw_update(kCpu, p.t(), g64.t(), m.t(), v.t(), AdamWStep{}), Error);
   AdamWStep zero_step;
   zero_step.step = 0;
   try {
-    adamw_update(p.t(), g.t(), m.t(), v.t(), zero_step);
+    adamw_update(kCpu, p.t(), g.t(), m.t(), v.t(), zero_step);
     ADD_FAILURE() << "step 0 accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("step"), std::string::npos) << e.what();

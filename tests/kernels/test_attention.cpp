@@ -15,6 +15,7 @@
 
 namespace tessera {
 using testing::HostTensor;
+using testing::kCpu;
 
 namespace {
 
@@ -52,7 +53,7 @@ struct Result {
 template <typename T>
 Result<T> run_forward(const Case& c, const HostTensor<T>& q, const HostTensor<T>& k, const HostTensor<T>& v) {
   Result<T> r{HostTensor<T>({c.B, c.T, c.H, c.D}), HostTensor<T>({c.B, c.H, c.T})};
-  attention_forward(r.out.t(), r.lse.t(), q.t(), k.t(), v.t(), c.q_offset, c.k_offset);
+  attention_forward(kCpu, r.out.t(), r.lse.t(), q.t(), k.t(), v.t(), c.q_offset, c.k_offset);
   return r;
 }
 
@@ -125,7 +126,7 @@ template <typename T>
 Grads<T> run_backward(const Case& c, const HostTensor<T>& dout, const HostTensor<T>& q, const HostTensor<T>& k,
                       const HostTensor<T>& v, const Result<T>& fwd) {
   Grads<T> g{HostTensor<T>(q.shape()), HostTensor<T>(k.shape()), HostTensor<T>(k.shape())};
-  attention_backward(g.dq.t(), g.dk.t(), g.dv.t(), dout.t(), q.t(), k.t(), v.t(), fwd.out.t(), fwd.lse.t(),
+  attention_backward(kCpu, g.dq.t(), g.dk.t(), g.dv.t(), dout.t(), q.t(), k.t(), v.t(), fwd.out.t(), fwd.lse.t(),
                      c.q_offset, c.k_offset);
   return g;
 }
@@ -210,7 +211,7 @@ void expect_accumulates(double tol) {
   Grads<T> g{HostTensor<T>::uniform(q.shape(), 52), HostTensor<T>::uniform(k.shape(), 53),
              HostTensor<T>::uniform(k.shape(), 54)};
   Grads<T> start = g;
-  attention_backward(g.dq.t(), g.dk.t(), g.dv.t(), dout.t(), q.t(), k.t(), v.t(), fwd.out.t(), fwd.lse.t(),
+  attention_backward(kCpu, g.dq.t(), g.dk.t(), g.dv.t(), dout.t(), q.t(), k.t(), v.t(), fwd.out.t(), fwd.lse.t(),
                      c.q_offset, c.k_offset);
   for (int64_t i = 0; i < start.dq.numel(); ++i) start.dq[i] += fresh.dq[i];
   for (int64_t i = 0; i < start.dk.numel(); ++i) start.dk[i] += fresh.dk[i];
@@ -309,9 +310,9 @@ void expect_ring_property(const Case& c, int64_t split, double tol) {
 
   Grads<T> g{HostTensor<T>(q.shape()), HostTensor<T>(k.shape()), HostTensor<T>(k.shape())};
   HostTensor<T> dk1(k1.shape()), dv1(k1.shape()), dk2(k2.shape()), dv2(k2.shape());
-  attention_backward(g.dq.t(), dk1.t(), dv1.t(), dout.t(), q.t(), k1.t(), v1.t(), merged.out.t(), merged.lse.t(),
+  attention_backward(kCpu, g.dq.t(), dk1.t(), dv1.t(), dout.t(), q.t(), k1.t(), v1.t(), merged.out.t(), merged.lse.t(),
                      c1.q_offset, c1.k_offset);
-  attention_backward(g.dq.t(), dk2.t(), dv2.t(), dout.t(), q.t(), k2.t(), v2.t(), merged.out.t(), merged.lse.t(),
+  attention_backward(kCpu, g.dq.t(), dk2.t(), dv2.t(), dout.t(), q.t(), k2.t(), v2.t(), merged.out.t(), merged.lse.t(),
                      c2.q_offset, c2.k_offset);
   seq_unslice(g.dk, dk1, 0);
   seq_unslice(g.dk, dk2, split);
@@ -341,12 +342,12 @@ TEST(Attention, RingMergeEqualsSingleCall) {
 
 TEST(Attention, RejectsBadArguments) {
   HostTensor<float> q({1, 4, 3, 8}), k({1, 4, 2, 8}), out({1, 4, 3, 8}), lse({1, 3, 4});
-  EXPECT_THROW(attention_forward(out.t(), lse.t(), q.t(), k.t(), k.t(), 0, 0), Error);  // 3 % 2 != 0
+  EXPECT_THROW(attention_forward(kCpu, out.t(), lse.t(), q.t(), k.t(), k.t(), 0, 0), Error);  // 3 % 2 != 0
   HostTensor<float> q2({1, 4, 2, 8}), out2({1, 4, 2, 8}), bad_lse({1, 4, 2});
-  EXPECT_THROW(attention_forward(out2.t(), bad_lse.t(), q2.t(), k.t(), k.t(), 0, 0), Error);
+  EXPECT_THROW(attention_forward(kCpu, out2.t(), bad_lse.t(), q2.t(), k.t(), k.t(), 0, 0), Error);
   HostTensor<double> kd({1, 4, 2, 8});
   HostTensor<float> lse2({1, 2, 4});
-  EXPECT_THROW(attention_forward(out2.t(), lse2.t(), q2.t(), kd.t(), kd.t(), 0, 0), Error);
+  EXPECT_THROW(attention_forward(kCpu, out2.t(), lse2.t(), q2.t(), kd.t(), kd.t(), 0, 0), Error);
 }
 
 }  // namespace tessera

@@ -9,6 +9,7 @@ namespace tessera {
 using testing::expect_error;
 using testing::float_rounded;
 using testing::HostTensor;
+using testing::kCpu;
 namespace {
 
 // Random targets in [0, V) with the rows in `ignored` set to kIgnoreIndex.
@@ -24,7 +25,7 @@ struct Forward {
   HostTensor<T> losses, lse;
   explicit Forward(int64_t N) : losses({N}), lse({N}) {}
   void run(const HostTensor<T>& logits, const HostTensor<int32_t>& targets) {
-    cross_entropy_forward(losses.t(), lse.t(), logits.t(), targets.t());
+    cross_entropy_forward(kCpu, losses.t(), lse.t(), logits.t(), targets.t());
   }
 };
 
@@ -81,7 +82,7 @@ TEST(CrossEntropy, BackwardMatchesFiniteDifferences) {
   Forward<double> f(N);
   f.run(logits, targets);
   HostTensor<double> dlogits({N, V});
-  cross_entropy_backward(dlogits.t(), logits.t(), f.lse.t(), targets.t(), scale);
+  cross_entropy_backward(kCpu, dlogits.t(), logits.t(), f.lse.t(), targets.t(), scale);
   auto loss = [&] {
     Forward<double> probe(N);
     probe.run(logits, targets);
@@ -101,12 +102,12 @@ TEST(CrossEntropy, FloatBackwardMatchesReference) {
   Forward<double> ref(N);
   ref.run(logits, targets);
   HostTensor<double> d({N, V});
-  cross_entropy_backward(d.t(), logits.t(), ref.lse.t(), targets.t(), scale);
+  cross_entropy_backward(kCpu, d.t(), logits.t(), ref.lse.t(), targets.t(), scale);
   auto lf = logits.cast<float>();
   Forward<float> f32(N);
   f32.run(lf, targets);
   HostTensor<float> df({N, V});
-  cross_entropy_backward(df.t(), lf.t(), f32.lse.t(), targets.t(), scale);
+  cross_entropy_backward(kCpu, df.t(), lf.t(), f32.lse.t(), targets.t(), scale);
   // exp(x - lse) in float: lse is stored rounded (eps / 2 * |lse| ~ 5e-7) and x - lse rounds
   // again (~7e-7), so each probability errs by ~1.2e-6 relative, a few ulps more with exp's own:
   // 3e-6 normwise (the largest gradient, 1 - p at the target, is O(1) here).
@@ -130,8 +131,8 @@ TEST(CrossEntropy, InPlaceBackwardEqualsOutOfPlace) {
     Forward<T> f(N);
     f.run(x, targets);
     HostTensor<T> out_of_place({N, V});
-    cross_entropy_backward(out_of_place.t(), x.t(), f.lse.t(), targets.t(), 0.5);
-    cross_entropy_backward(x.t(), x.t(), f.lse.t(), targets.t(), 0.5);  // overwrites the logits
+    cross_entropy_backward(kCpu, out_of_place.t(), x.t(), f.lse.t(), targets.t(), 0.5);
+    cross_entropy_backward(kCpu, x.t(), x.t(), f.lse.t(), targets.t(), 0.5);  // overwrites the logits
     EXPECT_EQ(x.vec(), out_of_place.vec());
   };
   check(double{});
@@ -143,20 +144,23 @@ TEST(CrossEntropy, RejectsBadTargetsAndArguments) {
   HostTensor<float> logits({N, V}), losses({N}), lse({N}), d({N, V}), lse_bad({N + 1});
   auto targets = make_targets(N, V, 440, {});
   targets[3] = V;
-  expect_error([&] { cross_entropy_forward(losses.t(), lse.t(), logits.t(), targets.t()); },
+  expect_error([&] { cross_entropy_forward(kCpu, losses.t(), lse.t(), logits.t(), targets.t()); },
                {"cross_entropy_forward", "target 20 at row 3", "[0, 20)"});
-  expect_error([&] { cross_entropy_backward(d.t(), logits.t(), lse.t(), targets.t(), 1.0); },
+  expect_error([&] { cross_entropy_backward(kCpu, d.t(), logits.t(), lse.t(), targets.t(), 1.0); },
                {"cross_entropy_backward", "target 20 at row 3"});
   targets[3] = -2;
-  expect_error([&] { cross_entropy_forward(losses.t(), lse.t(), logits.t(), targets.t()); }, {"target -2 at row 3"});
+  expect_error([&] { cross_entropy_forward(kCpu, losses.t(), lse.t(), logits.t(), targets.t()); },
+               {"target -2 at row 3"});
   targets[3] = 0;
   HostTensor<float> targets_f({N});
-  expect_error([&] { cross_entropy_forward(losses.t(), lse.t(), logits.t(), targets_f.t()); }, {"targets", "f32"});
-  expect_error([&] { cross_entropy_forward(losses.t(), lse_bad.t(), logits.t(), targets.t()); }, {"lse", "5 elements"});
+  expect_error([&] { cross_entropy_forward(kCpu, losses.t(), lse.t(), logits.t(), targets_f.t()); },
+               {"targets", "f32"});
+  expect_error([&] { cross_entropy_forward(kCpu, losses.t(), lse_bad.t(), logits.t(), targets.t()); },
+               {"lse", "5 elements"});
   // dlogits shifted one row from the logits: in place must be the very same buffer.
   HostTensor<float> buffer({N + 1, V});
   Tensor rows_lo = buffer.t().slice_rows(0, N), rows_hi = buffer.t().slice_rows(1, N + 1);
-  expect_error([&] { cross_entropy_backward(rows_hi, rows_lo, lse.t(), targets.t(), 1.0); },
+  expect_error([&] { cross_entropy_backward(kCpu, rows_hi, rows_lo, lse.t(), targets.t(), 1.0); },
                {"cross_entropy_backward", "partially overlaps"});
 }
 
@@ -169,9 +173,9 @@ void check_vocab_shards(double tol) {
   auto logits = float_rounded(HostTensor<double>::uniform({N, V}, 800, -4, 4)).cast<T>();
   auto targets = make_targets(N, V, 801, {2});
   Forward<T> whole(N);
-  cross_entropy_forward(whole.losses.t(), whole.lse.t(), logits.t(), targets.t());
+  cross_entropy_forward(kCpu, whole.losses.t(), whole.lse.t(), logits.t(), targets.t());
   HostTensor<T> dwhole({N, V});
-  cross_entropy_backward(dwhole.t(), logits.t(), whole.lse.t(), targets.t(), 0.25);
+  cross_entropy_backward(kCpu, dwhole.t(), logits.t(), whole.lse.t(), targets.t(), 0.25);
   HostTensor<T> parts_lse({parts, N}), target_logit({N});
   std::vector<HostTensor<T>> shard_logits;
   for (int64_t r = 0; r < parts; ++r) {
@@ -180,12 +184,12 @@ void check_vocab_shards(double tol) {
     for (int64_t n = 0; n < N; ++n)
       for (int64_t c = 0; c < s.valid; ++c) local[n * cols + c] = logits[n * V + s.start + c];
     HostTensor<T> lse_part({N}), tl({N});
-    cross_entropy_shard_forward(lse_part.t(), tl.t(), local.t(), targets.t(), s);
+    cross_entropy_shard_forward(kCpu, lse_part.t(), tl.t(), local.t(), targets.t(), s);
     for (int64_t n = 0; n < N; ++n) parts_lse[r * N + n] = lse_part[n], target_logit[n] += tl[n];
     shard_logits.push_back(local);
   }
   Forward<T> combined(N);
-  cross_entropy_combine(combined.losses.t(), combined.lse.t(), parts_lse.t(), target_logit.t(), targets.t());
+  cross_entropy_combine(kCpu, combined.losses.t(), combined.lse.t(), parts_lse.t(), target_logit.t(), targets.t());
   for (int64_t n = 0; n < N; ++n) {
     EXPECT_NEAR(combined.lse[n], whole.lse[n], tol) << "row " << n;
     EXPECT_NEAR(combined.losses[n], whole.losses[n], tol) << "row " << n;
@@ -194,7 +198,7 @@ void check_vocab_shards(double tol) {
   for (int64_t r = 0; r < parts; ++r) {
     const VocabShard s = VocabShard::of(V, parts, r);
     HostTensor<T>& d = shard_logits[static_cast<size_t>(r)];
-    cross_entropy_backward(d.t(), d.t(), combined.lse.t(), targets.t(), 0.25, s);  // in place
+    cross_entropy_backward(kCpu, d.t(), d.t(), combined.lse.t(), targets.t(), 0.25, s);  // in place
     for (int64_t n = 0; n < N; ++n)
       for (int64_t c = 0; c < cols; ++c)
         EXPECT_NEAR(d[n * cols + c], c < s.valid ? dwhole[n * V + s.start + c] : T(0), tol) << r << " " << n << " " << c;
@@ -207,10 +211,11 @@ TEST(CrossEntropy, VocabShardsCombineToTheWholeLossF32) { check_vocab_shards<flo
 TEST(CrossEntropy, VocabShardRejectsAShardThatDoesNotFit) {
   HostTensor<float> logits({2, 4}), a({2}), b({2});
   HostTensor<int32_t> targets({2});
-  expect_error([&] { cross_entropy_shard_forward(a.t(), b.t(), logits.t(), targets.t(), VocabShard{8, 5, 12}); },
-               {"cross_entropy_shard_forward", "[8, 13) of 12 ids"});
-  expect_error([&] { cross_entropy_shard_forward(a.t(), b.t(), logits.t(), targets.t(), VocabShard{0, 5, 12}); },
-               {"does not fit logits (2, 4)"});
+  auto shard_forward = [&](VocabShard s) {
+    cross_entropy_shard_forward(kCpu, a.t(), b.t(), logits.t(), targets.t(), s);
+  };
+  expect_error([&] { shard_forward(VocabShard{8, 5, 12}); }, {"cross_entropy_shard_forward", "[8, 13) of 12 ids"});
+  expect_error([&] { shard_forward(VocabShard{0, 5, 12}); }, {"does not fit logits (2, 4)"});
 }
 
 }  // namespace tessera

@@ -9,6 +9,7 @@ namespace tessera {
 using testing::expect_error;
 using testing::float_rounded;
 using testing::HostTensor;
+using testing::kCpu;
 namespace {
 
 constexpr double kEps = 1e-5;
@@ -26,7 +27,7 @@ struct Forward {
         mean({x0.numel() / w0.numel()}),
         rstd({x0.numel() / w0.numel()}) {}
   void run(bool bias = true, double eps = kEps) {
-    layernorm_forward(y.t(), mean.t(), rstd.t(), x.t(), w.t(), bias ? b.t() : Tensor(), eps);
+    layernorm_forward(kCpu, y.t(), mean.t(), rstd.t(), x.t(), w.t(), bias ? b.t() : Tensor(), eps);
   }
 };
 
@@ -96,7 +97,7 @@ TEST(LayerNorm, BackwardMatchesFiniteDifferences) {
   Forward<double> f(in.x, in.w, in.b);
   f.run();
   HostTensor<double> dx({5, 9}), dw({9}), db({9});
-  layernorm_backward(dx.t(), dw.t(), db.t(), r.t(), f.x.t(), f.w.t(), f.mean.t(), f.rstd.t());
+  layernorm_backward(kCpu, dx.t(), dw.t(), db.t(), r.t(), f.x.t(), f.w.t(), f.mean.t(), f.rstd.t());
   Forward<double> probe(in.x, in.w, in.b);
   auto loss = [&] {
     probe.run();
@@ -116,10 +117,10 @@ TEST(LayerNorm, FloatBackwardMatchesReference) {
   ref.run();
   f32.run();
   HostTensor<double> dx({20, 130}), dw({130}), db({130});
-  layernorm_backward(dx.t(), dw.t(), db.t(), r.t(), ref.x.t(), ref.w.t(), ref.mean.t(), ref.rstd.t());
+  layernorm_backward(kCpu, dx.t(), dw.t(), db.t(), r.t(), ref.x.t(), ref.w.t(), ref.mean.t(), ref.rstd.t());
   auto rf = r.cast<float>();
   HostTensor<float> dxf({20, 130}), dwf({130}), dbf({130});
-  layernorm_backward(dxf.t(), dwf.t(), dbf.t(), rf.t(), f32.x.t(), f32.w.t(), f32.mean.t(), f32.rstd.t());
+  layernorm_backward(kCpu, dxf.t(), dwf.t(), dbf.t(), rf.t(), f32.x.t(), f32.w.t(), f32.mean.t(), f32.rstd.t());
   // dx: row sums of C = 130 float products, ~sqrt(C) eps = 7e-7 relative, on top of the forward's
   // errors in rstd and xhat (5e-6, see FloatForwardMatchesReference): 5e-6 normwise.
   // dw: float products summed in double over rows, so only xhat's error remains: 5e-6.
@@ -138,11 +139,11 @@ TEST(LayerNorm, BackwardAccumulates) {
     f.run();
     auto dy = r.cast<T>();
     HostTensor<T> dx({6, 70}), dw({70}), db({70});
-    layernorm_backward(dx.t(), dw.t(), db.t(), dy.t(), f.x.t(), f.w.t(), f.mean.t(), f.rstd.t());
+    layernorm_backward(kCpu, dx.t(), dw.t(), db.t(), dy.t(), f.x.t(), f.w.t(), f.mean.t(), f.rstd.t());
     auto dx0 = HostTensor<double>::uniform({6, 70}, 64).cast<T>(),
          dw0 = HostTensor<double>::uniform({70}, 65).cast<T>(), db0 = HostTensor<double>::uniform({70}, 66).cast<T>();
     auto dx1 = dx0, dw1 = dw0, db1 = db0;
-    layernorm_backward(dx1.t(), dw1.t(), db1.t(), dy.t(), f.x.t(), f.w.t(), f.mean.t(), f.rstd.t());
+    layernorm_backward(kCpu, dx1.t(), dw1.t(), db1.t(), dy.t(), f.x.t(), f.w.t(), f.mean.t(), f.rstd.t());
     for (int64_t i = 0; i < dx.numel(); ++i) dx0[i] += dx[i];
     for (int64_t i = 0; i < dw.numel(); ++i) dw0[i] += dw[i], db0[i] += db[i];
     // fresh + old in one rounding vs the kernel's own +=: equal up to a possible fused multiply-add.
@@ -160,8 +161,8 @@ TEST(LayerNorm, BackwardWithoutBiasGradient) {
   Forward<float> f(in.x, in.w, in.b);
   f.run();
   HostTensor<float> dx({4, 10}), dw({10}), db({10}), dx2({4, 10}), dw2({10});
-  layernorm_backward(dx.t(), dw.t(), db.t(), dy.t(), f.x.t(), f.w.t(), f.mean.t(), f.rstd.t());
-  layernorm_backward(dx2.t(), dw2.t(), Tensor(), dy.t(), f.x.t(), f.w.t(), f.mean.t(), f.rstd.t());
+  layernorm_backward(kCpu, dx.t(), dw.t(), db.t(), dy.t(), f.x.t(), f.w.t(), f.mean.t(), f.rstd.t());
+  layernorm_backward(kCpu, dx2.t(), dw2.t(), Tensor(), dy.t(), f.x.t(), f.w.t(), f.mean.t(), f.rstd.t());
   EXPECT_EQ(dx.vec(), dx2.vec());
   EXPECT_EQ(dw.vec(), dw2.vec());
 }
@@ -175,7 +176,7 @@ TEST(LayerNorm, FloatBackwardIndependentOfThreadCount) {
     int saved = omp_get_max_threads();
     omp_set_num_threads(threads);
     HostTensor<float> dx({17, 200}), dw({200}), db({200});
-    layernorm_backward(dx.t(), dw.t(), db.t(), dy.t(), f.x.t(), f.w.t(), f.mean.t(), f.rstd.t());
+    layernorm_backward(kCpu, dx.t(), dw.t(), db.t(), dy.t(), f.x.t(), f.w.t(), f.mean.t(), f.rstd.t());
     omp_set_num_threads(saved);
     std::vector<float> all = dx.vec();
     all.insert(all.end(), dw.vec().begin(), dw.vec().end());
@@ -191,18 +192,18 @@ TEST(LayerNorm, RejectsBadArguments) {
   HostTensor<float> x({4, 8}), y({4, 8}), w({8}), b({8}), mean({4}), rstd({4}), w_bad({7}), mean_bad({3});
   HostTensor<double> w64({8});
   HostTensor<int32_t> xi({4, 8});
-  expect_error([&] { layernorm_forward(y.t(), mean.t(), rstd.t(), x.t(), w_bad.t(), b.t(), kEps); },
+  expect_error([&] { layernorm_forward(kCpu, y.t(), mean.t(), rstd.t(), x.t(), w_bad.t(), b.t(), kEps); },
                {"layernorm_forward", "w", "(7)"});
-  expect_error([&] { layernorm_forward(y.t(), mean_bad.t(), rstd.t(), x.t(), w.t(), b.t(), kEps); },
+  expect_error([&] { layernorm_forward(kCpu, y.t(), mean_bad.t(), rstd.t(), x.t(), w.t(), b.t(), kEps); },
                {"layernorm_forward", "mean", "4 elements"});
-  expect_error([&] { layernorm_forward(y.t(), mean.t(), rstd.t(), x.t(), w64.t(), b.t(), kEps); },
+  expect_error([&] { layernorm_forward(kCpu, y.t(), mean.t(), rstd.t(), x.t(), w64.t(), b.t(), kEps); },
                {"layernorm_forward", "w", "f64"});
-  expect_error([&] { layernorm_forward(y.t(), mean.t(), rstd.t(), xi.t(), w.t(), b.t(), kEps); },
+  expect_error([&] { layernorm_forward(kCpu, y.t(), mean.t(), rstd.t(), xi.t(), w.t(), b.t(), kEps); },
                {"layernorm_forward", "unsupported dtype i32"});
   HostTensor<float> dx({4, 8}), dw({8}), dy({4, 9});
-  expect_error([&] { layernorm_backward(dx.t(), dw.t(), Tensor(), dy.t(), x.t(), w.t(), mean.t(), rstd.t()); },
+  expect_error([&] { layernorm_backward(kCpu, dx.t(), dw.t(), Tensor(), dy.t(), x.t(), w.t(), mean.t(), rstd.t()); },
                {"layernorm_backward", "dy", "(4, 9)"});
-  expect_error([&] { layernorm_backward(dx.t(), Tensor(), Tensor(), y.t(), x.t(), w.t(), mean.t(), rstd.t()); },
+  expect_error([&] { layernorm_backward(kCpu, dx.t(), Tensor(), Tensor(), y.t(), x.t(), w.t(), mean.t(), rstd.t()); },
                {"layernorm_backward", "dw is undefined"});
 }
 

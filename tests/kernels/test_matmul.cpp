@@ -9,6 +9,7 @@
 
 namespace tessera {
 using testing::HostTensor;
+using testing::kCpu;
 
 namespace {
 
@@ -70,7 +71,7 @@ TEST(Matmul, HandComputedExample) {
   HostTensor<double> a({2, 2}), b({2, 2}), c({2, 2}, 1.0);
   a.vec() = {1, 2, 3, 4};
   b.vec() = {5, 6, 7, 8};
-  matmul(c.t(), a.t(), b.t(), false, false, 2.0, 0.5);  // 2 * [[19, 22], [43, 50]] + 0.5
+  matmul(kCpu, c.t(), a.t(), b.t(), false, false, 2.0, 0.5);  // 2 * [[19, 22], [43, 50]] + 0.5
   EXPECT_EQ(c.vec(), (std::vector<double>{38.5, 44.5, 86.5, 100.5}));
 }
 
@@ -85,12 +86,12 @@ TEST(Matmul, EveryTransposeCombinationMatchesNaive) {
         naive_matmul(expected, ta ? transposed(o.a) : o.a, tb ? transposed(o.b) : o.b, alpha, beta);
 
         HostTensor<double> c64 = o.c;
-        matmul(c64.t(), o.a.t(), o.b.t(), ta, tb, alpha, beta);
+        matmul(kCpu, c64.t(), o.a.t(), o.b.t(), ta, tb, alpha, beta);
         EXPECT_LT(testing::max_rel_error(c64, expected), 1e-13);  // same sums, reassociated at most
 
         auto af = o.a.cast<float>(), bf = o.b.cast<float>();
         auto c32 = o.c.cast<float>();
-        matmul(c32.t(), af.t(), bf.t(), ta, tb, alpha, beta);
+        matmul(kCpu, c32.t(), af.t(), bf.t(), ta, tb, alpha, beta);
         EXPECT_LT(testing::max_rel_error(c32, expected), kF32Tol);
       }
     }
@@ -103,23 +104,23 @@ TEST(Matmul, BetaZeroOverwritesGarbage) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   HostTensor<double> c64({5, 7}, nan), expected({5, 7});
   naive_matmul(expected, o.a, transposed(o.b), 1.0, 0.0);
-  matmul(c64.t(), o.a.t(), o.b.t(), false, true);
+  matmul(kCpu, c64.t(), o.a.t(), o.b.t(), false, true);
   EXPECT_LT(testing::max_rel_error(c64, expected), 1e-13);
 
   auto af = o.a.cast<float>(), bf = o.b.cast<float>();
   HostTensor<float> c32({5, 7}, std::numeric_limits<float>::quiet_NaN());
-  matmul(c32.t(), af.t(), bf.t(), false, true);
+  matmul(kCpu, c32.t(), af.t(), bf.t(), false, true);
   EXPECT_LT(testing::max_rel_error(c32, expected), kF32Tol);
 }
 
 TEST(Matmul, RejectsMismatchedShapesAndDtypes) {
   HostTensor<float> a({4, 3}), b({5, 6}), c({4, 6}), b_ok({3, 6});
-  expect_error_naming([&] { matmul(c.t(), a.t(), b.t(), false, false); }, {"matmul", "b", "(5, 6)", "(3, 6)"});
-  expect_error_naming([&] { matmul(c.t(), a.t(), b_ok.t(), true, false); }, {"matmul", "a"});
+  expect_error_naming([&] { matmul(kCpu, c.t(), a.t(), b.t(), false, false); }, {"matmul", "b", "(5, 6)", "(3, 6)"});
+  expect_error_naming([&] { matmul(kCpu, c.t(), a.t(), b_ok.t(), true, false); }, {"matmul", "a"});
   HostTensor<double> a64({4, 3});
-  expect_error_naming([&] { matmul(c.t(), a64.t(), b_ok.t(), false, false); }, {"matmul", "a", "f64"});
+  expect_error_naming([&] { matmul(kCpu, c.t(), a64.t(), b_ok.t(), false, false); }, {"matmul", "a", "f64"});
   HostTensor<float> c3({4, 6, 1});
-  expect_error_naming([&] { matmul(c3.t(), a.t(), b_ok.t(), false, false); }, {"matmul", "c"});
+  expect_error_naming([&] { matmul(kCpu, c3.t(), a.t(), b_ok.t(), false, false); }, {"matmul", "c"});
 }
 
 // ---- Linear ----
@@ -154,12 +155,12 @@ TEST(Linear, ForwardWithAndWithoutBias3D) {
     auto expected = naive_linear(x, w, with_bias ? &bias : nullptr, {B, T, Out});
     Tensor b64 = with_bias ? bias.t() : Tensor();
     HostTensor<double> y64({B, T, Out}, 7.0);  // stale content must be overwritten
-    linear_forward(y64.t(), x.t(), w.t(), b64);
+    linear_forward(kCpu, y64.t(), x.t(), w.t(), b64);
     EXPECT_LT(testing::max_rel_error(y64, expected), 1e-13);
 
     auto xf = x.cast<float>(), wf = w.cast<float>(), bf = bias.cast<float>();
     HostTensor<float> y32({B, T, Out}, 7.0f);
-    linear_forward(y32.t(), xf.t(), wf.t(), with_bias ? bf.t() : Tensor());
+    linear_forward(kCpu, y32.t(), xf.t(), wf.t(), with_bias ? bf.t() : Tensor());
     EXPECT_LT(testing::max_rel_error(y32, expected), kF32Tol);
   }
 }
@@ -172,11 +173,11 @@ TEST(Linear, BackwardMatchesFiniteDifferences) {
   auto wr = HostTensor<double>::uniform({B, T, Out}, 43);  // loss weights = dy
   HostTensor<double> y({B, T, Out});
   auto loss = [&] {
-    linear_forward(y.t(), x.t(), w.t(), bias.t());
+    linear_forward(kCpu, y.t(), x.t(), w.t(), bias.t());
     return testing::weighted_sum(y, wr);
   };
   HostTensor<double> dx(x.shape()), dw(w.shape()), dbias(bias.shape());
-  linear_backward(dx.t(), dw.t(), dbias.t(), wr.t(), x.t(), w.t());
+  linear_backward(kCpu, dx.t(), dw.t(), dbias.t(), wr.t(), x.t(), w.t());
   testing::expect_gradient_matches(loss, x, dx, "x");
   testing::expect_gradient_matches(loss, w, dw, "w");
   testing::expect_gradient_matches(loss, bias, dbias, "bias");
@@ -188,17 +189,17 @@ TEST(Linear, BackwardAccumulatesWeightsAndOverwritesInput) {
   auto w = HostTensor<double>::uniform({Out, In}, 51);
   auto dy = HostTensor<double>::uniform({N, Out}, 52);
   HostTensor<double> dx0(x.shape()), dw0(w.shape()), db0({Out});
-  linear_backward(dx0.t(), dw0.t(), db0.t(), dy.t(), x.t(), w.t());  // from zero: the fresh gradients
+  linear_backward(kCpu, dx0.t(), dw0.t(), db0.t(), dy.t(), x.t(), w.t());  // from zero: the fresh gradients
 
   HostTensor<double> dx(x.shape(), 123.0), dw(w.shape(), 1.0), db({Out}, -2.0);
-  linear_backward(dx.t(), dw.t(), db.t(), dy.t(), x.t(), w.t());
+  linear_backward(kCpu, dx.t(), dw.t(), db.t(), dy.t(), x.t(), w.t());
   for (int64_t i = 0; i < dx.numel(); ++i) EXPECT_DOUBLE_EQ(dx[i], dx0[i]);
   for (int64_t i = 0; i < dw.numel(); ++i) EXPECT_DOUBLE_EQ(dw[i], 1.0 + dw0[i]);
   for (int64_t i = 0; i < db.numel(); ++i) EXPECT_DOUBLE_EQ(db[i], -2.0 + db0[i]);
 
   // Undefined dx and dbias are skipped; dw still accumulates.
   HostTensor<double> dw2(w.shape(), 1.0);
-  linear_backward(Tensor(), dw2.t(), Tensor(), dy.t(), x.t(), w.t());
+  linear_backward(kCpu, Tensor(), dw2.t(), Tensor(), dy.t(), x.t(), w.t());
   for (int64_t i = 0; i < dw2.numel(); ++i) EXPECT_DOUBLE_EQ(dw2[i], 1.0 + dw0[i]);
 }
 
@@ -211,13 +212,13 @@ TEST(Linear, BackwardFloatMatchesReference) {
   auto dw_init = rounded_uniform({Out, In}, 63);
   auto db_init = rounded_uniform({Out}, 64);
   HostTensor<double> dx64(x.shape()), dw64 = dw_init, db64 = db_init;
-  linear_backward(dx64.t(), dw64.t(), db64.t(), dy.t(), x.t(), w.t());
+  linear_backward(kCpu, dx64.t(), dw64.t(), db64.t(), dy.t(), x.t(), w.t());
 
   auto xf = x.cast<float>(), wf = w.cast<float>(), dyf = dy.cast<float>();
   HostTensor<float> dx32(x.shape(), 5.0f);
   auto dw32 = dw_init.cast<float>();
   auto db32 = db_init.cast<float>();
-  linear_backward(dx32.t(), dw32.t(), db32.t(), dyf.t(), xf.t(), wf.t());
+  linear_backward(kCpu, dx32.t(), dw32.t(), db32.t(), dyf.t(), xf.t(), wf.t());
   EXPECT_LT(testing::max_rel_error(dx32, dx64), kF32Tol);
   EXPECT_LT(testing::max_rel_error(dw32, dw64), kF32Tol);
   // dbias sums in double and rounds once: within one float rounding (2^-24 ~ 6e-8) normwise.
@@ -227,21 +228,21 @@ TEST(Linear, BackwardFloatMatchesReference) {
 TEST(Linear, RejectsMismatchedShapes) {
   HostTensor<float> x({2, 3, 5}), w({4, 5}), y({2, 3, 4}), bias({4});
   HostTensor<float> w_bad({4, 6}), y_bad({2, 4, 4}), bias_bad({5});
-  expect_error_naming([&] { linear_forward(y.t(), x.t(), w_bad.t(), bias.t()); }, {"linear_forward", "x"});
-  expect_error_naming([&] { linear_forward(y_bad.t(), x.t(), w.t(), bias.t()); }, {"linear_forward", "y"});
-  expect_error_naming([&] { linear_forward(y.t(), x.t(), w.t(), bias_bad.t()); }, {"linear_forward", "bias"});
+  expect_error_naming([&] { linear_forward(kCpu, y.t(), x.t(), w_bad.t(), bias.t()); }, {"linear_forward", "x"});
+  expect_error_naming([&] { linear_forward(kCpu, y_bad.t(), x.t(), w.t(), bias.t()); }, {"linear_forward", "y"});
+  expect_error_naming([&] { linear_forward(kCpu, y.t(), x.t(), w.t(), bias_bad.t()); }, {"linear_forward", "bias"});
 
   HostTensor<float> dx(x.shape()), dw(w.shape()), db({4}), dw_bad({5, 4}), dx_bad({6, 5});
-  expect_error_naming([&] { linear_backward(dx.t(), dw_bad.t(), db.t(), y.t(), x.t(), w.t()); },
+  expect_error_naming([&] { linear_backward(kCpu, dx.t(), dw_bad.t(), db.t(), y.t(), x.t(), w.t()); },
                       {"linear_backward", "dw"});
-  expect_error_naming([&] { linear_backward(dx_bad.t(), dw.t(), db.t(), y.t(), x.t(), w.t()); },
+  expect_error_naming([&] { linear_backward(kCpu, dx_bad.t(), dw.t(), db.t(), y.t(), x.t(), w.t()); },
                       {"linear_backward", "dx"});
-  expect_error_naming([&] { linear_backward(dx.t(), dw.t(), bias_bad.t(), y.t(), x.t(), w.t()); },
+  expect_error_naming([&] { linear_backward(kCpu, dx.t(), dw.t(), bias_bad.t(), y.t(), x.t(), w.t()); },
                       {"linear_backward", "dbias"});
-  expect_error_naming([&] { linear_backward(dx.t(), dw.t(), db.t(), y_bad.t(), x.t(), w.t()); },
+  expect_error_naming([&] { linear_backward(kCpu, dx.t(), dw.t(), db.t(), y_bad.t(), x.t(), w.t()); },
                       {"linear_backward", "dy"});
   HostTensor<double> w64({4, 5});
-  expect_error_naming([&] { linear_forward(y.t(), x.t(), w64.t(), Tensor()); }, {"linear_forward", "w", "f64"});
+  expect_error_naming([&] { linear_forward(kCpu, y.t(), x.t(), w64.t(), Tensor()); }, {"linear_forward", "w", "f64"});
 }
 
 }  // namespace tessera

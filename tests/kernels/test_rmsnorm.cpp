@@ -9,6 +9,7 @@ namespace tessera {
 using testing::expect_error;
 using testing::float_rounded;
 using testing::HostTensor;
+using testing::kCpu;
 namespace {
 
 constexpr double kEps = 1e-5;
@@ -19,7 +20,7 @@ struct Forward {
   HostTensor<T> x, w, y, rstd;
   Forward(const HostTensor<double>& x0, const HostTensor<double>& w0)
       : x(x0.cast<T>()), w(w0.cast<T>()), y(x0.shape()), rstd({x0.numel() / w0.numel()}) {}
-  void run(double eps = kEps) { rmsnorm_forward(y.t(), rstd.t(), x.t(), w.t(), eps); }
+  void run(double eps = kEps) { rmsnorm_forward(kCpu, y.t(), rstd.t(), x.t(), w.t(), eps); }
 };
 
 struct Inputs {
@@ -66,7 +67,7 @@ TEST(RmsNorm, BackwardMatchesFiniteDifferences) {
   Forward<double> f(in.x, in.w);
   f.run();
   HostTensor<double> dx({5, 9}), dw({9});
-  rmsnorm_backward(dx.t(), dw.t(), r.t(), f.x.t(), f.w.t(), f.rstd.t());
+  rmsnorm_backward(kCpu, dx.t(), dw.t(), r.t(), f.x.t(), f.w.t(), f.rstd.t());
   Forward<double> probe(in.x, in.w);
   auto loss = [&] {
     probe.run();
@@ -85,10 +86,10 @@ TEST(RmsNorm, FloatBackwardMatchesReference) {
   ref.run();
   f32.run();
   HostTensor<double> dx({20, 130}), dw({130});
-  rmsnorm_backward(dx.t(), dw.t(), r.t(), ref.x.t(), ref.w.t(), ref.rstd.t());
+  rmsnorm_backward(kCpu, dx.t(), dw.t(), r.t(), ref.x.t(), ref.w.t(), ref.rstd.t());
   auto rf = r.cast<float>();
   HostTensor<float> dxf({20, 130}), dwf({130});
-  rmsnorm_backward(dxf.t(), dwf.t(), rf.t(), f32.x.t(), f32.w.t(), f32.rstd.t());
+  rmsnorm_backward(kCpu, dxf.t(), dwf.t(), rf.t(), f32.x.t(), f32.w.t(), f32.rstd.t());
   // dx: a row sum of C = 130 float products, ~sqrt(C) eps = 7e-7 relative, which cancels in
   // g - xhat mean(g xhat) by a factor of a few, plus rstd's ~5e-7: 5e-6 normwise.
   // dw: float products summed in double over rows; only rstd's error remains: 2e-6.
@@ -105,11 +106,11 @@ TEST(RmsNorm, BackwardAccumulates) {
     f.run();
     auto dy = r.cast<T>();
     HostTensor<T> dx({6, 70}), dw({70});
-    rmsnorm_backward(dx.t(), dw.t(), dy.t(), f.x.t(), f.w.t(), f.rstd.t());
+    rmsnorm_backward(kCpu, dx.t(), dw.t(), dy.t(), f.x.t(), f.w.t(), f.rstd.t());
     auto dx0 = HostTensor<double>::uniform({6, 70}, 154).cast<T>(),
          dw0 = HostTensor<double>::uniform({70}, 155).cast<T>();
     auto dx1 = dx0, dw1 = dw0;
-    rmsnorm_backward(dx1.t(), dw1.t(), dy.t(), f.x.t(), f.w.t(), f.rstd.t());
+    rmsnorm_backward(kCpu, dx1.t(), dw1.t(), dy.t(), f.x.t(), f.w.t(), f.rstd.t());
     for (int64_t i = 0; i < dx.numel(); ++i) dx0[i] += dx[i];
     for (int64_t i = 0; i < dw.numel(); ++i) dw0[i] += dw[i];
     // fresh + old in one rounding vs the kernel's own +=: equal up to a possible fused multiply-add.
@@ -129,7 +130,7 @@ TEST(RmsNorm, FloatBackwardIndependentOfThreadCount) {
     int saved = omp_get_max_threads();
     omp_set_num_threads(threads);
     HostTensor<float> dx({17, 200}), dw({200});
-    rmsnorm_backward(dx.t(), dw.t(), dy.t(), f.x.t(), f.w.t(), f.rstd.t());
+    rmsnorm_backward(kCpu, dx.t(), dw.t(), dy.t(), f.x.t(), f.w.t(), f.rstd.t());
     omp_set_num_threads(saved);
     std::vector<float> all = dx.vec();
     all.insert(all.end(), dw.vec().begin(), dw.vec().end());
@@ -143,15 +144,18 @@ TEST(RmsNorm, FloatBackwardIndependentOfThreadCount) {
 TEST(RmsNorm, RejectsBadArguments) {
   HostTensor<float> x({4, 8}), y({4, 8}), w({8}), rstd({4}), w_bad({8, 1}), rstd_bad({5}), y_bad({8, 4});
   HostTensor<double> rstd64({4});
-  expect_error([&] { rmsnorm_forward(y.t(), rstd.t(), x.t(), w_bad.t(), kEps); }, {"rmsnorm_forward", "w", "(8, 1)"});
-  expect_error([&] { rmsnorm_forward(y.t(), rstd_bad.t(), x.t(), w.t(), kEps); },
+  expect_error([&] { rmsnorm_forward(kCpu, y.t(), rstd.t(), x.t(), w_bad.t(), kEps); },
+               {"rmsnorm_forward", "w", "(8, 1)"});
+  expect_error([&] { rmsnorm_forward(kCpu, y.t(), rstd_bad.t(), x.t(), w.t(), kEps); },
                {"rmsnorm_forward", "rstd", "4 elements"});
-  expect_error([&] { rmsnorm_forward(y_bad.t(), rstd.t(), x.t(), w.t(), kEps); }, {"rmsnorm_forward", "y", "(8, 4)"});
-  expect_error([&] { rmsnorm_forward(y.t(), rstd64.t(), x.t(), w.t(), kEps); }, {"rmsnorm_forward", "rstd", "f64"});
+  expect_error([&] { rmsnorm_forward(kCpu, y_bad.t(), rstd.t(), x.t(), w.t(), kEps); },
+               {"rmsnorm_forward", "y", "(8, 4)"});
+  expect_error([&] { rmsnorm_forward(kCpu, y.t(), rstd64.t(), x.t(), w.t(), kEps); },
+               {"rmsnorm_forward", "rstd", "f64"});
   HostTensor<float> dx({4, 8}), dw({8});
-  expect_error([&] { rmsnorm_backward(dx.t(), dw.t(), y.t(), x.t(), w.t(), rstd_bad.t()); },
+  expect_error([&] { rmsnorm_backward(kCpu, dx.t(), dw.t(), y.t(), x.t(), w.t(), rstd_bad.t()); },
                {"rmsnorm_backward", "rstd"});
-  expect_error([&] { rmsnorm_backward(Tensor(), dw.t(), y.t(), x.t(), w.t(), rstd.t()); },
+  expect_error([&] { rmsnorm_backward(kCpu, Tensor(), dw.t(), y.t(), x.t(), w.t(), rstd.t()); },
                {"rmsnorm_backward", "dx is undefined"});
 }
 

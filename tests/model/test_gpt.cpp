@@ -13,6 +13,7 @@
 namespace tessera {
 using testing::H5Reader;
 using testing::HostTensor;
+using testing::kCpu;
 
 namespace {
 
@@ -93,13 +94,15 @@ void check_golden(const std::string& preset, const Tolerances& tol) {
   auto targets = read_ids(f, preset + "/targets");
 
   GptCtx ctx;
-  const double loss = gpt.forward(ctx, alloc, tokens.t(), targets.t());
+  gpt.forward(kCpu, ctx, alloc, tokens.t(), targets.t());
+  const LossSums sums = read_loss_sums(kCpu, ctx.loss_sums);
+  const double loss = sums.mean();
   EXPECT_LT(rel_error<T>(ctx.logits, f.read<double>(preset + "/logits").values), tol.logits) << preset;
   const double want_loss = f.read<double>(preset + "/loss").values[0];
   EXPECT_NEAR(loss, want_loss, tol.loss * want_loss) << preset;
 
-  const int64_t n_targets = ctx.n_targets;
-  gpt.backward(ctx, alloc, 1.0 / static_cast<double>(n_targets));
+  const int64_t n_targets = sums.targets;
+  gpt.backward(kCpu, ctx, alloc, 1.0 / static_cast<double>(n_targets));
   double model_scale = 0;
   for (int id = 0; id < ps.size(); ++id)
     for (double g : f.read<double>(preset + "/grads/" + ps.entry(id).spec.name).values)
@@ -123,17 +126,18 @@ void check_golden(const std::string& preset, const Tolerances& tol) {
   const auto want = f.read<double>(preset + "/adamw_losses").values;
   ASSERT_EQ(static_cast<int64_t>(want.size()), steps);
   for (int64_t step = 1; step <= steps; ++step) {
-    ps.zero_grads();
-    const double l = gpt.forward(ctx, alloc, tokens.t(), targets.t());
+    ps.zero_grads(kCpu);
+    gpt.forward(kCpu, ctx, alloc, tokens.t(), targets.t());
+    const double l = read_loss_sums(kCpu, ctx.loss_sums).mean();
     EXPECT_NEAR(l, want[step - 1], tol.adamw_losses * want[step - 1]) << preset << " AdamW step " << step;
-    gpt.backward(ctx, alloc, 1.0 / static_cast<double>(n_targets));
+    gpt.backward(kCpu, ctx, alloc, 1.0 / static_cast<double>(n_targets));
     s.step = step;
     for (int id = 0; id < ps.size(); ++id) {
       const ParamEntry& e = ps.entry(id);
       s.weight_decay = e.spec.kind == ParamKind::Matrix ? wd : 0.0;
       const int64_t n = e.local_shape.numel();
       auto slice = [&](const Tensor& flat) { return flat.view({ps.numel()}).slice_rows(e.offset, e.offset + n); };
-      adamw_update(slice(ps.flat_params()), slice(ps.flat_grads()), slice(m), slice(v), s);
+      adamw_update(kCpu, slice(ps.flat_params()), slice(ps.flat_grads()), slice(m), slice(v), s);
     }
   }
 }
@@ -167,7 +171,7 @@ struct TinyModel {
   Gpt gpt;
   TinyModel(const ModelConfig& cfg, DType dt, std::vector<Recompute> rc = {}) : ps(alloc, dt), gpt(cfg, ps, rc) {
     ps.finalize();
-    ps.initialize(7);
+    ps.initialize(kCpu, 7);
   }
 };
 
@@ -182,8 +186,8 @@ TEST_P(GptFiniteDifference, EveryParameterGradient) {
   auto targets = testing::random_ids({2, 6}, 13, 2);
   targets[1] = kIgnoreIndex;
   GptCtx ctx;
-  m.gpt.forward(ctx, m.alloc, tokens.t(), targets.t());
-  m.gpt.backward(ctx, m.alloc, 1.0 / static_cast<double>(ctx.n_targets));
+  m.gpt.forward(kCpu, ctx, m.alloc, tokens.t(), targets.t());
+  m.gpt.backward(kCpu, ctx, m.alloc, 1.0 / static_cast<double>(read_loss_sums(kCpu, ctx.loss_sums).targets));
 
   for (int id = 0; id < m.ps.size(); ++id) {
     const ParamEntry& e = m.ps.entry(id);
@@ -195,7 +199,8 @@ TEST_P(GptFiniteDifference, EveryParameterGradient) {
     auto loss = [&] {
       std::copy(x.data(), x.data() + n, p);
       GptCtx c;
-      return m.gpt.forward(c, m.alloc, tokens.t(), targets.t());
+      m.gpt.forward(kCpu, c, m.alloc, tokens.t(), targets.t());
+      return read_loss_sums(kCpu, c.loss_sums).mean();
     };
     // Floor 1e-4: this model's gradients are O(1e-2..1); see expect_gradient_matches.
     testing::expect_gradient_matches(loss, x, g, e.spec.name.c_str(), 1e-6, 1e-5, 8, 1e-4);
@@ -212,8 +217,8 @@ TEST_P(GptFiniteDifference, FullRecomputeGivesIdenticalGradients) {
   auto targets = testing::random_ids({2, 6}, 13, 4);
   for (TinyModel* m : {&plain, &recomputed}) {
     GptCtx ctx;
-    m->gpt.forward(ctx, m->alloc, tokens.t(), targets.t());
-    m->gpt.backward(ctx, m->alloc, 1.0 / 12);
+    m->gpt.forward(kCpu, ctx, m->alloc, tokens.t(), targets.t());
+    m->gpt.backward(kCpu, ctx, m->alloc, 1.0 / 12);
   }
   const float* a = plain.ps.flat_grads().ptr<float>();
   const float* b = recomputed.ps.flat_grads().ptr<float>();
@@ -252,10 +257,10 @@ TEST_P(GptMemory, ActivationsMatchAnalyticCount) {
     auto tokens = testing::random_ids({2, 5}, 13, 5);
     auto targets = testing::random_ids({2, 5}, 13, 6);
     GptCtx ctx;
-    m.gpt.forward(ctx, m.alloc, tokens.t(), targets.t());
+    m.gpt.forward(kCpu, ctx, m.alloc, tokens.t(), targets.t());
     const size_t expected = 4 * static_cast<size_t>(analytic_activation_elements(cfg, 2, 5, full));
     EXPECT_EQ(m.alloc.counter(MemCategory::Activations).current, expected) << (full ? "full" : "none");
-    m.gpt.backward(ctx, m.alloc, 0.1);
+    m.gpt.backward(kCpu, ctx, m.alloc, 0.1);
     // Backward releases every activation and temporary.
     EXPECT_EQ(m.alloc.counter(MemCategory::Activations).current, 0u);
     EXPECT_EQ(m.alloc.counter(MemCategory::Workspace).current, 0u);
@@ -268,10 +273,10 @@ TEST(Gpt, RejectsBadInput) {
   TinyModel m(tiny_config("gpt2"), DType::F32);
   GptCtx ctx;
   auto too_long = testing::random_ids({1, 9}, 13, 1);
-  EXPECT_THROW(m.gpt.forward(ctx, m.alloc, too_long.t(), Tensor()), Error);
+  EXPECT_THROW(m.gpt.forward(kCpu, ctx, m.alloc, too_long.t(), Tensor()), Error);
   auto bad_token = testing::random_ids({1, 4}, 13, 1);
   bad_token[2] = 13;
-  EXPECT_THROW(m.gpt.forward(ctx, m.alloc, bad_token.t(), Tensor()), Error);
+  EXPECT_THROW(m.gpt.forward(kCpu, ctx, m.alloc, bad_token.t(), Tensor()), Error);
 }
 
 }  // namespace tessera
@@ -288,14 +293,14 @@ TEST_P(GptKvCache, CachedDecodingEqualsFullForward) {
     TinyModel m(tiny_config(GetParam()), dt);
     auto tokens = testing::random_ids({1, 7}, 13, 9);
     GptCtx full;
-    m.gpt.forward(full, m.alloc, tokens.t(), Tensor());
+    m.gpt.forward(kCpu, full, m.alloc, tokens.t(), Tensor());
     KvCache cache = m.gpt.make_cache(m.alloc, 8);
     const int64_t V = 13;
     int64_t pos = 0;
     for (int64_t n : {3, 1, 1, 1, 1}) {
       GptCtx step;
       const Tensor chunk(tokens.data() + pos, DType::I32, {1, n});
-      m.gpt.forward_cached(step, m.alloc, chunk, cache);
+      m.gpt.forward_cached(kCpu, step, m.alloc, chunk, cache);
       EXPECT_EQ(cache.length, pos + n);
       for (int64_t i = 0; i < n * V; ++i) {
         const double got = dt == DType::F64 ? step.logits.ptr<double>()[i] : step.logits.ptr<float>()[i];
@@ -306,7 +311,7 @@ TEST_P(GptKvCache, CachedDecodingEqualsFullForward) {
     }
     GptCtx over;
     const Tensor two(tokens.data(), DType::I32, {1, 2});
-    EXPECT_THROW(m.gpt.forward_cached(over, m.alloc, two, cache), Error);  // 7 + 2 > capacity 8
+    EXPECT_THROW(m.gpt.forward_cached(kCpu, over, m.alloc, two, cache), Error);  // 7 + 2 > capacity 8
   }
 }
 
@@ -325,11 +330,11 @@ TEST_P(GptGradsReady, EachParameterOnceFinalWhenReported) {
   auto tokens = testing::random_ids({2, 6}, 13, 21);
   auto targets = testing::random_ids({2, 6}, 13, 22);
   GptCtx ctx;
-  m.gpt.forward(ctx, m.alloc, tokens.t(), targets.t());
+  m.gpt.forward(kCpu, ctx, m.alloc, tokens.t(), targets.t());
   std::vector<int> times_reported(static_cast<size_t>(m.ps.size()), 0);
   std::vector<std::vector<float>> at_report(static_cast<size_t>(m.ps.size()));
   std::vector<int> firsts;
-  m.gpt.backward(ctx, m.alloc, 1.0 / 12, [&](int first, int end) {
+  m.gpt.backward(kCpu, ctx, m.alloc, 1.0 / 12, [&](int first, int end) {
     firsts.push_back(first);
     for (int id = first; id < end; ++id) {
       ++times_reported[static_cast<size_t>(id)];

@@ -7,6 +7,7 @@
 #include "testing.h"
 
 namespace tessera {
+using testing::kCpu;
 
 namespace {
 void register_example(ParameterStore& ps) {
@@ -41,7 +42,7 @@ TEST(ParameterStore, PaddedBuffersEndInZeros) {
   ParameterStore ps(alloc, DType::F32);
   register_example(ps);
   ps.finalize(4);
-  ps.initialize(7);
+  ps.initialize(kCpu, 7);
   EXPECT_EQ(ps.numel(), 58);
   EXPECT_EQ(ps.padded_numel(), 60);
   EXPECT_EQ(ps.flat_params().numel(), 58);
@@ -63,9 +64,9 @@ TEST(ParameterStore, InitializationIsDeterministicAndDistributedAsAsked) {
     ps->add({"norm.weight", {10}, ShardSpec::replicated(), ParamKind::Norm, InitKind::Ones, 0.0});
     ps->finalize();
   }
-  a.initialize(42);
-  b.initialize(42);
-  c.initialize(43);
+  a.initialize(kCpu, 42);
+  b.initialize(kCpu, 42);
+  c.initialize(kCpu, 43);
   const double* pa = a.flat_params().ptr<double>();
   const double* pb = b.flat_params().ptr<double>();
   const double* pc = c.flat_params().ptr<double>();
@@ -95,13 +96,13 @@ TEST(ParameterStore, TensorParallelShardsEqualSlicesOfTheWholeTensor) {
   ParameterStore whole(alloc, DType::F32);
   register_example(whole);
   whole.finalize();
-  whole.initialize(5);
+  whole.initialize(kCpu, 5);
   const int tp = 2;
   for (int rank = 0; rank < tp; ++rank) {
     ParameterStore shard(alloc, DType::F32, {tp, rank});
     register_example(shard);
     shard.finalize();
-    shard.initialize(5);
+    shard.initialize(kCpu, 5);
     // Column-parallel (6, 4) split on dim 0: this rank's 3 rows.
     const float* col = shard.param(0).ptr<float>();
     const float* col_all = whole.param(0).ptr<float>();

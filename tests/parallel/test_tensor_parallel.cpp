@@ -9,8 +9,10 @@
 #include <vector>
 
 #include "mpi_testing.h"
+#include "testing.h"
 
 namespace tessera {
+using testing::kCpu;
 namespace {
 
 using testing::test_world;
@@ -31,7 +33,8 @@ TEST(TensorParallel, GatherAndReduceScatterAlongTheSequence) {
   for (int64_t b = 0; b < kB; ++b)
     for (int64_t t = 0; t < kTl; ++t)
       for (int64_t c = 0; c < kC; ++c) local[(b * kTl + t) * kC + c] = value(b, r * kTl + t, c, 0);
-  gather_sequence(tp, alloc, Tensor(full.data(), DType::F32, {kB, T, kC}), Tensor(local.data(), DType::F32, {kB, kTl, kC}));
+  gather_sequence(kCpu, tp, alloc, Tensor(full.data(), DType::F32, {kB, T, kC}),
+                  Tensor(local.data(), DType::F32, {kB, kTl, kC}));
   for (int64_t b = 0; b < kB; ++b)
     for (int64_t t = 0; t < T; ++t)
       for (int64_t c = 0; c < kC; ++c) ASSERT_EQ(full[(b * T + t) * kC + c], value(b, t, c, 0)) << b << " " << t << " " << c;
@@ -39,7 +42,8 @@ TEST(TensorParallel, GatherAndReduceScatterAlongTheSequence) {
   for (int64_t b = 0; b < kB; ++b)
     for (int64_t t = 0; t < T; ++t)
       for (int64_t c = 0; c < kC; ++c) full[(b * T + t) * kC + c] = value(b, t, c, r);
-  reduce_scatter_sequence(tp, alloc, Tensor(local.data(), DType::F32, {kB, kTl, kC}), Tensor(full.data(), DType::F32, {kB, T, kC}));
+  reduce_scatter_sequence(kCpu, tp, alloc, Tensor(local.data(), DType::F32, {kB, kTl, kC}),
+                          Tensor(full.data(), DType::F32, {kB, T, kC}));
   for (int64_t b = 0; b < kB; ++b)
     for (int64_t t = 0; t < kTl; ++t)
       for (int64_t c = 0; c < kC; ++c) {
@@ -47,7 +51,7 @@ TEST(TensorParallel, GatherAndReduceScatterAlongTheSequence) {
         for (int q = 0; q < p; ++q) want += value(b, r * kTl + t, c, q);
         ASSERT_EQ(local[(b * kTl + t) * kC + c], want) << b << " " << t << " " << c;
       }
-  EXPECT_THROW(gather_sequence(tp, alloc, Tensor(full.data(), DType::F32, {kB, T + 1, kC}),
+  EXPECT_THROW(gather_sequence(kCpu, tp, alloc, Tensor(full.data(), DType::F32, {kB, T + 1, kC}),
                                Tensor(local.data(), DType::F32, {kB, kTl, kC})),
                Error);
 }
@@ -60,9 +64,9 @@ TEST(TensorParallel, PlainRegionEdgesAreIdentityAndAllReduce) {
   std::vector<float> x(kB * kTl * kC, static_cast<float>(r + 1));
   const Tensor xt(x.data(), DType::F32, {kB, kTl, kC});
   Buffer unused;
-  EXPECT_EQ(enter_region(tp, alloc, unused, xt, kTl).data, xt.data);  // no copy
+  EXPECT_EQ(enter_region(kCpu, tp, alloc, unused, xt, kTl).data, xt.data);  // no copy
   EXPECT_FALSE(unused.defined());
-  leave_region(tp, alloc, xt, xt);  // the sum over ranks, in place
+  leave_region(kCpu, tp, alloc, xt, xt);  // the sum over ranks, in place
   for (float v : x) ASSERT_EQ(v, static_cast<float>(p * (p + 1) / 2));
   EXPECT_EQ(tp.local_seq(12), 12);
   const TensorParallel sp{&comm, true};

@@ -10,8 +10,10 @@
 
 #include "kernels/elementwise.h"
 #include "mpi_testing.h"
+#include "testing.h"
 
 namespace tessera {
+using testing::kCpu;
 namespace {
 
 using testing::test_world;
@@ -67,12 +69,14 @@ TEST(Zero, StepsEqualAdamWOnSummedGradients) {
       for (int q = 0; q < p; ++q) ref_grads[i] += grad_of(q, i, s);
     }
     zero.reduce_grads();
-    std::vector<double> sq = {zero.shard_grad_sq_norm()};
+    std::vector<double> sq = {0.0};
+    zero.shard_grad_sq_norm(kCpu, Tensor(sq.data(), DType::F64, {1}));
     comm.all_reduce(Tensor(sq.data(), DType::F64, {1}));
-    EXPECT_NEAR(sq[0], squared_norm(Tensor(ref_grads.data(), DType::F32, {kN})), 1e-9 * sq[0]) << "step " << s;
+    EXPECT_NEAR(sq[0], testing::squared_norm_of(Tensor(ref_grads.data(), DType::F32, {kN})), 1e-9 * sq[0])
+        << "step " << s;
     const double lr = 0.01 * (s + 1), scale = s == 1 ? 0.5 : 1.0;
-    zero.step(lr, scale);
-    ref.step(lr, scale);
+    zero.step(kCpu, lr, scale);
+    ref.step(kCpu, lr, scale);
     for (int64_t i = 0; i < kN; ++i) ASSERT_FLOAT_EQ(params[i], ref_params[i]) << "element " << i << ", step " << s;
     for (int64_t i = kN; i < padded; ++i) ASSERT_EQ(params[i], 0.0f) << "padding " << i;
   }
@@ -93,7 +97,7 @@ TEST(Zero, StepsEqualAdamWOnSummedGradients) {
   ZeroAdamW resumed(Tensor(params2.data(), DType::F32, {padded}), Tensor(grads2.data(), DType::F32, {padded}),
                     kSegments, comm, alloc, kOpt);
   std::vector<float> full_m(ref_m), full_v(ref_v);
-  resumed.load_moments(Tensor(full_m.data(), DType::F32, {kN}), Tensor(full_v.data(), DType::F32, {kN}));
+  resumed.load_moments(kCpu, Tensor(full_m.data(), DType::F32, {kN}), Tensor(full_v.data(), DType::F32, {kN}));
   resumed.set_steps_taken(ref.steps_taken());
   for (int64_t i = 0; i < kN; ++i) {
     grads2[i] = grad_of(r, i, 3);
@@ -101,8 +105,8 @@ TEST(Zero, StepsEqualAdamWOnSummedGradients) {
     for (int q = 0; q < p; ++q) ref_grads[i] += grad_of(q, i, 3);
   }
   resumed.reduce_grads();
-  resumed.step(0.02);
-  ref.step(0.02);
+  resumed.step(kCpu, 0.02);
+  ref.step(kCpu, 0.02);
   for (int64_t i = 0; i < kN; ++i) ASSERT_FLOAT_EQ(params2[i], ref_params[i]) << "resumed, element " << i;
 }
 
@@ -115,7 +119,7 @@ TEST(Zero, CommunicationVolume) {
   ZeroAdamW zero(Tensor(params.data(), DType::F32, {padded}), Tensor(grads.data(), DType::F32, {padded}), kSegments,
                  comm, alloc, kOpt);
   zero.reduce_grads();
-  zero.step(0.01);
+  zero.step(kCpu, 0.01);
   // Reduce-scatter and all-gather each send (p - 1) / p of the padded buffer: together what a
   // ring all-reduce of it sends.
   EXPECT_EQ(comm.counters().reduce_scatter, (p - 1) * padded / p * 4);

@@ -1,20 +1,42 @@
-// Argument checks shared by the CPU op launchers of kernels-b's families (norms, swiglu, embedding,
-// cross-entropy); header-only, on top of tensor.h's checks, each message naming the op and argument.
+// What the op fronts (kernels/<family>.cpp) share, internal to kernels/: the argument checks, each
+// message naming the op and the argument, and the dispatch to a backend by the tensors' device.
+// A front checks shapes, dtypes and devices once; the backends (kernels/cpu/, kernels/cuda/)
+// assume valid arguments and check only what needs the data itself (ids in range).
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 
+#include "kernels/exec.h"
 #include "kernels/tensor.h"
 
-namespace tessera::cpu {
+namespace tessera::front {
 
-// t is a defined CPU tensor.
+// ---- Dispatch ----
+
+// One argument of a call, named as in the op's header.
+struct Arg {
+  const char* name;
+  const Tensor& t;
+};
+
+// The device a call runs on: that of its defined tensors (undefined ones, such as an absent bias,
+// are skipped), which must all be the same and must be ex's. The error names the op and the
+// first argument on another device.
+Device device_of(const char* op, const Exec& ex, std::initializer_list<Arg> args);
+
+// The error of an op on a CUDA tensor when no CUDA implementation is linked: the op has none yet,
+// or this build has no CUDA backend (TESSERA_CUDA=OFF).
+[[noreturn]] void no_cuda_implementation(const char* op);
+
+// ---- Checks ----
+
+// t is a defined tensor.
 inline void check_defined(const char* op, const char* arg, const Tensor& t) {
   TESSERA_CHECK(t.defined(), op, ": ", arg, " is undefined");
-  check_cpu(op, t);
 }
 
-// t is F32 or F64: the dtypes with a CPU path (float) and a reference (double).
+// t is F32 or F64: the dtypes with a float path and a double reference.
 inline void check_float(const char* op, const char* arg, const Tensor& t) {
   check_defined(op, arg, t);
   TESSERA_CHECK(t.dtype == DType::F32 || t.dtype == DType::F64, op, ": ", arg, " has unsupported dtype ",
@@ -54,4 +76,13 @@ inline int64_t check_norm_input(const char* op, const Tensor& x, const Tensor& w
   return C;
 }
 
-}  // namespace tessera::cpu
+}  // namespace tessera::front
+
+// The CUDA branch of a front: `call` (a function of kernels/cuda/cuda_ops.h) in a CUDA build, the
+// no-implementation error otherwise. Fronts of ops without a CUDA kernel call
+// front::no_cuda_implementation directly; the CUDA issue turns those into this.
+#ifdef TESSERA_WITH_CUDA
+#define TESSERA_CUDA_CALL(op, call) call
+#else
+#define TESSERA_CUDA_CALL(op, call) ::tessera::front::no_cuda_implementation(op)
+#endif

@@ -1,0 +1,20 @@
+// The CUDA backend: the launchers kernels/cuda/ implements so far, called by the fronts
+// (kernels/<family>.cpp) for tensors on a CUDA device, in a TESSERA_CUDA=ON build. Arguments are
+// checked by the front, as for the CPU backend (kernels/cpu/cpu_ops.h); every op is queued on
+// ex.stream. Plain C++ declarations: the fronts include this without CUDA headers. The op kernels
+// (one kernels/cuda/<family>.cu per family) arrive with the CUDA issue.
+#pragma once
+
+#include "kernels/exec.h"
+#include "kernels/tensor.h"
+
+namespace tessera::cuda {
+
+// exec.h: cudaStreamSynchronize(ex.stream).
+void synchronize(const Exec& ex);
+
+// elementwise.h
+void fill_zero(const Exec& ex, const Tensor& t);                  // cudaMemsetAsync
+void copy(const Exec& ex, const Tensor& dst, const Tensor& src);  // cudaMemcpyAsync, any direction
+
+}  // namespace tessera::cuda
