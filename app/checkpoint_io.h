@@ -76,7 +76,8 @@ struct TensorInfo {
 };
 
 // An open checkpoint file, validated on open (HDF5 readable, /meta present, format version
-// supported). Construction is collective over comm (ranks agree on open errors, so all fail
+// supported, and the metadata checksum /meta@checksum matching when the file has one: files
+// written before it existed have none and load as before). Construction is collective over comm (ranks agree on open errors, so all fail
 // together); each rank then opens the file independently, so reads and destruction are
 // independent: a rank that fails a read can never leave the others waiting in a collective close.
 // Errors name the file and the tensor; a corrupted chunk reads as a checksum mismatch.
@@ -109,6 +110,12 @@ class CheckpointReader {
   GroupAttributes groups_;
   std::vector<TensorInfo> tensors_;
 };
+
+// Reads every float32 tensor of the file whole (in blocks of at most 64 MiB), so that every
+// chunk's checksum is verified, the tensors shared out between the ranks of comm so that each is
+// read once. Collective: a corrupted chunk found by any rank is thrown on every rank, with the
+// message naming the file and the tensor. resume = auto runs it on a candidate before using it.
+void verify_tensors(const CheckpointReader& reader, MPI_Comm comm);
 
 // Compares the checkpoint's tensors with the expected (path, shape) list. Returns one line per
 // mismatch, ready to print: "missing /model/x (expected (4, 8))", "/model/y has shape (4, 8) in

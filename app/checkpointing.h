@@ -1,7 +1,7 @@
 // The trainer's side of checkpoints: which state goes into a file (parameters, AdamW moments and
-// step, data position, seeds, config), the file names (step_00001000.h5, written under a .tmp
-// name and renamed when complete; `latest` names the newest complete one), pruning to keep_last,
-// and which file a run resumes from. A file is written on a background thread from a host copy
+// step, data position, seeds, config), the file names (step_00001000.h5, written under a fresh
+// step_00001000.h5.tmp.<pid>.<random> name and renamed when complete; `latest` names the newest
+// complete one), pruning to keep_last, and which file a run resumes from. A file is written on a background thread from a host copy
 // of the state, so training waits only for the copy. The format itself is app/checkpoint_io.h.
 #pragma once
 
@@ -46,12 +46,16 @@ struct TrainingState {
 class CheckpointWriter {
  public:
   // comm is duplicated: the writer thread's collective I/O never mixes with training's messages.
+  // Collective. Creates dir and removes temporaries a killed process left there (one job per
+  // directory is assumed: another job's save in progress would lose its temporary).
   CheckpointWriter(std::string dir, int64_t keep_last, MPI_Comm comm);
   ~CheckpointWriter();  // waits for a pending write
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
   // Waits for the previous write, copies the state, and writes it on the background thread.
+  // A failed write (a full disk, ...) fails on every rank together (one CollectiveError): it is
+  // rethrown by the next save() or wait(), which all ranks reach at the same step.
   void save(const TrainingState& state);
   // Blocks until the pending write has finished; rethrows its error.
   void wait();
@@ -74,8 +78,11 @@ class CheckpointWriter {
 // "step_00001000.h5"
 std::string checkpoint_file_name(int64_t step);
 // The checkpoint to resume from: resume = "none" -> none; "auto" -> the file `latest` names, or
-// else the newest step_*.h5 in dir that opens cleanly (a file cut short by a crash is skipped
-// with a warning); anything else -> that path, which must open. Collective over comm.
+// else the newest step_*.h5 in dir, whichever first passes a full check (it opens, its metadata
+// checksum matches, every tensor chunk reads back with a valid checksum); each one skipped, a
+// missing file `latest` names included, is reported with a warning naming it and why; none ->
+// start fresh. Anything else -> that path, which must open (a damaged explicit path is an error).
+// Collective over comm.
 std::optional<std::string> find_resume_checkpoint(const std::string& dir, const std::string& resume, MPI_Comm comm);
 
 struct RestoredState {
