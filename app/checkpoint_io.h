@@ -60,12 +60,15 @@ struct CheckpointMeta {
   bool operator==(const CheckpointMeta&) const = default;
 };
 
-// Writes a checkpoint to exactly `path` (replacing any file there). Collective over comm: every
-// rank calls it with its own slices (several slices of one tensor are allowed, also on one rank);
-// the tensors created are the union over ranks, each at its global shape. meta and groups are
-// taken from rank 0. The slices are checked before anything is written (shapes, bounds, exact
-// cover); any error, on any rank, is thrown on every rank with the same message. On return the
-// file is flushed, closed and fsync'ed.
+// Writes a checkpoint to exactly `path`, which must not exist: rank 0 creates it exclusively (a
+// file or symlink already there is an error, never written through) and reserves disk space for
+// the whole file before HDF5 writes anything, so a full disk fails here, on every rank at once.
+// Collective over comm: every rank calls it with its own slices (several slices of one tensor are
+// allowed, also on one rank); the tensors created are the union over ranks, each at its global
+// shape. meta and groups are taken from rank 0; /meta@checksum covers them and the tensor list.
+// The slices are checked before anything is written (shapes, bounds, exact cover); any error, on
+// any rank, is thrown on every rank with the same message (and the file is removed). On return
+// the file is flushed, closed and fsync'ed.
 void write_checkpoint_file(const std::string& path, const CheckpointMeta& meta, const std::vector<TensorSlice>& slices,
                            MPI_Comm comm, const GroupAttributes& groups = {});
 
