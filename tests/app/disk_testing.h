@@ -30,6 +30,16 @@ inline std::vector<std::string> names_of(const fs::path& dir) {
   return names;
 }
 
+// Removes a directory tree when destroyed; declared before a SmallDisk inside it, it runs after
+// the unmount.
+struct RemoveAtEnd {
+  fs::path dir;
+  ~RemoveAtEnd() {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+};
+
 // A tmpfs of `bytes` mounted on `dir` (created) while alive; mounted() is false when the mount was
 // refused (not root): callers then fall back to a file size limit (FileSizeLimit).
 class SmallDisk {

@@ -84,6 +84,7 @@ TEST(AtomicFile, ReplacesAtomicallyAndNeverWritesThroughASymlink) {
 // A write that runs out of space names the temporary and the reason, and leaves nothing.
 TEST(AtomicFile, AFullDiskIsAnErrorAndLeavesNothing) {
   const fs::path dir = testing::temp_dir("atomic_full");
+  const testing::RemoveAtEnd cleanup{dir};
   testing::SmallDisk disk(dir / "disk", 64 << 10);
   std::unique_ptr<testing::FileSizeLimit> limit;
   if (!disk.mounted()) limit = std::make_unique<testing::FileSizeLimit>(64 << 10);

@@ -427,6 +427,7 @@ TEST(CheckpointIo, FilesWithoutAChecksumStillLoad) {
 // file, and HDF5 is left in a state to write the next file.
 TEST(CheckpointIo, AFullDiskIsFoundBeforeWriting) {
   const fs::path dir = temp_dir("ckpt_full");
+  const testing::RemoveAtEnd cleanup{dir};
   MPI_Comm comm = test_world();  // MPI starts before any limit: it writes shared-memory files
   testing::SmallDisk disk(dir / "disk", 1 << 20);
   std::unique_ptr<testing::FileSizeLimit> limit;
@@ -438,8 +439,6 @@ TEST(CheckpointIo, AFullDiskIsFoundBeforeWriting) {
   EXPECT_EQ(testing::names_of(disk.path()), std::vector<std::string>{});
   write_checkpoint_file(file, sample_meta(), {whole("/model/a", {1000}, small)}, comm);
   EXPECT_EQ(CheckpointReader(file.string(), comm).read_all("/model/a"), small);
-  limit.reset();
-  fs::remove(file);
 }
 
 }  // namespace
