@@ -5,16 +5,24 @@
 #include "app/checkpoint_io.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cctype>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <set>
 #include <sstream>
 #include <type_traits>
 
+#include "app/atomic_file.h"
 #include "app/checkpoint_plan.h"
 #include "kernels/check.h"
 #include "parallel/mpi.h"
@@ -29,12 +37,11 @@ using ckpt::ByteReader;
 using ckpt::ByteWriter;
 using ckpt::WritePlan;
 
-// Target chunk size in elements (1 MiB of float32): the unit of the Fletcher32 checksum and of
-// parallel I/O. Small enough to keep read-modify-write of partly written chunks cheap.
-constexpr int64_t kChunkElements = 1 << 18;
-
 const char* const kMetaFields[] = {"format_version", "tessera_version", "step", "tokens_seen", "consumed_samples",
-                                   "config"};
+                                   "config", "checksum"};
+// /meta@checksum: "fnv1a64:<16 hex digits>" over the metadata (metadata_checksum).
+constexpr const char* kChecksumAttr = "checksum";
+constexpr const char* kChecksumPrefix = "fnv1a64:";
 
 // Runs f on this rank, then makes every rank agree: if f threw anywhere, all ranks throw the
 // message of the lowest failing rank. Every collective HDF5 step goes through here.
@@ -84,14 +91,140 @@ std::pair<CheckpointMeta, GroupAttributes> broadcast_meta(const CheckpointMeta& 
   return {m, gs};
 }
 
+// ---- metadata checksum ----
+
+// FNV-1a (64-bit) over a canonical little-endian serialization. Each step is a bijection of the
+// state for a given byte, so a change confined to one byte always changes the result.
+class Fnv1a64 {
+ public:
+  void byte(uint8_t b) { h_ = (h_ ^ b) * 0x100000001b3ULL; }
+  void u64(uint64_t v) {
+    for (int i = 0; i < 8; ++i) byte(static_cast<uint8_t>(v >> (8 * i)));
+  }
+  void str(const std::string& s) {
+    u64(s.size());
+    for (unsigned char c : s) byte(c);
+  }
+  void attrs(const AttrMap& m) {
+    u64(m.size());
+    for (const auto& [key, v] : m) {
+      str(key);
+      u64(v.index());
+      if (const auto* i = std::get_if<int64_t>(&v)) u64(static_cast<uint64_t>(*i));
+      if (const auto* d = std::get_if<double>(&v)) u64(std::bit_cast<uint64_t>(*d));
+      if (const auto* t = std::get_if<std::string>(&v)) str(*t);
+    }
+  }
+  uint64_t value() const { return h_; }
+
+ private:
+  uint64_t h_ = 0xcbf29ce484222325ULL;
+};
+
+// The checksum of everything a reader trusts besides the tensors' values (whose chunks carry
+// Fletcher32): /meta, the attributes of every other group, and every tensor's path, shape and
+// type. Variable-length strings (the config) live in HDF5's global heap, which has no checksum of
+// its own: without this, a flipped bit in the config would load as a different model.
+std::string metadata_checksum(const CheckpointMeta& m, const GroupAttributes& groups,
+                              std::vector<TensorInfo> tensors) {
+  Fnv1a64 h;
+  h.u64(static_cast<uint64_t>(m.format_version));
+  h.str(m.tessera_version);
+  h.u64(static_cast<uint64_t>(m.step));
+  h.u64(static_cast<uint64_t>(m.tokens_seen));
+  h.u64(static_cast<uint64_t>(m.consumed_samples));
+  h.str(m.config_toml);
+  h.attrs(m.extra);
+  for (const auto& [path, attrs] : groups) {
+    if (attrs.empty()) continue;  // a reader lists only groups that have attributes
+    h.str(path);
+    h.attrs(attrs);
+  }
+  std::sort(tensors.begin(), tensors.end(), [](const TensorInfo& a, const TensorInfo& b) { return a.path < b.path; });
+  h.u64(tensors.size());
+  for (const TensorInfo& t : tensors) {
+    h.str(t.path);
+    h.u64(static_cast<uint64_t>(t.shape.ndim()));
+    for (int i = 0; i < t.shape.ndim(); ++i) h.u64(static_cast<uint64_t>(t.shape[i]));
+    h.str(t.dtype);
+  }
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%s%016" PRIx64, kChecksumPrefix, h.value());
+  return buf;
+}
+
+std::vector<TensorInfo> planned_tensors(const WritePlan& plan) {
+  std::vector<TensorInfo> out;
+  for (const auto& [path, d] : plan) out.push_back({path, d.shape, "float32"});
+  return out;
+}
+
 // ---- HDF5 writing ----
 
+// The format every checkpoint is written in: 1.8 (indexed links for groups with many tensors);
+// h5py and HDF5 >= 1.8 read it.
+void set_file_format(hid_t fapl, const std::string& what) {
+  h5_check(H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_V110), what);
+}
+
+double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
+[[noreturn]] void fail_no_space(const std::string& path, int64_t bytes, const std::string& reason) {
+  struct statvfs vfs {};
+  const fs::path dir = fs::path(path).parent_path();
+  std::string free_text;
+  if (::statvfs(dir.empty() ? "." : dir.c_str(), &vfs) == 0) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, ", %.1f MiB free", mib(static_cast<int64_t>(vfs.f_bavail) * vfs.f_frsize));
+    free_text = buf;
+  }
+  char need[64];
+  std::snprintf(need, sizeof need, "%.1f MiB", mib(bytes));
+  detail::fail("not enough space to save checkpoint ", path, ": it needs up to ", need, free_text, " (", reason, ")");
+}
+
+// Reserves `bytes` of disk for the open file fd without changing its size (FALLOC_FL_KEEP_SIZE),
+// so that HDF5's writes below that offset cannot run out of space. Where the file system cannot
+// reserve (EOPNOTSUPP), compares with its free space instead: a check, not a guarantee.
+void reserve_space(int fd, int64_t bytes, const std::string& path) {
+  struct rlimit limit {};
+  // RLIMIT_FSIZE (ulimit -f) is not checked by a KEEP_SIZE reservation, only by the writes.
+  if (::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
+      static_cast<uint64_t>(bytes) > static_cast<uint64_t>(limit.rlim_cur))
+    fail_no_space(path, bytes, "the file size limit, ulimit -f, is " + std::to_string(limit.rlim_cur) + " bytes");
+  if (::fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, bytes) == 0) return;
+  const int err = errno;
+  if (err != EOPNOTSUPP && err != ENOSYS) fail_no_space(path, bytes, std::strerror(err));
+  struct statvfs vfs {};
+  if (::fstatvfs(fd, &vfs) == 0 && static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize < static_cast<uint64_t>(bytes))
+    fail_no_space(path, bytes, std::strerror(ENOSPC));
+}
+
+// Rank 0, before any rank opens the file: creates it exclusively (a file or symlink already at
+// path is refused, never followed) and reserves space for all of it. A full disk is then found
+// here, at a point all ranks agree on, and not inside HDF5's collective calls, where a rank
+// failing alone leaves the others waiting forever (parallel HDF5 writes metadata from rank 0
+// only, so rank 0 can hit ENOSPC where the others do not).
+void prepare_file(const std::string& path, int64_t bytes) {
+  const int fd = create_exclusive(path);
+  try {
+    reserve_space(fd, bytes, path);
+  } catch (...) {
+    ::close(fd);
+    ::unlink(path.c_str());
+    throw;
+  }
+  TESSERA_CHECK(::close(fd) == 0, "cannot create ", path, ": ", std::strerror(errno));
+}
+
+// All ranks open rank 0's prepared file for parallel writing (MPI-IO). It is still empty (the
+// reservation keeps its size at 0), so H5F_ACC_TRUNC truncates nothing and the reserved blocks
+// stay with it.
 H5File create_file(const std::string& path, MPI_Comm comm) {
   const std::string what = "cannot create checkpoint file " + path;
   H5PropList fapl(h5_check_id(H5Pcreate(H5P_FILE_ACCESS), what));
   h5_check(H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL), what);
-  // The 1.8 file format (indexed links for groups with many tensors); h5py and HDF5 >= 1.8 read it.
-  h5_check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_V110), what);
+  set_file_format(fapl.get(), what);
   return H5File(h5_check_id(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), what));
 }
 
@@ -119,7 +252,8 @@ void check_meta(const CheckpointMeta& m, const GroupAttributes& groups) {
     for (const auto& [key, value] : attrs) TESSERA_CHECK(!key.empty(), "group ", group, " has an attribute without a name");
 }
 
-void write_meta(hid_t file, const CheckpointMeta& m, const GroupAttributes& groups, const std::string& where) {
+void write_meta(hid_t file, const CheckpointMeta& m, const GroupAttributes& groups, const std::string& checksum,
+                const std::string& where) {
   H5Group meta = open_or_create_group(file, "/meta", where);
   const std::string obj = "/meta in " + where;
   h5_write_attribute(meta.get(), "format_version", m.format_version, obj);
@@ -129,6 +263,7 @@ void write_meta(hid_t file, const CheckpointMeta& m, const GroupAttributes& grou
   h5_write_attribute(meta.get(), "consumed_samples", m.consumed_samples, obj);
   h5_write_attribute(meta.get(), "config", m.config_toml, obj);
   for (const auto& [key, value] : m.extra) h5_write_attribute(meta.get(), key, value, obj);
+  h5_write_attribute(meta.get(), kChecksumAttr, checksum, obj);
   for (const auto& [path, attrs] : groups) {
     H5Group g = open_or_create_group(file, path, where);
     for (const auto& [key, value] : attrs) h5_write_attribute(g.get(), key, value, path + " in " + where);
@@ -141,23 +276,11 @@ std::vector<hsize_t> to_hsize(const Shape& s) {
   return d;
 }
 
-// Chunks of about kChunkElements: whole along the trailing dimensions, as many leading rows as fit.
-std::vector<hsize_t> chunk_dims(const std::vector<hsize_t>& dims) {
-  std::vector<hsize_t> chunk(dims.size(), 1);
-  hsize_t inner = 1;
-  for (size_t i = dims.size(); i-- > 0;) {
-    const hsize_t fit = std::max<hsize_t>(1, static_cast<hsize_t>(kChunkElements) / inner);
-    chunk[i] = std::min(dims[i], fit);
-    if (chunk[i] < dims[i]) break;  // dimensions before i stay 1
-    inner *= dims[i];
-  }
-  return chunk;
-}
-
 H5Dataset create_dataset(hid_t file, const std::string& path, const Shape& shape, const std::string& where) {
   const std::string what = "cannot create tensor " + path + " " + shape.str() + " in " + where;
   const auto dims = to_hsize(shape);
-  const auto chunk = chunk_dims(dims);
+  const auto chunk_elements = ckpt::chunk_shape(shape);
+  const std::vector<hsize_t> chunk(chunk_elements.begin(), chunk_elements.end());
   H5Space space(h5_check_id(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), what));
   H5PropList lcpl(h5_check_id(H5Pcreate(H5P_LINK_CREATE), what));
   h5_check(H5Pset_create_intermediate_group(lcpl.get(), 1), what);
@@ -241,10 +364,15 @@ void write_tensors(hid_t file, const WritePlan& plan, const std::vector<TensorSl
   }
 }
 
-void fsync_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
+// Rank 0, once every rank has closed the file: gives back the reserved space past its end (a
+// truncation to its own size frees preallocated blocks) and syncs it to disk.
+void finish_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
   TESSERA_CHECK(fd >= 0, "cannot open ", path, " to sync it: ", std::strerror(errno));
-  const int rc = ::fsync(fd);
+  struct stat st {};
+  int rc = ::fstat(fd, &st);
+  if (rc == 0) rc = ::ftruncate(fd, st.st_size);
+  if (rc == 0) rc = ::fsync(fd);
   const int err = errno;
   ::close(fd);
   TESSERA_CHECK(rc == 0, "cannot sync ", path, " to disk: ", std::strerror(err));
@@ -252,17 +380,22 @@ void fsync_file(const std::string& path) {
 
 void write_file(const std::string& path, const CheckpointMeta& meta, const GroupAttributes& groups,
                 const WritePlan& plan, const std::vector<TensorSlice>& slices, MPI_Comm comm, bool& created) {
+  const bool lead = comm_rank(comm) == 0;
+  together(comm, [&] {
+    if (lead) prepare_file(path, ckpt::estimated_file_bytes(plan, meta, groups));
+  });
+  created = true;
   H5File file;
   together(comm, [&] { file = create_file(path, comm); });
-  created = true;
-  together(comm, [&] { write_meta(file.get(), meta, groups, path); });
+  const std::string checksum = metadata_checksum(meta, groups, planned_tensors(plan));
+  together(comm, [&] { write_meta(file.get(), meta, groups, checksum, path); });
   write_tensors(file.get(), plan, slices, comm, path);
   together(comm, [&] {
     h5_check(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), "cannot flush checkpoint file " + path);
     h5_check(file.close(), "cannot close checkpoint file " + path);
   });
   together(comm, [&] {
-    if (comm_rank(comm) == 0) fsync_file(path);
+    if (lead) finish_file(path);
   });
 }
 
@@ -358,7 +491,8 @@ T meta_field(const AttrMap& attrs, const std::string& key, const std::string& fi
   return *v;
 }
 
-CheckpointMeta read_meta(hid_t file, const std::string& path) {
+// The /meta group; `checksum` gets its stored checksum ("" in files written before there was one).
+CheckpointMeta read_meta(hid_t file, const std::string& path, std::string& checksum) {
   TESSERA_CHECK(H5Lexists(file, "/meta", H5P_DEFAULT) > 0, path, " has no /meta group: not a tessera checkpoint");
   const std::string where = "/meta in " + path;
   H5Group g(h5_check_id(H5Gopen2(file, "/meta", H5P_DEFAULT), "cannot open " + where));
@@ -375,6 +509,7 @@ CheckpointMeta read_meta(hid_t file, const std::string& path) {
   m.tokens_seen = meta_field<int64_t>(attrs, "tokens_seen", path);
   m.consumed_samples = meta_field<int64_t>(attrs, "consumed_samples", path);
   m.config_toml = meta_field<std::string>(attrs, "config", path);
+  checksum = attrs.count(kChecksumAttr) ? meta_field<std::string>(attrs, kChecksumAttr, path) : "";
   for (const char* key : kMetaFields) attrs.erase(key);
   m.extra = std::move(attrs);
   return m;
@@ -409,7 +544,8 @@ CheckpointReader::CheckpointReader(const std::string& path, MPI_Comm comm) : pat
   H5QuietErrors quiet;
   together(comm, [&] {
     file_ = open_file(path);
-    meta_ = read_meta(file_.get(), path);
+    std::string stored_checksum;
+    meta_ = read_meta(file_.get(), path, stored_checksum);
     VisitState st{path, {}, {}, {}};
     if (H5Lvisit(file_.get(), H5_INDEX_NAME, H5_ITER_INC, visit_link, &st) < 0)
       detail::fail(st.error.empty() ? "cannot list the contents of " + path : st.error);
@@ -419,6 +555,10 @@ CheckpointReader::CheckpointReader(const std::string& path, MPI_Comm comm) : pat
     for (const std::string& name : h5_attribute_names(file_.get(), "/ in " + path))
       root[name] = h5_read_attribute(file_.get(), name, "/ in " + path);
     if (!root.empty()) groups_["/"] = std::move(root);
+    // Files written before the checksum existed have none; they load as before.
+    TESSERA_CHECK(stored_checksum.empty() || stored_checksum == metadata_checksum(meta_, groups_, tensors_),
+                  "checksum mismatch in the metadata of ", path,
+                  " (/meta, group attributes, tensor names and shapes): the file is corrupted");
   });
 }
 
@@ -462,6 +602,36 @@ std::vector<float> CheckpointReader::read_all(const std::string& path) const {
   std::vector<float> out(static_cast<size_t>(s.numel()));
   read(path, TensorSlice::kWhole, 0, s, out.data());
   return out;
+}
+
+void verify_tensors(const CheckpointReader& reader, MPI_Comm comm) {
+  constexpr int64_t kBlockElements = int64_t{16} << 20;
+  const int rank = comm_rank(comm), size = comm_size(comm);
+  // Largest first, each to the rank with the fewest bytes so far: the same on every rank, since
+  // all read the same list.
+  std::vector<const TensorInfo*> order;
+  for (const TensorInfo& t : reader.tensors())
+    if (t.dtype == "float32" && t.shape.numel() > 0) order.push_back(&t);
+  std::stable_sort(order.begin(), order.end(),
+                   [](const TensorInfo* a, const TensorInfo* b) { return a->shape.numel() > b->shape.numel(); });
+  std::vector<int64_t> load(static_cast<size_t>(size), 0);
+  together(comm, [&] {
+    std::vector<float> buf;
+    for (const TensorInfo* t : order) {
+      const auto owner = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+      load[owner] += t->shape.numel();
+      if (static_cast<int>(owner) != rank) continue;
+      const Shape& s = t->shape;
+      const int64_t row = s.numel() / s[0];
+      const int64_t rows_per_block = std::max<int64_t>(1, kBlockElements / row);
+      for (int64_t r0 = 0; r0 < s[0]; r0 += rows_per_block) {
+        Shape part = s;
+        part[0] = std::min(rows_per_block, s[0] - r0);
+        buf.resize(static_cast<size_t>(part.numel()));
+        reader.read(t->path, 0, r0, part, buf.data());
+      }
+    }
+  });
 }
 
 std::vector<std::string> compare_shapes(const CheckpointReader& reader,

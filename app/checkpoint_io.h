@@ -60,12 +60,15 @@ struct CheckpointMeta {
   bool operator==(const CheckpointMeta&) const = default;
 };
 
-// Writes a checkpoint to exactly `path` (replacing any file there). Collective over comm: every
-// rank calls it with its own slices (several slices of one tensor are allowed, also on one rank);
-// the tensors created are the union over ranks, each at its global shape. meta and groups are
-// taken from rank 0. The slices are checked before anything is written (shapes, bounds, exact
-// cover); any error, on any rank, is thrown on every rank with the same message. On return the
-// file is flushed, closed and fsync'ed.
+// Writes a checkpoint to exactly `path`, which must not exist: rank 0 creates it exclusively (a
+// file or symlink already there is an error, never written through) and reserves disk space for
+// the whole file before HDF5 writes anything, so a full disk fails here, on every rank at once.
+// Collective over comm: every rank calls it with its own slices (several slices of one tensor are
+// allowed, also on one rank); the tensors created are the union over ranks, each at its global
+// shape. meta and groups are taken from rank 0; /meta@checksum covers them and the tensor list.
+// The slices are checked before anything is written (shapes, bounds, exact cover); any error, on
+// any rank, is thrown on every rank with the same message (and the file is removed). On return
+// the file is flushed, closed and fsync'ed.
 void write_checkpoint_file(const std::string& path, const CheckpointMeta& meta, const std::vector<TensorSlice>& slices,
                            MPI_Comm comm, const GroupAttributes& groups = {});
 
@@ -76,7 +79,8 @@ struct TensorInfo {
 };
 
 // An open checkpoint file, validated on open (HDF5 readable, /meta present, format version
-// supported). Construction is collective over comm (ranks agree on open errors, so all fail
+// supported, and the metadata checksum /meta@checksum matching when the file has one: files
+// written before it existed have none and load as before). Construction is collective over comm (ranks agree on open errors, so all fail
 // together); each rank then opens the file independently, so reads and destruction are
 // independent: a rank that fails a read can never leave the others waiting in a collective close.
 // Errors name the file and the tensor; a corrupted chunk reads as a checksum mismatch.
@@ -109,6 +113,12 @@ class CheckpointReader {
   GroupAttributes groups_;
   std::vector<TensorInfo> tensors_;
 };
+
+// Reads every float32 tensor of the file whole (in blocks of at most 64 MiB), so that every
+// chunk's checksum is verified, the tensors shared out between the ranks of comm so that each is
+// read once. Collective: a corrupted chunk found by any rank is thrown on every rank, with the
+// message naming the file and the tensor. resume = auto runs it on a candidate before using it.
+void verify_tensors(const CheckpointReader& reader, MPI_Comm comm);
 
 // Compares the checkpoint's tensors with the expected (path, shape) list. Returns one line per
 // mismatch, ready to print: "missing /model/x (expected (4, 8))", "/model/y has shape (4, 8) in

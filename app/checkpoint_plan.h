@@ -47,6 +47,18 @@ using WritePlan = std::map<std::string, DatasetPlan>;
 // with one shape and covered exactly once. Errors are thrown on every rank with the same message.
 WritePlan make_write_plan(const std::vector<TensorSlice>& slices, const GroupAttributes& groups, MPI_Comm comm);
 
+// The chunk shape of a stored tensor: about kChunkElements elements (1 MiB of float32), whole
+// along the trailing dimensions, as many leading rows as fit. The chunk is the unit of the
+// Fletcher32 checksum and of parallel I/O.
+inline constexpr int64_t kChunkElements = 1 << 18;
+std::vector<int64_t> chunk_shape(const Shape& shape);
+
+// An upper bound on the bytes of the HDF5 file that write_checkpoint_file makes from this plan
+// and metadata: every chunk at full size with its checksum, plus a generous bound on HDF5's own
+// structures (chunk index B-trees, object headers, groups, attributes), so that space reserved up
+// front covers every byte written. Tested against real files (tests/app/test_checkpoint_io.cpp).
+int64_t estimated_file_bytes(const WritePlan& plan, const CheckpointMeta& meta, const GroupAttributes& groups);
+
 // Plain byte encoding for exchanging plans and metadata between ranks (same binary everywhere).
 class ByteWriter {
  public:

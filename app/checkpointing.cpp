@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include <random>
 #include <sstream>
 
+#include "app/atomic_file.h"
 #include "kernels/check.h"
 #include "parallel/mpi.h"
 
@@ -58,23 +60,26 @@ void add_slices(std::vector<TensorSlice>& out, const ParameterStore& ps, const s
   }
 }
 
-void fsync_path(const std::string& path, int flags) {
-  const int fd = ::open(path.c_str(), flags);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
+// Writes text to path atomically: a fresh exclusive temporary, fsync, rename.
+void write_atomically(const std::string& path, const std::string& text) {
+  AtomicFile out(path);
+  out.write(text);
+  out.commit();
 }
 
-// Writes text to path atomically: a temp file, fsync, rename.
-void write_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    TESSERA_CHECK(out.is_open(), "cannot write ", tmp);
-    out << text;
+// Temporaries left by a process that died while saving (step_*.h5.tmp.<pid>.<random>,
+// latest.tmp.<pid>.<random>, or the fixed .tmp names of older versions): never resumed from, so
+// removed when a writer starts. unlink removes a symlink itself, never what it points to.
+void remove_stale_temporaries(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const size_t tmp = name.find(".tmp");
+    if (tmp == std::string::npos) continue;
+    const std::string target = name.substr(0, tmp);
+    const bool ours = target == "latest" || (target.rfind("step_", 0) == 0 && fs::path(target).extension() == ".h5");
+    if (ours && is_temp_name_of(name, target) && !entry.is_directory(ec)) ::unlink(entry.path().c_str());
   }
-  fsync_path(tmp, O_RDONLY);
-  fs::rename(tmp, path);
 }
 
 // Checkpoints in dir (names as checkpoint_file_name writes them), newest first.
@@ -97,6 +102,29 @@ bool opens_cleanly(const std::string& path, MPI_Comm comm, std::string& why) {
     why = e.what();
     return false;
   }
+}
+
+// Opens the file and reads every tensor (collective: all ranks reach the same verdict), so that a
+// corrupted chunk is found before the run commits to this checkpoint.
+bool verifies(const std::string& path, MPI_Comm comm, std::string& why) {
+  try {
+    CheckpointReader r(path, comm);
+    verify_tensors(r, comm);
+    return true;
+  } catch (const Error& e) {
+    why = e.what();
+    return false;
+  }
+}
+
+// The file name `latest` holds, if it is a checkpoint name (anything else is ignored: `latest`
+// never names a file outside its directory).
+std::optional<std::string> latest_name(const std::string& dir) {
+  std::ifstream latest(fs::path(dir) / "latest");
+  std::string name;
+  if (!(latest >> name)) return std::nullopt;
+  if (name.find('/') != std::string::npos || !checkpoint_step(name)) return std::nullopt;
+  return name;
 }
 
 }  // namespace
@@ -137,8 +165,21 @@ CheckpointWriter::CheckpointWriter(std::string dir, int64_t keep_last, MPI_Comm 
     : dir_(std::move(dir)), keep_last_(keep_last), run_id_(std::move(run.id)), own_(std::move(run.files)) {
   MPI_Comm_dup(comm, &comm_);
   if (run_id_.empty()) run_id_ = broadcast_bytes(comm_, comm_rank(comm_) == 0 ? new_run_id() : "", 0);
-  if (comm_rank(comm_) == 0) fs::create_directories(dir_);
-  MPI_Barrier(comm_);
+  std::string error;
+  if (comm_rank(comm_) == 0) {
+    try {
+      fs::create_directories(dir_);
+      remove_stale_temporaries(dir_);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  try {
+    throw_if_any_failed(comm_, error);
+  } catch (...) {
+    MPI_Comm_free(&comm_);  // the destructor does not run for a constructor that throws
+    throw;
+  }
 }
 
 CheckpointWriter::~CheckpointWriter() {
@@ -183,10 +224,19 @@ void CheckpointWriter::save(const TrainingState& st) {
 
 void CheckpointWriter::write(std::shared_ptr<Snapshot> snap) {
   const std::string final_path = (fs::path(dir_) / checkpoint_file_name(snap->step)).string();
-  const std::string tmp = final_path + ".tmp";
+  const bool lead = comm_rank(comm_) == 0;
+  // A fresh name (never a file or symlink planted in advance), picked by rank 0 for all ranks.
+  const std::string tmp = broadcast_bytes(comm_, lead ? unique_temp_name(final_path) : "", 0);
   write_checkpoint_file(tmp, snap->meta, snap->slices, comm_, snap->groups);
-  if (comm_rank(comm_) == 0) publish(tmp, final_path);
-  MPI_Barrier(comm_);
+  std::string error;
+  if (lead) {
+    try {
+      publish(tmp, final_path);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  throw_if_any_failed(comm_, error);  // a failed rename or `latest` fails the save on every rank
 }
 
 // Rank 0, once every rank's part is on disk: rename into place, point `latest` at it, prune.
@@ -197,8 +247,12 @@ void CheckpointWriter::publish(const std::string& tmp, const std::string& final_
     std::ofstream(pause) << tmp << "\n";
     for (;;) ::sleep(1);
   }
-  fs::rename(tmp, final_path);
-  fsync_path(dir_, O_RDONLY | O_DIRECTORY);
+  if (::rename(tmp.c_str(), final_path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    detail::fail("cannot rename ", tmp, " to ", final_path, ": ", std::strerror(err));
+  }
+  sync_directory(dir_);
   const std::string name = fs::path(final_path).filename().string();
   write_atomically((fs::path(dir_) / "latest").string(), name + "\n");
   prune(name);
@@ -235,16 +289,29 @@ std::optional<std::string> find_resume_checkpoint(const std::string& dir, const 
     TESSERA_CHECK(opens_cleanly(resume, comm, why), "checkpoint.resume = \"", resume, "\": ", why);
     return resume;
   }
+  // The ranks may not share one view of the directory (a lagging network file system): rank 0's
+  // list is used by all.
+  const bool lead = comm_rank(comm) == 0;
   std::vector<std::string> candidates;
-  std::ifstream latest(fs::path(dir) / "latest");
-  std::string name;
-  if (latest >> name) candidates.push_back((fs::path(dir) / name).string());
-  for (const auto& p : checkpoints_newest_first(dir))
-    if (candidates.empty() || p != candidates[0]) candidates.push_back(p);
-  for (const auto& p : candidates) {
-    if (!fs::exists(p)) continue;
-    if (opens_cleanly(p, comm, why)) return p;
-    if (comm_rank(comm) == 0) std::cerr << "warning: skipping checkpoint " << p << ": " << why << "\n";
+  if (lead) {
+    const auto latest = latest_name(dir);
+    if (latest) {
+      const std::string p = (fs::path(dir) / *latest).string();
+      if (fs::exists(p))
+        candidates.push_back(p);
+      else
+        std::cerr << "warning: `latest` in " << dir << " names " << *latest
+                  << ", which does not exist; looking for the newest other checkpoint\n";
+    }
+    for (const auto& p : checkpoints_newest_first(dir))
+      if (candidates.empty() || p != candidates[0]) candidates.push_back(p);
+  }
+  std::string list;
+  for (const auto& p : candidates) list += p + '\n';
+  std::istringstream shared(broadcast_bytes(comm, list, 0));
+  for (std::string p; std::getline(shared, p);) {
+    if (verifies(p, comm, why)) return p;
+    if (lead) std::cerr << "warning: skipping checkpoint " << p << ": " << why << "\n";
   }
   return std::nullopt;
 }

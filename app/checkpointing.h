@@ -1,9 +1,9 @@
 // The trainer's side of checkpoints: which state goes into a file (parameters, AdamW moments and
 // step, data position, seeds, config, run id), the file names (step_00001000.h5, written under a
-// .tmp name and renamed when complete; `latest` names the newest complete one), pruning to
-// keep_last (this run's own files only), and which file a run resumes from. A file is written on
-// a background thread from a host copy of the state, so training waits only for the copy. The
-// format itself is app/checkpoint_io.h.
+// fresh step_00001000.h5.tmp.<pid>.<random> name and renamed when complete; `latest` names the
+// newest complete one), pruning to keep_last (this run's own files only), and which file a run
+// resumes from. A file is written on a background thread from a host copy of the state, so
+// training waits only for the copy. The format itself is app/checkpoint_io.h.
 #pragma once
 
 #include <mpi.h>
@@ -58,13 +58,16 @@ struct CheckpointRun {
 class CheckpointWriter {
  public:
   // comm is duplicated: the writer thread's collective I/O never mixes with training's messages.
-  // run.id empty: a new run id (collective).
+  // Collective. Creates dir and removes temporaries a killed process left there (one job per
+  // directory: the run-directory lock, app/run_lock.h, is taken before). run.id empty: a new run id.
   CheckpointWriter(std::string dir, int64_t keep_last, MPI_Comm comm, CheckpointRun run = {});
   ~CheckpointWriter();  // waits for a pending write
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
   // Waits for the previous write, copies the state, and writes it on the background thread.
+  // A failed write (a full disk, ...) fails on every rank together (one CollectiveError): it is
+  // rethrown by the next save() or wait(), which all ranks reach at the same step.
   void save(const TrainingState& state);
   // Blocks until the pending write has finished; rethrows its error.
   void wait();
@@ -98,8 +101,11 @@ std::optional<int64_t> checkpoint_step(const std::string& file_name);
 // "20250131T120000Z-0123456789abcdef".
 std::string new_run_id();
 // The checkpoint to resume from: resume = "none" -> none; "auto" -> the file `latest` names, or
-// else the newest checkpoint (checkpoint_step names only) in dir that opens cleanly (a file cut short by a crash is skipped
-// with a warning); anything else -> that path, which must open. Collective over comm.
+// else the newest checkpoint (checkpoint_step names only) in dir, whichever first passes a full
+// check (it opens, its metadata checksum matches, every tensor chunk reads back with a valid
+// checksum); each one skipped, a missing file `latest` names included, is reported with a warning
+// naming it and why; none -> start fresh. Anything else -> that path, which must open (a damaged
+// explicit path is an error). Collective over comm.
 std::optional<std::string> find_resume_checkpoint(const std::string& dir, const std::string& resume, MPI_Comm comm);
 
 // How a run starts in its checkpoint directory (collective over comm): the checkpoint it resumes

@@ -2,11 +2,30 @@
 // after a failed call (the next call clears it), so checks run before any handle is closed.
 #include "app/hdf5.h"
 
+#include <atomic>
 #include <cstring>
 
 #include "kernels/check.h"
 
 namespace tessera {
+
+namespace {
+// Whether any H5Fclose failed. HDF5's state is process-wide, and so is this fact about it.
+std::atomic<bool> g_file_close_failed{false};
+}  // namespace
+
+herr_t h5_close_file(hid_t file) {
+  const herr_t rc = H5Fclose(file);
+  if (rc < 0) g_file_close_failed.store(true);
+  return rc;
+}
+
+bool h5_shutdown() {
+  if (g_file_close_failed.load()) return false;
+  // H5close closes whatever is still open (files last) while MPI is still alive; afterwards
+  // HDF5's hooks in MPI_Finalize and atexit find nothing to do.
+  return H5close() >= 0;
+}
 
 H5QuietErrors::H5QuietErrors() {
   H5Eget_auto2(H5E_DEFAULT, &old_func_, &old_data_);

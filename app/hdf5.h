@@ -44,7 +44,10 @@ class H5Handle {
   hid_t id_ = H5I_INVALID_HID;
 };
 
-using H5File = H5Handle<H5Fclose>;
+// H5Fclose, remembering a failure: HDF5 1.10 cannot close such a file again (h5_shutdown).
+herr_t h5_close_file(hid_t file);
+
+using H5File = H5Handle<h5_close_file>;
 using H5Group = H5Handle<H5Gclose>;
 using H5Dataset = H5Handle<H5Dclose>;
 using H5Space = H5Handle<H5Sclose>;
@@ -52,6 +55,14 @@ using H5PropList = H5Handle<H5Pclose>;
 using H5Attribute = H5Handle<H5Aclose>;
 using H5Type = H5Handle<H5Tclose>;
 using H5Object = H5Handle<H5Oclose>;  // a group or dataset opened by H5Oopen
+
+// Closes every HDF5 object still open and shuts the library down. main() calls it before
+// MPI_Finalize: parallel HDF5 hooks its own shutdown into MPI_Finalize, and a file still open
+// there is closed after its MPI-IO handle is gone (a crash). Returns false when HDF5 cannot be
+// shut down safely because a file failed to close (its half-destroyed state crashes any later
+// close, HDF5's own at exit included); the process must then end without MPI_Finalize or atexit
+// handlers (std::_Exit).
+bool h5_shutdown();
 
 // While alive, HDF5 does not print its error stack (H5Eset_auto off); restores the previous
 // setting on destruction. Every public entry point of the checkpoint layer holds one, so users

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <optional>
 
+#include "app/atomic_file.h"
 #include "app/config.h"
 #include "kernels/allocator.h"
 #include "kernels/check.h"
@@ -272,35 +273,23 @@ std::string safetensors_header(const std::vector<SafetensorsEntry>& entries,
   return h;
 }
 
-void write_or_fail(std::ofstream& out, const void* data, size_t bytes, const std::string& path) {
-  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
-  TESSERA_CHECK(out.good(), "cannot write ", path, ": ", std::strerror(errno));
-}
-
 }  // namespace
 
 void write_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& entries,
                        const std::map<std::string, std::string>& metadata) {
   const std::string header = safetensors_header(entries, metadata);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    TESSERA_CHECK(out.is_open(), "cannot create ", tmp, ": ", std::strerror(errno));
-    const uint64_t n = header.size();
-    write_or_fail(out, &n, sizeof n, tmp);
-    write_or_fail(out, header.data(), header.size(), tmp);
-    for (const SafetensorsEntry& e : entries) {
-      const std::vector<float> values = e.data();
-      TESSERA_CHECK(static_cast<int64_t>(values.size()) == e.shape.numel(), "safetensors entry ", e.name, " produced ",
-                    values.size(), " values for shape ", e.shape.str());
-      write_or_fail(out, values.data(), values.size() * sizeof(float), tmp);
-    }
-    out.close();
-    TESSERA_CHECK(!out.fail(), "cannot write ", tmp, ": ", std::strerror(errno));
+  // A fresh exclusive temporary (a planted file or symlink is never followed), renamed when whole.
+  AtomicFile out(path);
+  const uint64_t n = header.size();
+  out.write(&n, sizeof n);
+  out.write(header);
+  for (const SafetensorsEntry& e : entries) {
+    const std::vector<float> values = e.data();
+    TESSERA_CHECK(static_cast<int64_t>(values.size()) == e.shape.numel(), "safetensors entry ", e.name, " produced ",
+                  values.size(), " values for shape ", e.shape.str());
+    out.write(values.data(), values.size() * sizeof(float));
   }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  TESSERA_CHECK(!ec, "cannot rename ", tmp, " to ", path, ": ", ec.message());
+  out.commit();
 }
 
 // ---- export ----
@@ -349,11 +338,9 @@ HfExportSummary export_hf_safetensors(const CheckpointReader& reader, const std:
   fs::create_directories(out_dir, ec);
   TESSERA_CHECK(!ec, "cannot create the directory ", out_dir, ": ", ec.message());
   write_safetensors((fs::path(out_dir) / "model.safetensors").string(), entries, {{"format", "pt"}});
-  const std::string config_path = (fs::path(out_dir) / "config.json").string();
-  std::ofstream config(config_path, std::ios::trunc);
-  config << hf_config_json(cfg);
-  config.close();
-  TESSERA_CHECK(!config.fail(), "cannot write ", config_path, ": ", std::strerror(errno));
+  AtomicFile config((fs::path(out_dir) / "config.json").string());
+  config.write(hf_config_json(cfg));
+  config.commit();
   return summary;
 }
 

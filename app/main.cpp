@@ -3,18 +3,20 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <thread>
 
 #include "app/build_info.h"
 #include "app/commands.h"
+#include "app/hdf5.h"
 #include "kernels/check.h"
 #include "parallel/mpi.h"
 
-int main(int argc, char** argv) {
-  // MPI lives for the whole run (MPICH runs a singleton when started without mpirun). Commands
-  // take MPI_COMM_WORLD from here; errors are caught below, so MPI_Finalize always runs.
-  tessera::MpiSession mpi(&argc, &argv);
+namespace {
+
+// Parses the command line and runs the command; errors are caught here.
+int run_command(int argc, char** argv) {
   CLI::App app{"tessera: a standalone C++ trainer for large language models"};
   app.set_version_flag("--version", std::string("tessera ") + TESSERA_VERSION);
   app.require_subcommand(1);
@@ -46,4 +48,20 @@ int main(int argc, char** argv) {
     return 1;
   }
   return exit_code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // MPI lives for the whole run (MPICH runs a singleton when started without mpirun). Commands
+  // take MPI_COMM_WORLD from here; errors are caught in run_command, so MPI_Finalize always runs.
+  tessera::MpiSession mpi(&argc, &argv);
+  const int code = run_command(argc, argv);
+  // HDF5 goes first: its shutdown inside MPI_Finalize would close files after MPI-IO is gone.
+  if (!tessera::h5_shutdown()) {
+    std::fprintf(stderr, "tessera: an HDF5 file could not be closed; exiting without MPI_Finalize\n");
+    std::fflush(nullptr);
+    std::_Exit(code != 0 ? code : 1);
+  }
+  return code;
 }

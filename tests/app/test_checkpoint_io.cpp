@@ -1,6 +1,8 @@
 // Tests app/checkpoint_io.h on one rank: write then read back equal (metadata, extra attributes,
 // whole tensors and slices along each dimension), hyperslab reads, and every error a user can
-// meet: truncated, foreign, corrupted, newer-format and meta-less files, and shape mismatches.
+// meet: truncated, foreign, corrupted, newer-format and meta-less files, corrupted metadata,
+// shape mismatches, a planted symlink, and a full disk (a small tmpfs), whose space the writer
+// reserves from an upper bound on the file's size (checked against real files).
 #include "app/checkpoint_io.h"
 
 #include <gtest/gtest.h>
@@ -11,8 +13,10 @@
 #include <fstream>
 #include <iterator>
 
+#include "app/checkpoint_plan.h"
 #include "h5_reader.h"
 #include "cli_testing.h"
+#include "disk_testing.h"
 #include "mpi_testing.h"
 
 namespace tessera {
@@ -319,6 +323,122 @@ TEST(CheckpointIo, CompareShapesListsEveryMismatch) {
   EXPECT_NO_THROW(check_shapes(r, {{"/model/wte.weight", {16, 4}},
                                    {"/model/ln_f.weight", {4}},
                                    {"/model/old.weight", {4}}}));
+}
+
+// The space reserved before writing (estimated_file_bytes) bounds every real file, and is not
+// wildly more: many small tensors and groups (HDF5's overhead dominates), tensors of several
+// chunks with partial edge chunks, a long config and many attributes.
+TEST(CheckpointIo, EstimatedSizeBoundsTheFile) {
+  const fs::path dir = temp_dir("ckpt_estimate");
+  const auto big = pattern(1100 * 700, 0.0f), small = pattern(300, 1.0f);
+  std::vector<std::vector<TensorSlice>> cases(3);
+  for (int i = 0; i < 120; ++i) cases[0].push_back(whole("/optim/blocks." + std::to_string(i) + ".w/exp_avg", {300}, small));
+  cases[1] = {whole("/model/wte.weight", {1100, 700}, big), whole("/model/wpe.weight", {7, 100}, small)};
+  cases[2] = {whole("/model/flat", {1100 * 700}, big), whole("/model/x", {3, 10, 10}, small)};
+  CheckpointMeta meta = sample_meta();
+  meta.config_toml = std::string(20000, 'c');
+  GroupAttributes groups = {{"/optim", {{"step", int64_t{3}}}}, {"/rng", {}}};
+  for (int i = 0; i < 12; ++i) groups["/rng"]["seed" + std::to_string(i)] = std::string(100, 's');
+  for (size_t c = 0; c < cases.size(); ++c) {
+    const fs::path file = dir / ("case" + std::to_string(c) + ".h5");
+    write_checkpoint_file(file, meta, cases[c], test_world(), groups);
+    const auto bound = ckpt::estimated_file_bytes(ckpt::make_write_plan(cases[c], groups, test_world()), meta, groups);
+    const auto size = static_cast<int64_t>(fs::file_size(file));
+    EXPECT_LE(size, bound) << "case " << c;
+    EXPECT_LE(bound, 2 * size + (256 << 10)) << "case " << c;
+  }
+  fs::remove_all(dir);
+}
+
+// A symlink planted where the file is to be written is refused, never followed.
+TEST(CheckpointIo, APlantedSymlinkIsNeverWrittenThrough) {
+  const fs::path dir = temp_dir("ckpt_symlink");
+  std::ofstream(dir / "victim") << "precious\n";
+  fs::create_symlink(dir / "victim", dir / "step.h5.tmp");
+  const auto d = pattern(3, 0.0f);
+  EXPECT_EQ(error_of([&] { write_checkpoint_file(dir / "step.h5.tmp", sample_meta(), {whole("/model/a", {3}, d)}, test_world()); }),
+            "cannot create " + (dir / "step.h5.tmp").string() + ": a file or symlink with that name already exists");
+  EXPECT_EQ(testing::read_file(dir / "victim"), "precious\n");
+  fs::remove_all(dir);
+}
+
+// The metadata is covered by a checksum: one flipped bit in the stored config (a string in HDF5's
+// global heap, which has no checksum of its own) and changes made behind tessera's back to an
+// attribute or a tensor's name are refused on open, naming the file.
+TEST(CheckpointIo, CorruptedMetadataIsAChecksumMismatch) {
+  const fs::path dir = temp_dir("ckpt_meta_checksum");
+  const auto d = pattern(12, 0.0f);
+  CheckpointMeta meta = sample_meta();
+  meta.config_toml = "[model]\nnorm_eps = 1e-5\n";
+  const GroupAttributes groups = {{"/optim", {{"step", int64_t{1200}}}}};
+  auto write = [&](const std::string& name) {
+    const fs::path file = dir / name;
+    write_checkpoint_file(file, meta, {whole("/model/a", {3, 4}, d)}, test_world(), groups);
+    EXPECT_EQ(CheckpointReader(file.string(), test_world()).meta(), meta);
+    return file;
+  };
+  auto refusal = [](const fs::path& file) {
+    return "checksum mismatch in the metadata of " + file.string() +
+           " (/meta, group attributes, tensor names and shapes): the file is corrupted";
+  };
+
+  const fs::path flipped = write("flipped.h5");
+  std::string bytes = testing::read_file(flipped);
+  const size_t at = bytes.find("norm_eps = 1e-5");
+  ASSERT_NE(at, std::string::npos);
+  bytes[at + 14] = '1';  // '5' -> '1': one bit
+  std::ofstream(flipped, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  EXPECT_EQ(error_of([&] { CheckpointReader(flipped.string(), test_world()); }), refusal(flipped));
+
+  const fs::path changed = write("changed.h5");
+  {
+    H5File f(H5Fopen(changed.c_str(), H5F_ACC_RDWR, H5P_DEFAULT));
+    H5Group g(H5Gopen2(f.get(), "/optim", H5P_DEFAULT));
+    h5_write_attribute(g.get(), "step", int64_t{1201}, "/optim");
+  }
+  EXPECT_EQ(error_of([&] { CheckpointReader(changed.string(), test_world()); }), refusal(changed));
+
+  const fs::path renamed = write("renamed.h5");
+  {
+    H5File f(H5Fopen(renamed.c_str(), H5F_ACC_RDWR, H5P_DEFAULT));
+    ASSERT_GE(H5Lmove(f.get(), "/model/a", f.get(), "/model/b", H5P_DEFAULT, H5P_DEFAULT), 0);
+  }
+  EXPECT_EQ(error_of([&] { CheckpointReader(renamed.string(), test_world()); }), refusal(renamed));
+  fs::remove_all(dir);
+}
+
+// Files written before the checksum existed (no /meta@checksum) still load.
+TEST(CheckpointIo, FilesWithoutAChecksumStillLoad) {
+  const fs::path file = temp_dir("ckpt_no_checksum") / "step.h5";
+  const auto d = pattern(12, 0.0f);
+  write_checkpoint_file(file, sample_meta(), {whole("/model/a", {3, 4}, d)}, test_world());
+  {
+    H5File f(H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT));
+    H5Group g(H5Gopen2(f.get(), "/meta", H5P_DEFAULT));
+    ASSERT_GE(H5Adelete(g.get(), "checksum"), 0);
+  }
+  CheckpointReader r(file.string(), test_world());
+  EXPECT_EQ(r.meta(), sample_meta());
+  EXPECT_EQ(r.read_all("/model/a"), d);
+}
+
+// A disk too small for the file (a 1 MiB tmpfs, or a file size limit where mounting is not
+// allowed): the write fails before HDF5 writes anything, with a message saying so, leaves no
+// file, and HDF5 is left in a state to write the next file.
+TEST(CheckpointIo, AFullDiskIsFoundBeforeWriting) {
+  const fs::path dir = temp_dir("ckpt_full");
+  const testing::RemoveAtEnd cleanup{dir};
+  MPI_Comm comm = test_world();  // MPI starts before any limit: it writes shared-memory files
+  testing::SmallDisk disk(dir / "disk", 1 << 20);
+  std::unique_ptr<testing::FileSizeLimit> limit;
+  if (!disk.mounted()) limit = std::make_unique<testing::FileSizeLimit>(1 << 20);
+  const auto big = pattern(512 * 1024, 0.0f), small = pattern(1000, 0.0f);  // 2 MiB and 4 KB
+  const fs::path file = disk.path() / "step.h5";
+  const std::string e = error_of([&] { write_checkpoint_file(file, sample_meta(), {whole("/model/a", {512, 1024}, big)}, comm); });
+  EXPECT_EQ(e.rfind("not enough space to save checkpoint " + file.string() + ": it needs up to 2.", 0), 0u) << e;
+  EXPECT_EQ(testing::names_of(disk.path()), std::vector<std::string>{});
+  write_checkpoint_file(file, sample_meta(), {whole("/model/a", {1000}, small)}, comm);
+  EXPECT_EQ(CheckpointReader(file.string(), comm).read_all("/model/a"), small);
 }
 
 }  // namespace

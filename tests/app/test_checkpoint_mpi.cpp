@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "app/checkpoint_io.h"
+#include "app/checkpoint_plan.h"
 #include "mpi_testing.h"
 
 namespace tessera {
@@ -65,7 +66,11 @@ TEST(CheckpointMpi, RanksWriteShardsAndEveryoneReadsTheWhole) {
   CheckpointMeta meta;
   meta.step = 42;
   meta.extra["ranks"] = int64_t{size};
-  write_checkpoint_file(file, meta, slices, comm, {{"/optim", {{"step", int64_t{42}}}}});
+  const GroupAttributes groups = {{"/optim", {{"step", int64_t{42}}}}};
+  write_checkpoint_file(file, meta, slices, comm, groups);
+  // The space reserved up front bounds the file written in parallel too.
+  EXPECT_LE(static_cast<int64_t>(fs::file_size(file)),
+            ckpt::estimated_file_bytes(ckpt::make_write_plan(slices, groups, comm), meta, groups));
 
   {
     CheckpointReader r(file, comm);

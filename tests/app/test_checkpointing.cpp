@@ -1,13 +1,18 @@
 // Tests app/checkpointing.h through `tessera train`: bit-exact resume, a process killed with
-// SIGKILL in the middle of a save, preemption by SIGUSR1, keep_last pruning, a damaged newest
-// checkpoint, and a checkpoint whose shapes do not fit the config.
+// SIGKILL in the middle of a save, preemption by SIGUSR1, keep_last pruning, a damaged or missing
+// newest checkpoint, a corrupted config, a full disk (one rank and two, on a small tmpfs),
+// temporaries planted as symlinks, and a checkpoint whose shapes do not fit the config.
 #include "app/checkpointing.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <functional>
+
 #include "app/checkpoint_io.h"
 #include "app/trainer.h"
 #include "cli_testing.h"
+#include "disk_testing.h"
 #include "mpi_testing.h"
 
 namespace tessera {
@@ -56,6 +61,38 @@ std::map<std::string, std::vector<float>> tensors_of(const fs::path& file) {
   return out;
 }
 
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+void rewrite(const fs::path& file, const std::function<void(std::string&)>& change) {
+  std::string bytes = testing::read_file(file);
+  change(bytes);
+  std::ofstream(file, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// One flipped bit in the config text stored in the file: norm_eps = 1e-5 becomes 1e-1.
+void corrupt_config(const fs::path& file) {
+  rewrite(file, [](std::string& bytes) {
+    const size_t at = bytes.find("norm_eps = 1e-5");
+    ASSERT_NE(at, std::string::npos);
+    bytes[at + 14] = '1';  // '5' (0x35) -> '1' (0x31): one bit
+  });
+}
+
+// Flips bytes inside the stored data of /model/wte.weight (found by its values).
+void corrupt_tensor(const fs::path& file) {
+  const std::vector<float> wte = tensors_of(file).at("/model/wte.weight");
+  rewrite(file, [&](std::string& bytes) {
+    const std::string needle(reinterpret_cast<const char*>(wte.data() + wte.size() / 2), 16);
+    const size_t at = bytes.find(needle);
+    ASSERT_NE(at, std::string::npos);
+    for (size_t i = at; i < at + 4; ++i) bytes[i] = static_cast<char>(~bytes[i]);
+  });
+}
+
 }  // namespace
 
 // Stopped at step 8 by train.exit_after_steps and resumed, a run gives exactly the losses and
@@ -94,12 +131,16 @@ TEST(Checkpointing, KillDuringSaveKeepsThePreviousCheckpoint) {
   r = run.train({"train.steps=20", "train.exit_after_steps=5"}, marker, SIGKILL,
                 {"TESSERA_TEST_PAUSE_BEFORE_RENAME=" + marker.string()});
   EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.output;
-  EXPECT_TRUE(fs::exists(run.ckpts() / "step_00000010.h5.tmp"));
+  const std::string tmp = testing::read_file(marker);  // the temporary's name, as announced
+  EXPECT_EQ(fs::path(tmp).filename().string().rfind("step_00000010.h5.tmp.", 0), 0u) << tmp;
+  EXPECT_TRUE(fs::exists(tmp.substr(0, tmp.size() - 1)));
   EXPECT_FALSE(fs::exists(run.ckpts() / "step_00000010.h5"));
   EXPECT_EQ(testing::read_file(run.ckpts() / "latest"), "step_00000005.h5\n");
   r = run.train({"train.steps=12"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("step_00000005.h5 at step 5"), std::string::npos) << r.output;
+  // The killed process's temporary is gone: a new writer removes stale ones.
+  EXPECT_EQ(testing::names_of(run.ckpts()), (std::vector<std::string>{"latest", "step_00000005.h5", "step_00000012.h5"}));
   fs::remove_all(run.dir);
 }
 
@@ -177,6 +218,123 @@ TEST(Checkpointing, DamagedNewestCheckpointFallsBackToTheOneBefore) {
   EXPECT_NE(r.output.find("step_00000005.h5 at step 5"), std::string::npos) << r.output;
   fs::remove_all(run.dir);
 }
+
+// `latest` names a checkpoint whose tensor data is corrupted: resume = auto reads every chunk of a
+// candidate before using it, skips this one with a warning naming it and why, and resumes from the
+// newest valid one. A `latest` naming a file that is gone is reported too, not skipped silently.
+TEST(Checkpointing, CorruptOrMissingLatestFallsBackToTheNewestValidOne) {
+  const TrainRun run = make_run("ckpt_corrupt_latest");
+  RunResult r = run.train({"train.steps=10", "checkpoint.every=5"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const fs::path newest = run.ckpts() / "step_00000010.h5";
+  ASSERT_EQ(testing::read_file(run.ckpts() / "latest"), "step_00000010.h5\n");
+  corrupt_tensor(newest);
+  r = run.train({"train.steps=12"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("warning: skipping checkpoint " + newest.string() +
+                          ": checksum mismatch reading /model/wte.weight in " + newest.string()),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("step_00000005.h5 at step 5"), std::string::npos) << r.output;
+
+  // `latest` (now step 12) names a file that is gone.
+  fs::remove(run.ckpts() / "step_00000012.h5");
+  r = run.train({"train.steps=13"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("warning: `latest` in " + run.ckpts().string() +
+                          " names step_00000012.h5, which does not exist"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("step_00000005.h5 at step 5"), std::string::npos) << r.output;  // 10 is still corrupt
+  fs::remove_all(run.dir);
+}
+
+// One flipped bit in the config stored in a checkpoint (norm_eps 1e-5 -> 1e-1) is refused by every
+// reader, naming the file: `ckpt inspect`, `generate`, an explicit resume; resume = auto skips it.
+TEST(Checkpointing, CorruptedConfigIsRefusedEverywhere) {
+  const TrainRun run = make_run("ckpt_corrupt_config");
+  RunResult r = run.train({"train.steps=3"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const fs::path file = run.ckpts() / "step_00000003.h5";
+  corrupt_config(file);
+  const std::string refusal = "checksum mismatch in the metadata of " + file.string();
+  r = testing::run_tessera({"ckpt", "inspect", file.string()}, run.dir);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find(refusal), std::string::npos) << r.output;
+  r = testing::run_tessera({"generate", "--ckpt", file.string(), "--prompt", "1+1=", "--max-tokens", "2"}, run.dir);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find(refusal), std::string::npos) << r.output;
+  r = run.train({"train.steps=6", "checkpoint.resume=\"" + file.string() + "\""});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find(refusal), std::string::npos) << r.output;
+  r = run.train({"train.steps=4"});  // auto: the only checkpoint is skipped; a fresh start
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("warning: skipping checkpoint " + file.string() + ": " + refusal), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("resumed from"), std::string::npos) << r.output;
+  fs::remove_all(run.dir);
+}
+
+// Files and symlinks planted under the temporary names older versions used (step_N.h5.tmp,
+// latest.tmp) are never written through: a save creates fresh names exclusively, and a new
+// writer removes the planted links (never what they point to).
+TEST(Checkpointing, PlantedTemporarySymlinksAreNeverFollowed) {
+  const TrainRun run = make_run("ckpt_symlinks");
+  fs::create_directories(run.ckpts());
+  const fs::path victim_file = run.dir / "victim_file", victim_latest = run.dir / "victim_latest";
+  std::ofstream(victim_file) << "precious\n";
+  std::ofstream(victim_latest) << "also precious\n";
+  fs::create_symlink(victim_file, run.ckpts() / "step_00000002.h5.tmp");
+  fs::create_symlink(victim_latest, run.ckpts() / "latest.tmp");
+  const RunResult r = run.train({"train.steps=2"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(testing::read_file(victim_file), "precious\n");
+  EXPECT_EQ(testing::read_file(victim_latest), "also precious\n");
+  EXPECT_FALSE(fs::is_symlink(run.ckpts() / "step_00000002.h5"));
+  EXPECT_EQ(testing::names_of(run.ckpts()), (std::vector<std::string>{"latest", "step_00000002.h5"}));
+  EXPECT_EQ(tensors_of(run.ckpts() / "step_00000002.h5").size(), 3u * 36u);  // 36 parameters, 2 moments each
+  fs::remove_all(run.dir);
+}
+
+// A disk that fills up during a save: the save fails on every rank at the same point (the space
+// is reserved before HDF5 writes anything), the run ends with exit 1 and one message, no
+// temporary is left, `latest` still names the last good checkpoint, and once there is space the
+// same command resumes from it. ranks > 1 runs under mpiexec with a deadline: a hang fails the
+// test (and its processes are killed) instead of blocking ctest.
+void full_disk_run(int ranks) {
+  const TrainRun run = make_run("ckpt_full_disk_" + std::to_string(ranks));
+  const testing::RemoveAtEnd cleanup{run.dir};
+  // A tiny checkpoint is 0.59 MiB (0.83 MiB reserved while it is written): saves at steps 1 and 2
+  // fit in 1.5 MiB, the one at step 3 does not. (Without the reservation, that save ran out of
+  // space halfway: one rank crashed in MPI_Finalize, two ranks hung in different collectives.)
+  testing::SmallDisk disk(run.dir / "disk", 1536 << 10);
+  // RLIMIT_FSIZE, the fallback elsewhere, would also limit the shared-memory files MPI starts with.
+  if (!disk.mounted()) GTEST_SKIP() << "mounting a tmpfs needs root; a file size limit would break MPI_Init";
+  std::vector<std::string> args = {"train", run.config.string(), "--run-dir", (disk.path() / "run").string()};
+  for (const char* s : {"train.steps=3", "checkpoint.every=1", "checkpoint.keep_last=10", "train.micro_batch=4"})
+    args.push_back("--set"), args.push_back(s);
+  if (ranks > 1) args.insert(args.begin(), {"-n", std::to_string(ranks), TESSERA_BINARY});
+  const auto result = testing::run_with_deadline(ranks > 1 ? TESSERA_MPIEXEC : TESSERA_BINARY, args, run.dir, 120);
+  const RunResult& r = result.run;
+  ASSERT_FALSE(result.timed_out) << "the run hung on a full disk:\n" << r.output;
+  EXPECT_EQ(r.exit_code, 1) << r.output;  // not a crash (139) in MPI_Finalize
+  EXPECT_EQ(count_of(r.output, "tessera: error:"), 1u) << r.output;
+  EXPECT_NE(r.output.find("tessera: error: not enough space to save checkpoint"), std::string::npos) << r.output;
+  const fs::path ckpts = disk.path() / "run" / "checkpoints";
+  EXPECT_EQ(testing::names_of(ckpts), (std::vector<std::string>{"latest", "step_00000001.h5", "step_00000002.h5"}));
+  EXPECT_EQ(testing::read_file(ckpts / "latest"), "step_00000002.h5\n");
+  if (ranks > 1) return;  // resuming is the same on any layout; one rank keeps this test short
+  ASSERT_TRUE(disk.resize(16 << 20));
+  std::vector<std::string> again = args;
+  std::replace(again.begin(), again.end(), std::string("train.steps=3"), std::string("train.steps=4"));
+  const auto resumed = testing::run_with_deadline(TESSERA_BINARY, again, run.dir, 120);
+  ASSERT_FALSE(resumed.timed_out) << resumed.run.output;
+  EXPECT_EQ(resumed.run.exit_code, 0) << resumed.run.output;
+  EXPECT_NE(resumed.run.output.find("step_00000002.h5 at step 2"), std::string::npos) << resumed.run.output;
+}
+
+TEST(Checkpointing, FullDiskFailsTheRunWithOneMessage) { full_disk_run(1); }
+TEST(Checkpointing, FullDiskFailsEveryRankTogether) { full_disk_run(2); }
 
 TEST(Checkpointing, ShapeMismatchListsEveryDifference) {
   const TrainRun run = make_run("ckpt_mismatch");
