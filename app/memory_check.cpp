@@ -83,7 +83,8 @@ MemoryEstimate estimate_training_memory(const Config& cfg, int64_t data_vocab_si
     const ModelMemory eval = model_memory(mc, {B, T, tp, sp, full});
     const int64_t V = mc.vocab_size, Vl = V / tp + (V % tp != 0 ? 1 : 0);
     const int64_t logits_at = add(mul(B, V), mul(mul(B, Vl), tp > 1 ? tp + 2 : 1));  // (B, V) gathered from shards
-    const int64_t bytes = mul(add(eval.inference_peak, logits_at), kFloatBytes);
+    // The last position's logits are copied out after the forward, beside everything it kept.
+    const int64_t bytes = mul(std::max(eval.inference_peak, add(eval.inference_kept, logits_at)), kFloatBytes);
     if (bytes > transient.bytes)
       transient = {"evaluation forward (" + std::to_string(B) + " problems x " + std::to_string(T) + " tokens)", bytes, true,
                    "data.val_examples"};

@@ -162,6 +162,7 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
   const N blocks_done = a.resid + kept_blocks;
   const N last_block = lay.full_recompute ? a.block + w.forward : w.forward;
   m.inference_peak = (blocks_done + max(last_block, a.head)).v;
+  m.inference_kept = (blocks_done + a.head).v;
   return m;
 }
 

@@ -37,6 +37,7 @@ struct ModelMemory {
   int64_t activations = 0;    // what a forward with targets keeps for backward (the GptCtx)
   int64_t training_peak = 0;  // activations plus temporaries at the highest point of forward + backward
   int64_t inference_peak = 0; // a forward without targets (evaluation, generation), at its highest
+  int64_t inference_kept = 0; // what that forward leaves allocated (its context, logits included)
 };
 
 // cfg resolved (model/config.h resolve()). tp must divide the heads and the MLP as the model requires.

@@ -66,6 +66,7 @@ TEST_P(ModelMemoryTest, EqualsTheAllocatorsCounts) {
     GptCtx infer;
     gpt.forward(infer, alloc, tokens.t(), Tensor());
     EXPECT_EQ(alloc.total_peak() - state, 4u * static_cast<size_t>(m.inference_peak)) << "L=" << L;
+    EXPECT_EQ(alloc.total_current() - state, 4u * static_cast<size_t>(m.inference_kept)) << "L=" << L;
   }
 }
 
