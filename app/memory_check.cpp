@@ -196,7 +196,8 @@ std::string check_training_memory(const Config& cfg, int64_t data_vocab_size, co
     const MemoryEstimate e = estimate_training_memory(cfg, data_vocab_size, layout);
     const AvailableMemory available = available_host_memory();
     std::ostringstream os;
-    os << "memory estimate: " << format_bytes(static_cast<size_t>(e.total())) << " per rank";
+    os << "memory estimate: " << format_bytes(static_cast<size_t>(e.total())) << " per rank (tensors "
+       << format_bytes(static_cast<size_t>(e.allocator_bytes())) << ", the progress line's mem)";
     if (local > 1) os << " x " << local << " ranks on this node";
     if (available.bytes >= 0)
       os << " of " << format_bytes(static_cast<size_t>(available.bytes)) << " available (" << available.source << ")";

@@ -56,7 +56,8 @@ std::string memory_problem(const MemoryEstimate& e, int64_t ranks_on_node, const
 // The trainer's check, collective over comm (MPI_COMM_NULL: one process): estimates, compares
 // with this node's available memory (all ranks on the node share it) and, when it does not fit
 // and train.memory_check is on, throws the same error on every rank. Returns the header line,
-// "memory estimate: 1.21 GiB per rank of 23.40 GiB available (MemAvailable in /proc/meminfo)",
+// "memory estimate: 1.21 GiB per rank (tensors 1.10 GiB, the progress line's mem) of 23.40 GiB
+// available (MemAvailable in /proc/meminfo)",
 // with a warning appended when it does not fit and the check is off.
 std::string check_training_memory(const Config& cfg, int64_t data_vocab_size, const MemoryLayout& layout,
                                   MPI_Comm comm);

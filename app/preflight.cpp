@@ -82,9 +82,14 @@ std::vector<std::string> data_order_changes(const std::string& stored_config_tom
   std::vector<std::string> out;
   for (const ConfigChange& c : config_changes(before, now)) {
     if (c.key != "train.global_batch" && c.key != "train.seed" && c.key.rfind("data.", 0) != 0) continue;
-    out.push_back(c.key + " changed since the checkpoint: " + c.before + " -> " + c.after +
-                  ". This changes the data order (which samples the remaining steps see), so the run no longer "
-                  "reproduces one that was never interrupted");
+    std::string effect =
+        "this changes the data order (which samples the remaining steps see), so the run no longer reproduces "
+        "one that was never interrupted";
+    if (c.key == "data.val_examples" || c.key == "data.valid")
+      effect = "this changes the evaluation: validation figures are not comparable with the earlier ones";
+    else if (c.key == "data.vocab_dir")
+      effect = "this changes only how samples are decoded for display";
+    out.push_back(c.key + " changed since the checkpoint: " + c.before + " -> " + c.after + "; " + effect);
   }
   return out;
 }
