@@ -150,7 +150,7 @@ int run_ckpt_export(const CkptExportArgs& args, std::ostream& out) {
     const auto bad = nonfinite_model_tensors(reader);
     std::string names;
     for (size_t i = 0; i < bad.size() && i < 5; ++i)
-      names += (i ? ", " : "") + bad[i].first + " (" + with_commas(bad[i].second) + " values)";
+      names += (i ? ", " : "") + bad[i].first + " (" + with_commas(bad[i].second) + (bad[i].second == 1 ? " value)" : " values)");
     if (bad.size() > 5) names += " and " + std::to_string(bad.size() - 5) + " more tensors";
     TESSERA_CHECK(bad.empty(), "ckpt export: ", args.file, " holds non-finite values (NaN or inf) in ", names,
                   ": the exported model would produce NaN. Export an earlier checkpoint, or pass --allow-non-finite "
