@@ -65,7 +65,7 @@ bool contains(const std::string& text, const std::string& part) { return text.fi
 TEST(TrainPreflight, ConfigThatIsADirectoryOrADeviceIsRefused) {
   RunDir r("preflight_config");
   for (const std::string config : {r.dir.string(), std::string("/dev/urandom")}) {
-    const RunResult out = run_program("/usr/bin/timeout", {"30", "/usr/bin/prlimit", "--as=4294967296", TESSERA_BINARY,
+    const RunResult out = run_program("/usr/bin/timeout", {"-k", "5", "30", "/usr/bin/prlimit", "--as=4294967296", TESSERA_BINARY,
                                                            "train", config, "--run-dir", (r.dir / "run").string()},
                                       r.dir);
     EXPECT_EQ(out.exit_code, 1) << out.output;
