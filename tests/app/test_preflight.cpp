@@ -64,7 +64,7 @@ bool contains(const std::string& text, const std::string& part) { return text.fi
 // keep a build without the check from running away with the machine.
 TEST(TrainPreflight, ConfigThatIsADirectoryOrADeviceIsRefused) {
   RunDir r("preflight_config");
-  for (const std::string config : {r.dir.string(), std::string("/dev/urandom")}) {
+  for (const std::string& config : {r.dir.string(), std::string("/dev/urandom")}) {
     const RunResult out = run_program("/usr/bin/timeout", {"-k", "5", "30", "/usr/bin/prlimit", "--as=4294967296", TESSERA_BINARY,
                                                            "train", config, "--run-dir", (r.dir / "run").string()},
                                       r.dir);

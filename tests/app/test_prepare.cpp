@@ -172,7 +172,7 @@ TEST(PrepareCommand, OutThatNamesADirectoryIsRefusedWithAnExample) {
   Dir dir("out_dir");
   write_file(dir / "a.txt", "some text");
   fs::create_directories(dir.path / "data");
-  for (const std::string out : {dir / "data/", dir / "data", dir / "new/", dir / "data/."}) {
+  for (const std::string& out : {dir / "data/", dir / "data", dir / "new/", dir / "data/."}) {
     const RunResult r = run_prepare({"--input", dir / "a.txt", "--tokenizer", "byte", "--out", out}, dir);
     EXPECT_EQ(r.exit_code, 1) << r.output;
     EXPECT_NE(r.output.find("--out " + out + " names a directory; give a file prefix inside it, e.g. --out "),
