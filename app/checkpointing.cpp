@@ -456,6 +456,7 @@ RestoredState restore_training_state(const std::string& path, ParameterStore& pa
   s.step = r.meta().step;
   s.consumed_samples = r.meta().consumed_samples;
   s.tokens_seen = r.meta().tokens_seen;
+  s.config_toml = r.meta().config_toml;
   return s;
 }
 

@@ -121,6 +121,7 @@ RunStart start_run(const std::string& dir, const std::string& resume, bool overw
 struct RestoredState {
   int64_t step = 0, consumed_samples = 0, tokens_seen = 0;
   int64_t optimizer_steps = 0;  // AdamW's bias corrections continue from here
+  std::string config_toml;      // the resolved config of the run that saved it
 };
 // Loads the parameters and the moments into this rank's tensor-parallel shards (moments: into
 // optimizer's tensors, whose steps are ignored), after checking every shape against the model (all

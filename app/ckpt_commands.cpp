@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdio>
 #include <ostream>
+#include <utility>
+#include <vector>
 
 #include "app/checkpoint_io.h"
 #include "app/hf_export.h"
@@ -19,21 +21,44 @@ namespace {
 
 constexpr int64_t kBlockElements = int64_t{16} << 20;
 
-double l2_norm(const CheckpointReader& r, const TensorInfo& t) {
+// Calls f with t's values in blocks of whole rows, at most kBlockElements each (one row at least).
+template <class F>
+void for_each_block(const CheckpointReader& r, const TensorInfo& t, F&& f) {
   const Shape& s = t.shape;
-  if (s.ndim() == 0 || s.numel() == 0) return 0.0;
+  if (s.ndim() == 0 || s.numel() == 0) return;
   const int64_t row = s.numel() / s[0];
   const int64_t rows_per_block = std::max<int64_t>(1, kBlockElements / std::max<int64_t>(row, 1));
   std::vector<float> buf;
-  double sum = 0.0;
   for (int64_t r0 = 0; r0 < s[0]; r0 += rows_per_block) {
     Shape part = s;
     part[0] = std::min(rows_per_block, s[0] - r0);
     buf.resize(static_cast<size_t>(part.numel()));
     r.read(t.path, 0, r0, part, buf.data());
-    for (float v : buf) sum += static_cast<double>(v) * v;
+    f(buf);
   }
+}
+
+double l2_norm(const CheckpointReader& r, const TensorInfo& t) {
+  double sum = 0.0;
+  for_each_block(r, t, [&](const std::vector<float>& b) {
+    for (float v : b) sum += static_cast<double>(v) * v;
+  });
   return std::sqrt(sum);
+}
+
+// The /model tensors holding NaN or inf, each with how many such values: a diverged run's
+// checkpoint would export as a model that produces NaN.
+std::vector<std::pair<std::string, int64_t>> nonfinite_model_tensors(const CheckpointReader& r) {
+  std::vector<std::pair<std::string, int64_t>> bad;
+  for (const TensorInfo& t : r.tensors()) {
+    if (t.path.rfind("/model/", 0) != 0 || t.dtype != "float32") continue;
+    int64_t n = 0;
+    for_each_block(r, t, [&](const std::vector<float>& b) {
+      for (float v : b) n += !std::isfinite(v);
+    });
+    if (n > 0) bad.emplace_back(t.path, n);
+  }
+  return bad;
 }
 
 // 124439808 -> "124,439,808"
@@ -121,6 +146,16 @@ int run_ckpt_export(const CkptExportArgs& args, std::ostream& out) {
   TESSERA_CHECK(args.format == "safetensors", "ckpt export: format \"", args.format,
                 "\" is not supported; the only format is safetensors");
   CheckpointReader reader(args.file, MPI_COMM_SELF);
+  if (!args.allow_non_finite) {
+    const auto bad = nonfinite_model_tensors(reader);
+    std::string names;
+    for (size_t i = 0; i < bad.size() && i < 5; ++i)
+      names += (i ? ", " : "") + bad[i].first + " (" + with_commas(bad[i].second) + (bad[i].second == 1 ? " value)" : " values)");
+    if (bad.size() > 5) names += " and " + std::to_string(bad.size() - 5) + " more tensors";
+    TESSERA_CHECK(bad.empty(), "ckpt export: ", args.file, " holds non-finite values (NaN or inf) in ", names,
+                  ": the exported model would produce NaN. Export an earlier checkpoint, or pass --allow-non-finite "
+                  "to export it as it is");
+  }
   const HfExportSummary s = export_hf_safetensors(reader, args.out_dir);
   out << "wrote " << args.out_dir << "/model.safetensors (" << s.architecture << ", " << s.tensors << " tensors, "
       << with_commas(s.parameters) << " parameters) and " << args.out_dir << "/config.json\n";

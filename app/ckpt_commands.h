@@ -16,6 +16,7 @@ struct CkptExportArgs {
   std::string file;
   std::string format = "safetensors";
   std::string out_dir;
+  bool allow_non_finite = false;  // export even when /model holds NaN or inf (refused otherwise)
 };
 
 // Prints metadata and a table of every tensor (name, shape, dtype, L2 norm read from the file).

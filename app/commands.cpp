@@ -75,6 +75,7 @@ void register_ckpt(CLI::App& app, int& exit_code) {
   cmd->add_option("file", exp->file, "Checkpoint file (.h5)")->required();
   cmd->add_option("--format", exp->format, "Output format")->check(CLI::IsMember({"safetensors"}))->capture_default_str();
   cmd->add_option("--out", exp->out_dir, "Output directory (created if needed)")->required();
+  cmd->add_flag("--allow-non-finite", exp->allow_non_finite, "Export even when the model holds NaN or inf values");
   cmd->callback(on_one_process("ckpt export", [exp, &exit_code] { exit_code = run_ckpt_export(*exp, std::cout); }));
 }
 void register_generate(CLI::App& app, int& exit_code) {

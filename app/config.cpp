@@ -17,8 +17,11 @@
 #include <sstream>
 #include <type_traits>
 
+#include "app/memory_check.h"
+#include "data/tokenizer.h"
 #include "kernels/check.h"
 #include "model/gpt.h"
+#include "model/memory.h"
 
 namespace tessera {
 
@@ -60,11 +63,19 @@ Allowed Allowed::or_value(double v) const {
   return a;
 }
 
+Allowed Allowed::at_most(double hi) const {
+  Allowed a = *this;
+  a.max = hi;
+  a.max_exclusive = false;
+  return a;
+}
+
 bool Allowed::accepts(double v) const {
+  if (!std::isfinite(v)) return false;  // inf passes every "> 0"; nan compares false with everything
   if (sentinel && v == *sentinel) return true;
   if (min && !(min_exclusive ? v > *min : v >= *min)) return false;
   if (max && !(max_exclusive ? v < *max : v <= *max)) return false;
-  return !std::isnan(v);
+  return true;
 }
 
 bool Allowed::accepts(const std::string& s) const {
@@ -361,7 +372,11 @@ void check_allowed(const std::string& full, const T& v, const Allowed& allowed, 
          did_you_mean(near ? std::optional(quote(*near)) : std::nullopt));
   } else if constexpr (!std::is_same_v<T, bool>) {
     if (allowed.accepts(static_cast<double>(v))) return;
-    fail(o.prefix() + full + " = " + literal(v) + o.where() + " is out of range: must be " + allowed.describe());
+    const std::string range = allowed.describe();
+    if (!std::isfinite(static_cast<double>(v)))
+      fail(o.prefix() + full + " = " + literal(v) + o.where() + " is not a finite number: must be " +
+           (range.empty() ? "finite" : "finite and " + range));
+    fail(o.prefix() + full + " = " + literal(v) + o.where() + " is out of range: must be " + range);
   }
 }
 
@@ -583,10 +598,47 @@ void check_model(const Config& c) {
   }
 }
 
+// The sizes the config implies, computed with checked arithmetic before anything uses them: the
+// tokens of the whole run and one rank's memory estimate (app/memory_check.h,
+// at the largest vocabulary a tokenizer gives when model.vocab_size = 0). Every size the trainer
+// later computes is at most one of these.
+void check_sizes(const Config& c, const Origins* origins) {
+  try {
+    checked_mul(checked_mul(c.train.steps, c.train.global_batch), c.train.seq_len);
+  } catch (const SizeOverflow&) {
+    fail(show("train.steps", c.train.steps, origins) + " x " + show("train.global_batch", c.train.global_batch, origins) +
+         " x " + show("train.seq_len", c.train.seq_len, origins) + " tokens overflow a 64-bit count; lower train.steps");
+  }
+  try {
+    const int64_t vocab = c.model.vocab_size > 0 ? c.model.vocab_size : kGpt2VocabSize;
+    estimate_training_memory(c, vocab, MemoryLayout{});
+  } catch (const SizeOverflow& e) {
+    fail(std::string("the sizes this config asks for overflow 64-bit arithmetic (") + e.what() + "): " +
+         show("train.micro_batch", c.train.micro_batch, origins) + ", " + show("train.seq_len", c.train.seq_len, origins) +
+         ", " + show("model.n_layer", c.model.n_layer, origins) + ", " + show("model.n_embd", c.model.n_embd, origins) +
+         ", " + show("model.vocab_size", c.model.vocab_size, origins) + "; lower them");
+  }
+}
+
+// The product of the parallel degrees, in floating point (it cannot overflow there) before any
+// integer arithmetic multiplies them.
+void check_grid_size(const Config& c) {
+  const ParallelConfig& p = c.parallel;
+  const double ranks = static_cast<double>(p.tp) * static_cast<double>(p.pp) * static_cast<double>(p.cp) *
+                       static_cast<double>(p.dp > 0 ? p.dp : 1);
+  if (ranks > kMaxRanks) {
+    fail("parallel.tp x parallel.pp x parallel.cp" + std::string(p.dp > 0 ? " x parallel.dp" : "") + " = " +
+         std::to_string(p.tp) + " x " + std::to_string(p.pp) + " x " + std::to_string(p.cp) +
+         (p.dp > 0 ? " x " + std::to_string(p.dp) : "") + " is more than " + format_bound(kMaxRanks) +
+         " ranks; lower the parallel degrees");
+  }
+}
+
 void validate(const Config& c, const Origins* origins) {
   Config copy = c;
   RangeChecker ranges;
   copy.visit(ranges);
+  check_grid_size(c);
   if (c.optim.min_lr > c.optim.lr) {
     fail(show("optim.min_lr", c.optim.min_lr, origins) + " must be <= " + show("optim.lr", c.optim.lr, origins));
   }
@@ -603,6 +655,7 @@ void validate(const Config& c, const Origins* origins) {
     fail(show("checkpoint.resume", c.checkpoint.resume, origins) + " is empty: use \"auto\", \"none\" or a path");
   }
   check_model(c);
+  check_sizes(c, origins);
 }
 
 Config parse_with_overrides(const std::string& text, const std::string& source,
@@ -642,7 +695,26 @@ Config parse_config_string(const std::string& toml_text, const std::string& sour
   return parse_with_overrides(toml_text, source_name, overrides);
 }
 
+namespace {
+// A config is a small regular file: a directory would read as empty (the default model would
+// train), /dev/urandom or a FIFO would never end. Checked before the first byte is read.
+void check_config_file(const std::string& path) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);  // follows symlinks
+  if (ec || !std::filesystem::exists(st)) return;      // the open below names the problem
+  if (std::filesystem::is_directory(st))
+    fail("the config file " + path + " is a directory; give a TOML file, e.g. configs/quickstart.toml");
+  if (!std::filesystem::is_regular_file(st))
+    fail("the config file " + path + " is not a regular file (a device, FIFO or socket); give a TOML file");
+  const auto size = std::filesystem::file_size(path, ec);
+  if (!ec && size > static_cast<uintmax_t>(kMaxConfigBytes))
+    fail("the config file " + path + " has " + std::to_string(size) + " bytes, more than a config can (" +
+         std::to_string(kMaxConfigBytes) + "): is it the right file?");
+}
+}  // namespace
+
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  check_config_file(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("cannot open config file " + path + ": " + std::strerror(errno));
   std::ostringstream text;
@@ -661,6 +733,16 @@ std::string to_toml(const Config& c) {
     out += "\n# " + s.doc + "\n[" + s.name + "]\n";
     for (const auto& f : s.fields) out += comment(f) + f.key + " = " + f.value + "\n";
   }
+  return out;
+}
+
+std::vector<ConfigChange> config_changes(const Config& before, const Config& after) {
+  std::vector<ConfigChange> out;
+  const auto a = catalog(before), b = catalog(after);
+  for (size_t i = 0; i < a.size(); ++i)
+    for (size_t j = 0; j < a[i].fields.size(); ++j)
+      if (a[i].fields[j].value != b[i].fields[j].value)
+        out.push_back({a[i].name + "." + a[i].fields[j].key, a[i].fields[j].value, b[i].fields[j].value});
   return out;
 }
 

@@ -6,7 +6,6 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -19,6 +18,9 @@ enum class Recompute;  // model/gpt.h
 
 // The values a field accepts: for numbers a range (each end inclusive or exclusive) plus at most
 // one sentinel outside it (parallel.dp = -1); for strings a list of choices. Empty: any value.
+// A number must also be finite (inf and nan are refused whatever the range). Integer sizes carry
+// an upper bound far beyond any real run, so that absurd values (n_layer = 2^63 - 1) are refused
+// at load, naming the key, before any size arithmetic sees them.
 struct Allowed {
   std::optional<double> min, max;
   bool min_exclusive = false, max_exclusive = false;
@@ -32,6 +34,7 @@ struct Allowed {
   static Allowed half_open(double lo, double hi);  // [lo, hi)
   static Allowed one_of(std::vector<std::string> values);
   Allowed or_value(double v) const;  // also accept v, e.g. -1 = "derive it"
+  Allowed at_most(double hi) const;   // and at most hi: at_least(1).at_most(65536) = "in [1, 65536]"
 
   bool accepts(double v) const;
   bool accepts(const std::string& s) const;
@@ -43,6 +46,15 @@ struct Allowed {
 //   template <class S> void section(std::string_view name, std::string_view doc, S& s);
 //   template <class T> void field(std::string_view key, T& value, std::string_view doc, const Allowed&);
 // for T in int64_t, double, bool, std::string. Key names are a contract with users' files.
+
+// Upper bounds of the integer sizes: far beyond any model trained today, small enough that their
+// products are checked without surprises (token ids are int32: the vocabulary fits one).
+inline constexpr double kMaxVocab = 2147483647.0;  // 2^31 - 1
+inline constexpr double kMaxLayers = 65536, kMaxHeads = 65536, kMaxWidth = 1 << 20, kMaxSeqLen = 1 << 30;
+inline constexpr double kMaxBatch = 1e9, kMaxEvalBatches = 1e6, kMaxValExamples = 1 << 20;
+// train.steps and the parallel degrees need no bound of their own: what they multiply is checked
+// (steps x global_batch x seq_len tokens; the product of the degrees, at most kMaxRanks).
+inline constexpr double kMaxRanks = 1 << 24;
 
 struct ModelSection {
   std::string preset = "gpt2";
@@ -64,16 +76,17 @@ struct ModelSection {
             "embeddings, biases) or llama (RMSNorm, SwiGLU, RoPE, untied, no biases)",
             Allowed::one_of({"gpt2", "llama"}));
     v.field("vocab_size", vocab_size, "vocabulary size; 0 = take it from the data/tokenizer",
-            Allowed::at_least(0));
-    v.field("n_layer", n_layer, "transformer blocks", Allowed::at_least(1));
-    v.field("n_head", n_head, "attention heads", Allowed::at_least(1));
+            Allowed::at_least(0).at_most(kMaxVocab));
+    v.field("n_layer", n_layer, "transformer blocks", Allowed::at_least(1).at_most(kMaxLayers));
+    v.field("n_head", n_head, "attention heads", Allowed::at_least(1).at_most(kMaxHeads));
     v.field("n_kv_head", n_kv_head, "key/value heads (grouped-query attention, llama); 0 = n_head",
-            Allowed::at_least(0));
-    v.field("n_embd", n_embd, "model width (channels), a multiple of n_head", Allowed::at_least(1));
+            Allowed::at_least(0).at_most(kMaxHeads));
+    v.field("n_embd", n_embd, "model width (channels), a multiple of n_head",
+            Allowed::at_least(1).at_most(kMaxWidth));
     v.field("ffn_hidden", ffn_hidden, "MLP hidden size; 0 = preset default (gpt2: 4 x n_embd, "
-            "llama: 8/3 x n_embd rounded up to a multiple of 64)", Allowed::at_least(0));
+            "llama: 8/3 x n_embd rounded up to a multiple of 64)", Allowed::at_least(0).at_most(4 * kMaxWidth));
     v.field("max_seq_len", max_seq_len, "longest sequence the model accepts; 0 = train.seq_len",
-            Allowed::at_least(0));
+            Allowed::at_least(0).at_most(kMaxSeqLen));
     v.field("norm_eps", norm_eps, "epsilon inside LayerNorm/RMSNorm", Allowed::greater_than(0));
     v.field("rope_theta", rope_theta, "rotary embedding base (llama)", Allowed::greater_than(0));
     v.field("init_std", init_std, "standard deviation of the weight init; residual output "
@@ -109,7 +122,7 @@ struct DataConfig {
             "listed in [[data.train]]", Allowed::one_of({"addition", "tokens"}));
     v.field("digits", digits, "addition: digits per operand", Allowed::closed(1, 9));
     v.field("val_examples", val_examples, "addition: held-out problems whose greedy answers are scored",
-            Allowed::at_least(1));
+            Allowed::at_least(1).at_most(kMaxValExamples));
     v.field("seed", seed, "seed of the data generator and sampler", Allowed::at_least(0));
     v.field("train", train, "tokens: the training datasets, blended by weight; each [[data.train]] table has "
             "path (indexed dataset prefix or llm.c shard glob) and weight", Allowed::any());
@@ -138,20 +151,22 @@ struct TrainConfig {
   int64_t exit_after_steps = 0;
   double exit_after_minutes = 0.0;
   bool profile = false;
+  bool memory_check = true;
 
   template <class V>
   void visit(V& v) {
     v.field("steps", steps, "total optimizer steps", Allowed::at_least(1));
     v.field("global_batch", global_batch, "sequences per optimizer step, over all data-parallel "
-            "ranks and accumulation steps", Allowed::at_least(1));
+            "ranks and accumulation steps", Allowed::at_least(1).at_most(kMaxBatch));
     v.field("micro_batch", micro_batch, "sequences per rank per forward/backward; gradient "
-            "accumulation steps = global_batch / (micro_batch x dp)", Allowed::at_least(1));
-    v.field("seq_len", seq_len, "tokens per training sequence", Allowed::at_least(2));
+            "accumulation steps = global_batch / (micro_batch x dp)", Allowed::at_least(1).at_most(kMaxBatch));
+    v.field("seq_len", seq_len, "tokens per training sequence", Allowed::at_least(2).at_most(kMaxSeqLen));
     v.field("seed", seed, "seed of the parameter init (Philox) and of any training randomness",
             Allowed::at_least(0));
     v.field("eval_every", eval_every, "evaluate every this many steps; 0 = only at the end",
             Allowed::at_least(0));
-    v.field("eval_batches", eval_batches, "micro-batches per evaluation", Allowed::at_least(1));
+    v.field("eval_batches", eval_batches, "micro-batches per evaluation",
+            Allowed::at_least(1).at_most(kMaxEvalBatches));
     v.field("max_bad_steps", max_bad_steps, "consecutive steps with a non-finite loss or gradient "
             "(skipped) before the run stops", Allowed::at_least(1));
     v.field("name", name, "run name; \"\" = the config file name without .toml", Allowed::any());
@@ -161,6 +176,9 @@ struct TrainConfig {
             "after this many minutes of this invocation; 0 = off", Allowed::at_least(0.0));
     v.field("profile", profile, "time every op family (matmul, attention, norm, communication, adamw, ...) and "
             "print where each step's time goes at every log step (rank 0's view)", Allowed::any());
+    v.field("memory_check", memory_check, "before allocating, estimate one rank's memory (parameters, gradients, "
+            "optimizer, activations, batches, checkpoint copies) and refuse to start when the ranks on a node "
+            "need more than it has available; false = only warn (docs/training.md)", Allowed::any());
   }
   bool operator==(const TrainConfig&) const = default;
 };
@@ -224,7 +242,7 @@ struct ParallelConfig {
     v.field("zero", zero, "ZeRO stage: 0 = replicated optimizer state, 1 = sharded over dp",
             Allowed::closed(0, 1));
     v.field("bucket_mb", bucket_mb, "data parallel: gradients are summed in buckets of about this many MiB",
-            Allowed::greater_than(0.0));
+            Allowed::greater_than(0.0).at_most(1 << 20));
     v.field("overlap_grad_reduce", overlap_grad_reduce, "data parallel: start each bucket's reduction as soon "
             "as its gradients are final during backward (false: all after backward)", Allowed::any());
     v.field("timeout_s", timeout_s, "a rank that waits this many seconds in one collective (a stopped, hung or "
@@ -301,7 +319,9 @@ struct Config {
 
 // Reads a TOML file, applies "section.key=value" overrides in order, validates, and fills
 // train.name from the file name when empty. Throws tessera::Error naming the key and file:line
-// (or the --set argument) of the first problem.
+// (or the --set argument) of the first problem. Only a regular file of at most kMaxConfigBytes is
+// read: a directory, a device (/dev/urandom) or a FIFO is refused before reading.
+inline constexpr int64_t kMaxConfigBytes = 4 << 20;
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
 // The same from text; source_name stands for the file in messages. train.name is left as written.
@@ -309,8 +329,16 @@ Config parse_config_string(const std::string& toml_text, const std::string& sour
                            const std::vector<std::string>& overrides = {});
 
 // Checks every field against its Allowed and the cross-field rules (min_lr <= lr, batch
-// divisibility, model shape); load_config already does this.
+// divisibility, model shape, and that the sizes they imply fit 64-bit arithmetic: the tokens of
+// the whole run, the process grid, one rank's memory estimate); load_config already does this.
 void validate(const Config& c);
+
+// A key whose value differs between two configs: "train.seed", "1337", "7" (values as TOML).
+struct ConfigChange {
+  std::string key, before, after;
+};
+// The keys whose values differ, in declaration order (resuming compares the checkpoint's config).
+std::vector<ConfigChange> config_changes(const Config& before, const Config& after);
 
 // Every section and key, each with its doc comment above it; parses back to an equal Config.
 std::string to_toml(const Config& c);

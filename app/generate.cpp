@@ -101,9 +101,15 @@ int32_t sample_token(const std::vector<float>& logits, double temperature, int64
   return order[k - 1];
 }
 
+void check_generate_args(const GenerateArgs& a) {
+  TESSERA_CHECK(a.max_tokens >= 0, "generate: --max-tokens must be >= 0, got ", a.max_tokens);
+  TESSERA_CHECK(std::isfinite(a.temperature) && a.temperature >= 0, "generate: --temperature must be a finite number ",
+                ">= 0 (0 = greedy), got ", a.temperature);
+  TESSERA_CHECK(a.top_k >= 0, "generate: --top-k must be >= 0 (0 = the whole vocabulary), got ", a.top_k);
+}
+
 int run_generate_command(const GenerateArgs& a) {
-  TESSERA_CHECK(a.max_tokens >= 0, "--max-tokens must be >= 0, got ", a.max_tokens);
-  TESSERA_CHECK(a.temperature >= 0, "--temperature must be >= 0, got ", a.temperature);
+  check_generate_args(a);
   CheckpointReader reader(a.ckpt, MPI_COMM_SELF);
   const Config cfg = parse_config_string(reader.meta().config_toml, a.ckpt + " (stored config)");
   const auto tok = tokenizer_for(cfg, a.vocab_dir);
@@ -116,6 +122,10 @@ int run_generate_command(const GenerateArgs& a) {
   const int64_t capacity = std::min<int64_t>(gpt.config().max_seq_len, static_cast<int64_t>(ids.size()) + a.max_tokens);
   TESSERA_CHECK(static_cast<int64_t>(ids.size()) < gpt.config().max_seq_len, "the prompt has ", ids.size(),
                 " tokens; the model's context is ", gpt.config().max_seq_len);
+  const int64_t room = gpt.config().max_seq_len - static_cast<int64_t>(ids.size());
+  TESSERA_CHECK(a.max_tokens <= room, "generate: --max-tokens ", a.max_tokens, " does not fit: the prompt has ", ids.size(),
+                " tokens and the model's context is ", gpt.config().max_seq_len, ", so at most ", room,
+                " new tokens fit; lower --max-tokens");
   std::cout << a.prompt << std::flush;
 
   std::mt19937_64 rng(a.seed);

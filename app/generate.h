@@ -20,6 +20,11 @@ struct GenerateArgs {
   bool stop_at_newline = false;
 };
 
+// Refuses out-of-range options before anything is loaded: --max-tokens < 0, a negative or
+// non-finite --temperature, --top-k < 0. (--max-tokens beyond the model's context is refused once
+// the checkpoint says what the context is.)
+void check_generate_args(const GenerateArgs& args);
+
 // Prints the prompt and its continuation to stdout, and tokens/s to stderr. Returns the exit code.
 int run_generate_command(const GenerateArgs& args);
 

@@ -216,6 +216,14 @@ class DocumentWriter {
 void check_args(const PrepareArgs& a) {
   TESSERA_CHECK(!a.inputs.empty(), "prepare: give at least one --input file");
   TESSERA_CHECK(!a.out.empty(), "prepare: give an output prefix with --out");
+  // The prefix gets ".bin"/".idx" appended: "data/" would write the hidden files data/.bin, a
+  // directory's name would write beside it.
+  const fs::path out(a.out);
+  const std::string name = out.filename().string();
+  std::error_code ec;
+  TESSERA_CHECK(!name.empty() && name != "." && name != ".." && !fs::is_directory(out, ec), "prepare: --out ", a.out,
+                " names a directory; give a file prefix inside it, e.g. --out ",
+                (name.empty() ? out.parent_path() : out).string(), "/corpus (writes corpus.bin and corpus.idx there)");
   TESSERA_CHECK(a.val_fraction >= 0 && a.val_fraction < 1, "prepare: --val-fraction must be in [0, 1), got ",
                 a.val_fraction);
   TESSERA_CHECK(a.tokenizer != "gpt2" || !a.vocab_dir.empty(),

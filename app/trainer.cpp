@@ -18,6 +18,8 @@
 
 #include "app/build_info.h"
 #include "app/evaluate.h"
+#include "app/memory_check.h"
+#include "app/preflight.h"
 #include "app/run_lock.h"
 #include "kernels/backend_info.h"
 #include "kernels/cross_entropy.h"
@@ -68,10 +70,14 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
       sampler_(data_.train->num_samples(), static_cast<uint64_t>(cfg.train.seed)),
       layout_{cfg.train.global_batch, cfg.train.micro_batch, grid_.dp_size(), grid_.dp_rank()},
       progress_(cfg.log.progress, grid_.rank() == 0) {
-  if (comm != MPI_COMM_NULL && grid_.world_size() > 1) comms_ = std::make_unique<GridComms>(grid_, comm);
-  if (watchdog && comms_) comms_->watch(*watchdog, grid_, cfg_.parallel.timeout_s);
   const ModelConfig mc = resolve(to_model_config(cfg_, data_.vocab_size));
   validate_layout(cfg_, mc, grid_.world_size());
+  const std::string ckpt_dir = checkpoint_dir(cfg_, run_dir_);
+  // Before anything is allocated: a run that cannot fit is refused now, on every rank.
+  memory_line_ = check_training_memory(
+      cfg_, data_.vocab_size, {grid_.tp_size(), grid_.dp_size(), !ckpt_dir.empty() && comm != MPI_COMM_NULL}, comm);
+  if (comm != MPI_COMM_NULL && grid_.world_size() > 1) comms_ = std::make_unique<GridComms>(grid_, comm);
+  if (watchdog && comms_) comms_->watch(*watchdog, grid_, cfg_.parallel.timeout_s);
   // The tp ranks of a dp replica hold one model between them and read the same batches.
   TensorParallel tp;
   if (grid_.tp_size() > 1) tp = TensorParallel{&comms_->tp, cfg_.parallel.sequence_parallel};
@@ -86,7 +92,6 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
   schedule_ = LrSchedule{cfg_.optim.lr, cfg_.optim.min_lr, cfg_.optim.warmup_steps, cfg_.train.steps,
                          parse_lr_decay(cfg_.optim.decay)};
   flops_per_token_ = flops_per_token(mc, cfg_.train.seq_len);
-  const std::string ckpt_dir = checkpoint_dir(cfg_, run_dir_);
   if (!ckpt_dir.empty() && comm != MPI_COMM_NULL) {
     // Which checkpoint to continue, and whose: a fresh start over another run's files is refused here,
     // before metrics.jsonl is opened (and truncated).
@@ -100,6 +105,9 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
     if (const auto& path = start.resume_from) {
       const FullOptimizerState moments = opt_->state_buffers();
       const RestoredState st = restore_training_state(*path, *params_, moments.state, comm);
+      // A diverged run's checkpoint would "train" on NaN and report a loss of 0 (collective).
+      throw_if_any_failed(comm, nonfinite_tensor_in(*path, *params_, moments.state));
+      if (lead_) resume_warnings_ = data_order_changes(st.config_toml, cfg_);
       opt_->load_state(ex_, moments.state, st.optimizer_steps);
       resumed_from_ = *path;
       start_step_ = st.step;
@@ -401,9 +409,11 @@ void Trainer::print_header() {
        << (grid_.tp_size() > 1 && cfg_.parallel.sequence_parallel ? " (sequence parallel)" : "") << "; "
        << params_->numel() << " parameters per rank";
   if (ckpt_) os << "\nrun id " << ckpt_->run_id();
+  os << "\n" << memory_line_;
   progress_.message(os.str());
   if (!resumed_from_.empty())
     progress_.message("resumed from " + resumed_from_ + " at step " + std::to_string(start_step_));
+  for (const std::string& w : resume_warnings_) progress_.message("warning: " + w);
 }
 
 void Trainer::save_checkpoint(int64_t steps_done) {
@@ -569,8 +579,11 @@ void Trainer::train_loop(const StopSignals& stop, TrainSummary& summary, std::ch
 
 namespace {
 void print_summary(const TrainSummary& s, const std::string& run_dir) {
-  std::printf("done: %ld steps (%ld skipped) in %s | final loss %.4f", static_cast<long>(s.steps_done),
-              static_cast<long>(s.skipped_steps), format_duration(s.elapsed_s).c_str(), s.last_loss);
+  std::printf("done: %ld steps (%ld skipped) in %s", static_cast<long>(s.steps_done),
+              static_cast<long>(s.skipped_steps), format_duration(s.elapsed_s).c_str());
+  // No completed step this invocation (all skipped as non-finite): no loss to show, not a 0.
+  if (std::isfinite(s.last_loss)) std::printf(" | final loss %.4f", s.last_loss);
+  else std::printf(" | no step completed");
   if (s.val_loss >= 0) std::printf(" | val_loss %.4f", s.val_loss);
   if (s.val_accuracy >= 0) std::printf(" | accuracy %.1f%%", 100.0 * s.val_accuracy);
   std::printf("\nrun directory: %s (config.toml, metrics.jsonl)\n", run_dir.c_str());
@@ -626,7 +639,7 @@ int run_train_command(const TrainArgs& args) {
       check_supported(cfg);
       dir = args.run_dir.empty() ? run_dir(cfg) : args.run_dir;
       if (lead) {
-        std::filesystem::create_directories(dir);
+        check_writable_directories(dir, cfg, !args.run_dir.empty());
         // One job per run directory, before anything in it is written: a second one would
         // overwrite config.toml, interleave metrics.jsonl and race on `latest`.
         locks = lock_run_directories(dir, checkpoint_dir(cfg, dir));
@@ -664,6 +677,12 @@ int run_train_command(const TrainArgs& args) {
       error = e.what();
     }
     throw_if_any_failed(world, error);
+  }
+  if (trainer->start_step() >= cfg.train.steps) {
+    if (lead)
+      std::cout << "nothing to do: checkpoint " << trainer->resumed_from() << " is at step " << trainer->start_step()
+                << " >= train.steps = " << cfg.train.steps << "; raise train.steps to continue\n";
+    return kExitOk;
   }
   const TrainSummary summary = trainer->run();
   if (lead) print_summary(summary, dir);

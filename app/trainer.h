@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,7 +59,7 @@ class DataError : public Error {
 struct TrainSummary {
   int64_t steps_done = 0;
   int64_t skipped_steps = 0;
-  double last_loss = 0;
+  double last_loss = std::numeric_limits<double>::quiet_NaN();  // NaN until a step completes
   double val_loss = -1;      // -1 when there is no validation data
   double val_accuracy = -1;  // -1 when the task has no accuracy
   double elapsed_s = 0;
@@ -87,6 +88,8 @@ class Trainer {
   StepResult step(int64_t s);
   const ParameterStore& params() const { return *params_; }
   int64_t start_step() const { return start_step_; }
+  const std::string& resumed_from() const { return resumed_from_; }  // "" when it started fresh
+  const Allocator& allocator() const { return alloc_; }
   int64_t grad_accum_steps() const { return accum_; }
 
  private:
@@ -142,6 +145,8 @@ class Trainer {
   std::unique_ptr<CheckpointWriter> ckpt_;
   WaitSlot* ckpt_wait_ = nullptr;  // the main thread waiting for the writer; null: not watched
   std::string resumed_from_;
+  std::string memory_line_;                   // the memory estimate, for the header
+  std::vector<std::string> resume_warnings_;  // keys changed since the checkpoint that change the data order
   int64_t start_step_ = 0, consumed_at_start_ = 0;
   int64_t saved_step_ = -1;  // the step of this run's last save
   int64_t dp_bytes_at_record_ = 0, tp_bytes_at_record_ = 0, step_at_record_ = 0;  // communication accounting per record

@@ -17,6 +17,7 @@
 #include "kernels/allocator.h"
 #include "model/gpt.h"
 #include "model/parameters.h"
+#include "checkpoint_testing.h"
 #include "cli_testing.h"
 #include "mpi_testing.h"
 #include "testing.h"
@@ -258,6 +259,28 @@ TEST(CkptCommands, ExportListsShapeMismatchesWithTheConfig) {
             std::string::npos)
       << r.err;
   EXPECT_FALSE(fs::exists(dir / "hf" / "model.safetensors"));
+}
+
+// A checkpoint holding NaN or inf (a diverged run's) used to export silently into a model that
+// produces NaN: refused naming each tensor and its count, unless --allow-non-finite.
+TEST(CkptCommands, ExportRefusesNonFiniteTensorsUnlessAllowed) {
+  const fs::path dir = temp_dir("ckpt_export_nan");
+  TinyCheckpoint ckpt(gpt2_config(), kGpt2Toml, dir);
+  testing::set_first_value(ckpt.file().string(), "/model/wte.weight", std::nanf(""));
+  testing::set_first_value(ckpt.file().string(), "/model/blocks.1.ln2.bias", HUGE_VALF);
+  const std::string out = (dir / "hf").string();
+  CommandResult r = tessera("ckpt export " + ckpt.file().string() + " --out " + out, dir);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find(ckpt.file().string() + " holds non-finite values (NaN or inf) in /model/"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("/model/wte.weight (1 value)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("/model/blocks.1.ln2.bias (1 value)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--allow-non-finite"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir / "hf" / "model.safetensors"));
+  r = tessera("ckpt export " + ckpt.file().string() + " --out " + out + " --allow-non-finite", dir);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(dir / "hf" / "model.safetensors"));
+  fs::remove_all(dir);
 }
 
 TEST(CkptCommands, ExportRefusesUnknownFormats) {

@@ -10,6 +10,8 @@
 #include <fstream>
 #include <functional>
 #include <initializer_list>
+#include <limits>
+#include <cmath>
 #include <sstream>
 #include <string>
 
@@ -395,6 +397,100 @@ TEST(ConfigToToml, EveryKeyHasItsDocCommentAbove) {
                          "decay_norms = false\n"});
 }
 
+// ---- Non-finite numbers, absurd sizes, config files that are not configs (issue #11) ----------
+
+// Every float key, from the declaration itself (to_toml's float literals), so a new key is covered.
+std::vector<std::string> float_keys() {
+  std::vector<std::string> keys;
+  std::istringstream lines(to_toml(Config{}));
+  std::string section;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    if (line[0] == '[') {
+      section = line.substr(1, line.size() - 2);
+      continue;
+    }
+    const std::string key = line.substr(0, line.find(' ')), value = line.substr(line.find('=') + 2);
+    const bool number = !value.empty() && (std::isdigit(static_cast<unsigned char>(value[0])) || value[0] == '-');
+    if (number && value.find_first_of(".e") != std::string::npos) keys.push_back(section + "." + key);
+  }
+  return keys;
+}
+
+TEST(ConfigErrors, EveryFloatKeyMustBeFinite) {
+  const std::vector<std::string> keys = float_keys();
+  ASSERT_GE(keys.size(), 14u);  // norm_eps ... peak_gflops: the list is derived, not empty
+  for (const std::string& key : keys) {
+    for (const std::string v : {"inf", "-inf", "nan"}) {
+      const std::string section = key.substr(0, key.find('.')), name = key.substr(key.find('.') + 1);
+      expect_contains(parse_error("[" + section + "]\n" + name + " = " + v + "\n"),
+                      {key + " = ", "configs/x.toml:2", "is not a finite number"});
+      expect_contains(parse_error("", {key + "=" + v}), {"--set " + key + "=" + v, "is not a finite number"});
+    }
+  }
+  // The ones the issue met: each trained (or printed a negative GFLOP/s) and exited 0.
+  expect_contains(parse_error("[optim]\nlr = inf\n"), {"optim.lr = inf", "must be finite and > 0"});
+  expect_contains(parse_error("[log]\npeak_gflops = inf\n"), {"log.peak_gflops = inf", "must be finite and >= 0"});
+  expect_contains(parse_error("[[data.train]]\npath = \"a\"\nweight = inf\n"), {"data.train[0].weight = inf"});
+}
+
+TEST(ConfigErrors, AbsurdIntegersAreRefusedWithASaneRange) {
+  const std::string huge = "9223372036854775807";  // 2^63 - 1: "cannot create std::vector larger than max_size()"
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"model.n_layer", "in [1, 65536]"},         {"model.n_head", "in [1, 65536]"},
+      {"model.n_embd", "in [1, 1048576]"},        {"model.vocab_size", "in [0, 2147483647]"},
+      {"model.ffn_hidden", "in [0, 4194304]"},    {"model.max_seq_len", "in [0, 1073741824]"},
+      {"train.seq_len", "in [2, 1073741824]"},    {"train.micro_batch", "in [1, 1000000000]"},
+      {"train.global_batch", "in [1, 1000000000]"}, {"train.eval_batches", "in [1, 1000000]"},
+      {"data.val_examples", "in [1, 1048576]"},
+  };
+  for (const auto& [key, range] : cases)
+    expect_contains(parse_error("", {key + "=" + huge}), {key + " = " + huge, "out of range", "must be " + range});
+}
+
+TEST(ConfigErrors, SizeProductsAreCheckedBeforeUse) {
+  // The tokens of the whole run: steps x global_batch x seq_len must fit 64 bits.
+  expect_contains(parse_error("[train]\nsteps = 4611686018427387904\n"),
+                  {"train.steps = 4611686018427387904 (configs/x.toml:2)", "train.global_batch = 32 (default)",
+                   "overflow"});
+  // The process grid, before its product is taken.
+  expect_contains(parse_error("", {"parallel.tp=4611686018427387904", "parallel.dp=4"}),
+                  {"parallel.tp x parallel.pp x parallel.cp x parallel.dp", "more than 16777216 ranks"});
+  // One rank's memory estimate: (B T) x V logits of 2^30 x 2^30 x 2^31 elements.
+  expect_contains(parse_error("", {"train.steps=1", "train.micro_batch=1000000000", "train.global_batch=1000000000",
+                                   "train.seq_len=1073741824", "model.vocab_size=2147483647"}),
+                  {"overflow 64-bit arithmetic", "train.micro_batch = 1000000000 (--set", "train.seq_len = 1073741824"});
+}
+
+TEST(ConfigLoad, RefusesDirectoriesDevicesAndHugeFilesBeforeReading) {
+  TempFile f("ok.toml", "[train]\nsteps = 3\n");
+  const std::string dir = std::filesystem::path(f.path()).parent_path().string();
+  // A directory used to read as an empty file: the default 12-layer model trained.
+  expect_contains(error_of([&] { load_config(dir); }), {"the config file " + dir + " is a directory"});
+  // A character device (/dev/null reads empty; /dev/urandom would never end: tests/app/test_preflight.cpp).
+  expect_contains(error_of([&] { load_config("/dev/null"); }), {"/dev/null is not a regular file"});
+  const std::string big = dir + "/big.toml";
+  std::ofstream(big) << std::string(static_cast<size_t>(kMaxConfigBytes) + 1, '#');
+  expect_contains(error_of([&] { load_config(big); }), {big, std::to_string(kMaxConfigBytes + 1) + " bytes"});
+  EXPECT_EQ(load_config(f.path()).train.steps, 3);
+}
+
+TEST(ConfigChanges, ListsTheKeysThatDifferWithBothValues) {
+  Config a, b;
+  EXPECT_TRUE(config_changes(a, b).empty());
+  b.train.global_batch = 64;
+  b.data.seed = 7;
+  b.optim.lr = 1e-3;
+  const auto changes = config_changes(a, b);
+  ASSERT_EQ(changes.size(), 3u);
+  EXPECT_EQ(changes[0].key, "data.seed");
+  EXPECT_EQ(changes[0].before, "1234");
+  EXPECT_EQ(changes[0].after, "7");
+  EXPECT_EQ(changes[1].key, "train.global_batch");
+  EXPECT_EQ(changes[2].key, "optim.lr");
+  EXPECT_EQ(changes[2].after, "0.001");
+}
+
 // ---- Integration helpers -------------------------------------------------------------------
 
 TEST(ConfigLoad, ReadsAFileAndNamesTheRunAfterIt) {
@@ -461,6 +557,11 @@ TEST(ConfigDocs, AllowedDescribesItself) {
   EXPECT_EQ(Allowed::greater_than(0.5).describe(), "> 0.5");
   EXPECT_EQ(Allowed::one_of({"a", "b"}).describe(), "one of \"a\", \"b\"");
   EXPECT_EQ(Allowed::any().describe(), "");
+  EXPECT_EQ(Allowed::at_least(1).at_most(65536).describe(), "in [1, 65536]");
+  EXPECT_EQ(Allowed::greater_than(0).at_most(4).describe(), "in (0, 4]");
+  EXPECT_EQ(Allowed::at_least(1).at_most(8).or_value(-1).describe(), "-1 or in [1, 8]");
+  EXPECT_FALSE(Allowed::any().accepts(std::numeric_limits<double>::infinity()));
+  EXPECT_FALSE(Allowed::any().accepts(std::nan("")));
 }
 
 TEST(ConfigDocs, DocsConfigMdContainsTheGeneratedReference) {

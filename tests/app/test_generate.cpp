@@ -5,9 +5,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "cli_testing.h"
+#include "kernels/check.h"
 
 namespace tessera {
 namespace {
@@ -59,6 +64,59 @@ TEST(GenerateCommand, CachedEqualsUncachedAndAnswersAreRight) {
   const auto bad = testing::run_tessera({"generate", "--ckpt", (dir / "missing.h5").string(), "--prompt", "1+1="}, dir);
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.output.find("missing.h5"), std::string::npos) << bad.output;
+  fs::remove_all(dir);
+}
+
+// Out-of-range sampling options used to be accepted (--top-k -3 sampled from the whole
+// vocabulary); each is refused naming the option. --max-tokens beyond the model's context (it
+// used to stop there silently) says how many fit.
+TEST(GenerateCommand, OutOfRangeOptionsAreRefused) {
+  for (auto [option, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--top-k", "-3"}, {"--temperature", "-1"}, {"--temperature", "inf"}, {"--temperature", "nan"},
+           {"--max-tokens", "-2"}}) {
+    GenerateArgs a;
+    if (option == "--top-k") a.top_k = std::stoll(value);
+    if (option == "--temperature") a.temperature = std::stod(value);
+    if (option == "--max-tokens") a.max_tokens = std::stoll(value);
+    try {
+      check_generate_args(a);
+      ADD_FAILURE() << option << " " << value << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(option + " must be"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_NO_THROW(check_generate_args(GenerateArgs{}));
+
+  const fs::path dir = testing::temp_dir("generate_args");
+  std::ofstream(dir / "tiny.toml") << testing::kTinyConfig;
+  ASSERT_EQ(testing::run_tessera({"train", (dir / "tiny.toml").string(), "--run-dir", (dir / "run").string(), "--set",
+                                  "train.steps=1"},
+                                 dir)
+                .exit_code,
+            0);
+  const std::string ckpt = (dir / "run" / "checkpoints" / "step_00000001.h5").string();
+  auto generate = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"generate", "--ckpt", ckpt, "--prompt", "3+4="};
+    if (std::find(extra.begin(), extra.end(), "--max-tokens") == extra.end()) args.insert(args.end(), {"--max-tokens", "2"});
+    args.insert(args.end(), extra.begin(), extra.end());
+    return testing::run_tessera(args, dir);
+  };
+  testing::RunResult r = generate({"--top-k", "-3", "--temperature", "1"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("generate: --top-k must be >= 0 (0 = the whole vocabulary), got -3"), std::string::npos)
+      << r.output;
+  r = generate({"--temperature", "-0.5"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--temperature must be a finite number >= 0"), std::string::npos) << r.output;
+  // The tiny model's context is train.seq_len = 24: a 4-token prompt leaves room for 20.
+  r = generate({"--max-tokens", "30"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--max-tokens 30 does not fit: the prompt has 4 tokens and the model's context is 24, so at "
+                          "most 20 new tokens fit"),
+            std::string::npos)
+      << r.output;
+  r = generate({"--top-k", "3", "--temperature", "0.7"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
   fs::remove_all(dir);
 }
 

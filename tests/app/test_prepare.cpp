@@ -166,6 +166,28 @@ TEST(PrepareCommand, UserErrorsNameTheProblem) {
   EXPECT_FALSE(fs::exists(dir / "d.bin"));
 }
 
+// The prefix gets ".bin"/".idx" appended: --out data/ used to write the hidden files data/.bin and
+// data/.idx. A prefix that is a directory, or ends in a separator, is refused with a valid example.
+TEST(PrepareCommand, OutThatNamesADirectoryIsRefusedWithAnExample) {
+  Dir dir("out_dir");
+  write_file(dir / "a.txt", "some text");
+  fs::create_directories(dir.path / "data");
+  for (const std::string& out : {dir / "data/", dir / "data", dir / "new/", dir / "data/."}) {
+    const RunResult r = run_prepare({"--input", dir / "a.txt", "--tokenizer", "byte", "--out", out}, dir);
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("--out " + out + " names a directory; give a file prefix inside it, e.g. --out "),
+              std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("/corpus (writes corpus.bin and corpus.idx there)"), std::string::npos) << r.output;
+  }
+  EXPECT_TRUE(fs::is_empty(dir.path / "data"));
+  EXPECT_FALSE(fs::exists(dir.path / "new"));
+  EXPECT_FALSE(fs::exists(dir.path / "data.bin"));
+  const RunResult ok = run_prepare({"--input", dir / "a.txt", "--tokenizer", "byte", "--out", dir / "data/corpus"}, dir);
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_TRUE(fs::exists(dir.path / "data" / "corpus.bin"));
+}
+
 TEST(PrepareCommand, SeparatorEscapes) {
   EXPECT_EQ(unescape_separator("\\n\\n"), "\n\n");
   EXPECT_EQ(unescape_separator("<\\t\\r\\\\>"), "<\t\r\\>");

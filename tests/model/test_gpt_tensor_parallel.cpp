@@ -10,6 +10,7 @@
 
 #include "kernels/cross_entropy.h"
 #include "model/gpt.h"
+#include "model/memory.h"
 #include "mpi_testing.h"
 #include "parallel/communicator.h"
 #include "testing.h"
@@ -105,6 +106,30 @@ TEST_P(GptTensorParallel, ShardsEqualTheWholeModel) {
     for (int64_t i = 0; i < e.local_shape.numel(); ++i) err = std::max(err, std::abs(g.ptr<double>()[i] - whole_value(e, wv, i)));
     EXPECT_LT(err, 1e-12 * largest) << e.spec.name << " on rank " << rank << " of " << tp;
   }
+}
+
+// model/memory.h on this layout: this rank's parameters, what its forward keeps and the peak of
+// its forward + backward equal the allocator's counts exactly (the sequence-parallel staging
+// buffers, replicated KV projections and vocabulary-parallel loss temporaries included).
+TEST_P(GptTensorParallel, MemoryEqualsTheAnalyticModel) {
+  const Case c = GetParam();
+  MpiCommunicator comm = MpiCommunicator::duplicate(testing::test_world());
+  const int tp = comm.size(), rank = comm.rank();
+  const ModelConfig cfg = tp_config(c.preset);
+  Model shard(cfg, {tp, rank}, c.recompute, TensorParallel{&comm, c.sequence_parallel});
+  const int64_t B = 2, T = 8;
+  const ModelMemory m = model_memory(cfg, {B, T, tp, c.sequence_parallel, c.recompute == Recompute::Full});
+  EXPECT_EQ(m.parameters, shard.ps.numel()) << "rank " << rank;
+  const size_t state = shard.alloc.total_current(), bytes = sizeof(double);
+  auto tokens = testing::random_ids({B, T}, cfg.vocab_size, 5);
+  auto targets = testing::random_ids({B, T}, cfg.vocab_size, 6);
+  GptCtx ctx;
+  shard.gpt.forward(testing::kCpu, ctx, shard.alloc, tokens.t(), targets.t());
+  EXPECT_EQ(shard.alloc.counter(MemCategory::Activations).current, bytes * static_cast<size_t>(m.activations))
+      << "rank " << rank;
+  shard.gpt.backward(testing::kCpu, ctx, shard.alloc, 0.01);
+  EXPECT_EQ(shard.alloc.total_peak() - state, bytes * static_cast<size_t>(m.training_peak) + ModelMemory::kLossSumsBytes)
+      << "rank " << rank;
 }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {

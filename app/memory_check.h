@@ -1,0 +1,65 @@
+// The up-front memory check of `tessera train`: one rank's memory estimated from the config and the
+// layout (the model from model/memory.h; gradients, optimizer state, token batches and checkpoint
+// copies here) against the memory this node has available, before anything is allocated. A run
+// that cannot fit is refused in a second with the estimate and the keys that shrink it, instead of
+// being killed by the kernel after minutes of allocating.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "app/config.h"
+
+namespace tessera {
+
+// One line of the estimate.
+struct MemoryItem {
+  std::string what;         // "activations and temporaries of one micro-batch (8 x 64 tokens)"
+  int64_t bytes = 0;
+  bool allocator = false;   // counted by the Allocator (its peak is the progress line's `mem`)
+  std::string keys;         // what shrinks it: "train.micro_batch, train.seq_len, ..."
+};
+
+// One rank's memory at its peak: the items add up (the largest transient alone is listed).
+struct MemoryEstimate {
+  std::vector<MemoryItem> items;
+  int64_t total() const;
+  int64_t allocator_bytes() const;  // the part the allocator counts: an estimate of its peak
+};
+
+struct MemoryLayout {
+  int64_t tp = 1, dp = 1;
+  bool checkpoints = true;  // checkpoints are written (their host copy lives beside training)
+};
+
+// data_vocab_size: the data's vocabulary (model.vocab_size = 0 takes it). Checked arithmetic:
+// throws SizeOverflow (model/memory.h) for sizes beyond 64 bits; the config's validation calls it
+// for that reason.
+MemoryEstimate estimate_training_memory(const Config& cfg, int64_t data_vocab_size, const MemoryLayout& layout);
+
+// What this process may still allocate: MemAvailable from /proc/meminfo, or the cgroup's limit
+// minus its usage when that is lower. bytes < 0 when neither can be read.
+// TESSERA_TEST_MEMORY_AVAILABLE=<bytes> replaces it (tests).
+struct AvailableMemory {
+  int64_t bytes = -1;
+  std::string source;  // "MemAvailable in /proc/meminfo", "the cgroup limit (...)"
+};
+AvailableMemory available_host_memory();
+
+// The refusal message when ranks_on_node ranks of this estimate need more than is available,
+// "" when they fit (or when the available memory is unknown).
+std::string memory_problem(const MemoryEstimate& e, int64_t ranks_on_node, const AvailableMemory& available);
+
+// The trainer's check, collective over comm (MPI_COMM_NULL: one process): estimates, compares
+// with this node's available memory (all ranks on the node share it) and, when it does not fit
+// and train.memory_check is on, throws the same error on every rank. Returns the header line,
+// "memory estimate: 1.21 GiB per rank (tensors 1.10 GiB, the progress line's mem) of 23.40 GiB
+// available (MemAvailable in /proc/meminfo)",
+// with a warning appended when it does not fit and the check is off.
+std::string check_training_memory(const Config& cfg, int64_t data_vocab_size, const MemoryLayout& layout,
+                                  MPI_Comm comm);
+
+}  // namespace tessera

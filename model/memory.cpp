@@ -1,0 +1,169 @@
+// The analytic memory model: one rank's parameters, activations and backward temporaries,
+// following model/gpt.cpp's allocations in order (which buffer is live when). Letters as in gpt.h;
+// R = tp, Tl = T / R under sequence parallelism (else T), Hl = H / R, KVl = KV heads per rank
+// (1 when fewer KV heads than ranks: they are replicated), Fl = F / R, Vl = ceil(V / R).
+#include "model/memory.h"
+
+#include <algorithm>
+
+namespace tessera {
+
+int64_t checked_mul(int64_t a, int64_t b) {
+  int64_t r = 0;
+  if (a < 0 || b < 0 || __builtin_mul_overflow(a, b, &r))
+    throw SizeOverflow("size arithmetic overflows 64 bits: " + std::to_string(a) + " x " + std::to_string(b));
+  return r;
+}
+
+int64_t checked_add(int64_t a, int64_t b) {
+  int64_t r = 0;
+  if (a < 0 || b < 0 || __builtin_add_overflow(a, b, &r))
+    throw SizeOverflow("size arithmetic overflows 64 bits: " + std::to_string(a) + " + " + std::to_string(b));
+  return r;
+}
+
+namespace {
+
+// A non-negative size whose + and x are checked, so the formulas below read as formulas.
+struct N {
+  int64_t v = 0;
+};
+N operator*(N a, N b) { return {checked_mul(a.v, b.v)}; }
+N operator+(N a, N b) { return {checked_add(a.v, b.v)}; }
+N max(N a, N b) { return a.v > b.v ? a : b; }
+
+struct Dims {
+  N B, T, Tl, C, D, Hl, KVh, KVl, Fl, V, Vl, L;
+  bool layernorm, swiglu, learned_positions, bias, tied, kv_replicated, sp;
+};
+
+Dims dims_of(const ModelConfig& c, const ModelMemoryLayout& lay) {
+  TESSERA_CHECK(lay.tp >= 1 && c.n_head % lay.tp == 0 && c.ffn_hidden % lay.tp == 0, "model_memory: tp = ", lay.tp,
+                " must divide model.n_head = ", c.n_head, " and model.ffn_hidden = ", c.ffn_hidden);
+  TESSERA_CHECK(lay.batch >= 1 && lay.seq_len >= 1, "model_memory: batch and seq_len must be >= 1");
+  Dims d;
+  const int64_t R = lay.tp;
+  d.sp = lay.sequence_parallel && R > 1;
+  TESSERA_CHECK(!d.sp || lay.seq_len % R == 0, "model_memory: seq_len ", lay.seq_len, " is not divisible by tp = ", R);
+  d.B = {lay.batch};
+  d.T = {lay.seq_len};
+  d.Tl = {d.sp ? lay.seq_len / R : lay.seq_len};
+  d.C = {c.n_embd};
+  d.D = {c.head_dim()};
+  d.Hl = {c.n_head / R};
+  d.KVh = {c.kv_heads()};
+  d.kv_replicated = c.kv_heads() % R != 0;
+  d.KVl = {d.kv_replicated ? 1 : c.kv_heads() / R};
+  d.Fl = {c.ffn_hidden / R};
+  d.V = {c.vocab_size};
+  d.Vl = {c.vocab_size / R + (c.vocab_size % R != 0 ? 1 : 0)};
+  d.L = {c.n_layer};
+  d.layernorm = c.norm == NormKind::LayerNorm;
+  d.swiglu = c.mlp == MlpKind::SwiGlu;
+  d.learned_positions = c.position == PositionKind::Learned;
+  d.bias = c.bias;
+  d.tied = c.tied_embeddings;
+  return d;
+}
+
+// Parameters of this rank (model/layers.cpp, gpt.cpp constructors): column-parallel layers split
+// their outputs (and biases), row-parallel ones their inputs (bias whole), norms are whole.
+N parameters(const ModelConfig& c, const Dims& d) {
+  const N one{1}, zero{0};
+  const N b = d.bias ? one : zero;
+  const N C = d.C, kv = d.KVh * d.D, Cl = d.Hl * d.D;
+  const N norm = (d.bias ? N{2} : one) * C;
+  const N kv_local = d.kv_replicated ? kv : d.KVl * d.D;
+  const N attention = (Cl * C + b * Cl) + N{2} * (kv_local * C + b * kv_local) + (C * Cl + b * C);
+  const N mlp = d.swiglu ? N{3} * (d.Fl * C) + b * (N{2} * d.Fl + C) : N{2} * (d.Fl * C) + b * (d.Fl + C);
+  N total = d.Vl * C;                                              // wte (padded rows)
+  if (d.learned_positions) total = total + N{c.max_seq_len} * C;  // wpe
+  total = total + d.L * (norm + attention + norm + mlp) + norm;    // blocks, ln_f
+  if (!d.tied) total = total + d.Vl * C;                          // lm_head
+  return total;
+}
+
+// What each part's forward keeps (the *Ctx structs of gpt.h).
+struct Acts {
+  N norm, block, resid, head, loss;
+};
+
+Acts activations(const Dims& d) {
+  const N rows = d.B * d.Tl;
+  Acts a;
+  a.norm = rows * d.C + rows * N{d.layernorm ? 2 : 1};  // y, (mean,) rstd
+  const N q = d.B * d.T * d.Hl * d.D, kv = d.B * d.T * d.KVl * d.D;
+  const N attention = q + N{2} * kv + q + d.B * d.Hl * d.T;  // q, k, v, out, lse
+  const N mlp = N{d.swiglu ? 3 : 2} * (d.B * d.T * d.Fl);    // h, (up,) act
+  a.block = a.norm + rows * d.C /* x1 */ + attention + a.norm + mlp;
+  a.resid = (d.L + N{1}) * rows * d.C;
+  a.head = a.norm /* ln_f */ + (d.sp ? d.B * d.T * d.C : N{}) /* head_in */ + d.B * d.T * d.Vl /* logits */;
+  a.loss = N{2} * d.B * d.T;  // losses, lse
+  return a;
+}
+
+// Workspace (temporaries) of one block's forward and backward, beyond its activations, at their
+// highest. X = a full-sequence (B, T, C) tensor: under sequence parallelism the gathers and
+// reduce-scatters stage one, without it the regions are views and cost nothing.
+struct BlockWork {
+  N forward, backward;
+};
+
+BlockWork block_workspace(const Dims& d) {
+  const N X = d.B * d.T * d.C;
+  const N q = d.B * d.T * d.Hl * d.D, kv = d.B * d.T * d.KVl * d.D;
+  const N kv_all = d.kv_replicated ? d.B * d.T * d.KVh * d.D : N{};  // all KV heads, before this rank's is picked
+  BlockWork w;
+  // Attention forward: gathered input, then the row-parallel partial sums and the reduce-scatter
+  // staging (sequence parallel); the all-heads k/v projection (replicated KV).
+  const N attn_fwd = d.sp ? max(N{3} * X, X + kv_all) : kv_all;
+  const N mlp_fwd = d.sp ? N{3} * X : N{};
+  w.forward = max(attn_fwd, mlp_fwd);
+  // MLP backward: d(act) (and d(up), freed before the input gradient leaves); under sequence
+  // parallelism the gathered dy and x and the full dx, then the reduce-scatter staging.
+  const N F = d.B * d.T * d.Fl, mlp_grads = N{d.swiglu ? 2 : 1} * F;
+  const N mlp_bwd = d.sp ? max(N{3} * X + mlp_grads, N{4} * X + F) : mlp_grads;
+  // Attention backward: d(out), dq, dk, dv live together; then without d(out), the input-side
+  // buffers (sequence parallel) or the all-heads k/v gradient (replicated KV).
+  const N grads = q + N{2} * kv;
+  const N attn_bwd = d.sp ? max(X + q + grads, N{3} * X + grads + max(X, kv_all)) : max(q + grads, grads + kv_all);
+  // dln of the block, beside the larger branch.
+  w.backward = d.B * d.Tl * d.C + max(mlp_bwd, attn_bwd);
+  return w;
+}
+
+}  // namespace
+
+ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
+  const ModelConfig c = resolve(cfg);
+  const Dims d = dims_of(c, lay);
+  const Acts a = activations(d);
+  const BlockWork w = block_workspace(d);
+  const N X = d.B * d.T * d.C, Xl = d.B * d.Tl * d.C;
+  const N kept_blocks = lay.full_recompute ? N{} : d.L * a.block;
+  const N acts = a.resid + kept_blocks + a.head + a.loss;
+  ModelMemory m;
+  m.parameters = parameters(c, d).v;
+  m.activations = acts.v;
+  // Forward: the blocks' peaks (a recomputed block's activations live only during its forward),
+  // then the loss (vocabulary-parallel: each rank's lse and target logit, and all ranks' lse).
+  const N R{lay.tp};
+  const N ce = R.v > 1 ? (N{2} + R) * d.B * d.T : N{};
+  const N forward = lay.full_recompute ? max(a.resid + a.block + w.forward, acts + ce) : acts + ce;
+  // Backward: everything the forward kept is live until its block is done, so the peak is at the
+  // head or at the last block: dres beside the block's temporaries (under full recomputation,
+  // beside its re-created activations and the recomputed output y).
+  const N head = X + (d.sp ? Xl + X : N{});  // dln, (dln_local, the reduce-scatter staging)
+  const N block = lay.full_recompute ? max(Xl + a.block + w.forward, a.block + w.backward) : w.backward;
+  const N backward = acts + max(head, Xl /* dres */ + block);
+  m.training_peak = max(forward, backward).v;
+  // Without targets: no losses; recomputed blocks keep nothing after their forward. The block
+  // temporaries are gone before the head allocates.
+  const N blocks_done = a.resid + kept_blocks;
+  const N last_block = lay.full_recompute ? a.block + w.forward : w.forward;
+  m.inference_peak = (blocks_done + max(last_block, a.head)).v;
+  m.inference_kept = (blocks_done + a.head).v;
+  return m;
+}
+
+}  // namespace tessera

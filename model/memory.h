@@ -1,0 +1,49 @@
+// The memory one rank's model needs, counted from the architecture without allocating anything:
+// its parameters (tensor-parallel shard), what a forward keeps for backward, and the temporaries
+// of backward at their peak. The trainer checks a run against the available memory with it before
+// it allocates (app/memory_check.h); the allocator's counts are the oracle (tests/model/test_memory.cpp).
+// Every size is computed with checked arithmetic: one that does not fit in 64 bits throws.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/check.h"
+#include "model/config.h"
+
+namespace tessera {
+
+// A size that overflowed 64-bit arithmetic (the config asks for absurd sizes).
+class SizeOverflow : public Error {
+ public:
+  using Error::Error;
+};
+
+// a x b and a + b for non-negative sizes; throw SizeOverflow instead of wrapping.
+int64_t checked_mul(int64_t a, int64_t b);
+int64_t checked_add(int64_t a, int64_t b);
+
+// How one micro-batch runs on this rank.
+struct ModelMemoryLayout {
+  int64_t batch = 1;    // B: sequences per forward
+  int64_t seq_len = 1;  // T
+  int64_t tp = 1;       // tensor-parallel ranks sharing the model
+  bool sequence_parallel = false;
+  bool full_recompute = false;  // Recompute::Full on every block
+};
+
+// Element counts (of the parameter dtype) on one rank.
+struct ModelMemory {
+  int64_t parameters = 0;     // this rank's parameters, tp padding rows included (ParameterStore::numel)
+  int64_t activations = 0;    // what a forward with targets keeps for backward (the GptCtx)
+  int64_t training_peak = 0;  // activations plus temporaries at the highest point of forward + backward
+  int64_t inference_peak = 0; // a forward without targets (evaluation, generation), at its highest
+  int64_t inference_kept = 0; // what that forward leaves allocated (its context, logits included)
+  // Besides the elements above, a forward with targets keeps its loss sum and target count (one
+  // F64 pair, GptCtx::loss_sums) until backward ends: in bytes, whatever the parameter dtype.
+  static constexpr int64_t kLossSumsBytes = 2 * 8;
+};
+
+// cfg resolved (model/config.h resolve()). tp must divide the heads and the MLP as the model requires.
+ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& layout);
+
+}  // namespace tessera

@@ -1,0 +1,151 @@
+// Tests app/memory_check.h: the estimate against the allocator's measured peak of real training
+// runs (one rank here; tensor-parallel and ZeRO-1 layouts under `mpiexec -n 2`, MemoryCheckLayouts),
+// the refusal message, and the absurd configs refused in a second, naming the keys.
+#include "app/memory_check.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "app/trainer.h"
+#include "cli_testing.h"
+#include "mpi_testing.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace testing;
+
+// Trains a few steps (and the end-of-run evaluation) and returns the allocator's peak.
+size_t measured_peak(const Config& cfg, MPI_Comm comm) {
+  Trainer t(cfg, "", comm);
+  t.run();
+  return t.allocator().total_peak();
+}
+
+Config tiny(const std::vector<std::string>& overrides) {
+  std::vector<std::string> all = {"train.steps=2", "log.every=100"};
+  all.insert(all.end(), overrides.begin(), overrides.end());
+  return parse_config_string(kTinyConfig, "tiny.toml", all);
+}
+
+// How close: on one rank the allocator's part of the estimate is the allocator's peak exactly.
+// model/memory.h follows every buffer the model allocates, in order (tests/model/test_memory.cpp
+// holds it to the byte), and the trainer adds flat parameters, gradients and AdamW moments whose
+// sizes are known; the evaluation forward is an upper bound (all problems at once; they actually
+// go by prompt length, which for 1-digit operands is one group). What the allocator does not see
+// (token batches, the checkpoint's host copy, the runtime) is estimated, not measured here.
+TEST(MemoryCheck, EstimateEqualsTheAllocatorsPeakOnOneRank) {
+  const std::vector<std::vector<std::string>> cases = {
+      {},                                                                       // gpt2, training dominates
+      {"model.preset=\"llama\"", "model.recompute=\"full\"", "train.micro_batch=2"},  // recompute, accumulation
+      {"train.micro_batch=1", "train.global_batch=2", "data.val_examples=512"},      // evaluation dominates
+  };
+  for (const auto& overrides : cases) {
+    const Config cfg = tiny(overrides);
+    const MemoryEstimate e = estimate_training_memory(cfg, 13, MemoryLayout{1, 1, false});
+    EXPECT_EQ(static_cast<size_t>(e.allocator_bytes()), measured_peak(cfg, MPI_COMM_NULL))
+        << ::testing::PrintToString(overrides);
+  }
+}
+
+// Under mpiexec -n 2 (tests/CMakeLists.txt): each rank's estimate against its own allocator peak,
+// for tensor parallelism with sequence parallelism, and for data parallelism replicated and ZeRO-1.
+// Exact as on one rank except the tp-partial gradient sum (sequence-parallel norm gradients
+// packed into one buffer after backward, when the activations are gone): not modelled, and never
+// the peak.
+TEST(MemoryCheckLayouts, EstimateEqualsEachRanksPeak) {
+  const MPI_Comm world = test_world();
+  if (comm_size(world) != 2) GTEST_SKIP() << "runs under mpiexec -n 2 (MemoryCheck.two_ranks)";
+  struct Layout {
+    std::vector<std::string> overrides;
+    int64_t tp, dp;
+  };
+  for (const Layout& l : {Layout{{"parallel.tp=2", "parallel.sequence_parallel=true"}, 2, 1},
+                          Layout{{"train.micro_batch=4"}, 1, 2}, Layout{{"train.micro_batch=4", "parallel.zero=1"}, 1, 2}}) {
+    const Config cfg = tiny(l.overrides);
+    const MemoryEstimate e = estimate_training_memory(cfg, 13, MemoryLayout{l.tp, l.dp, false});
+    EXPECT_EQ(static_cast<size_t>(e.allocator_bytes()), measured_peak(cfg, world))
+        << ::testing::PrintToString(l.overrides) << " on rank " << comm_rank(world);
+  }
+}
+
+TEST(MemoryCheck, RefusalListsTheItemsLargestFirstWithTheirKeys) {
+  const Config cfg = tiny({"train.seq_len=1000000"});
+  const MemoryEstimate e = estimate_training_memory(cfg, 13, MemoryLayout{});
+  EXPECT_EQ(memory_problem(e, 1, AvailableMemory{e.total(), "test"}), "");
+  EXPECT_EQ(memory_problem(e, 1, AvailableMemory{-1, "unknown"}), "");  // unknown: not refused
+  const std::string m = memory_problem(e, 2, AvailableMemory{e.total(), "MemAvailable in /proc/meminfo"});
+  for (const char* part : {"not enough memory", "per rank x 2 ranks on this node", "is available (MemAvailable in /proc/meminfo)",
+                           "activations and temporaries of one micro-batch (8 x 1000000 tokens)",
+                           "train.micro_batch, train.seq_len, model.recompute = \"full\"", "train.memory_check = false"})
+    EXPECT_NE(m.find(part), std::string::npos) << part << " not in: " << m;
+  EXPECT_LT(m.find("activations and temporaries"), m.find("parameters")) << "largest first: " << m;
+}
+
+TEST(MemoryCheck, AvailableMemoryComesFromTheSystemOrTheTestOverride) {
+  const AvailableMemory a = available_host_memory();
+  EXPECT_GT(a.bytes, 0) << a.source;
+  EXPECT_FALSE(a.source.empty());
+  ::setenv("TESSERA_TEST_MEMORY_AVAILABLE", "12345", 1);
+  EXPECT_EQ(available_host_memory().bytes, 12345);
+  ::unsetenv("TESSERA_TEST_MEMORY_AVAILABLE");
+}
+
+// The configs: seq_len = 1e8 was killed by the OOM killer, micro_batch = global_batch = 1e8
+// built a 13 GB batch for 5 minutes, a 10000-layer 4096-wide model sat initializing; n_layer =
+// 2^63 - 1 died in std::vector. Each is refused in well under a second (about 0.1 s here; the
+// bound allows for a loaded machine), naming the keys. prlimit caps the address space at 4 GiB
+// so that a build without the check fails fast instead of exhausting the machine.
+TEST(MemoryCheck, AbsurdConfigsAreRefusedAtOnceNamingTheKeys) {
+  const fs::path dir = temp_dir("memory_absurd");
+  std::ofstream(dir / "tiny.toml") << kTinyConfig;
+  const std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>> cases = {
+      {{"train.seq_len=100000000"}, {"not enough memory", "100000000 tokens", "train.seq_len"}},
+      {{"train.micro_batch=100000000", "train.global_batch=100000000"},
+       {"not enough memory", "100000000 x 24 tokens", "train.micro_batch", "token batches"}},
+      {{"model.n_layer=10000", "model.n_embd=4096", "model.n_head=32"},
+       {"not enough memory", "parameters (", "model.n_layer, model.n_embd"}},
+      {{"model.n_layer=9223372036854775807"}, {"model.n_layer = 9223372036854775807", "must be in [1, 65536]"}},
+  };
+  for (const auto& [sets, expected] : cases) {
+    std::vector<std::string> args = {"--as=4294967296", TESSERA_BINARY, "train", (dir / "tiny.toml").string(),
+                                     "--run-dir", (dir / "run").string()};
+    for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+    const auto t0 = std::chrono::steady_clock::now();
+    const RunResult r = run_program("/usr/bin/prlimit", args, dir);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_LT(seconds, 5.0) << r.output;
+    for (const auto& part : expected) EXPECT_NE(r.output.find(part), std::string::npos) << part << " not in: " << r.output;
+    EXPECT_EQ(r.output.find("| loss"), std::string::npos) << r.output;  // no training step ran
+  }
+  fs::remove_all(dir);
+}
+
+// An expert can start anyway: train.memory_check = false turns the refusal into a warning.
+TEST(MemoryCheck, MemoryCheckFalseWarnsAndStarts) {
+  const fs::path dir = temp_dir("memory_off");
+  std::ofstream(dir / "tiny.toml") << kTinyConfig;
+  const std::vector<std::string> env = {"TESSERA_TEST_MEMORY_AVAILABLE=1000"};
+  std::vector<std::string> args = {"train", (dir / "tiny.toml").string(), "--run-dir", (dir / "run").string(),
+                                   "--set", "train.steps=2"};
+  RunResult r = run_tessera(args, dir, {}, SIGINT, env);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("and 1000 B is available (TESSERA_TEST_MEMORY_AVAILABLE)"), std::string::npos) << r.output;
+  args.insert(args.end(), {"--set", "train.memory_check=false"});
+  r = run_tessera(args, dir, {}, SIGINT, env);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("warning: train.memory_check = false: starting anyway"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("done: 2 steps"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("memory estimate: "), std::string::npos) << r.output;  // the header line
+  EXPECT_NE(r.output.find(" the progress line's mem) of 1000 B available"), std::string::npos) << r.output;
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,92 @@
+// Tests model/memory.h: on one rank the analytic counts equal what the allocator measures for tiny
+// models, exactly (parameters, activations after a forward, the activation + workspace peak of
+// forward + backward, a forward without targets), for both presets, with and without full
+// recomputation; and absurd sizes throw instead of wrapping. The tensor-parallel layouts are
+// checked in test_gpt_tensor_parallel.cpp (under mpiexec).
+#include "model/memory.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "kernels/allocator.h"
+#include "model/gpt.h"
+#include "testing.h"
+
+namespace tessera {
+namespace {
+
+ModelConfig small_config(const std::string& preset, int64_t n_layer) {
+  ModelConfig c;
+  c.preset = preset;
+  c.vocab_size = 37;
+  c.n_layer = n_layer;
+  c.n_head = 4;
+  c.n_kv_head = preset == "llama" ? 2 : 0;
+  c.n_embd = 16;
+  c.ffn_hidden = 24;
+  c.max_seq_len = 12;
+  return c;
+}
+
+struct Case {
+  std::string preset;
+  Recompute recompute;
+};
+
+class ModelMemoryTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ModelMemoryTest, EqualsTheAllocatorsCounts) {
+  const Case k = GetParam();
+  for (int64_t L : {1, 3}) {
+    const ModelConfig cfg = small_config(k.preset, L);
+    const int64_t B = 3, T = 10;
+    const bool full = k.recompute == Recompute::Full;
+    const ModelMemory m = model_memory(cfg, {B, T, 1, false, full});
+
+    Allocator alloc;
+    ParameterStore ps(alloc, DType::F32);
+    Gpt gpt(cfg, ps, std::vector<Recompute>(static_cast<size_t>(L), k.recompute));
+    ps.finalize();
+    ps.initialize(testing::kCpu, 3);
+    EXPECT_EQ(m.parameters, ps.numel()) << "L=" << L;
+    const size_t state = alloc.total_current();  // parameters and gradients
+    auto tokens = testing::random_ids({B, T}, cfg.vocab_size, 1);
+    auto targets = testing::random_ids({B, T}, cfg.vocab_size, 2);
+
+    GptCtx ctx;
+    gpt.forward(testing::kCpu, ctx, alloc, tokens.t(), targets.t());
+    EXPECT_EQ(alloc.counter(MemCategory::Activations).current, 4u * static_cast<size_t>(m.activations)) << "L=" << L;
+    gpt.backward(testing::kCpu, ctx, alloc, 0.01);
+    EXPECT_EQ(alloc.total_peak() - state, 4u * static_cast<size_t>(m.training_peak) + ModelMemory::kLossSumsBytes)
+        << "L=" << L;
+
+    alloc.reset_peaks();
+    GptCtx infer;
+    gpt.forward(testing::kCpu, infer, alloc, tokens.t(), Tensor());
+    EXPECT_EQ(alloc.total_peak() - state, 4u * static_cast<size_t>(m.inference_peak)) << "L=" << L;
+    EXPECT_EQ(alloc.total_current() - state, 4u * static_cast<size_t>(m.inference_kept)) << "L=" << L;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, ModelMemoryTest,
+                         ::testing::Values(Case{"gpt2", Recompute::None}, Case{"gpt2", Recompute::Full},
+                                           Case{"llama", Recompute::None}, Case{"llama", Recompute::Full}));
+
+TEST(ModelMemory, CheckedArithmeticThrowsInsteadOfWrapping) {
+  const int64_t big = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(checked_mul(1 << 20, 1 << 20), int64_t{1} << 40);
+  EXPECT_THROW(checked_mul(big / 2, 3), SizeOverflow);
+  EXPECT_THROW(checked_add(big, 1), SizeOverflow);
+  ModelConfig c = small_config("gpt2", 2);
+  c.n_embd = 1 << 20;
+  c.n_head = 1 << 10;
+  c.vocab_size = int64_t{1} << 31;
+  // B T = 2^40 tokens: the logits alone, 2^40 x 2^31 elements, overflow.
+  EXPECT_THROW(model_memory(c, {1 << 20, 1 << 20, 1, false, false}), SizeOverflow);
+}
+
+}  // namespace
+}  // namespace tessera
