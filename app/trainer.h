@@ -60,6 +60,8 @@ class Trainer {
   // One optimizer step (0-based s) over the global batch: accumulate micro-batches, clip, update.
   StepResult step(int64_t s);
   const ParameterStore& params() const { return *params_; }
+  // The optimizer, for its moments (gather_state(): collective over dp under ZeRO-1); tests.
+  DataParallelOptimizer& optimizer() { return *opt_; }
   int64_t start_step() const { return start_step_; }
   int64_t grad_accum_steps() const { return accum_; }
 

@@ -3,7 +3,9 @@
 // parameters of the 1-rank run, up to the order of the gradient sums (fp32: ~1e-7 relative per
 // step; 1e-5 leaves room for six steps of AdamW). The checkpoint of a 2-rank run resumes on 1 rank.
 // The same for ZeRO-1 (parallel.zero = 1) on 2 and 4 ranks, whose checkpoints resume on 1 rank and
-// which resumes 1-rank checkpoints.
+// which resumes 1-rank checkpoints. These end-to-end runs have the ctest label `slow` (suite
+// DataParallelTrainingSlow, scripts/test.sh --slow); the same layouts run in process in
+// tests/app/test_layout_matrix.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -27,7 +29,7 @@ testing::RunResult train(const fs::path& dir, const std::string& run, int ranks,
 
 }  // namespace
 
-TEST(DataParallelTraining, EqualsTheOneRankRun) {
+TEST(DataParallelTrainingSlow, EqualsTheOneRankRun) {
   const fs::path dir = testing::temp_dir("dp");
   std::ofstream(dir / "tiny.toml") << testing::kTinyConfig;
   auto r = train(dir, "one", 1);
@@ -67,7 +69,7 @@ const std::vector<std::string> kOddModel = {"--set", "model.n_embd=33", "--set",
 const std::vector<std::string> kZero = with(kOddModel, {"--set", "parallel.zero=1"});
 }  // namespace
 
-TEST(DataParallelTraining, ZeroOneEqualsTheOneRankRun) {
+TEST(DataParallelTrainingSlow, ZeroOneEqualsTheOneRankRun) {
   const fs::path dir = testing::temp_dir("zero");
   std::ofstream(dir / "tiny.toml") << testing::kTinyConfig;
   auto r = train(dir, "one", 1, kOddModel);
@@ -97,7 +99,7 @@ TEST(DataParallelTraining, ZeroOneEqualsTheOneRankRun) {
   fs::remove_all(dir);
 }
 
-TEST(DataParallelTraining, ZeroOneCheckpointsResumeOnAnyLayout) {
+TEST(DataParallelTrainingSlow, ZeroOneCheckpointsResumeOnAnyLayout) {
   const fs::path dir = testing::temp_dir("zero_resume");
   std::ofstream(dir / "tiny.toml") << testing::kTinyConfig;
   auto r = train(dir, "one", 1, kOddModel);
