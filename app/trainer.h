@@ -87,6 +87,8 @@ class Trainer {
   // Throws DataError (every rank) when a batch cannot be read.
   StepResult step(int64_t s);
   const ParameterStore& params() const { return *params_; }
+  // The optimizer, for its moments (gather_state(): collective over dp under ZeRO-1); tests.
+  DataParallelOptimizer& optimizer() { return *opt_; }
   int64_t start_step() const { return start_step_; }
   const std::string& resumed_from() const { return resumed_from_; }  // "" when it started fresh
   const Allocator& allocator() const { return alloc_; }

@@ -1,7 +1,18 @@
 #!/usr/bin/env bash
-# Runs the whole test suite (CTest) against the build in build/. Extra args go to ctest,
-# e.g. scripts/test.sh -R Gelu   or   scripts/test.sh -L kernels
+# Builds, then runs the test suite (CTest) against the build in build/. By default every test but
+# those labelled `slow` (end-to-end `tessera train` runs of many processes under mpiexec, with
+# checkpoints); --slow runs only those, --all everything. Other arguments go to ctest, e.g.
+#   scripts/test.sh -R Gelu      scripts/test.sh -L kernels      scripts/test.sh --all -L app
 set -euo pipefail
 cd "$(dirname "$0")/.."
+select=(-LE slow)
+args=()
+for a in "$@"; do
+  case "$a" in
+    --slow) select=(-L slow) ;;
+    --all) select=() ;;
+    *) args+=("$a") ;;
+  esac
+done
 cmake --build build -j "$(nproc)"
-ctest --test-dir build --output-on-failure -j "$(nproc)" "$@"
+ctest --test-dir build --output-on-failure -j "$(nproc)" "${select[@]}" "${args[@]}"

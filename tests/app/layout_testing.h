@@ -15,6 +15,17 @@
 
 namespace tessera::testing {
 
+// The tiny config of the tp layout tests (cli_testing.h's with the model changed): four heads (tp 4
+// splits them), two KV heads for llama (tp 4 replicates them); vocabulary 14 (digits, '+', '=', ...)
+// is padded on every tp > 1.
+inline std::string layout_config(const std::string& preset) {
+  std::string c = kTinyConfig;
+  const std::string from = "preset = \"gpt2\"\nn_layer = 2\nn_head = 2\n";
+  c.replace(c.find(from), from.size(),
+            "preset = \"" + preset + "\"\nn_layer = 2\nn_head = 4\n" + (preset == "llama" ? "n_kv_head = 2\n" : ""));
+  return c;
+}
+
 // a followed by b: command-line settings put together.
 inline std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
   a.insert(a.end(), b.begin(), b.end());

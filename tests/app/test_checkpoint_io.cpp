@@ -14,6 +14,7 @@
 #include <iterator>
 
 #include "app/checkpoint_plan.h"
+#include "error_testing.h"
 #include "h5_reader.h"
 #include "cli_testing.h"
 #include "disk_testing.h"
@@ -55,16 +56,7 @@ CheckpointMeta sample_meta() {
   return m;
 }
 
-// The message of the tessera::Error that f throws ("" if none).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 TEST(CheckpointIo, WholeTensorsAndMetadataRoundTrip) {
   const fs::path file = temp_dir("ckpt_whole") / "step.h5";

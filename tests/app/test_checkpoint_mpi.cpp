@@ -10,6 +10,7 @@
 
 #include "app/checkpoint_io.h"
 #include "app/checkpoint_plan.h"
+#include "error_testing.h"
 #include "mpi_testing.h"
 
 namespace tessera {
@@ -106,12 +107,8 @@ TEST(CheckpointMpi, AnErrorOnOneRankIsRaisedOnAll) {
   const auto v = global_values(16, 0.0f);
   const auto [b, e] = share(8, rank, size);
   const int64_t len = rank == size - 1 ? e - b + 1 : e - b;
-  std::string message;
-  try {
-    write_checkpoint_file(file, CheckpointMeta{}, {{"/model/a", {8}, 0, b, {len}, v.data(), true}}, comm);
-  } catch (const Error& err) {
-    message = err.what();
-  }
+  const std::string message = testing::error_of(
+      [&] { write_checkpoint_file(file, CheckpointMeta{}, {{"/model/a", {8}, 0, b, {len}, v.data(), true}}, comm); });
   const std::string expected = "tensor /model/a (8): slice [" + std::to_string(8 * (size - 1) / size) +
                                ", 9) along dimension 0 is out of range";
   EXPECT_EQ(message, expected);

@@ -15,21 +15,14 @@
 #include <sstream>
 #include <string>
 
+#include "error_testing.h"
 #include "kernels/check.h"
 #include "model/gpt.h"
 
 namespace tessera {
 namespace {
 
-// The message of the tessera::Error that f throws ("" when it throws none).
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 std::string parse_error(const std::string& text, const std::vector<std::string>& overrides = {}) {
   return error_of([&] { parse_config_string(text, "configs/x.toml", overrides); });

@@ -3,12 +3,15 @@
 // parameters of the 1-rank run, up to the order of the gradient sums (fp32: ~1e-7 relative per
 // step; 1e-5 leaves room for six steps of AdamW). The checkpoint of a 2-rank run resumes on 1 rank.
 // The same for ZeRO-1 (parallel.zero = 1) on 2 and 4 ranks, whose checkpoints resume on 1 rank and
-// which resumes 1-rank checkpoints.
+// which resumes 1-rank checkpoints. These end-to-end runs have the ctest label `slow` (suite
+// DataParallelTrainingSlow, scripts/test.sh --slow); the same layouts run in process in
+// tests/app/test_layout_matrix.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "app/checkpoint_io.h"
+#include "app/trainer.h"
 #include "layout_testing.h"
 
 namespace tessera {
@@ -27,7 +30,7 @@ testing::RunResult train(const fs::path& dir, const std::string& run, int ranks,
 
 }  // namespace
 
-TEST(DataParallelTraining, EqualsTheOneRankRun) {
+TEST(DataParallelTrainingSlow, EqualsTheOneRankRun) {
   const fs::path dir = testing::temp_dir("dp");
   std::ofstream(dir / "tiny.toml") << testing::kTinyConfig;
   auto r = train(dir, "one", 1);
@@ -67,7 +70,7 @@ const std::vector<std::string> kOddModel = {"--set", "model.n_embd=33", "--set",
 const std::vector<std::string> kZero = with(kOddModel, {"--set", "parallel.zero=1"});
 }  // namespace
 
-TEST(DataParallelTraining, ZeroOneEqualsTheOneRankRun) {
+TEST(DataParallelTrainingSlow, ZeroOneEqualsTheOneRankRun) {
   const fs::path dir = testing::temp_dir("zero");
   std::ofstream(dir / "tiny.toml") << testing::kTinyConfig;
   auto r = train(dir, "one", 1, kOddModel);
@@ -98,7 +101,7 @@ TEST(DataParallelTraining, ZeroOneEqualsTheOneRankRun) {
   fs::remove_all(dir);
 }
 
-TEST(DataParallelTraining, ZeroOneCheckpointsResumeOnAnyLayout) {
+TEST(DataParallelTrainingSlow, ZeroOneCheckpointsResumeOnAnyLayout) {
   const fs::path dir = testing::temp_dir("zero_resume");
   std::ofstream(dir / "tiny.toml") << testing::kTinyConfig;
   auto r = train(dir, "one", 1, kOddModel);
@@ -120,6 +123,32 @@ TEST(DataParallelTraining, ZeroOneCheckpointsResumeOnAnyLayout) {
     for (size_t i = 0; i < want.size(); ++i)
       EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << leg.run << " step " << i + 1;
   }
+  fs::remove_all(dir);
+}
+
+// The communication volumes of the two slow tests above, without their checkpoints (a parallel
+// save costs seconds and is not what this counts): dp 2 sends its whole gradient once per step
+// plus three scalar all-reduces; ZeRO-1 on 2 ranks a reduce-scatter and an all-gather of the
+// padded buffer, (p - 1) / p of it each, plus four. The parameter counts come from the model itself.
+TEST(DataParallelTraining, DpBytesPerStepMatchTheAnalyticVolume) {
+  const fs::path dir = testing::temp_dir("dp_bytes");
+  std::ofstream(dir / "tiny.toml") << testing::kTinyConfig;
+  auto params_of = [](const std::vector<std::string>& model) {
+    std::vector<std::string> sets;
+    for (size_t i = 1; i < model.size(); i += 2) sets.push_back(model[i]);  // "--set", "k=v" pairs
+    return Trainer(parse_config_string(testing::kTinyConfig, "tiny.toml", sets), "", MPI_COMM_NULL).params().global_numel();
+  };
+  const std::vector<std::string> quick = {"--set", "train.steps=3", "--set", "checkpoint.at_end=false"};
+  auto r = train(dir, "dp2", 2, quick);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(testing::last_metric(dir / "dp2" / "metrics.jsonl", "dp_bytes_per_step"), 4 * params_of({}) + 8 + 8 + 24);
+  r = train(dir, "zero2", 2, with(kZero, quick));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const int64_t params = params_of(kOddModel), ranks = 2, padded = (params + ranks - 1) / ranks * ranks;
+  ASSERT_EQ(params, 28281);
+  const int64_t scalars = 2 * (ranks - 1) * 8 / ranks * 3 + 2 * (ranks - 1) * 24 / ranks;
+  EXPECT_EQ(testing::last_metric(dir / "zero2" / "metrics.jsonl", "dp_bytes_per_step"),
+            2 * (ranks - 1) * padded / ranks * 4 + scalars);
   fs::remove_all(dir);
 }
 

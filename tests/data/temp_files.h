@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include "error_testing.h"  // throws_with, for the suites that include this
 #include "kernels/check.h"
 
 namespace tessera::testing {
@@ -62,23 +63,6 @@ void patch_file(const std::string& path, size_t at, T value) {
   std::string b = read_bytes(path);
   std::memcpy(b.data() + at, &value, sizeof(T));
   write_bytes(path, b);
-}
-
-// Runs f, expecting a tessera::Error (a user error, not a crash) whose message contains every one of `parts`.
-template <typename F>
-::testing::AssertionResult throws_with(F&& f, std::initializer_list<std::string> parts) {
-  try {
-    f();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const auto& p : parts)
-      if (msg.find(p) == std::string::npos)
-        return ::testing::AssertionFailure() << "message lacks \"" << p << "\": " << msg;
-    return ::testing::AssertionSuccess();
-  } catch (const std::exception& e) {
-    return ::testing::AssertionFailure() << "not a tessera::Error: " << e.what();
-  }
-  return ::testing::AssertionFailure() << "no exception";
 }
 
 }  // namespace tessera::testing

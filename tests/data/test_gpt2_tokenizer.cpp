@@ -1,7 +1,7 @@
-// Tests data/gpt2_tokenizer.h: exact ids against GPT-2 references in shared/data/gpt2 (the 59
-// tokenizer cases, Tiny Shakespeare's ids, Alice's token count; skipped when the files are absent),
-// byte-exact round trips of arbitrary bytes, parallel == serial, and errors on bad vocabulary files
-// (on a tiny vocabulary written by the test, so those run everywhere).
+// Tests data/gpt2_tokenizer.h: exact ids against GPT-2 references (the 59 tokenizer cases and the
+// vocabulary, in tests/reference/gpt2, so these always run; Tiny Shakespeare's ids and Alice's token
+// count from shared/data, skipped when it is absent), byte-exact round trips of arbitrary bytes,
+// parallel == serial, and errors on bad vocabulary files (on a tiny vocabulary written by the test).
 #include "data/gpt2_tokenizer.h"
 
 #include <filesystem>
@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "data/json.h"
+#include "error_testing.h"
 #include "kernels/check.h"
 #include "testing.h"
 
@@ -21,7 +22,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string shared_data_dir() { return TESSERA_SHARED_DATA_DIR; }
-std::string gpt2_dir() { return shared_data_dir() + "/gpt2"; }
+std::string gpt2_dir() { return std::string(TESSERA_TEST_DATA_DIR) + "/gpt2"; }  // in the repository
 
 bool have_gpt2_files() {
   return fs::is_regular_file(gpt2_dir() + "/encoder.json") && fs::is_regular_file(gpt2_dir() + "/vocab.bpe");
@@ -41,8 +42,7 @@ const Gpt2Tokenizer* real_gpt2() {
   }
 
 #define REQUIRE_GPT2()                                                                           \
-  REQUIRE_FILE(gpt2_dir() + "/encoder.json");                                                    \
-  REQUIRE_FILE(gpt2_dir() + "/vocab.bpe");                                                       \
+  ASSERT_TRUE(have_gpt2_files()) << gpt2_dir() << " lacks GPT-2's encoder.json or vocab.bpe";    \
   const Gpt2Tokenizer& tok = *real_gpt2()
 
 std::string read_file(const std::string& path) {
@@ -52,7 +52,7 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
-// ---- the 59 reference cases of shared/data/gpt2/tokenizer_cases.json ----
+// ---- the 59 reference cases of tests/reference/gpt2/tokenizer_cases.json ----
 
 struct Case {
   std::string text;
@@ -95,7 +95,7 @@ std::vector<Case> read_cases(const std::string& path) {
 TEST(Gpt2Tokenizer, MatchesAllReferenceCases) {
   REQUIRE_GPT2();
   const std::string path = gpt2_dir() + "/tokenizer_cases.json";
-  REQUIRE_FILE(path);
+  ASSERT_TRUE(fs::is_regular_file(path)) << path;
   std::vector<Case> cases = read_cases(path);
   ASSERT_EQ(cases.size(), 59u) << "expected 59 cases in " << path;
   int special = 0;
@@ -110,7 +110,7 @@ TEST(Gpt2Tokenizer, MatchesAllReferenceCases) {
 TEST(Gpt2Tokenizer, TinyShakespeareIdsEqualTheReferenceFile) {
   REQUIRE_GPT2();
   const std::string text_path = shared_data_dir() + "/tinyshakespeare.txt";
-  const std::string ids_path = gpt2_dir() + "/tinyshakespeare_gpt2_u16le.bin";
+  const std::string ids_path = shared_data_dir() + "/gpt2/tinyshakespeare_gpt2_u16le.bin";
   REQUIRE_FILE(text_path);
   REQUIRE_FILE(ids_path);
   const std::string text = read_file(text_path), raw = read_file(ids_path);
@@ -297,16 +297,7 @@ class TinyVocab {
   fs::path dir_;
 };
 
-// The message of the Error that f throws ("" when it does not throw).
-template <typename F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 TEST(Gpt2Tokenizer, TinyVocabularyMergesByRank) {
   TinyVocab v;

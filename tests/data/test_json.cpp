@@ -13,12 +13,7 @@ using Map = std::vector<std::pair<std::string, int64_t>>;
 using testing::throws_with;
 
 std::string map_error(const std::string& text) {
-  try {
-    parse_json_string_int_map(text, "dir/encoder.json");
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
+  return testing::error_of([&] { parse_json_string_int_map(text, "dir/encoder.json"); });
 }
 
 std::optional<std::string> text_of(std::string_view json) { return json_string_field(json, "text"); }

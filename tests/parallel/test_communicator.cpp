@@ -8,6 +8,7 @@
 #include <numeric>
 #include <vector>
 
+#include "error_testing.h"
 #include "mpi_testing.h"
 #include "parallel/grid_comms.h"
 #include "parallel/mpi.h"
@@ -184,22 +185,15 @@ TEST(Communicator, GridGroupsReduceOnlyTheirMembers) {
 TEST(Communicator, AnErrorOnOneRankReachesEveryRank) {
   MpiCommunicator c = world_comm();
   const int last = c.size() - 1;
-  std::string error;
-  try {
+  const std::string error = testing::error_of([&] {
     if (c.rank() == last) {
       std::vector<int32_t> ints(2);
       c.all_reduce(view(ints));  // rejected: integers do not reduce
     }
-  } catch (const Error& e) {
-    error = e.what();
-  }
+  });
   EXPECT_EQ(error.empty(), c.rank() != last);
-  try {
-    throw_if_any_failed(c.comm(), error);
-    FAIL() << "no error raised";
-  } catch (const Error& e) {
-    EXPECT_EQ(std::string(e.what()), "all_reduce: reduces f32 or f64 tensors, got i32");
-  }
+  EXPECT_EQ(testing::error_of([&] { throw_if_any_failed(c.comm(), error); }),
+            "all_reduce: reduces f32 or f64 tensors, got i32");
   std::vector<float> v = {1.0f};
   c.all_reduce(view(v));
   EXPECT_EQ(v[0], static_cast<float>(c.size()));

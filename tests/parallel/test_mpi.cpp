@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "error_testing.h"
 #include "kernels/check.h"
 #include "mpi_testing.h"
 
@@ -38,12 +39,7 @@ TEST(Mpi, EveryRankThrowsTheLowestFailingRanksMessage) {
   // The last rank fails (and, with 3 or more ranks, rank 1 too: the lower one wins).
   const std::string mine = rank == size - 1 || rank == 1 ? "rank " + std::to_string(rank) + " failed" : "";
   const int expected = size >= 2 ? 1 : 0;
-  try {
-    throw_if_any_failed(comm, mine);
-    FAIL() << "no error raised";
-  } catch (const Error& e) {
-    EXPECT_EQ(std::string(e.what()), "rank " + std::to_string(expected) + " failed");
-  }
+  EXPECT_EQ(testing::error_of([&] { throw_if_any_failed(comm, mine); }), "rank " + std::to_string(expected) + " failed");
 }
 
 }  // namespace

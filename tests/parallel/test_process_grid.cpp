@@ -6,6 +6,7 @@
 
 #include <set>
 
+#include "error_testing.h"
 #include "kernels/check.h"
 
 namespace tessera {
@@ -100,16 +101,7 @@ TEST(ProcessGrid, RejectsCoordinatesAndRanksOutsideTheGrid) {
   EXPECT_THROW(ProcessGrid({.tp = 2}, 4, 4), Error);
 }
 
-// The message of the Error that f throws ("" when it throws none).
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 const GridLimits kLimits{.n_head = 12, .n_kv_head = 4, .n_layer = 12, .virtual_stages = 1, .seq_len = 1024,
                          .vocab_size = 50257};
