@@ -189,7 +189,10 @@ CheckpointWriter::~CheckpointWriter() {
 
 void CheckpointWriter::wait() {
   if (thread_.joinable()) thread_.join();
-  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  if (error_) {
+    failed_.store(false, std::memory_order_release);
+    std::rethrow_exception(std::exchange(error_, nullptr));
+  }
   if (!pending_path_.empty()) last_path_ = std::exchange(pending_path_, "");
 }
 
@@ -218,6 +221,7 @@ void CheckpointWriter::save(const TrainingState& st) {
       write(snap);
     } catch (...) {
       error_ = std::current_exception();
+      failed_.store(true, std::memory_order_release);
     }
   });
 }

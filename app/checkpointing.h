@@ -8,6 +8,7 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <cstdint>
 #include <exception>
 #include <memory>
@@ -71,6 +72,9 @@ class CheckpointWriter {
   void save(const TrainingState& state);
   // Blocks until the pending write has finished; rethrows its error.
   void wait();
+  // Whether the background write has failed (wait() then rethrows it), without waiting: the
+  // trainer's stop vote reads it each step, so a failed save ends the run at once.
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
   const std::string& dir() const { return dir_; }
   const std::string& run_id() const { return run_id_; }
   // The file the last finished save wrote.
@@ -88,6 +92,7 @@ class CheckpointWriter {
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::thread thread_;
   std::exception_ptr error_;
+  std::atomic<bool> failed_{false};
   std::string last_path_, pending_path_;
 };
 

@@ -462,9 +462,14 @@ std::optional<std::pair<std::string, int>> Trainer::stop_reason(const StopSignal
                                                                 double minutes) {
   const int sig = stop.signal_number();
   const bool time_up = cfg_.train.exit_after_minutes > 0 && minutes >= cfg_.train.exit_after_minutes;
+  const bool save_failed = ckpt_ && ckpt_->failed();
   std::vector<double> votes = {sig == SIGINT ? 1.0 : 0.0, sig == SIGTERM || sig == SIGUSR1 ? 1.0 : 0.0,
-                               time_up ? 1.0 : 0.0};
+                               time_up ? 1.0 : 0.0, save_failed ? 1.0 : 0.0};
   sum_over_world(votes);
+  // A background save failed (a full disk): every rank's writer fails at the same collective step,
+  // so waiting rethrows the same error on every rank and the run ends now with one message,
+  // instead of training on until the next save.
+  if (votes[3] > 0) wait_for_checkpoint();
   if (votes[1] > 0) return std::make_pair(std::string("preempted by signal"), static_cast<int>(kExitPreempted));
   if (votes[0] > 0) return std::make_pair(std::string("stopped by signal"), static_cast<int>(kExitInterrupted));
   if (done == cfg_.train.steps) return std::nullopt;
