@@ -4,10 +4,8 @@
 #pragma once
 
 #include <dirent.h>
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-extern char** environ;
+#include "cli_testing.h"
 
 namespace tessera::testing {
 
@@ -35,20 +33,7 @@ class Spawned {
       : log_(std::move(log)) {
     std::vector<std::string> full = {program};
     full.insert(full.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : full) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    std::vector<std::string> env_strings(env);
-    for (char** e = environ; *e; ++e) env_strings.push_back(*e);
-    std::vector<char*> envp;
-    for (auto& e : env_strings) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    EXPECT_EQ(posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), envp.data()), 0);
-    posix_spawn_file_actions_destroy(&fa);
+    pid_ = spawn_logged(std::move(full), log_, env);
   }
   ~Spawned() {
     if (!exit_code_) {

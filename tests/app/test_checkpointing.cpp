@@ -21,25 +21,8 @@ namespace {
 namespace fs = std::filesystem;
 using testing::RunResult;
 
-struct TrainRun {
-  fs::path dir;
-  fs::path config;
-  fs::path run() const { return dir / "run"; }
-  fs::path ckpts() const { return dir / "run" / "checkpoints"; }
-  RunResult train(std::vector<std::string> extra, const fs::path& signal_when = {}, int signal = SIGINT,
-                  const std::vector<std::string>& env = {}) const {
-    std::vector<std::string> args = {"train", config.string(), "--run-dir", run().string(), "--set", "log.every=1"};
-    for (auto& e : extra) args.push_back("--set"), args.push_back(e);
-    return testing::run_tessera(args, dir, signal_when, signal, env);
-  }
-};
-
-TrainRun make_run(const std::string& name) {
-  TrainRun r{testing::temp_dir(name), {}};
-  r.config = r.dir / "tiny.toml";
-  std::ofstream(r.config) << testing::kTinyConfig;
-  return r;
-}
+using testing::make_run;
+using testing::TrainRun;
 
 // The "loss" values of metrics.jsonl, as printed (9 significant digits), by step.
 std::map<int64_t, std::string> loss_lines(const fs::path& metrics) {

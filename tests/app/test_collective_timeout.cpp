@@ -4,9 +4,7 @@
 // refused. Every run here has its own deadline, so a regression fails instead of hanging ctest
 // (which also has a TIMEOUT for these tests: tests/CMakeLists.txt lists them by name).
 #include <dirent.h>
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -79,18 +77,8 @@ bool ended(pid_t pid) {
 // destructor kills whatever of it still runs (a failed assertion must not leave a stopped rank).
 class Job {
  public:
-  Job(const std::vector<std::string>& args, const fs::path& dir) : log_(dir / "output.txt") {
-    std::vector<std::string> full = args;
-    std::vector<char*> argv;
-    for (auto& a : full) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    EXPECT_EQ(posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ), 0);
-    posix_spawn_file_actions_destroy(&fa);
-  }
+  Job(const std::vector<std::string>& args, const fs::path& dir)
+      : log_(dir / "output.txt"), pid_(testing::spawn_logged(args, log_)) {}
   ~Job() {
     if (exit_code_) return;
     for (const auto& [rank, pid] : ranks_of(pid_)) kill(pid, SIGKILL);

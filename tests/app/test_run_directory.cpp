@@ -20,25 +20,8 @@ namespace {
 namespace fs = std::filesystem;
 using testing::RunResult;
 
-struct TrainRun {
-  fs::path dir;
-  fs::path config;
-  fs::path run() const { return dir / "run"; }
-  fs::path ckpts() const { return dir / "run" / "checkpoints"; }
-  std::vector<std::string> args(const std::vector<std::string>& extra) const {
-    std::vector<std::string> a = {"train", config.string(), "--run-dir", run().string(), "--set", "log.every=1"};
-    for (auto& e : extra) a.push_back("--set"), a.push_back(e);
-    return a;
-  }
-  RunResult train(const std::vector<std::string>& extra) const { return testing::run_tessera(args(extra), dir); }
-};
-
-TrainRun make_run(const std::string& name) {
-  TrainRun r{testing::temp_dir(name), {}};
-  r.config = r.dir / "tiny.toml";
-  std::ofstream(r.config) << testing::kTinyConfig;
-  return r;
-}
+using testing::make_run;
+using testing::TrainRun;
 
 std::vector<std::string> names_in(const fs::path& dir) {
   std::vector<std::string> names;
@@ -71,17 +54,7 @@ std::string hostname() {
 pid_t spawn_tessera(const std::vector<std::string>& args, const fs::path& log) {
   std::vector<std::string> full = {TESSERA_BINARY};
   full.insert(full.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : full) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid = 0;
-  EXPECT_EQ(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&fa);
-  return pid;
+  return testing::spawn_logged(std::move(full), log);
 }
 
 // Kills and reaps a background process on scope exit, so a failed assertion leaves none running.
