@@ -225,7 +225,11 @@ std::vector<const TensorSlice*> local_writes(const std::vector<TensorSlice>& sli
 void write_tensors(hid_t file, const WritePlan& plan, const std::vector<TensorSlice>& slices, MPI_Comm comm,
                    const std::string& where) {
   const int rank = comm_rank(comm);
-  for (const auto& [path, d] : plan) {
+  for (const auto& entry : plan) {
+    // Named references, not a structured binding: lambdas cannot capture those before clang 16
+    // (the fuzz build, docs/fuzzing.md, uses Debian's clang 14).
+    const std::string& path = entry.first;
+    const auto& d = entry.second;
     H5Dataset ds;
     together(comm, [&] { ds = create_dataset(file, path, d.shape, where); });
     const auto mine = local_writes(slices, path);
