@@ -2,6 +2,7 @@
 // after a failed call (the next call clears it), so checks run before any handle is closed.
 #include "app/hdf5.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/check.h"
@@ -97,9 +98,12 @@ void h5_write_attribute(hid_t obj, const std::string& name, const H5Scalar& valu
   } else {
     const std::string& s = std::get<std::string>(value);
     TESSERA_CHECK(s.find('\0') == std::string::npos, "string attribute ", name, " of ", where, " contains a NUL byte");
-    H5Type t = string_type(H5T_VARIABLE);
-    const char* text = s.c_str();
-    write_raw_attribute(obj, name, t.get(), t.get(), &text, where);
+    // Fixed-length (the text inside the attribute, under HDF5's metadata checksums), not
+    // variable-length: that text lives in the global heap, which has no checksum, and HDF5 1.10.8
+    // loops forever on some corrupted heaps (docs/fuzzing.md). One byte at least: HDF5 has no
+    // empty fixed-length type; the NUL pad reads back as "".
+    H5Type t = string_type(std::max<size_t>(s.size(), 1));
+    write_raw_attribute(obj, name, t.get(), t.get(), s.c_str(), where);
   }
 }
 

@@ -78,9 +78,9 @@ std::string h5_error_reason();
 hid_t h5_check_id(hid_t id, const std::string& what);
 void h5_check(herr_t rc, const std::string& what);
 
-// Scalar attribute values. Strings are stored as variable-length UTF-8 (the text lives in the
-// global heap, so any length fits, and h5py reads them as str); reads also accept fixed-length
-// strings.
+// Scalar attribute values. Strings are stored as fixed-length UTF-8, NUL-padded (the text sits in
+// the attribute, covered by HDF5's metadata checksums; h5py reads them as bytes); reads also
+// accept variable-length strings (checkpoints written before, h5py's default).
 using H5Scalar = std::variant<int64_t, double, std::string>;
 // Creates (or replaces) attribute `name` on the object `obj`; `where` names the object in errors.
 void h5_write_attribute(hid_t obj, const std::string& name, const H5Scalar& value, const std::string& where);

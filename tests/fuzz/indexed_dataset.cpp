@@ -14,16 +14,17 @@ using namespace tessera;
 
 namespace {
 
-int64_t checksum(const TokenSpan& span) {
-  int64_t sum = 0;
-  for (int64_t i = 0; i < span.size(); ++i) sum += span[i];
+// Wraps around (int64 files hold any value): only equality matters.
+uint64_t checksum(const TokenSpan& span) {
+  uint64_t sum = 0;
+  for (int64_t i = 0; i < span.size(); ++i) sum += static_cast<uint64_t>(span[i]);
   return sum;
 }
 
 void read_everything(const std::shared_ptr<const IndexedDataset>& ds) {
-  int64_t total = 0;
+  uint64_t total = 0;
   for (int64_t s = 0; s < ds->num_sequences(); ++s) total += checksum(ds->sequence(s));
-  int64_t by_document = 0;
+  uint64_t by_document = 0;
   for (int64_t d = 0; d < ds->num_documents(); ++d) by_document += checksum(ds->document(d));
   if (total != by_document || total != checksum(ds->tokens()))
     tf::finding("the sequences, the documents and tokens() of a valid dataset hold different tokens");
