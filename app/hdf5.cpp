@@ -2,6 +2,7 @@
 // after a failed call (the next call clears it), so checks run before any handle is closed.
 #include "app/hdf5.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 
@@ -10,9 +11,13 @@
 namespace tessera {
 
 namespace {
-// Whether any H5Fclose failed. HDF5's state is process-wide, and so is this fact about it.
+// Whether any H5Fclose failed, and whether a file's metadata failed HDF5's checksum. HDF5's state
+// is process-wide, and so are these facts about it.
 std::atomic<bool> g_file_close_failed{false};
+std::atomic<bool> g_corrupt_metadata_seen{false};
 }  // namespace
+
+void h5_mark_corrupt_metadata_seen() { g_corrupt_metadata_seen.store(true); }
 
 herr_t h5_close_file(hid_t file) {
   const herr_t rc = H5Fclose(file);
@@ -20,11 +25,12 @@ herr_t h5_close_file(hid_t file) {
   return rc;
 }
 
-bool h5_shutdown() {
-  if (g_file_close_failed.load()) return false;
+H5Shutdown h5_shutdown() {
+  if (g_file_close_failed.load()) return H5Shutdown::CloseFailed;
+  if (g_corrupt_metadata_seen.load()) return H5Shutdown::CorruptMetadataSeen;
   // H5close closes whatever is still open (files last) while MPI is still alive; afterwards
   // HDF5's hooks in MPI_Finalize and atexit find nothing to do.
-  return H5close() >= 0;
+  return H5close() >= 0 ? H5Shutdown::Clean : H5Shutdown::CloseFailed;
 }
 
 H5QuietErrors::H5QuietErrors() {
@@ -116,9 +122,12 @@ void h5_write_attribute(hid_t obj, const std::string& name, const H5Scalar& valu
   } else {
     const std::string& s = std::get<std::string>(value);
     TESSERA_CHECK(s.find('\0') == std::string::npos, "string attribute ", name, " of ", where, " contains a NUL byte");
-    H5Type t = string_type(H5T_VARIABLE);
-    const char* text = s.c_str();
-    write_raw_attribute(obj, name, t.get(), t.get(), &text, where);
+    // Fixed-length (the text inside the attribute, under HDF5's metadata checksums), not
+    // variable-length: that text lives in the global heap, which has no checksum, and HDF5 1.10.8
+    // loops forever on some corrupted heaps (docs/fuzzing.md). One byte at least: HDF5 has no
+    // empty fixed-length type; the NUL pad reads back as "".
+    H5Type t = string_type(std::max<size_t>(s.size(), 1));
+    write_raw_attribute(obj, name, t.get(), t.get(), s.c_str(), where);
   }
 }
 

@@ -46,6 +46,9 @@ class H5Handle {
 
 // H5Fclose, remembering a failure: HDF5 1.10 cannot close such a file again (h5_shutdown).
 herr_t h5_close_file(hid_t file);
+// Remembers that a file's metadata failed HDF5's own checksum: HDF5 1.10.8 keeps the bad entry in
+// its cache and loops at shutdown ("infinite loop closing library"), so h5_shutdown then declines.
+void h5_mark_corrupt_metadata_seen();
 
 using H5File = H5Handle<h5_close_file>;
 using H5Group = H5Handle<H5Gclose>;
@@ -62,7 +65,10 @@ using H5Object = H5Handle<H5Oclose>;  // a group or dataset opened by H5Oopen
 // shut down safely because a file failed to close (its half-destroyed state crashes any later
 // close, HDF5's own at exit included); the process must then end without MPI_Finalize or atexit
 // handlers (std::_Exit).
-bool h5_shutdown();
+// CorruptMetadataSeen: the files closed, but a corrupt file's metadata stays in HDF5's cache, and
+// shutting HDF5 down would loop on it; the process ends the same way, with its own exit code.
+enum class H5Shutdown { Clean, CloseFailed, CorruptMetadataSeen };
+H5Shutdown h5_shutdown();
 
 // While alive, HDF5 does not print its error stack (H5Eset_auto off); restores the previous
 // setting on destruction. Every public entry point of the checkpoint layer holds one, so users
@@ -89,9 +95,9 @@ std::string h5_error_reason();
 hid_t h5_check_id(hid_t id, const std::string& what);
 void h5_check(herr_t rc, const std::string& what);
 
-// Scalar attribute values. Strings are stored as variable-length UTF-8 (the text lives in the
-// global heap, so any length fits, and h5py reads them as str); reads also accept fixed-length
-// strings.
+// Scalar attribute values. Strings are stored as fixed-length UTF-8, NUL-padded (the text sits in
+// the attribute, covered by HDF5's metadata checksums; h5py reads them as bytes); reads also
+// accept variable-length strings (checkpoints written before, h5py's default).
 using H5Scalar = std::variant<int64_t, double, std::string>;
 // Creates (or replaces) attribute `name` on the object `obj`; `where` names the object in errors.
 void h5_write_attribute(hid_t obj, const std::string& name, const H5Scalar& value, const std::string& where);

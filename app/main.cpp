@@ -58,10 +58,16 @@ int main(int argc, char** argv) {
   tessera::MpiSession mpi(&argc, &argv);
   const int code = run_command(argc, argv);
   // HDF5 goes first: its shutdown inside MPI_Finalize would close files after MPI-IO is gone.
-  if (!tessera::h5_shutdown()) {
-    std::fprintf(stderr, "tessera: an HDF5 file could not be closed; exiting without MPI_Finalize\n");
-    std::fflush(nullptr);
-    std::_Exit(code != 0 ? code : 1);
+  switch (tessera::h5_shutdown()) {
+    case tessera::H5Shutdown::Clean:
+      break;
+    case tessera::H5Shutdown::CorruptMetadataSeen:  // reported already (refused or skipped)
+      std::fflush(nullptr);
+      std::_Exit(code);
+    case tessera::H5Shutdown::CloseFailed:
+      std::fprintf(stderr, "tessera: an HDF5 file could not be closed; exiting without MPI_Finalize\n");
+      std::fflush(nullptr);
+      std::_Exit(code != 0 ? code : 1);
   }
   return code;
 }
