@@ -90,7 +90,7 @@ target_asan() {
 # (a tessera source line, or a library such as libhdf5), or the sanitizer's one-line report.
 triage() {
   local exe=$1 input=$2 out
-  out=$(timeout 60 "$exe" "$input" 2>&1 || true)
+  out=$(timeout 120 "$exe" -timeout=10 -rss_limit_mb=2560 "$input" 2>&1 || true)
   local frame
   frame=$(grep -E '^ +#[0-9]+ ' <<<"$out" | grep -vE '__asan|__interceptor|__sanitizer|__ubsan|libucs|fuzzer::|libc\.so|/fuzz_[a-z_0-9]+\+0x' |
     head -n 1 | sed -E 's/^ +#[0-9]+ 0x[0-9a-f]+ (in )?//; s/ \(BuildId.*//')
