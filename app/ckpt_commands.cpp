@@ -1,5 +1,6 @@
-// The ckpt commands. Norms are computed by reading each tensor in row blocks of at most 64 MiB,
-// so inspecting a large checkpoint needs little memory and also verifies every chunk's checksum.
+// The ckpt commands. Norms are computed by reading each tensor in row blocks of at most 64 MiB (flat
+// ranges when one row is longer), so inspecting a large checkpoint needs little memory and also
+// verifies every chunk's checksum.
 #include "app/ckpt_commands.h"
 
 #include <mpi.h>
@@ -21,14 +22,24 @@ namespace {
 
 constexpr int64_t kBlockElements = int64_t{16} << 20;
 
-// Calls f with t's values in blocks of whole rows, at most kBlockElements each (one row at least).
+// Calls f with t's values in blocks of whole rows, at most kBlockElements each, or in flat ranges
+// of kBlockElements when one row is longer.
 template <class F>
 void for_each_block(const CheckpointReader& r, const TensorInfo& t, F&& f) {
   const Shape& s = t.shape;
   if (s.ndim() == 0 || s.numel() == 0) return;
   const int64_t row = s.numel() / s[0];
-  const int64_t rows_per_block = std::max<int64_t>(1, kBlockElements / std::max<int64_t>(row, 1));
   std::vector<float> buf;
+  if (row > kBlockElements) {  // one row is over the block: flat ranges, which may cut rows
+    for (int64_t e0 = 0; e0 < s.numel(); e0 += kBlockElements) {
+      const int64_t n = std::min(kBlockElements, s.numel() - e0);
+      buf.resize(static_cast<size_t>(n));
+      r.read(t.path, TensorSlice::kFlat, e0, Shape{n}, buf.data());
+      f(buf);
+    }
+    return;
+  }
+  const int64_t rows_per_block = std::max<int64_t>(1, kBlockElements / std::max<int64_t>(row, 1));
   for (int64_t r0 = 0; r0 < s[0]; r0 += rows_per_block) {
     Shape part = s;
     part[0] = std::min(rows_per_block, s[0] - r0);

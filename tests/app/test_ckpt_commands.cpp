@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "app/checkpoint_io.h"
+#include "app/hdf5.h"
 #include "kernels/allocator.h"
 #include "model/gpt.h"
 #include "model/parameters.h"
@@ -200,6 +201,40 @@ TEST(CkptCommands, InspectReportsABadFileInOneLine) {
             0u)
       << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+
+// A checkpoint whose one tensor, /model/long (rows, cols), is declared (chunked as tessera writes)
+// but never written: HDF5 reads fill values (zeros), so a huge tensor costs no disk.
+void write_unwritten_checkpoint(const fs::path& file, hsize_t rows, hsize_t cols) {
+  H5PropList fapl(H5Pcreate(H5P_FILE_ACCESS));
+  H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_V110);
+  H5File f(H5Fcreate(file.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()));
+  ASSERT_TRUE(f.valid());
+  H5Group meta(H5Gcreate2(f.get(), "/meta", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+  for (const char* key : {"format_version", "step", "tokens_seen", "consumed_samples"})
+    h5_write_attribute(meta.get(), key, int64_t{1}, "/meta");
+  h5_write_attribute(meta.get(), "tessera_version", std::string(TESSERA_VERSION), "/meta");
+  h5_write_attribute(meta.get(), "config", std::string("[train]\n"), "/meta");
+  H5Group model(H5Gcreate2(f.get(), "/model", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+  const hsize_t dims[2] = {rows, cols}, chunk[2] = {1, std::min<hsize_t>(cols, hsize_t{1} << 18)};
+  H5Space space(H5Screate_simple(2, dims, nullptr));
+  H5PropList dcpl(H5Pcreate(H5P_DATASET_CREATE));
+  H5Pset_chunk(dcpl.get(), 2, chunk);
+  H5Dataset ds(H5Dcreate2(f.get(), "/model/long", H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
+  ASSERT_TRUE(ds.valid());
+}
+
+// inspect reads in blocks of at most 64 MiB, also when one row is longer than that (then in flat
+// ranges): here one row of 2^28 floats (1 GiB) under a 600 MB address-space limit. It used to
+// read a whole row at once (found by tests/fuzz's checkpoint_objects target: a declared
+// (3, 2^30) tensor made inspect allocate 12 GiB).
+TEST(CkptCommands, InspectReadsRowsLongerThanItsBlockInBoundedMemory) {
+  const fs::path dir = temp_dir("ckpt_inspect_long_rows");
+  const fs::path file = dir / "long.h5";
+  write_unwritten_checkpoint(file, 1, hsize_t{1} << 28);
+  const CommandResult r = run("ulimit -v 600000 && " + std::string(TESSERA_BINARY) + " ckpt inspect " + file.string(), dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("/model/long  (1, 268435456)  float32  0\n"), std::string::npos) << r.out;
 }
 
 // Runs the independent reader; skips when Debian's python3-numpy is not installed.
