@@ -309,9 +309,27 @@ std::string dtype_name(hid_t type) {
   }
 }
 
+// HDF5 accepts declared shapes whose element count overflows int64 (chunks are allocated only
+// when written); tessera counts elements in int64 and bytes in size_t.
+constexpr hsize_t kMaxElements = hsize_t{1} << 60;
+
+bool plausible(const std::vector<hsize_t>& dims) {
+  if (std::find(dims.begin(), dims.end(), 0) != dims.end())
+    return std::all_of(dims.begin(), dims.end(), [](hsize_t d) { return d <= kMaxElements; });
+  hsize_t elements = 1;
+  for (hsize_t d : dims) {
+    if (elements > kMaxElements / d) return false;
+    elements *= d;
+  }
+  return true;
+}
+
 Shape to_shape(const std::vector<hsize_t>& dims, const std::string& what) {
   TESSERA_CHECK(static_cast<int>(dims.size()) <= Shape::kMaxDims, what, " has ", dims.size(),
                 " dimensions; tessera reads at most ", Shape::kMaxDims);
+  std::string shown;
+  for (hsize_t d : dims) shown += (shown.empty() ? "" : ", ") + std::to_string(d);
+  TESSERA_CHECK(plausible(dims), what, " has an implausible shape (", shown, "): over 2^60 elements");
   Shape s;
   for (hsize_t d : dims) s.push_back(static_cast<int64_t>(d));
   return s;

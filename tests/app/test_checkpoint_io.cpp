@@ -301,6 +301,32 @@ TEST(CheckpointIo, CorruptedStringMetadataIsAnErrorNotAHang) {
   EXPECT_NE(error_of([&] { CheckpointReader(file.string(), test_world()); }).find(file.string()), std::string::npos);
 }
 
+// A valid HDF5 file may declare almost any shape (HDF5 allocates chunks only when written):
+// element counts beyond 2^60 are refused, naming the tensor. A (2^40, 2^40) tensor made
+// Shape::numel overflow (undefined behaviour; ckpt inspect printed 0 parameters).
+TEST(CheckpointIo, ImplausibleShapesAreRefusedNamingTheTensor) {
+  const fs::path dir = temp_dir("ckpt_huge_shape");
+  const hsize_t huge = hsize_t{1} << 40;
+  const std::vector<std::vector<hsize_t>> shapes = {{huge, huge}, {hsize_t{1} << 62, 4}};
+  for (const auto& dims : shapes) {
+    const fs::path file = dir / "huge.h5";
+    const auto d = pattern(3, 0.0f);
+    write_checkpoint_file(file, sample_meta(), {whole("/model/a", {3}, d)}, test_world());
+    {
+      H5File f(H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT));
+      const std::vector<hsize_t> chunk(dims.size(), 1);
+      H5Space space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
+      H5PropList dcpl(H5Pcreate(H5P_DATASET_CREATE));
+      H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data());
+      H5Dataset ds(H5Dcreate2(f.get(), "/model/huge", H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
+      ASSERT_TRUE(ds.valid());
+    }
+    const std::string error = error_of([&] { CheckpointReader(file.string(), test_world()); });
+    EXPECT_NE(error.find("/model/huge in " + file.string()), std::string::npos) << error;
+    EXPECT_NE(error.find("2^60"), std::string::npos) << error;
+  }
+}
+
 TEST(CheckpointIo, NewerFormatVersionIsRefused) {
   const fs::path file = temp_dir("ckpt_newer") / "step.h5";
   CheckpointMeta m = sample_meta();
