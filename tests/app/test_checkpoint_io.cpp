@@ -327,6 +327,31 @@ TEST(CheckpointIo, ImplausibleShapesAreRefusedNamingTheTensor) {
   }
 }
 
+// HDF5 1.10.8 trusts the stored size of a chunk that the chunk index records (a version-1 B-tree,
+// which has no checksum): a Fletcher32 chunk recorded as shorter than its 4-byte checksum made
+// H5Dread run past its buffer and crash (found by tests/fuzz's checkpoint target). Now an error
+// naming the tensor. The index node starts with the signature "TREE"; 24 bytes in (after type,
+// level, entry count and two sibling addresses) its first key begins with the chunk's size.
+TEST(CheckpointIo, CorruptedChunkIndexIsAnErrorNotACrash) {
+  const fs::path file = temp_dir("ckpt_chunk_index") / "step.h5";
+  const auto a = pattern(64 * 64, 1.0f);
+  write_checkpoint_file(file, sample_meta(), {whole("/model/a", {64, 64}, a)}, test_world());
+  std::string bytes = file_bytes(file);
+  const size_t tree = bytes.find("TREE");
+  ASSERT_NE(tree, std::string::npos);
+  ASSERT_EQ(bytes[tree + 4], 1) << "not a chunk index node";
+  uint32_t size = 0;
+  std::memcpy(&size, bytes.data() + tree + 24, 4);
+  ASSERT_EQ(size, 64u * 64u * 4u + 4u);  // the data and its checksum
+  size = 1;
+  std::memcpy(bytes.data() + tree + 24, &size, 4);
+  std::ofstream(file, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  CheckpointReader r(file, test_world());
+  const std::string error = error_of([&] { r.read_all("/model/a"); });
+  EXPECT_NE(error.find("/model/a in " + file.string()), std::string::npos) << error;
+  EXPECT_NE(error.find("corrupted"), std::string::npos) << error;
+}
+
 TEST(CheckpointIo, NewerFormatVersionIsRefused) {
   const fs::path file = temp_dir("ckpt_newer") / "step.h5";
   CheckpointMeta m = sample_meta();
