@@ -442,9 +442,27 @@ std::string dtype_name(hid_t type) {
   }
 }
 
+// HDF5 accepts declared shapes whose element count overflows int64 (chunks are allocated only
+// when written); tessera counts elements in int64 and bytes in size_t.
+constexpr hsize_t kMaxElements = hsize_t{1} << 60;
+
+bool plausible(const std::vector<hsize_t>& dims) {
+  if (std::find(dims.begin(), dims.end(), 0) != dims.end())
+    return std::all_of(dims.begin(), dims.end(), [](hsize_t d) { return d <= kMaxElements; });
+  hsize_t elements = 1;
+  for (hsize_t d : dims) {
+    if (elements > kMaxElements / d) return false;
+    elements *= d;
+  }
+  return true;
+}
+
 Shape to_shape(const std::vector<hsize_t>& dims, const std::string& what) {
   TESSERA_CHECK(static_cast<int>(dims.size()) <= Shape::kMaxDims, what, " has ", dims.size(),
                 " dimensions; tessera reads at most ", Shape::kMaxDims);
+  std::string shown;
+  for (hsize_t d : dims) shown += (shown.empty() ? "" : ", ") + std::to_string(d);
+  TESSERA_CHECK(plausible(dims), what, " has an implausible shape (", shown, "): over 2^60 elements");
   Shape s;
   for (hsize_t d : dims) s.push_back(static_cast<int64_t>(d));
   return s;
@@ -534,6 +552,55 @@ H5File open_file(const std::string& path) {
   return H5File(id);
 }
 
+bool has_fletcher32(hid_t dcpl) {
+  const int n = H5Pget_nfilters(dcpl);
+  for (int i = 0; i < n; ++i) {
+    unsigned flags = 0, config = 0;
+    size_t nvalues = 0;
+    if (H5Pget_filter2(dcpl, static_cast<unsigned>(i), &flags, &nvalues, nullptr, 0, nullptr, &config) ==
+        H5Z_FILTER_FLETCHER32)
+      return true;
+  }
+  return false;
+}
+
+// HDF5 1.10.8 trusts the stored size of each chunk that the chunk index records (in the 1.8 file
+// format a version-1 B-tree, which has no checksum): a Fletcher32 chunk recorded as shorter than
+// its 4-byte checksum makes H5Dread run past its buffer and crash (found by tests/fuzz's
+// checkpoint target). So the chunks a read touches are looked up first (a B-tree lookup each).
+void check_chunk_sizes(hid_t ds, const std::vector<Box>& boxes, const std::string& where) {
+  const std::string what = "cannot read the chunk index of " + where;
+  H5PropList dcpl(h5_check_id(H5Dget_create_plist(ds), what));
+  if (H5Pget_layout(dcpl.get()) != H5D_CHUNKED || !has_fletcher32(dcpl.get())) return;
+  std::vector<hsize_t> chunk(static_cast<size_t>(Shape::kMaxDims));
+  const int rank = H5Pget_chunk(dcpl.get(), Shape::kMaxDims, chunk.data());
+  h5_check(rank, what);
+  chunk.resize(static_cast<size_t>(rank));
+  for (const Box& b : boxes) {
+    if (b.start.size() != chunk.size() || b.volume() == 0) continue;
+    // Chunk coordinates [first, last] along each dimension, visited like an odometer.
+    std::vector<hsize_t> first(chunk.size()), last(chunk.size()), at(chunk.size()), offset(chunk.size());
+    for (size_t d = 0; d < chunk.size(); ++d) {
+      first[d] = static_cast<hsize_t>(b.start[d]) / chunk[d];
+      last[d] = static_cast<hsize_t>(b.start[d] + b.count[d] - 1) / chunk[d];
+    }
+    at = first;
+    while (true) {
+      for (size_t d = 0; d < chunk.size(); ++d) offset[d] = at[d] * chunk[d];
+      unsigned filter_mask = 0;
+      haddr_t addr = HADDR_UNDEF;
+      hsize_t size = 0;
+      h5_check(H5Dget_chunk_info_by_coord(ds, offset.data(), &filter_mask, &addr, &size), what);
+      TESSERA_CHECK(addr == HADDR_UNDEF || size >= 4, where, ": the file's chunk index records a chunk of ", size,
+                    " bytes, less than its checksum: the file is corrupted");
+      size_t d = chunk.size();  // the next chunk: the last dimension moves fastest
+      for (; d > 0 && at[d - 1] == last[d - 1]; --d) at[d - 1] = first[d - 1];
+      if (d == 0) break;
+      ++at[d - 1];
+    }
+  }
+}
+
 bool mentions_checksum(const std::vector<std::string>& messages) {
   for (std::string m : messages) {
     std::transform(m.begin(), m.end(), m.begin(), [](unsigned char c) { return std::tolower(c); });
@@ -601,6 +668,7 @@ void CheckpointReader::read(const std::string& path, int dim, int64_t start, con
   H5Dataset ds(h5_check_id(H5Dopen2(file_.get(), path.c_str(), H5P_DEFAULT), what));
   H5Space file_space(h5_check_id(H5Dget_space(ds.get()), what));
   const auto boxes = ckpt::selection_boxes(t.shape, dim, start, local_shape);
+  check_chunk_sizes(ds.get(), boxes, path + " in " + path_);
   select_boxes(file_space.get(), boxes, what);
   H5Space mem = memory_space(boxes, n, what);
   if (H5Dread(ds.get(), H5T_NATIVE_FLOAT, mem.get(), file_space.get(), H5P_DEFAULT, out) < 0) {

@@ -19,6 +19,7 @@
 
 #include "app/memory_check.h"
 #include "data/tokenizer.h"
+#include "data/unicode_class.h"
 #include "kernels/check.h"
 #include "model/gpt.h"
 #include "model/memory.h"
@@ -535,6 +536,16 @@ std::string trim(std::string_view s) {
   return std::string(s.substr(b, s.find_last_not_of(ws) - b + 1));
 }
 
+bool is_utf8(std::string_view s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const auto* end = p + s.size();
+  for (Utf8Char ch{}; p < end; p += ch.length) {
+    ch = decode_utf8(p, end);
+    if (!ch.valid) return false;
+  }
+  return true;
+}
+
 // The raw text parsed as a single TOML value, or nothing when it is not one.
 std::optional<toml::table> parse_value(const std::string& raw) {
   try {
@@ -562,6 +573,9 @@ void apply_override(Config& c, const std::string& arg, Origins& origins) {
   if (!has_field(*s, key)) unknown_key(table, *s, key, o);
   const std::string raw = trim(std::string_view(arg).substr(eq + 1));
   const auto parsed = parse_value(raw);
+  // Not TOML: a string field takes the text verbatim, and TOML (to_toml: the run's config.toml,
+  // the checkpoint's stored config) can only hold UTF-8 text.
+  if (!parsed && !is_utf8(raw)) fail(o.prefix() + name + " is not valid UTF-8 text");
   assign(c, section, key, Input{parsed ? parsed->get("value") : nullptr, raw}, o, origins);
 }
 

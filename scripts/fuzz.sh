@@ -92,10 +92,10 @@ triage() {
   local exe=$1 input=$2 out
   out=$(timeout 120 "$exe" -timeout=10 -rss_limit_mb=2560 "$input" 2>&1 || true)
   local frame
-  frame=$(grep -E '^ +#[0-9]+ ' <<<"$out" | grep -vE '__asan|__interceptor|__sanitizer|__ubsan|libucs|fuzzer::|libc\.so|/fuzz_[a-z_0-9]+\+0x' |
+  frame=$(grep -E '^ +#[0-9]+ ' <<<"$out" | grep -vE '__asan|__interceptor|__sanitizer|__ubsan|libucs|fuzzer::|libc\.so|nptl/|abort|raise|tessera::fuzz::|/fuzz_[a-z_0-9]+\+0x' |
     head -n 1 | sed -E 's/^ +#[0-9]+ 0x[0-9a-f]+ (in )?//; s/ \(BuildId.*//')
   local what
-  what=$(grep -m 1 -oE 'FUZZ FINDING: .{0,100}|[^ ]*: runtime error: .{0,100}|ERROR: [A-Za-z]+Sanitizer: [a-z-]+( on| in)?|ERROR: libFuzzer: [a-z-]+' <<<"$out" || true)
+  what=$(grep -m 1 -oE 'FUZZ FINDING: .{0,100}|[^ ]*: runtime error: .{0,100}|ERROR: [A-Za-z]+Sanitizer: [A-Za-z-]+( on| in)?|ERROR: libFuzzer: [a-z-]+' <<<"$out" || true)
   [ -z "$what" ] && what="does not reproduce alone"
   echo "$what${frame:+ at $frame}"
 }

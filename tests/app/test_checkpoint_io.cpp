@@ -297,6 +297,57 @@ TEST(CheckpointIo, CorruptedStringMetadataIsAnErrorNotAHang) {
   EXPECT_NE(error_of([&] { CheckpointReader(file.string(), test_world()); }).find(file.string()), std::string::npos);
 }
 
+// A valid HDF5 file may declare almost any shape (HDF5 allocates chunks only when written):
+// element counts beyond 2^60 are refused, naming the tensor. A (2^40, 2^40) tensor made
+// Shape::numel overflow (undefined behaviour; ckpt inspect printed 0 parameters).
+TEST(CheckpointIo, ImplausibleShapesAreRefusedNamingTheTensor) {
+  const fs::path dir = temp_dir("ckpt_huge_shape");
+  const hsize_t huge = hsize_t{1} << 40;
+  const std::vector<std::vector<hsize_t>> shapes = {{huge, huge}, {hsize_t{1} << 62, 4}};
+  for (const auto& dims : shapes) {
+    const fs::path file = dir / "huge.h5";
+    const auto d = pattern(3, 0.0f);
+    write_checkpoint_file(file, sample_meta(), {whole("/model/a", {3}, d)}, test_world());
+    {
+      H5File f(H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT));
+      const std::vector<hsize_t> chunk(dims.size(), 1);
+      H5Space space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
+      H5PropList dcpl(H5Pcreate(H5P_DATASET_CREATE));
+      H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data());
+      H5Dataset ds(H5Dcreate2(f.get(), "/model/huge", H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
+      ASSERT_TRUE(ds.valid());
+    }
+    const std::string error = error_of([&] { CheckpointReader(file.string(), test_world()); });
+    EXPECT_NE(error.find("/model/huge in " + file.string()), std::string::npos) << error;
+    EXPECT_NE(error.find("2^60"), std::string::npos) << error;
+  }
+}
+
+// HDF5 1.10.8 trusts the stored size of a chunk that the chunk index records (a version-1 B-tree,
+// which has no checksum): a Fletcher32 chunk recorded as shorter than its 4-byte checksum made
+// H5Dread run past its buffer and crash (found by tests/fuzz's checkpoint target). Now an error
+// naming the tensor. The index node starts with the signature "TREE"; 24 bytes in (after type,
+// level, entry count and two sibling addresses) its first key begins with the chunk's size.
+TEST(CheckpointIo, CorruptedChunkIndexIsAnErrorNotACrash) {
+  const fs::path file = temp_dir("ckpt_chunk_index") / "step.h5";
+  const auto a = pattern(64 * 64, 1.0f);
+  write_checkpoint_file(file, sample_meta(), {whole("/model/a", {64, 64}, a)}, test_world());
+  std::string bytes = file_bytes(file);
+  const size_t tree = bytes.find("TREE");
+  ASSERT_NE(tree, std::string::npos);
+  ASSERT_EQ(bytes[tree + 4], 1) << "not a chunk index node";
+  uint32_t size = 0;
+  std::memcpy(&size, bytes.data() + tree + 24, 4);
+  ASSERT_EQ(size, 64u * 64u * 4u + 4u);  // the data and its checksum
+  size = 1;
+  std::memcpy(bytes.data() + tree + 24, &size, 4);
+  std::ofstream(file, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  CheckpointReader r(file, test_world());
+  const std::string error = error_of([&] { r.read_all("/model/a"); });
+  EXPECT_NE(error.find("/model/a in " + file.string()), std::string::npos) << error;
+  EXPECT_NE(error.find("corrupted"), std::string::npos) << error;
+}
+
 TEST(CheckpointIo, NewerFormatVersionIsRefused) {
   const fs::path file = temp_dir("ckpt_newer") / "step.h5";
   CheckpointMeta m = sample_meta();

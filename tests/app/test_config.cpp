@@ -297,6 +297,19 @@ TEST(ConfigOverrides, MalformedArgumentsAreNamed) {
   expect_contains(parse_error("", {"train.steps=1\nfoo=2"}), {"wrong type for train.steps"});
 }
 
+// A --set value that is not TOML is taken verbatim as a string, so it must be UTF-8 text: TOML
+// cannot hold other bytes, and to_toml (the run's config.toml, the checkpoint's stored config)
+// wrote a file that did not load (found by tests/fuzz's config target: a 0xB7 byte in log.dir).
+TEST(ConfigOverrides, VerbatimStringsMustBeUtf8) {
+  for (const std::string bad : {"a\xB7" "b", "\xC3", "\xED\xA0\x80" /* a surrogate */, "\xC0\xAF" /* overlong */}) {
+    const std::string arg = "log.dir=" + bad;
+    expect_contains(parse_error("", {arg}), {"--set " + arg + ": log.dir is not valid UTF-8 text"});
+  }
+  const Config c = parse("", {"log.dir=runs/caf\xC3\xA9 \xF0\x9F\x98\x80"});
+  EXPECT_EQ(c.log.dir, "runs/caf\xC3\xA9 \xF0\x9F\x98\x80");
+  EXPECT_EQ(parse(to_toml(c)), c);
+}
+
 // ---- Cross-field validation ----------------------------------------------------------------
 
 TEST(ConfigValidation, MinLrAboveLrNamesBothAndWhereTheyCameFrom) {

@@ -3,7 +3,7 @@
 regenerate). Seeds come from the project's own files: configs/*.toml, the formats' fixtures as the
 tests build them (tests/data), ../shared/data's GPT-2 cases and texts when present, and a tiny real
 checkpoint trained by the tessera binary (its path is the first argument; without it the checkpoint
-seeds are left as they are).
+seeds are left as they are) and one written with h5py (Debian's python3-h5py).
 
     /usr/bin/python3 tests/fuzz/make_seeds.py build/tessera
 """
@@ -196,6 +196,17 @@ def checkpoint_seeds(tessera):
                 cmd += ["--set", s]
             subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
             shutil.copy(os.path.join(run, "checkpoints", "step_00000001.h5"), os.path.join(d, name))
+    # A valid HDF5 file with a declared (2^40, 2^40) tensor (no data): the reader must refuse the
+    # shape, not overflow (tests/app/test_checkpoint_io.cpp ImplausibleShapesAreRefusedNamingTheTensor).
+    import h5py
+    import numpy
+    with h5py.File(os.path.join(d, "huge_shape.h5"), "w", libver=("v108", "v110")) as f:
+        meta = f.create_group("meta")
+        for key in ("format_version", "step", "tokens_seen", "consumed_samples"):
+            meta.attrs[key] = numpy.int64(1)
+        meta.attrs["tessera_version"] = numpy.bytes_(b"0.1.0")
+        meta.attrs["config"] = numpy.bytes_(b"[train]\n")
+        f.create_dataset("model/x", shape=(2 ** 40, 2 ** 40), dtype="<f4", chunks=(1, 4))
 
 
 # ---- checkpoint_objects: programs for tests/fuzz/checkpoint_objects.cpp that write checkpoints ----
@@ -226,6 +237,9 @@ def checkpoint_object_seeds():
     tensors = dataset_f32(3, [2, 3], [0.5, -1, 2, 3, 4, 5]) + dataset_f32(6, [4], [1, 2, 3, 4])
     write(d, "two_tensors", meta + tensors + attr_i64(2, 2, 7))
     write(d, "links", meta + tensors + bytes([3, 8, 3, 0, 3, 10, 4, 1]))
+    # A declared, unwritten (2^40, 2^40) float32 tensor: dimension byte 200 + 40 - 13 (dim() in
+    # checkpoint_objects.cpp), chunks of 1, no Fletcher32, left unwritten.
+    write(d, "huge_dims", meta + bytes([2, 3, 1, 2, 1, 227, 1, 227, 1, 0, 0, 0, 0, 0]))
 
 
 def main():
