@@ -304,8 +304,9 @@ TEST(CheckpointIo, ImplausibleShapesAreRefusedNamingTheTensor) {
   const fs::path dir = temp_dir("ckpt_huge_shape");
   const hsize_t huge = hsize_t{1} << 40;
   const std::vector<std::vector<hsize_t>> shapes = {{huge, huge}, {hsize_t{1} << 62, 4}};
-  for (const auto& dims : shapes) {
-    const fs::path file = dir / "huge.h5";
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const std::vector<hsize_t>& dims = shapes[i];
+    const fs::path file = dir / ("huge_" + std::to_string(i) + ".h5");  // checkpoints are created exclusively
     const auto d = pattern(3, 0.0f);
     write_checkpoint_file(file, sample_meta(), {whole("/model/a", {3}, d)}, test_world());
     {
