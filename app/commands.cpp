@@ -6,7 +6,7 @@
 #include <memory>
 
 #include "app/build_info.h"
-#include "app/ckpt_commands.h"
+#include "app/checkpoint/ckpt_commands.h"
 #include "app/generate.h"
 #include "app/prepare.h"
 #include "app/trainer.h"

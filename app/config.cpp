@@ -797,18 +797,9 @@ ModelConfig to_model_config(const Config& c, int64_t data_vocab_size) {
     fail("model.vocab_size = " + std::to_string(s.vocab_size) + " is smaller than the data's vocabulary (" +
          std::to_string(data_vocab_size) + " tokens)");
   }
-  ModelConfig m;
-  m.preset = s.preset;
+  ModelConfig m = s;  // the architecture fields; recompute is the trainer's
   m.vocab_size = s.vocab_size > 0 ? s.vocab_size : data_vocab_size;
-  m.n_layer = s.n_layer;
-  m.n_head = s.n_head;
-  m.n_kv_head = s.n_kv_head;
-  m.n_embd = s.n_embd;
-  m.ffn_hidden = s.ffn_hidden;
   m.max_seq_len = s.max_seq_len > 0 ? s.max_seq_len : c.train.seq_len;
-  m.norm_eps = s.norm_eps;
-  m.rope_theta = s.rope_theta;
-  m.init_std = s.init_std;
   return resolve(m);
 }
 

@@ -56,18 +56,15 @@ inline constexpr double kMaxBatch = 1e9, kMaxEvalBatches = 1e6, kMaxValExamples 
 // (steps x global_batch x seq_len tokens; the product of the degrees, at most kMaxRanks).
 inline constexpr double kMaxRanks = 1 << 24;
 
-struct ModelSection {
-  std::string preset = "gpt2";
-  int64_t vocab_size = 0;
-  int64_t n_layer = 12;
-  int64_t n_head = 12;
-  int64_t n_kv_head = 0;
-  int64_t n_embd = 768;
-  int64_t ffn_hidden = 0;
-  int64_t max_seq_len = 0;
-  double norm_eps = 1e-5;
-  double rope_theta = 10000.0;
-  double init_std = 0.02;
+// [model]. The architecture fields are ModelConfig's (model/config.h), declared once there; the
+// section adds the training-only recompute policy and two defaults of its own: vocab_size = 0
+// (take it from the data) and max_seq_len = 0 (train.seq_len), which to_model_config() resolves.
+// The choices resolve() derives from the preset (norm, MLP, positions, ...) are not keys.
+struct ModelSection : ModelConfig {
+  ModelSection() {
+    vocab_size = 0;
+    max_seq_len = 0;
+  }
   std::string recompute = "none";
 
   template <class V>

@@ -9,7 +9,7 @@
 #include <memory>
 #include <vector>
 
-#include "app/checkpointing.h"
+#include "app/checkpoint/checkpointing.h"
 #include "app/config.h"
 #include "kernels/allocator.h"
 #include "kernels/exec.h"

@@ -11,9 +11,9 @@
 #include <numeric>
 #include <random>
 
-#include "app/checkpoint_io.h"
+#include "app/checkpoint/checkpoint_io.h"
 #include "app/config.h"
-#include "app/hf_export.h"
+#include "app/checkpoint/hf_export.h"
 #include "data/addition.h"
 #include "data/tokenizer.h"
 #include "kernels/allocator.h"

@@ -9,7 +9,7 @@
 
 #include "app/build_info.h"
 #include "app/commands.h"
-#include "app/hdf5.h"
+#include "app/checkpoint/hdf5.h"
 #include "kernels/check.h"
 #include "parallel/mpi.h"
 

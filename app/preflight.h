@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "app/checkpointing.h"
+#include "app/checkpoint/checkpointing.h"
 #include "app/config.h"
 #include "model/parameters.h"
 

@@ -13,7 +13,7 @@
 #include <optional>
 #include <utility>
 
-#include "app/checkpointing.h"
+#include "app/checkpoint/checkpointing.h"
 #include "app/config.h"
 #include "app/dp_optimizer.h"
 #include "app/metrics.h"

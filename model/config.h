@@ -33,6 +33,7 @@ struct ModelConfig {
 
   int64_t head_dim() const { return n_embd / n_head; }
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  bool operator==(const ModelConfig&) const = default;
 };
 
 // Fills the architecture fields and defaults from the preset and validates the sizes; throws

@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <string>
 
-#include "app/checkpointing.h"
+#include "app/checkpoint/checkpointing.h"
 #include "kernels/allocator.h"
 #include "model/gpt.h"
 #include "parallel/mpi.h"

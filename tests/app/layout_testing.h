@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "app/checkpoint_io.h"
+#include "app/checkpoint/checkpoint_io.h"
 #include "cli_testing.h"
 #include "mpi_testing.h"
 

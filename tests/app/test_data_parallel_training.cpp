@@ -10,7 +10,7 @@
 
 #include <cmath>
 
-#include "app/checkpoint_io.h"
+#include "app/checkpoint/checkpoint_io.h"
 #include "app/trainer.h"
 #include "layout_testing.h"
 

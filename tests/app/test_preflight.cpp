@@ -12,7 +12,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "checkpoint_testing.h"
+#include "app/checkpoint/checkpoint_testing.h"
 #include "cli_testing.h"
 
 namespace tessera {

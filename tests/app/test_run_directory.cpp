@@ -1,4 +1,4 @@
-// Tests what a run owns in its directory (app/checkpointing.h run ids and pruning, app/run_lock.h)
+// Tests what a run owns in its directory (app/checkpoint/checkpointing.h run ids and pruning, app/run_lock.h)
 // through `tessera train`: a fresh run over another run's checkpoints is refused or, with
 // checkpoint.overwrite, leaves them alone; pruning spares files tessera did not write and `latest`;
 // a second job on a locked directory stops at once, naming the holder.
@@ -7,8 +7,8 @@
 
 #include <chrono>
 
-#include "app/checkpoint_io.h"
-#include "app/checkpointing.h"
+#include "app/checkpoint/checkpoint_io.h"
+#include "app/checkpoint/checkpointing.h"
 #include "app/run_lock.h"
 #include "cli_testing.h"
 #include "error_testing.h"

@@ -1,4 +1,4 @@
-// Fuzzes the checkpoint reader (app/checkpoint_io.h CheckpointReader, and `tessera ckpt inspect`
+// Fuzzes the checkpoint reader (app/checkpoint/checkpoint_io.h CheckpointReader, and `tessera ckpt inspect`
 // on top of it): the input is the bytes of an HDF5 file, seeded with small real checkpoints, so the
 // mutations are files that the real reader opens. MPI is initialized once (a singleton: the reader
 // runs on MPI_COMM_SELF, as ckpt inspect and generate do).
@@ -7,8 +7,8 @@
 #include <cstdlib>
 #include <sstream>
 
-#include "app/checkpoint_io.h"
-#include "app/ckpt_commands.h"
+#include "app/checkpoint/checkpoint_io.h"
+#include "app/checkpoint/ckpt_commands.h"
 #include "app/config.h"
 #include "fuzz_common.h"
 

@@ -1,4 +1,4 @@
-// Fuzzes the checkpoint reader (app/checkpoint_io.h, and `tessera ckpt inspect`) on well-formed
+// Fuzzes the checkpoint reader (app/checkpoint/checkpoint_io.h, and `tessera ckpt inspect`) on well-formed
 // HDF5 files of any content: the input is a little program that writes a file through the HDF5
 // API (groups, attributes and datasets of any type, shape and layout, links), so the fuzzer reaches
 // tessera's own checks behind HDF5's metadata checksums, which byte mutations (the checkpoint
@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "app/checkpoint_io.h"
-#include "app/ckpt_commands.h"
+#include "app/checkpoint/checkpoint_io.h"
+#include "app/checkpoint/ckpt_commands.h"
 #include "app/config.h"
 #include "fuzz_common.h"
 

@@ -197,7 +197,7 @@ def checkpoint_seeds(tessera):
             subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
             shutil.copy(os.path.join(run, "checkpoints", "step_00000001.h5"), os.path.join(d, name))
     # A valid HDF5 file with a declared (2^40, 2^40) tensor (no data): the reader must refuse the
-    # shape, not overflow (tests/app/test_checkpoint_io.cpp ImplausibleShapesAreRefusedNamingTheTensor).
+    # shape, not overflow (tests/app/checkpoint/test_checkpoint_io.cpp ImplausibleShapesAreRefusedNamingTheTensor).
     import h5py
     import numpy
     with h5py.File(os.path.join(d, "huge_shape.h5"), "w", libver=("v108", "v110")) as f:

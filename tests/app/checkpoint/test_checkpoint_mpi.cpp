@@ -1,4 +1,4 @@
-// Tests app/checkpoint_io.h across ranks: registered twice, as plain one-rank tests and as
+// Tests app/checkpoint/checkpoint_io.h across ranks: registered twice, as plain one-rank tests and as
 // `mpiexec -n 2 tests_app --gtest_filter=CheckpointMpi.*` (tests/CMakeLists.txt). Each rank writes
 // its share of tensors split along dim 0 and dim 1 and a ZeRO-1 style flat range that cuts rows;
 // rank 0 alone writes a replicated one; every rank reads all of it back, and so does a single
@@ -8,8 +8,8 @@
 
 #include <filesystem>
 
-#include "app/checkpoint_io.h"
-#include "app/checkpoint_plan.h"
+#include "app/checkpoint/checkpoint_io.h"
+#include "app/checkpoint/checkpoint_plan.h"
 #include "error_testing.h"
 #include "mpi_testing.h"
 

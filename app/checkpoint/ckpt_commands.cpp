@@ -1,7 +1,7 @@
 // The ckpt commands. Norms are computed by reading each tensor in row blocks of at most 64 MiB (flat
 // ranges when one row is longer), so inspecting a large checkpoint needs little memory and also
 // verifies every chunk's checksum.
-#include "app/ckpt_commands.h"
+#include "app/checkpoint/ckpt_commands.h"
 
 #include <mpi.h>
 
@@ -12,8 +12,8 @@
 #include <utility>
 #include <vector>
 
-#include "app/checkpoint_io.h"
-#include "app/hf_export.h"
+#include "app/checkpoint/checkpoint_io.h"
+#include "app/checkpoint/hf_export.h"
 #include "kernels/check.h"
 
 namespace tessera {

@@ -14,13 +14,13 @@
 #include <fstream>
 #include <sstream>
 
-#include "app/checkpoint_io.h"
-#include "app/hdf5.h"
+#include "app/checkpoint/checkpoint_io.h"
+#include "app/checkpoint/hdf5.h"
 #include "kernels/allocator.h"
 #include "model/gpt.h"
 #include "model/parameters.h"
-#include "checkpoint_testing.h"
-#include "cli_testing.h"
+#include "app/checkpoint/checkpoint_testing.h"
+#include "app/cli_testing.h"
 #include "mpi_testing.h"
 #include "testing.h"
 

@@ -1,8 +1,8 @@
-// Checkpoint file writer and reader. The writer first agrees on a plan (app/checkpoint_plan.h: the
+// Checkpoint file writer and reader. The writer first agrees on a plan (app/checkpoint/checkpoint_plan.h: the
 // union of tensors over ranks, checked for exact cover) and then runs each collective HDF5 step
 // inside `together`, so a failure on any rank ends the write on every rank at the same point with
 // the same message.
-#include "app/checkpoint_io.h"
+#include "app/checkpoint/checkpoint_io.h"
 
 #include <fcntl.h>
 #include <sys/resource.h>
@@ -22,8 +22,8 @@
 #include <sstream>
 #include <type_traits>
 
-#include "app/atomic_file.h"
-#include "app/checkpoint_plan.h"
+#include "app/checkpoint/atomic_file.h"
+#include "app/checkpoint/checkpoint_plan.h"
 #include "kernels/check.h"
 #include "parallel/mpi.h"
 

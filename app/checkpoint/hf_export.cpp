@@ -1,7 +1,7 @@
 // Hugging Face export: config from the checkpoint's TOML, the per-preset name tables, a streaming
 // safetensors writer and config.json. The checkpoint is checked against the config first, so a
 // mismatch is one message listing every difference rather than a failure halfway through.
-#include "app/hf_export.h"
+#include "app/checkpoint/hf_export.h"
 
 #include <toml++/toml.h>
 
@@ -13,7 +13,7 @@
 #include <fstream>
 #include <optional>
 
-#include "app/atomic_file.h"
+#include "app/checkpoint/atomic_file.h"
 #include "app/config.h"
 #include "kernels/allocator.h"
 #include "kernels/check.h"
@@ -72,15 +72,7 @@ ModelConfig model_config_of(const CheckpointReader& reader) {
   read_key(*model, "norm_eps", s.norm_eps, where);
   read_key(*model, "rope_theta", s.rope_theta, where);
 
-  ModelConfig m;
-  m.preset = s.preset;
-  m.n_layer = s.n_layer;
-  m.n_head = s.n_head;
-  m.n_kv_head = s.n_kv_head;
-  m.n_embd = s.n_embd;
-  m.ffn_hidden = s.ffn_hidden;
-  m.norm_eps = s.norm_eps;
-  m.rope_theta = s.rope_theta;
+  ModelConfig m = s;  // the architecture fields; vocab_size and max_seq_len 0 mean "as trained":
   m.vocab_size = s.vocab_size > 0 ? s.vocab_size : rows_of(reader, "/model/wte.weight", "vocab_size");
   if (s.max_seq_len > 0) {
     m.max_seq_len = s.max_seq_len;

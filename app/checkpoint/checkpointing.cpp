@@ -1,5 +1,5 @@
 // CheckpointWriter (snapshot, background write, rename, `latest`, pruning), run ids and resume.
-#include "app/checkpointing.h"
+#include "app/checkpoint/checkpointing.h"
 
 #include <fcntl.h>
 #include <sys/random.h>
@@ -18,7 +18,7 @@
 #include <random>
 #include <sstream>
 
-#include "app/atomic_file.h"
+#include "app/checkpoint/atomic_file.h"
 #include "kernels/check.h"
 #include "parallel/mpi.h"
 
@@ -246,7 +246,7 @@ void CheckpointWriter::write(std::shared_ptr<Snapshot> snap) {
 // Rank 0, once every rank's part is on disk: rename into place, point `latest` at it, prune.
 void CheckpointWriter::publish(const std::string& tmp, const std::string& final_path) {
   if (const char* pause = std::getenv("TESSERA_TEST_PAUSE_BEFORE_RENAME")) {
-    // Test hook (tests/app/test_checkpointing.cpp): the file is written but not yet renamed;
+    // Test hook (tests/app/checkpoint/test_checkpointing.cpp): the file is written but not yet renamed;
     // announce it and wait to be killed.
     std::ofstream(pause) << tmp << "\n";
     for (;;) ::sleep(1);

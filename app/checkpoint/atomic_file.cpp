@@ -1,5 +1,5 @@
 // Exclusive temporaries and atomic replacement (POSIX open/write/fsync/rename).
-#include "app/atomic_file.h"
+#include "app/checkpoint/atomic_file.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,9 +1,9 @@
-// Tests app/checkpoint_io.h on one rank: write then read back equal (metadata, extra attributes,
+// Tests app/checkpoint/checkpoint_io.h on one rank: write then read back equal (metadata, extra attributes,
 // whole tensors and slices along each dimension), hyperslab reads, and every error a user can
 // meet: truncated, foreign, corrupted, newer-format and meta-less files, corrupted metadata,
 // shape mismatches, a planted symlink, and a full disk (a small tmpfs), whose space the writer
 // reserves from an upper bound on the file's size (checked against real files).
-#include "app/checkpoint_io.h"
+#include "app/checkpoint/checkpoint_io.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -13,11 +13,11 @@
 #include <fstream>
 #include <iterator>
 
-#include "app/checkpoint_plan.h"
+#include "app/checkpoint/checkpoint_plan.h"
 #include "error_testing.h"
 #include "h5_reader.h"
-#include "cli_testing.h"
-#include "disk_testing.h"
+#include "app/cli_testing.h"
+#include "app/disk_testing.h"
 #include "mpi_testing.h"
 
 namespace tessera {

@@ -1,6 +1,6 @@
-// Tests app/checkpoint_plan.h: a flat element range becomes row-major boxes that are exactly that
+// Tests app/checkpoint/checkpoint_plan.h: a flat element range becomes row-major boxes that are exactly that
 // range (checked for every range of a 3-D tensor), and selections outside a tensor are named.
-#include "app/checkpoint_plan.h"
+#include "app/checkpoint/checkpoint_plan.h"
 
 #include <gtest/gtest.h>
 

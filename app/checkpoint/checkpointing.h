@@ -3,7 +3,7 @@
 // fresh step_00001000.h5.tmp.<pid>.<random> name and renamed when complete; `latest` names the
 // newest complete one), pruning to keep_last (this run's own files only), and which file a run
 // resumes from. A file is written on a background thread from a host copy of the state, so
-// training waits only for the copy. The format itself is app/checkpoint_io.h.
+// training waits only for the copy. The format itself is app/checkpoint/checkpoint_io.h.
 #pragma once
 
 #include <mpi.h>
@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "app/checkpoint_io.h"
+#include "app/checkpoint/checkpoint_io.h"
 #include "model/parameters.h"
 #include "optim/adamw.h"
 

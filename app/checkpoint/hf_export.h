@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "app/checkpoint_io.h"
+#include "app/checkpoint/checkpoint_io.h"
 #include "model/config.h"
 
 namespace tessera {
@@ -44,7 +44,7 @@ struct SafetensorsEntry {
 };
 // Writes the safetensors format: u64 little-endian header size N, N bytes of JSON (padded with
 // spaces so the data starts 8-byte aligned), then the tensors back to back in entry order.
-// Written to a fresh exclusive temporary (app/atomic_file.h) and renamed, so a failed export
+// Written to a fresh exclusive temporary (app/checkpoint/atomic_file.h) and renamed, so a failed export
 // leaves no partial file and a file or symlink planted in the directory is never written through.
 void write_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& entries,
                        const std::map<std::string, std::string>& metadata);

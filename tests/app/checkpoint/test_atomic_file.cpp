@@ -1,16 +1,16 @@
-// Tests app/atomic_file.h: fresh temporary names, exclusive creation that refuses files and
+// Tests app/checkpoint/atomic_file.h: fresh temporary names, exclusive creation that refuses files and
 // symlinks already there, atomic replacement that never writes through a symlink, no temporary left
-// by a failed write; and the safetensors export (app/hf_export.h), which writes through it.
-#include "app/atomic_file.h"
+// by a failed write; and the safetensors export (app/checkpoint/hf_export.h), which writes through it.
+#include "app/checkpoint/atomic_file.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <set>
 
-#include "app/hf_export.h"
-#include "cli_testing.h"
-#include "disk_testing.h"
+#include "app/checkpoint/hf_export.h"
+#include "app/cli_testing.h"
+#include "app/disk_testing.h"
 
 namespace tessera {
 namespace {

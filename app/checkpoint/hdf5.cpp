@@ -1,6 +1,6 @@
 // HDF5 error capture and scalar attributes. Error reasons are read from HDF5's error stack right
 // after a failed call (the next call clears it), so checks run before any handle is closed.
-#include "app/hdf5.h"
+#include "app/checkpoint/hdf5.h"
 
 #include <algorithm>
 #include <atomic>

@@ -1,6 +1,6 @@
 // Slice geometry and the write plan. Exact cover is checked as total volume = numel plus pairwise
 // disjoint boxes, with a sweep over dim 0 so that many row-wise shards stay cheap to compare.
-#include "app/checkpoint_plan.h"
+#include "app/checkpoint/checkpoint_plan.h"
 
 #include <algorithm>
 #include <cstring>

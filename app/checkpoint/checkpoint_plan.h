@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "app/checkpoint_io.h"
+#include "app/checkpoint/checkpoint_io.h"
 
 namespace tessera::ckpt {
 
@@ -56,7 +56,7 @@ std::vector<int64_t> chunk_shape(const Shape& shape);
 // An upper bound on the bytes of the HDF5 file that write_checkpoint_file makes from this plan
 // and metadata: every chunk at full size with its checksum, plus a generous bound on HDF5's own
 // structures (chunk index B-trees, object headers, groups, attributes), so that space reserved up
-// front covers every byte written. Tested against real files (tests/app/test_checkpoint_io.cpp).
+// front covers every byte written. Tested against real files (tests/app/checkpoint/test_checkpoint_io.cpp).
 int64_t estimated_file_bytes(const WritePlan& plan, const CheckpointMeta& meta, const GroupAttributes& groups);
 
 // Plain byte encoding for exchanging plans and metadata between ranks (same binary everywhere).

@@ -1,18 +1,18 @@
-// Tests app/checkpointing.h through `tessera train`: bit-exact resume, a process killed with
+// Tests app/checkpoint/checkpointing.h through `tessera train`: bit-exact resume, a process killed with
 // SIGKILL in the middle of a save, preemption by SIGUSR1, keep_last pruning, a damaged or missing
 // newest checkpoint, a corrupted config, a full disk (one rank and two, on a small tmpfs),
 // temporaries planted as symlinks, and a checkpoint whose shapes do not fit the config.
-#include "app/checkpointing.h"
+#include "app/checkpoint/checkpointing.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <functional>
 
-#include "app/checkpoint_io.h"
+#include "app/checkpoint/checkpoint_io.h"
 #include "app/trainer.h"
-#include "cli_testing.h"
-#include "disk_testing.h"
+#include "app/cli_testing.h"
+#include "app/disk_testing.h"
 #include "mpi_testing.h"
 
 namespace tessera {

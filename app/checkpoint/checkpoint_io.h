@@ -13,7 +13,7 @@
 #include <variant>
 #include <vector>
 
-#include "app/hdf5.h"
+#include "app/checkpoint/hdf5.h"
 #include "kernels/tensor.h"
 
 namespace tessera {
