@@ -140,11 +140,10 @@ std::vector<ParamSegment> Trainer::segments() const {
   return segs;
 }
 
-// Sums values element-wise over every rank of the grid (each group in turn), in place.
+// Sums values element-wise over every rank of the grid, in place: one all-reduce on the world group.
 void Trainer::sum_over_world(std::vector<double>& values) {
   if (!comms_) return;
-  const Tensor t(values.data(), DType::F64, {static_cast<int64_t>(values.size())});
-  for (Communicator* c : {comms_->tp.get(), comms_->cp.get(), comms_->dp.get(), comms_->pp.get()}) c->all_reduce(t, ReduceOp::Sum);
+  comms_->world->all_reduce(Tensor(values.data(), DType::F64, {static_cast<int64_t>(values.size())}), ReduceOp::Sum);
 }
 
 void Trainer::sum_over_dp(std::vector<double>& values) {
