@@ -25,6 +25,7 @@
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
 #include "parallel/mpi.h"
+#include "parallel/mpi_communicator.h"
 
 namespace tessera {
 
@@ -76,11 +77,11 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
   // Before anything is allocated: a run that cannot fit is refused now, on every rank.
   memory_line_ = check_training_memory(
       cfg_, data_.vocab_size, {grid_.tp_size(), grid_.dp_size(), !ckpt_dir.empty() && comm != MPI_COMM_NULL}, comm);
-  if (comm != MPI_COMM_NULL && grid_.world_size() > 1) comms_ = std::make_unique<GridComms>(grid_, comm);
+  if (comm != MPI_COMM_NULL && grid_.world_size() > 1) comms_ = std::make_unique<GridComms>(mpi_grid_comms(grid_, comm));
   if (watchdog && comms_) comms_->watch(*watchdog, grid_, cfg_.parallel.timeout_s);
   // The tp ranks of a dp replica hold one model between them and read the same batches.
   TensorParallel tp;
-  if (grid_.tp_size() > 1) tp = TensorParallel{&comms_->tp, cfg_.parallel.sequence_parallel};
+  if (grid_.tp_size() > 1) tp = TensorParallel{comms_->tp.get(), cfg_.parallel.sequence_parallel};
   params_ = std::make_unique<ParameterStore>(alloc_, DType::F32, ShardLayout{static_cast<int>(grid_.tp_size()),
                                                                              static_cast<int>(grid_.tp_rank())});
   model_ = std::make_unique<Gpt>(mc, *params_, recompute_policy(cfg_), tp);
@@ -88,7 +89,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
   params_->initialize(ex_, static_cast<uint64_t>(cfg_.train.seed));
   opt_ = std::make_unique<DataParallelOptimizer>(
       *params_, segments(), AdamWOptions{cfg_.optim.beta1, cfg_.optim.beta2, cfg_.optim.eps, cfg_.optim.weight_decay},
-      cfg_.parallel, comms_ ? &comms_->dp : nullptr, alloc_);
+      cfg_.parallel, comms_ ? comms_->dp.get() : nullptr, alloc_);
   schedule_ = LrSchedule{cfg_.optim.lr, cfg_.optim.min_lr, cfg_.optim.warmup_steps, cfg_.train.steps,
                          parse_lr_decay(cfg_.optim.decay)};
   flops_per_token_ = flops_per_token(mc, cfg_.train.seq_len);
@@ -118,8 +119,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
     profiling_ = true;
     model_->set_profiler(&profiler_);
     if (comms_)
-      for (MpiCommunicator* c : {&comms_->tp, &comms_->cp, &comms_->dp, &comms_->pp, &comms_->dp_cp})
-        c->set_profiler(&profiler_);
+      for (Communicator* c : comms_->all()) c->set_profiler(&profiler_);
   }
   step_at_record_ = start_step_;
   if (!run_dir_.empty() && lead_) metrics_ = MetricsWriter(run_dir_ + "/metrics.jsonl", /*append=*/start_step_ > 0);
@@ -140,16 +140,15 @@ std::vector<ParamSegment> Trainer::segments() const {
   return segs;
 }
 
-// Sums values element-wise over every rank of the grid (each group in turn), in place.
+// Sums values element-wise over every rank of the grid, in place: one all-reduce on the world group.
 void Trainer::sum_over_world(std::vector<double>& values) {
   if (!comms_) return;
-  const Tensor t(values.data(), DType::F64, {static_cast<int64_t>(values.size())});
-  for (MpiCommunicator* c : {&comms_->tp, &comms_->cp, &comms_->dp, &comms_->pp}) c->all_reduce(t, ReduceOp::Sum);
+  comms_->world->all_reduce(Tensor(values.data(), DType::F64, {static_cast<int64_t>(values.size())}), ReduceOp::Sum);
 }
 
 void Trainer::sum_over_dp(std::vector<double>& values) {
   if (!comms_) return;
-  comms_->dp.all_reduce(Tensor(values.data(), DType::F64, {static_cast<int64_t>(values.size())}), ReduceOp::Sum);
+  comms_->dp->all_reduce(Tensor(values.data(), DType::F64, {static_cast<int64_t>(values.size())}), ReduceOp::Sum);
 }
 
 // Runs this rank's micro-batches of step s and leaves in the gradients the gradient of the mean
@@ -243,7 +242,7 @@ void Trainer::sum_partial_grads_over_tp() {
     copy(ex_, packed.tensor().view({n}).slice_rows(at, at + g.numel()), g.view({g.numel()}));
     at += g.numel();
   }
-  comms_->tp.all_reduce(packed, ReduceOp::Sum);
+  comms_->tp->all_reduce(packed, ReduceOp::Sum);
   at = 0;
   for (int id : ids) {
     const Tensor g = params_->grad(id);
@@ -258,7 +257,7 @@ double Trainer::global_grad_norm() {
   const bool count_replicated = grid_.tp_rank() == 0;
   const Buffer sq(alloc_, DType::F64, {1}, MemCategory::Workspace);
   opt_->grad_sq_norm(ex_, sq, [&](const ParamEntry& e) { return e.sharded() || count_replicated; });
-  if (grid_.tp_size() > 1) comms_->tp.all_reduce(sq, ReduceOp::Sum);
+  if (grid_.tp_size() > 1) comms_->tp->all_reduce(sq, ReduceOp::Sum);
   return std::sqrt(read_scalar(ex_, sq));  // the step's gradient norm read
 }
 
@@ -345,7 +344,7 @@ void Trainer::log_step(int64_t s, const StepResult& r, double step_seconds, doub
     // volumes, parallel/communicator.h): 2 (p-1)/p of the gradients (ZeRO-1: a reduce-scatter and an
     // all-gather of (p-1)/p each), plus a few scalars; and over the tp group (tensor_parallel.h edges).
     const int64_t steps = std::max<int64_t>(1, done - step_at_record_);
-    const int64_t sent = comms_->dp.bytes_sent(), tp_sent = comms_->tp.bytes_sent();
+    const int64_t sent = comms_->dp->bytes_sent(), tp_sent = comms_->tp->bytes_sent();
     rec.add("dp_bytes_per_step", (sent - dp_bytes_at_record_) / steps);
     if (grid_.tp_size() > 1) rec.add("tp_bytes_per_step", (tp_sent - tp_bytes_at_record_) / steps);
     dp_bytes_at_record_ = sent;

@@ -1,12 +1,11 @@
-// Communicator argument checks and byte accounting (shared by backends), and the MPI backend: every
-// op is a nonblocking MPI call (MPI_Iallreduce, ...) wrapped in an RAII request.
+// Communicator argument checks and byte accounting, shared by every backend (the MPI one is in
+// parallel/mpi_communicator.cpp), and the handle's watched waits.
 #include "parallel/communicator.h"
 
-#include <climits>
-#include <functional>
+#include <string>
 #include <utility>
 
-#include "parallel/mpi.h"
+#include "kernels/check.h"
 
 namespace tessera {
 
@@ -25,6 +24,13 @@ void CommHandle::wait() {
   if (!request_) return;
   WatchedWait watched(watch_.slot, watch_.what, watch_.bytes, watch_.peer);
   request_->wait();
+  request_.reset();
+}
+
+void CommHandle::wait_on(const Exec& ex) {
+  if (!request_) return;
+  WatchedWait watched(watch_.slot, watch_.what, watch_.bytes, watch_.peer);
+  request_->wait_on(ex);
   request_.reset();
 }
 
@@ -116,165 +122,25 @@ CommHandle Communicator::recv_async(Tensor t, int src, int tag) {
   return h;
 }
 
-// ---- MpiComm ----
-
-MpiComm& MpiComm::operator=(MpiComm&& o) noexcept {
-  if (this != &o) {
-    reset();
-    comm_ = o.release();
+CommHandle Communicator::batch_send_recv_async(const std::vector<P2POp>& ops) {
+  int64_t bytes = 0, sent = 0;
+  int peer = ops.empty() ? -1 : ops.front().peer;  // the one peer of every op, else -1
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const P2POp& o = ops[i];
+    const bool is_send = o.kind == P2POp::Kind::Send;
+    const std::string arg = "ops[" + std::to_string(i) + "]" + (is_send ? " (send)" : " (recv)");
+    TESSERA_CHECK(o.t.defined() || o.t.numel() == 0, "batch_send_recv: ", arg, " has no data");
+    TESSERA_CHECK(o.peer >= 0 && o.peer < size(), "batch_send_recv: ", arg, (is_send ? " dst = " : " src = "), o.peer,
+                  " is outside a communicator of ", size(), " ranks");
+    bytes += static_cast<int64_t>(o.t.nbytes());
+    if (is_send) sent += static_cast<int64_t>(o.t.nbytes());
+    if (o.peer != peer) peer = -1;
   }
-  return *this;
-}
-
-MPI_Comm MpiComm::release() {
-  return std::exchange(comm_, MPI_COMM_NULL);
-}
-
-void MpiComm::reset() {
-  if (comm_ == MPI_COMM_NULL) return;
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized) MPI_Comm_free(&comm_);
-  comm_ = MPI_COMM_NULL;
-}
-
-// ---- MpiCommunicator ----
-
-namespace {
-
-MPI_Datatype mpi_type(DType dt) {
-  switch (dt) {
-    case DType::F32: return MPI_FLOAT;
-    case DType::F64: return MPI_DOUBLE;
-    case DType::I32: return MPI_INT32_T;
-    case DType::BF16: return MPI_UINT16_T;  // moved as raw 16-bit words; never reduced here
-  }
-  detail::fail("no MPI type for dtype ", dtype_name(dt));
-}
-
-int mpi_count(const char* op, const Tensor& t) {
-  check_cpu(op, t);
-  TESSERA_CHECK(t.numel() <= INT_MAX, op, ": ", t.str(), " has more elements than one MPI call takes");
-  return static_cast<int>(t.numel());
-}
-
-MPI_Op mpi_op(ReduceOp) { return MPI_SUM; }  // the average is a sum divided after completion
-
-// Host tensor /= divisor (the average's second half).
-void divide(const Tensor& t, int divisor) {
-  if (t.dtype == DType::F32) {
-    float* p = t.ptr<float>();
-    for (int64_t i = 0; i < t.numel(); ++i) p[i] /= static_cast<float>(divisor);
-  } else {
-    double* p = t.ptr<double>();
-    for (int64_t i = 0; i < t.numel(); ++i) p[i] /= divisor;
-  }
-}
-
-// One MPI request and what to do once it completes.
-class MpiRequest : public CommRequest {
- public:
-  explicit MpiRequest(std::function<void()> finish) : finish_(std::move(finish)) {}
-  ~MpiRequest() override {
-    if (request_ != MPI_REQUEST_NULL) MPI_Wait(&request_, MPI_STATUS_IGNORE);
-  }
-  MPI_Request* get() { return &request_; }
-
-  void wait() override {
-    check_mpi(MPI_Wait(&request_, MPI_STATUS_IGNORE), "MPI_Wait");
-    finish();
-  }
-  bool test() override {
-    int flag = 0;
-    check_mpi(MPI_Test(&request_, &flag, MPI_STATUS_IGNORE), "MPI_Test");
-    if (flag) finish();
-    return flag != 0;
-  }
-
- private:
-  void finish() {
-    if (finish_) std::exchange(finish_, nullptr)();
-  }
-  MPI_Request request_ = MPI_REQUEST_NULL;
-  std::function<void()> finish_;
-};
-
-// Runs start(request) and wraps the request; `finish` runs once it completes.
-template <class Start>
-CommHandle start_request(const char* what, Start start, std::function<void()> finish = nullptr) {
-  auto request = std::make_unique<MpiRequest>(std::move(finish));
-  check_mpi(start(request->get()), what);
-  return CommHandle(std::move(request));
-}
-
-std::function<void()> average_if(ReduceOp op, const Tensor& result, int size) {
-  if (op != ReduceOp::Average || size == 1) return nullptr;
-  return [result, size] { divide(result, size); };
-}
-
-}  // namespace
-
-MpiCommunicator::MpiCommunicator(MpiComm comm) : comm_(std::move(comm)) {
-  size_ = comm_size(comm_.get());
-  rank_ = comm_rank(comm_.get());
-}
-
-MpiCommunicator MpiCommunicator::duplicate(MPI_Comm parent) {
-  MPI_Comm comm = MPI_COMM_NULL;
-  check_mpi(MPI_Comm_dup(parent, &comm), "MPI_Comm_dup");
-  return MpiCommunicator(MpiComm(comm));
-}
-
-MpiCommunicator MpiCommunicator::split(MPI_Comm parent, int color, int key) {
-  TESSERA_CHECK(color >= 0, "MpiCommunicator::split: color ", color, " must be non-negative");
-  MPI_Comm comm = MPI_COMM_NULL;
-  check_mpi(MPI_Comm_split(parent, color, key, &comm), "MPI_Comm_split");
-  return MpiCommunicator(MpiComm(comm));
-}
-
-CommHandle MpiCommunicator::start_all_reduce(Tensor t, ReduceOp op) {
-  const int n = mpi_count("all_reduce", t);
-  return start_request("MPI_Iallreduce", [&](MPI_Request* r) {
-    return MPI_Iallreduce(MPI_IN_PLACE, t.data, n, mpi_type(t.dtype), mpi_op(op), comm(), r);
-  }, average_if(op, t, size_));
-}
-
-CommHandle MpiCommunicator::start_reduce_scatter(Tensor input, Tensor output, ReduceOp op) {
-  mpi_count("reduce_scatter", input);
-  const int n = mpi_count("reduce_scatter", output);
-  return start_request("MPI_Ireduce_scatter_block", [&](MPI_Request* r) {
-    return MPI_Ireduce_scatter_block(input.data, output.data, n, mpi_type(input.dtype), mpi_op(op), comm(), r);
-  }, average_if(op, output, size_));
-}
-
-CommHandle MpiCommunicator::start_all_gather(Tensor input, Tensor output) {
-  const int n = mpi_count("all_gather", input);
-  mpi_count("all_gather", output);
-  const MPI_Datatype type = mpi_type(input.dtype);
-  return start_request("MPI_Iallgather", [&](MPI_Request* r) {
-    return MPI_Iallgather(input.data, n, type, output.data, n, type, comm(), r);
-  });
-}
-
-CommHandle MpiCommunicator::start_broadcast(Tensor t, int root) {
-  const int n = mpi_count("broadcast", t);
-  return start_request("MPI_Ibcast", [&](MPI_Request* r) {
-    return MPI_Ibcast(t.data, n, mpi_type(t.dtype), root, comm(), r);
-  });
-}
-
-CommHandle MpiCommunicator::start_send(Tensor t, int dst, int tag) {
-  const int n = mpi_count("send", t);
-  return start_request("MPI_Isend", [&](MPI_Request* r) {
-    return MPI_Isend(t.data, n, mpi_type(t.dtype), dst, tag, comm(), r);
-  });
-}
-
-CommHandle MpiCommunicator::start_recv(Tensor t, int src, int tag) {
-  const int n = mpi_count("recv", t);
-  return start_request("MPI_Irecv", [&](MPI_Request* r) {
-    return MPI_Irecv(t.data, n, mpi_type(t.dtype), src, tag, comm(), r);
-  });
+  if (ops.empty()) return {};
+  CommHandle h = start_batch_send_recv(ops);
+  h.watch(wait_slot_, "batch_send_recv", bytes, peer);
+  counters_.send += sent;
+  return h;
 }
 
 }  // namespace tessera

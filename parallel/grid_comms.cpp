@@ -1,49 +1,40 @@
-// GridComms: MPI_Comm_split per group, colored by the group's lowest world rank (unique per group)
-// and keyed by world rank, so the ranks inside a communicator follow the grid's group order.
+// GridComms: the table of a grid's groups (shared by every backend's factory and by watch), and
+// putting each group under a watchdog.
 #include "parallel/grid_comms.h"
 
-#include <vector>
+#include <numeric>
 
-#include "parallel/mpi.h"
+#include "kernels/check.h"
 
 namespace tessera {
 
-namespace {
-
-MpiCommunicator split_group(MPI_Comm world, const std::vector<int64_t>& group, int64_t world_rank) {
-  return MpiCommunicator::split(world, static_cast<int>(group.front()), static_cast<int>(world_rank));
+std::vector<GridGroup> grid_groups(const ProcessGrid& grid) {
+  std::vector<int64_t> everyone(static_cast<size_t>(grid.world_size()));
+  std::iota(everyone.begin(), everyone.end(), int64_t{0});
+  return {{"tp group", &GridComms::tp, grid.tp_group()},
+          {"cp group", &GridComms::cp, grid.cp_group()},
+          {"dp group", &GridComms::dp, grid.dp_group()},
+          {"pp group", &GridComms::pp, grid.pp_group()},
+          {"dp x cp group", &GridComms::dp_cp, grid.dp_cp_group()},
+          {"tp x cp group", &GridComms::tp_cp, grid.tp_cp_group()},
+          {"embedding group", &GridComms::embedding, grid.embedding_group()},
+          {"world group", &GridComms::world, std::move(everyone)}};
 }
 
-const ProcessGrid& check_world(const ProcessGrid& grid, MPI_Comm world) {
-  TESSERA_CHECK(comm_size(world) == grid.world_size() && comm_rank(world) == grid.rank(), "GridComms: the grid is for rank ",
-                grid.rank(), " of ", grid.world_size(), ", but this is rank ", comm_rank(world), " of ", comm_size(world));
-  return grid;
+std::vector<Communicator*> GridComms::all() const {
+  std::vector<Communicator*> comms;
+  for (Communicator* c : {tp.get(), cp.get(), dp.get(), pp.get(), dp_cp.get(), tp_cp.get(), embedding.get(), world.get()})
+    if (c) comms.push_back(c);
+  return comms;
 }
-
-}  // namespace
-
-GridComms::GridComms(const ProcessGrid& grid, MPI_Comm world)
-    : tp(split_group(world, check_world(grid, world).tp_group(), grid.rank())),
-      cp(split_group(world, grid.cp_group(), grid.rank())),
-      dp(split_group(world, grid.dp_group(), grid.rank())),
-      pp(split_group(world, grid.pp_group(), grid.rank())),
-      dp_cp(split_group(world, grid.dp_cp_group(), grid.rank())) {}
 
 void GridComms::watch(Watchdog& watchdog, const ProcessGrid& grid, double allowance_s) {
-  struct Group {
-    MpiCommunicator& comm;
-    const std::vector<int64_t>& world_ranks;
-    const char* name;
-  };
-  const Group groups[] = {{tp, grid.tp_group(), "tp group"},
-                          {cp, grid.cp_group(), "cp group"},
-                          {dp, grid.dp_group(), "dp group"},
-                          {pp, grid.pp_group(), "pp group"},
-                          {dp_cp, grid.dp_cp_group(), "dp x cp group"}};
-  for (const Group& g : groups) {
-    TESSERA_CHECK(g.comm.size() == static_cast<int>(g.world_ranks.size()), "GridComms::watch: the ", g.name, " has ",
-                  g.comm.size(), " ranks, but the grid's has ", g.world_ranks.size());
-    if (g.comm.size() > 1) g.comm.set_wait_slot(&watchdog.add_slot(g.name, g.world_ranks, allowance_s));
+  for (GridGroup& g : grid_groups(grid)) {
+    Communicator* comm = (this->*g.member).get();
+    TESSERA_CHECK(comm, "GridComms::watch: the ", g.name, " has no communicator");
+    TESSERA_CHECK(comm->size() == static_cast<int>(g.world_ranks.size()), "GridComms::watch: the ", g.name, " has ",
+                  comm->size(), " ranks, but the grid's has ", g.world_ranks.size());
+    if (comm->size() > 1) comm->set_wait_slot(&watchdog.add_slot(g.name, std::move(g.world_ranks), allowance_s));
   }
 }
 

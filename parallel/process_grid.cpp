@@ -85,6 +85,10 @@ ProcessGrid::ProcessGrid(const GridDegrees& degrees, int64_t world_size, int64_t
   dp_group_ = group_of({.dp = true});
   pp_group_ = group_of({.pp = true});
   dp_cp_group_ = group_of({.cp = true, .dp = true});
+  tp_cp_group_ = group_of({.tp = true, .cp = true});
+  const bool first_or_last = coords_.pp == 0 || coords_.pp == size_.pp - 1;
+  embedding_group_ = first_or_last && size_.pp > 1 ? std::vector<int64_t>{pp_group_.front(), pp_group_.back()}
+                                                   : std::vector<int64_t>{world_rank};
 }
 
 GridCoords ProcessGrid::coords_of(int64_t rank) const {

@@ -38,9 +38,20 @@ struct GridCoords {
 //   dp group    {9, 11, 13, 15}    same tp, cp, pp; dp varies
 //   pp group    {5, 13}            same tp, cp, dp; pp varies (stage 0 sends to stage 1)
 //   dp_cp group {9, 11, 13, 15}    same tp, pp: gradients are reduced over dp and cp together
+//   tp_cp group {12, 13}           same dp, pp: one stage of one replica (cp = 1: the tp group)
+//   embedding   {5, 13}            the first and the last stage of the pp group (pp = 2: all of it)
+//
+// With pp = 3 (12 ranks, tp = 2, cp = 1, pp = 3, so dp = 2) a middle stage holds no embedding:
+//
+//   rank 5 = 1 + 2 x (0 + 2 x 1)  ->  (tp 1, cp 0, dp 0, pp 1)
+//   pp group    {1, 5, 9}          stages 0, 1, 2
+//   embedding   {5}                a middle stage: alone (it has no embedding gradient to sum)
+//   rank 9 (pp 2): embedding {1, 9}: the first stage's input embedding and the last stage's tied
+//   LM head sum their gradients (Megatron's embedding group). pp = 1: every rank is alone in its own.
 //
 // Every group lists world ranks in ascending order, which is also the order of the varying
-// coordinate(s): position i in dp_cp_group() is cp_rank + cp x dp_rank.
+// coordinate(s): position i in dp_cp_group() is cp_rank + cp x dp_rank, in tp_cp_group()
+// tp_rank + tp x cp_rank. Each kind of group partitions the world (every rank is in exactly one).
 class ProcessGrid {
  public:
   // Throws tessera::Error (naming the parallel.* keys) when the degrees do not fit the world.
@@ -71,6 +82,10 @@ class ProcessGrid {
   const std::vector<int64_t>& dp_group() const { return dp_group_; }
   const std::vector<int64_t>& pp_group() const { return pp_group_; }
   const std::vector<int64_t>& dp_cp_group() const { return dp_cp_group_; }
+  const std::vector<int64_t>& tp_cp_group() const { return tp_cp_group_; }
+  // {first stage, last stage} of the pp group for a rank on either; the rank alone otherwise (a
+  // middle stage, or pp = 1).
+  const std::vector<int64_t>& embedding_group() const { return embedding_group_; }
 
  private:
   struct Varying {
@@ -81,7 +96,7 @@ class ProcessGrid {
   GridCoords size_;  // the degree of each axis, stored per axis like a coordinate
   int64_t world_size_ = 1, rank_ = 0;
   GridCoords coords_;
-  std::vector<int64_t> tp_group_, cp_group_, dp_group_, pp_group_, dp_cp_group_;
+  std::vector<int64_t> tp_group_, cp_group_, dp_group_, pp_group_, dp_cp_group_, tp_cp_group_, embedding_group_;
 };
 
 // dp filled in from the world size. Throws tessera::Error naming the parallel.* keys when a degree

@@ -48,12 +48,12 @@ TEST(DataParallelTrainingSlow, EqualsTheOneRankRun) {
                                      dir / "one" / "checkpoints" / "step_00000006.h5", 1e-5, run);
   }
   // Communication accounting: with 2 ranks each sends, per step, its whole gradient once (ring
-  // all-reduce: 2 (p-1)/p = 1 x the bytes) plus four scalar reductions of 8, 8, 32 and 16 bytes
-  // (global targets, global loss, the stop vote, the vote on reading the step's data).
+  // all-reduce: 2 (p-1)/p = 1 x the bytes) plus two scalar reductions of 8 bytes over the dp group
+  // (global targets, global loss); the votes (stop, reading the step's data) go over the world group.
   int64_t params = 0;
   for (const auto& t : base.tensors())
     if (t.path.rfind("/model/", 0) == 0) params += t.shape.numel();
-  EXPECT_EQ(testing::last_metric(dir / "dp2true" / "metrics.jsonl", "dp_bytes_per_step"), 4 * params + 8 + 8 + 32 + 16);
+  EXPECT_EQ(testing::last_metric(dir / "dp2true" / "metrics.jsonl", "dp_bytes_per_step"), 4 * params + 8 + 8);
   // The 2-rank checkpoint continues on 1 rank.
   fs::copy(dir / "dp2true", dir / "resumed", fs::copy_options::recursive);
   r = train(dir, "resumed", 1, {"--set", "train.steps=8"});
@@ -91,11 +91,10 @@ TEST(DataParallelTrainingSlow, ZeroOneEqualsTheOneRankRun) {
     testing::expect_checkpoints_near(dir / run / "checkpoints" / "step_00000006.h5",
                                      dir / "one" / "checkpoints" / "step_00000006.h5", 1e-5, run);
     // Communication per step: a reduce-scatter and an all-gather of the padded buffer (P floats),
-    // (p - 1) / p x 4P bytes each, plus five scalar all-reduces of 8, 8, 32 (the stop vote), 16
-    // (the data vote) and 8 (the squared gradient norm) bytes, 2 (p - 1) / p x each.
+    // (p - 1) / p x 4P bytes each, plus three scalar all-reduces of 8 bytes (targets, loss, the
+    // squared gradient norm), 2 (p - 1) / p x each (the votes go over the world group).
     const int64_t padded = (params + ranks - 1) / ranks * ranks;
-    const int64_t scalars =
-        2 * (ranks - 1) * 8 / ranks * 3 + 2 * (ranks - 1) * 32 / ranks + 2 * (ranks - 1) * 16 / ranks;
+    const int64_t scalars = 2 * (ranks - 1) * 8 / ranks * 3;
     EXPECT_EQ(testing::last_metric(dir / run / "metrics.jsonl", "dp_bytes_per_step"), 2 * (ranks - 1) * padded / ranks * 4 + scalars) << run;
   }
   fs::remove_all(dir);
@@ -141,13 +140,12 @@ TEST(DataParallelTraining, DpBytesPerStepMatchTheAnalyticVolume) {
   const std::vector<std::string> quick = {"--set", "train.steps=3", "--set", "checkpoint.at_end=false"};
   auto r = train(dir, "dp2", 2, quick);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(testing::last_metric(dir / "dp2" / "metrics.jsonl", "dp_bytes_per_step"), 4 * params_of({}) + 8 + 8 + 32 + 16);
+  EXPECT_EQ(testing::last_metric(dir / "dp2" / "metrics.jsonl", "dp_bytes_per_step"), 4 * params_of({}) + 8 + 8);
   r = train(dir, "zero2", 2, with(kZero, quick));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const int64_t params = params_of(kOddModel), ranks = 2, padded = (params + ranks - 1) / ranks * ranks;
   ASSERT_EQ(params, 28281);
-  const int64_t scalars =
-      2 * (ranks - 1) * 8 / ranks * 3 + 2 * (ranks - 1) * 32 / ranks + 2 * (ranks - 1) * 16 / ranks;
+  const int64_t scalars = 2 * (ranks - 1) * 8 / ranks * 3;
   EXPECT_EQ(testing::last_metric(dir / "zero2" / "metrics.jsonl", "dp_bytes_per_step"),
             2 * (ranks - 1) * padded / ranks * 4 + scalars);
   fs::remove_all(dir);

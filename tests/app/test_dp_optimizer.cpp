@@ -11,6 +11,7 @@
 
 #include "kernels/elementwise.h"
 #include "mpi_testing.h"
+#include "parallel/mpi_communicator.h"
 #include "testing.h"
 
 namespace tessera {

@@ -19,6 +19,7 @@
 #include "error_testing.h"
 #include "layout_testing.h"
 #include "parallel/mpi.h"
+#include "parallel/mpi_communicator.h"
 
 namespace tessera {
 namespace {

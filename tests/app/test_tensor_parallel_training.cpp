@@ -127,8 +127,8 @@ TEST(TensorParallelTraining, TpBytesPerStepMatchTheAnalyticVolume) {
   const fs::path dir = testing::temp_dir("tp_bytes");
   std::ofstream(dir / "tiny.toml") << config("gpt2");
   const int64_t L = 2, act = 2 * 24 * 32 * 4, bt = 2 * 24 * 4, micro = 4;  // bytes of (B, T, C) and of (B T)
-  // The gradient norm's square sum (f64), the stop vote (4 x f64) and the data vote (2 x f64).
-  const int64_t step_extras = 8 + 32 + 16;
+  // The gradient norm's square sum (f64); the stop and data votes go over the world group.
+  const int64_t step_extras = 8;
   // Plain tp: forward all-reduces after the embedding and each attention and MLP, backward
   // all-reduces before ln_f and before each attention and MLP input; the loss all-gathers the
   // per-rank log-sum-exps (b = 2 bt) and all-reduces the target logits.

@@ -12,7 +12,7 @@
 #include "model/gpt.h"
 #include "model/memory.h"
 #include "mpi_testing.h"
-#include "parallel/communicator.h"
+#include "parallel/mpi_communicator.h"
 #include "testing.h"
 
 namespace tessera {

@@ -1,5 +1,6 @@
-// Tests parallel/communicator.h and grid_comms.h: every op against values computed from the rank
-// numbers, async overlap, grid sub-communicators, byte counters, error agreement. Runs as one rank
+// Tests parallel/communicator.h, mpi_communicator.h and grid_comms.h: every op against values
+// computed from the rank numbers, async overlap, batched point-to-point, handles ordered on an
+// Exec, grid sub-communicators, byte counters, error agreement. Runs as one rank
 // under ctest and again under mpiexec with 1, 2 and 4 ranks (tests/CMakeLists.txt).
 #include "parallel/communicator.h"
 
@@ -9,9 +10,12 @@
 #include <vector>
 
 #include "error_testing.h"
+#include "kernels/elementwise.h"
+#include "kernels/exec.h"
 #include "mpi_testing.h"
 #include "parallel/grid_comms.h"
 #include "parallel/mpi.h"
+#include "parallel/mpi_communicator.h"
 
 namespace tessera {
 namespace {
@@ -152,16 +156,18 @@ TEST(Communicator, RejectsBadArgumentsBeforeCommunicating) {
 }
 
 // Sub-communicators of every layout that fits the world: an all_reduce of world ranks over each
-// group sums exactly that group's ranks (e.g. 4 ranks as tp 2 x dp 2: the tp pair, the dp pair).
+// group sums exactly that group's ranks (e.g. 4 ranks as tp 2 x dp 2: the tp pair, the dp pair;
+// pp 4: the embedding pair {0, 3}, the middle stages alone).
 TEST(Communicator, GridGroupsReduceOnlyTheirMembers) {
   MPI_Comm world = test_world();
   const int64_t p = comm_size(world), r = comm_rank(world);
-  const std::vector<GridDegrees> layouts = {{}, {.tp = 2}, {.cp = 2}, {.pp = 2}, {.tp = 2, .pp = 2}, {.tp = 2, .cp = 2}};
+  const std::vector<GridDegrees> layouts = {{},          {.tp = 2},          {.cp = 2},          {.pp = 2},
+                                            {.pp = 4},   {.tp = 2, .pp = 2}, {.tp = 2, .cp = 2}};
   for (const GridDegrees& d : layouts) {
     if (p % (d.tp * d.cp * d.pp) != 0) continue;
     const ProcessGrid grid(d, p, r);
-    GridComms comms(grid, world);
-    auto check = [&](MpiCommunicator& c, const std::vector<int64_t>& group, const char* name) {
+    GridComms comms = mpi_grid_comms(grid, world);
+    auto check = [&](Communicator& c, const std::vector<int64_t>& group, const char* name) {
       EXPECT_EQ(c.size(), static_cast<int>(group.size())) << name;
       EXPECT_EQ(group[static_cast<size_t>(c.rank())], r) << name;
       std::vector<double> v = {static_cast<double>(r)};
@@ -169,15 +175,146 @@ TEST(Communicator, GridGroupsReduceOnlyTheirMembers) {
       EXPECT_EQ(v[0], static_cast<double>(std::accumulate(group.begin(), group.end(), int64_t{0})))
           << name << " on grid " << grid.coords().str();
     };
-    check(comms.tp, grid.tp_group(), "tp");
-    check(comms.cp, grid.cp_group(), "cp");
-    check(comms.dp, grid.dp_group(), "dp");
-    check(comms.pp, grid.pp_group(), "pp");
-    check(comms.dp_cp, grid.dp_cp_group(), "dp_cp");
-    EXPECT_EQ(comms.tp.rank(), grid.tp_rank());
-    EXPECT_EQ(comms.dp.rank(), grid.dp_rank());
-    EXPECT_EQ(comms.pp.rank(), grid.pp_rank());
+    check(*comms.tp, grid.tp_group(), "tp");
+    check(*comms.cp, grid.cp_group(), "cp");
+    check(*comms.dp, grid.dp_group(), "dp");
+    check(*comms.pp, grid.pp_group(), "pp");
+    check(*comms.dp_cp, grid.dp_cp_group(), "dp_cp");
+    check(*comms.tp_cp, grid.tp_cp_group(), "tp_cp");
+    check(*comms.embedding, grid.embedding_group(), "embedding");
+    std::vector<int64_t> everyone(static_cast<size_t>(p));
+    std::iota(everyone.begin(), everyone.end(), int64_t{0});
+    check(*comms.world, everyone, "world");
+    EXPECT_EQ(comms.tp->rank(), grid.tp_rank());
+    EXPECT_EQ(comms.dp->rank(), grid.dp_rank());
+    EXPECT_EQ(comms.pp->rank(), grid.pp_rank());
+    EXPECT_EQ(comms.world->rank(), r);
+    // all(): every group once, in member order (profilers and counters go through it).
+    EXPECT_EQ(comms.all(), (std::vector<Communicator*>{comms.tp.get(), comms.cp.get(), comms.dp.get(), comms.pp.get(),
+                                                      comms.dp_cp.get(), comms.tp_cp.get(), comms.embedding.get(),
+                                                      comms.world.get()}));
   }
+}
+
+TEST(Communicator, GridCommsRefuseAGridOfAnotherWorld) {
+  MPI_Comm world = test_world();
+  const int64_t p = comm_size(world);
+  const ProcessGrid grid({}, p + 1, p);  // a rank this world does not have
+  EXPECT_TRUE(testing::throws_with([&] { mpi_grid_comms(grid, world); },
+                                   {"GridComms: the grid is for rank " + std::to_string(p) + " of " + std::to_string(p + 1)}));
+}
+
+// The peer of this rank for the point-to-point tests: its pair partner (0-1, 2-3, ...), or itself
+// alone. -1: an odd world of several ranks (not run).
+int partner(const Communicator& c) {
+  if (c.size() == 1) return 0;
+  return c.size() % 2 == 0 ? c.rank() ^ 1 : -1;
+}
+
+// Each rank sends two 4 MiB tensors to its partner and receives two from it in ONE batch. Messages
+// this large go by rendezvous (a send completes only once its receive is posted: MPICH's eager
+// limit is tens of KiB), so a batch run as blocking send, send, recv, recv would deadlock here
+// (the ctest timeout); started together they complete.
+TEST(Communicator, BatchSendRecvExchangesLargeTensorsAtOnce) {
+  MpiCommunicator c = world_comm();
+  const int peer = partner(c);
+  if (peer < 0) GTEST_SKIP() << "needs an even number of ranks, or one";
+  constexpr size_t n = size_t{1} << 20;  // 4 MiB of f32
+  const float me = static_cast<float>(c.rank()), them = static_cast<float>(peer);
+  std::vector<float> a(n), b(n), got_a(n, -1.0f), got_b(n, -1.0f);
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = me * 10.0f + static_cast<float>(i % 7);
+    b[i] = -me * 10.0f - static_cast<float>(i % 5);
+  }
+  c.batch_send_recv({P2POp::send(view(a), peer), P2POp::send(view(b), peer, 1), P2POp::recv(view(got_a), peer),
+                     P2POp::recv(view(got_b), peer, 1)});
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(got_a[i], them * 10.0f + static_cast<float>(i % 7)) << i;
+    ASSERT_EQ(got_b[i], -them * 10.0f - static_cast<float>(i % 5)) << i;
+  }
+  EXPECT_EQ(c.counters().send, static_cast<int64_t>(2 * n * sizeof(float)));  // the sends, not the receives
+  EXPECT_EQ(c.bytes_sent(), c.counters().send);
+}
+
+// Four dtypes in one batch, all with the same tag: matched in posting order. The receive sizes
+// differ, so a receive matched to the wrong send would fail (MPI truncation) or read wrong values.
+TEST(Communicator, BatchSendRecvMovesMixedDtypesInOrder) {
+  MpiCommunicator c = world_comm();
+  const int peer = partner(c);
+  if (peer < 0) GTEST_SKIP() << "needs an even number of ranks, or one";
+  const int r = c.rank();
+  std::vector<float> f = {r + 0.5f, r + 1.5f, r + 2.5f}, f_in(3);
+  std::vector<int32_t> i = {r, r + 1, r + 2, r + 3, r + 4}, i_in(5);
+  std::vector<uint16_t> h = {static_cast<uint16_t>(r), 0x3f80, 0xbf80, 0x7fc0}, h_in(4);  // bf16 bit patterns
+  std::vector<double> d = {r * 1e-300, 1.0 / 3.0 + r}, d_in(2);
+  CommHandle batch = c.batch_send_recv_async(
+      {P2POp::send(view(f), peer), P2POp::send(view(i), peer), P2POp::send(Tensor(h.data(), DType::BF16, {4}), peer),
+       P2POp::send(view(d), peer), P2POp::recv(view(f_in), peer), P2POp::recv(view(i_in), peer),
+       P2POp::recv(Tensor(h_in.data(), DType::BF16, {4}), peer), P2POp::recv(view(d_in), peer)});
+  batch.wait();
+  EXPECT_TRUE(batch.done());
+  const int q = peer;
+  EXPECT_EQ(f_in, (std::vector<float>{q + 0.5f, q + 1.5f, q + 2.5f}));
+  EXPECT_EQ(i_in, (std::vector<int32_t>{q, q + 1, q + 2, q + 3, q + 4}));
+  EXPECT_EQ(h_in, (std::vector<uint16_t>{static_cast<uint16_t>(q), 0x3f80, 0xbf80, 0x7fc0}));
+  EXPECT_EQ(d_in, (std::vector<double>{q * 1e-300, 1.0 / 3.0 + q}));
+  EXPECT_EQ(c.counters().send, static_cast<int64_t>(3 * 4 + 5 * 4 + 4 * 2 + 2 * 8));
+  CommHandle empty = c.batch_send_recv_async({});  // nothing to exchange: complete at once
+  EXPECT_TRUE(empty.done());
+}
+
+// A bad op anywhere in a batch is refused before any op starts: nothing is counted, and no send of
+// the refused batch is left in flight to be matched by the next receive.
+TEST(Communicator, BatchSendRecvRefusesABadOpBeforeStartingAny) {
+  MpiCommunicator c = world_comm();
+  const int peer = partner(c);
+  if (peer < 0) GTEST_SKIP() << "needs an even number of ranks, or one";
+  const int p = c.size();
+  std::vector<float> stray(4, -7.0f), in(4, 0.0f);
+  EXPECT_EQ(testing::error_of([&] {
+              c.batch_send_recv({P2POp::send(view(stray), peer), P2POp::recv(view(in), p)});
+            }),
+            "batch_send_recv: ops[1] (recv) src = " + std::to_string(p) + " is outside a communicator of " +
+                std::to_string(p) + " ranks");
+  EXPECT_EQ(testing::error_of([&] {
+              c.batch_send_recv({P2POp::send(view(stray), peer), P2POp::send(Tensor(nullptr, DType::F32, {4}), peer)});
+            }),
+            "batch_send_recv: ops[1] (send) has no data");
+  EXPECT_THROW(c.batch_send_recv({P2POp::send(view(stray), -1)}), Error);
+  EXPECT_EQ(c.bytes_sent(), 0);
+  std::vector<float> out(4, static_cast<float>(c.rank()));
+  c.batch_send_recv({P2POp::recv(view(in), peer), P2POp::send(view(out), peer)});
+  EXPECT_EQ(in, std::vector<float>(4, static_cast<float>(peer)));  // not the stray -7s
+}
+
+// wait_on(ex) on the CPU path: the MPI backend completes the op on the host (the average's division
+// included), so work queued on ex afterwards reads the result, and the handle is done.
+TEST(Communicator, WaitOnOrdersTheResultBeforeLaterWorkOnTheExec) {
+  MpiCommunicator c = world_comm();
+  const int p = c.size(), r = c.rank();
+  const Exec ex = Exec::cpu();
+  std::vector<double> v(300, static_cast<double>(r)), out(300, -1.0);
+  CommHandle h = c.all_reduce_async(view(v), ReduceOp::Average);
+  h.wait_on(ex);
+  EXPECT_TRUE(h.done());
+  copy(ex, view(out), view(v));  // later work on ex
+  synchronize(ex);
+  for (double x : out) ASSERT_DOUBLE_EQ(x, (p - 1) / 2.0);
+  h.wait_on(ex);  // a done handle: nothing to do
+  h.wait();
+
+  std::vector<float> in(static_cast<size_t>(p), static_cast<float>(r)), mean(1);
+  CommHandle rs = c.reduce_scatter_async(view(in), view(mean), ReduceOp::Average);
+  rs.wait_on(ex);
+  EXPECT_FLOAT_EQ(mean[0], static_cast<float>(p - 1) / 2.0f);
+
+  const int peer = partner(c);
+  if (peer < 0) return;
+  std::vector<float> mine(8, static_cast<float>(r)), theirs(8, -1.0f);
+  CommHandle batch = c.batch_send_recv_async({P2POp::recv(view(theirs), peer), P2POp::send(view(mine), peer)});
+  batch.wait_on(ex);
+  EXPECT_TRUE(batch.done());
+  EXPECT_EQ(theirs, std::vector<float>(8, static_cast<float>(peer)));
 }
 
 // One rank's op fails its local checks; every rank agrees on the error and the communicator still

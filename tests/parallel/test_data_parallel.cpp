@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "mpi_testing.h"
+#include "parallel/mpi_communicator.h"
 
 namespace tessera {
 namespace {

@@ -1,5 +1,6 @@
 // Tests parallel/process_grid.h without MPI: the doc comment's worked example (computed by hand),
-// rank <-> coordinate round trips, group memberships, every validation message, validate_grid's tp checks.
+// rank <-> coordinate round trips, group memberships (tp x cp and embedding groups included), every
+// validation message, validate_grid's tp checks.
 #include "parallel/process_grid.h"
 
 #include <gtest/gtest.h>
@@ -85,6 +86,66 @@ TEST(ProcessGrid, RoundTripsAndGroupsForManyLayouts) {
             }
           }
           EXPECT_EQ(static_cast<int64_t>(seen.size()), world) << "coordinates must be distinct";
+        }
+}
+
+// The doc comment's tp x cp and embedding groups: pp = 2 (the embedding group is the whole pp
+// group) and pp = 3 (first and last stage; the middle stage alone).
+TEST(ProcessGrid, TpCpAndEmbeddingGroupsOfTheWorkedExamples) {
+  const ProcessGrid g({.tp = 2, .cp = 1, .pp = 2}, 16, 13);
+  EXPECT_EQ(g.tp_cp_group(), (Ranks{12, 13}));
+  EXPECT_EQ(g.embedding_group(), (Ranks{5, 13}));
+  EXPECT_EQ(ProcessGrid({.tp = 2, .cp = 1, .pp = 2}, 16, 5).embedding_group(), (Ranks{5, 13}));
+
+  const ProcessGrid middle({.tp = 2, .cp = 1, .pp = 3}, 12, 5);
+  EXPECT_EQ(middle.dp_size(), 2);
+  EXPECT_EQ(middle.coords(), (GridCoords{.tp = 1, .cp = 0, .dp = 0, .pp = 1}));
+  EXPECT_EQ(middle.pp_group(), (Ranks{1, 5, 9}));
+  EXPECT_EQ(middle.embedding_group(), (Ranks{5}));
+  EXPECT_EQ(ProcessGrid({.tp = 2, .cp = 1, .pp = 3}, 12, 9).embedding_group(), (Ranks{1, 9}));
+  EXPECT_EQ(ProcessGrid({.tp = 2, .cp = 1, .pp = 3}, 12, 1).embedding_group(), (Ranks{1, 9}));
+  EXPECT_EQ(ProcessGrid({.tp = 2, .cp = 1, .pp = 3}, 12, 2).embedding_group(), (Ranks{2, 10}));  // dp 1
+
+  // With cp: 16 ranks, tp 2, cp 2, pp 2 (dp 2); rank 11 = (tp 1, cp 1, dp 0, pp 1).
+  const ProcessGrid cp({.tp = 2, .cp = 2, .pp = 2}, 16, 11);
+  EXPECT_EQ(cp.tp_cp_group(), (Ranks{8, 9, 10, 11}));
+  EXPECT_EQ(cp.embedding_group(), (Ranks{3, 11}));
+  // pp = 1: every rank is alone in its embedding group.
+  EXPECT_EQ(ProcessGrid({.tp = 2, .cp = 2}, 8, 6).embedding_group(), (Ranks{6}));
+  EXPECT_EQ(ProcessGrid({}, 1, 0).embedding_group(), (Ranks{0}));
+}
+
+// Over many layouts, both new groups partition the world (each rank in exactly one, every member
+// agreeing on it: what MPI_Comm_split's coloring by the lowest rank needs), tp x cp lists
+// tp_rank + tp x cp_rank in order, and the embedding group holds the first and last stage.
+TEST(ProcessGrid, TpCpAndEmbeddingGroupsPartitionTheWorld) {
+  for (int64_t tp : {1, 2, 4})
+    for (int64_t cp : {1, 2})
+      for (int64_t pp : {1, 2, 3, 4})
+        for (int64_t dp : {1, 2}) {
+          const int64_t world = tp * cp * pp * dp;
+          const GridDegrees d{.tp = tp, .cp = cp, .pp = pp, .dp = dp};
+          for (int64_t r = 0; r < world; ++r) {
+            const ProcessGrid g(d, world, r);
+            const GridCoords c = g.coords();
+            ASSERT_EQ(static_cast<int64_t>(g.tp_cp_group().size()), tp * cp);
+            for (int64_t i = 0; i < tp * cp; ++i) {
+              GridCoords m = c;
+              m.tp = i % tp;
+              m.cp = i / tp;
+              ASSERT_EQ(g.tp_cp_group()[static_cast<size_t>(i)], g.rank_of(m));
+            }
+            const bool end_stage = pp > 1 && (c.pp == 0 || c.pp == pp - 1);
+            GridCoords first = c, last = c;
+            first.pp = 0;
+            last.pp = pp - 1;
+            ASSERT_EQ(g.embedding_group(), end_stage ? (Ranks{g.rank_of(first), g.rank_of(last)}) : (Ranks{r}));
+            for (const Ranks* group : {&g.tp_cp_group(), &g.embedding_group()})
+              for (int64_t member : *group) {
+                const ProcessGrid other(d, world, member);
+                ASSERT_EQ(group == &g.tp_cp_group() ? other.tp_cp_group() : other.embedding_group(), *group);
+              }
+          }
         }
 }
 

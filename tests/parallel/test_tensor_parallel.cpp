@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "mpi_testing.h"
+#include "parallel/mpi_communicator.h"
 #include "testing.h"
 
 namespace tessera {

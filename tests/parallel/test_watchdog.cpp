@@ -1,8 +1,9 @@
 // Tests parallel/watchdog.h: a wait past its allowance is reported once, naming the op, its size,
 // the group's world ranks, this rank and the peers; waits that end in time are not, however many;
 // the per-wait cost. With 2 ranks (Watchdog.two_ranks, tests/CMakeLists.txt), a real MPI collective
-// and a receive whose peer sleeps past the allowance are reported on the waiting rank only. The
-// reports go to a recorder here, not to MPI_Abort, so the test binary lives on.
+// and a receive whose peer sleeps past the allowance are reported on the waiting rank only;
+// GridComms::watch covers every group of several ranks. The reports go to a recorder here, not to
+// MPI_Abort, so the test binary lives on.
 #include "parallel/watchdog.h"
 
 #include <gtest/gtest.h>
@@ -11,12 +12,16 @@
 #include <cmath>
 #include <limits>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "kernels/check.h"
 #include "mpi_testing.h"
-#include "parallel/communicator.h"
+#include "parallel/grid_comms.h"
+#include "parallel/mpi_communicator.h"
+#include "parallel/process_grid.h"
 #include "parallel/mpi.h"
 
 namespace tessera {
@@ -171,6 +176,71 @@ TEST(Watchdog, TwoRanksTheOneWaitingForALatePeerReports) {
                                    "has not come")) << reports[0];
   EXPECT_TRUE(contains(reports[1], "in all_reduce of 4.00 KiB on the test group")) << reports[1];
   EXPECT_TRUE(contains(reports[2], "in recv of 64 B on the test group (world ranks 0, 1) for world rank 1")) << reports[2];
+}
+
+// GridComms::watch puts every group of several ranks under the watchdog, named after the group and
+// with the grid's world ranks; groups of one wait on nobody and stay unwatched. Under 2 ranks each
+// layout watches exactly three groups (one rank: none).
+TEST(Watchdog, GridCommsWatchEveryGroupOfSeveralRanks) {
+  MPI_Comm world = testing::test_world();
+  const int64_t p = comm_size(world), r = comm_rank(world);
+  Recorder rec;
+  Watchdog dog(r, rec.callback());
+  const std::vector<std::pair<GridDegrees, std::vector<std::string>>> layouts = {
+      {{}, {"dp group", "dp x cp group", "world group"}},
+      {{.tp = 2}, {"tp group", "tp x cp group", "world group"}},
+      {{.pp = 2}, {"pp group", "embedding group", "world group"}}};
+  for (const auto& [d, two_rank_groups] : layouts) {
+    if (p % (d.tp * d.cp * d.pp) != 0) continue;
+    const ProcessGrid grid(d, p, r);
+    GridComms comms = mpi_grid_comms(grid, world);
+    comms.watch(dog, grid, 600.0);
+    std::vector<std::string> watched;
+    for (const GridGroup& g : grid_groups(grid)) {
+      const WaitSlot* slot = (comms.*g.member)->wait_slot();
+      if (g.world_ranks.size() == 1) {
+        EXPECT_EQ(slot, nullptr) << g.name;
+        continue;
+      }
+      ASSERT_NE(slot, nullptr) << g.name;
+      EXPECT_EQ(slot->group(), g.name);
+      EXPECT_EQ(slot->world_ranks(), g.world_ranks) << g.name;
+      watched.push_back(slot->group());
+    }
+    if (p == 1) {
+      EXPECT_TRUE(watched.empty());
+    } else if (p == 2) {
+      EXPECT_EQ(watched, two_rank_groups);
+    }
+  }
+  EXPECT_TRUE(rec.reports().empty());
+}
+
+// Under mpiexec -n 2, pp = 2: rank 1 comes 1 s late to an all-reduce over the embedding group,
+// which rank 0 waits for through CommHandle::wait_on; rank 0 reports it on the embedding group.
+TEST(Watchdog, TwoRanksAWaitOnTheEmbeddingGroupIsReportedByName) {
+  MPI_Comm world = testing::test_world();
+  if (comm_size(world) != 2) GTEST_SKIP() << "needs exactly 2 ranks (Watchdog.two_ranks under mpiexec)";
+  const ProcessGrid grid({.pp = 2}, 2, comm_rank(world));
+  Recorder rec;
+  Watchdog dog(grid.rank(), rec.callback());
+  GridComms comms = mpi_grid_comms(grid, world);
+  comms.watch(dog, grid, 0.3);
+  const bool late = grid.rank() == 1;
+  std::vector<double> x = {1.0};
+  if (late) std::this_thread::sleep_for(1000ms);
+  CommHandle h = comms.embedding->all_reduce_async(Tensor(x.data(), DType::F64, {1}));
+  h.wait_on(Exec::cpu());
+  EXPECT_EQ(x[0], 2.0);
+  throw_if_any_failed(world, "");
+  const auto reports = rec.reports();
+  if (late) {
+    EXPECT_TRUE(reports.empty()) << reports[0];
+    return;
+  }
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_TRUE(contains(reports[0], "in all_reduce of 8 B on the embedding group (world ranks 0, 1) for world rank 1"))
+      << reports[0];
 }
 
 }  // namespace

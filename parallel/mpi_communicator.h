@@ -1,0 +1,71 @@
+// The MPI backend of Communicator (parallel/communicator.h): host (CPU) tensors, every op a
+// nonblocking MPI call wrapped in an RAII request; and the factory that splits a world
+// communicator into a grid's GridComms. The only parallel/ header besides mpi.h with <mpi.h>.
+#pragma once
+
+#include <mpi.h>
+
+#include <vector>
+
+#include "parallel/communicator.h"
+#include "parallel/grid_comms.h"
+#include "parallel/process_grid.h"
+
+namespace tessera {
+
+// Owns an MPI communicator (MPI_Comm_free on destruction, unless MPI is already finalized).
+class MpiComm {
+ public:
+  MpiComm() = default;
+  explicit MpiComm(MPI_Comm comm) : comm_(comm) {}  // takes ownership
+  MpiComm(MpiComm&& o) noexcept : comm_(o.release()) {}
+  MpiComm& operator=(MpiComm&& o) noexcept;
+  ~MpiComm() { reset(); }
+
+  MPI_Comm get() const { return comm_; }
+  MPI_Comm release();
+  void reset();
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+};
+
+// Communicator over an MPI communicator, on host (CPU) tensors. Owns its MPI_Comm, so its traffic
+// never mixes with the parent's. Starting an op is not thread-safe: one thread per communicator.
+// Its handles complete on the host: CommHandle::wait_on waits there (for any Exec).
+class MpiCommunicator : public Communicator {
+ public:
+  // Collective over parent: MPI_Comm_dup.
+  static MpiCommunicator duplicate(MPI_Comm parent);
+  // Collective over parent: MPI_Comm_split; ranks with the same color share a communicator, ordered
+  // by key.
+  static MpiCommunicator split(MPI_Comm parent, int color, int key);
+
+  int size() const override { return size_; }
+  int rank() const override { return rank_; }
+  // For MPI helpers such as throw_if_any_failed (parallel/mpi.h).
+  MPI_Comm comm() const { return comm_.get(); }
+
+ protected:
+  CommHandle start_all_reduce(Tensor t, ReduceOp op) override;
+  CommHandle start_reduce_scatter(Tensor input, Tensor output, ReduceOp op) override;
+  CommHandle start_all_gather(Tensor input, Tensor output) override;
+  CommHandle start_broadcast(Tensor t, int root) override;
+  CommHandle start_send(Tensor t, int dst, int tag) override;
+  CommHandle start_recv(Tensor t, int src, int tag) override;
+  CommHandle start_batch_send_recv(const std::vector<P2POp>& ops) override;
+
+ private:
+  explicit MpiCommunicator(MpiComm comm);
+  MpiComm comm_;
+  int size_ = 1, rank_ = 0;
+};
+
+// Collective over world (every rank calls it, in the same order as other collectives): one
+// MpiCommunicator per group of grid (grid_groups order), each an MPI_Comm_split of world colored by
+// the group's lowest world rank and keyed by world rank, so that the ranks inside a communicator
+// follow the grid's group order: tp->rank() == grid.tp_rank(), dp_cp->rank() == cp_rank + cp x
+// dp_rank, world->rank() == grid.rank(). Throws tessera::Error when grid is not world's.
+GridComms mpi_grid_comms(const ProcessGrid& grid, MPI_Comm world);
+
+}  // namespace tessera
