@@ -788,6 +788,13 @@ int64_t grad_accum_steps(const Config& c, int64_t dp_size) {
   return gb / (mb * dp_size);
 }
 
+GridDegrees grid_degrees(const ParallelConfig& p) {
+  TESSERA_CHECK(p.pp == 1 && p.cp == 1, "[parallel] asks for pp=", p.pp, ", cp=", p.cp,
+                ", but this build parallelizes over data and tensors only (parallel.dp, parallel.zero, "
+                "parallel.tp, parallel.sequence_parallel); leave the others at their defaults");
+  return GridDegrees{p.tp, p.cp, p.pp, p.dp};
+}
+
 ModelConfig to_model_config(const Config& c, int64_t data_vocab_size) {
   const ModelSection& s = c.model;
   if (s.vocab_size == 0 && data_vocab_size <= 0) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "parallel/process_grid.h"
 
 namespace tessera {
 
@@ -347,6 +348,10 @@ std::string config_reference_markdown();
 // Micro-batches each rank accumulates per optimizer step: global_batch / (micro_batch x dp_size)
 // (Megatron semantics). Throws naming the three numbers when it does not divide.
 int64_t grad_accum_steps(const Config& c, int64_t dp_size);
+
+// The process grid's degrees from [parallel] (tp, cp, pp, dp; dp = -1: the rest of the world).
+// Throws while pp or cp is above 1: neither is built yet (the message names what is).
+GridDegrees grid_degrees(const ParallelConfig& p);
 
 // The model hyper-parameters, resolved (model/config.h resolve()): vocab_size 0 takes
 // data_vocab_size, max_seq_len 0 takes train.seq_len. A positive vocab_size must be at least

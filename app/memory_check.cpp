@@ -1,5 +1,5 @@
 // The memory estimate of a training run and the check against /proc/meminfo and the cgroup limit.
-// What the trainer allocates and when (app/trainer.cpp, dp_optimizer.cpp, checkpointing.cpp):
+// What the trainer allocates and when (app/trainer.cpp, parallel/dp_optimizer.cpp, checkpointing.cpp):
 // parameters and gradients in flat buffers (padded to a multiple of dp under ZeRO-1), AdamW's two
 // moments (whole, or this rank's 1/dp under ZeRO-1, which also keeps a gradient shard), then per
 // step one micro-batch's activations and temporaries at a time; evaluation runs a forward without

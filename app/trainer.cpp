@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -24,8 +25,10 @@
 #include "kernels/backend_info.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
+#include "parallel/host_sums.h"
 #include "parallel/mpi.h"
 #include "parallel/mpi_communicator.h"
+#include "parallel/schedule.h"
 
 namespace tessera {
 
@@ -37,8 +40,6 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 }  // namespace
 
 namespace {
-GridDegrees grid_degrees(const Config& c) { return GridDegrees{c.parallel.tp, 1, 1, c.parallel.dp}; }
-
 // The layout against the model: heads, MLP, sequence (under sequence parallelism) over tp.
 void validate_layout(const Config& c, const ModelConfig& m, int64_t world) {
   GridLimits l;
@@ -49,7 +50,7 @@ void validate_layout(const Config& c, const ModelConfig& m, int64_t world) {
   l.vocab_size = m.vocab_size;
   l.ffn_hidden = m.ffn_hidden;
   l.sequence_parallel = c.parallel.sequence_parallel;
-  validate_grid(grid_degrees(c), world, l);
+  validate_grid(grid_degrees(c.parallel), world, l);
 }
 int64_t world_size_of(MPI_Comm comm) { return comm == MPI_COMM_NULL ? 1 : comm_size(comm); }
 int64_t world_rank_of(MPI_Comm comm) { return comm == MPI_COMM_NULL ? 0 : comm_rank(comm); }
@@ -58,13 +59,27 @@ std::vector<int64_t> all_ranks(int64_t world) {
   for (int64_t r = 0; r < world; ++r) ranks[static_cast<size_t>(r)] = r;
   return ranks;
 }
+
+DpOptimizerOptions dp_optimizer_options(const ParallelConfig& p) {
+  return {p.zero == 1, p.bucket_mb, p.overlap_grad_reduce};
+}
+
+// The ParameterStore's flat buffers as parallel/ sees them. embedding_group stays false: with
+// pp = 1 no parameter is held by two stages (the model-as-a-stage work adds a ParamSpec flag for
+// the tied embedding of the first and last stage; it is read here then).
+FlatParams flat_params_of(const ParameterStore& ps) {
+  FlatParams f{ps.flat_params(), ps.flat_grads(), ps.padded_flat_params(), ps.padded_flat_grads(), {}};
+  for (const ParamEntry& e : ps.entries())
+    f.entries.push_back({e.offset, e.local_shape.numel(), e.sharded(), e.spec.sum_grad_over_tp, false});
+  return f;
+}
 }  // namespace
 
 Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, Watchdog* watchdog)
     : cfg_(cfg),
       run_dir_(run_dir),
       world_(comm),
-      grid_(grid_degrees(cfg), world_size_of(comm), world_rank_of(comm)),
+      grid_(grid_degrees(cfg.parallel), world_size_of(comm), world_rank_of(comm)),
       lead_(grid_.rank() == 0),
       accum_(tessera::grad_accum_steps(cfg, grid_.dp_size())),
       data_(open_training_data(cfg)),
@@ -85,11 +100,15 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
   params_ = std::make_unique<ParameterStore>(alloc_, DType::F32, ShardLayout{static_cast<int>(grid_.tp_size()),
                                                                              static_cast<int>(grid_.tp_rank())});
   model_ = std::make_unique<Gpt>(mc, *params_, recompute_policy(cfg_), tp);
-  params_->finalize(DataParallelOptimizer::pad_multiple(cfg_.parallel, grid_.dp_size()));
+  const DpOptimizerOptions dp_opts = dp_optimizer_options(cfg_.parallel);
+  params_->finalize(DataParallelOptimizer::pad_multiple(dp_opts, grid_.dp_size() * grid_.cp_size()));
   params_->initialize(ex_, static_cast<uint64_t>(cfg_.train.seed));
+  flat_ = flat_params_of(*params_);
+  if (comms_)  // the embedding group comes with pipeline parallelism (none with pp = 1)
+    groups_ = GradGroups{comms_->tp.get(), dp_cp_group(), comms_->pp.get(), comms_->embedding.get()};
   opt_ = std::make_unique<DataParallelOptimizer>(
-      *params_, segments(), AdamWOptions{cfg_.optim.beta1, cfg_.optim.beta2, cfg_.optim.eps, cfg_.optim.weight_decay},
-      cfg_.parallel, comms_ ? comms_->dp.get() : nullptr, alloc_);
+      flat_, segments(), AdamWOptions{cfg_.optim.beta1, cfg_.optim.beta2, cfg_.optim.eps, cfg_.optim.weight_decay},
+      dp_opts, dp_cp_group(), alloc_);
   schedule_ = LrSchedule{cfg_.optim.lr, cfg_.optim.min_lr, cfg_.optim.warmup_steps, cfg_.train.steps,
                          parse_lr_decay(cfg_.optim.decay)};
   flops_per_token_ = flops_per_token(mc, cfg_.train.seq_len);
@@ -140,23 +159,23 @@ std::vector<ParamSegment> Trainer::segments() const {
   return segs;
 }
 
-// Sums values element-wise over every rank of the grid, in place: one all-reduce on the world group.
-void Trainer::sum_over_world(std::vector<double>& values) {
-  if (!comms_) return;
-  comms_->world->all_reduce(Tensor(values.data(), DType::F64, {static_cast<int64_t>(values.size())}), ReduceOp::Sum);
+// The ranks that hold the same parameters and different tokens: the optimizer reduces the
+// gradients over them, and the step's loss and target counts are summed over them. While cp = 1
+// the dp x cp group has the dp group's ranks, and the dp communicator itself is used: its byte
+// counter (dp_bytes_per_step) and its watchdog name ("dp group") stay what they were.
+Communicator* Trainer::dp_cp_group() {
+  if (!comms_) return nullptr;
+  return grid_.cp_size() == 1 ? comms_->dp.get() : comms_->dp_cp.get();
 }
 
-void Trainer::sum_over_dp(std::vector<double>& values) {
-  if (!comms_) return;
-  comms_->dp->all_reduce(Tensor(values.data(), DType::F64, {static_cast<int64_t>(values.size())}), ReduceOp::Sum);
-}
-
-// Runs this rank's micro-batches of step s and leaves in the gradients the gradient of the mean
-// loss over the whole global batch (every rank's tokens): each rank scales its losses by
-// 1 / (targets in the global batch), and opt_ sums the ranks' gradients (buckets started during
-// the last micro-batch's backward, or ZeRO-1's reduce-scatter after it). Returns that global mean
-// loss, or nothing when the ranks voted to stop before the forwards (nothing has changed then).
-std::optional<double> Trainer::forward_backward(int64_t s) {
+// Runs this rank's micro-batches of step s (the one-stage schedule: gradient accumulation) and
+// leaves in the gradients the gradient of the mean loss over the whole global batch (every rank's
+// tokens): each rank scales its losses by 1 / (targets in the global batch), and finalize_grads
+// sums the ranks' gradients (buckets started during the last micro-batch's backward, or ZeRO-1's
+// reduce-scatter after it) and computes the global gradient norm. Returns that global mean loss
+// and the norm, or nothing when the ranks voted to stop before the forwards (nothing has changed
+// then).
+std::optional<Trainer::Reduced> Trainer::forward_backward(int64_t s) {
   std::vector<Batch> batches;
   double my_targets = 0;  // counted on the host, where the batches are: no device read
   // The batches are read (or fail to be read) before anything changes, and the ranks agree on
@@ -180,41 +199,48 @@ std::optional<double> Trainer::forward_backward(int64_t s) {
   }
   if (vote_stop(read_error)) return std::nullopt;
   std::vector<double> targets = {my_targets};
-  sum_over_dp(targets);
+  sum_over_group(targets, dp_cp_group());
   const double loss_scale = targets[0] > 0 ? 1.0 / targets[0] : 0.0;
-  // The micro-batches' loss sums are added up on the model's device and read once, after the loop.
+  // The micro-batches' loss sums are added up on the model's device and read once, after the step.
   const Buffer step_sums(alloc_, DType::F64, {2}, MemCategory::Workspace);
-  for (size_t m = 0; m < batches.size(); ++m) {
-    const Batch& b = batches[m];
-    // The ids go to the model's device through the allocator; backward reads the tokens again.
-    const Buffer tokens = upload(ex_, alloc_, Tensor(const_cast<int32_t*>(b.tokens.data()), DType::I32, {b.B, b.T}),
-                                 MemCategory::Activations);
-    const Buffer batch_targets = upload(
-        ex_, alloc_, Tensor(const_cast<int32_t*>(b.targets.data()), DType::I32, {b.B, b.T}), MemCategory::Activations);
+  // What a micro-batch's forward keeps for its backward: its ids on the model's device (uploaded
+  // through the allocator; backward reads the tokens again) and the model's context.
+  struct InFlight {
+    Buffer tokens, targets;
     GptCtx ctx;
-    model_->forward(ex_, ctx, alloc_, tokens, batch_targets);
-    accumulate(ex_, step_sums, ctx.loss_sums);
-    // Only the last micro-batch communicates: earlier ones only accumulate locally.
-    const bool last = m + 1 == batches.size();
-    model_->backward(ex_, ctx, alloc_, loss_scale, last ? opt_->grads_ready_hook() : Gpt::GradsReady{});
-  }
-  // The tp-partial gradients (ParamSpec::sum_grad_over_tp) are summed over tp where the dp
-  // reduction reads them: before ZeRO-1's reduce-scatter, after the replicated all-reduce (whose
-  // buckets may still be in flight until reduce_grads returns). Sums commute; races do not.
+  };
+  std::map<int64_t, InFlight> in_flight;
+  StepCallbacks run;
+  run.forward = [&](int64_t m) {
+    const Batch& b = batches.at(static_cast<size_t>(m));
+    InFlight& f = in_flight[m];
+    f.tokens = upload(ex_, alloc_, Tensor(const_cast<int32_t*>(b.tokens.data()), DType::I32, {b.B, b.T}),
+                      MemCategory::Activations);
+    f.targets = upload(ex_, alloc_, Tensor(const_cast<int32_t*>(b.targets.data()), DType::I32, {b.B, b.T}),
+                       MemCategory::Activations);
+    model_->forward(ex_, f.ctx, alloc_, f.tokens, f.targets);
+    accumulate(ex_, step_sums, f.ctx.loss_sums);
+  };
+  run.backward = [&](int64_t m, bool last) {
+    // Only the last backward communicates: earlier ones only accumulate locally.
+    model_->backward(ex_, in_flight.at(m).ctx, alloc_, loss_scale, last ? opt_->grads_ready_hook() : Gpt::GradsReady{});
+    in_flight.erase(m);
+  };
+  run_schedule(one_stage_schedule(static_cast<int64_t>(batches.size())).actions_of(grid_.pp_rank()), run);
+  const Buffer grad_sq_norm(alloc_, DType::F64, {1}, MemCategory::Workspace);
   {
     ProfileScope scope(prof(), OpFamily::Communication);  // the dp reduction's waits
-    if (opt_->sharded()) sum_partial_grads_over_tp();
-    opt_->reduce_grads();
-    if (!opt_->sharded()) sum_partial_grads_over_tp();
+    finalize_grads(ex_, flat_, *opt_, groups_, alloc_, grad_sq_norm);
   }
   std::vector<double> loss = {read_loss_sums(ex_, step_sums).loss_sum};  // the step's loss read
-  sum_over_dp(loss);
-  return targets[0] > 0 ? loss[0] / targets[0] : 0.0;
+  sum_over_group(loss, dp_cp_group());
+  return Reduced{targets[0] > 0 ? loss[0] / targets[0] : 0.0,
+                 std::sqrt(read_scalar(ex_, grad_sq_norm))};  // the step's gradient norm read
 }
 
 bool Trainer::vote_stop(const std::string& read_error) {
   std::vector<double> votes = {stop_requested() ? 1.0 : 0.0, read_error.empty() ? 0.0 : 1.0};
-  sum_over_world(votes);
+  sum_over_grid(votes, comms_.get());
   if (votes[1] > 0) {
     if (!comms_) throw DataError(read_error);
     try {
@@ -224,41 +250,6 @@ bool Trainer::vote_stop(const std::string& read_error) {
     }
   }
   return votes[0] > 0;
-}
-
-// Parameters every tp rank holds whole but computes only part of the gradient of (ParamSpec::
-// sum_grad_over_tp) are summed over the tp group; one all-reduce for all of them.
-void Trainer::sum_partial_grads_over_tp() {
-  if (grid_.tp_size() == 1) return;
-  std::vector<int> ids;
-  int64_t n = 0;
-  for (int id = 0; id < params_->size(); ++id)
-    if (params_->entry(id).spec.sum_grad_over_tp) ids.push_back(id), n += params_->entry(id).local_shape.numel();
-  if (ids.empty()) return;
-  Buffer packed(alloc_, DType::F32, {n}, MemCategory::Workspace);
-  int64_t at = 0;
-  for (int id : ids) {
-    const Tensor g = params_->grad(id);
-    copy(ex_, packed.tensor().view({n}).slice_rows(at, at + g.numel()), g.view({g.numel()}));
-    at += g.numel();
-  }
-  comms_->tp->all_reduce(packed, ReduceOp::Sum);
-  at = 0;
-  for (int id : ids) {
-    const Tensor g = params_->grad(id);
-    copy(ex_, g.view({g.numel()}), packed.tensor().slice_rows(at, at + g.numel()));
-    at += g.numel();
-  }
-}
-
-// The L2 norm of the whole model's gradient: tp shards each count once, tensors every tp rank
-// holds whole count on tp rank 0 only; the optimizer sums its part over dp (ZeRO-1 shards).
-double Trainer::global_grad_norm() {
-  const bool count_replicated = grid_.tp_rank() == 0;
-  const Buffer sq(alloc_, DType::F64, {1}, MemCategory::Workspace);
-  opt_->grad_sq_norm(ex_, sq, [&](const ParamEntry& e) { return e.sharded() || count_replicated; });
-  if (grid_.tp_size() > 1) comms_->tp->all_reduce(sq, ReduceOp::Sum);
-  return std::sqrt(read_scalar(ex_, sq));  // the step's gradient norm read
 }
 
 std::string Trainer::nonfinite_report(double loss, double norm) {
@@ -293,14 +284,14 @@ Trainer::StepResult Trainer::step(int64_t s) {
     ProfileScope scope(prof(), OpFamily::Elementwise);
     params_->zero_grads(ex_);
   }
-  const std::optional<double> loss = forward_backward(s);
-  if (!loss) {
+  const std::optional<Reduced> reduced = forward_backward(s);
+  if (!reduced) {
     r.abandoned = true;
     return r;
   }
-  r.loss = *loss;
-  ProfileScope scope(prof(), OpFamily::AdamW);  // the norm, clipping and the update
-  r.grad_norm = global_grad_norm();
+  r.loss = reduced->loss;
+  r.grad_norm = reduced->grad_norm;
+  ProfileScope scope(prof(), OpFamily::AdamW);  // clipping and the update
   r.lr = schedule_.at(s);
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
     r.skipped = true;
@@ -464,7 +455,7 @@ std::optional<std::pair<std::string, int>> Trainer::stop_reason(const StopSignal
   const bool save_failed = ckpt_ && ckpt_->failed();
   std::vector<double> votes = {sig == SIGINT ? 1.0 : 0.0, sig == SIGTERM || sig == SIGUSR1 ? 1.0 : 0.0,
                                time_up ? 1.0 : 0.0, save_failed ? 1.0 : 0.0};
-  sum_over_world(votes);
+  sum_over_grid(votes, comms_.get());
   // A background save failed (a full disk): every rank's writer fails at the same collective step,
   // so waiting rethrows the same error on every rank and the run ends now with one message,
   // instead of training on until the next save.
@@ -597,9 +588,7 @@ void print_summary(const TrainSummary& s, const std::string& run_dir) {
 // Keys that parse but whose features are not built yet are refused rather than ignored.
 void check_supported(const Config& cfg) {
   const ParallelConfig& p = cfg.parallel;
-  TESSERA_CHECK(p.pp == 1 && p.cp == 1, "[parallel] asks for pp=", p.pp, ", cp=", p.cp,
-                ", but this build parallelizes over data and tensors only (parallel.dp, parallel.zero, "
-                "parallel.tp, parallel.sequence_parallel); leave the others at their defaults");
+  grid_degrees(p);  // refuses pp and cp above 1
   TESSERA_CHECK(p.zero == 0 || p.zero == 1, "parallel.zero = ", p.zero,
                 " is not supported: 0 (replicated optimizer state) or 1 (ZeRO-1, sharded over dp)");
 }

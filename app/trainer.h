@@ -15,7 +15,6 @@
 
 #include "app/checkpoint/checkpointing.h"
 #include "app/config.h"
-#include "app/dp_optimizer.h"
 #include "app/metrics.h"
 #include "app/signals.h"
 #include "app/training_data.h"
@@ -27,6 +26,9 @@
 #include "model/gpt.h"
 #include "model/parameters.h"
 #include "optim/schedule.h"
+#include "parallel/dp_optimizer.h"
+#include "parallel/finalize_grads.h"
+#include "parallel/flat_params.h"
 #include "parallel/grid_comms.h"
 #include "parallel/process_grid.h"
 #include "parallel/watchdog.h"
@@ -97,7 +99,11 @@ class Trainer {
  private:
   // The steps, evaluations and saves of run(); a stop (signal, exit_after_*, divergence) ends it early.
   void train_loop(const StopSignals& stop, TrainSummary& summary, std::chrono::steady_clock::time_point t_start);
-  std::optional<double> forward_backward(int64_t s);
+  // The step's global mean loss and gradient norm, from forward_backward.
+  struct Reduced {
+    double loss = 0, grad_norm = 0;
+  };
+  std::optional<Reduced> forward_backward(int64_t s);
   std::string nonfinite_report(double loss, double norm);
   // False when abandoned (a rank was asked to stop): nothing is recorded.
   bool evaluate(int64_t s, TrainSummary& summary);
@@ -115,12 +121,8 @@ class Trainer {
   std::vector<ParamSegment> segments() const;
 
   Profiler* prof() { return profiling_ ? &profiler_ : nullptr; }
-  void sum_partial_grads_over_tp();
-  double global_grad_norm();
-  // Sums a few scalars (loss, target counts) over the data-parallel group; no-op on one rank.
-  void sum_over_dp(std::vector<double>& values);
-  // Sums over every rank (signal and clock votes: all ranks must stop at the same step).
-  void sum_over_world(std::vector<double>& values);
+  // The gradient-reduction group, dp x cp (null on one rank); see the definition.
+  Communicator* dp_cp_group();
 
   Config cfg_;
   std::string run_dir_;
@@ -138,7 +140,9 @@ class Trainer {
   Exec ex_;  // where the model and optimizer run: alloc_'s device (CPU: the trivial context)
   std::unique_ptr<ParameterStore> params_;
   std::unique_ptr<Gpt> model_;
-  std::unique_ptr<DataParallelOptimizer> opt_;  // gradient reduction over dp, AdamW (parallel.zero)
+  FlatParams flat_;    // params_'s flat buffers as parallel/ sees them
+  GradGroups groups_;  // the groups finalize_grads sums over (all null on one rank)
+  std::unique_ptr<DataParallelOptimizer> opt_;  // gradient reduction over dp x cp, AdamW (parallel.zero)
   LrSchedule schedule_;
   MetricsWriter metrics_;
   Profiler profiler_;        // train.profile: where the step time goes, printed at log steps

@@ -55,4 +55,8 @@ double clip_factor(double norm, double max_norm) {
   return max_norm / norm;
 }
 
+OptimizerState optimizer_state(const AdamW& optimizer) {
+  return {optimizer.exp_avg(), optimizer.exp_avg_sq(), optimizer.steps_taken()};
+}
+
 }  // namespace tessera

@@ -50,9 +50,18 @@ class AdamW {
   int64_t steps_ = 0;
 };
 
+// AdamW's state as a checkpoint holds it: the moments at the layout of the whole flat parameter
+// buffer, on this rank (ZeRO-1 gathers its shards into such buffers first), and the steps taken.
+struct OptimizerState {
+  Tensor exp_avg, exp_avg_sq;  // (N), or longer: elements past the parameters are ignored
+  int64_t steps = 0;
+};
+// Views of a (replicated) AdamW's state.
+OptimizerState optimizer_state(const AdamW& optimizer);
+
 // L2 norm of a flat gradient buffer (this rank's part; distributed runs reduce the squares), read
 // back to the host (a device sync; scratch from alloc). The trainer's norm is
-// DataParallelOptimizer::grad_sq_norm, which stays on the device until the step reads it.
+// finalize_grads (parallel/finalize_grads.h), which stays on the device until the step reads it.
 double grad_norm(const Exec& ex, Allocator& alloc, const Tensor& grads);
 // The factor that brings a gradient of norm `norm` down to `max_norm` (1 when within it or when
 // clipping is off, max_norm <= 0).

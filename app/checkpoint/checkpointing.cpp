@@ -423,10 +423,6 @@ int64_t int_attr(const GroupAttributes& g, const std::string& group, const std::
 }
 }  // namespace
 
-OptimizerState optimizer_state(const AdamW& optimizer) {
-  return {optimizer.exp_avg(), optimizer.exp_avg_sq(), optimizer.steps_taken()};
-}
-
 RestoredState restore_training_state(const std::string& path, ParameterStore& params, AdamW& optimizer,
                                      MPI_Comm comm) {
   const RestoredState s = restore_training_state(path, params, optimizer_state(optimizer), comm);

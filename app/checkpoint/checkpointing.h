@@ -23,14 +23,7 @@
 
 namespace tessera {
 
-// AdamW's state as a checkpoint holds it: the moments at the layout of the ParameterStore's flat
-// buffer, whole on this rank (ZeRO-1 gathers its shards into such buffers first), and the steps.
-struct OptimizerState {
-  Tensor exp_avg, exp_avg_sq;  // (N), or longer: elements past the parameters are ignored
-  int64_t steps = 0;
-};
-// Views of a (replicated) AdamW's state.
-OptimizerState optimizer_state(const AdamW& optimizer);
+// OptimizerState (the moments a checkpoint holds) is optim/adamw.h's.
 
 // The live state a checkpoint captures (views; copied by CheckpointWriter::save).
 struct TrainingState {

@@ -84,6 +84,23 @@ TEST(Config, DefaultsMatchTheContract) {
   EXPECT_EQ(parse(""), c);
 }
 
+TEST(Config, GridDegreesFromTheParallelSection) {
+  ParallelConfig p;
+  p.tp = 2;
+  const GridDegrees d = grid_degrees(p);
+  EXPECT_EQ(d.tp, 2);
+  EXPECT_EQ(d.cp, 1);
+  EXPECT_EQ(d.pp, 1);
+  EXPECT_EQ(d.dp, -1);  // the rest of the world, resolved by ProcessGrid
+  p.dp = 3;
+  EXPECT_EQ(grid_degrees(p).dp, 3);
+  p.pp = 2;
+  EXPECT_TRUE(testing::throws_with([&] { grid_degrees(p); }, {"[parallel] asks for pp=2, cp=1"}));
+  p.pp = 1;
+  p.cp = 4;
+  EXPECT_TRUE(testing::throws_with([&] { grid_degrees(p); }, {"[parallel] asks for pp=1, cp=4"}));
+}
+
 TEST(Config, FullFileParses) {
   Config c = parse(R"(
 [model]

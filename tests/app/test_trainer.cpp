@@ -3,6 +3,7 @@
 #include "app/trainer.h"
 
 #include "cli_testing.h"
+#include "error_testing.h"
 
 #include <gtest/gtest.h>
 
@@ -40,6 +41,19 @@ TEST(Trainer, GradientAccumulationEqualsOneLargeBatch) {
     scale = std::max(scale, static_cast<double>(std::abs(pa.ptr<float>()[i])));
   }
   EXPECT_LT(diff / scale, 1e-5);
+}
+
+// The process grid takes cp and pp from [parallel] (grid_degrees); neither is built, so a Trainer
+// refuses them itself, not only `tessera train` before it (TrainCommand.ConfigErrors...).
+TEST(Trainer, RefusesContextAndPipelineParallelismItself) {
+  for (const std::string& set : {"parallel.cp=2", "parallel.pp=2"}) {
+    const Config cfg = parse_config_string(kTinyConfig, "tiny.toml", {set});
+    EXPECT_TRUE(throws_with([&] { Trainer t(cfg, "", MPI_COMM_NULL); },
+                            {"[parallel] asks for pp=" + std::to_string(cfg.parallel.pp) +
+                                 ", cp=" + std::to_string(cfg.parallel.cp),
+                             "leave the others at their defaults"}))
+        << set;
+  }
 }
 
 TEST(TrainCommand, LossFallsAndRunDirectoryHoldsConfigAndMetrics) {

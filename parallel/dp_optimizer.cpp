@@ -1,39 +1,41 @@
 // DataParallelOptimizer: replicated AdamW with bucketed all-reduce, or ZeroAdamW.
-#include "app/dp_optimizer.h"
+#include "parallel/dp_optimizer.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/elementwise.h"
-
 #include "kernels/check.h"
+#include "kernels/elementwise.h"
 
 namespace tessera {
 
-bool DataParallelOptimizer::sharded(const ParallelConfig& cfg, int64_t dp) { return cfg.zero == 1 && dp > 1; }
+bool DataParallelOptimizer::sharded(const DpOptimizerOptions& opts, int64_t group_size) {
+  return opts.zero && group_size > 1;
+}
 
-int64_t DataParallelOptimizer::pad_multiple(const ParallelConfig& cfg, int64_t dp) { return sharded(cfg, dp) ? dp : 1; }
+int64_t DataParallelOptimizer::pad_multiple(const DpOptimizerOptions& opts, int64_t group_size) {
+  return sharded(opts, group_size) ? group_size : 1;
+}
 
-DataParallelOptimizer::DataParallelOptimizer(const ParameterStore& params, std::vector<ParamSegment> segments,
-                                             const AdamWOptions& opt, const ParallelConfig& cfg, Communicator* dp,
-                                             Allocator& alloc)
-    : params_(params), dp_(dp), alloc_(alloc) {
-  const int64_t dp_size = dp ? dp->size() : 1;
-  if (sharded(cfg, dp_size)) {
-    TESSERA_CHECK(params.padded_numel() % dp_size == 0, "parallel.zero = 1: the parameter buffer (",
-                  params.padded_numel(), " elements) is not padded to a multiple of the ", dp_size, " dp ranks");
-    zero_ = std::make_unique<ZeroAdamW>(params.padded_flat_params(), params.padded_flat_grads(), segments, *dp, alloc,
-                                        opt);
+DataParallelOptimizer::DataParallelOptimizer(const FlatParams& flat, std::vector<ParamSegment> segments,
+                                             const AdamWOptions& opt, const DpOptimizerOptions& opts,
+                                             Communicator* group, Allocator& alloc)
+    : flat_(flat), group_(group), alloc_(alloc) {
+  const int64_t group_size = group ? group->size() : 1;
+  if (sharded(opts, group_size)) {
+    TESSERA_CHECK(flat.padded_params.numel() % group_size == 0, "parallel.zero = 1: the parameter buffer (",
+                  flat.padded_params.numel(), " elements) is not padded to a multiple of the ", group_size,
+                  " ranks of the gradient-reduction group");
+    zero_ = std::make_unique<ZeroAdamW>(flat.padded_params, flat.padded_grads, segments, *group, alloc, opt);
     return;
   }
-  adamw_ = std::make_unique<AdamW>(params.flat_params(), params.flat_grads(), std::move(segments), alloc, opt);
-  if (dp_size > 1) {
+  adamw_ = std::make_unique<AdamW>(flat.params, flat.grads, std::move(segments), alloc, opt);
+  if (group_size > 1) {
     std::vector<int64_t> offsets;
-    for (const ParamEntry& e : params.entries()) offsets.push_back(e.offset);
-    offsets.push_back(params.numel());
-    reducer_ = std::make_unique<BucketedAllReduce>(params.flat_grads(), offsets,
-                                                   static_cast<int64_t>(cfg.bucket_mb * (1 << 20)), *dp,
-                                                   cfg.overlap_grad_reduce);
+    for (const FlatParam& e : flat.entries) offsets.push_back(e.offset);
+    offsets.push_back(flat.numel());
+    reducer_ = std::make_unique<BucketedAllReduce>(flat.grads, offsets, static_cast<int64_t>(opts.bucket_mb * (1 << 20)),
+                                                   *group, opts.overlap_grad_reduce);
   }
 }
 
@@ -48,13 +50,13 @@ void DataParallelOptimizer::reduce_grads() {
 }
 
 void DataParallelOptimizer::grad_sq_norm(const Exec& ex, const Tensor& out,
-                                         const std::function<bool(const ParamEntry&)>& counts) {
+                                         const std::function<bool(const FlatParam&)>& counts) {
   // The reduced gradient this rank holds: all of it, or its ZeRO-1 range [begin, begin + n).
-  const Tensor g = zero_ ? zero_->grad_shard() : params_.flat_grads();
+  const Tensor g = zero_ ? zero_->grad_shard() : flat_.grads;
   const int64_t begin = zero_ ? zero_->shard_begin() : 0, end = begin + g.numel();
   // Consecutive counted parameters are summed as one run (all of them when nothing is left out):
   // each run's sum of squares goes to a slot of `runs`, and out is their sum.
-  const Buffer runs(alloc_, DType::F64, {params_.size() + 1}, MemCategory::Workspace);  // zero-filled
+  const Buffer runs(alloc_, DType::F64, {flat_.size() + 1}, MemCategory::Workspace);  // zero-filled
   int64_t n_runs = 0, run_lo = 0, run_hi = 0;
   auto flush = [&] {
     if (run_lo < run_hi) {
@@ -63,8 +65,8 @@ void DataParallelOptimizer::grad_sq_norm(const Exec& ex, const Tensor& out,
     }
     run_lo = run_hi = 0;
   };
-  for (const ParamEntry& e : params_.entries()) {
-    const int64_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.local_shape.numel());
+  for (const FlatParam& e : flat_.entries) {
+    const int64_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.numel);
     if (lo >= hi) continue;
     if (!counts(e)) {
       flush();
@@ -77,7 +79,7 @@ void DataParallelOptimizer::grad_sq_norm(const Exec& ex, const Tensor& out,
   }
   flush();
   sum(ex, out, runs.tensor().slice_rows(0, n_runs));
-  if (zero_) dp_->all_reduce(out, ReduceOp::Sum);
+  if (zero_) group_->all_reduce(out, ReduceOp::Sum);
 }
 
 void DataParallelOptimizer::step(const Exec& ex, double lr, double grad_scale) {
@@ -97,7 +99,7 @@ FullOptimizerState DataParallelOptimizer::gather_state() {
 
 FullOptimizerState DataParallelOptimizer::state_buffers() {
   if (!zero_) return {optimizer_state(*adamw_), {}, {}};
-  const Tensor& p = params_.padded_flat_params();
+  const Tensor& p = flat_.padded_params;
   FullOptimizerState full;
   full.exp_avg = Buffer(alloc_, p.dtype, p.shape, MemCategory::Workspace);
   full.exp_avg_sq = Buffer(alloc_, p.dtype, p.shape, MemCategory::Workspace);
