@@ -2,6 +2,7 @@
 // their device. Gradient temporaries come from the Workspace category and die with the call.
 #include "model/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -271,10 +272,48 @@ void Gpt::set_profiler(Profiler* p) {
   lm_head_.set_profiler(p);
 }
 
+// ---- Stages ----
+
+StageSpec StageSpec::split(int64_t n_layer, int64_t stages, int64_t index) {
+  TESSERA_CHECK(stages >= 1 && stages <= n_layer, "cannot split ", n_layer, " layers into ", stages,
+                " pipeline stages: each stage needs at least one block");
+  TESSERA_CHECK(index >= 0 && index < stages, "pipeline stage ", index, " outside [0, ", stages, ")");
+  const int64_t base = n_layer / stages, extra = n_layer % stages;
+  StageSpec s;
+  s.first_layer = index * base + std::min(index, extra);
+  s.end_layer = s.first_layer + base + (index < extra ? 1 : 0);
+  s.embedding = index == 0;
+  s.head = index == stages - 1;
+  return s;
+}
+
+StageSpec resolve_stage(const StageSpec& stage, int64_t n_layer) {
+  StageSpec s = stage;
+  if (s.end_layer == -1) s.end_layer = n_layer;
+  const std::string what =
+      "pipeline stage with layers [" + std::to_string(s.first_layer) + ", " + std::to_string(s.end_layer) + ")";
+  TESSERA_CHECK(s.first_layer >= 0 && s.end_layer >= 0 && s.end_layer <= n_layer, "the ", what,
+                " lies outside the model's layers [0, ", n_layer, ") (model.n_layer = ", n_layer, ")");
+  TESSERA_CHECK(s.end_layer > s.first_layer, "the ", what, " holds no block; every stage needs at least one");
+  TESSERA_CHECK(s.embedding == (s.first_layer == 0), "the ", what,
+                s.embedding ? " cannot hold the embedding: only the stage starting at layer 0 does"
+                            : " must hold the embedding: the first block's input is the token embedding");
+  TESSERA_CHECK(s.head == (s.end_layer == n_layer), "the ", what,
+                s.head ? " cannot hold the head: only the stage ending at the last layer (" + std::to_string(n_layer) +
+                             ") does"
+                       : " must hold the head: the last block's output goes to the final norm and LM head");
+  return s;
+}
+
 // ---- Gpt ----
 
-Gpt::Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> recompute, TensorParallel tp)
-    : cfg_(resolve(cfg)), ps_(&ps), tp_(tp) {
+Gpt::Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> recompute, TensorParallel tp,
+         StageSpec stage)
+    : cfg_(resolve(cfg)),
+      stage_(resolve_stage(stage, cfg_.n_layer)),
+      ps_(&ps),
+      tp_(tp),
+      vocab_shard_(VocabShard::of(cfg_.vocab_size, tp.size(), tp.rank())) {
   TESSERA_CHECK(ps.layout().tp_size == tp.size() && ps.layout().tp_rank == tp.rank(), "the parameter store is laid out for tp rank ",
                 ps.layout().tp_rank, " of ", ps.layout().tp_size, ", the model for rank ", tp.rank(), " of ", tp.size());
   TESSERA_CHECK(recompute.empty() || static_cast<int64_t>(recompute.size()) == cfg_.n_layer, "recompute policy has ",
@@ -285,45 +324,83 @@ Gpt::Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> reco
     make();
     return IdRange{first, ps.size()};
   };
-  embed_ids_ = registered([&] { embed_ = Embedding(ps, cfg_, tp_); });
-  for (int64_t l = 0; l < cfg_.n_layer; ++l)
+  // A tied LM head on a later stage than the embedding reads its own copy of the token table.
+  const bool tied_across_stages = cfg_.tied_embeddings && stage_.embedding != stage_.head;
+  embed_ids_ = registered([&] {
+    if (stage_.embedding) embed_ = Embedding(ps, cfg_, tp_, tied_across_stages);
+  });
+  for (int64_t l = stage_.first_layer; l < stage_.end_layer; ++l)
     block_ids_.push_back(registered([&] {
       blocks_.emplace_back(ps, static_cast<int>(l), cfg_, recompute.empty() ? Recompute::None : recompute[l], tp_);
     }));
-  ln_f_ids_ = registered([&] { ln_f_ = Norm(ps, "ln_f", cfg_, tp_.sequence_sharded()); });
+  ln_f_ids_ = registered([&] {
+    if (stage_.head) ln_f_ = Norm(ps, "ln_f", cfg_, tp_.sequence_sharded());
+  });
   head_ids_ = registered([&] {
-    if (cfg_.tied_embeddings)
-      lm_head_ = Linear::tied(ps, embed_.token_weight_id());
-    else
+    if (!stage_.head) return;
+    if (!cfg_.tied_embeddings) {
       lm_head_ = Linear(ps, "lm_head", cfg_.n_embd, cfg_.vocab_size, false, ShardSpec::tp_padded(0), cfg_.init_std);
+    } else if (stage_.embedding) {
+      lm_head_ = Linear::tied(ps, embed_.token_weight_id());
+    } else {
+      ParamSpec copy = Embedding::token_spec(cfg_);
+      copy.sum_grad_over_embedding_group = true;
+      copy.stage_copy = true;
+      lm_head_ = Linear::tied(ps, ps.add(std::move(copy)));
+    }
   });
 }
 
-void Gpt::forward_layers(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& tokens, KvCache* cache) const {
+Tensor Gpt::block_input(const GptCtx& ctx, int64_t l) const {
+  return l == 0 && !stage_.embedding ? ctx.input : ctx.resid[static_cast<size_t>(l)].tensor();
+}
+
+void Gpt::forward_layers(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& input, int64_t seq_len,
+                         KvCache* cache) const {
   ProfileScope scope(prof_, OpFamily::Other);
-  check_dtype("Gpt::forward", "tokens", tokens, DType::I32);
-  TESSERA_CHECK(tokens.ndim() == 2, "Gpt::forward: tokens must be (B, T), got ", tokens.shape.str());
-  const int64_t B = tokens.dim(0), T = tokens.dim(1), C = cfg_.n_embd, L = cfg_.n_layer;
+  if (stage_.embedding) {
+    check_dtype("Gpt::forward", "tokens", input, DType::I32);
+    TESSERA_CHECK(input.ndim() == 2, "Gpt::forward: tokens must be (B, T), got ", input.shape.str());
+    TESSERA_CHECK(seq_len == 0 || seq_len == input.dim(1), "Gpt::forward: seq_len ", seq_len, " given for tokens ",
+                  input.shape.str());
+  } else {
+    TESSERA_CHECK(seq_len > 0, "Gpt::forward: the pipeline stage with layers [", stage_.first_layer, ", ",
+                  stage_.end_layer, ") takes activations: it needs their sequence length (seq_len)");
+    check_dtype("Gpt::forward", "input", input, ps_->dtype());
+    TESSERA_CHECK(input.ndim() == 3, "Gpt::forward: input activations must be (B, T_local, C), got ",
+                  input.shape.str());
+  }
+  const int64_t B = input.dim(0), T = stage_.embedding ? input.dim(1) : seq_len, C = cfg_.n_embd;
+  const int64_t L = stage_.layers();
   const int64_t pos = cache ? cache->length : 0;
   TESSERA_CHECK(pos + T <= cfg_.max_seq_len, "sequence length ", pos + T, " exceeds model.max_seq_len = ",
                 cfg_.max_seq_len);
   TESSERA_CHECK(!tp_.sequence_sharded() || T % tp_.size() == 0, "sequence parallelism: sequence length ", T,
                 " is not divisible by parallel.tp = ", tp_.size());
   const int64_t Tl = tp_.local_seq(T);
+  if (!stage_.embedding) check_shape("Gpt::forward", "input", input, Shape{B, Tl, C});
   const DType dt = ps_->dtype();
   ctx = GptCtx{};
   ctx.B = B;
   ctx.T = T;
-  ctx.tokens = tokens;
   ctx.resid.reserve(static_cast<size_t>(L + 1));
-  for (int64_t l = 0; l <= L; ++l) ctx.resid.push_back(activation(alloc, dt, {B, Tl, C}));
+  // Without the embedding the first block reads the caller's input (ctx.input): no copy.
+  for (int64_t l = 0; l <= L; ++l)
+    ctx.resid.push_back(l == 0 && !stage_.embedding ? Buffer() : activation(alloc, dt, {B, Tl, C}));
   ctx.blocks.resize(static_cast<size_t>(L));
-  embed_.forward(ex, alloc, ctx.resid[0], tokens, pos);
-  for (int64_t l = 0; l < L; ++l) {
-    Buffer* ck = cache ? &cache->k[static_cast<size_t>(l)] : nullptr;
-    Buffer* cv = cache ? &cache->v[static_cast<size_t>(l)] : nullptr;
-    blocks_[l].forward(ex, ctx.blocks[l], alloc, ctx.resid[l + 1], ctx.resid[l], ck, cv, pos);
+  if (stage_.embedding) {
+    ctx.tokens = input;
+    embed_.forward(ex, alloc, ctx.resid[0], input, pos);
+  } else {
+    ctx.input = input;
   }
+  for (int64_t l = 0; l < L; ++l) {
+    const size_t layer = static_cast<size_t>(stage_.first_layer + l);
+    Buffer* ck = cache ? &cache->k[layer] : nullptr;
+    Buffer* cv = cache ? &cache->v[layer] : nullptr;
+    blocks_[l].forward(ex, ctx.blocks[l], alloc, ctx.resid[l + 1], block_input(ctx, l), ck, cv, pos);
+  }
+  if (!stage_.head) return;
   ln_f_.forward(ex, ctx.ln_f, alloc, ctx.resid[L]);
   // The LM head is column-parallel over the vocabulary: it needs the whole sequence.
   if (tp_.sequence_sharded()) {
@@ -349,23 +426,31 @@ void Gpt::loss_forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tens
   // logits are never gathered, only 2 B T numbers per rank move.
   Buffer lse_part = workspace(alloc, dt, {BT}), target_logit = workspace(alloc, dt, {BT});
   Buffer lse_parts = workspace(alloc, dt, {tp_.size(), BT});
-  cross_entropy_shard_forward(ex, lse_part, target_logit, ctx.logits, flat_targets, embed_.vocab_shard());
+  cross_entropy_shard_forward(ex, lse_part, target_logit, ctx.logits, flat_targets, vocab_shard_);
   tp_.comm->all_gather(lse_part, lse_parts);
   all_reduce_tp(tp_, target_logit);
   cross_entropy_combine(ex, ctx.losses, ctx.lse, lse_parts, target_logit, flat_targets);
 }
 
-void Gpt::forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& tokens, const Tensor& targets) const {
-  if (targets.defined()) check_shape("Gpt::forward", "targets", targets, tokens.shape);
-  forward_layers(ex, ctx, alloc, tokens, nullptr);
+Tensor Gpt::forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& input, const Tensor& targets,
+                    int64_t seq_len) const {
+  if (targets.defined()) {
+    TESSERA_CHECK(stage_.head, "Gpt::forward: targets given to the pipeline stage with layers [", stage_.first_layer,
+                  ", ", stage_.end_layer, "), which has no head (the loss is the last stage's)");
+    TESSERA_CHECK(input.ndim() >= 1, "Gpt::forward: input of shape ", input.shape.str());
+    check_shape("Gpt::forward", "targets", targets, Shape{input.dim(0), stage_.embedding ? input.dim(1) : seq_len});
+  }
+  forward_layers(ex, ctx, alloc, input, seq_len, nullptr);
+  if (!stage_.head) return ctx.resid.back();
   ctx.targets = targets;
-  if (!targets.defined()) return;
+  if (!targets.defined()) return Tensor();
   const Tensor flat_targets = targets.view({ctx.B * ctx.T});
   loss_forward(ex, ctx, alloc, flat_targets);
   // Workspace, not Activations: two numbers, which backward releases with the rest of ctx.
   ctx.loss_sums = workspace(alloc, DType::F64, {2});
   sum(ex, ctx.loss_sums.tensor().slice_rows(0, 1), ctx.losses);
   count_not_equal(ex, ctx.loss_sums.tensor().slice_rows(1, 2), flat_targets, kIgnoreIndex);
+  return Tensor();
 }
 
 LossSums read_loss_sums(const Exec& ex, const Tensor& sums) {
@@ -375,6 +460,7 @@ LossSums read_loss_sums(const Exec& ex, const Tensor& sums) {
 }
 
 void Gpt::logits_at(const Exec& ex, const GptCtx& ctx, Allocator& alloc, int64_t position, const Tensor& out) const {
+  TESSERA_CHECK(ctx.logits.defined(), "logits_at needs a forward of the stage with the head");
   const int64_t B = ctx.B, T = ctx.T, V = cfg_.vocab_size, Vl = ctx.logits.tensor().dim(1), R = tp_.size();
   TESSERA_CHECK(position >= 0 && position < T, "logits_at: position ", position, " outside [0, ", T, ")");
   check_shape("Gpt::logits_at", "out", out, Shape{B, V});
@@ -401,6 +487,7 @@ KvCache Gpt::make_cache(Allocator& alloc, int64_t capacity) const {
   TESSERA_CHECK(capacity > 0 && capacity <= cfg_.max_seq_len, "KV cache capacity ", capacity, " outside [1, ",
                 cfg_.max_seq_len, "]");
   TESSERA_CHECK(!tp_.active(), "cached decoding runs on one rank (tp = 1)");
+  TESSERA_CHECK(stage_.whole(cfg_.n_layer), "cached decoding runs the whole model, not a pipeline stage");
   KvCache c;
   c.capacity = capacity;
   for (int64_t l = 0; l < cfg_.n_layer; ++l) {
@@ -411,27 +498,40 @@ KvCache Gpt::make_cache(Allocator& alloc, int64_t capacity) const {
 }
 
 void Gpt::forward_cached(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& tokens, KvCache& cache) const {
+  TESSERA_CHECK(stage_.whole(cfg_.n_layer), "cached decoding runs the whole model, not a pipeline stage");
   TESSERA_CHECK(tokens.ndim() == 2 && tokens.dim(0) == 1, "cached decoding takes one sequence (1, T), got ",
                 tokens.shape.str());
   TESSERA_CHECK(cache.length + tokens.dim(1) <= cache.capacity, "KV cache full: ", cache.length, " + ",
                 tokens.dim(1), " positions exceed its capacity ", cache.capacity);
-  forward_layers(ex, ctx, alloc, tokens, &cache);
+  forward_layers(ex, ctx, alloc, tokens, 0, &cache);
   cache.length += tokens.dim(1);
 }
 
-void Gpt::backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, double loss_scale, const GradsReady& on_ready) const {
-  ProfileScope scope(prof_, OpFamily::Other);
-  auto ready = [&](const IdRange& r) {
-    if (on_ready && r.end > r.first) on_ready(r.first, r.end);
-  };
+Tensor Gpt::residual_grad(const Exec& ex, GptCtx& ctx, Allocator& alloc, Buffer& storage, const Tensor& dx) const {
+  const Shape shape{ctx.B, tp_.local_seq(ctx.T), cfg_.n_embd};
+  if (stage_.embedding) {
+    TESSERA_CHECK(!dx.defined(), "Gpt::backward: the stage with the embedding has no input gradient (dx must be "
+                  "undefined)");
+    storage = workspace(alloc, ps_->dtype(), shape);
+    return storage;
+  }
+  TESSERA_CHECK(dx.defined(), "Gpt::backward: the pipeline stage with layers [", stage_.first_layer, ", ",
+                stage_.end_layer, ") writes the gradient of its input: dx is required");
+  check_dtype("Gpt::backward", "dx", dx, ps_->dtype());
+  check_shape("Gpt::backward", "dx", dx, shape);
+  return dx;
+}
+
+void Gpt::head_backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, double loss_scale, Buffer& dres_storage,
+                        Tensor& dres, const Tensor& dx) const {
   TESSERA_CHECK(ctx.targets.defined() && ctx.logits.defined(), "Gpt::backward needs a forward with targets");
-  const int64_t B = ctx.B, T = ctx.T, C = cfg_.n_embd, L = cfg_.n_layer, Tl = tp_.local_seq(T);
+  const int64_t B = ctx.B, T = ctx.T, C = cfg_.n_embd, Tl = tp_.local_seq(T);
   const DType dt = ps_->dtype();
   // Loss -> logits (in place) -> final norm input (summed over the vocabulary shards of tp).
   {
     ProfileScope ce(prof_, OpFamily::CrossEntropy);
     cross_entropy_backward(ex, ctx.logits, ctx.logits, ctx.lse, ctx.targets.view({B * T}), loss_scale,
-                           tp_.active() ? embed_.vocab_shard() : VocabShard{});
+                           tp_.active() ? vocab_shard_ : VocabShard{});
   }
   const Tensor head_in = ctx.head_in.defined() ? ctx.head_in.tensor() : ctx.ln_f.y.tensor();
   Buffer dln = workspace(alloc, dt, {B, T, C});
@@ -440,20 +540,52 @@ void Gpt::backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, double loss_sc
   if (tp_.sequence_sharded()) dln_local = workspace(alloc, dt, {B, Tl, C});
   const Tensor dlnl = dln_local.defined() ? dln_local.tensor() : dln.tensor();
   enter_region_backward(ex, tp_, alloc, dlnl, dln);
-  Buffer dres = workspace(alloc, dt, {B, Tl, C});
-  ln_f_.backward(ex, dres, dlnl, ctx.resid[L], ctx.ln_f);
-  dln.release();
-  dln_local.release();
-  ready(head_ids_);  // empty when tied: the token embedding is final only after its own backward
-  ready(ln_f_ids_);
-  // Blocks, last to first; dres carries dL/d(resid[l]).
+  // The norm's backward adds to dres (its input is the residual stream): start from zero.
+  dres = residual_grad(ex, ctx, alloc, dres_storage, dx);
+  if (!dres_storage.defined()) fill_zero(ex, dres);
+  ln_f_.backward(ex, dres, dlnl, ctx.resid.back(), ctx.ln_f);
+}
+
+void Gpt::backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, double loss_scale, const GradsReady& on_ready) const {
+  backward(ex, ctx, alloc, OutputGrad::loss(loss_scale), Tensor(), on_ready);
+}
+
+void Gpt::backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const OutputGrad& from, const Tensor& dx,
+                   const GradsReady& on_ready) const {
+  ProfileScope scope(prof_, OpFamily::Other);
+  auto ready = [&](const IdRange& r) {
+    if (on_ready && r.end > r.first) on_ready(r.first, r.end);
+  };
+  const int64_t L = stage_.layers();
+  TESSERA_CHECK(static_cast<int64_t>(ctx.blocks.size()) == L, "Gpt::backward needs a forward first");
+  // dres carries dL/d(block l's input), last block first. Without the embedding its final value
+  // is the stage's input gradient: dx is its storage.
+  Buffer dres_storage;
+  Tensor dres;
+  if (stage_.head) {
+    TESSERA_CHECK(!from.dy.defined(), "Gpt::backward: the stage with the head starts from its loss (loss_scale), "
+                  "not from an output gradient dy");
+    head_backward(ex, ctx, alloc, from.loss_scale, dres_storage, dres, dx);
+    // The tied head's gradient is final here only on a later stage than the embedding (its copy);
+    // on the whole model the token embedding's is final after the embedding's backward.
+    ready(head_ids_);
+    ready(ln_f_ids_);
+  } else {
+    TESSERA_CHECK(from.dy.defined(), "Gpt::backward: the pipeline stage with layers [", stage_.first_layer, ", ",
+                  stage_.end_layer, ") has no head: it starts from dy, the gradient of its output");
+    dres = residual_grad(ex, ctx, alloc, dres_storage, dx);
+    check_shape("Gpt::backward", "dy", from.dy, dres.shape);
+    if (from.dy.data != dres.data) copy(ex, dres, from.dy);
+  }
   for (int64_t l = L - 1; l >= 0; --l) {
-    blocks_[l].backward(ex, ctx.blocks[l], alloc, dres, ctx.resid[l]);
+    blocks_[l].backward(ex, ctx.blocks[l], alloc, dres, block_input(ctx, l));
     ctx.resid[l + 1].release();
     ready(block_ids_[static_cast<size_t>(l)]);
   }
-  embed_.backward(ex, alloc, dres, ctx.tokens, 0);
-  ready(embed_ids_);
+  if (stage_.embedding) {
+    embed_.backward(ex, alloc, dres, ctx.tokens, 0);
+    ready(embed_ids_);
+  }
   ctx = GptCtx{};
 }
 

@@ -52,10 +52,17 @@ void Linear::backward(const Exec& ex, const Tensor& dx, const Tensor& dy, const 
 
 // ---- Embedding ----
 
-Embedding::Embedding(ParameterStore& ps, const ModelConfig& cfg, const TensorParallel& tp)
+ParamSpec Embedding::token_spec(const ModelConfig& cfg) {
+  return {"wte.weight", {cfg.vocab_size, cfg.n_embd}, ShardSpec::tp_padded(0), ParamKind::Embedding, InitKind::Normal,
+          cfg.init_std};
+}
+
+Embedding::Embedding(ParameterStore& ps, const ModelConfig& cfg, const TensorParallel& tp,
+                     bool sum_grad_over_embedding_group)
     : ps_(&ps), tp_(tp), shard_(VocabShard::of(cfg.vocab_size, tp.size(), tp.rank())) {
-  wte_ = ps.add({"wte.weight", {cfg.vocab_size, cfg.n_embd}, ShardSpec::tp_padded(0), ParamKind::Embedding,
-                 InitKind::Normal, cfg.init_std});
+  ParamSpec wte = token_spec(cfg);
+  wte.sum_grad_over_embedding_group = sum_grad_over_embedding_group;
+  wte_ = ps.add(std::move(wte));
   // Every tp rank computes the whole position gradient from the full output gradient: no sum.
   if (cfg.position == PositionKind::Learned)
     wpe_ = ps.add({"wpe.weight", {cfg.max_seq_len, cfg.n_embd}, ShardSpec::replicated(), ParamKind::Embedding,

@@ -54,7 +54,12 @@ class Linear {
 class Embedding {
  public:
   Embedding() = default;
-  Embedding(ParameterStore& ps, const ModelConfig& cfg, const TensorParallel& tp);
+  // sum_grad_over_embedding_group: the token table is tied to an LM head on a later pipeline
+  // stage (see ParamSpec).
+  Embedding(ParameterStore& ps, const ModelConfig& cfg, const TensorParallel& tp,
+            bool sum_grad_over_embedding_group = false);
+  // The token table's parameter ("wte.weight", (V, C), vocabulary-parallel).
+  static ParamSpec token_spec(const ModelConfig& cfg);
   // out (B, T_local, C), tokens (B, T) I32 (T_local = T / tp under sequence parallelism).
   void forward(const Exec& ex, Allocator& alloc, const Tensor& out, const Tensor& tokens, int64_t pos_offset) const;
   // Accumulates the embeddings' gradients from dout (B, T_local, C).
