@@ -71,17 +71,12 @@ void Attention::project_kv_backward(const Exec& ex, const Linear& proj, Allocato
   proj.backward(ex, dx, all.tensor().view({B, T, n_kv_head_ * D}), x, true);
 }
 
-void Attention::forward(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
-                        Buffer* cache_k, Buffer* cache_v, int64_t pos) const {
-  ProfileScope scope(prof_, OpFamily::Attention);  // the kernel; projections and edges time themselves
-  TESSERA_CHECK(!cache_k || !tp_.active(), "cached decoding runs on one rank (tp = 1)");
-  const int64_t B = x.dim(0), T = tp_.full_seq(x.dim(1));
+void Attention::project_qkv(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& xf, int64_t pos) const {
+  const int64_t B = xf.dim(0), T = xf.dim(1);
   const int64_t H = q_.out() / head_dim_, KV = kv_replicated_ ? 1 : k_.out() / head_dim_, D = head_dim_;
-  Buffer gathered;
-  const Tensor xf = enter_region(ex, tp_, alloc, gathered, x, T);  // (B, T, C)
-  ctx.q = activation(alloc, x.dtype, {B, T, H, D});
-  ctx.k = activation(alloc, x.dtype, {B, T, KV, D});
-  ctx.v = activation(alloc, x.dtype, {B, T, KV, D});
+  ctx.q = activation(alloc, xf.dtype, {B, T, H, D});
+  ctx.k = activation(alloc, xf.dtype, {B, T, KV, D});
+  ctx.v = activation(alloc, xf.dtype, {B, T, KV, D});
   q_.forward(ex, ctx.q.tensor().view({B, T, H * D}), xf);
   project_kv(ex, k_, alloc, ctx.k, xf);
   project_kv(ex, v_, alloc, ctx.v, xf);
@@ -90,23 +85,47 @@ void Attention::forward(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, con
     rope_forward(ex, ctx.q, ctx.q, pos, rope_theta_);
     rope_forward(ex, ctx.k, ctx.k, pos, rope_theta_);
   }
-  ctx.out = activation(alloc, x.dtype, {B, T, H, D});
-  ctx.lse = activation(alloc, x.dtype, {B, H, T});
-  if (cache_k) {
-    // (capacity, KV, D) caches: append rows [pos, pos + T), attend to [0, pos + T).
-    copy(ex, cache_k->tensor().slice_rows(pos, pos + T), ctx.k.tensor().view({T, KV, D}));
-    copy(ex, cache_v->tensor().slice_rows(pos, pos + T), ctx.v.tensor().view({T, KV, D}));
-    const Tensor k_all = cache_k->tensor().slice_rows(0, pos + T).view({1, pos + T, KV, D});
-    const Tensor v_all = cache_v->tensor().slice_rows(0, pos + T).view({1, pos + T, KV, D});
-    attention_forward(ex, ctx.out, ctx.lse, ctx.q, k_all, v_all, pos, 0);
-  } else {
-    attention_forward(ex, ctx.out, ctx.lse, ctx.q, ctx.k, ctx.v, 0, 0);
-  }
+  ctx.out = activation(alloc, xf.dtype, {B, T, H, D});
+  ctx.lse = activation(alloc, xf.dtype, {B, H, T});
+}
+
+void Attention::project_out(const Exec& ex, const AttentionCtx& ctx, Allocator& alloc, const Tensor& y) const {
+  const Tensor& out = ctx.out;
+  const int64_t B = out.dim(0), T = out.dim(1), HD = out.dim(2) * out.dim(3);
   // The row-parallel projection's partial sums, then their sum over tp (bias added once).
   Buffer partial;
   const Tensor yf = region_full(tp_, alloc, partial, y, T);
-  proj_.forward(ex, yf, ctx.out.tensor().view({B, T, H * D}), /*with_bias=*/tp_.rank() == 0);
+  proj_.forward(ex, yf, out.view({B, T, HD}), /*with_bias=*/tp_.rank() == 0);
   leave_region(ex, tp_, alloc, y, yf);
+}
+
+void Attention::forward(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const {
+  ProfileScope scope(prof_, OpFamily::Attention);  // the kernel; projections and edges time themselves
+  const int64_t T = tp_.full_seq(x.dim(1));
+  Buffer gathered;
+  const Tensor xf = enter_region(ex, tp_, alloc, gathered, x, T);  // (B, T, C)
+  project_qkv(ex, ctx, alloc, xf, 0);
+  attention_forward(ex, ctx.out, ctx.lse, ctx.q, ctx.k, ctx.v, 0, 0);
+  project_out(ex, ctx, alloc, y);
+}
+
+void Attention::forward_cached(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
+                               Buffer& cache_k, Buffer& cache_v, int64_t pos) const {
+  ProfileScope scope(prof_, OpFamily::Attention);
+  TESSERA_CHECK(!tp_.active(), "cached decoding runs on one rank (tp = 1)");
+  TESSERA_CHECK(x.ndim() == 3 && x.dim(0) == 1, "cached decoding takes one sequence (1, T, C), got ", x.shape.str());
+  const int64_t T = x.dim(1);
+  project_qkv(ex, ctx, alloc, x, pos);
+  const int64_t KV = ctx.k.tensor().dim(2), D = head_dim_;
+  TESSERA_CHECK(pos + T <= cache_k.tensor().dim(0), "KV cache full: ", pos, " + ", T, " positions exceed its capacity ",
+                cache_k.tensor().dim(0));
+  // (capacity, KV, D) caches: append rows [pos, pos + T), attend to [0, pos + T).
+  copy(ex, cache_k.tensor().slice_rows(pos, pos + T), ctx.k.tensor().view({T, KV, D}));
+  copy(ex, cache_v.tensor().slice_rows(pos, pos + T), ctx.v.tensor().view({T, KV, D}));
+  const Tensor k_all = cache_k.tensor().slice_rows(0, pos + T).view({1, pos + T, KV, D});
+  const Tensor v_all = cache_v.tensor().slice_rows(0, pos + T).view({1, pos + T, KV, D});
+  attention_forward(ex, ctx.out, ctx.lse, ctx.q, k_all, v_all, pos, 0);
+  project_out(ex, ctx, alloc, y);
 }
 
 void Attention::backward(const Exec& ex, const AttentionCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy,
@@ -209,12 +228,13 @@ Block::Block(ParameterStore& ps, int index, const ModelConfig& cfg, Recompute re
   mlp_ = Mlp(ps, p + ".mlp", cfg, tp);
 }
 
+template <class Attend>
 void Block::forward_saved(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
-                          Buffer* cache_k, Buffer* cache_v, int64_t pos) const {
+                          Attend&& attend) const {
   ProfileScope scope(prof_, OpFamily::Elementwise);  // the residual adds
   ln1_.forward(ex, ctx.ln1, alloc, x);
   ctx.x1 = activation(alloc, x.dtype, x.shape);
-  attn_.forward(ex, ctx.attn, alloc, ctx.x1, ctx.ln1.y, cache_k, cache_v, pos);
+  attend(ctx.x1, ctx.ln1.y);
   residual_forward(ex, ctx.x1, ctx.x1, x);  // x1 = x + attn(ln1(x))
   ln2_.forward(ex, ctx.ln2, alloc, ctx.x1);
   mlp_.forward(ex, ctx.mlp, alloc, y, ctx.ln2.y);
@@ -222,17 +242,25 @@ void Block::forward_saved(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const
   ctx.saved = true;
 }
 
-void Block::forward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x, Buffer* cache_k,
-                    Buffer* cache_v, int64_t pos) const {
-  forward_saved(ex, ctx, alloc, y, x, cache_k, cache_v, pos);
+void Block::forward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const {
+  forward_saved(ex, ctx, alloc, y, x,
+                [&](const Tensor& ya, const Tensor& xa) { attn_.forward(ex, ctx.attn, alloc, ya, xa); });
   if (recompute_ == Recompute::Full) ctx = BlockCtx{};  // keep only x, which the caller owns
+}
+
+void Block::forward_cached(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
+                           Buffer& cache_k, Buffer& cache_v, int64_t pos) const {
+  forward_saved(ex, ctx, alloc, y, x, [&](const Tensor& ya, const Tensor& xa) {
+    attn_.forward_cached(ex, ctx.attn, alloc, ya, xa, cache_k, cache_v, pos);
+  });
 }
 
 void Block::backward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& dres, const Tensor& x) const {
   ProfileScope scope(prof_, OpFamily::Elementwise);
   if (!ctx.saved) {
     Buffer y = workspace(alloc, x.dtype, x.shape);
-    forward_saved(ex, ctx, alloc, y, x, nullptr, nullptr, 0);
+    forward_saved(ex, ctx, alloc, y, x,
+                  [&](const Tensor& ya, const Tensor& xa) { attn_.forward(ex, ctx.attn, alloc, ya, xa); });
   }
   // MLP branch: dres holds dL/dy = dL/dx1 (skip path) + the path through ln2 and the MLP.
   Buffer dln = workspace(alloc, x.dtype, x.shape);
@@ -396,9 +424,11 @@ void Gpt::forward_layers(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Te
   }
   for (int64_t l = 0; l < L; ++l) {
     const size_t layer = static_cast<size_t>(stage_.first_layer + l);
-    Buffer* ck = cache ? &cache->k[layer] : nullptr;
-    Buffer* cv = cache ? &cache->v[layer] : nullptr;
-    blocks_[l].forward(ex, ctx.blocks[l], alloc, ctx.resid[l + 1], block_input(ctx, l), ck, cv, pos);
+    if (cache)
+      blocks_[l].forward_cached(ex, ctx.blocks[l], alloc, ctx.resid[l + 1], block_input(ctx, l), cache->k[layer],
+                                cache->v[layer], pos);
+    else
+      blocks_[l].forward(ex, ctx.blocks[l], alloc, ctx.resid[l + 1], block_input(ctx, l));
   }
   if (!stage_.head) return;
   ln_f_.forward(ex, ctx.ln_f, alloc, ctx.resid[L]);

@@ -23,7 +23,7 @@ namespace tessera {
 enum class Recompute { None, Full };
 
 // Keys and values of the positions generated so far, per layer, for incremental decoding
-// (one sequence: B = 1). Filled by Gpt::forward when a cache is passed.
+// (one sequence: B = 1). Filled by Gpt::forward_cached, the training forward never sees it.
 struct KvCache {
   int64_t capacity = 0;   // positions the buffers hold
   int64_t length = 0;     // positions filled
@@ -48,17 +48,24 @@ class Attention {
   Attention() = default;
   Attention(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, const TensorParallel& tp);
   // y (B, T_local, C) = proj(attention(q(x), k(x), v(x))), x (B, T_local, C) (T_local = T / tp
-  // under sequence parallelism, else T). With a cache (B = 1, tp = 1), x holds positions
-  // [pos, pos + T): their keys and values are appended at pos and the queries attend to the
-  // cache's [0, pos + T).
-  void forward(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
-               Buffer* cache_k = nullptr, Buffer* cache_v = nullptr, int64_t pos = 0) const;
+  // under sequence parallelism, else T).
+  void forward(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const;
+  // Incremental decoding (B = 1, tp = 1), the same arithmetic with a cache: x (1, T, C) holds
+  // positions [pos, pos + T); their keys and values are appended to the layer's cache_k and
+  // cache_v (capacity, KV, D) at pos, and the queries attend to the cache's [0, pos + T).
+  void forward_cached(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
+                      Buffer& cache_k, Buffer& cache_v, int64_t pos) const;
   // dx (B, T_local, C) written with the gradient through the branch; dy (B, T_local, C).
   void backward(const Exec& ex, const AttentionCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy,
                 const Tensor& x) const;
   void set_profiler(Profiler* p);
 
  private:
+  // The forward's first half, shared by both paths: ctx.q, k, v (RoPE at positions
+  // [pos, pos + T)) of xf (B, T, C), the region's full-sequence input; ctx.out and lse allocated.
+  void project_qkv(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& xf, int64_t pos) const;
+  // Its second half: y from ctx.out through the row-parallel projection, leaving the region.
+  void project_out(const Exec& ex, const AttentionCtx& ctx, Allocator& alloc, const Tensor& y) const;
   // k or v of this rank's KV heads (B, T, KV_local, D) from x (B, T, C).
   void project_kv(const Exec& ex, const Linear& proj, Allocator& alloc, const Tensor& out, const Tensor& x) const;
   // dx (B, T, C) += the gradient through k or v, from d (B, T, KV_local, D).
@@ -114,18 +121,21 @@ class Block {
  public:
   Block() = default;
   Block(ParameterStore& ps, int index, const ModelConfig& cfg, Recompute recompute, const TensorParallel& tp);
-  // y (B, T, C) from x (B, T, C). Under full recomputation ctx keeps nothing. With a cache, as
-  // Attention::forward (inference only).
-  void forward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
-               Buffer* cache_k = nullptr, Buffer* cache_v = nullptr, int64_t pos = 0) const;
+  // y (B, T, C) from x (B, T, C). Under full recomputation ctx keeps nothing.
+  void forward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const;
+  // Incremental decoding with the layer's KV cache, as Attention::forward_cached (inference only).
+  void forward_cached(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
+                      Buffer& cache_k, Buffer& cache_v, int64_t pos) const;
   // dres (B, T, C): on entry d loss / d y, on return d loss / d x.
   void backward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& dres, const Tensor& x) const;
   Recompute recompute() const { return recompute_; }
   void set_profiler(Profiler* p);
 
  private:
-  void forward_saved(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x, Buffer* cache_k,
-                     Buffer* cache_v, int64_t pos) const;
+  // The block's forward, saving its context; attend(y, x) runs the attention (either path).
+  template <class Attend>
+  void forward_saved(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
+                     Attend&& attend) const;
   Recompute recompute_ = Recompute::None;
   Profiler* prof_ = nullptr;
   Norm ln1_, ln2_;
