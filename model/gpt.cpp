@@ -10,7 +10,6 @@
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
 #include "kernels/gelu.h"
-#include "kernels/rope.h"
 #include "kernels/swiglu.h"
 
 namespace tessera {
@@ -19,6 +18,13 @@ namespace {
 Buffer activation(Allocator& alloc, DType dt, Shape s) { return Buffer(alloc, dt, s, MemCategory::Activations); }
 Buffer workspace(Allocator& alloc, DType dt, Shape s) { return Buffer(alloc, dt, s, MemCategory::Workspace); }
 double residual_init_std(const ModelConfig& cfg) { return cfg.init_std / std::sqrt(2.0 * cfg.n_layer); }
+
+// Training attention sees only the positions its tp group holds, under a causal mask: they must
+// be a whole sequence [0, T). Chunks of a longer one (context parallelism) need ring attention.
+void check_whole_sequence(const SequenceLayout& seq) {
+  TESSERA_CHECK(seq.chunks().size() == 1 && seq.chunks()[0].start == 0, "attention over the positions ", seq.str(),
+                " needs context-parallel attention; this attention takes a whole sequence [0, T)");
+}
 }  // namespace
 
 // ---- Attention ----
@@ -30,7 +36,7 @@ Attention::Attention(ParameterStore& ps, const std::string& name, const ModelCon
       head_dim_(cfg.head_dim()),
       kv_replicated_(n_kv_head_ % tp.size() != 0),
       rope_(cfg.position == PositionKind::Rope),
-      rope_theta_(cfg.rope_theta) {
+      rotary_(cfg.rope_theta) {
   TESSERA_CHECK(n_head_ % tp.size() == 0, "model.n_head = ", n_head_, " is not divisible by parallel.tp = ", tp.size());
   if (kv_replicated_) {
     TESSERA_CHECK(tp.size() % n_kv_head_ == 0, "parallel.tp = ", tp.size(), " is not a multiple of model.n_kv_head = ",
@@ -71,7 +77,8 @@ void Attention::project_kv_backward(const Exec& ex, const Linear& proj, Allocato
   proj.backward(ex, dx, all.tensor().view({B, T, n_kv_head_ * D}), x, true);
 }
 
-void Attention::project_qkv(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& xf, int64_t pos) const {
+void Attention::project_qkv(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& xf,
+                            const SequenceLayout& seq) const {
   const int64_t B = xf.dim(0), T = xf.dim(1);
   const int64_t H = q_.out() / head_dim_, KV = kv_replicated_ ? 1 : k_.out() / head_dim_, D = head_dim_;
   ctx.q = activation(alloc, xf.dtype, {B, T, H, D});
@@ -82,8 +89,8 @@ void Attention::project_qkv(const Exec& ex, AttentionCtx& ctx, Allocator& alloc,
   project_kv(ex, v_, alloc, ctx.v, xf);
   if (rope_) {
     ProfileScope rope(prof_, OpFamily::Rope);
-    rope_forward(ex, ctx.q, ctx.q, pos, rope_theta_);
-    rope_forward(ex, ctx.k, ctx.k, pos, rope_theta_);
+    rotary_.forward(ex, ctx.q, ctx.q, seq);
+    rotary_.forward(ex, ctx.k, ctx.k, seq);
   }
   ctx.out = activation(alloc, xf.dtype, {B, T, H, D});
   ctx.lse = activation(alloc, xf.dtype, {B, H, T});
@@ -99,12 +106,14 @@ void Attention::project_out(const Exec& ex, const AttentionCtx& ctx, Allocator& 
   leave_region(ex, tp_, alloc, y, yf);
 }
 
-void Attention::forward(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const {
+void Attention::forward(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
+                        const SequenceLayout& seq) const {
   ProfileScope scope(prof_, OpFamily::Attention);  // the kernel; projections and edges time themselves
-  const int64_t T = tp_.full_seq(x.dim(1));
+  check_whole_sequence(seq);
+  const int64_t T = seq.length();
   Buffer gathered;
   const Tensor xf = enter_region(ex, tp_, alloc, gathered, x, T);  // (B, T, C)
-  project_qkv(ex, ctx, alloc, xf, 0);
+  project_qkv(ex, ctx, alloc, xf, seq);
   attention_forward(ex, ctx.out, ctx.lse, ctx.q, ctx.k, ctx.v, 0, 0);
   project_out(ex, ctx, alloc, y);
 }
@@ -115,7 +124,7 @@ void Attention::forward_cached(const Exec& ex, AttentionCtx& ctx, Allocator& all
   TESSERA_CHECK(!tp_.active(), "cached decoding runs on one rank (tp = 1)");
   TESSERA_CHECK(x.ndim() == 3 && x.dim(0) == 1, "cached decoding takes one sequence (1, T, C), got ", x.shape.str());
   const int64_t T = x.dim(1);
-  project_qkv(ex, ctx, alloc, x, pos);
+  project_qkv(ex, ctx, alloc, x, SequenceLayout::contiguous(T, pos));
   const int64_t KV = ctx.k.tensor().dim(2), D = head_dim_;
   TESSERA_CHECK(pos + T <= cache_k.tensor().dim(0), "KV cache full: ", pos, " + ", T, " positions exceed its capacity ",
                 cache_k.tensor().dim(0));
@@ -129,7 +138,7 @@ void Attention::forward_cached(const Exec& ex, AttentionCtx& ctx, Allocator& all
 }
 
 void Attention::backward(const Exec& ex, const AttentionCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy,
-                         const Tensor& x) const {
+                         const Tensor& x, const SequenceLayout& seq) const {
   ProfileScope scope(prof_, OpFamily::Attention);
   const Tensor& q = ctx.q;
   const int64_t B = q.dim(0), T = q.dim(1), H = q.dim(2), D = q.dim(3), KV = ctx.k.tensor().dim(2);
@@ -144,8 +153,8 @@ void Attention::backward(const Exec& ex, const AttentionCtx& ctx, Allocator& all
   dout.release();
   if (rope_) {
     ProfileScope rope(prof_, OpFamily::Rope);
-    rope_backward(ex, dq, dq, 0, rope_theta_);
-    rope_backward(ex, dk, dk, 0, rope_theta_);
+    rotary_.backward(ex, dq, dq, seq);
+    rotary_.backward(ex, dk, dk, seq);
   }
   // The input gradient over the full sequence, partial over tp; then summed (or reduce-scattered).
   Buffer x_gathered, dx_full;
@@ -173,9 +182,10 @@ Mlp::Mlp(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, co
   }
 }
 
-void Mlp::forward(const Exec& ex, MlpCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const {
+void Mlp::forward(const Exec& ex, MlpCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
+                  const SequenceLayout& seq) const {
   ProfileScope scope(prof_, OpFamily::Activation);
-  const int64_t B = x.dim(0), T = tp_.full_seq(x.dim(1)), F = in_.out();
+  const int64_t B = x.dim(0), T = seq.length(), F = in_.out();
   Buffer gathered;
   const Tensor xf = enter_region(ex, tp_, alloc, gathered, x, T);  // (B, T, C)
   ctx.h = activation(alloc, x.dtype, {B, T, F});
@@ -230,44 +240,46 @@ Block::Block(ParameterStore& ps, int index, const ModelConfig& cfg, Recompute re
 
 template <class Attend>
 void Block::forward_saved(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
-                          Attend&& attend) const {
+                          const SequenceLayout& seq, Attend&& attend) const {
   ProfileScope scope(prof_, OpFamily::Elementwise);  // the residual adds
   ln1_.forward(ex, ctx.ln1, alloc, x);
   ctx.x1 = activation(alloc, x.dtype, x.shape);
   attend(ctx.x1, ctx.ln1.y);
   residual_forward(ex, ctx.x1, ctx.x1, x);  // x1 = x + attn(ln1(x))
   ln2_.forward(ex, ctx.ln2, alloc, ctx.x1);
-  mlp_.forward(ex, ctx.mlp, alloc, y, ctx.ln2.y);
+  mlp_.forward(ex, ctx.mlp, alloc, y, ctx.ln2.y, seq);
   residual_forward(ex, y, y, ctx.x1);  // y = x1 + mlp(ln2(x1))
   ctx.saved = true;
 }
 
-void Block::forward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const {
-  forward_saved(ex, ctx, alloc, y, x,
-                [&](const Tensor& ya, const Tensor& xa) { attn_.forward(ex, ctx.attn, alloc, ya, xa); });
+void Block::forward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
+                    const SequenceLayout& seq) const {
+  forward_saved(ex, ctx, alloc, y, x, seq,
+                [&](const Tensor& ya, const Tensor& xa) { attn_.forward(ex, ctx.attn, alloc, ya, xa, seq); });
   if (recompute_ == Recompute::Full) ctx = BlockCtx{};  // keep only x, which the caller owns
 }
 
 void Block::forward_cached(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
                            Buffer& cache_k, Buffer& cache_v, int64_t pos) const {
-  forward_saved(ex, ctx, alloc, y, x, [&](const Tensor& ya, const Tensor& xa) {
+  forward_saved(ex, ctx, alloc, y, x, SequenceLayout::contiguous(x.dim(1), pos), [&](const Tensor& ya, const Tensor& xa) {
     attn_.forward_cached(ex, ctx.attn, alloc, ya, xa, cache_k, cache_v, pos);
   });
 }
 
-void Block::backward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& dres, const Tensor& x) const {
+void Block::backward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& dres, const Tensor& x,
+                     const SequenceLayout& seq) const {
   ProfileScope scope(prof_, OpFamily::Elementwise);
   if (!ctx.saved) {
     Buffer y = workspace(alloc, x.dtype, x.shape);
-    forward_saved(ex, ctx, alloc, y, x,
-                  [&](const Tensor& ya, const Tensor& xa) { attn_.forward(ex, ctx.attn, alloc, ya, xa); });
+    forward_saved(ex, ctx, alloc, y, x, seq,
+                  [&](const Tensor& ya, const Tensor& xa) { attn_.forward(ex, ctx.attn, alloc, ya, xa, seq); });
   }
   // MLP branch: dres holds dL/dy = dL/dx1 (skip path) + the path through ln2 and the MLP.
   Buffer dln = workspace(alloc, x.dtype, x.shape);
   mlp_.backward(ex, ctx.mlp, alloc, dln, dres, ctx.ln2.y);
   ln2_.backward(ex, dres, dln, ctx.x1, ctx.ln2);  // dres is now dL/dx1
   // Attention branch: dL/dx = dL/dx1 + the path through ln1 and attention.
-  attn_.backward(ex, ctx.attn, alloc, dln, dres, ctx.ln1.y);
+  attn_.backward(ex, ctx.attn, alloc, dln, dres, ctx.ln1.y, seq);
   ln1_.backward(ex, dres, dln, x, ctx.ln1);
   ctx = BlockCtx{};
 }
@@ -383,34 +395,38 @@ Tensor Gpt::block_input(const GptCtx& ctx, int64_t l) const {
   return l == 0 && !stage_.embedding ? ctx.input : ctx.resid[static_cast<size_t>(l)].tensor();
 }
 
-void Gpt::forward_layers(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& input, int64_t seq_len,
-                         KvCache* cache) const {
+void Gpt::forward_layers(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& input,
+                         const SequenceLayout& layout, KvCache* cache) const {
   ProfileScope scope(prof_, OpFamily::Other);
+  SequenceLayout seq = layout;
   if (stage_.embedding) {
     check_dtype("Gpt::forward", "tokens", input, DType::I32);
     TESSERA_CHECK(input.ndim() == 2, "Gpt::forward: tokens must be (B, T), got ", input.shape.str());
-    TESSERA_CHECK(seq_len == 0 || seq_len == input.dim(1), "Gpt::forward: seq_len ", seq_len, " given for tokens ",
-                  input.shape.str());
+    const int64_t T = input.dim(1);
+    if (cache) seq = SequenceLayout::contiguous(T, cache->length);
+    if (seq.empty()) seq = SequenceLayout::contiguous(T);
+    TESSERA_CHECK(seq.length() == T, "Gpt::forward: tokens ", input.shape.str(), " for the sequence layout ", seq.str(),
+                  " of ", seq.length(), " positions");
   } else {
-    TESSERA_CHECK(seq_len > 0, "Gpt::forward: the pipeline stage with layers [", stage_.first_layer, ", ",
-                  stage_.end_layer, ") takes activations: it needs their sequence length (seq_len)");
+    TESSERA_CHECK(!seq.empty(), "Gpt::forward: the pipeline stage with layers [", stage_.first_layer, ", ",
+                  stage_.end_layer, ") takes activations: it needs their sequence layout (seq)");
     check_dtype("Gpt::forward", "input", input, ps_->dtype());
     TESSERA_CHECK(input.ndim() == 3, "Gpt::forward: input activations must be (B, T_local, C), got ",
                   input.shape.str());
   }
-  const int64_t B = input.dim(0), T = stage_.embedding ? input.dim(1) : seq_len, C = cfg_.n_embd;
+  const int64_t B = input.dim(0), T = seq.length(), C = cfg_.n_embd;
   const int64_t L = stage_.layers();
-  const int64_t pos = cache ? cache->length : 0;
-  TESSERA_CHECK(pos + T <= cfg_.max_seq_len, "sequence length ", pos + T, " exceeds model.max_seq_len = ",
-                cfg_.max_seq_len);
+  TESSERA_CHECK(seq.end_position() <= cfg_.max_seq_len, "sequence positions ", seq.str(),
+                " exceed model.max_seq_len = ", cfg_.max_seq_len);
   TESSERA_CHECK(!tp_.sequence_sharded() || T % tp_.size() == 0, "sequence parallelism: sequence length ", T,
                 " is not divisible by parallel.tp = ", tp_.size());
-  const int64_t Tl = tp_.local_seq(T);
+  const int64_t Tl = tp_.shard_sequence(seq).length();
   if (!stage_.embedding) check_shape("Gpt::forward", "input", input, Shape{B, Tl, C});
   const DType dt = ps_->dtype();
   ctx = GptCtx{};
   ctx.B = B;
   ctx.T = T;
+  ctx.seq = seq;
   ctx.resid.reserve(static_cast<size_t>(L + 1));
   // Without the embedding the first block reads the caller's input (ctx.input): no copy.
   for (int64_t l = 0; l <= L; ++l)
@@ -418,7 +434,7 @@ void Gpt::forward_layers(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Te
   ctx.blocks.resize(static_cast<size_t>(L));
   if (stage_.embedding) {
     ctx.tokens = input;
-    embed_.forward(ex, alloc, ctx.resid[0], input, pos);
+    embed_.forward(ex, alloc, ctx.resid[0], input, seq);
   } else {
     ctx.input = input;
   }
@@ -426,9 +442,9 @@ void Gpt::forward_layers(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Te
     const size_t layer = static_cast<size_t>(stage_.first_layer + l);
     if (cache)
       blocks_[l].forward_cached(ex, ctx.blocks[l], alloc, ctx.resid[l + 1], block_input(ctx, l), cache->k[layer],
-                                cache->v[layer], pos);
+                                cache->v[layer], cache->length);
     else
-      blocks_[l].forward(ex, ctx.blocks[l], alloc, ctx.resid[l + 1], block_input(ctx, l));
+      blocks_[l].forward(ex, ctx.blocks[l], alloc, ctx.resid[l + 1], block_input(ctx, l), seq);
   }
   if (!stage_.head) return;
   ln_f_.forward(ex, ctx.ln_f, alloc, ctx.resid[L]);
@@ -463,14 +479,15 @@ void Gpt::loss_forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tens
 }
 
 Tensor Gpt::forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& input, const Tensor& targets,
-                    int64_t seq_len) const {
+                    const SequenceLayout& seq) const {
   if (targets.defined()) {
     TESSERA_CHECK(stage_.head, "Gpt::forward: targets given to the pipeline stage with layers [", stage_.first_layer,
                   ", ", stage_.end_layer, "), which has no head (the loss is the last stage's)");
     TESSERA_CHECK(input.ndim() >= 1, "Gpt::forward: input of shape ", input.shape.str());
-    check_shape("Gpt::forward", "targets", targets, Shape{input.dim(0), stage_.embedding ? input.dim(1) : seq_len});
+    const int64_t T = stage_.embedding && seq.empty() ? input.dim(1) : seq.length();
+    check_shape("Gpt::forward", "targets", targets, Shape{input.dim(0), T});
   }
-  forward_layers(ex, ctx, alloc, input, seq_len, nullptr);
+  forward_layers(ex, ctx, alloc, input, seq, nullptr);
   if (!stage_.head) return ctx.resid.back();
   ctx.targets = targets;
   if (!targets.defined()) return Tensor();
@@ -533,12 +550,12 @@ void Gpt::forward_cached(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Te
                 tokens.shape.str());
   TESSERA_CHECK(cache.length + tokens.dim(1) <= cache.capacity, "KV cache full: ", cache.length, " + ",
                 tokens.dim(1), " positions exceed its capacity ", cache.capacity);
-  forward_layers(ex, ctx, alloc, tokens, 0, &cache);
+  forward_layers(ex, ctx, alloc, tokens, SequenceLayout(), &cache);
   cache.length += tokens.dim(1);
 }
 
 Tensor Gpt::residual_grad(const Exec& ex, GptCtx& ctx, Allocator& alloc, Buffer& storage, const Tensor& dx) const {
-  const Shape shape{ctx.B, tp_.local_seq(ctx.T), cfg_.n_embd};
+  const Shape shape{ctx.B, tp_.shard_sequence(ctx.seq).length(), cfg_.n_embd};
   if (stage_.embedding) {
     TESSERA_CHECK(!dx.defined(), "Gpt::backward: the stage with the embedding has no input gradient (dx must be "
                   "undefined)");
@@ -555,7 +572,7 @@ Tensor Gpt::residual_grad(const Exec& ex, GptCtx& ctx, Allocator& alloc, Buffer&
 void Gpt::head_backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, double loss_scale, Buffer& dres_storage,
                         Tensor& dres, const Tensor& dx) const {
   TESSERA_CHECK(ctx.targets.defined() && ctx.logits.defined(), "Gpt::backward needs a forward with targets");
-  const int64_t B = ctx.B, T = ctx.T, C = cfg_.n_embd, Tl = tp_.local_seq(T);
+  const int64_t B = ctx.B, T = ctx.T, C = cfg_.n_embd, Tl = tp_.shard_sequence(ctx.seq).length();
   const DType dt = ps_->dtype();
   // Loss -> logits (in place) -> final norm input (summed over the vocabulary shards of tp).
   {
@@ -608,12 +625,12 @@ void Gpt::backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const OutputGr
     if (from.dy.data != dres.data) copy(ex, dres, from.dy);
   }
   for (int64_t l = L - 1; l >= 0; --l) {
-    blocks_[l].backward(ex, ctx.blocks[l], alloc, dres, block_input(ctx, l));
+    blocks_[l].backward(ex, ctx.blocks[l], alloc, dres, block_input(ctx, l), ctx.seq);
     ctx.resid[l + 1].release();
     ready(block_ids_[static_cast<size_t>(l)]);
   }
   if (stage_.embedding) {
-    embed_.backward(ex, alloc, dres, ctx.tokens, 0);
+    embed_.backward(ex, alloc, dres, ctx.tokens, ctx.seq);
     ready(embed_ids_);
   }
   ctx = GptCtx{};

@@ -47,9 +47,11 @@ class Attention {
  public:
   Attention() = default;
   Attention(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, const TensorParallel& tp);
-  // y (B, T_local, C) = proj(attention(q(x), k(x), v(x))), x (B, T_local, C) (T_local = T / tp
-  // under sequence parallelism, else T).
-  void forward(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const;
+  // y (B, T_local, C) = proj(attention(q(x), k(x), v(x))), x (B, T_local, C); seq: the positions
+  // of the tp group's sequence (T = seq.length(); T_local = T / tp under sequence parallelism,
+  // else T), a whole sequence [0, T) (chunks of one need context-parallel attention).
+  void forward(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
+               const SequenceLayout& seq) const;
   // Incremental decoding (B = 1, tp = 1), the same arithmetic with a cache: x (1, T, C) holds
   // positions [pos, pos + T); their keys and values are appended to the layer's cache_k and
   // cache_v (capacity, KV, D) at pos, and the queries attend to the cache's [0, pos + T).
@@ -57,13 +59,14 @@ class Attention {
                       Buffer& cache_k, Buffer& cache_v, int64_t pos) const;
   // dx (B, T_local, C) written with the gradient through the branch; dy (B, T_local, C).
   void backward(const Exec& ex, const AttentionCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy,
-                const Tensor& x) const;
+                const Tensor& x, const SequenceLayout& seq) const;
   void set_profiler(Profiler* p);
 
  private:
-  // The forward's first half, shared by both paths: ctx.q, k, v (RoPE at positions
-  // [pos, pos + T)) of xf (B, T, C), the region's full-sequence input; ctx.out and lse allocated.
-  void project_qkv(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& xf, int64_t pos) const;
+  // The forward's first half, shared by both paths: ctx.q, k, v (RoPE at seq's positions) of xf
+  // (B, T, C), the region's full-sequence input; ctx.out and lse allocated.
+  void project_qkv(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& xf,
+                   const SequenceLayout& seq) const;
   // Its second half: y from ctx.out through the row-parallel projection, leaving the region.
   void project_out(const Exec& ex, const AttentionCtx& ctx, Allocator& alloc, const Tensor& y) const;
   // k or v of this rank's KV heads (B, T, KV_local, D) from x (B, T, C).
@@ -77,7 +80,7 @@ class Attention {
   bool kv_replicated_ = false;  // fewer KV heads than tp ranks
   int64_t kv_head_ = 0;         // when replicated: the KV head this rank's queries read
   bool rope_ = false;
-  double rope_theta_ = 10000.0;
+  Rope rotary_;
   Linear q_, k_, v_, proj_;
 };
 
@@ -93,8 +96,9 @@ class Mlp {
  public:
   Mlp() = default;
   Mlp(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, const TensorParallel& tp);
-  // y, x (B, T_local, C), as Attention.
-  void forward(const Exec& ex, MlpCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const;
+  // y, x (B, T_local, C), as Attention (seq gives T).
+  void forward(const Exec& ex, MlpCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
+               const SequenceLayout& seq) const;
   // dx (B, T_local, C) written.
   void backward(const Exec& ex, const MlpCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy,
                 const Tensor& x) const;
@@ -121,13 +125,16 @@ class Block {
  public:
   Block() = default;
   Block(ParameterStore& ps, int index, const ModelConfig& cfg, Recompute recompute, const TensorParallel& tp);
-  // y (B, T, C) from x (B, T, C). Under full recomputation ctx keeps nothing.
-  void forward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const;
+  // y (B, T_local, C) from x (B, T_local, C); seq as Attention::forward. Under full
+  // recomputation ctx keeps nothing.
+  void forward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
+               const SequenceLayout& seq) const;
   // Incremental decoding with the layer's KV cache, as Attention::forward_cached (inference only).
   void forward_cached(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
                       Buffer& cache_k, Buffer& cache_v, int64_t pos) const;
-  // dres (B, T, C): on entry d loss / d y, on return d loss / d x.
-  void backward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& dres, const Tensor& x) const;
+  // dres (B, T_local, C): on entry d loss / d y, on return d loss / d x; seq as in forward.
+  void backward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& dres, const Tensor& x,
+                const SequenceLayout& seq) const;
   Recompute recompute() const { return recompute_; }
   void set_profiler(Profiler* p);
 
@@ -135,7 +142,7 @@ class Block {
   // The block's forward, saving its context; attend(y, x) runs the attention (either path).
   template <class Attend>
   void forward_saved(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
-                     Attend&& attend) const;
+                     const SequenceLayout& seq, Attend&& attend) const;
   Recompute recompute_ = Recompute::None;
   Profiler* prof_ = nullptr;
   Norm ln1_, ln2_;
@@ -167,6 +174,7 @@ StageSpec resolve_stage(const StageSpec& stage, int64_t n_layer);
 
 struct GptCtx {
   int64_t B = 0, T = 0;
+  SequenceLayout seq;         // the positions of the tp group's T (between regions: tp's shard of it)
   Tensor tokens;              // (B, T) I32, owned by the caller (a stage with the embedding)
   Tensor input;               // (B, T_local, C), owned by the caller (a stage without the embedding)
   Tensor targets;             // (B, T) I32 or undefined (no loss)
@@ -214,12 +222,13 @@ class Gpt {
   // targets (B, T) I32 (kIgnoreIndex allowed), for a stage with the head, or undefined for logits
   // only (and on every stage without the head); both on the model's device (upload host ids with
   // copy()). With targets, ctx.loss_sums holds the loss sum and the target count
-  // (read_loss_sums(ex, ctx.loss_sums).mean() is the mean loss). T: the tokens' length; a stage
-  // without the embedding takes it from `seq_len`, which it requires.
+  // (read_loss_sums(ex, ctx.loss_sums).mean() is the mean loss). seq: the positions of the
+  // sequence the tp group holds (parallel/sequence_layout.h; T = seq.length()); empty: the whole
+  // sequence [0, T) of the tokens. A stage without the embedding requires it.
   // Returns the stage's output activations (B, T_local, C), owned by ctx, to send to the next
   // stage; undefined for the stage with the head.
   Tensor forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& input, const Tensor& targets,
-                 int64_t seq_len = 0) const;
+                 const SequenceLayout& seq = {}) const;
   // Inference with a KV cache (the whole model, tp = 1): tokens (1, T) are the positions
   // [cache.length, cache.length + T); fills ctx.logits (T, V) and advances the cache, which
   // make_cache sized.
@@ -264,7 +273,7 @@ class Gpt {
 
  private:
   // The forward shared by training and cached inference.
-  void forward_layers(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& input, int64_t seq_len,
+  void forward_layers(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& input, const SequenceLayout& seq,
                       KvCache* cache) const;
   // Where the residual stream's gradient (B, T_local, C) is kept during backward: dx (a stage
   // without the embedding: its final value is the input gradient), else a workspace in storage.

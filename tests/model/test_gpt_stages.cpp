@@ -116,7 +116,7 @@ TEST_P(GptStages, ChainedStagesEqualTheWholeModel) {
     Part& p = *stages[static_cast<size_t>(s)];
     const bool last = s == c.stages - 1;
     const Tensor out = p.gpt.forward(kCpu, ctx[s], p.alloc, s == 0 ? tokens.t() : x, last ? targets.t() : Tensor(),
-                                     s == 0 ? 0 : kT);
+                                     s == 0 ? SequenceLayout() : SequenceLayout::contiguous(kT));
     EXPECT_EQ(out.defined(), !last) << "stage " << s;
     if (!last) {
       EXPECT_EQ(out.shape, (Shape{kB, kT, cfg.n_embd})) << "stage " << s;
@@ -256,13 +256,41 @@ TEST(GptStageParameters, RefusesCallsThatDoNotFitTheStage) {
   EXPECT_TRUE(throws_with([&] { first.gpt.forward(kCpu, ctx, first.alloc, tokens.t(), tokens.t()); },
                           {"targets", "no head"}));
   HostTensor<float> act({kB, kT, 8});
-  EXPECT_TRUE(throws_with([&] { last.gpt.forward(kCpu, ctx, last.alloc, act.t(), Tensor()); }, {"seq_len"}));
-  EXPECT_TRUE(throws_with([&] { last.gpt.forward(kCpu, ctx, last.alloc, act.t(), Tensor(), kT + 1); }, {"input"}));
+  EXPECT_TRUE(throws_with([&] { last.gpt.forward(kCpu, ctx, last.alloc, act.t(), Tensor()); },
+                          {"layers [2, 4)", "sequence layout"}));
+  EXPECT_TRUE(throws_with(
+      [&] { last.gpt.forward(kCpu, ctx, last.alloc, act.t(), Tensor(), SequenceLayout::contiguous(kT + 1)); },
+      {"input", "(2, 7, 8)"}));
   EXPECT_TRUE(first.gpt.forward(kCpu, ctx, first.alloc, tokens.t(), Tensor()).defined());
   EXPECT_TRUE(throws_with([&] { first.gpt.backward(kCpu, ctx, first.alloc, 1.0); }, {"dy"}));
   EXPECT_TRUE(throws_with([&] { first.gpt.backward(kCpu, ctx, first.alloc, Gpt::OutputGrad::output(act.t()), act.t()); },
                           {"dx must be undefined"}));
   EXPECT_TRUE(throws_with([&] { last.gpt.make_cache(last.alloc, 4); }, {"whole model"}));
+}
+
+// Gpt::forward's sequence layout: the whole sequence given explicitly is the default; positions
+// beyond the model are refused, and so are chunks of a longer sequence, which need
+// context-parallel attention (this attention sees a whole sequence [0, T)).
+TEST(GptSequenceLayout, WholeSequenceIsTheDefaultAndChunksAreRefused) {
+  Part m(stage_config("llama"), DType::F32, {});
+  auto tokens = testing::random_ids({kB, kT}, 13, 41);
+  auto targets = testing::random_ids({kB, kT}, 13, 42);
+  GptCtx a, b;
+  m.gpt.forward(kCpu, a, m.alloc, tokens.t(), targets.t());
+  m.gpt.forward(kCpu, b, m.alloc, tokens.t(), targets.t(), SequenceLayout::contiguous(kT));
+  EXPECT_EQ(values(a.logits), values(b.logits));
+  EXPECT_EQ(read_loss_sums(kCpu, a.loss_sums).loss_sum, read_loss_sums(kCpu, b.loss_sums).loss_sum);
+  auto four = testing::random_ids({kB, 4}, 13, 43);
+  GptCtx c;
+  EXPECT_TRUE(throws_with(
+      [&] { m.gpt.forward(kCpu, c, m.alloc, four.t(), Tensor(), SequenceLayout::load_balanced(8, 2, 0)); },
+      {"[0, 2) [6, 8)", "context-parallel attention"}));
+  EXPECT_TRUE(throws_with([&] { m.gpt.forward(kCpu, c, m.alloc, four.t(), Tensor(), SequenceLayout::contiguous(4, 2)); },
+                          {"[2, 6)", "context-parallel attention"}));
+  EXPECT_TRUE(throws_with([&] { m.gpt.forward(kCpu, c, m.alloc, four.t(), Tensor(), SequenceLayout::contiguous(4, 6)); },
+                          {"[6, 10)", "model.max_seq_len = 8"}));
+  EXPECT_TRUE(throws_with([&] { m.gpt.forward(kCpu, c, m.alloc, four.t(), Tensor(), SequenceLayout::contiguous(5)); },
+                          {"tokens (2, 4)", "5 positions"}));
 }
 
 }  // namespace
