@@ -554,7 +554,7 @@ void Gpt::forward_cached(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Te
   cache.length += tokens.dim(1);
 }
 
-Tensor Gpt::residual_grad(const Exec& ex, GptCtx& ctx, Allocator& alloc, Buffer& storage, const Tensor& dx) const {
+Tensor Gpt::residual_grad(const GptCtx& ctx, Allocator& alloc, Buffer& storage, const Tensor& dx) const {
   const Shape shape{ctx.B, tp_.shard_sequence(ctx.seq).length(), cfg_.n_embd};
   if (stage_.embedding) {
     TESSERA_CHECK(!dx.defined(), "Gpt::backward: the stage with the embedding has no input gradient (dx must be "
@@ -588,7 +588,7 @@ void Gpt::head_backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, double lo
   const Tensor dlnl = dln_local.defined() ? dln_local.tensor() : dln.tensor();
   enter_region_backward(ex, tp_, alloc, dlnl, dln);
   // The norm's backward adds to dres (its input is the residual stream): start from zero.
-  dres = residual_grad(ex, ctx, alloc, dres_storage, dx);
+  dres = residual_grad(ctx, alloc, dres_storage, dx);
   if (!dres_storage.defined()) fill_zero(ex, dres);
   ln_f_.backward(ex, dres, dlnl, ctx.resid.back(), ctx.ln_f);
 }
@@ -620,7 +620,7 @@ void Gpt::backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const OutputGr
   } else {
     TESSERA_CHECK(from.dy.defined(), "Gpt::backward: the pipeline stage with layers [", stage_.first_layer, ", ",
                   stage_.end_layer, ") has no head: it starts from dy, the gradient of its output");
-    dres = residual_grad(ex, ctx, alloc, dres_storage, dx);
+    dres = residual_grad(ctx, alloc, dres_storage, dx);
     check_shape("Gpt::backward", "dy", from.dy, dres.shape);
     if (from.dy.data != dres.data) copy(ex, dres, from.dy);
   }

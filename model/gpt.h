@@ -174,7 +174,8 @@ StageSpec resolve_stage(const StageSpec& stage, int64_t n_layer);
 
 struct GptCtx {
   int64_t B = 0, T = 0;
-  SequenceLayout seq;         // the positions of the tp group's T (between regions: tp's shard of it)
+  SequenceLayout seq;         // the positions of the tp group's T; a rank's rows between regions
+                              // are TensorParallel::shard_sequence(seq)
   Tensor tokens;              // (B, T) I32, owned by the caller (a stage with the embedding)
   Tensor input;               // (B, T_local, C), owned by the caller (a stage without the embedding)
   Tensor targets;             // (B, T) I32 or undefined (no loss)
@@ -277,14 +278,15 @@ class Gpt {
                       KvCache* cache) const;
   // Where the residual stream's gradient (B, T_local, C) is kept during backward: dx (a stage
   // without the embedding: its final value is the input gradient), else a workspace in storage.
-  Tensor residual_grad(const Exec& ex, GptCtx& ctx, Allocator& alloc, Buffer& storage, const Tensor& dx) const;
+  Tensor residual_grad(const GptCtx& ctx, Allocator& alloc, Buffer& storage, const Tensor& dx) const;
   // The head's backward, from the loss to dres, the gradient of the last block's output (written;
   // set to residual_grad's after the head's temporaries, which keeps the memory peak in order).
   void head_backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, double loss_scale, Buffer& dres_storage,
                      Tensor& dres, const Tensor& dx) const;
   // ctx.losses and ctx.lse from ctx.logits: local, or vocabulary-parallel over tp.
   void loss_forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& flat_targets) const;
-  // Block l of the stage (l counted from its first layer) and its input in ctx.
+  // The input of the stage's block l (counted from its first layer): ctx.resid[l], or the
+  // caller's input activations for block 0 of a stage without the embedding.
   Tensor block_input(const GptCtx& ctx, int64_t l) const;
   ModelConfig cfg_;
   StageSpec stage_;

@@ -88,7 +88,7 @@ class GptStages : public ::testing::TestWithParam<Case> {};
 // where the whole model accumulates head part + embedding parts into one buffer: the same terms
 // reassociated, which costs at most one rounding per occurrence of a token (<= B T = 12 here)
 // relative to the largest term: 12 x 6e-8 in f32, 12 x 1.1e-16 in f64; tolerances 2e-6 and 1e-14
-// of the tensor's largest gradient.
+// of the tensor's largest gradient (measured: 2.7e-8 and 6.7e-17, half an ulp).
 TEST_P(GptStages, ChainedStagesEqualTheWholeModel) {
   const Case c = GetParam();
   const ModelConfig cfg = stage_config(c.preset);
