@@ -2,6 +2,7 @@
 // their device. Gradient temporaries come from the Workspace category and die with the call.
 #include "model/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -9,7 +10,6 @@
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
 #include "kernels/gelu.h"
-#include "kernels/rope.h"
 #include "kernels/swiglu.h"
 
 namespace tessera {
@@ -18,6 +18,13 @@ namespace {
 Buffer activation(Allocator& alloc, DType dt, Shape s) { return Buffer(alloc, dt, s, MemCategory::Activations); }
 Buffer workspace(Allocator& alloc, DType dt, Shape s) { return Buffer(alloc, dt, s, MemCategory::Workspace); }
 double residual_init_std(const ModelConfig& cfg) { return cfg.init_std / std::sqrt(2.0 * cfg.n_layer); }
+
+// Training attention sees only the positions its tp group holds, under a causal mask: they must
+// be a whole sequence [0, T). Chunks of a longer one (context parallelism) need ring attention.
+void check_whole_sequence(const SequenceLayout& seq) {
+  TESSERA_CHECK(seq.chunks().size() == 1 && seq.chunks()[0].start == 0, "attention over the positions ", seq.str(),
+                " needs context-parallel attention; this attention takes a whole sequence [0, T)");
+}
 }  // namespace
 
 // ---- Attention ----
@@ -29,7 +36,7 @@ Attention::Attention(ParameterStore& ps, const std::string& name, const ModelCon
       head_dim_(cfg.head_dim()),
       kv_replicated_(n_kv_head_ % tp.size() != 0),
       rope_(cfg.position == PositionKind::Rope),
-      rope_theta_(cfg.rope_theta) {
+      rotary_(cfg.rope_theta) {
   TESSERA_CHECK(n_head_ % tp.size() == 0, "model.n_head = ", n_head_, " is not divisible by parallel.tp = ", tp.size());
   if (kv_replicated_) {
     TESSERA_CHECK(tp.size() % n_kv_head_ == 0, "parallel.tp = ", tp.size(), " is not a multiple of model.n_kv_head = ",
@@ -70,46 +77,68 @@ void Attention::project_kv_backward(const Exec& ex, const Linear& proj, Allocato
   proj.backward(ex, dx, all.tensor().view({B, T, n_kv_head_ * D}), x, true);
 }
 
-void Attention::forward(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
-                        Buffer* cache_k, Buffer* cache_v, int64_t pos) const {
-  ProfileScope scope(prof_, OpFamily::Attention);  // the kernel; projections and edges time themselves
-  TESSERA_CHECK(!cache_k || !tp_.active(), "cached decoding runs on one rank (tp = 1)");
-  const int64_t B = x.dim(0), T = tp_.full_seq(x.dim(1));
+void Attention::project_qkv(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& xf,
+                            const SequenceLayout& seq) const {
+  const int64_t B = xf.dim(0), T = xf.dim(1);
   const int64_t H = q_.out() / head_dim_, KV = kv_replicated_ ? 1 : k_.out() / head_dim_, D = head_dim_;
-  Buffer gathered;
-  const Tensor xf = enter_region(ex, tp_, alloc, gathered, x, T);  // (B, T, C)
-  ctx.q = activation(alloc, x.dtype, {B, T, H, D});
-  ctx.k = activation(alloc, x.dtype, {B, T, KV, D});
-  ctx.v = activation(alloc, x.dtype, {B, T, KV, D});
+  ctx.q = activation(alloc, xf.dtype, {B, T, H, D});
+  ctx.k = activation(alloc, xf.dtype, {B, T, KV, D});
+  ctx.v = activation(alloc, xf.dtype, {B, T, KV, D});
   q_.forward(ex, ctx.q.tensor().view({B, T, H * D}), xf);
   project_kv(ex, k_, alloc, ctx.k, xf);
   project_kv(ex, v_, alloc, ctx.v, xf);
   if (rope_) {
     ProfileScope rope(prof_, OpFamily::Rope);
-    rope_forward(ex, ctx.q, ctx.q, pos, rope_theta_);
-    rope_forward(ex, ctx.k, ctx.k, pos, rope_theta_);
+    rotary_.forward(ex, ctx.q, ctx.q, seq);
+    rotary_.forward(ex, ctx.k, ctx.k, seq);
   }
-  ctx.out = activation(alloc, x.dtype, {B, T, H, D});
-  ctx.lse = activation(alloc, x.dtype, {B, H, T});
-  if (cache_k) {
-    // (capacity, KV, D) caches: append rows [pos, pos + T), attend to [0, pos + T).
-    copy(ex, cache_k->tensor().slice_rows(pos, pos + T), ctx.k.tensor().view({T, KV, D}));
-    copy(ex, cache_v->tensor().slice_rows(pos, pos + T), ctx.v.tensor().view({T, KV, D}));
-    const Tensor k_all = cache_k->tensor().slice_rows(0, pos + T).view({1, pos + T, KV, D});
-    const Tensor v_all = cache_v->tensor().slice_rows(0, pos + T).view({1, pos + T, KV, D});
-    attention_forward(ex, ctx.out, ctx.lse, ctx.q, k_all, v_all, pos, 0);
-  } else {
-    attention_forward(ex, ctx.out, ctx.lse, ctx.q, ctx.k, ctx.v, 0, 0);
-  }
+  ctx.out = activation(alloc, xf.dtype, {B, T, H, D});
+  ctx.lse = activation(alloc, xf.dtype, {B, H, T});
+}
+
+void Attention::project_out(const Exec& ex, const AttentionCtx& ctx, Allocator& alloc, const Tensor& y) const {
+  const Tensor& out = ctx.out;
+  const int64_t B = out.dim(0), T = out.dim(1), HD = out.dim(2) * out.dim(3);
   // The row-parallel projection's partial sums, then their sum over tp (bias added once).
   Buffer partial;
   const Tensor yf = region_full(tp_, alloc, partial, y, T);
-  proj_.forward(ex, yf, ctx.out.tensor().view({B, T, H * D}), /*with_bias=*/tp_.rank() == 0);
+  proj_.forward(ex, yf, out.view({B, T, HD}), /*with_bias=*/tp_.rank() == 0);
   leave_region(ex, tp_, alloc, y, yf);
 }
 
+void Attention::forward(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
+                        const SequenceLayout& seq) const {
+  ProfileScope scope(prof_, OpFamily::Attention);  // the kernel; projections and edges time themselves
+  check_whole_sequence(seq);
+  const int64_t T = seq.length();
+  Buffer gathered;
+  const Tensor xf = enter_region(ex, tp_, alloc, gathered, x, T);  // (B, T, C)
+  project_qkv(ex, ctx, alloc, xf, seq);
+  attention_forward(ex, ctx.out, ctx.lse, ctx.q, ctx.k, ctx.v, 0, 0);
+  project_out(ex, ctx, alloc, y);
+}
+
+void Attention::forward_cached(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
+                               Buffer& cache_k, Buffer& cache_v, int64_t pos) const {
+  ProfileScope scope(prof_, OpFamily::Attention);
+  TESSERA_CHECK(!tp_.active(), "cached decoding runs on one rank (tp = 1)");
+  TESSERA_CHECK(x.ndim() == 3 && x.dim(0) == 1, "cached decoding takes one sequence (1, T, C), got ", x.shape.str());
+  const int64_t T = x.dim(1);
+  project_qkv(ex, ctx, alloc, x, SequenceLayout::contiguous(T, pos));
+  const int64_t KV = ctx.k.tensor().dim(2), D = head_dim_;
+  TESSERA_CHECK(pos + T <= cache_k.tensor().dim(0), "KV cache full: ", pos, " + ", T, " positions exceed its capacity ",
+                cache_k.tensor().dim(0));
+  // (capacity, KV, D) caches: append rows [pos, pos + T), attend to [0, pos + T).
+  copy(ex, cache_k.tensor().slice_rows(pos, pos + T), ctx.k.tensor().view({T, KV, D}));
+  copy(ex, cache_v.tensor().slice_rows(pos, pos + T), ctx.v.tensor().view({T, KV, D}));
+  const Tensor k_all = cache_k.tensor().slice_rows(0, pos + T).view({1, pos + T, KV, D});
+  const Tensor v_all = cache_v.tensor().slice_rows(0, pos + T).view({1, pos + T, KV, D});
+  attention_forward(ex, ctx.out, ctx.lse, ctx.q, k_all, v_all, pos, 0);
+  project_out(ex, ctx, alloc, y);
+}
+
 void Attention::backward(const Exec& ex, const AttentionCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy,
-                         const Tensor& x) const {
+                         const Tensor& x, const SequenceLayout& seq) const {
   ProfileScope scope(prof_, OpFamily::Attention);
   const Tensor& q = ctx.q;
   const int64_t B = q.dim(0), T = q.dim(1), H = q.dim(2), D = q.dim(3), KV = ctx.k.tensor().dim(2);
@@ -124,8 +153,8 @@ void Attention::backward(const Exec& ex, const AttentionCtx& ctx, Allocator& all
   dout.release();
   if (rope_) {
     ProfileScope rope(prof_, OpFamily::Rope);
-    rope_backward(ex, dq, dq, 0, rope_theta_);
-    rope_backward(ex, dk, dk, 0, rope_theta_);
+    rotary_.backward(ex, dq, dq, seq);
+    rotary_.backward(ex, dk, dk, seq);
   }
   // The input gradient over the full sequence, partial over tp; then summed (or reduce-scattered).
   Buffer x_gathered, dx_full;
@@ -153,9 +182,10 @@ Mlp::Mlp(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, co
   }
 }
 
-void Mlp::forward(const Exec& ex, MlpCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const {
+void Mlp::forward(const Exec& ex, MlpCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
+                  const SequenceLayout& seq) const {
   ProfileScope scope(prof_, OpFamily::Activation);
-  const int64_t B = x.dim(0), T = tp_.full_seq(x.dim(1)), F = in_.out();
+  const int64_t B = x.dim(0), T = seq.length(), F = in_.out();
   Buffer gathered;
   const Tensor xf = enter_region(ex, tp_, alloc, gathered, x, T);  // (B, T, C)
   ctx.h = activation(alloc, x.dtype, {B, T, F});
@@ -208,37 +238,48 @@ Block::Block(ParameterStore& ps, int index, const ModelConfig& cfg, Recompute re
   mlp_ = Mlp(ps, p + ".mlp", cfg, tp);
 }
 
+template <class Attend>
 void Block::forward_saved(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
-                          Buffer* cache_k, Buffer* cache_v, int64_t pos) const {
+                          const SequenceLayout& seq, Attend&& attend) const {
   ProfileScope scope(prof_, OpFamily::Elementwise);  // the residual adds
   ln1_.forward(ex, ctx.ln1, alloc, x);
   ctx.x1 = activation(alloc, x.dtype, x.shape);
-  attn_.forward(ex, ctx.attn, alloc, ctx.x1, ctx.ln1.y, cache_k, cache_v, pos);
+  attend(ctx.x1, ctx.ln1.y);
   residual_forward(ex, ctx.x1, ctx.x1, x);  // x1 = x + attn(ln1(x))
   ln2_.forward(ex, ctx.ln2, alloc, ctx.x1);
-  mlp_.forward(ex, ctx.mlp, alloc, y, ctx.ln2.y);
+  mlp_.forward(ex, ctx.mlp, alloc, y, ctx.ln2.y, seq);
   residual_forward(ex, y, y, ctx.x1);  // y = x1 + mlp(ln2(x1))
   ctx.saved = true;
 }
 
-void Block::forward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x, Buffer* cache_k,
-                    Buffer* cache_v, int64_t pos) const {
-  forward_saved(ex, ctx, alloc, y, x, cache_k, cache_v, pos);
+void Block::forward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
+                    const SequenceLayout& seq) const {
+  forward_saved(ex, ctx, alloc, y, x, seq,
+                [&](const Tensor& ya, const Tensor& xa) { attn_.forward(ex, ctx.attn, alloc, ya, xa, seq); });
   if (recompute_ == Recompute::Full) ctx = BlockCtx{};  // keep only x, which the caller owns
 }
 
-void Block::backward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& dres, const Tensor& x) const {
+void Block::forward_cached(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
+                           Buffer& cache_k, Buffer& cache_v, int64_t pos) const {
+  forward_saved(ex, ctx, alloc, y, x, SequenceLayout::contiguous(x.dim(1), pos), [&](const Tensor& ya, const Tensor& xa) {
+    attn_.forward_cached(ex, ctx.attn, alloc, ya, xa, cache_k, cache_v, pos);
+  });
+}
+
+void Block::backward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& dres, const Tensor& x,
+                     const SequenceLayout& seq) const {
   ProfileScope scope(prof_, OpFamily::Elementwise);
   if (!ctx.saved) {
     Buffer y = workspace(alloc, x.dtype, x.shape);
-    forward_saved(ex, ctx, alloc, y, x, nullptr, nullptr, 0);
+    forward_saved(ex, ctx, alloc, y, x, seq,
+                  [&](const Tensor& ya, const Tensor& xa) { attn_.forward(ex, ctx.attn, alloc, ya, xa, seq); });
   }
   // MLP branch: dres holds dL/dy = dL/dx1 (skip path) + the path through ln2 and the MLP.
   Buffer dln = workspace(alloc, x.dtype, x.shape);
   mlp_.backward(ex, ctx.mlp, alloc, dln, dres, ctx.ln2.y);
   ln2_.backward(ex, dres, dln, ctx.x1, ctx.ln2);  // dres is now dL/dx1
   // Attention branch: dL/dx = dL/dx1 + the path through ln1 and attention.
-  attn_.backward(ex, ctx.attn, alloc, dln, dres, ctx.ln1.y);
+  attn_.backward(ex, ctx.attn, alloc, dln, dres, ctx.ln1.y, seq);
   ln1_.backward(ex, dres, dln, x, ctx.ln1);
   ctx = BlockCtx{};
 }
@@ -271,10 +312,48 @@ void Gpt::set_profiler(Profiler* p) {
   lm_head_.set_profiler(p);
 }
 
+// ---- Stages ----
+
+StageSpec StageSpec::split(int64_t n_layer, int64_t stages, int64_t index) {
+  TESSERA_CHECK(stages >= 1 && stages <= n_layer, "cannot split ", n_layer, " layers into ", stages,
+                " pipeline stages: each stage needs at least one block");
+  TESSERA_CHECK(index >= 0 && index < stages, "pipeline stage ", index, " outside [0, ", stages, ")");
+  const int64_t base = n_layer / stages, extra = n_layer % stages;
+  StageSpec s;
+  s.first_layer = index * base + std::min(index, extra);
+  s.end_layer = s.first_layer + base + (index < extra ? 1 : 0);
+  s.embedding = index == 0;
+  s.head = index == stages - 1;
+  return s;
+}
+
+StageSpec resolve_stage(const StageSpec& stage, int64_t n_layer) {
+  StageSpec s = stage;
+  if (s.end_layer == -1) s.end_layer = n_layer;
+  const std::string what =
+      "pipeline stage with layers [" + std::to_string(s.first_layer) + ", " + std::to_string(s.end_layer) + ")";
+  TESSERA_CHECK(s.first_layer >= 0 && s.end_layer >= 0 && s.end_layer <= n_layer, "the ", what,
+                " lies outside the model's layers [0, ", n_layer, ") (model.n_layer = ", n_layer, ")");
+  TESSERA_CHECK(s.end_layer > s.first_layer, "the ", what, " holds no block; every stage needs at least one");
+  TESSERA_CHECK(s.embedding == (s.first_layer == 0), "the ", what,
+                s.embedding ? " cannot hold the embedding: only the stage starting at layer 0 does"
+                            : " must hold the embedding: the first block's input is the token embedding");
+  TESSERA_CHECK(s.head == (s.end_layer == n_layer), "the ", what,
+                s.head ? " cannot hold the head: only the stage ending at the last layer (" + std::to_string(n_layer) +
+                             ") does"
+                       : " must hold the head: the last block's output goes to the final norm and LM head");
+  return s;
+}
+
 // ---- Gpt ----
 
-Gpt::Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> recompute, TensorParallel tp)
-    : cfg_(resolve(cfg)), ps_(&ps), tp_(tp) {
+Gpt::Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> recompute, TensorParallel tp,
+         StageSpec stage)
+    : cfg_(resolve(cfg)),
+      stage_(resolve_stage(stage, cfg_.n_layer)),
+      ps_(&ps),
+      tp_(tp),
+      vocab_shard_(VocabShard::of(cfg_.vocab_size, tp.size(), tp.rank())) {
   TESSERA_CHECK(ps.layout().tp_size == tp.size() && ps.layout().tp_rank == tp.rank(), "the parameter store is laid out for tp rank ",
                 ps.layout().tp_rank, " of ", ps.layout().tp_size, ", the model for rank ", tp.rank(), " of ", tp.size());
   TESSERA_CHECK(recompute.empty() || static_cast<int64_t>(recompute.size()) == cfg_.n_layer, "recompute policy has ",
@@ -285,45 +364,89 @@ Gpt::Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> reco
     make();
     return IdRange{first, ps.size()};
   };
-  embed_ids_ = registered([&] { embed_ = Embedding(ps, cfg_, tp_); });
-  for (int64_t l = 0; l < cfg_.n_layer; ++l)
+  // A tied LM head on a later stage than the embedding reads its own copy of the token table.
+  const bool tied_across_stages = cfg_.tied_embeddings && stage_.embedding != stage_.head;
+  embed_ids_ = registered([&] {
+    if (stage_.embedding) embed_ = Embedding(ps, cfg_, tp_, tied_across_stages);
+  });
+  for (int64_t l = stage_.first_layer; l < stage_.end_layer; ++l)
     block_ids_.push_back(registered([&] {
       blocks_.emplace_back(ps, static_cast<int>(l), cfg_, recompute.empty() ? Recompute::None : recompute[l], tp_);
     }));
-  ln_f_ids_ = registered([&] { ln_f_ = Norm(ps, "ln_f", cfg_, tp_.sequence_sharded()); });
+  ln_f_ids_ = registered([&] {
+    if (stage_.head) ln_f_ = Norm(ps, "ln_f", cfg_, tp_.sequence_sharded());
+  });
   head_ids_ = registered([&] {
-    if (cfg_.tied_embeddings)
-      lm_head_ = Linear::tied(ps, embed_.token_weight_id());
-    else
+    if (!stage_.head) return;
+    if (!cfg_.tied_embeddings) {
       lm_head_ = Linear(ps, "lm_head", cfg_.n_embd, cfg_.vocab_size, false, ShardSpec::tp_padded(0), cfg_.init_std);
+    } else if (stage_.embedding) {
+      lm_head_ = Linear::tied(ps, embed_.token_weight_id());
+    } else {
+      ParamSpec copy = Embedding::token_spec(cfg_);
+      copy.sum_grad_over_embedding_group = true;
+      copy.stage_copy = true;
+      lm_head_ = Linear::tied(ps, ps.add(std::move(copy)));
+    }
   });
 }
 
-void Gpt::forward_layers(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& tokens, KvCache* cache) const {
+Tensor Gpt::block_input(const GptCtx& ctx, int64_t l) const {
+  return l == 0 && !stage_.embedding ? ctx.input : ctx.resid[static_cast<size_t>(l)].tensor();
+}
+
+void Gpt::forward_layers(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& input,
+                         const SequenceLayout& layout, KvCache* cache) const {
   ProfileScope scope(prof_, OpFamily::Other);
-  check_dtype("Gpt::forward", "tokens", tokens, DType::I32);
-  TESSERA_CHECK(tokens.ndim() == 2, "Gpt::forward: tokens must be (B, T), got ", tokens.shape.str());
-  const int64_t B = tokens.dim(0), T = tokens.dim(1), C = cfg_.n_embd, L = cfg_.n_layer;
-  const int64_t pos = cache ? cache->length : 0;
-  TESSERA_CHECK(pos + T <= cfg_.max_seq_len, "sequence length ", pos + T, " exceeds model.max_seq_len = ",
-                cfg_.max_seq_len);
+  SequenceLayout seq = layout;
+  if (stage_.embedding) {
+    check_dtype("Gpt::forward", "tokens", input, DType::I32);
+    TESSERA_CHECK(input.ndim() == 2, "Gpt::forward: tokens must be (B, T), got ", input.shape.str());
+    const int64_t T = input.dim(1);
+    if (cache) seq = SequenceLayout::contiguous(T, cache->length);
+    if (seq.empty()) seq = SequenceLayout::contiguous(T);
+    TESSERA_CHECK(seq.length() == T, "Gpt::forward: tokens ", input.shape.str(), " for the sequence layout ", seq.str(),
+                  " of ", seq.length(), " positions");
+  } else {
+    TESSERA_CHECK(!seq.empty(), "Gpt::forward: the pipeline stage with layers [", stage_.first_layer, ", ",
+                  stage_.end_layer, ") takes activations: it needs their sequence layout (seq)");
+    check_dtype("Gpt::forward", "input", input, ps_->dtype());
+    TESSERA_CHECK(input.ndim() == 3, "Gpt::forward: input activations must be (B, T_local, C), got ",
+                  input.shape.str());
+  }
+  const int64_t B = input.dim(0), T = seq.length(), C = cfg_.n_embd;
+  const int64_t L = stage_.layers();
+  TESSERA_CHECK(seq.end_position() <= cfg_.max_seq_len, "sequence positions ", seq.str(),
+                " exceed model.max_seq_len = ", cfg_.max_seq_len);
   TESSERA_CHECK(!tp_.sequence_sharded() || T % tp_.size() == 0, "sequence parallelism: sequence length ", T,
                 " is not divisible by parallel.tp = ", tp_.size());
-  const int64_t Tl = tp_.local_seq(T);
+  const int64_t Tl = tp_.shard_sequence(seq).length();
+  if (!stage_.embedding) check_shape("Gpt::forward", "input", input, Shape{B, Tl, C});
   const DType dt = ps_->dtype();
   ctx = GptCtx{};
   ctx.B = B;
   ctx.T = T;
-  ctx.tokens = tokens;
+  ctx.seq = seq;
   ctx.resid.reserve(static_cast<size_t>(L + 1));
-  for (int64_t l = 0; l <= L; ++l) ctx.resid.push_back(activation(alloc, dt, {B, Tl, C}));
+  // Without the embedding the first block reads the caller's input (ctx.input): no copy.
+  for (int64_t l = 0; l <= L; ++l)
+    ctx.resid.push_back(l == 0 && !stage_.embedding ? Buffer() : activation(alloc, dt, {B, Tl, C}));
   ctx.blocks.resize(static_cast<size_t>(L));
-  embed_.forward(ex, alloc, ctx.resid[0], tokens, pos);
-  for (int64_t l = 0; l < L; ++l) {
-    Buffer* ck = cache ? &cache->k[static_cast<size_t>(l)] : nullptr;
-    Buffer* cv = cache ? &cache->v[static_cast<size_t>(l)] : nullptr;
-    blocks_[l].forward(ex, ctx.blocks[l], alloc, ctx.resid[l + 1], ctx.resid[l], ck, cv, pos);
+  if (stage_.embedding) {
+    ctx.tokens = input;
+    embed_.forward(ex, alloc, ctx.resid[0], input, seq);
+  } else {
+    ctx.input = input;
   }
+  for (int64_t l = 0; l < L; ++l) {
+    const size_t layer = static_cast<size_t>(stage_.first_layer + l);
+    if (cache)
+      blocks_[l].forward_cached(ex, ctx.blocks[l], alloc, ctx.resid[l + 1], block_input(ctx, l), cache->k[layer],
+                                cache->v[layer], cache->length);
+    else
+      blocks_[l].forward(ex, ctx.blocks[l], alloc, ctx.resid[l + 1], block_input(ctx, l), seq);
+  }
+  if (!stage_.head) return;
   ln_f_.forward(ex, ctx.ln_f, alloc, ctx.resid[L]);
   // The LM head is column-parallel over the vocabulary: it needs the whole sequence.
   if (tp_.sequence_sharded()) {
@@ -349,23 +472,32 @@ void Gpt::loss_forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tens
   // logits are never gathered, only 2 B T numbers per rank move.
   Buffer lse_part = workspace(alloc, dt, {BT}), target_logit = workspace(alloc, dt, {BT});
   Buffer lse_parts = workspace(alloc, dt, {tp_.size(), BT});
-  cross_entropy_shard_forward(ex, lse_part, target_logit, ctx.logits, flat_targets, embed_.vocab_shard());
+  cross_entropy_shard_forward(ex, lse_part, target_logit, ctx.logits, flat_targets, vocab_shard_);
   tp_.comm->all_gather(lse_part, lse_parts);
   all_reduce_tp(tp_, target_logit);
   cross_entropy_combine(ex, ctx.losses, ctx.lse, lse_parts, target_logit, flat_targets);
 }
 
-void Gpt::forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& tokens, const Tensor& targets) const {
-  if (targets.defined()) check_shape("Gpt::forward", "targets", targets, tokens.shape);
-  forward_layers(ex, ctx, alloc, tokens, nullptr);
+Tensor Gpt::forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& input, const Tensor& targets,
+                    const SequenceLayout& seq) const {
+  if (targets.defined()) {
+    TESSERA_CHECK(stage_.head, "Gpt::forward: targets given to the pipeline stage with layers [", stage_.first_layer,
+                  ", ", stage_.end_layer, "), which has no head (the loss is the last stage's)");
+    TESSERA_CHECK(input.ndim() >= 1, "Gpt::forward: input of shape ", input.shape.str());
+    const int64_t T = stage_.embedding && seq.empty() ? input.dim(1) : seq.length();
+    check_shape("Gpt::forward", "targets", targets, Shape{input.dim(0), T});
+  }
+  forward_layers(ex, ctx, alloc, input, seq, nullptr);
+  if (!stage_.head) return ctx.resid.back();
   ctx.targets = targets;
-  if (!targets.defined()) return;
+  if (!targets.defined()) return Tensor();
   const Tensor flat_targets = targets.view({ctx.B * ctx.T});
   loss_forward(ex, ctx, alloc, flat_targets);
   // Workspace, not Activations: two numbers, which backward releases with the rest of ctx.
   ctx.loss_sums = workspace(alloc, DType::F64, {2});
   sum(ex, ctx.loss_sums.tensor().slice_rows(0, 1), ctx.losses);
   count_not_equal(ex, ctx.loss_sums.tensor().slice_rows(1, 2), flat_targets, kIgnoreIndex);
+  return Tensor();
 }
 
 LossSums read_loss_sums(const Exec& ex, const Tensor& sums) {
@@ -375,6 +507,7 @@ LossSums read_loss_sums(const Exec& ex, const Tensor& sums) {
 }
 
 void Gpt::logits_at(const Exec& ex, const GptCtx& ctx, Allocator& alloc, int64_t position, const Tensor& out) const {
+  TESSERA_CHECK(ctx.logits.defined(), "logits_at needs a forward of the stage with the head");
   const int64_t B = ctx.B, T = ctx.T, V = cfg_.vocab_size, Vl = ctx.logits.tensor().dim(1), R = tp_.size();
   TESSERA_CHECK(position >= 0 && position < T, "logits_at: position ", position, " outside [0, ", T, ")");
   check_shape("Gpt::logits_at", "out", out, Shape{B, V});
@@ -401,6 +534,7 @@ KvCache Gpt::make_cache(Allocator& alloc, int64_t capacity) const {
   TESSERA_CHECK(capacity > 0 && capacity <= cfg_.max_seq_len, "KV cache capacity ", capacity, " outside [1, ",
                 cfg_.max_seq_len, "]");
   TESSERA_CHECK(!tp_.active(), "cached decoding runs on one rank (tp = 1)");
+  TESSERA_CHECK(stage_.whole(cfg_.n_layer), "cached decoding runs the whole model, not a pipeline stage");
   KvCache c;
   c.capacity = capacity;
   for (int64_t l = 0; l < cfg_.n_layer; ++l) {
@@ -411,27 +545,40 @@ KvCache Gpt::make_cache(Allocator& alloc, int64_t capacity) const {
 }
 
 void Gpt::forward_cached(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& tokens, KvCache& cache) const {
+  TESSERA_CHECK(stage_.whole(cfg_.n_layer), "cached decoding runs the whole model, not a pipeline stage");
   TESSERA_CHECK(tokens.ndim() == 2 && tokens.dim(0) == 1, "cached decoding takes one sequence (1, T), got ",
                 tokens.shape.str());
   TESSERA_CHECK(cache.length + tokens.dim(1) <= cache.capacity, "KV cache full: ", cache.length, " + ",
                 tokens.dim(1), " positions exceed its capacity ", cache.capacity);
-  forward_layers(ex, ctx, alloc, tokens, &cache);
+  forward_layers(ex, ctx, alloc, tokens, SequenceLayout(), &cache);
   cache.length += tokens.dim(1);
 }
 
-void Gpt::backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, double loss_scale, const GradsReady& on_ready) const {
-  ProfileScope scope(prof_, OpFamily::Other);
-  auto ready = [&](const IdRange& r) {
-    if (on_ready && r.end > r.first) on_ready(r.first, r.end);
-  };
+Tensor Gpt::residual_grad(const GptCtx& ctx, Allocator& alloc, Buffer& storage, const Tensor& dx) const {
+  const Shape shape{ctx.B, tp_.shard_sequence(ctx.seq).length(), cfg_.n_embd};
+  if (stage_.embedding) {
+    TESSERA_CHECK(!dx.defined(), "Gpt::backward: the stage with the embedding has no input gradient (dx must be "
+                  "undefined)");
+    storage = workspace(alloc, ps_->dtype(), shape);
+    return storage;
+  }
+  TESSERA_CHECK(dx.defined(), "Gpt::backward: the pipeline stage with layers [", stage_.first_layer, ", ",
+                stage_.end_layer, ") writes the gradient of its input: dx is required");
+  check_dtype("Gpt::backward", "dx", dx, ps_->dtype());
+  check_shape("Gpt::backward", "dx", dx, shape);
+  return dx;
+}
+
+void Gpt::head_backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, double loss_scale, Buffer& dres_storage,
+                        Tensor& dres, const Tensor& dx) const {
   TESSERA_CHECK(ctx.targets.defined() && ctx.logits.defined(), "Gpt::backward needs a forward with targets");
-  const int64_t B = ctx.B, T = ctx.T, C = cfg_.n_embd, L = cfg_.n_layer, Tl = tp_.local_seq(T);
+  const int64_t B = ctx.B, T = ctx.T, C = cfg_.n_embd, Tl = tp_.shard_sequence(ctx.seq).length();
   const DType dt = ps_->dtype();
   // Loss -> logits (in place) -> final norm input (summed over the vocabulary shards of tp).
   {
     ProfileScope ce(prof_, OpFamily::CrossEntropy);
     cross_entropy_backward(ex, ctx.logits, ctx.logits, ctx.lse, ctx.targets.view({B * T}), loss_scale,
-                           tp_.active() ? embed_.vocab_shard() : VocabShard{});
+                           tp_.active() ? vocab_shard_ : VocabShard{});
   }
   const Tensor head_in = ctx.head_in.defined() ? ctx.head_in.tensor() : ctx.ln_f.y.tensor();
   Buffer dln = workspace(alloc, dt, {B, T, C});
@@ -440,20 +587,52 @@ void Gpt::backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, double loss_sc
   if (tp_.sequence_sharded()) dln_local = workspace(alloc, dt, {B, Tl, C});
   const Tensor dlnl = dln_local.defined() ? dln_local.tensor() : dln.tensor();
   enter_region_backward(ex, tp_, alloc, dlnl, dln);
-  Buffer dres = workspace(alloc, dt, {B, Tl, C});
-  ln_f_.backward(ex, dres, dlnl, ctx.resid[L], ctx.ln_f);
-  dln.release();
-  dln_local.release();
-  ready(head_ids_);  // empty when tied: the token embedding is final only after its own backward
-  ready(ln_f_ids_);
-  // Blocks, last to first; dres carries dL/d(resid[l]).
+  // The norm's backward adds to dres (its input is the residual stream): start from zero.
+  dres = residual_grad(ctx, alloc, dres_storage, dx);
+  if (!dres_storage.defined()) fill_zero(ex, dres);
+  ln_f_.backward(ex, dres, dlnl, ctx.resid.back(), ctx.ln_f);
+}
+
+void Gpt::backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, double loss_scale, const GradsReady& on_ready) const {
+  backward(ex, ctx, alloc, OutputGrad::loss(loss_scale), Tensor(), on_ready);
+}
+
+void Gpt::backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const OutputGrad& from, const Tensor& dx,
+                   const GradsReady& on_ready) const {
+  ProfileScope scope(prof_, OpFamily::Other);
+  auto ready = [&](const IdRange& r) {
+    if (on_ready && r.end > r.first) on_ready(r.first, r.end);
+  };
+  const int64_t L = stage_.layers();
+  TESSERA_CHECK(static_cast<int64_t>(ctx.blocks.size()) == L, "Gpt::backward needs a forward first");
+  // dres carries dL/d(block l's input), last block first. Without the embedding its final value
+  // is the stage's input gradient: dx is its storage.
+  Buffer dres_storage;
+  Tensor dres;
+  if (stage_.head) {
+    TESSERA_CHECK(!from.dy.defined(), "Gpt::backward: the stage with the head starts from its loss (loss_scale), "
+                  "not from an output gradient dy");
+    head_backward(ex, ctx, alloc, from.loss_scale, dres_storage, dres, dx);
+    // The tied head's gradient is final here only on a later stage than the embedding (its copy);
+    // on the whole model the token embedding's is final after the embedding's backward.
+    ready(head_ids_);
+    ready(ln_f_ids_);
+  } else {
+    TESSERA_CHECK(from.dy.defined(), "Gpt::backward: the pipeline stage with layers [", stage_.first_layer, ", ",
+                  stage_.end_layer, ") has no head: it starts from dy, the gradient of its output");
+    dres = residual_grad(ctx, alloc, dres_storage, dx);
+    check_shape("Gpt::backward", "dy", from.dy, dres.shape);
+    if (from.dy.data != dres.data) copy(ex, dres, from.dy);
+  }
   for (int64_t l = L - 1; l >= 0; --l) {
-    blocks_[l].backward(ex, ctx.blocks[l], alloc, dres, ctx.resid[l]);
+    blocks_[l].backward(ex, ctx.blocks[l], alloc, dres, block_input(ctx, l), ctx.seq);
     ctx.resid[l + 1].release();
     ready(block_ids_[static_cast<size_t>(l)]);
   }
-  embed_.backward(ex, alloc, dres, ctx.tokens, 0);
-  ready(embed_ids_);
+  if (stage_.embedding) {
+    embed_.backward(ex, alloc, dres, ctx.tokens, ctx.seq);
+    ready(embed_ids_);
+  }
   ctx = GptCtx{};
 }
 

@@ -23,7 +23,7 @@ namespace tessera {
 enum class Recompute { None, Full };
 
 // Keys and values of the positions generated so far, per layer, for incremental decoding
-// (one sequence: B = 1). Filled by Gpt::forward when a cache is passed.
+// (one sequence: B = 1). Filled by Gpt::forward_cached, the training forward never sees it.
 struct KvCache {
   int64_t capacity = 0;   // positions the buffers hold
   int64_t length = 0;     // positions filled
@@ -47,18 +47,28 @@ class Attention {
  public:
   Attention() = default;
   Attention(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, const TensorParallel& tp);
-  // y (B, T_local, C) = proj(attention(q(x), k(x), v(x))), x (B, T_local, C) (T_local = T / tp
-  // under sequence parallelism, else T). With a cache (B = 1, tp = 1), x holds positions
-  // [pos, pos + T): their keys and values are appended at pos and the queries attend to the
-  // cache's [0, pos + T).
+  // y (B, T_local, C) = proj(attention(q(x), k(x), v(x))), x (B, T_local, C); seq: the positions
+  // of the tp group's sequence (T = seq.length(); T_local = T / tp under sequence parallelism,
+  // else T), a whole sequence [0, T) (chunks of one need context-parallel attention).
   void forward(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
-               Buffer* cache_k = nullptr, Buffer* cache_v = nullptr, int64_t pos = 0) const;
+               const SequenceLayout& seq) const;
+  // Incremental decoding (B = 1, tp = 1), the same arithmetic with a cache: x (1, T, C) holds
+  // positions [pos, pos + T); their keys and values are appended to the layer's cache_k and
+  // cache_v (capacity, KV, D) at pos, and the queries attend to the cache's [0, pos + T).
+  void forward_cached(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
+                      Buffer& cache_k, Buffer& cache_v, int64_t pos) const;
   // dx (B, T_local, C) written with the gradient through the branch; dy (B, T_local, C).
   void backward(const Exec& ex, const AttentionCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy,
-                const Tensor& x) const;
+                const Tensor& x, const SequenceLayout& seq) const;
   void set_profiler(Profiler* p);
 
  private:
+  // The forward's first half, shared by both paths: ctx.q, k, v (RoPE at seq's positions) of xf
+  // (B, T, C), the region's full-sequence input; ctx.out and lse allocated.
+  void project_qkv(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& xf,
+                   const SequenceLayout& seq) const;
+  // Its second half: y from ctx.out through the row-parallel projection, leaving the region.
+  void project_out(const Exec& ex, const AttentionCtx& ctx, Allocator& alloc, const Tensor& y) const;
   // k or v of this rank's KV heads (B, T, KV_local, D) from x (B, T, C).
   void project_kv(const Exec& ex, const Linear& proj, Allocator& alloc, const Tensor& out, const Tensor& x) const;
   // dx (B, T, C) += the gradient through k or v, from d (B, T, KV_local, D).
@@ -70,7 +80,7 @@ class Attention {
   bool kv_replicated_ = false;  // fewer KV heads than tp ranks
   int64_t kv_head_ = 0;         // when replicated: the KV head this rank's queries read
   bool rope_ = false;
-  double rope_theta_ = 10000.0;
+  Rope rotary_;
   Linear q_, k_, v_, proj_;
 };
 
@@ -86,8 +96,9 @@ class Mlp {
  public:
   Mlp() = default;
   Mlp(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, const TensorParallel& tp);
-  // y, x (B, T_local, C), as Attention.
-  void forward(const Exec& ex, MlpCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const;
+  // y, x (B, T_local, C), as Attention (seq gives T).
+  void forward(const Exec& ex, MlpCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
+               const SequenceLayout& seq) const;
   // dx (B, T_local, C) written.
   void backward(const Exec& ex, const MlpCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy,
                 const Tensor& x) const;
@@ -114,18 +125,24 @@ class Block {
  public:
   Block() = default;
   Block(ParameterStore& ps, int index, const ModelConfig& cfg, Recompute recompute, const TensorParallel& tp);
-  // y (B, T, C) from x (B, T, C). Under full recomputation ctx keeps nothing. With a cache, as
-  // Attention::forward (inference only).
+  // y (B, T_local, C) from x (B, T_local, C); seq as Attention::forward. Under full
+  // recomputation ctx keeps nothing.
   void forward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
-               Buffer* cache_k = nullptr, Buffer* cache_v = nullptr, int64_t pos = 0) const;
-  // dres (B, T, C): on entry d loss / d y, on return d loss / d x.
-  void backward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& dres, const Tensor& x) const;
+               const SequenceLayout& seq) const;
+  // Incremental decoding with the layer's KV cache, as Attention::forward_cached (inference only).
+  void forward_cached(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
+                      Buffer& cache_k, Buffer& cache_v, int64_t pos) const;
+  // dres (B, T_local, C): on entry d loss / d y, on return d loss / d x; seq as in forward.
+  void backward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& dres, const Tensor& x,
+                const SequenceLayout& seq) const;
   Recompute recompute() const { return recompute_; }
   void set_profiler(Profiler* p);
 
  private:
-  void forward_saved(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x, Buffer* cache_k,
-                     Buffer* cache_v, int64_t pos) const;
+  // The block's forward, saving its context; attend(y, x) runs the attention (either path).
+  template <class Attend>
+  void forward_saved(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
+                     const SequenceLayout& seq, Attend&& attend) const;
   Recompute recompute_ = Recompute::None;
   Profiler* prof_ = nullptr;
   Norm ln1_, ln2_;
@@ -133,11 +150,39 @@ class Block {
   Mlp mlp_;
 };
 
+// Which part of the model a Gpt instance is: one pipeline stage, in the manner of Megatron's
+// pre_process / post_process. The default is the whole model (the one-stage case). A stage holds
+// the blocks [first_layer, end_layer) (at least one), the embedding if and only if it starts at
+// layer 0, and the final norm, LM head and loss if and only if it ends at the last layer.
+struct StageSpec {
+  int64_t first_layer = 0;
+  int64_t end_layer = -1;  // one past the stage's last block; -1: the model's n_layer
+  bool embedding = true;   // forward takes token ids; without: the previous stage's activations
+  bool head = true;        // forward ends in the loss; without: activations for the next stage
+
+  // Stage `index` of `stages` on an even split of n_layer blocks (the first n_layer % stages
+  // stages hold one block more), with the embedding on the first and the head on the last.
+  static StageSpec split(int64_t n_layer, int64_t stages, int64_t index);
+  int64_t layers() const { return end_layer - first_layer; }
+  bool whole(int64_t n_layer) const { return first_layer == 0 && end_layer == n_layer && embedding && head; }
+};
+
+// The spec with end_layer resolved (-1 -> n_layer), checked against the model: an Error names
+// the stage and what is wrong (no blocks, a range outside [0, n_layer), the embedding on a stage
+// not starting at layer 0, ...).
+StageSpec resolve_stage(const StageSpec& stage, int64_t n_layer);
+
 struct GptCtx {
   int64_t B = 0, T = 0;
-  Tensor tokens;              // (B, T) I32, owned by the caller
+  SequenceLayout seq;         // the positions of the tp group's T; a rank's rows between regions
+                              // are TensorParallel::shard_sequence(seq)
+  Tensor tokens;              // (B, T) I32, owned by the caller (a stage with the embedding)
+  Tensor input;               // (B, T_local, C), owned by the caller (a stage without the embedding)
   Tensor targets;             // (B, T) I32 or undefined (no loss)
-  std::vector<Buffer> resid;  // L + 1 of (B, T_local, C): embedding output, then each block's output
+  // The stage's residual stream, its layers' count + 1 of (B, T_local, C): the embedding output
+  // (undefined without the embedding: `input` is the first block's input), then each block's
+  // output. Without the head, the last is the stage's output.
+  std::vector<Buffer> resid;
   std::vector<BlockCtx> blocks;
   NormCtx ln_f;
   Buffer head_in;  // (B, T, C) sequence parallel only: ln_f's output gathered for the LM head
@@ -158,28 +203,61 @@ struct LossSums {
 };
 LossSums read_loss_sums(const Exec& ex, const Tensor& sums);
 
+// The whole model, or one pipeline stage of it (StageSpec). Either way parameters keep their
+// global names ("blocks.5.attn.q.weight" on whichever stage holds block 5), so checkpoints do
+// not depend on the split.
 class Gpt {
  public:
-  // Registers every parameter in ps (call ps.finalize() afterwards). recompute: one policy per
-  // layer, or empty for none. tp: the tensor-parallel group this rank belongs to (ps must be laid
-  // out for it); its ranks call forward and backward together, on the same tokens.
-  Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> recompute = {}, TensorParallel tp = {});
+  // Registers the stage's parameters in ps (call ps.finalize() afterwards). recompute: one policy
+  // per layer of the whole model (the stage uses its own layers' entries), or empty for none. tp:
+  // the tensor-parallel group this rank belongs to (ps must be laid out for it); its ranks call
+  // forward and backward together, on the same tokens. With tied embeddings and the head on a
+  // later stage than the embedding, the head's stage registers its own copy of "wte.weight"
+  // (ParamSpec::stage_copy), and both it and the first stage's are marked
+  // sum_grad_over_embedding_group: Megatron's approach.
+  Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> recompute = {}, TensorParallel tp = {},
+      StageSpec stage = {});
 
-  // tokens (B, T) I32; targets (B, T) I32 (kIgnoreIndex allowed) or undefined for logits only; both
-  // on the model's device (upload host ids with copy()). With targets, ctx.loss_sums holds the
-  // loss sum and the target count (read_loss_sums(ex, ctx.loss_sums).mean() is the mean loss).
-  void forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& tokens, const Tensor& targets) const;
-  // Inference with a KV cache: tokens (1, T) are the positions [cache.length, cache.length + T);
-  // fills ctx.logits (T, V) and advances the cache. The cache is sized on first use.
+  // The forward of the stage. input: token ids (B, T) I32 for a stage with the embedding, else the
+  // previous stage's output (B, T_local, C), which the caller keeps unchanged until backward.
+  // targets (B, T) I32 (kIgnoreIndex allowed), for a stage with the head, or undefined for logits
+  // only (and on every stage without the head); both on the model's device (upload host ids with
+  // copy()). With targets, ctx.loss_sums holds the loss sum and the target count
+  // (read_loss_sums(ex, ctx.loss_sums).mean() is the mean loss). seq: the positions of the
+  // sequence the tp group holds (parallel/sequence_layout.h; T = seq.length()); empty: the whole
+  // sequence [0, T) of the tokens. A stage without the embedding requires it.
+  // Returns the stage's output activations (B, T_local, C), owned by ctx, to send to the next
+  // stage; undefined for the stage with the head.
+  Tensor forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& input, const Tensor& targets,
+                 const SequenceLayout& seq = {}) const;
+  // Inference with a KV cache (the whole model, tp = 1): tokens (1, T) are the positions
+  // [cache.length, cache.length + T); fills ctx.logits (T, V) and advances the cache, which
+  // make_cache sized.
   void forward_cached(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& tokens, KvCache& cache) const;
   KvCache make_cache(Allocator& alloc, int64_t capacity) const;
   // Accumulates the gradient of loss_scale * (sum of token losses) into the parameter gradients.
   // loss_scale = 1 / (non-ignored targets in the whole optimizer batch) gives the mean.
   // on_ready, when given, is called with each range [first, end) of parameter ids as soon as
   // their gradients are final for this backward (last layer first), so a data-parallel gradient
-  // reduction of those parameters can start while earlier layers still compute.
+  // reduction of those parameters can start while earlier layers still compute. This form is
+  // the whole model's (a stage with both the embedding and the head); stages use the next.
   using GradsReady = std::function<void(int first, int end)>;
   void backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, double loss_scale,
+                const GradsReady& on_ready = {}) const;
+
+  // Where a stage's backward starts: the stage with the head from its loss (the gradient of
+  // loss_scale * (sum of token losses), as above), any other from dy (B, T_local, C), the
+  // gradient of its output (Megatron's output_tensor_grad), which is left unchanged.
+  struct OutputGrad {
+    double loss_scale = 0;
+    Tensor dy;
+    static OutputGrad loss(double scale) { return {scale, Tensor()}; }
+    static OutputGrad output(const Tensor& dy) { return {0.0, dy}; }
+  };
+  // The backward of the stage: accumulates its parameter gradients (on_ready as above, for its
+  // parameters) and writes dx (B, T_local, C), the gradient of its input activations, for a stage
+  // without the embedding (dx undefined for one with it). dx may be dy's storage.
+  void backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const OutputGrad& from, const Tensor& dx,
                 const GradsReady& on_ready = {}) const;
 
   // The logits of position `position` of every sequence over the whole vocabulary: out (B, V),
@@ -190,23 +268,38 @@ class Gpt {
   int64_t seq_multiple() const { return tp_.sequence_sharded() ? tp_.size() : 1; }
 
   const ModelConfig& config() const { return cfg_; }
+  const StageSpec& stage() const { return stage_; }
   // Times every op family of forward and backward into p (owned by the caller; null: off).
   void set_profiler(Profiler* p);
 
  private:
   // The forward shared by training and cached inference.
-  void forward_layers(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& tokens, KvCache* cache) const;
+  void forward_layers(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& input, const SequenceLayout& seq,
+                      KvCache* cache) const;
+  // Where the residual stream's gradient (B, T_local, C) is kept during backward: dx (a stage
+  // without the embedding: its final value is the input gradient), else a workspace in storage.
+  Tensor residual_grad(const GptCtx& ctx, Allocator& alloc, Buffer& storage, const Tensor& dx) const;
+  // The head's backward, from the loss to dres, the gradient of the last block's output (written;
+  // set to residual_grad's after the head's temporaries, which keeps the memory peak in order).
+  void head_backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, double loss_scale, Buffer& dres_storage,
+                     Tensor& dres, const Tensor& dx) const;
   // ctx.losses and ctx.lse from ctx.logits: local, or vocabulary-parallel over tp.
   void loss_forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& flat_targets) const;
+  // The input of the stage's block l (counted from its first layer): ctx.resid[l], or the
+  // caller's input activations for block 0 of a stage without the embedding.
+  Tensor block_input(const GptCtx& ctx, int64_t l) const;
   ModelConfig cfg_;
+  StageSpec stage_;
   const ParameterStore* ps_;
   TensorParallel tp_;
+  VocabShard vocab_shard_;  // the vocabulary ids this rank's embedding table and LM head hold
   Profiler* prof_ = nullptr;
-  Embedding embed_;
-  std::vector<Block> blocks_;
-  Norm ln_f_;
+  Embedding embed_;          // a stage with the embedding
+  std::vector<Block> blocks_;  // the stage's, first_layer first
+  Norm ln_f_;                // a stage with the head
   Linear lm_head_;
-  // Parameter-id ranges of each part, in registration order (which is the flat-buffer order).
+  // Parameter-id ranges of each part, in registration order (which is the flat-buffer order);
+  // empty for the parts the stage does not hold.
   struct IdRange {
     int first = 0, end = 0;
   };

@@ -5,6 +5,7 @@
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
 #include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
 
 namespace tessera {
 
@@ -52,33 +53,66 @@ void Linear::backward(const Exec& ex, const Tensor& dx, const Tensor& dy, const 
 
 // ---- Embedding ----
 
-Embedding::Embedding(ParameterStore& ps, const ModelConfig& cfg, const TensorParallel& tp)
+ParamSpec Embedding::token_spec(const ModelConfig& cfg) {
+  return {"wte.weight", {cfg.vocab_size, cfg.n_embd}, ShardSpec::tp_padded(0), ParamKind::Embedding, InitKind::Normal,
+          cfg.init_std};
+}
+
+Embedding::Embedding(ParameterStore& ps, const ModelConfig& cfg, const TensorParallel& tp,
+                     bool sum_grad_over_embedding_group)
     : ps_(&ps), tp_(tp), shard_(VocabShard::of(cfg.vocab_size, tp.size(), tp.rank())) {
-  wte_ = ps.add({"wte.weight", {cfg.vocab_size, cfg.n_embd}, ShardSpec::tp_padded(0), ParamKind::Embedding,
-                 InitKind::Normal, cfg.init_std});
+  ParamSpec wte = token_spec(cfg);
+  wte.sum_grad_over_embedding_group = sum_grad_over_embedding_group;
+  wte_ = ps.add(std::move(wte));
   // Every tp rank computes the whole position gradient from the full output gradient: no sum.
   if (cfg.position == PositionKind::Learned)
     wpe_ = ps.add({"wpe.weight", {cfg.max_seq_len, cfg.n_embd}, ShardSpec::replicated(), ParamKind::Embedding,
                    InitKind::Normal, cfg.init_std / 2});
 }
 
+namespace {
+void check_layout(const char* op, const char* arg, const Tensor& t, const SequenceLayout& seq) {
+  TESSERA_CHECK(t.ndim() >= 2 && t.dim(1) == seq.length(), op, ": ", arg, " ", t.shape.str(),
+                " does not hold the sequence layout ", seq.str(), " (", seq.length(), " positions) along dim 1");
+}
+}  // namespace
+
 void Embedding::forward(const Exec& ex, Allocator& alloc, const Tensor& out, const Tensor& tokens,
-                        int64_t pos_offset) const {
+                        const SequenceLayout& seq) const {
   ProfileScope scope(prof_, OpFamily::Embedding);
+  check_layout("Embedding::forward", "tokens", tokens, seq);
   // The full (B, T, C) output, partial over tp: this rank's ids, positions on rank 0 only.
   Buffer staging;
   const Tensor full = region_full(tp_, alloc, staging, out, tokens.dim(1));
   const bool positions = wpe_ >= 0 && tp_.rank() == 0;
-  embedding_forward(ex, full, tokens, ps_->param(wte_), positions ? ps_->param(wpe_) : Tensor(), pos_offset, shard_);
+  const Tensor wte = ps_->param(wte_), wpe = positions ? ps_->param(wpe_) : Tensor();
+  for (const SequenceRun& r : seq.runs(tokens.dim(0)))
+    embedding_forward(ex, run_view(full, r), run_view(tokens, r), wte, wpe, r.position, shard_);
   leave_region(ex, tp_, alloc, out, full);
 }
 
 void Embedding::backward(const Exec& ex, Allocator& alloc, const Tensor& dout, const Tensor& tokens,
-                         int64_t pos_offset) const {
+                         const SequenceLayout& seq) const {
   ProfileScope scope(prof_, OpFamily::Embedding);
+  check_layout("Embedding::backward", "tokens", tokens, seq);
   Buffer staging;
   const Tensor full = leave_region_backward(ex, tp_, alloc, staging, dout, tokens.dim(1));
-  embedding_backward(ex, ps_->grad(wte_), wpe_ >= 0 ? ps_->grad(wpe_) : Tensor(), full, tokens, pos_offset, shard_);
+  const Tensor dwte = ps_->grad(wte_), dwpe = wpe_ >= 0 ? ps_->grad(wpe_) : Tensor();
+  for (const SequenceRun& r : seq.runs(tokens.dim(0)))
+    embedding_backward(ex, dwte, dwpe, run_view(full, r), run_view(tokens, r), r.position, shard_);
+}
+
+// ---- Rope ----
+
+void Rope::forward(const Exec& ex, const Tensor& y, const Tensor& x, const SequenceLayout& seq) const {
+  check_layout("Rope::forward", "x", x, seq);
+  for (const SequenceRun& r : seq.runs(x.dim(0))) rope_forward(ex, run_view(y, r), run_view(x, r), r.position, theta_);
+}
+
+void Rope::backward(const Exec& ex, const Tensor& dx, const Tensor& dy, const SequenceLayout& seq) const {
+  check_layout("Rope::backward", "dy", dy, seq);
+  for (const SequenceRun& r : seq.runs(dy.dim(0)))
+    rope_backward(ex, run_view(dx, r), run_view(dy, r), r.position, theta_);
 }
 
 // ---- Norm ----

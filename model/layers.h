@@ -1,4 +1,4 @@
-// The building-block modules: Linear, Embedding, Norm. Each has a forward/backward pair; what a
+// The building-block modules: Linear, Embedding, Rope, Norm. Each has a forward/backward pair; what a
 // forward must keep for its backward lives in a per-micro-batch context struct owned by the caller.
 // Every forward and backward takes the Exec its ops run on first (`ex`, kernels/exec.h: the
 // device and stream), not to be confused with those context structs (`ctx`).
@@ -54,11 +54,19 @@ class Linear {
 class Embedding {
  public:
   Embedding() = default;
-  Embedding(ParameterStore& ps, const ModelConfig& cfg, const TensorParallel& tp);
-  // out (B, T_local, C), tokens (B, T) I32 (T_local = T / tp under sequence parallelism).
-  void forward(const Exec& ex, Allocator& alloc, const Tensor& out, const Tensor& tokens, int64_t pos_offset) const;
+  // sum_grad_over_embedding_group: the token table is tied to an LM head on a later pipeline
+  // stage (see ParamSpec).
+  Embedding(ParameterStore& ps, const ModelConfig& cfg, const TensorParallel& tp,
+            bool sum_grad_over_embedding_group = false);
+  // The token table's parameter ("wte.weight", (V, C), vocabulary-parallel).
+  static ParamSpec token_spec(const ModelConfig& cfg);
+  // out (B, T_local, C), tokens (B, T) I32 (T_local = T / tp under sequence parallelism); seq:
+  // the global positions of the tokens' T columns (T = seq.length()), chunk by chunk.
+  void forward(const Exec& ex, Allocator& alloc, const Tensor& out, const Tensor& tokens,
+               const SequenceLayout& seq) const;
   // Accumulates the embeddings' gradients from dout (B, T_local, C).
-  void backward(const Exec& ex, Allocator& alloc, const Tensor& dout, const Tensor& tokens, int64_t pos_offset) const;
+  void backward(const Exec& ex, Allocator& alloc, const Tensor& dout, const Tensor& tokens,
+                const SequenceLayout& seq) const;
   int token_weight_id() const { return wte_; }
   // The vocabulary ids this rank's table (and the tied or untied LM head) holds.
   const VocabShard& vocab_shard() const { return shard_; }
@@ -71,6 +79,21 @@ class Embedding {
   VocabShard shard_;
   int wte_ = -1;
   int wpe_ = -1;
+};
+
+// Rotary position embedding of queries or keys at the global positions of a sequence layout
+// (the kernel once per chunk, or once for a one-chunk layout).
+class Rope {
+ public:
+  Rope() = default;
+  explicit Rope(double theta) : theta_(theta) {}
+  // y, x (B, T, H, D) with T = seq.length(); y may alias x.
+  void forward(const Exec& ex, const Tensor& y, const Tensor& x, const SequenceLayout& seq) const;
+  // dx = the transpose rotation of dy (written; may alias dy).
+  void backward(const Exec& ex, const Tensor& dx, const Tensor& dy, const SequenceLayout& seq) const;
+
+ private:
+  double theta_ = 10000.0;
 };
 
 // What a Norm's forward keeps: its output (the next GEMM's input) and per-row statistics.

@@ -71,7 +71,8 @@ int ParameterStore::find(const std::string& name) const {
 
 int64_t ParameterStore::global_numel() const {
   int64_t n = 0;
-  for (const ParamEntry& e : entries_) n += e.spec.global_shape.numel();
+  for (const ParamEntry& e : entries_)
+    if (!e.spec.stage_copy) n += e.spec.global_shape.numel();
   return n;
 }
 

@@ -50,6 +50,17 @@ struct ParamSpec {
   // sequence parallelism, KV projections shared by several ranks' heads): the trainer sums the
   // gradient over the tp group before the update.
   bool sum_grad_over_tp = false;
+  // Tied embeddings split over pipeline stages (Megatron's embedding group): the first stage's
+  // token embedding and the last stage's copy of it for the LM head. Gradient finalisation sums
+  // their gradients over the embedding group (first and last stage) before the update, so the
+  // two stay equal.
+  bool sum_grad_over_embedding_group = false;
+  // This stage's copy of a parameter another pipeline stage owns, under the owner's name (the
+  // last stage's "wte.weight" for a tied LM head): initialized equal (init is keyed by the
+  // name), kept equal by the summed gradient. A checkpoint stores the owner's tensor only.
+  // TODO(pipeline, #13): the checkpoint writer skips copies; the reader fills them from the
+  // owner's stored tensor by name (which already works, the name being the same).
+  bool stage_copy = false;
 };
 
 struct ParamEntry {
@@ -97,7 +108,9 @@ class ParameterStore {
   const Tensor& padded_flat_params() const { return params_.tensor(); }
   const Tensor& padded_flat_grads() const { return grads_.tensor(); }
   int64_t numel() const { return total_; }  // local elements (tp padding rows included)
-  int64_t global_numel() const;              // elements of the whole model, on any layout
+  // Elements of the whole model (of this pipeline stage's part of it) on any tp layout; a
+  // stage_copy is not counted, so the stages' counts add up to the model's.
+  int64_t global_numel() const;
   int64_t padded_numel() const { return params_.tensor().numel(); }
   DType dtype() const { return dtype_; }
   const ShardLayout& layout() const { return layout_; }

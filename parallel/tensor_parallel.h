@@ -10,7 +10,9 @@
 //   row layer)
 //
 // Under sequence parallelism the residual stream, norms and dropout between regions hold
-// (B, T / tp, C): rank r holds positions [r T / tp, (r + 1) T / tp) of every sequence.
+// (B, T / tp, C): rank r holds positions [r T / tp, (r + 1) T / tp) of every sequence, which
+// shard_sequence states as a SequenceLayout (parallel/sequence_layout.h). Inside a region the
+// model sees the tp group's whole sequence, whose length and positions its own layout gives.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +21,7 @@
 #include "kernels/exec.h"
 #include "kernels/tensor.h"
 #include "parallel/communicator.h"
+#include "parallel/sequence_layout.h"
 
 namespace tessera {
 
@@ -30,9 +33,13 @@ struct TensorParallel {
   int64_t rank() const { return comm ? comm->rank() : 0; }
   bool active() const { return size() > 1; }
   bool sequence_sharded() const { return active() && sequence_parallel; }
-  // Positions of a sequence of T this rank holds between regions, and back.
-  int64_t local_seq(int64_t T) const { return sequence_sharded() ? T / size() : T; }
-  int64_t full_seq(int64_t T_local) const { return sequence_sharded() ? T_local * size() : T_local; }
+  // The part of the group's sequence `seq` this rank holds between regions: all of it, or under
+  // sequence parallelism part rank() of size() of its rows (of a whole sequence of T:
+  // [r T / tp, (r + 1) T / tp)). Not to be confused with seq itself, which under context
+  // parallelism is already this tp group's chunks of the global sequence.
+  SequenceLayout shard_sequence(const SequenceLayout& seq) const {
+    return sequence_sharded() ? seq.split(size(), rank()) : seq;
+  }
 };
 
 // In place: t becomes the sum of every tp rank's t (no-op when tp = 1).

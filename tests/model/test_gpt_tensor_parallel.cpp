@@ -2,7 +2,8 @@
 // is one tp group: every rank builds the tp-sharded model and the whole model, in double
 // precision, and checks that each shard starts as the slice of the whole tensor, that the loss is
 // the same, and that each shard's gradient (summed over tp where ParamSpec says so) is the slice
-// of the whole gradient. Padding rows of the vocabulary shards must stay exactly zero.
+// of the whole gradient. Padding rows of the vocabulary shards must stay exactly zero. Pipeline
+// stages on the same tp layout, chained by hand, equal the one-stage shard.
 // Under plain ctest (one rank) the same code checks the tp = 1 path against itself.
 #include <gtest/gtest.h>
 
@@ -43,9 +44,9 @@ struct Model {
   Allocator alloc;
   ParameterStore ps;
   Gpt gpt;
-  Model(const ModelConfig& cfg, ShardLayout layout, Recompute rc, TensorParallel tp)
+  Model(const ModelConfig& cfg, ShardLayout layout, Recompute rc, TensorParallel tp, StageSpec stage = {})
       : ps(alloc, DType::F64, layout),
-        gpt(cfg, ps, std::vector<Recompute>(static_cast<size_t>(cfg.n_layer), rc), tp) {
+        gpt(cfg, ps, std::vector<Recompute>(static_cast<size_t>(cfg.n_layer), rc), tp, stage) {
     ps.finalize();
     ps.initialize(kCpu, 11);
   }
@@ -130,6 +131,59 @@ TEST_P(GptTensorParallel, MemoryEqualsTheAnalyticModel) {
   shard.gpt.backward(testing::kCpu, ctx, shard.alloc, 0.01);
   EXPECT_EQ(shard.alloc.total_peak() - state, bytes * static_cast<size_t>(m.training_peak) + ModelMemory::kLossSumsBytes)
       << "rank " << rank;
+}
+
+// Pipeline stages on this tp layout: the model split into 2 stages (each on its own store, tp-sharded
+// as the one-stage model), activations (B, T / tp, C) under sequence parallelism and gradients
+// chained by hand, equals the one-stage shard: the loss and every gradient bit for bit, except the
+// tied gpt2 table (first stage + the last stage's copy: the head's and the embedding's parts
+// reassociated, see tests/model/test_gpt_stages.cpp), to 1e-14 of its largest gradient.
+TEST_P(GptTensorParallel, TwoStagesEqualTheOneStageShard) {
+  const Case c = GetParam();
+  MpiCommunicator comm = MpiCommunicator::duplicate(testing::test_world());
+  const int tp = comm.size(), rank = comm.rank();
+  const ModelConfig cfg = tp_config(c.preset);
+  const TensorParallel group{&comm, c.sequence_parallel};
+  Model one(cfg, {tp, rank}, c.recompute, group);
+  Model s0(cfg, {tp, rank}, c.recompute, group, StageSpec::split(cfg.n_layer, 2, 0));
+  Model s1(cfg, {tp, rank}, c.recompute, group, StageSpec::split(cfg.n_layer, 2, 1));
+  const int64_t B = 2, T = 8, Tl = c.sequence_parallel ? T / tp : T;
+  auto tokens = testing::random_ids({B, T}, cfg.vocab_size, 15);
+  auto targets = testing::random_ids({B, T}, cfg.vocab_size, 16);
+  GptCtx ctx, c0, c1;
+  one.gpt.forward(kCpu, ctx, one.alloc, tokens.t(), targets.t());
+  const LossSums want = read_loss_sums(kCpu, ctx.loss_sums);
+  const double scale = 1.0 / static_cast<double>(want.targets);
+  one.gpt.backward(kCpu, ctx, one.alloc, scale);
+
+  const Tensor x = s0.gpt.forward(kCpu, c0, s0.alloc, tokens.t(), Tensor());
+  EXPECT_EQ(x.shape, (Shape{B, Tl, cfg.n_embd}));
+  s1.gpt.forward(kCpu, c1, s1.alloc, x, targets.t(), SequenceLayout::contiguous(T));
+  EXPECT_EQ(read_loss_sums(kCpu, c1.loss_sums).loss_sum, want.loss_sum) << "rank " << rank;
+  testing::HostTensor<double> dx({B, Tl, cfg.n_embd});
+  s1.gpt.backward(kCpu, c1, s1.alloc, Gpt::OutputGrad::loss(scale), dx.t());
+  s0.gpt.backward(kCpu, c0, s0.alloc, Gpt::OutputGrad::output(dx.t()), Tensor());
+
+  for (int id = 0; id < one.ps.size(); ++id) {
+    const std::string& name = one.ps.entry(id).spec.name;
+    const Tensor w = one.ps.grad(id);
+    std::vector<double> sum(static_cast<size_t>(w.numel()), 0.0);
+    int holders = 0;
+    for (const Model* s : {&s0, &s1}) {
+      const int sid = s->ps.find(name);
+      if (sid < 0) continue;
+      ++holders;
+      for (int64_t i = 0; i < w.numel(); ++i) sum[static_cast<size_t>(i)] += s->ps.grad(sid).ptr<double>()[i];
+    }
+    const bool tied = name == "wte.weight" && c.preset == "gpt2";
+    ASSERT_EQ(holders, tied ? 2 : 1) << name;
+    double largest = 0, diff = 0;
+    for (int64_t i = 0; i < w.numel(); ++i) {
+      largest = std::max(largest, std::abs(w.ptr<double>()[i]));
+      diff = std::max(diff, std::abs(sum[static_cast<size_t>(i)] - w.ptr<double>()[i]));
+    }
+    EXPECT_LE(diff, tied ? 1e-14 * largest : 0.0) << name << " on rank " << rank << " of " << tp;
+  }
 }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {

@@ -69,9 +69,10 @@ TEST(TensorParallel, PlainRegionEdgesAreIdentityAndAllReduce) {
   EXPECT_FALSE(unused.defined());
   leave_region(kCpu, tp, alloc, xt, xt);  // the sum over ranks, in place
   for (float v : x) ASSERT_EQ(v, static_cast<float>(p * (p + 1) / 2));
-  EXPECT_EQ(tp.local_seq(12), 12);
+  // The rows a rank holds between regions (TensorParallel::local_seq before SequenceLayout).
+  EXPECT_EQ(tp.shard_sequence(SequenceLayout::contiguous(12)).length(), 12);
   const TensorParallel sp{&comm, true};
-  EXPECT_EQ(sp.local_seq(12), p > 1 ? 12 / p : 12);
+  EXPECT_EQ(sp.shard_sequence(SequenceLayout::contiguous(12)).length(), p > 1 ? 12 / p : 12);
 }
 
 }  // namespace

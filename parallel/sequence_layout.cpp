@@ -1,0 +1,106 @@
+// SequenceLayout's arithmetic: chunk validation and merging, the splits, and the per-run views.
+#include "parallel/sequence_layout.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "kernels/check.h"
+
+namespace tessera {
+
+SequenceLayout::SequenceLayout(std::vector<SequenceChunk> chunks) {
+  for (const SequenceChunk& c : chunks) {
+    TESSERA_CHECK(c.start >= 0 && c.length > 0, "sequence layout: chunk [", c.start, ", ", c.end(),
+                  ") must be non-empty and at positions >= 0");
+    for (const SequenceChunk& held : chunks_)
+      TESSERA_CHECK(c.end() <= held.start || c.start >= held.end(), "sequence layout: chunk [", c.start, ", ",
+                    c.end(), ") overlaps [", held.start, ", ", held.end(), ")");
+    if (!chunks_.empty() && chunks_.back().end() == c.start)
+      chunks_.back().length += c.length;
+    else
+      chunks_.push_back(c);
+    length_ += c.length;
+  }
+}
+
+SequenceLayout SequenceLayout::contiguous(int64_t T, int64_t start) {
+  TESSERA_CHECK(T >= 0, "sequence layout: length ", T, " is negative");
+  return T == 0 ? SequenceLayout() : SequenceLayout(std::vector<SequenceChunk>{{start, T}});
+}
+
+SequenceLayout SequenceLayout::load_balanced(int64_t T, int64_t parts, int64_t index) {
+  TESSERA_CHECK(parts >= 1 && index >= 0 && index < parts, "sequence layout: part ", index, " of ", parts);
+  TESSERA_CHECK(T % (2 * parts) == 0, "sequence layout: a sequence of ", T, " does not cut into 2 x ", parts,
+                " equal chunks (load-balanced context parallelism)");
+  const int64_t n = T / (2 * parts);
+  return SequenceLayout(std::vector<SequenceChunk>{{index * n, n}, {(2 * parts - 1 - index) * n, n}});
+}
+
+SequenceLayout SequenceLayout::split(int64_t parts, int64_t index) const {
+  TESSERA_CHECK(parts >= 1 && index >= 0 && index < parts, "sequence layout: part ", index, " of ", parts);
+  TESSERA_CHECK(length_ % parts == 0, "sequence layout: ", length_, " rows do not split into ", parts,
+                " equal parts");
+  const int64_t n = length_ / parts, first = index * n, last = first + n;  // local rows [first, last)
+  std::vector<SequenceChunk> out;
+  int64_t row = 0;  // the local row where chunk c begins
+  for (const SequenceChunk& c : chunks_) {
+    const int64_t begin = std::max(first, row), end = std::min(last, row + c.length);
+    if (begin < end) out.push_back({c.start + (begin - row), end - begin});
+    row += c.length;
+  }
+  return SequenceLayout(std::move(out));
+}
+
+int64_t SequenceLayout::end_position() const {
+  int64_t e = 0;
+  for (const SequenceChunk& c : chunks_) e = std::max(e, c.end());
+  return e;
+}
+
+int64_t SequenceLayout::position(int64_t row) const {
+  TESSERA_CHECK(row >= 0 && row < length_, "sequence layout: row ", row, " outside [0, ", length_, ")");
+  for (const SequenceChunk& c : chunks_) {
+    if (row < c.length) return c.start + row;
+    row -= c.length;
+  }
+  return -1;  // unreachable
+}
+
+std::vector<SequenceRun> SequenceLayout::runs(int64_t B) const {
+  std::vector<SequenceRun> r;
+  if (chunks_.size() == 1) {
+    r.push_back({0, B, 0, length_, chunks_[0].start});
+    return r;
+  }
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t row = 0;
+    for (const SequenceChunk& c : chunks_) {
+      r.push_back({b, b + 1, row, c.length, c.start});
+      row += c.length;
+    }
+  }
+  return r;
+}
+
+std::string SequenceLayout::str() const {
+  if (chunks_.empty()) return "(empty)";
+  std::ostringstream s;
+  for (size_t i = 0; i < chunks_.size(); ++i) s << (i ? " [" : "[") << chunks_[i].start << ", " << chunks_[i].end() << ")";
+  return s.str();
+}
+
+Tensor run_view(const Tensor& t, const SequenceRun& run) {
+  TESSERA_CHECK(t.ndim() >= 2, "run_view: expected a (B, T, ...) tensor, got ", t.shape.str());
+  const int64_t B = t.dim(0), T = t.dim(1), nb = run.b_end - run.b_begin;
+  TESSERA_CHECK(run.b_begin >= 0 && run.b_end <= B && nb > 0 && run.row >= 0 && run.length > 0 &&
+                    run.row + run.length <= T && (nb == 1 || run.length == T),
+                "run_view: rows [", run.row, ", ", run.row + run.length, ") of sequences [", run.b_begin, ", ",
+                run.b_end, ") do not fit ", t.shape.str(), " as one view");
+  Shape s = t.shape;
+  s[0] = nb;
+  s[1] = run.length;
+  const int64_t inner = t.numel() / (B * T);  // elements per row
+  return t.view({B * T, inner}).slice_rows(run.b_begin * T + run.row, run.b_begin * T + run.row + nb * run.length).view(s);
+}
+
+}  // namespace tessera

@@ -1,0 +1,129 @@
+// Tests parallel/sequence_layout.h: the chunk arithmetic of sequence parallelism inside tp (one
+// chunk per rank), of context parallelism's load-balanced two-chunk layout and of a split of it,
+// the runs and views positions are applied through, and the refused layouts.
+#include "parallel/sequence_layout.h"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <vector>
+
+#include "error_testing.h"
+#include "parallel/tensor_parallel.h"
+
+namespace tessera {
+namespace {
+
+using testing::throws_with;
+
+std::vector<int64_t> positions(const SequenceLayout& s) {
+  std::vector<int64_t> p;
+  for (int64_t r = 0; r < s.length(); ++r) p.push_back(s.position(r));
+  return p;
+}
+
+std::vector<int64_t> range(int64_t begin, int64_t end) {
+  std::vector<int64_t> v(static_cast<size_t>(end - begin));
+  std::iota(v.begin(), v.end(), begin);
+  return v;
+}
+
+TEST(SequenceLayout, ContiguousSequenceAndDecodingStep) {
+  const SequenceLayout whole = SequenceLayout::contiguous(12);
+  EXPECT_EQ(whole.length(), 12);
+  EXPECT_EQ(whole.chunks(), (std::vector<SequenceChunk>{{0, 12}}));
+  EXPECT_EQ(whole.end_position(), 12);
+  EXPECT_EQ(positions(whole), range(0, 12));
+  const SequenceLayout step = SequenceLayout::contiguous(2, 7);  // a KV cache holding 7 positions
+  EXPECT_EQ(positions(step), range(7, 9));
+  EXPECT_EQ(step.end_position(), 9);
+  EXPECT_EQ(step.str(), "[7, 9)");
+  EXPECT_TRUE(SequenceLayout().empty());
+  EXPECT_EQ(SequenceLayout().end_position(), 0);
+}
+
+// Sequence parallelism inside tp: rank r of tp holds [r T / tp, (r + 1) T / tp), as
+// TensorParallel::local_seq did, and now with the positions.
+TEST(SequenceLayout, SequenceParallelChunks) {
+  const SequenceLayout whole = SequenceLayout::contiguous(12);
+  for (int64_t tp : {1, 2, 3, 4}) {
+    int64_t covered = 0;
+    for (int64_t r = 0; r < tp; ++r) {
+      const SequenceLayout part = whole.split(tp, r);
+      EXPECT_EQ(part.chunks(), (std::vector<SequenceChunk>{{r * 12 / tp, 12 / tp}})) << "tp " << tp << " rank " << r;
+      covered += part.length();
+    }
+    EXPECT_EQ(covered, 12);
+  }
+  // TensorParallel hands a rank its part only under sequence parallelism (and tp > 1).
+  const TensorParallel none;
+  EXPECT_EQ(none.shard_sequence(whole), whole);
+  EXPECT_TRUE(throws_with([&] { whole.split(5, 0); }, {"12 rows", "5 equal parts"}));
+  EXPECT_TRUE(throws_with([&] { whole.split(2, 2); }, {"part 2 of 2"}));
+}
+
+// Context parallelism's load balance: rank r of cp holds chunks r and 2 cp - 1 - r of 2 cp; a
+// split inside tp (sequence parallelism under cp) cuts through them with the right positions.
+TEST(SequenceLayout, LoadBalancedTwoChunkLayout) {
+  const SequenceLayout r0 = SequenceLayout::load_balanced(16, 2, 0), r1 = SequenceLayout::load_balanced(16, 2, 1);
+  EXPECT_EQ(r0.chunks(), (std::vector<SequenceChunk>{{0, 4}, {12, 4}}));
+  EXPECT_EQ(r0.str(), "[0, 4) [12, 16)");
+  EXPECT_EQ(r0.length(), 8);
+  EXPECT_EQ(r0.end_position(), 16);
+  EXPECT_EQ(r1.chunks(), (std::vector<SequenceChunk>{{4, 8}}));  // [4, 8) and [8, 12) continue each other
+  std::vector<int64_t> want = range(0, 4);
+  for (int64_t p : range(12, 16)) want.push_back(p);
+  EXPECT_EQ(positions(r0), want);
+  // Every position held exactly once over the ranks.
+  std::vector<int> held(16, 0);
+  for (int64_t r = 0; r < 4; ++r)
+    for (int64_t p : positions(SequenceLayout::load_balanced(16, 4, r))) ++held[static_cast<size_t>(p)];
+  EXPECT_EQ(held, std::vector<int>(16, 1));
+  // tp 2 inside the cp rank: its rows [0, 4) and [4, 8), i.e. one chunk each.
+  EXPECT_EQ(r0.split(2, 0).chunks(), (std::vector<SequenceChunk>{{0, 4}}));
+  EXPECT_EQ(r0.split(2, 1).chunks(), (std::vector<SequenceChunk>{{12, 4}}));
+  // tp 4 halves the chunks; tp 1 leaves them; an odd cut crosses from one chunk into the other.
+  EXPECT_EQ(r0.split(4, 1).chunks(), (std::vector<SequenceChunk>{{2, 2}}));
+  EXPECT_EQ(r0.split(1, 0), r0);
+  const SequenceLayout odd = SequenceLayout({{0, 3}, {9, 3}}).split(3, 1);  // rows [2, 4)
+  EXPECT_EQ(odd.chunks(), (std::vector<SequenceChunk>{{2, 1}, {9, 1}}));
+  EXPECT_TRUE(throws_with([&] { SequenceLayout::load_balanced(12, 4, 0); }, {"12", "2 x 4 equal chunks"}));
+}
+
+TEST(SequenceLayout, RunsAndViews) {
+  // One chunk: one run over the whole batch, the tensor itself.
+  const SequenceLayout step = SequenceLayout::contiguous(3, 5);
+  const auto one = step.runs(2);
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].b_begin, 0);
+  EXPECT_EQ(one[0].b_end, 2);
+  EXPECT_EQ(one[0].position, 5);
+  std::vector<float> data(2 * 3 * 4);
+  std::iota(data.begin(), data.end(), 0.0f);
+  const Tensor t(data.data(), DType::F32, {2, 3, 4});
+  EXPECT_EQ(run_view(t, one[0]).data, t.data);
+  EXPECT_EQ(run_view(t, one[0]).shape, t.shape);
+  // Two chunks: a run per sequence and chunk, each view the rows of that sequence.
+  const SequenceLayout two({{0, 1}, {6, 2}});
+  const auto runs = two.runs(2);
+  ASSERT_EQ(runs.size(), 4u);
+  const SequenceRun& r = runs[3];  // sequence 1, chunk [6, 8): local rows [1, 3)
+  EXPECT_EQ(r.b_begin, 1);
+  EXPECT_EQ(r.row, 1);
+  EXPECT_EQ(r.length, 2);
+  EXPECT_EQ(r.position, 6);
+  const Tensor v = run_view(t, r);
+  EXPECT_EQ(v.shape, (Shape{1, 2, 4}));
+  EXPECT_EQ(v.ptr<float>()[0], data[(1 * 3 + 1) * 4]);
+  EXPECT_TRUE(throws_with([&] { run_view(t, {0, 2, 1, 2, 6}); }, {"run_view", "(2, 3, 4)"}));
+}
+
+TEST(SequenceLayout, RefusesOverlappingOrEmptyChunks) {
+  EXPECT_TRUE(throws_with([] { SequenceLayout({{0, 4}, {2, 4}}); }, {"[2, 6) overlaps [0, 4)"}));
+  EXPECT_TRUE(throws_with([] { SequenceLayout({{3, 0}}); }, {"[3, 3)", "non-empty"}));
+  EXPECT_TRUE(throws_with([] { SequenceLayout({{-1, 2}}); }, {"[-1, 1)", "positions >= 0"}));
+  EXPECT_TRUE(throws_with([] { SequenceLayout::contiguous(3).position(3); }, {"row 3 outside [0, 3)"}));
+}
+
+}  // namespace
+}  // namespace tessera
