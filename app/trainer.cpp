@@ -64,13 +64,14 @@ DpOptimizerOptions dp_optimizer_options(const ParallelConfig& p) {
   return {p.zero == 1, p.bucket_mb, p.overlap_grad_reduce};
 }
 
-// The ParameterStore's flat buffers as parallel/ sees them. embedding_group stays false: with
-// pp = 1 no parameter is held by two stages (the model-as-a-stage work adds a ParamSpec flag for
-// the tied embedding of the first and last stage; it is read here then).
+// The ParameterStore's flat buffers as parallel/ sees them. embedding_group: the tied token
+// embedding a pipeline's first and last stage both hold (ParamSpec::sum_grad_over_embedding_group;
+// none with pp = 1).
 FlatParams flat_params_of(const ParameterStore& ps) {
   FlatParams f{ps.flat_params(), ps.flat_grads(), ps.padded_flat_params(), ps.padded_flat_grads(), {}};
   for (const ParamEntry& e : ps.entries())
-    f.entries.push_back({e.offset, e.local_shape.numel(), e.sharded(), e.spec.sum_grad_over_tp, false});
+    f.entries.push_back({e.offset, e.local_shape.numel(), e.sharded(), e.spec.sum_grad_over_tp,
+                         e.spec.sum_grad_over_embedding_group});
   return f;
 }
 }  // namespace
