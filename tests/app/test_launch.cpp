@@ -169,5 +169,37 @@ TEST(LaunchErrors, ARankCountThatDoesNotFitTheLayoutStopsEveryRankWithOneMessage
   fs::remove_all(run.dir);
 }
 
+// scripts/slurm/train.sbatch checks what it launches before launching it: one line and exit 2 (the
+// same checks run in a Slurm job: tests/app/test_slurm_batch.cpp runs the rest).
+TEST(TrainSbatch, AMissingExecutableOrConfigEndsTheJobWithOneLine) {
+  const testing::TrainRun run = testing::make_run("sbatch_checks");
+  const std::string script =
+      (fs::path(TESSERA_TEST_DATA_DIR).parent_path().parent_path() / "scripts" / "slurm" / "train.sbatch").string();
+  const std::string config = run.config.string();
+  struct Case {
+    std::vector<std::string> args, env;
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      {{config}, {"SLURM_JOB_ID="}, "not inside a Slurm job"},  // empty: also when the tests run in a job
+      {{}, {"SLURM_JOB_ID=1"}, "error: no config given"},
+      {{config}, {"SLURM_JOB_ID=1", "TESSERA_BIN=" + (run.dir / "none" / "tessera").string()},
+       "error: no tessera executable at " + (run.dir / "none" / "tessera").string()},
+      {{(run.dir / "missing.toml").string()}, {"SLURM_JOB_ID=1", std::string("TESSERA_BIN=") + TESSERA_BINARY},
+       "error: config file " + (run.dir / "missing.toml").string() + " not found"},
+      {{config}, {"SLURM_JOB_ID=1", std::string("TESSERA_BIN=") + TESSERA_BINARY, "TESSERA_LAUNCHER=ssh"},
+       "error: TESSERA_LAUNCHER = 'ssh': srun or mpiexec"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = {script};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    const testing::RunResult r = testing::run_program("/bin/bash", args, run.dir, {}, SIGINT, c.env);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find(c.want), std::string::npos) << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << "one line: " << r.output;
+  }
+  fs::remove_all(run.dir);
+}
+
 }  // namespace
 }  // namespace tessera

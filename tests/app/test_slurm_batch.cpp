@@ -29,8 +29,9 @@ const std::vector<std::string> kEnded = {"COMPLETED", "FAILED", "CANCELLED", "TI
 struct Job {
   std::string id;
   fs::path dir;
+  std::string run_name = "run";
   fs::path log() const { return dir / "slurm.out"; }
-  fs::path run() const { return dir / "run"; }
+  fs::path run() const { return dir / run_name; }
   fs::path ckpts() const { return run() / "checkpoints"; }
   std::vector<double> losses() const { return testing::losses(run() / "metrics.jsonl"); }
   std::string output() const { return testing::read_file(log()); }
@@ -76,21 +77,24 @@ class SlurmCluster : public ::testing::Test {
   // Submits train.sbatch with 2 tasks on the quickstart config, `steps` steps (a tiny run: 8
   // sequences a step, no evaluation until the end, 32 held-out problems), a checkpoint every `every`
   // steps.
-  Job submit(const std::string& name, int steps, const std::vector<std::string>& env, int every = 5) const {
+  // sbatch_args go before the script; run_dir (TESSERA_RUN_DIR, in the job's directory) may hold
+  // %a, which the script replaces in array jobs.
+  Job submit(const std::string& name, int steps, const std::vector<std::string>& env, int every = 5,
+             const std::vector<std::string>& sbatch_args = {}, const std::string& run_dir = "run") const {
     Job j;
     j.dir = slurm().dir() / "jobs" / name;
     fs::create_directories(j.dir);
     const std::string& source = kSource;
     std::vector<std::string> args = {"--job-name=" + name, "--nodes=1", "--ntasks=2", "--chdir=" + j.dir.string(),
-                                     "--output=" + j.log().string(), source + "/scripts/slurm/train.sbatch",
-                                     source + "/configs/quickstart.toml"};
+                                     "--output=" + j.log().string()};
+    args.insert(args.end(), sbatch_args.begin(), sbatch_args.end());
+    args.insert(args.end(), {source + "/scripts/slurm/train.sbatch", source + "/configs/quickstart.toml"});
     for (const std::string& s : {"train.steps=" + std::to_string(steps), std::string("train.global_batch=8"), std::string("train.micro_batch=4"),
                                  std::string("train.eval_every=0"), std::string("data.val_examples=32"),
                                  std::string("log.every=1"), std::string("log.progress=lines"),
                                  "checkpoint.every=" + std::to_string(every)})
       args.push_back("--set"), args.push_back(s);
-    std::vector<std::string> full_env = {std::string("TESSERA_BIN=") + TESSERA_BINARY,
-                                         "TESSERA_RUN_DIR=" + j.run().string()};
+    std::vector<std::string> full_env = {std::string("TESSERA_BIN=") + TESSERA_BINARY, "TESSERA_RUN_DIR=" + (j.dir / run_dir).string()};
     full_env.insert(full_env.end(), env.begin(), env.end());
     j.id = slurm().submit(args, full_env);
     return j;
@@ -122,10 +126,12 @@ void expect_same_tensors(const fs::path& got, const fs::path& want) {
   }
 }
 
+// The mpiexec one as task 1 of an array job, its run directory named after the task (%a).
 TEST_F(SlurmCluster, AShortTwoTaskRunCompletesUnderSrunAndMpiexec) {
   const Job by_srun = submit("short_srun", 12, {});
-  const Job by_mpiexec = submit("short_mpiexec", 12, {"TESSERA_LAUNCHER=mpiexec"});
-  for (const Job* j : {&by_srun, &by_mpiexec}) {
+  Job by_mpiexec = submit("short_mpiexec", 12, {"TESSERA_LAUNCHER=mpiexec"}, 5, {"--array=1"}, "run_%a");
+  by_mpiexec.run_name = "run_1";
+  for (const Job* j : std::vector<const Job*>{&by_srun, &by_mpiexec}) {
     ASSERT_FALSE(j->id.empty());
     EXPECT_EQ(slurm().wait_for_state(j->id, kEnded, 180), "COMPLETED") << j->output();
     EXPECT_EQ(field(*j, "ExitCode"), "0:0");
@@ -143,7 +149,9 @@ TEST_F(SlurmCluster, AShortTwoTaskRunCompletesUnderSrunAndMpiexec) {
   }
   EXPECT_NE(by_srun.output().find("launcher: srun | Slurm job " + by_srun.id + ", restart 0"), std::string::npos)
       << by_srun.output();
-  EXPECT_NE(by_mpiexec.output().find("launcher: mpiexec (Hydra) | Slurm job " + by_mpiexec.id), std::string::npos)
+  EXPECT_NE(by_mpiexec.output().find("launcher: mpiexec (Hydra) | Slurm job " + by_mpiexec.id + " (array " +
+                                     by_mpiexec.id + "_1)"),
+            std::string::npos)
       << by_mpiexec.output();
   // One layout (dp = 2), two launchers: the same run.
   EXPECT_EQ(by_srun.losses(), by_mpiexec.losses());
