@@ -9,6 +9,7 @@
 
 #include "app/build_info.h"
 #include "app/commands.h"
+#include "app/launch.h"
 #include "app/checkpoint/hdf5.h"
 #include "kernels/check.h"
 #include "parallel/mpi.h"
@@ -55,7 +56,10 @@ int run_command(int argc, char** argv) {
 int main(int argc, char** argv) {
   // MPI lives for the whole run (MPICH runs a singleton when started without mpirun). Commands
   // take MPI_COMM_WORLD from here; errors are caught in run_command, so MPI_Finalize always runs.
+  // A rank that never started would keep the others in MPI_Init for ever: bounded (app/launch.h).
+  tessera::MpiInitDeadline init_deadline;
   tessera::MpiSession mpi(&argc, &argv);
+  init_deadline.done();
   const int code = run_command(argc, argv);
   // HDF5 goes first: its shutdown inside MPI_Finalize would close files after MPI-IO is gone.
   switch (tessera::h5_shutdown()) {

@@ -19,6 +19,7 @@
 
 #include "app/build_info.h"
 #include "app/evaluate.h"
+#include "app/launch.h"
 #include "app/memory_check.h"
 #include "app/preflight.h"
 #include "app/run_lock.h"
@@ -594,14 +595,6 @@ void check_supported(const Config& cfg) {
                 " is not supported: 0 (replicated optimizer state) or 1 (ZeRO-1, sharded over dp)");
 }
 
-// Ranks sharing a node split its cores between them unless OMP_NUM_THREADS says otherwise:
-// two ranks of two threads each on two cores stall at every parallel region.
-void share_cores_between_ranks(MPI_Comm world) {
-  const int local = ranks_on_this_node(world);
-  if (local > 1 && std::getenv("OMP_NUM_THREADS") == nullptr)
-    omp_set_num_threads(std::max(1, omp_get_num_procs() / local));
-}
-
 namespace {
 // parallel.timeout_s > 0 on more than one rank: a watchdog whose report ends the whole job (exit
 // kExitCollectiveTimeout) instead of leaving it waiting forever on a stopped or dead rank.
@@ -621,7 +614,7 @@ std::unique_ptr<Watchdog> collective_watchdog(double timeout_s, MPI_Comm world) 
 int run_train_command(const TrainArgs& args) {
   MPI_Comm world = MPI_COMM_WORLD;  // the entry point: the one place the world is named
   const bool lead = comm_rank(world) == 0;
-  share_cores_between_ranks(world);
+  set_threads_per_rank(world);  // app/launch.h: OMP_NUM_THREADS, else Slurm's CPUs per task, else a share
   // Setup problems (config, data, checkpoint) are usually the same on every rank; collected and
   // raised together so that one message is printed and every rank exits.
   Config cfg;
@@ -649,7 +642,8 @@ int run_train_command(const TrainArgs& args) {
     if (lead) std::cout << to_toml(cfg);
     return kExitOk;
   }
-  if (lead) std::cout << build_info();
+  const std::string launch = launch_summary(world, {args.config_path, args.overrides});  // collective
+  if (lead) std::cout << build_info() << launch;
   // Declared before the trainer, which reports to it: destroyed after it.
   const std::unique_ptr<Watchdog> watchdog = collective_watchdog(cfg.parallel.timeout_s, world);
   std::unique_ptr<Trainer> trainer;

@@ -12,6 +12,7 @@ packages=(
   libgtest-dev                      # tests
   libopenblas-openmp-dev libblis-dev  # CPU GEMM: OpenBLAS (OpenMP build) is used; BLIS for comparison
   python3-numpy python3-h5py python3-matplotlib  # scripts (plots, fixture checks)
+  slurm-wlm munge                   # the `slurm` tests start a one-node cluster of their own
 )
 if [ "${TESSERA_SETUP_TORCH:-0}" = 1 ]; then
   packages+=(python3-torch)  # only to regenerate golden fixtures / run the PyTorch benchmark

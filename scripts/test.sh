@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds, then runs the test suite (CTest) against the build in build/. By default every test but
 # those labelled `slow` (end-to-end `tessera train` runs of many processes under mpiexec, with
-# checkpoints); --slow runs only those, --all everything. Other arguments go to ctest, e.g.
+# checkpoints, and the `slurm` test, which starts a one-node Slurm cluster of its own); --slow runs
+# only those, --all everything. Other arguments go to ctest, e.g.
 #   scripts/test.sh -R Gelu      scripts/test.sh -L kernels      scripts/test.sh --all -L app
+#   scripts/test.sh --all -L slurm   (skipped, saying why, without slurm-wlm and munge or root)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 select=(-LE slow)
