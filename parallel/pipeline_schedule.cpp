@@ -6,6 +6,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -145,6 +146,10 @@ IdealTimeline ideal_timeline(const std::vector<std::vector<Action>>& order, int6
   std::vector<std::map<ActionKey, double>> done(order.size());  // rank -> computation -> end
   IdealTimeline t{std::vector<std::vector<double>>(order.size()), std::vector<std::vector<double>>(order.size())};
   std::vector<double> now(order.size(), 0.0);
+  std::vector<std::set<ActionKey>> split(order.size());  // backwards whose W is separate
+  for (size_t r = 0; r < order.size(); ++r)
+    for (const Action& a : order[r])
+      if (a.kind == ActionKind::BackwardWeight) split[r].insert(key_of(backward_action(a.micro_batch, a.chunk)));
   for (bool progress = true; progress;) {
     progress = false;
     for (int64_t r = 0; r < pp; ++r) {
@@ -162,9 +167,8 @@ IdealTimeline ideal_timeline(const std::vector<std::vector<Action>>& order, int6
           if (it == d.end()) break;  // not computed yet
           ready = std::max(ready, it->second);
         }
-        const bool split = a.kind == ActionKind::Backward &&
-                           std::find(o.begin(), o.end(), weight_action(a.micro_batch, a.chunk)) != o.end();
-        const double cost = a.kind == ActionKind::Backward && !split ? 2.0 : 1.0;
+        const bool whole = a.kind == ActionKind::Backward && !split[static_cast<size_t>(r)].count(key_of(a));
+        const double cost = whole ? 2.0 : 1.0;
         now[static_cast<size_t>(r)] = ready + cost;
         done[static_cast<size_t>(r)][key_of(a)] = ready + cost;
         t.start[static_cast<size_t>(r)].push_back(ready);
@@ -225,9 +229,10 @@ Schedule add_transfers(const std::vector<std::vector<Action>>& order, int64_t vp
         TESSERA_CHECK(it != index[static_cast<size_t>(to)].end(), "pipeline_schedule: rank ", to, " never runs ",
                       to_string(in_order[j].consumer), ", which rank ", from, "'s ", to_string(in_order[j].send),
                       " feeds");
-        size_t k = 0;  // the pause before computation k comes when computation k - 1 ends
-        while (k < it->second && to_ends[k] <= deadline[j]) ++k;
-        slot[j] = k;
+        // The last pause before the reader that comes no later than the deadline (the pause before
+        // computation k comes when computation k - 1 ends).
+        const auto after = std::upper_bound(to_ends.begin(), to_ends.end(), deadline[j]);
+        slot[j] = std::min(static_cast<size_t>(after - to_ends.begin()), it->second);
       }
       for (size_t j = in_order.size(); j-- > 1;) slot[j - 1] = std::min(slot[j - 1], slot[j]);
       for (size_t j = 0; j < in_order.size(); ++j)
@@ -241,7 +246,8 @@ Schedule add_transfers(const std::vector<std::vector<Action>>& order, int64_t vp
     for (size_t i = 0; i < order[r].size(); ++i) {
       out.insert(out.end(), before[r][i].begin(), before[r][i].end());
       out.push_back(order[r][i]);
-      if (std::optional<Transfer> t = transfer_of(order[r][i], static_cast<int64_t>(r), pp, vpp)) out.push_back(t->send);
+      const std::optional<Transfer> t = transfer_of(order[r][i], static_cast<int64_t>(r), pp, vpp);
+      if (t) out.push_back(t->send);
     }
   }
   return s;
@@ -285,7 +291,8 @@ void check_pipeline_schedule(int64_t pp, int64_t vpp, int64_t micro_batches, Pip
   }
   if (kind == PipelineKind::OneFOneB || kind == PipelineKind::ZeroBubbleH1)
     TESSERA_CHECK(micro_batches >= pp, kind_text(kind), " needs at least parallel.pp = ", pp,
-                  " micro-batches per step (fewer never reach its steady phase); got ", micro_batches_text(micro_batches),
+                  " micro-batches per step (fewer never reach its steady phase); got ",
+                  micro_batches_text(micro_batches),
                   "; raise train.global_batch or lower train.micro_batch, or use parallel.pp_schedule = \"gpipe\"");
 }
 

@@ -45,8 +45,9 @@ int main(int argc, char** argv) {
       json = argv[++i];
     } else {
       std::fprintf(stderr,
-                   "usage: pipeline_sim [--pp N] [--vpp N] [--micro-batches N] [--schedule gpipe|1f1b|interleaved|zb-h1]\n"
-                   "       [--forward T] [--backward T] [--weight T] [--latency T] [--blocking] [--list] [--json FILE]\n");
+                   "usage: pipeline_sim [--pp N] [--vpp N] [--micro-batches N]\n"
+                   "         [--schedule gpipe|1f1b|interleaved|zb-h1] [--forward T] [--backward T] [--weight T]\n"
+                   "         [--latency T] [--blocking] [--list] [--json FILE]\n");
       return 2;
     }
   }
@@ -54,7 +55,8 @@ int main(int argc, char** argv) {
     const Schedule s = pipeline_schedule(pp, vpp, m, parse_pipeline_kind(kind));
     const SimResult r = simulate(s, o);
     if (list)
-      for (int64_t k = 0; k < s.num_stages(); ++k) std::printf("rank %lld: %s\n", (long long)k, to_string(s.actions_of(k)).c_str());
+      for (int64_t k = 0; k < s.num_stages(); ++k)
+        std::printf("rank %lld: %s\n", (long long)k, to_string(s.actions_of(k)).c_str());
     std::printf("%s pp=%lld vpp=%lld m=%lld f=%g b=%g w=%g latency=%g: makespan %g, bubble %.6f%s\n", kind.c_str(),
                 (long long)pp, (long long)vpp, (long long)m, o.forward, o.backward, o.weight, o.latency, r.makespan,
                 r.bubble_fraction, r.deadlock ? " DEADLOCK" : "");

@@ -43,7 +43,8 @@ TEST(PipelineSchedule, OneStageOneFOneBIsGradientAccumulation) {
     EXPECT_EQ(s.vpp, 1);
   }
   EXPECT_EQ(to_string(pipeline_schedule(1, 1, 3, PipelineKind::GPipe).actions_of(0)), "F0 F1 F2 B0 B1 B2");
-  EXPECT_EQ(to_string(pipeline_schedule(1, 1, 3, PipelineKind::ZeroBubbleH1).actions_of(0)), "F0 B0 W0 F1 B1 W1 F2 B2 W2");
+  EXPECT_EQ(to_string(pipeline_schedule(1, 1, 3, PipelineKind::ZeroBubbleH1).actions_of(0)),
+            "F0 B0 W0 F1 B1 W1 F2 B2 W2");
 }
 
 // The lists in full for two stages: the phases, and the sends and receives grouped into batches
@@ -85,7 +86,8 @@ TEST(PipelineSchedule, OneFOneBPhases) {
     std::string expected;
     const int64_t warmup = pp - r - 1;
     for (int64_t i = 0; i < warmup; ++i) expected += "F" + std::to_string(i) + " ";
-    for (int64_t i = 0; i < m - warmup; ++i) expected += "F" + std::to_string(warmup + i) + " B" + std::to_string(i) + " ";
+    for (int64_t i = 0; i < m - warmup; ++i)
+      expected += "F" + std::to_string(warmup + i) + " B" + std::to_string(i) + " ";
     for (int64_t i = m - warmup; i < m; ++i) expected += "B" + std::to_string(i) + " ";
     EXPECT_EQ(computations, expected) << "rank " << r;
   }

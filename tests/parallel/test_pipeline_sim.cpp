@@ -53,10 +53,12 @@ void expect_data_order(const SimResult& r, int64_t pp, int64_t vpp, int64_t m, c
     }
     ASSERT_LE(span.at({ActionKind::Forward, mb, stages - 1}).end, span.at({ActionKind::Backward, mb, stages - 1}).start)
         << where;
-    for (int64_t s = 0; s < stages; ++s)
-      if (span.count({ActionKind::BackwardWeight, mb, s}))
+    for (int64_t s = 0; s < stages; ++s) {
+      if (span.count({ActionKind::BackwardWeight, mb, s})) {
         ASSERT_LE(span.at({ActionKind::Backward, mb, s}).end, span.at({ActionKind::BackwardWeight, mb, s}).start)
             << where;
+      }
+    }
   }
 }
 
@@ -194,7 +196,8 @@ TEST(PipelineSim, ReportsADeadlockWithTheStuckActions) {
                           "waits for its batch [recvG0])");
   }
   // A send nobody receives leaves its batch waiting at the end of the step.
-  Schedule lost{1, {{forward_action(0), send_activation(0), backward_action(0)}, {forward_action(0), backward_action(0)}}};
+  Schedule lost{1,
+                {{forward_action(0), send_activation(0), backward_action(0)}, {forward_action(0), backward_action(0)}}};
   const SimResult r = simulate(lost);
   ASSERT_TRUE(r.deadlock);
   EXPECT_EQ(r.stuck, (std::vector<std::string>{"rank 0 waits for its batch [sendA0] (actions 1-1): rank 1 has not "
@@ -212,8 +215,8 @@ TEST(PipelineSim, RefusesMismatchedMessagesAndMalformedLists) {
                                     "match in the order they are posted"}));
   Schedule bad = pipeline_schedule(2, 1, 2, PipelineKind::GPipe);
   std::swap(bad.stages[0][0], bad.stages[0][1]);  // sendA0 before F0
-  EXPECT_TRUE(testing::throws_with([&] { simulate(bad); },
-                                   {"simulate: rank 0: run_schedule: action 0 (sendA0) comes before micro-batch 0's forward"}));
+  EXPECT_TRUE(testing::throws_with(
+      [&] { simulate(bad); }, {"simulate: rank 0: run_schedule: action 0 (sendA0) comes before micro-batch 0's forward"}));
 }
 
 TEST(PipelineSim, TimelineJson) {

@@ -61,10 +61,11 @@ TEST(Schedule, ExecutorRefusesABackwardBeforeItsForwardAndRepeats) {
 }
 
 TEST(Schedule, ActionNamesAndPeers) {
-  EXPECT_EQ(to_string(std::vector<Action>{forward_action(3), backward_action(0, 1), weight_action(2), send_activation(1),
-                                          recv_activation(1, 2), send_grad(0), recv_grad(4, 1)}),
+  EXPECT_EQ(to_string(std::vector<Action>{forward_action(3), backward_action(0, 1), weight_action(2),
+                                          send_activation(1), recv_activation(1, 2), send_grad(0), recv_grad(4, 1)}),
             "F3 B0c1 W2 sendA1 recvA1c2 sendG0 recvG4c1");
-  EXPECT_TRUE(is_p2p(recv_grad(0)) && is_send(send_grad(0)) && !is_send(recv_activation(0)) && !is_p2p(weight_action(0)));
+  EXPECT_TRUE(is_p2p(recv_grad(0)) && is_send(send_grad(0)));
+  EXPECT_TRUE(!is_send(recv_activation(0)) && !is_p2p(weight_action(0)));
   // Activations go to the next rank and gradients to the previous one, wrapping around.
   EXPECT_EQ(peer_of(send_activation(0), 3, 4), 0);
   EXPECT_EQ(peer_of(recv_grad(0), 1, 4), 2);
@@ -185,8 +186,9 @@ TEST(Schedule, ExecutorRefusesMisplacedTransfersAndMissingCallbacks) {
                                    {"action 0 (sendA0) comes before micro-batch 0's forward"}));
   EXPECT_TRUE(testing::throws_with([&] { run_schedule({forward_action(0), send_grad(0), backward_action(0)}, record); },
                                    {"action 1 (sendG0) comes before micro-batch 0's backward"}));
-  EXPECT_TRUE(testing::throws_with([&] { run_schedule({forward_action(0), weight_action(0), backward_action(0)}, record); },
-                                   {"action 1 (W0) comes before micro-batch 0's backward"}));
+  EXPECT_TRUE(
+      testing::throws_with([&] { run_schedule({forward_action(0), weight_action(0), backward_action(0)}, record); },
+                           {"action 1 (W0) comes before micro-batch 0's backward"}));
   EXPECT_TRUE(testing::throws_with(
       [&] { run_schedule({forward_action(0), backward_action(0), weight_action(0), weight_action(0)}, record); },
       {"action 3 (W0) repeats micro-batch 0's weight gradient"}));
@@ -207,8 +209,9 @@ TEST(Schedule, ExecutorRefusesMisplacedTransfersAndMissingCallbacks) {
   const StepCallbacks plain{[](int64_t) {}, [](int64_t, bool) {}};
   EXPECT_TRUE(testing::throws_with([&] { run_schedule({forward_action(0, 1)}, plain); },
                                    {"action 0 (F0c1) needs PipelineCallbacks"}));
-  EXPECT_TRUE(testing::throws_with([&] { run_schedule({forward_action(0), backward_action(0), weight_action(0)}, plain); },
-                                   {"action 2 (W0) needs PipelineCallbacks"}));
+  EXPECT_TRUE(
+      testing::throws_with([&] { run_schedule({forward_action(0), backward_action(0), weight_action(0)}, plain); },
+                           {"action 2 (W0) needs PipelineCallbacks"}));
 }
 
 }  // namespace
