@@ -1,0 +1,235 @@
+// Tests parallel/pipeline_sim.h on the generated schedules: no deadlock for a grid of sizes (with
+// batches waited where the executor waits, and with every batch blocking), every send received by
+// the receive that names it, data dependencies honoured in time, activations in flight bounded,
+// and the bubble against the formulas; a deadlock and a mismatched message are reported.
+#include "parallel/pipeline_sim.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "error_testing.h"
+#include "parallel/pipeline_schedule.h"
+
+namespace tessera {
+namespace {
+
+constexpr PipelineKind kKinds[] = {PipelineKind::GPipe, PipelineKind::OneFOneB, PipelineKind::Interleaved,
+                                   PipelineKind::ZeroBubbleH1};
+
+bool valid(int64_t pp, int64_t vpp, int64_t m, PipelineKind kind) {
+  try {
+    check_pipeline_schedule(pp, vpp, m, kind);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+std::string name(int64_t pp, int64_t vpp, int64_t m, PipelineKind kind) {
+  return std::string(pipeline_kind_name(kind)) + " pp " + std::to_string(pp) + " vpp " + std::to_string(vpp) +
+         " m " + std::to_string(m);
+}
+
+SimResult sim(int64_t pp, int64_t vpp, int64_t m, PipelineKind kind, SimOptions o = {}) {
+  return simulate(pipeline_schedule(pp, vpp, m, kind), o);
+}
+
+// The computations' spans happen in data order: micro-batch m's forward on virtual stage s ends
+// before it starts on s + 1, its backward on s + 1 ends before it starts on s, the last stage's
+// backward follows its forward, and W follows B.
+void expect_data_order(const SimResult& r, int64_t pp, int64_t vpp, int64_t m, const std::string& where) {
+  std::map<std::tuple<ActionKind, int64_t, int64_t>, SimSpan> span;  // (kind, m, virtual stage)
+  for (const SimSpan& s : r.spans) span[{s.action.kind, s.action.micro_batch, s.action.chunk * pp + s.rank}] = s;
+  const int64_t stages = pp * vpp;
+  for (int64_t mb = 0; mb < m; ++mb) {
+    for (int64_t s = 0; s + 1 < stages; ++s) {
+      ASSERT_LE(span.at({ActionKind::Forward, mb, s}).end, span.at({ActionKind::Forward, mb, s + 1}).start) << where;
+      ASSERT_LE(span.at({ActionKind::Backward, mb, s + 1}).end, span.at({ActionKind::Backward, mb, s}).start) << where;
+    }
+    ASSERT_LE(span.at({ActionKind::Forward, mb, stages - 1}).end, span.at({ActionKind::Backward, mb, stages - 1}).start)
+        << where;
+    for (int64_t s = 0; s < stages; ++s) {
+      if (span.count({ActionKind::BackwardWeight, mb, s})) {
+        ASSERT_LE(span.at({ActionKind::Backward, mb, s}).end, span.at({ActionKind::BackwardWeight, mb, s}).start)
+            << where;
+      }
+    }
+  }
+}
+
+// Every valid (pp 1..8, vpp 1..4, micro-batches 1..16, kind) runs to the end with its batches
+// waited where run_schedule waits them and, stricter, each waited as soon as it is posted (a
+// blocking batch_send_recv); the simulator matches every receive to the send it names (in posting
+// order between two ranks) and a send nobody receives would leave its batch waiting (a deadlock).
+TEST(PipelineSim, GridRunsWithoutDeadlock) {
+  int64_t runs = 0;
+  for (int64_t pp = 1; pp <= 8; ++pp)
+    for (int64_t vpp = 1; vpp <= 4; ++vpp)
+      for (int64_t m = 1; m <= 16; ++m)
+        for (PipelineKind kind : kKinds) {
+          if (!valid(pp, vpp, m, kind)) continue;
+          const Schedule s = pipeline_schedule(pp, vpp, m, kind);
+          for (P2pWait wait : {P2pWait::AtUse, P2pWait::AtPost}) {
+            const std::string where = name(pp, vpp, m, kind) + (wait == P2pWait::AtPost ? " blocking" : "");
+            SimOptions o;
+            o.wait = wait;
+            const SimResult r = simulate(s, o);
+            ASSERT_FALSE(r.deadlock) << where << ": " << (r.stuck.empty() ? "" : r.stuck[0]);
+            ASSERT_EQ(r.spans.size(), static_cast<size_t>(pp * vpp * m * (kind == PipelineKind::ZeroBubbleH1 ? 3 : 2)))
+                << where;
+            expect_data_order(r, pp, vpp, m, where);
+            ++runs;
+          }
+        }
+  EXPECT_EQ(runs, 2 * 406);
+}
+
+// 1F1B keeps at most pp - r micro-batches' activations on rank r (pp on the first), GPipe all m,
+// ZB-H1 at most pp on every rank (1F1B's peak), interleaved (vpp - 1) pp + 2 (pp - r - 1) + 1
+// chunks' (its warm-up, plus one).
+TEST(PipelineSim, ActivationsInFlight) {
+  for (int64_t pp = 1; pp <= 8; ++pp)
+    for (int64_t m = pp; m <= 16; ++m) {
+      const SimResult f1b = sim(pp, 1, m, PipelineKind::OneFOneB), gpipe = sim(pp, 1, m, PipelineKind::GPipe),
+                      zb = sim(pp, 1, m, PipelineKind::ZeroBubbleH1);
+      for (int64_t r = 0; r < pp; ++r) {
+        const size_t k = static_cast<size_t>(r);
+        EXPECT_EQ(f1b.ranks[k].peak_in_flight, pp - r) << name(pp, 1, m, PipelineKind::OneFOneB) << " rank " << r;
+        EXPECT_EQ(gpipe.ranks[k].peak_in_flight, m) << name(pp, 1, m, PipelineKind::GPipe) << " rank " << r;
+        EXPECT_LE(zb.ranks[k].peak_in_flight, pp) << name(pp, 1, m, PipelineKind::ZeroBubbleH1) << " rank " << r;
+      }
+      EXPECT_EQ(zb.ranks[0].peak_in_flight, pp);
+    }
+  for (int64_t pp = 2; pp <= 8; ++pp)
+    for (int64_t vpp = 2; vpp <= 4; ++vpp)
+      for (int64_t m = pp; m <= 16; m += pp) {
+        const SimResult r = sim(pp, vpp, m, PipelineKind::Interleaved);
+        for (int64_t k = 0; k < pp; ++k)
+          EXPECT_EQ(r.ranks[static_cast<size_t>(k)].peak_in_flight,
+                    std::min((vpp - 1) * pp + 2 * (pp - k - 1) + 1, vpp * m))
+              << name(pp, vpp, m, PipelineKind::Interleaved) << " rank " << k;
+      }
+}
+
+// With f = b and w folded into the backward, GPipe and 1F1B idle (p - 1)/(m + p - 1) of the step
+// on every rank; the formula holds for any f and b (checked at b = 2f and b = f, w = 0 and w = f).
+TEST(PipelineSim, BubbleOfGPipeAndOneFOneB) {
+  for (const SimOptions& o : {SimOptions{1, 1, 0}, SimOptions{1, 1, 1}, SimOptions{1, 2, 0}})
+    for (int64_t pp = 1; pp <= 8; ++pp)
+      for (int64_t m = 1; m <= 16; ++m)
+        for (PipelineKind kind : {PipelineKind::GPipe, PipelineKind::OneFOneB}) {
+          if (!valid(pp, 1, m, kind)) continue;
+          const SimResult r = sim(pp, 1, m, kind, o);
+          const double p = static_cast<double>(pp), n = static_cast<double>(m);
+          EXPECT_NEAR(r.bubble_fraction, (p - 1) / (n + p - 1), 1e-12) << name(pp, 1, m, kind);
+          EXPECT_NEAR(r.makespan, (n + p - 1) * (o.forward + o.backward + o.weight), 1e-9) << name(pp, 1, m, kind);
+          for (const SimRank& k : r.ranks) EXPECT_NEAR(k.idle, (p - 1) * (o.forward + o.backward + o.weight), 1e-9);
+        }
+}
+
+// Interleaving cuts the fill and drain into chunk-sized steps: the idle time is 1F1B's divided by
+// vpp, (p - 1)(f + b + w) / v, so the bubble relative to the work is (p - 1)/(v m). Measured exactly
+// so with equal costs and with b = 2f.
+TEST(PipelineSim, BubbleOfInterleaved) {
+  for (const SimOptions& o : {SimOptions{1, 1, 1}, SimOptions{1, 2, 0}})
+    for (int64_t pp = 2; pp <= 8; ++pp)
+      for (int64_t vpp = 2; vpp <= 4; ++vpp)
+        for (int64_t m = pp; m <= 16; m += pp) {
+          const SimResult r = sim(pp, vpp, m, PipelineKind::Interleaved, o);
+          const double p = static_cast<double>(pp), v = static_cast<double>(vpp), n = static_cast<double>(m);
+          const double step = o.forward + o.backward + o.weight;
+          for (const SimRank& k : r.ranks) {
+            EXPECT_NEAR(k.idle, (p - 1) * step / v, 1e-9) << name(pp, vpp, m, PipelineKind::Interleaved);
+            EXPECT_NEAR(k.idle / k.busy, (p - 1) / (v * n), 1e-9);
+          }
+        }
+}
+
+// ZB-H1 at f = b = w idles (p - 1)(f + b - w) per rank: a third of 1F1B's (p - 1)(f + b + w); and
+// it stays at or under 1F1B's idle time for other costs (b = 1.2, w = 0.8; W free).
+TEST(PipelineSim, BubbleOfZeroBubbleH1) {
+  for (int64_t pp = 2; pp <= 8; ++pp)
+    for (int64_t m = pp; m <= 16; ++m) {
+      const SimResult zb = sim(pp, 1, m, PipelineKind::ZeroBubbleH1), f1b = sim(pp, 1, m, PipelineKind::OneFOneB);
+      for (size_t k = 0; k < zb.ranks.size(); ++k) {
+        EXPECT_NEAR(zb.ranks[k].idle, static_cast<double>(pp - 1), 1e-9) << name(pp, 1, m, PipelineKind::ZeroBubbleH1);
+        EXPECT_NEAR(zb.ranks[k].idle / f1b.ranks[k].idle, 1.0 / 3.0, 1e-9);
+      }
+      for (const SimOptions& o : {SimOptions{1, 1.2, 0.8}, SimOptions{1, 1, 0}}) {
+        const double zb_idle = sim(pp, 1, m, PipelineKind::ZeroBubbleH1, o).ranks[0].idle;
+        EXPECT_LE(zb_idle, sim(pp, 1, m, PipelineKind::OneFOneB, o).ranks[0].idle + 1e-9)
+            << name(pp, 1, m, PipelineKind::ZeroBubbleH1) << " b " << o.backward << " w " << o.weight;
+      }
+    }
+}
+
+// Every transfer crosses a link, and the fill and drain cross 2 (pp - 1) of them in a row.
+TEST(PipelineSim, LatencyLengthensTheStep) {
+  for (PipelineKind kind : {PipelineKind::GPipe, PipelineKind::OneFOneB, PipelineKind::ZeroBubbleH1}) {
+    SimOptions slow;
+    slow.latency = 0.25;
+    const double base = sim(4, 1, 8, kind).makespan, with = sim(4, 1, 8, kind, slow).makespan;
+    EXPECT_GE(with, base + 2 * 3 * 0.25 - 1e-9) << pipeline_kind_name(kind);
+    EXPECT_FALSE(sim(4, 1, 8, kind, slow).deadlock);
+  }
+}
+
+// Hand-made lists: a deadlock names each stuck rank, its batch and what it waits for.
+TEST(PipelineSim, ReportsADeadlockWithTheStuckActions) {
+  // Rank 0 waits for the gradient before sending the activation that would produce it.
+  Schedule s{1, {{forward_action(0), recv_grad(0), backward_action(0), send_activation(0)},
+                 {recv_activation(0), forward_action(0), backward_action(0), send_grad(0)}}};
+  for (P2pWait wait : {P2pWait::AtUse, P2pWait::AtPost}) {
+    SimOptions o;
+    o.wait = wait;
+    const SimResult r = simulate(s, o);
+    ASSERT_TRUE(r.deadlock);
+    ASSERT_EQ(r.stuck.size(), 2u);
+    EXPECT_EQ(r.stuck[0], "rank 0 waits for its batch [recvG0] (actions 1-1): rank 1 has not posted sendG0 (it "
+                          "waits for its batch [recvA0])");
+    EXPECT_EQ(r.stuck[1], "rank 1 waits for its batch [recvA0] (actions 0-0): rank 0 has not posted sendA0 (it "
+                          "waits for its batch [recvG0])");
+  }
+  // A send nobody receives leaves its batch waiting at the end of the step.
+  Schedule lost{1,
+                {{forward_action(0), send_activation(0), backward_action(0)}, {forward_action(0), backward_action(0)}}};
+  const SimResult r = simulate(lost);
+  ASSERT_TRUE(r.deadlock);
+  EXPECT_EQ(r.stuck, (std::vector<std::string>{"rank 0 waits for its batch [sendA0] (actions 1-1): rank 1 has not "
+                                               "posted recvA0 (it has finished)"}));
+}
+
+TEST(PipelineSim, RefusesMismatchedMessagesAndMalformedLists) {
+  // Rank 1 posts its receives in another order than rank 0 sends: the first receive would get the
+  // other micro-batch's activation (same size, wrong data: the simulator refuses it).
+  Schedule swapped = pipeline_schedule(2, 1, 2, PipelineKind::GPipe);
+  swapped.stages[1] = {recv_activation(1), recv_activation(0), forward_action(0), forward_action(1),
+                       backward_action(0), send_grad(0), backward_action(1), send_grad(1)};
+  EXPECT_TRUE(testing::throws_with([&] { simulate(swapped); },
+                                   {"rank 1's action 0 (recvA1) would receive rank 0's action 1 (sendA0)",
+                                    "match in the order they are posted"}));
+  Schedule bad = pipeline_schedule(2, 1, 2, PipelineKind::GPipe);
+  std::swap(bad.stages[0][0], bad.stages[0][1]);  // sendA0 before F0
+  EXPECT_TRUE(testing::throws_with(
+      [&] { simulate(bad); }, {"simulate: rank 0: run_schedule: action 0 (sendA0) comes before micro-batch 0's forward"}));
+}
+
+TEST(PipelineSim, TimelineJson) {
+  const Schedule s = pipeline_schedule(2, 1, 2, PipelineKind::OneFOneB);
+  const SimOptions o;
+  const std::string json = timeline_json(s, simulate(s, o), "1f1b", o);
+  EXPECT_NE(json.find("\"schedule\": \"1f1b\", \"pp\": 2, \"vpp\": 1, \"micro_batches\": 2"), std::string::npos);
+  EXPECT_NE(json.find("\"deadlock\": false, \"makespan\": 9, \"bubble_fraction\": 0.333333333333"), std::string::npos)
+      << json;
+  EXPECT_NE(json.find("{\"rank\": 1, \"kind\": \"B\", \"micro_batch\": 1, \"chunk\": 0, \"start\": 5, \"end\": 7}"),
+            std::string::npos)
+      << json;
+}
+
+}  // namespace
+}  // namespace tessera
