@@ -1,6 +1,7 @@
 // Hugging Face export: config from the checkpoint's TOML, the per-preset name tables, a streaming
-// safetensors writer, config.json, and the tokenizer as GPT-2-style byte-level BPE files. The checkpoint is checked against the config first, so a
-// mismatch is one message listing every difference rather than a failure halfway through.
+// safetensors writer, config.json, and the tokenizer as GPT-2-style byte-level BPE files. The
+// checkpoint is checked against the config (and its tokenizer found) first, so a mismatch is one
+// message listing every difference rather than a failure halfway through.
 #include "app/checkpoint/hf_export.h"
 
 #include <toml++/toml.h>
@@ -297,7 +298,7 @@ HfTokenizer single_byte_tokenizer(const std::string& name, const std::string& by
   t.merges_txt = "#version: 0.2\n";  // Hugging Face skips the first line of merges.txt
   t.eos_id = eos_id;
   const std::u32string& eos = tokens.at(static_cast<size_t>(eos_id));
-  for (const char32_t c : eos) {  // as UTF-8: the special-token strings are JSON-encoded later
+  for (const char32_t c : eos) {  // as UTF-8 (all below U+0800): the special-token strings are JSON-encoded later
     if (c < 0x80) {
       t.eos_token += static_cast<char>(c);
     } else {
