@@ -48,7 +48,8 @@ void register_prepare(CLI::App& app, int& exit_code) {
   cmd->add_option("--input", args->inputs, "Input files: .jsonl (one JSON object per line, its \"text\") or plain text")
       ->required();
   cmd->add_option("--tokenizer", args->tokenizer, "Tokenizer: gpt2 or byte")->required();
-  cmd->add_option("--vocab", args->vocab_dir, "gpt2: directory holding encoder.json and vocab.bpe");
+  cmd->add_option("--vocab", args->vocab_dir,
+                  "gpt2: directory holding encoder.json and vocab.bpe (default: data/gpt2, scripts/get_data.sh)");
   cmd->add_option("--out", args->out, "Output prefix: writes PREFIX.bin and PREFIX.idx")->required();
   cmd->add_option("--val-fraction", args->val_fraction, "Hold out the last fraction of documents as PREFIX_val")
       ->capture_default_str();
@@ -71,11 +72,13 @@ void register_ckpt(CLI::App& app, int& exit_code) {
       on_one_process("ckpt inspect", [inspect, &exit_code] { exit_code = run_ckpt_inspect(*inspect, std::cout); }));
 
   auto exp = std::make_shared<CkptExportArgs>();
-  cmd = ckpt->add_subcommand("export", "Export the model to Hugging Face format (model.safetensors + config.json)");
+  cmd = ckpt->add_subcommand(
+      "export", "Export the model to Hugging Face format (model.safetensors, config.json and the tokenizer files)");
   cmd->add_option("file", exp->file, "Checkpoint file (.h5)")->required();
   cmd->add_option("--format", exp->format, "Output format")->check(CLI::IsMember({"safetensors"}))->capture_default_str();
   cmd->add_option("--out", exp->out_dir, "Output directory (created if needed)")->required();
   cmd->add_flag("--allow-non-finite", exp->allow_non_finite, "Export even when the model holds NaN or inf values");
+  cmd->add_option("--vocab", exp->vocab_dir, "GPT-2 tokenizer directory (default: data.vocab_dir, then data/gpt2)");
   cmd->callback(on_one_process("ckpt export", [exp, &exit_code] { exit_code = run_ckpt_export(*exp, std::cout); }));
 }
 void register_generate(CLI::App& app, int& exit_code) {
@@ -88,7 +91,8 @@ void register_generate(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--top-k", args->top_k, "Sample among the k most likely tokens (0 = all)")->capture_default_str();
   cmd->add_option("--seed", args->seed, "Sampling seed")->capture_default_str();
-  cmd->add_option("--vocab", args->vocab_dir, "GPT-2 tokenizer directory (encoder.json, vocab.bpe)");
+  cmd->add_option("--vocab", args->vocab_dir,
+                  "GPT-2 tokenizer directory (encoder.json, vocab.bpe; default: data.vocab_dir, then data/gpt2)");
   cmd->add_flag("--no-cache", args->no_cache, "Re-run the whole sequence for every token (for comparison)");
   cmd->add_flag("--stop-at-newline", args->stop_at_newline, "Stop after the first newline (addition answers)");
   cmd->callback(on_one_process("generate", [args, &exit_code] { exit_code = run_generate_command(*args); }));

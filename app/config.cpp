@@ -625,7 +625,9 @@ void check_sizes(const Config& c, const Origins* origins) {
   }
   try {
     const int64_t vocab = c.model.vocab_size > 0 ? c.model.vocab_size : kGpt2VocabSize;
-    estimate_training_memory(c, vocab, MemoryLayout{});
+    Config smallest = c;  // an automatic micro-batch can always be 1 (the trainer skips sizes that overflow)
+    if (smallest.train.micro_batch == 0) smallest.train.micro_batch = 1;
+    estimate_training_memory(smallest, vocab, MemoryLayout{});
   } catch (const SizeOverflow& e) {
     fail(std::string("the sizes this config asks for overflow 64-bit arithmetic (") + e.what() + "): " +
          show("train.micro_batch", c.train.micro_batch, origins) + ", " + show("train.seq_len", c.train.seq_len, origins) +
@@ -656,11 +658,12 @@ void validate(const Config& c, const Origins* origins) {
   if (c.optim.min_lr > c.optim.lr) {
     fail(show("optim.min_lr", c.optim.min_lr, origins) + " must be <= " + show("optim.lr", c.optim.lr, origins));
   }
-  if (c.train.global_batch % c.train.micro_batch != 0) {
+  if (c.train.micro_batch > 0 && c.train.global_batch % c.train.micro_batch != 0) {
     fail(show("train.global_batch", c.train.global_batch, origins) + " must be a multiple of " +
          show("train.micro_batch", c.train.micro_batch, origins));
   }
-  if (c.parallel.dp > 0) grad_accum_steps(c, c.parallel.dp);
+  if (c.parallel.dp > 0 && c.train.micro_batch > 0) grad_accum_steps(c, c.parallel.dp);
+  if (c.parallel.dp > 0 && c.train.micro_batch == 0) auto_micro_batch(c.train.global_batch, c.parallel.dp, {});
   if (c.model.max_seq_len > 0 && c.train.seq_len > c.model.max_seq_len) {
     fail(show("train.seq_len", c.train.seq_len, origins) + " must be <= " +
          show("model.max_seq_len", c.model.max_seq_len, origins));
@@ -780,12 +783,31 @@ std::string config_reference_markdown() {
 int64_t grad_accum_steps(const Config& c, int64_t dp_size) {
   const int64_t gb = c.train.global_batch, mb = c.train.micro_batch;
   if (dp_size < 1) fail("the data-parallel size must be >= 1, got " + std::to_string(dp_size));
+  if (mb < 1) fail("internal: train.micro_batch = 0 (automatic) was not resolved (auto_micro_batch) before use");
   if (gb % (mb * dp_size) != 0) {
     fail("train.global_batch = " + std::to_string(gb) + " must be a multiple of train.micro_batch x dp = " +
          std::to_string(mb) + " x " + std::to_string(dp_size) + " = " + std::to_string(mb * dp_size) +
          ": each optimizer step needs a whole number of micro-batches per data-parallel rank");
   }
   return gb / (mb * dp_size);
+}
+
+int64_t auto_micro_batch(int64_t global_batch, int64_t dp_size, const std::function<bool(int64_t)>& fits) {
+  if (dp_size < 1) fail("the data-parallel size must be >= 1, got " + std::to_string(dp_size));
+  if (global_batch % dp_size != 0) {
+    fail("train.global_batch = " + std::to_string(global_batch) + " must be a multiple of the data-parallel degree " +
+         "dp = " + std::to_string(dp_size) + ": every rank runs the same number of sequences per step " +
+         "(train.micro_batch = 0 picks the largest micro-batch that divides global_batch / dp)");
+  }
+  const int64_t per_rank = global_batch / dp_size;
+  std::vector<int64_t> divisors;  // ascending: small ones, then their partners
+  for (int64_t d = 1; d * d <= per_rank; ++d)
+    if (per_rank % d == 0) divisors.push_back(d);
+  for (size_t i = divisors.size(); i-- > 0;)
+    if (divisors[i] * divisors[i] != per_rank) divisors.push_back(per_rank / divisors[i]);
+  for (size_t i = divisors.size(); i-- > 0;)
+    if (!fits || fits(divisors[i])) return divisors[i];
+  return 1;
 }
 
 GridDegrees grid_degrees(const ParallelConfig& p) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <string>
@@ -139,7 +140,7 @@ struct DataConfig {
 struct TrainConfig {
   int64_t steps = 2000;
   int64_t global_batch = 32;
-  int64_t micro_batch = 8;
+  int64_t micro_batch = 0;  // 0 = automatic (auto_micro_batch), chosen by the trainer for its layout
   int64_t seq_len = 64;
   int64_t seed = 1337;
   int64_t eval_every = 200;
@@ -157,7 +158,9 @@ struct TrainConfig {
     v.field("global_batch", global_batch, "sequences per optimizer step, over all data-parallel "
             "ranks and accumulation steps", Allowed::at_least(1).at_most(kMaxBatch));
     v.field("micro_batch", micro_batch, "sequences per rank per forward/backward; gradient "
-            "accumulation steps = global_batch / (micro_batch x dp)", Allowed::at_least(1).at_most(kMaxBatch));
+            "accumulation steps = global_batch / (micro_batch x dp); 0 = automatic: the largest that divides "
+            "global_batch / dp and fits the memory estimate (printed in the run header)",
+            Allowed::at_least(0).at_most(kMaxBatch));
     v.field("seq_len", seq_len, "tokens per training sequence", Allowed::at_least(2).at_most(kMaxSeqLen));
     v.field("seed", seed, "seed of the parameter init (Philox) and of any training randomness",
             Allowed::at_least(0));
@@ -346,8 +349,15 @@ std::string to_toml(const Config& c);
 std::string config_reference_markdown();
 
 // Micro-batches each rank accumulates per optimizer step: global_batch / (micro_batch x dp_size)
-// (Megatron semantics). Throws naming the three numbers when it does not divide.
+// (Megatron semantics). Throws naming the three numbers when it does not divide, and when
+// micro_batch is still 0 (automatic: resolve it first with auto_micro_batch).
 int64_t grad_accum_steps(const Config& c, int64_t dp_size);
+
+// train.micro_batch = 0: the largest divisor of global_batch / dp_size for which fits(micro_batch)
+// is true (fits is monotone: a smaller micro-batch needs less memory), or 1 when none is (the
+// memory check then refuses the run, naming the keys). Throws naming the numbers when dp_size does
+// not divide global_batch: no micro-batch can work then.
+int64_t auto_micro_batch(int64_t global_batch, int64_t dp_size, const std::function<bool(int64_t)>& fits);
 
 // The process grid's degrees from [parallel] (tp, cp, pp, dp; dp = -1: the rest of the world).
 // Throws while pp or cp is above 1: neither is built yet (the message names what is).

@@ -39,10 +39,8 @@ class CharTokenizerAdapter : public Tokenizer {
 
 std::unique_ptr<Tokenizer> tokenizer_for(const Config& cfg, const std::string& vocab_dir_arg) {
   if (cfg.data.task == "addition") return std::make_unique<CharTokenizerAdapter>();
-  const std::string dir = !vocab_dir_arg.empty() ? vocab_dir_arg : cfg.data.vocab_dir;
-  TESSERA_CHECK(cfg.data.tokenizer != "gpt2" || !dir.empty(), "this checkpoint's data was tokenized with gpt2: ",
-                "pass --vocab DIR (the directory with encoder.json and vocab.bpe)");
-  return make_tokenizer(cfg.data.tokenizer, dir);
+  // No directory: make_tokenizer looks in the default one (the repository's data/gpt2).
+  return make_tokenizer(cfg.data.tokenizer, !vocab_dir_arg.empty() ? vocab_dir_arg : cfg.data.vocab_dir);
 }
 
 // Parameters of the checkpoint's /model, loaded into a fresh f32 model.

@@ -223,4 +223,34 @@ std::string check_training_memory(const Config& cfg, int64_t data_vocab_size, co
   return line;
 }
 
+Config with_auto_micro_batch(const Config& cfg, int64_t data_vocab_size, const MemoryLayout& layout, MPI_Comm comm) {
+  if (cfg.train.micro_batch > 0) return cfg;
+  const int64_t local = comm == MPI_COMM_NULL ? 1 : ranks_on_this_node(comm);
+  const AvailableMemory available = available_host_memory();
+  Config c = cfg;
+  std::string error;
+  int64_t mine = 1;
+  try {
+    mine = auto_micro_batch(cfg.train.global_batch, layout.dp, [&](int64_t micro_batch) {
+      c.train.micro_batch = micro_batch;
+      try {
+        return memory_problem(estimate_training_memory(c, data_vocab_size, layout), local, available).empty();
+      } catch (const SizeOverflow&) {
+        return false;  // sizes beyond 64 bits: a smaller micro-batch, or the check's message
+      }
+    });
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  if (comm != MPI_COMM_NULL) {
+    throw_if_any_failed(comm, error);
+    long long all = mine;  // nodes may have different memory available: the smallest choice fits everywhere
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_LONG_LONG, MPI_MIN, comm), "MPI_Allreduce (micro-batch)");
+    mine = all;
+  }
+  if (!error.empty()) throw Error(error);
+  c.train.micro_batch = mine;
+  return c;
+}
+
 }  // namespace tessera

@@ -226,9 +226,6 @@ void check_args(const PrepareArgs& a) {
                 (name.empty() ? out.parent_path() : out).string(), "/corpus (writes corpus.bin and corpus.idx there)");
   TESSERA_CHECK(a.val_fraction >= 0 && a.val_fraction < 1, "prepare: --val-fraction must be in [0, 1), got ",
                 a.val_fraction);
-  TESSERA_CHECK(a.tokenizer != "gpt2" || !a.vocab_dir.empty(),
-                "prepare: --tokenizer gpt2 needs --vocab DIR, a directory holding GPT-2's encoder.json and vocab.bpe ",
-                "(e.g. ../shared/data/gpt2)");
 }
 
 std::string plural(int64_t n, const char* word) {

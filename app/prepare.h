@@ -11,7 +11,7 @@ namespace tessera {
 struct PrepareArgs {
   std::vector<std::string> inputs;  // .jsonl: one JSON object per line, its "text"; else plain text
   std::string tokenizer;            // "gpt2" or "byte"
-  std::string vocab_dir;            // gpt2: the directory with encoder.json and vocab.bpe
+  std::string vocab_dir;            // gpt2: the directory with encoder.json and vocab.bpe; "" = data/gpt2
   std::string out;                  // output prefix: writes OUT.bin/.idx (and OUT_val.bin/.idx)
   double val_fraction = 0;          // the last fraction of documents goes to OUT_val
   std::string separator;            // plain text: split documents on this ("\n" escapes allowed); empty: one per file

@@ -61,6 +61,15 @@ std::vector<int64_t> all_ranks(int64_t world) {
   return ranks;
 }
 
+// train.micro_batch = 0 (automatic) chosen for this layout and this node's memory, before anything
+// reads it (app/memory_check.h); a config that sets it is returned as it is.
+Config resolve_micro_batch(const Config& cfg, const std::string& run_dir, MPI_Comm comm) {
+  if (cfg.train.micro_batch > 0) return cfg;
+  const ProcessGrid grid(grid_degrees(cfg.parallel), world_size_of(comm), world_rank_of(comm));
+  const bool checkpoints = !checkpoint_dir(cfg, run_dir).empty() && comm != MPI_COMM_NULL;
+  return with_auto_micro_batch(cfg, data_vocab_size(cfg), {grid.tp_size(), grid.dp_size(), checkpoints}, comm);
+}
+
 DpOptimizerOptions dp_optimizer_options(const ParallelConfig& p) {
   return {p.zero == 1, p.bucket_mb, p.overlap_grad_reduce};
 }
@@ -78,15 +87,16 @@ FlatParams flat_params_of(const ParameterStore& ps) {
 }  // namespace
 
 Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, Watchdog* watchdog)
-    : cfg_(cfg),
+    : cfg_(resolve_micro_batch(cfg, run_dir, comm)),
       run_dir_(run_dir),
       world_(comm),
       grid_(grid_degrees(cfg.parallel), world_size_of(comm), world_rank_of(comm)),
       lead_(grid_.rank() == 0),
-      accum_(tessera::grad_accum_steps(cfg, grid_.dp_size())),
-      data_(open_training_data(cfg)),
-      sampler_(data_.train->num_samples(), static_cast<uint64_t>(cfg.train.seed)),
-      layout_{cfg.train.global_batch, cfg.train.micro_batch, grid_.dp_size(), grid_.dp_rank()},
+      auto_micro_batch_(cfg.train.micro_batch == 0),
+      accum_(tessera::grad_accum_steps(cfg_, grid_.dp_size())),
+      data_(open_training_data(cfg_)),
+      sampler_(data_.train->num_samples(), static_cast<uint64_t>(cfg_.train.seed)),
+      layout_{cfg_.train.global_batch, cfg_.train.micro_batch, grid_.dp_size(), grid_.dp_rank()},
       progress_(cfg.log.progress, grid_.rank() == 0) {
   const ModelConfig mc = resolve(to_model_config(cfg_, data_.vocab_size));
   validate_layout(cfg_, mc, grid_.world_size());
@@ -392,7 +402,8 @@ void Trainer::print_header() {
   std::ostringstream os;
   os << "model " << model_->config().preset << ": " << params_->global_numel() << " parameters, "
      << model_->config().n_layer << " layers, C=" << model_->config().n_embd << " | batch "
-     << cfg_.train.global_batch << " x " << cfg_.train.seq_len << " tokens (micro " << cfg_.train.micro_batch
+     << cfg_.train.global_batch << " x " << cfg_.train.seq_len << " tokens (micro "
+     << (auto_micro_batch_ ? "auto = " : "") << cfg_.train.micro_batch
      << ", accumulation " << accum_ << ") | " << cfg_.train.steps << " steps | MFU vs "
      << (cfg_.log.peak_gflops > 0 ? "log.peak_gflops " : "CPU peak ") << static_cast<int64_t>(peak_flops_ / 1e9)
      << " GFLOP/s";

@@ -131,6 +131,7 @@ class Trainer {
   ProcessGrid grid_;                  // tp x dp: the tp ranks of a replica share the model
   std::unique_ptr<GridComms> comms_;
   bool lead_ = true;                  // rank 0: prints, writes metrics
+  bool auto_micro_batch_ = false;     // train.micro_batch = 0: cfg_ holds the one chosen (header)
   int64_t accum_ = 1;
   TrainingData data_;
   Sampler sampler_;

@@ -27,6 +27,14 @@ TrainingData open_addition(const Config& cfg) {
   d.task = task;
   return d;
 }
+}  // namespace
+
+int64_t data_vocab_size(const Config& cfg) {
+  if (cfg.data.task == "addition") return CharTokenizer().vocab_size();
+  return cfg.data.tokenizer == "gpt2" ? kGpt2VocabSize : ByteTokenizer().vocab_size();
+}
+
+namespace {
 // The vocabulary the token ids are checked against: the model's (which may pad the tokenizer's).
 int64_t token_vocab(const Config& cfg) {
   if (cfg.model.vocab_size > 0) return cfg.model.vocab_size;
@@ -41,7 +49,7 @@ TrainingData open_tokens(const Config& cfg) {
   const int64_t T = cfg.train.seq_len, V = token_vocab(cfg);
   const bool hold_out = cfg.data.valid.empty() && cfg.data.val_fraction > 0;
   TrainingData d;
-  d.vocab_size = cfg.data.tokenizer == "gpt2" ? kGpt2VocabSize : ByteTokenizer().vocab_size();
+  d.vocab_size = data_vocab_size(cfg);
   std::vector<std::shared_ptr<const Dataset>> parts;
   std::vector<double> weights;
   for (size_t i = 0; i < sources.size(); ++i) {

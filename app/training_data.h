@@ -21,4 +21,7 @@ struct TrainingData {
 
 TrainingData open_training_data(const Config& cfg);
 
+// The vocabulary of the data [data] describes (TrainingData::vocab_size), without opening it.
+int64_t data_vocab_size(const Config& cfg);
+
 }  // namespace tessera

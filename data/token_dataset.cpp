@@ -132,7 +132,8 @@ TokenFileFormat detect_token_format(const std::string& path) {
   if (ends_with(path, ".idx") || fs::exists(prefix + ".idx")) return TokenFileFormat::kIndexed;
   if (fs::is_regular_file(path) && has_llmc_magic(path)) return TokenFileFormat::kLlmcShard;
   TESSERA_CHECK(fs::exists(path) || fs::exists(prefix + ".bin"), "missing data file ", path);
-  detail::fail(path, " is neither an llm.c token shard (int32 ", kLlmcMagic, " in its first 4 bytes) nor an ",
+  detail::fail(path, " is neither an llm.c token shard (int32 ", kLlmcMagic, " or ", kLlmcLlama3Magic,
+               " in its first 4 bytes) nor an ",
                "indexed dataset (", prefix, ".idx is missing)");
 }
 

@@ -20,6 +20,7 @@ decltype(auto) visit_integer(TokenDType dtype, F&& f) {
     case TokenDType::kInt32: return f(int32_t{});
     case TokenDType::kInt64: return f(int64_t{});
     case TokenDType::kUInt16: return f(uint16_t{});
+    case TokenDType::kUInt32: return f(uint32_t{});
     default: detail::fail("token ids of dtype ", token_dtype_name(dtype), " are not integers");
   }
 }
@@ -34,7 +35,7 @@ int64_t token_dtype_size(TokenDType dtype) {
   switch (dtype) {
     case TokenDType::kUInt8: case TokenDType::kInt8: return 1;
     case TokenDType::kInt16: case TokenDType::kUInt16: return 2;
-    case TokenDType::kInt32: case TokenDType::kFloat32: return 4;
+    case TokenDType::kInt32: case TokenDType::kUInt32: case TokenDType::kFloat32: return 4;
     case TokenDType::kInt64: case TokenDType::kFloat64: return 8;
   }
   return 0;
@@ -50,6 +51,7 @@ const char* token_dtype_name(TokenDType dtype) {
     case TokenDType::kFloat64: return "float64";
     case TokenDType::kFloat32: return "float32";
     case TokenDType::kUInt16: return "uint16";
+    case TokenDType::kUInt32: return "uint32";
   }
   return "?";
 }

@@ -22,6 +22,8 @@ enum class TokenDType : uint8_t {
   kFloat64 = 6,
   kFloat32 = 7,
   kUInt16 = 8,
+  // Not a Megatron code (token_dtype_from_code never returns it): llm.c's Llama 3 shards.
+  kUInt32 = 100,
 };
 
 // The dtype for a code read from a file, or nothing for a code Megatron does not define.

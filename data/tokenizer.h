@@ -36,8 +36,15 @@ class ByteTokenizer : public Tokenizer {
   std::string name() const override { return "byte"; }
 };
 
-// "byte", or "gpt2" loaded from vocab_dir (a directory holding encoder.json and vocab.bpe).
-// An unknown kind or missing files are errors naming what was expected.
+// "byte", or "gpt2" loaded from vocab_dir (a directory holding encoder.json and vocab.bpe), or
+// from default_gpt2_vocab_dir() when vocab_dir is empty. An unknown kind or missing files are
+// errors naming what was expected and where it was looked for.
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::string& vocab_dir);
+
+// Where tokenizer files are looked for when no directory is named: $TESSERA_DATA_DIR when it is
+// set, else the data/ directory of the repository this binary was built from (where
+// scripts/get_data.sh puts them). GPT-2's files are in its gpt2/ subdirectory.
+std::string default_data_dir();
+std::string default_gpt2_vocab_dir();
 
 }  // namespace tessera

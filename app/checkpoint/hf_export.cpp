@@ -1,6 +1,7 @@
 // Hugging Face export: config from the checkpoint's TOML, the per-preset name tables, a streaming
-// safetensors writer and config.json. The checkpoint is checked against the config first, so a
-// mismatch is one message listing every difference rather than a failure halfway through.
+// safetensors writer, config.json, and the tokenizer as GPT-2-style byte-level BPE files. The
+// checkpoint is checked against the config (and its tokenizer found) first, so a mismatch is one
+// message listing every difference rather than a failure halfway through.
 #include "app/checkpoint/hf_export.h"
 
 #include <toml++/toml.h>
@@ -12,9 +13,13 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <sstream>
 
 #include "app/checkpoint/atomic_file.h"
 #include "app/config.h"
+#include "data/addition.h"
+#include "data/gpt2_tokenizer.h"
+#include "data/tokenizer.h"
 #include "kernels/allocator.h"
 #include "kernels/check.h"
 #include "model/gpt.h"
@@ -196,7 +201,10 @@ std::string num(int64_t v) { return std::to_string(v); }
 
 }  // namespace
 
-std::string hf_config_json(const ModelConfig& cfg) {
+std::string hf_config_json(const ModelConfig& cfg, int32_t eos_id) {
+  // Without these Hugging Face assumes bos 1 and eos 2 (LLaMA's SentencePiece ids), and generate()
+  // stops on whatever token 2 is ("#" in GPT-2's vocabulary).
+  const std::string eos = num(eos_id);
   if (cfg.preset == "gpt2") {
     return json_object({{"architectures", "[\"GPT2LMHeadModel\"]"},
                         {"model_type", json_string("gpt2")},
@@ -209,6 +217,8 @@ std::string hf_config_json(const ModelConfig& cfg) {
                         {"activation_function", json_string("gelu_new")},
                         {"layer_norm_epsilon", json_number(cfg.norm_eps)},
                         {"tie_word_embeddings", "true"},
+                        {"bos_token_id", eos},
+                        {"eos_token_id", eos},
                         {"torch_dtype", json_string("float32")}});
   }
   TESSERA_CHECK(cfg.preset == "llama", "no Hugging Face config for model.preset = \"", cfg.preset, "\"");
@@ -225,7 +235,143 @@ std::string hf_config_json(const ModelConfig& cfg) {
                       {"rope_theta", json_number(cfg.rope_theta)},
                       {"tie_word_embeddings", "false"},
                       {"hidden_act", json_string("silu")},
+                      {"bos_token_id", eos},
+                      {"eos_token_id", eos},
                       {"torch_dtype", json_string("float32")}});
+}
+
+// ---- the tokenizer ----
+
+namespace {
+
+// The [data] keys that say which tokenizer made the training data; absent keys keep the trainer's
+// defaults (task "addition", tokenizer "gpt2").
+struct StoredData {
+  std::string task = DataConfig{}.task, tokenizer = DataConfig{}.tokenizer, vocab_dir;
+};
+
+StoredData stored_data(const CheckpointReader& reader) {
+  StoredData d;
+  const toml::table config = parse_stored_config(reader);
+  if (const toml::table* data = config["data"].as_table()) {
+    if (auto v = (*data)["task"].value<std::string>()) d.task = *v;
+    if (auto v = (*data)["tokenizer"].value<std::string>()) d.tokenizer = *v;
+    if (auto v = (*data)["vocab_dir"].value<std::string>()) d.vocab_dir = *v;
+  }
+  return d;
+}
+
+// A token's characters as a JSON string, ASCII only (as OpenAI's encoder.json): other code points
+// (GPT-2's byte characters are below U+0200) as \uXXXX.
+std::string json_token(const std::u32string& token) {
+  std::string out = "\"";
+  for (const char32_t c : token) {
+    if (c == U'"' || c == U'\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      TESSERA_CHECK(c < 0x10000, "internal: token code point ", static_cast<uint32_t>(c), " needs a surrogate pair");
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c));
+      out += buf;
+    }
+  }
+  return out + "\"";
+}
+
+// A tokenizer whose tokens are single bytes: bytes[i] is id i, written as GPT-2's byte character;
+// no merges. `extra` follows at the next id (the byte tokenizer's <|endoftext|>).
+HfTokenizer single_byte_tokenizer(const std::string& name, const std::string& bytes, const std::string& extra,
+                                  int32_t eos_id) {
+  const std::array<char32_t, 256> chars = gpt2_byte_to_unicode();
+  HfTokenizer t;
+  t.name = name;
+  std::vector<std::u32string> tokens;
+  for (const char b : bytes) tokens.push_back(std::u32string(1, chars[static_cast<unsigned char>(b)]));
+  if (!extra.empty()) tokens.push_back(std::u32string(extra.begin(), extra.end()));
+  t.vocab_size = static_cast<int64_t>(tokens.size());
+  t.vocab_json = "{";
+  for (size_t i = 0; i < tokens.size(); ++i) t.vocab_json += (i ? ", " : "") + json_token(tokens[i]) + ": " + num(int64_t(i));
+  t.vocab_json += "}";
+  t.merges_txt = "#version: 0.2\n";  // Hugging Face skips the first line of merges.txt
+  t.eos_id = eos_id;
+  const std::u32string& eos = tokens.at(static_cast<size_t>(eos_id));
+  for (const char32_t c : eos) {  // as UTF-8 (all below U+0800): the special-token strings are JSON-encoded later
+    if (c < 0x80) {
+      t.eos_token += static_cast<char>(c);
+    } else {
+      t.eos_token += static_cast<char>(0xC0 | (c >> 6));
+      t.eos_token += static_cast<char>(0x80 | (c & 0x3F));
+    }
+  }
+  return t;
+}
+
+std::string read_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  TESSERA_CHECK(in.good(), "cannot read ", path.string());
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+HfTokenizer gpt2_tokenizer(const std::string& dir_arg, const std::string& stored_dir) {
+  // --vocab, else the directory the run used when it is still there, else the default one.
+  std::string dir = dir_arg;
+  if (dir.empty() && !stored_dir.empty() && fs::is_directory(stored_dir)) dir = stored_dir;
+  const std::unique_ptr<Tokenizer> tok = make_tokenizer("gpt2", dir);  // checks the files
+  if (dir.empty()) dir = default_gpt2_vocab_dir();
+  HfTokenizer t;
+  t.name = "gpt2";
+  t.vocab_size = tok->vocab_size();
+  t.eos_id = tok->eot_id();
+  t.eos_token = "<|endoftext|>";
+  t.vocab_json = read_bytes(fs::path(dir) / "encoder.json");  // the same format as vocab.json
+  t.merges_txt = read_bytes(fs::path(dir) / "vocab.bpe");
+  // The "#version" line is optional in vocab.bpe, but Hugging Face drops merges.txt's first line.
+  if (!t.merges_txt.starts_with("#version")) t.merges_txt = "#version: 0.2\n" + t.merges_txt;
+  return t;
+}
+
+}  // namespace
+
+HfTokenizer hf_tokenizer_of(const CheckpointReader& reader, const std::string& vocab_dir) {
+  const StoredData d = stored_data(reader);
+  if (d.task == "addition") {
+    const std::string alphabet = CharTokenizer::kAlphabet;
+    return single_byte_tokenizer("addition characters", alphabet, "", static_cast<int32_t>(alphabet.find('\n')));
+  }
+  TESSERA_CHECK(d.task == "tokens", "the config stored in ", reader.path(), " has data.task = \"", d.task,
+                "\"; expected \"addition\" or \"tokens\"");
+  if (d.tokenizer == "byte") {
+    std::string bytes(256, '\0');
+    for (int b = 0; b < 256; ++b) bytes[static_cast<size_t>(b)] = static_cast<char>(b);
+    return single_byte_tokenizer("byte", bytes, "<|endoftext|>", ByteTokenizer().eot_id());
+  }
+  TESSERA_CHECK(d.tokenizer == "gpt2", "the config stored in ", reader.path(), " has data.tokenizer = \"", d.tokenizer,
+                "\"; expected \"gpt2\" or \"byte\"");
+  return gpt2_tokenizer(vocab_dir, d.vocab_dir);
+}
+
+std::string hf_tokenizer_config_json(const HfTokenizer& tok, int64_t max_seq_len) {
+  const std::string eos = json_string(tok.eos_token);
+  // No prefix space and no clean-up of spaces before punctuation: decode(encode(s)) == s, as in tessera.
+  return json_object({{"tokenizer_class", json_string("GPT2Tokenizer")},
+                      {"model_max_length", num(max_seq_len)},
+                      {"bos_token", eos},
+                      {"eos_token", eos},
+                      {"unk_token", eos},
+                      {"add_prefix_space", "false"},
+                      {"add_bos_token", "false"},
+                      {"clean_up_tokenization_spaces", "false"},
+                      {"errors", json_string("replace")}});
+}
+
+std::string hf_special_tokens_map_json(const HfTokenizer& tok) {
+  const std::string eos = json_string(tok.eos_token);
+  return json_object({{"bos_token", eos}, {"eos_token", eos}, {"unk_token", eos}});
 }
 
 // ---- safetensors ----
@@ -315,9 +461,21 @@ SafetensorsEntry entry_for(const CheckpointReader& reader, const HfTensor& t) {
 
 }  // namespace
 
-HfExportSummary export_hf_safetensors(const CheckpointReader& reader, const std::string& out_dir) {
+namespace {
+void write_text_file(const std::string& dir, const std::string& name, const std::string& text) {
+  AtomicFile f((fs::path(dir) / name).string());
+  f.write(text);
+  f.commit();
+}
+}  // namespace
+
+HfExportSummary export_hf_safetensors(const CheckpointReader& reader, const std::string& out_dir,
+                                      const std::string& vocab_dir) {
   const ModelConfig cfg = model_config_of(reader);
   check_shapes(reader, model_tensor_shapes(cfg));
+  const HfTokenizer tok = hf_tokenizer_of(reader, vocab_dir);  // before anything is written
+  TESSERA_CHECK(tok.vocab_size <= cfg.vocab_size, reader.path(), ": the model's vocabulary (", cfg.vocab_size,
+                ") is smaller than its tokenizer's (", tok.name, ", ", tok.vocab_size, ")");
   std::vector<SafetensorsEntry> entries;
   HfExportSummary summary;
   summary.architecture = cfg.preset == "gpt2" ? "GPT2LMHeadModel" : "LlamaForCausalLM";
@@ -326,13 +484,18 @@ HfExportSummary export_hf_safetensors(const CheckpointReader& reader, const std:
     summary.parameters += entries.back().shape.numel();
   }
   summary.tensors = static_cast<int64_t>(entries.size());
+  summary.tokenizer = tok.name;
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   TESSERA_CHECK(!ec, "cannot create the directory ", out_dir, ": ", ec.message());
   write_safetensors((fs::path(out_dir) / "model.safetensors").string(), entries, {{"format", "pt"}});
-  AtomicFile config((fs::path(out_dir) / "config.json").string());
-  config.write(hf_config_json(cfg));
-  config.commit();
+  write_text_file(out_dir, "config.json", hf_config_json(cfg, tok.eos_id));
+  write_text_file(out_dir, "generation_config.json",
+                  json_object({{"bos_token_id", num(tok.eos_id)}, {"eos_token_id", num(tok.eos_id)}}));
+  write_text_file(out_dir, "vocab.json", tok.vocab_json);
+  write_text_file(out_dir, "merges.txt", tok.merges_txt);
+  write_text_file(out_dir, "tokenizer_config.json", hf_tokenizer_config_json(tok, cfg.max_seq_len));
+  write_text_file(out_dir, "special_tokens_map.json", hf_special_tokens_map_json(tok));
   return summary;
 }
 

@@ -1,5 +1,5 @@
 // Export of a checkpoint's model to Hugging Face transformers: model.safetensors with HF tensor
-// names (GPT2LMHeadModel or LlamaForCausalLM) and config.json. The name mapping is one table per
+// names (GPT2LMHeadModel or LlamaForCausalLM), config.json and the tokenizer it was trained with. The name mapping is one table per
 // preset (docs/checkpoints.md); each HF tensor is a concatenation of tessera tensors along dim 0,
 // optionally transposed (GPT-2's Conv1D stores weights as (in, out)).
 #pragma once
@@ -32,8 +32,32 @@ struct HfTensor {
 };
 // The mapping table for cfg's preset, in HF module order.
 std::vector<HfTensor> hf_tensor_map(const ModelConfig& cfg);
-// config.json for cfg (a complete JSON document).
-std::string hf_config_json(const ModelConfig& cfg);
+// The tokenizer the checkpoint's model was trained with (its stored [data] section), as Hugging
+// Face's byte-level BPE files, so that AutoTokenizer.from_pretrained(export dir) loads it:
+// - data.tokenizer = "gpt2": GPT-2's encoder.json and vocab.bpe as vocab.json and merges.txt (the
+//   same format), special token <|endoftext|> = 50256;
+// - "byte": the 256 bytes as single-byte tokens (GPT-2's byte-to-unicode characters, ids = byte
+//   values) and no merges, <|endoftext|> = 256: exactly the byte tokenizer;
+// - data.task = "addition": its 13 characters "0123456789+=\n" the same way, "\n" (id 12) ends a
+//   sequence.
+// bos = eos = unk = the end-of-document token, as in GPT-2.
+struct HfTokenizer {
+  std::string name;        // "gpt2", "byte", "addition characters"
+  int64_t vocab_size = 0;  // of the tokenizer (the model may pad beyond it)
+  int32_t eos_id = 0;      // also bos: config.json's bos_token_id / eos_token_id
+  std::string eos_token;   // its token string in vocab.json ("<|endoftext|>")
+  std::string vocab_json, merges_txt;
+};
+// GPT-2's files come from vocab_dir, else the stored data.vocab_dir when it exists, else the
+// default directory (data/tokenizer.h default_gpt2_vocab_dir); missing files are an error naming
+// where they were looked for.
+HfTokenizer hf_tokenizer_of(const CheckpointReader& reader, const std::string& vocab_dir);
+// tokenizer_config.json and special_tokens_map.json for tok (model_max_length = max_seq_len).
+std::string hf_tokenizer_config_json(const HfTokenizer& tok, int64_t max_seq_len);
+std::string hf_special_tokens_map_json(const HfTokenizer& tok);
+
+// config.json for cfg (a complete JSON document); bos_token_id and eos_token_id = eos_id.
+std::string hf_config_json(const ModelConfig& cfg, int32_t eos_id);
 
 // A tensor to store in a safetensors file; data() produces its float32 values when written, so
 // only one tensor at a time is in memory.
@@ -51,11 +75,14 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsEnt
 
 struct HfExportSummary {
   std::string architecture;  // "GPT2LMHeadModel"
+  std::string tokenizer;     // "gpt2"
   int64_t tensors = 0;
   int64_t parameters = 0;
 };
-// Checks the checkpoint's /model against its config (every mismatch listed), then writes
-// out_dir/model.safetensors and out_dir/config.json (creating out_dir).
-HfExportSummary export_hf_safetensors(const CheckpointReader& reader, const std::string& out_dir);
+// Checks the checkpoint's /model against its config (every mismatch listed) and finds its tokenizer,
+// then writes out_dir/model.safetensors, config.json, generation_config.json and the tokenizer's
+// vocab.json, merges.txt, tokenizer_config.json and special_tokens_map.json (creating out_dir).
+HfExportSummary export_hf_safetensors(const CheckpointReader& reader, const std::string& out_dir,
+                                      const std::string& vocab_dir = "");
 
 }  // namespace tessera

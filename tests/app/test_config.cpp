@@ -68,7 +68,7 @@ TEST(Config, DefaultsMatchTheContract) {
   EXPECT_EQ(c.data.digits, 2);
   EXPECT_EQ(c.train.steps, 2000);
   EXPECT_EQ(c.train.global_batch, 32);
-  EXPECT_EQ(c.train.micro_batch, 8);
+  EXPECT_EQ(c.train.micro_batch, 0);  // automatic
   EXPECT_EQ(c.train.seq_len, 64);
   EXPECT_EQ(c.train.name, "");
   EXPECT_DOUBLE_EQ(c.optim.lr, 3e-4);
@@ -337,12 +337,40 @@ TEST(ConfigValidation, MinLrAboveLrNamesBothAndWhereTheyCameFrom) {
 }
 
 TEST(ConfigValidation, GlobalBatchMustBeAMultipleOfMicroBatch) {
-  expect_contains(parse_error("[train]\nglobal_batch = 30\n"),
-                  {"train.global_batch = 30 (configs/x.toml:2)", "multiple of train.micro_batch = 8 (default)"});
+  expect_contains(parse_error("[train]\nglobal_batch = 30\n", {"train.micro_batch=8"}),
+                  {"train.global_batch = 30 (configs/x.toml:2)", "multiple of train.micro_batch = 8 (--set"});
+  EXPECT_NO_THROW(parse_config_string("[train]\nglobal_batch = 30\n", "x.toml"));  // automatic: 30 on one rank
 }
 
 TEST(ConfigValidation, ExplicitDpMustDivideTheBatch) {
-  expect_contains(parse_error("[parallel]\ndp = 3\n"), {"train.global_batch = 32", "8 x 3 = 24"});
+  expect_contains(parse_error("[parallel]\ndp = 3\n", {"train.micro_batch=8"}), {"train.global_batch = 32", "8 x 3 = 24"});
+  // An automatic micro-batch needs global_batch / dp to be whole.
+  expect_contains(parse_error("[parallel]\ndp = 3\n"),
+                  {"train.global_batch = 32 must be a multiple of the data-parallel degree dp = 3"});
+  EXPECT_NO_THROW(parse_config_string("[parallel]\ndp = 4\n", "x.toml"));
+}
+
+// train.micro_batch = 0: the largest divisor of global_batch / dp that fits.
+TEST(ConfigValidation, AutoMicroBatchIsTheLargestDivisorThatFits) {
+  const auto any = [](int64_t) { return true; };
+  EXPECT_EQ(auto_micro_batch(32, 1, any), 32);
+  EXPECT_EQ(auto_micro_batch(32, 2, any), 16);  // the quickstart under mpirun -n 2
+  EXPECT_EQ(auto_micro_batch(32, 32, any), 1);
+  EXPECT_EQ(auto_micro_batch(36, 1, [](int64_t b) { return b <= 10; }), 9);  // divisors 1 2 3 4 6 9 12 18 36
+  EXPECT_EQ(auto_micro_batch(49, 1, [](int64_t b) { return b < 49; }), 7);   // a square's root once
+  EXPECT_EQ(auto_micro_batch(97, 1, [](int64_t b) { return b < 97; }), 1);   // a prime
+  EXPECT_EQ(auto_micro_batch(512, 4, [](int64_t b) { return b <= 100; }), 64);
+  EXPECT_EQ(auto_micro_batch(8, 1, [](int64_t) { return false; }), 1);  // the memory check refuses it then
+  EXPECT_EQ(auto_micro_batch(1000000000, 1, [](int64_t b) { return b <= 3; }), 2);
+  std::vector<int64_t> asked;
+  auto_micro_batch(12, 1, [&](int64_t b) { asked.push_back(b); return b <= 4; });
+  EXPECT_EQ(asked, (std::vector<int64_t>{12, 6, 4}));  // largest first, stops at the first that fits
+  expect_contains(error_of([&] { auto_micro_batch(30, 4, any); }),
+                  {"train.global_batch = 30", "multiple of the data-parallel degree dp = 4"});
+  expect_contains(error_of([&] { auto_micro_batch(32, 0, any); }), {"data-parallel size"});
+  // Unresolved, grad_accum_steps refuses rather than divides by zero.
+  Config c;
+  expect_contains(error_of([&] { grad_accum_steps(c, 1); }), {"train.micro_batch = 0", "not resolved"});
 }
 
 TEST(ConfigValidation, SeqLenMustFitTheModel) {
@@ -463,7 +491,7 @@ TEST(ConfigErrors, AbsurdIntegersAreRefusedWithASaneRange) {
       {"model.n_layer", "in [1, 65536]"},         {"model.n_head", "in [1, 65536]"},
       {"model.n_embd", "in [1, 1048576]"},        {"model.vocab_size", "in [0, 2147483647]"},
       {"model.ffn_hidden", "in [0, 4194304]"},    {"model.max_seq_len", "in [0, 1073741824]"},
-      {"train.seq_len", "in [2, 1073741824]"},    {"train.micro_batch", "in [1, 1000000000]"},
+      {"train.seq_len", "in [2, 1073741824]"},    {"train.micro_batch", "in [0, 1000000000]"},
       {"train.global_batch", "in [1, 1000000000]"}, {"train.eval_batches", "in [1, 1000000]"},
       {"data.val_examples", "in [1, 1048576]"},
   };

@@ -74,6 +74,35 @@ TEST(MemoryCheckLayouts, EstimateEqualsEachRanksPeak) {
   }
 }
 
+// train.micro_batch = 0: the largest divisor of global_batch / dp whose estimate fits what is
+// available (TESSERA_TEST_MEMORY_AVAILABLE stands for the node's memory).
+TEST(MemoryCheck, AutoMicroBatchIsTheLargestThatFitsTheAvailableMemory) {
+  const Config cfg = tiny({"train.micro_batch=0", "train.global_batch=64"});
+  const MemoryLayout one{1, 1, false};
+  const auto estimate = [&](int64_t micro_batch) {
+    Config c = cfg;
+    c.train.micro_batch = micro_batch;
+    return estimate_training_memory(c, 13, one).total();
+  };
+  const auto chosen = [&](int64_t available, const MemoryLayout& layout) {
+    ::setenv("TESSERA_TEST_MEMORY_AVAILABLE", std::to_string(available).c_str(), 1);
+    const int64_t b = with_auto_micro_batch(cfg, 13, layout, MPI_COMM_NULL).train.micro_batch;
+    ::unsetenv("TESSERA_TEST_MEMORY_AVAILABLE");
+    return b;
+  };
+  ASSERT_LT(estimate(8), estimate(16));
+  EXPECT_EQ(chosen(int64_t{1} << 50, one), 64);
+  EXPECT_EQ(chosen((estimate(8) + estimate(16)) / 2, one), 8);
+  EXPECT_EQ(chosen(estimate(16), one), 16);
+  EXPECT_EQ(chosen(1000, one), 1);  // nothing fits: 1, and the memory check then refuses the run
+  EXPECT_EQ(chosen(int64_t{1} << 50, MemoryLayout{1, 4, false}), 16);  // 64 / dp 4
+  // A micro_batch of the config's own is kept, even when it does not fit.
+  EXPECT_EQ(with_auto_micro_batch(tiny({}), 13, one, MPI_COMM_NULL).train.micro_batch, 8);
+  EXPECT_THROW(with_auto_micro_batch(cfg, 13, MemoryLayout{1, 3, false}, MPI_COMM_NULL), Error);  // 64 / 3
+  // The trainer resolves it before anything reads it: one micro-batch of 64 per step.
+  EXPECT_EQ(Trainer(cfg, "", MPI_COMM_NULL).grad_accum_steps(), 1);
+}
+
 TEST(MemoryCheck, RefusalListsTheItemsLargestFirstWithTheirKeys) {
   const Config cfg = tiny({"train.seq_len=1000000"});
   const MemoryEstimate e = estimate_training_memory(cfg, 13, MemoryLayout{});

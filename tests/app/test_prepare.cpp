@@ -143,8 +143,16 @@ TEST(PrepareCommand, JsonlLineWithoutTextNamesFileAndLineAndWritesNothing) {
   EXPECT_NE(r.output.find(dir / "c.jsonl:2: malformed JSON"), std::string::npos) << r.output;
 }
 
+// TESSERA_DATA_DIR for the tessera processes started while the object lives (they inherit it).
+class DataDirEnv {
+ public:
+  explicit DataDirEnv(const std::string& dir) { ::setenv("TESSERA_DATA_DIR", dir.c_str(), 1); }
+  ~DataDirEnv() { ::unsetenv("TESSERA_DATA_DIR"); }
+};
+
 TEST(PrepareCommand, UserErrorsNameTheProblem) {
   Dir dir("errors");
+  const DataDirEnv no_gpt2_files(dir / "no_data");  // whether or not the repository's data/gpt2 exists
   write_file(dir / "a.txt", "text");
   write_file(dir / "empty.txt", "");
   write_file(dir / "x.txt", "x");
@@ -164,6 +172,31 @@ TEST(PrepareCommand, UserErrorsNameTheProblem) {
     EXPECT_NE(r.output.find(expected), std::string::npos) << "expected \"" << expected << "\" in: " << r.output;
   }
   EXPECT_FALSE(fs::exists(dir / "d.bin"));
+}
+
+// --tokenizer gpt2 without --vocab: GPT-2's files come from the default directory,
+// $TESSERA_DATA_DIR/gpt2 here (else the repository's data/gpt2, where scripts/get_data.sh puts
+// them); missing there, the error says where it looked and how to get them.
+TEST(PrepareCommand, Gpt2WithoutVocabFindsItsFilesInTheDataDirectory) {
+  Dir dir("gpt2_default");
+  write_file(dir / "a.txt", "hello world");
+  {
+    const DataDirEnv empty(dir / "data");
+    const RunResult r = run_prepare({"--input", dir / "a.txt", "--tokenizer", "gpt2", "--out", dir / "d"}, dir);
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("not in " + dir / "data/gpt2"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("run scripts/get_data.sh"), std::string::npos) << r.output;
+  }
+  fs::create_directories(dir.path / "data" / "gpt2");
+  for (const char* f : {"encoder.json", "vocab.bpe"})
+    fs::copy_file(std::string(TESSERA_TEST_DATA_DIR) + "/gpt2/" + f, dir.path / "data" / "gpt2" / f);
+  const DataDirEnv data(dir / "data");
+  const RunResult r = run_prepare({"--input", dir / "a.txt", "--tokenizer", "gpt2", "--out", dir / "d"}, dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const IndexedDataset ds(dir / "d");
+  std::vector<int32_t> ids(ds.num_tokens());
+  ds.tokens().copy_to(0, ds.num_tokens(), ids.data());
+  EXPECT_EQ(ids, (std::vector<int32_t>{31373, 995, 50256}));  // tiktoken's "hello world", then <|endoftext|>
 }
 
 // The prefix gets ".bin"/".idx" appended: --out data/ used to write the hidden files data/.bin and

@@ -1,11 +1,13 @@
 // The preset configs in configs/ parse, and the models they describe have the parameter counts
 // published for them. Counting registers parameters without allocating them, so even the 1B
-// preset is checked whole; a forward/backward runs on each preset shrunk by --set overrides.
+// preset is checked whole; a forward/backward runs on each preset shrunk by --set overrides. The
+// presets leave train.micro_batch automatic, so the quickstart trains under `mpiexec -n 2` as is.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 
 #include "app/config.h"
+#include "layout_testing.h"
 #include "model/gpt.h"
 #include "testing.h"
 
@@ -46,6 +48,8 @@ TEST(Presets, EveryConfigParsesAndTrainsOneTinyStep) {
                                   "model.ffn_hidden=64", "model.vocab_size=64", "model.max_seq_len=16",
                                   "train.seq_len=8", "train.micro_batch=1", "train.global_batch=2"});
     EXPECT_FALSE(to_toml(c).empty());
+    // Automatic (0): a fixed one would have to divide global_batch / dp for every rank count.
+    EXPECT_EQ(load_config(entry.path().string()).train.micro_batch, 0);
     Allocator alloc;
     ParameterStore ps(alloc, DType::F32);
     Gpt gpt(to_model_config(c, 64), ps, recompute_policy(c));
@@ -60,6 +64,32 @@ TEST(Presets, EveryConfigParsesAndTrainsOneTinyStep) {
     gpt.backward(kCpu, ctx, alloc, 1.0 / 8);
   }
   EXPECT_GE(seen, 5);
+}
+
+// A user's first `mpirun -n 2 build/tessera train configs/quickstart.toml` (a few steps): the
+// micro-batch is chosen per layout and printed; an explicit one that cannot work is still refused.
+TEST(Presets, QuickstartTrainsUnderMpiexecWithAnAutomaticMicroBatch) {
+  const std::filesystem::path dir = testing::temp_dir("quickstart_mpi");
+  std::filesystem::copy_file(kConfigs + "quickstart.toml", dir / "quickstart.toml");
+  const std::vector<std::string> few = {"--set", "train.steps=2",        "--set", "log.every=1",
+                                        "--set", "data.val_examples=8", "--set", "train.eval_batches=1",
+                                        "--set", "checkpoint.at_end=false"};
+  testing::RunResult r = testing::train_run(dir, "quickstart.toml", "two", 2, few);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("batch 32 x 48 tokens (micro auto = 16, accumulation 1)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tp 1 x dp 2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step 2/2"), std::string::npos) << r.output;
+  r = testing::train_run(dir, "quickstart.toml", "one", 1, few);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("(micro auto = 32, accumulation 1)"), std::string::npos) << r.output;
+  std::vector<std::string> fixed = few;
+  fixed.insert(fixed.end(), {"--set", "train.micro_batch=32"});
+  r = testing::train_run(dir, "quickstart.toml", "fixed", 2, fixed);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("train.global_batch = 32 must be a multiple of train.micro_batch x dp = 32 x 2 = 64"),
+            std::string::npos)
+      << r.output;
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace tessera

@@ -386,6 +386,13 @@ TEST(Gpt2Tokenizer, MalformedVocabBpeIsReported) {
   }
 }
 
+// TESSERA_DATA_DIR set for the life of the object (the default directory of GPT-2's files).
+class DataDirEnv {
+ public:
+  explicit DataDirEnv(const std::string& dir) { ::setenv("TESSERA_DATA_DIR", dir.c_str(), 1); }
+  ~DataDirEnv() { ::unsetenv("TESSERA_DATA_DIR"); }
+};
+
 TEST(MakeTokenizer, BuildsByteAndGpt2AndRejectsOthers) {
   auto byte = make_tokenizer("byte", "");
   EXPECT_EQ(byte->name(), "byte");
@@ -393,13 +400,35 @@ TEST(MakeTokenizer, BuildsByteAndGpt2AndRejectsOthers) {
   auto gpt2 = make_tokenizer("gpt2", v.dir());
   EXPECT_EQ(gpt2->name(), "gpt2");
   EXPECT_EQ(gpt2->decode(gpt2->encode("hello world")), "hello world");
+  const DataDirEnv nowhere("/nonexistent/tessera/data");
   std::string msg = error_of([] { make_tokenizer("gpt2", ""); });
   EXPECT_NE(msg.find("encoder.json and vocab.bpe"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("/nonexistent/tessera/data/gpt2 (the default: $TESSERA_DATA_DIR/gpt2)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("run scripts/get_data.sh"), std::string::npos) << msg;
   msg = error_of([] { make_tokenizer("gpt2", "/nonexistent/dir"); });
   EXPECT_NE(msg.find("/nonexistent/dir"), std::string::npos) << msg;
   msg = error_of([] { make_tokenizer("sentencepiece", ""); });
   EXPECT_NE(msg.find("unknown tokenizer 'sentencepiece'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("byte, gpt2"), std::string::npos) << msg;
+}
+
+// No directory named: GPT-2's files are taken from the default directory, the repository's
+// data/gpt2 (where scripts/get_data.sh puts them), or $TESSERA_DATA_DIR/gpt2 when that is set.
+TEST(MakeTokenizer, Gpt2FindsItsFilesInTheDefaultDirectory) {
+  EXPECT_EQ(fs::weakly_canonical(default_data_dir()), fs::weakly_canonical(std::string(TESSERA_TEST_DATA_DIR) + "/../../data"));
+  EXPECT_EQ(fs::path(default_gpt2_vocab_dir()), fs::path(default_data_dir()) / "gpt2");
+  TinyVocab v;
+  const fs::path data = fs::path(v.dir()) / "data";
+  fs::create_directories(data / "gpt2");
+  for (const char* f : {"encoder.json", "vocab.bpe"}) fs::copy_file(fs::path(v.dir()) / f, data / "gpt2" / f);
+  const DataDirEnv env(data.string());
+  EXPECT_EQ(default_data_dir(), data.string());
+  const auto tok = make_tokenizer("gpt2", "");
+  EXPECT_EQ(tok->vocab_size(), 256 + 12 + 1);  // the tiny vocabulary: found there, not elsewhere
+  EXPECT_EQ(tok->decode(tok->encode("hello world")), "hello world");
+  fs::remove(data / "gpt2" / "vocab.bpe");
+  const std::string msg = error_of([] { make_tokenizer("gpt2", ""); });
+  EXPECT_NE(msg.find((data / "gpt2").string()), std::string::npos) << msg;
 }
 
 }  // namespace

@@ -1,7 +1,11 @@
-// Tests data/llmc_shard.h: round trip, the header at its byte offsets, and each validation error.
+// Tests data/llmc_shard.h: round trip, the header at its byte offsets, and each validation error,
+// for both of llm.c's flavours (GPT-2: uint16 tokens; Llama 3: uint32 tokens).
 #include "data/llmc_shard.h"
 
+#include <cstring>
 #include <numeric>
+
+#include "data/token_dataset.h"
 
 #include "temp_files.h"
 #include "testing.h"
@@ -40,6 +44,56 @@ TEST(LlmcShard, RoundTripsAndHeaderFieldsSitAtTheirOffsets) {
   EXPECT_EQ(to_vector(shard.tokens()), ids);
 }
 
+// A Llama 3 shard as llm.c's write_datafile(model_desc="llama-3") lays it out, built byte by byte
+// here (not by write_llmc_shard): header int32 magic 20240801, version 7, N, then N uint32 ids.
+std::string llama3_shard_bytes(const std::vector<uint32_t>& ids) {
+  std::vector<int32_t> header(256, 0);
+  header[0] = 20240801;
+  header[1] = 7;
+  header[2] = static_cast<int32_t>(ids.size());
+  std::string raw(1024 + 4 * ids.size(), '\0');
+  std::memcpy(raw.data(), header.data(), 1024);
+  std::memcpy(raw.data() + 1024, ids.data(), 4 * ids.size());
+  return raw;
+}
+
+// Llama 3's vocabulary (128,256) does not fit uint16: ids above 65535 read back whole, and the
+// file is taken for a shard when a dataset is opened (it used to be "neither an llm.c token shard
+// nor an indexed dataset").
+TEST(LlmcShard, ReadsLlama3ShardsWithUint32Tokens) {
+  TempDir dir("llmc_llama3");
+  const std::vector<uint32_t> ids = {128000, 9906, 1917, 0, 65535, 65536, 128001, 128255, 11};
+  write_bytes(dir / "l3.bin", llama3_shard_bytes(ids));
+  EXPECT_TRUE(has_llmc_magic(dir / "l3.bin"));
+  EXPECT_EQ(detect_token_format(dir / "l3.bin"), TokenFileFormat::kLlmcShard);
+  const LlmcShard shard(dir / "l3.bin");
+  EXPECT_EQ(shard.flavour(), LlmcFlavour::kLlama3);
+  EXPECT_EQ(shard.num_tokens(), 9);
+  EXPECT_EQ(shard.tokens().dtype(), TokenDType::kUInt32);
+  EXPECT_EQ(to_vector(shard.tokens()), std::vector<int32_t>(ids.begin(), ids.end()));
+  EXPECT_EQ(shard.tokens()[5], 65536);
+  // Through the training path: windows of T + 1 ids, checked against the model's vocabulary.
+  const auto ds = open_token_dataset({dir / "l3.bin"}, 4, 128256);
+  EXPECT_EQ(ds->num_samples(), 2);
+  EXPECT_TRUE(throws_with([&] { open_token_dataset({dir / "l3.bin"}, 4, 128000); },
+                          {dir / "l3.bin", "token id 128000", "outside the model vocabulary [0, 128000)"}));
+  // The writer makes the same bytes.
+  write_llmc_shard(dir / "w.bin", std::vector<int32_t>(ids.begin(), ids.end()), LlmcFlavour::kLlama3);
+  EXPECT_EQ(read_bytes(dir / "w.bin"), llama3_shard_bytes(ids));
+}
+
+TEST(LlmcShard, Llama3ShardErrorsNameTheFlavour) {
+  TempDir dir("llmc_llama3_errors");
+  const std::string path = dir / "l3.bin";
+  const std::string full = llama3_shard_bytes({1, 2, 3});
+  write_bytes(path, full.substr(0, full.size() - 2));
+  EXPECT_TRUE(throws_with([&] { LlmcShard s(path); }, {path, "truncated", "3 uint32 tokens", "1036 bytes in all"}));
+  write_bytes(path, full);
+  patch_file<int32_t>(path, 4, 1);  // the GPT-2 flavour's version with the Llama 3 magic
+  EXPECT_TRUE(throws_with([&] { LlmcShard s(path); },
+                          {path, "unsupported llm.c shard version 1 with magic 20240801", "version 7 with magic 20240801"}));
+}
+
 TEST(LlmcShard, EmptyShardIsValid) {
   TempDir dir("llmc_empty");
   write_llmc_shard(dir / "s.bin", {});
@@ -76,15 +130,15 @@ TEST_F(LlmcShardErrors, WrongMagic) {
   patch_file<int32_t>(path, 0, 20240521);
   EXPECT_TRUE(open_fails({path, "wrong magic", "20240520"}));
   EXPECT_FALSE(has_llmc_magic(path));
-  patch_file<int32_t>(path, 0, 20240801);
-  EXPECT_TRUE(open_fails({path, "uint32 tokens"}));
+  patch_file<int32_t>(path, 0, 20240801);  // the Llama 3 magic on a GPT-2 shard: version 1 is not its version
+  EXPECT_TRUE(open_fails({path, "unsupported llm.c shard version 1 with magic 20240801"}));
   write_bytes(path, "ab");
   EXPECT_TRUE(open_fails({path, "wrong magic"}));
 }
 
 TEST_F(LlmcShardErrors, UnsupportedVersion) {
   patch_file<int32_t>(path, 4, 7);
-  EXPECT_TRUE(open_fails({path, "unsupported llm.c shard version 7"}));
+  EXPECT_TRUE(open_fails({path, "unsupported llm.c shard version 7 with magic 20240520"}));
 }
 
 TEST_F(LlmcShardErrors, Truncated) {
@@ -92,7 +146,7 @@ TEST_F(LlmcShardErrors, Truncated) {
   write_bytes(path, full.substr(0, 1000));
   EXPECT_TRUE(open_fails({path, "truncated", "1000 bytes", "header"}));
   write_bytes(path, full.substr(0, full.size() - 1));
-  EXPECT_TRUE(open_fails({path, "truncated", "100 tokens"}));
+  EXPECT_TRUE(open_fails({path, "truncated", "100 uint16 tokens"}));
   write_bytes(path, full + "zz");
   EXPECT_TRUE(open_fails({path, "2 bytes after the 100 tokens"}));
   write_bytes(path, full);

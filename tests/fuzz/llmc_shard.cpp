@@ -24,7 +24,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::vector<int32_t> ids(static_cast<size_t>(shard->num_tokens()));
     shard->tokens().copy_to(0, shard->num_tokens(), ids.data());
     for (int64_t i = 0; i < shard->num_tokens(); ++i)
-      if (shard->tokens()[i] != ids[static_cast<size_t>(i)]) tf::finding("TokenSpan [] and copy_to disagree");
+      // copy_to narrows to int32 (a uint32 id above 2^31 - 1 wraps; the vocabulary check catches it).
+      if (static_cast<int32_t>(shard->tokens()[i]) != ids[static_cast<size_t>(i)])
+        tf::finding("TokenSpan [] and copy_to disagree");
     constexpr int64_t kSeqLen = 3, kVocab = 1000;
     TokenWindowDataset windows({whole_segment(shard)}, kSeqLen, kVocab);
     std::vector<int32_t> out(kSeqLen + 1);

@@ -1,7 +1,9 @@
 // Tests `tessera ckpt inspect` and `tessera ckpt export` through the binary, on checkpoints of
 // tiny GPT-2 and LLaMA models written from a real ParameterStore. The exported safetensors file is
 // checked by an independent reader (tests/reference/read_safetensors.py: numpy + json), which
-// applies the documented Hugging Face mapping to tessera's tensors (saved here as .npy) itself.
+// applies the documented Hugging Face mapping to tessera's tensors (saved here as .npy) itself;
+// the exported tokenizer by tests/reference/check_hf_tokenizer.py (transformers' AutoTokenizer
+// where installed, else a re-implementation of its GPT2Tokenizer) against tiktoken's ids.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -255,6 +257,20 @@ void check_with_python(const fs::path& export_dir, const TinyCheckpoint& ckpt, c
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
 }
 
+// The independent tokenizer check with $TESSERA_HF_PYTHON (a Python that has transformers, where
+// there is one) or /usr/bin/python3; it prints which reader ran.
+void check_tokenizer_with_python(const fs::path& export_dir, const std::string& kind, const fs::path& dir) {
+  const char* env = std::getenv("TESSERA_HF_PYTHON");
+  const std::string python = env != nullptr && *env != '\0' ? env : "/usr/bin/python3";
+  if (!fs::exists(python)) GTEST_SKIP() << python << " is needed for the independent tokenizer check";
+  const std::string data = TESSERA_TEST_DATA_DIR;
+  const CommandResult r = run(python + " " + data + "/check_hf_tokenizer.py " + export_dir.string() + " " + kind +
+                                  (kind == "gpt2" ? " " + data + "/gpt2/tokenizer_cases.json" : ""),
+                              dir);
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::cout << r.out;
+}
+
 TEST(CkptCommands, ExportsGpt2ToHuggingFaceSafetensors) {
   const fs::path dir = temp_dir("ckpt_export_gpt2");
   TinyCheckpoint ckpt(gpt2_config(), kGpt2Toml, dir);
@@ -266,8 +282,11 @@ TEST(CkptCommands, ExportsGpt2ToHuggingFaceSafetensors) {
                     R"({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": 40,
                         "n_positions": 12, "n_embd": 16, "n_layer": 2, "n_head": 2, "n_inner": 64,
                         "activation_function": "gelu_new", "layer_norm_epsilon": 1e-05,
-                        "tie_word_embeddings": true, "torch_dtype": "float32"})",
+                        "tie_word_embeddings": true, "bos_token_id": 12, "eos_token_id": 12,
+                        "torch_dtype": "float32"})",
                     dir);
+  // The stored config has no [data]: the default task, addition, whose "\n" (id 12) ends an answer.
+  check_tokenizer_with_python(dir / "hf", "addition", dir);
 }
 
 TEST(CkptCommands, ExportsLlamaToHuggingFaceSafetensors) {
@@ -281,8 +300,56 @@ TEST(CkptCommands, ExportsLlamaToHuggingFaceSafetensors) {
                         "hidden_size": 16, "intermediate_size": 64, "num_hidden_layers": 2,
                         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 24,
                         "rms_norm_eps": 1e-05, "rope_theta": 500000, "tie_word_embeddings": false,
-                        "hidden_act": "silu", "torch_dtype": "float32"})",
+                        "hidden_act": "silu", "bos_token_id": 12, "eos_token_id": 12, "torch_dtype": "float32"})",
                     dir);
+  check_tokenizer_with_python(dir / "hf", "addition", dir);
+}
+
+// LLaMA on GPT-2 tokens: config.json says <|endoftext|> (50256) is bos and eos (Hugging Face
+// assumed 1 and 2 without them, and generate() stopped on "#"), and GPT-2's files are written
+// beside the weights as vocab.json and merges.txt, so AutoTokenizer loads the folder.
+TEST(CkptCommands, ExportsTheGpt2TokenizerTheModelWasTrainedWith) {
+  const fs::path dir = temp_dir("ckpt_export_gpt2_tokens");
+  ModelConfig cfg = llama_config();
+  cfg.vocab_size = 50257;
+  const std::string gpt2 = std::string(TESSERA_TEST_DATA_DIR) + "/gpt2";
+  const std::string toml = std::string(kLlamaToml) + "\n[data]\ntask = \"tokens\"\ntokenizer = \"gpt2\"\n";
+  const TinyCheckpoint ckpt(cfg, std::string(toml).replace(toml.find("vocab_size = 40"), 15, "vocab_size = 50257"), dir);
+  const std::string nowhere = "TESSERA_DATA_DIR=" + (dir / "no_data").string() + " ";
+  // Nowhere to find GPT-2's files: refused before anything is written, saying how to get them.
+  CommandResult r = run(nowhere + TESSERA_BINARY + " ckpt export " + ckpt.file().string() + " --out " + (dir / "hf").string(), dir);
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.err.find("run scripts/get_data.sh"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir / "hf" / "model.safetensors"));
+  r = run(nowhere + TESSERA_BINARY + " ckpt export " + ckpt.file().string() + " --vocab " + gpt2 + " --out " +
+              (dir / "hf").string(),
+          dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("the gpt2 tokenizer (vocab.json, merges.txt, tokenizer_config.json, special_tokens_map.json)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(testing::read_file(dir / "hf" / "vocab.json"), testing::read_file(gpt2 + "/encoder.json"));
+  EXPECT_EQ(testing::read_file(dir / "hf" / "merges.txt"), testing::read_file(gpt2 + "/vocab.bpe"));
+  check_tokenizer_with_python(dir / "hf", "gpt2", dir);
+}
+
+TEST(CkptCommands, ExportsTheByteTokenizerAndRefusesAVocabularyThatCannotHoldIt) {
+  const fs::path dir = temp_dir("ckpt_export_byte");
+  ModelConfig cfg = gpt2_config();
+  cfg.vocab_size = 260;  // a padded embedding: more rows than the tokenizer's 257
+  const std::string data = "\n[data]\ntask = \"tokens\"\ntokenizer = \"byte\"\n";
+  const TinyCheckpoint ckpt(cfg, kGpt2Toml + data, dir);
+  CommandResult r = tessera("ckpt export " + ckpt.file().string() + " --out " + (dir / "hf").string(), dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  check_tokenizer_with_python(dir / "hf", "byte", dir);
+  const fs::path small = dir / "small";
+  fs::create_directories(small);
+  const TinyCheckpoint narrow(gpt2_config(), kGpt2Toml + data, small);  // 40 rows for 257 tokens
+  r = tessera("ckpt export " + narrow.file().string() + " --out " + (small / "hf").string(), small);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("the model's vocabulary (40) is smaller than its tokenizer's (byte, 257)"), std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(small / "hf" / "model.safetensors"));
 }
 
 // The stored config says 3 layers and a wider MLP; the file holds 2 layers: every difference is
