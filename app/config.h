@@ -159,7 +159,7 @@ struct TrainConfig {
             "ranks and accumulation steps", Allowed::at_least(1).at_most(kMaxBatch));
     v.field("micro_batch", micro_batch, "sequences per rank per forward/backward; gradient "
             "accumulation steps = global_batch / (micro_batch x dp); 0 = automatic: the largest that divides "
-            "global_batch / dp and fits the memory estimate (printed in the run header)",
+            "global_batch / dp and fits half the available memory by the estimate (printed in the run header)",
             Allowed::at_least(0).at_most(kMaxBatch));
     v.field("seq_len", seq_len, "tokens per training sequence", Allowed::at_least(2).at_most(kMaxSeqLen));
     v.field("seed", seed, "seed of the parameter init (Philox) and of any training randomness",

@@ -226,7 +226,11 @@ std::string check_training_memory(const Config& cfg, int64_t data_vocab_size, co
 Config with_auto_micro_batch(const Config& cfg, int64_t data_vocab_size, const MemoryLayout& layout, MPI_Comm comm) {
   if (cfg.train.micro_batch > 0) return cfg;
   const int64_t local = comm == MPI_COMM_NULL ? 1 : ranks_on_this_node(comm);
-  const AvailableMemory available = available_host_memory();
+  // The automatic choice takes at most half of what is available: the rest for the estimate's
+  // error, the OS and whatever else runs beside the job (a CPU gains nothing from a micro-batch
+  // that fills the machine; an explicit train.micro_batch may still use it all).
+  AvailableMemory available = available_host_memory();
+  if (available.bytes > 0) available.bytes = static_cast<int64_t>(kAutoMicroBatchMemoryShare * static_cast<double>(available.bytes));
   Config c = cfg;
   std::string error;
   int64_t mine = 1;

@@ -62,9 +62,12 @@ std::string memory_problem(const MemoryEstimate& e, int64_t ranks_on_node, const
 std::string check_training_memory(const Config& cfg, int64_t data_vocab_size, const MemoryLayout& layout,
                                   MPI_Comm comm);
 
+// The share of the available memory an automatic micro-batch may take.
+inline constexpr double kAutoMicroBatchMemoryShare = 0.5;
+
 // train.micro_batch = 0 (automatic) resolved for a layout: the largest micro-batch that divides
-// global_batch / dp and whose estimate fits the memory this node has available (its ranks
-// together; any size when that is unknown), the smallest such choice over the ranks of comm, so
+// global_batch / dp and whose estimate fits kAutoMicroBatchMemoryShare of the memory this node
+// has available (its ranks together; any size when that is unknown), the smallest such choice over the ranks of comm, so
 // that every rank runs the same one (collective; MPI_COMM_NULL: one process). A config with a
 // micro_batch of its own is returned as it is. Errors (global_batch not a multiple of dp) are
 // thrown on every rank.

@@ -92,8 +92,10 @@ TEST(MemoryCheck, AutoMicroBatchIsTheLargestThatFitsTheAvailableMemory) {
   };
   ASSERT_LT(estimate(8), estimate(16));
   EXPECT_EQ(chosen(int64_t{1} << 50, one), 64);
-  EXPECT_EQ(chosen((estimate(8) + estimate(16)) / 2, one), 8);
-  EXPECT_EQ(chosen(estimate(16), one), 16);
+  // At most half of what is available (kAutoMicroBatchMemoryShare).
+  EXPECT_EQ(chosen(estimate(8) + estimate(16), one), 8);
+  EXPECT_EQ(chosen(2 * estimate(16), one), 16);
+  EXPECT_EQ(chosen(2 * estimate(16) - 2, one), 8);
   EXPECT_EQ(chosen(1000, one), 1);  // nothing fits: 1, and the memory check then refuses the run
   EXPECT_EQ(chosen(int64_t{1} << 50, MemoryLayout{1, 4, false}), 16);  // 64 / dp 4
   // A micro_batch of the config's own is kept, even when it does not fit.
