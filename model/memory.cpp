@@ -166,4 +166,12 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
   return m;
 }
 
+ActivationParts activation_parts(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
+  const ModelConfig c = resolve(cfg);
+  const Dims d = dims_of(c, lay);
+  const Acts a = activations(d);
+  const N Xl = d.B * d.Tl * d.C;
+  return {Xl.v, ((lay.full_recompute ? N{} : a.block) + Xl).v, (a.head + a.loss).v};
+}
+
 }  // namespace tessera

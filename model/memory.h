@@ -46,4 +46,14 @@ struct ModelMemory {
 // cfg resolved (model/config.h resolve()). tp must divide the heads and the MLP as the model requires.
 ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& layout);
 
+// What one micro-batch's forward keeps for backward, by part (elements on one rank): the
+// activation side of the pipeline cut's cost model (model/stage_cut.h). The model's activations
+// are embedding + n_layer x block + head.
+struct ActivationParts {
+  int64_t embedding = 0;  // its output, the residual stream's first (B, T_local, C)
+  int64_t block = 0;      // one block's context (none under full recomputation) and its output (B, T_local, C)
+  int64_t head = 0;       // final norm, (sequence parallel: its gathered output,) logits, losses and lse
+};
+ActivationParts activation_parts(const ModelConfig& cfg, const ModelMemoryLayout& layout);
+
 }  // namespace tessera
