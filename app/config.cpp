@@ -158,6 +158,11 @@ std::string literal(int64_t v) { return std::to_string(v); }
 std::string literal(double v) { return format_double(v); }
 std::string literal(bool v) { return v ? "true" : "false"; }
 std::string literal(const std::string& v) { return quote(v); }
+std::string literal(const std::vector<int64_t>& v) {  // an inline array: [4, 4, 3, 1]
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+  return out + "]";
+}
 std::string literal(const std::vector<DataSource>& v) {  // an inline array of inline tables
   std::string out = "[";
   for (size_t i = 0; i < v.size(); ++i)
@@ -171,6 +176,7 @@ std::string_view type_name() {
   if constexpr (std::is_same_v<T, double>) return "float";
   if constexpr (std::is_same_v<T, bool>) return "boolean";
   if constexpr (std::is_same_v<T, std::string>) return "string";
+  if constexpr (std::is_same_v<T, std::vector<int64_t>>) return "array of integers";
   if constexpr (std::is_same_v<T, std::vector<DataSource>>) return "array of tables";
 }
 
@@ -180,6 +186,7 @@ std::string_view expected_type() {
   if constexpr (std::is_same_v<T, double>) return "a number";
   if constexpr (std::is_same_v<T, bool>) return "a boolean (true or false)";
   if constexpr (std::is_same_v<T, std::string>) return "a string";
+  if constexpr (std::is_same_v<T, std::vector<int64_t>>) return "an array of integers, e.g. [4, 4]";
   if constexpr (std::is_same_v<T, std::vector<DataSource>>)
     return "tables with a path (string) and a weight (> 0): [[data.train]] path = \"...\" weight = 1.0";
 }
@@ -366,6 +373,11 @@ void check_allowed(const std::string& full, const T& v, const Allowed& allowed, 
         fail(o.prefix() + full + "[" + std::to_string(i) + "].weight = " + format_double(v[i].weight) + o.where() +
              " must be > 0");
     }
+  } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+    for (size_t i = 0; i < v.size(); ++i)
+      if (!allowed.accepts(static_cast<double>(v[i])))
+        fail(o.prefix() + full + "[" + std::to_string(i) + "] = " + literal(v[i]) + o.where() +
+             " is out of range: must be " + allowed.describe());
   } else if constexpr (std::is_same_v<T, std::string>) {
     if (allowed.accepts(v)) return;
     auto near = nearest(v, allowed.choices);
@@ -413,6 +425,17 @@ std::optional<bool> convert(const Input& in, bool*) {
 std::optional<std::string> convert(const Input& in, std::string*) {
   if (in.node && in.node->is_string()) return in.node->as_string()->get();
   return in.raw;
+}
+
+// An array of integers (empty allowed).
+std::optional<std::vector<int64_t>> convert(const Input& in, std::vector<int64_t>*) {
+  if (!in.node || !in.node->is_array()) return std::nullopt;
+  std::vector<int64_t> out;
+  for (const toml::node& item : *in.node->as_array()) {
+    if (!item.is_integer()) return std::nullopt;
+    out.push_back(item.as_integer()->get());
+  }
+  return out;
 }
 
 // An array of tables, each with a string "path" and an optional numeric "weight", nothing else.
@@ -650,6 +673,57 @@ void check_grid_size(const Config& c) {
   }
 }
 
+// The pipeline keys (config.h validate_pipeline); origins, when known, say where values came from.
+void check_pipeline(const Config& c, int64_t dp_size, const Origins* origins) {
+  const ParallelConfig& p = c.parallel;
+  const std::string pp = show("parallel.pp", p.pp, origins), vpp = show("parallel.vpp", p.vpp, origins),
+                    schedule = show("parallel.pp_schedule", p.pp_schedule, origins),
+                    layers = show("parallel.pp_layers", p.pp_layers, origins),
+                    n_layer = show("model.n_layer", c.model.n_layer, origins);
+  if (p.vpp > 1 && p.pp == 1) fail(vpp + " needs parallel.pp > 1: virtual chunks interleave the stages of a pipeline");
+  if (p.pp > 1 && p.vpp > 1 && p.pp_schedule != "interleaved")
+    fail(vpp + " needs parallel.pp_schedule = \"interleaved\", not " + schedule +
+         ": the other schedules run one chunk of layers per rank");
+  if (p.pp > 1 && p.vpp == 1 && p.pp_schedule == "interleaved")
+    fail(schedule + " needs parallel.vpp >= 2 chunks per rank, not " + vpp + " (with one chunk per rank it is 1f1b)");
+  // Both at most 2^24 (kMaxRanks, kMaxLayers): the product fits.
+  const int64_t chunks = p.pp * p.vpp;
+  if (chunks > c.model.n_layer)
+    fail("parallel.pp x parallel.vpp = " + std::to_string(p.pp) + " x " + std::to_string(p.vpp) + " = " +
+         std::to_string(chunks) + " model chunks need at least one block each, but " + n_layer +
+         " has fewer; lower parallel.pp or parallel.vpp");
+  if (!p.pp_layers.empty()) {
+    if (static_cast<int64_t>(p.pp_layers.size()) != p.pp)
+      fail(layers + " has " + std::to_string(p.pp_layers.size()) + " entries, but " + pp +
+           ": give one block count per stage, or [] for the automatic cut");
+    int64_t sum = 0;  // at most 2^24 entries of at most 2^16
+    for (int64_t n : p.pp_layers) sum += n;
+    if (sum != c.model.n_layer)
+      fail(layers + " sums to " + std::to_string(sum) + " blocks, but " + n_layer + ": every block goes to one stage");
+    for (size_t i = 0; i < p.pp_layers.size(); ++i)
+      if (p.pp_layers[i] % p.vpp != 0)
+        fail(layers + ": stage " + std::to_string(i) + " holds " + std::to_string(p.pp_layers[i]) +
+             " blocks, not a multiple of " + vpp + " (each stage's blocks are split into vpp equal chunks)");
+  }
+  // With train.micro_batch = 0 the count is known once the micro-batch is chosen: checked again then.
+  if (dp_size > 0 && p.pp > 1 && p.pp_schedule != "gpipe" && c.train.micro_batch > 0) {
+    const int64_t m = grad_accum_steps(c, dp_size);
+    // The schedule generator's rules (parallel/pipeline_schedule.h check_pipeline_schedule), here
+    // with the keys and where their values came from.
+    if (p.pp_schedule == "interleaved" && m % p.pp != 0)
+      fail("train.global_batch / (train.micro_batch x dp) = " + std::to_string(c.train.global_batch) + " / (" +
+           std::to_string(c.train.micro_batch) + " x " + std::to_string(dp_size) + ") = " + std::to_string(m) +
+           " micro-batches per step, not a multiple of " + pp + ": " + schedule +
+           " runs the micro-batches in groups of pp per chunk; change train.global_batch or train.micro_batch");
+    if (m < p.pp)
+      fail("train.global_batch / (train.micro_batch x dp) = " + std::to_string(c.train.global_batch) + " / (" +
+           std::to_string(c.train.micro_batch) + " x " + std::to_string(dp_size) + ") = " + std::to_string(m) +
+           " micro-batches per step, fewer than " + pp + ": " + schedule +
+           " needs at least one micro-batch per stage in flight; raise train.global_batch, lower "
+           "train.micro_batch, or use parallel.pp_schedule = \"gpipe\"");
+  }
+}
+
 void validate(const Config& c, const Origins* origins) {
   Config copy = c;
   RangeChecker ranges;
@@ -672,6 +746,7 @@ void validate(const Config& c, const Origins* origins) {
     fail(show("checkpoint.resume", c.checkpoint.resume, origins) + " is empty: use \"auto\", \"none\" or a path");
   }
   check_model(c);
+  check_pipeline(c, c.parallel.dp > 0 ? c.parallel.dp : 0, origins);
   check_sizes(c, origins);
 }
 
@@ -812,10 +887,13 @@ int64_t auto_micro_batch(int64_t global_batch, int64_t dp_size, const std::funct
 
 GridDegrees grid_degrees(const ParallelConfig& p) {
   TESSERA_CHECK(p.pp == 1 && p.cp == 1, "[parallel] asks for pp=", p.pp, ", cp=", p.cp,
-                ", but this build parallelizes over data and tensors only (parallel.dp, parallel.zero, "
-                "parallel.tp, parallel.sequence_parallel); leave the others at their defaults");
+                ", but pipeline (pp) and context (cp) parallelism are not wired into the trainer yet: this build "
+                "trains over data and tensors only (parallel.dp, parallel.zero, parallel.tp, "
+                "parallel.sequence_parallel); leave the others at their defaults");
   return GridDegrees{p.tp, p.cp, p.pp, p.dp};
 }
+
+void validate_pipeline(const Config& c, int64_t dp_size) { check_pipeline(c, dp_size, nullptr); }
 
 ModelConfig to_model_config(const Config& c, int64_t data_vocab_size) {
   const ModelSection& s = c.model;

@@ -224,6 +224,9 @@ struct ParallelConfig {
   int64_t dp = -1;
   int64_t tp = 1;
   int64_t pp = 1;
+  std::vector<int64_t> pp_layers;
+  int64_t vpp = 1;
+  std::string pp_schedule = "1f1b";
   int64_t cp = 1;
   bool sequence_parallel = false;
   int64_t zero = 0;
@@ -237,6 +240,15 @@ struct ParallelConfig {
             Allowed::at_least(1).or_value(-1));
     v.field("tp", tp, "tensor-parallel degree", Allowed::at_least(1));
     v.field("pp", pp, "pipeline-parallel degree (stages)", Allowed::at_least(1));
+    v.field("pp_layers", pp_layers, "blocks per pipeline stage, first stage first: one entry per stage, summing "
+            "to model.n_layer, each a multiple of parallel.vpp; [] = cut by a per-layer cost estimate that "
+            "weighs the embedding and the LM head + loss as what they are (docs/parallel.md)",
+            Allowed::at_least(1).at_most(kMaxLayers));
+    v.field("vpp", vpp, "virtual pipeline chunks per stage (parallel.pp_schedule = \"interleaved\"): the model "
+            "is cut into pp x vpp chunks and rank r holds chunks r, r + pp, ...", Allowed::at_least(1).at_most(kMaxLayers));
+    v.field("pp_schedule", pp_schedule, "pipeline schedule: gpipe (all forwards, then all backwards), 1f1b, "
+            "interleaved (1F1B over parallel.vpp chunks per rank) or zb-h1 (zero-bubble H1: weight gradients "
+            "deferred into the cool-down)", Allowed::one_of({"gpipe", "1f1b", "interleaved", "zb-h1"}));
     v.field("cp", cp, "context-parallel degree (sequence split for attention)", Allowed::at_least(1));
     v.field("sequence_parallel", sequence_parallel, "split norms and residuals along the sequence "
             "over the tp group", Allowed::any());
@@ -360,8 +372,16 @@ int64_t grad_accum_steps(const Config& c, int64_t dp_size);
 int64_t auto_micro_batch(int64_t global_batch, int64_t dp_size, const std::function<bool(int64_t)>& fits);
 
 // The process grid's degrees from [parallel] (tp, cp, pp, dp; dp = -1: the rest of the world).
-// Throws while pp or cp is above 1: neither is built yet (the message names what is).
+// Throws while pp or cp is above 1: neither is wired into the trainer yet (the message names what is).
 GridDegrees grid_degrees(const ParallelConfig& p);
+
+// The pipeline keys against the model and the batch: parallel.vpp > 1 only with the interleaved
+// schedule (and pp > 1), which needs vpp > 1; at least one block per model chunk (pp x vpp <=
+// model.n_layer); parallel.pp_layers, when given, one entry per stage summing to model.n_layer,
+// each a multiple of vpp; and, with dp_size > 0 (0: not known yet), at least pp micro-batches per
+// step for every schedule but gpipe. Throws tessera::Error naming the keys and numbers; validate()
+// calls it (with parallel.dp when it is given).
+void validate_pipeline(const Config& c, int64_t dp_size);
 
 // The model hyper-parameters, resolved (model/config.h resolve()): vocab_size 0 takes
 // data_vocab_size, max_seq_len 0 takes train.seq_len. A positive vocab_size must be at least

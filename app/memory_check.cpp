@@ -4,7 +4,9 @@
 // moments (whole, or this rank's 1/dp under ZeRO-1, which also keeps a gradient shard), then per
 // step one micro-batch's activations and temporaries at a time; evaluation runs a forward without
 // targets; a checkpoint save gathers the ZeRO-1 moments (between steps) and keeps a host copy of
-// parameters and moments while a background thread writes it (beside the next steps).
+// parameters and moments while a background thread writes it (beside the next steps). Under
+// pipeline parallelism a rank holds its stage's chunks and the micro-batches its schedule keeps in
+// flight (estimated, not yet measured: the trainer does not run pp yet).
 #include "app/memory_check.h"
 
 #include <algorithm>
@@ -14,6 +16,7 @@
 
 #include "kernels/allocator.h"
 #include "model/memory.h"
+#include "model/stage_cut.h"
 #include "parallel/mpi.h"
 
 namespace tessera {
@@ -49,55 +52,190 @@ int64_t MemoryEstimate::allocator_bytes() const {
   return t;
 }
 
-MemoryEstimate estimate_training_memory(const Config& cfg, int64_t data_vocab_size, const MemoryLayout& layout) {
-  const ModelConfig mc = resolve(to_model_config(cfg, data_vocab_size));
-  const TrainConfig& t = cfg.train;
-  const int64_t tp = layout.tp, dp = layout.dp;
-  const bool sp = cfg.parallel.sequence_parallel && tp > 1;
-  const bool full = cfg.model.recompute == "full";
-  const bool zero = cfg.parallel.zero == 1 && dp > 1;
-  const ModelMemory step = model_memory(mc, {t.micro_batch, t.seq_len, tp, sp, full});
+namespace {
 
-  const int64_t P = step.parameters, pad = zero ? dp : 1;
+// One chunk of a pipeline rank, in bytes (estimate_training_memory in memory_check.h).
+struct ChunkBytes {
+  int64_t kept = 0;      // per micro-batch in flight until its backward: activations, input, ids, loss sums
+  int64_t forward = 0;   // its forward at its highest, beside the micro-batches already in flight
+  int64_t backward = 0;  // its backward at its highest (its own activations included), beside the others
+};
+
+ChunkBytes chunk_bytes(const ModelMemory& m, const StageSpec& st, int64_t B, int64_t T, int64_t Tl, int64_t C) {
+  const int64_t x = mul(mul(mul(B, Tl), C), kFloatBytes);  // a (B, T_local, C) activation or gradient
+  const int64_t input = st.embedding ? 0 : x;
+  const int64_t ids = mul(mul(mul(B, T), kIdBytes), (st.embedding ? 1 : 0) + (st.head ? 1 : 0));
+  const int64_t beside = add(add(input, ids), st.head ? ModelMemory::kLossSumsBytes : 0);
+  const int64_t io = mul(x, (st.head ? 0 : 1) + (st.embedding ? 0 : 1));  // dy received, dx to send
+  return {add(mul(m.activations, kFloatBytes), beside), add(mul(m.forward_peak, kFloatBytes), beside),
+          add(add(mul(m.backward_peak, kFloatBytes), beside), io)};
+}
+
+// The highest point of a rank's steps, each step's own peak beside the micro-batches in flight.
+struct InFlight {
+  int64_t bytes = 0;
+  int64_t most = 0;  // micro-batches (chunks of them, interleaved) in flight at most
+};
+
+InFlight simulate(const std::vector<ChunkBytes>& chunks, const std::vector<PipelineStep>& order) {
+  InFlight r;
+  int64_t live = 0, n = 0;
+  for (const PipelineStep& s : order) {
+    const ChunkBytes& c = chunks[static_cast<size_t>(s.chunk)];
+    if (s.forward) {
+      r.bytes = std::max(r.bytes, add(live, c.forward));
+      live = add(live, c.kept);
+      r.most = std::max(r.most, ++n);
+    } else {
+      live -= c.kept;
+      --n;
+      r.bytes = std::max(r.bytes, add(live, c.backward));
+    }
+  }
+  return r;
+}
+
+// The rank's peak under the schedule. One chunk per rank (gpipe, 1f1b, zb-h1): n micro-batches in
+// flight, the n-th one's forward or the first backward beside the n - 1 others. Interleaved: its
+// order simulated; the steady phase repeats every pp micro-batches, so beyond 6 pp of them the
+// peak is that of 5 pp + (m mod pp), which keeps the simulation short.
+InFlight pipeline_peak(const std::vector<ChunkBytes>& chunks, const ParallelConfig& p, int64_t m, int64_t rank) {
+  if (p.pp_schedule != "interleaved") {
+    const int64_t n = p.pp_schedule == "gpipe" ? m : std::min(p.pp - rank, m);
+    const ChunkBytes& c = chunks.front();
+    return {add(mul(n - 1, c.kept), std::max(c.forward, c.backward)), n};
+  }
+  const int64_t simulated = m <= 6 * p.pp ? m : 5 * p.pp + m % p.pp;
+  return simulate(chunks, pipeline_memory_order(p.pp_schedule, p.pp, p.vpp, simulated, rank));
+}
+
+std::string describe_chunks(const std::vector<StageSpec>& chunks) {
+  std::string s = "blocks";
+  for (const StageSpec& c : chunks)
+    s += " [" + std::to_string(c.first_layer) + ", " + std::to_string(c.end_layer) + ")";
+  if (chunks.front().embedding) s += ", the embedding";
+  if (chunks.back().head) s += ", the head";
+  return s;
+}
+
+// The part of the estimate that depends on what the rank holds: its parameters and the largest
+// transient of a step (training micro-batches, or the evaluation forward).
+struct RankModel {
+  int64_t parameters = 0;
+  std::string what;       // "" for the whole model, else the pipeline stage and its chunks
+  MemoryItem transient;   // the training step's activations and temporaries
+  int64_t eval_bytes = 0; // the evaluation forward (addition task), 0 when none
+  std::string eval_what;
+};
+
+// The addition task's evaluation: greedy answers of data.val_examples problems at once (at most:
+// they go by prompt length), the longest forward being the prompt "a+b=" and all but the last
+// answer character. Returns (B, T) of it.
+std::pair<int64_t, int64_t> eval_batch(const Config& cfg, const ModelConfig& mc, int64_t tp, bool sp) {
+  const int64_t digits = cfg.data.digits, B = cfg.data.val_examples;
+  int64_t T = std::min(3 * digits + 3, mc.max_seq_len);
+  if (sp) T = (T + tp - 1) / tp * tp;
+  return {B, T};
+}
+
+// The last position's logits, (B, V) gathered from the vocabulary shards, copied out after the
+// forward beside everything it kept.
+int64_t logits_at_elements(const ModelConfig& mc, int64_t B, int64_t tp) {
+  const int64_t V = mc.vocab_size, Vl = V / tp + (V % tp != 0 ? 1 : 0);
+  return add(mul(B, V), mul(mul(B, Vl), tp > 1 ? tp + 2 : 1));
+}
+
+const char* kActivationKeys = "train.micro_batch, train.seq_len, model.recompute = \"full\", parallel.tp";
+
+RankModel whole_model(const Config& cfg, const ModelConfig& mc, int64_t tp, bool sp, bool full) {
+  const TrainConfig& t = cfg.train;
+  const ModelMemory step = model_memory(mc, {t.micro_batch, t.seq_len, tp, sp, full});
+  RankModel r;
+  r.parameters = step.parameters;
+  r.transient = {"activations and temporaries of one micro-batch (" + std::to_string(t.micro_batch) + " x " +
+                     std::to_string(t.seq_len) + " tokens)",
+                 // the model's peak, its loss sums, the step's sum of them, and the
+                 // micro-batch's token and target ids uploaded through the allocator
+                 add(add(mul(step.training_peak, kFloatBytes), 2 * ModelMemory::kLossSumsBytes),
+                     mul(mul(2, mul(t.micro_batch, t.seq_len)), kIdBytes)),
+                 true, kActivationKeys};
+  if (cfg.data.task == "addition") {
+    const auto [B, T] = eval_batch(cfg, mc, tp, sp);
+    const ModelMemory eval = model_memory(mc, {B, T, tp, sp, full});
+    // Plus the prompts' ids, uploaded through the allocator for the forward.
+    r.eval_bytes = add(mul(std::max(eval.inference_peak, add(eval.inference_kept, logits_at_elements(mc, B, tp))),
+                           kFloatBytes),
+                       mul(mul(B, T), kIdBytes));
+    r.eval_what = "evaluation forward (" + std::to_string(B) + " problems x " + std::to_string(T) + " tokens)";
+  }
+  return r;
+}
+
+// Pipeline rank `rank`: its chunks' parameters, the micro-batches in flight under the schedule, and
+// the evaluation forward of its heaviest chunk (the pipeline runs one chunk's forward at a time and
+// keeps nothing for a backward).
+RankModel pipeline_rank(const Config& cfg, const ModelConfig& mc, const std::vector<StageSpec>& cut, int64_t rank,
+                        int64_t m, int64_t tp, bool sp, bool full) {
+  const TrainConfig& t = cfg.train;
+  const ParallelConfig& p = cfg.parallel;
+  const std::vector<StageSpec> chunks = rank_chunks(cut, p.pp, rank);
+  const int64_t Tl = sp ? t.seq_len / tp : t.seq_len;
+  RankModel r;
+  std::vector<ChunkBytes> bytes;
+  for (const StageSpec& c : chunks) {
+    const ModelMemory mm = model_memory(mc, {t.micro_batch, t.seq_len, tp, sp, full, c});
+    r.parameters = add(r.parameters, mm.parameters);
+    bytes.push_back(chunk_bytes(mm, c, t.micro_batch, t.seq_len, Tl, mc.n_embd));
+  }
+  r.what = "pipeline stage " + std::to_string(rank) + " of " + std::to_string(p.pp) + ": " + describe_chunks(chunks);
+  const InFlight peak = pipeline_peak(bytes, p, m, rank);
+  const bool head = chunks.back().head;
+  r.transient = {"activations of " + std::to_string(peak.most) +
+                     (p.vpp > 1 ? " micro-batch chunks" : " micro-batches") + " in flight of " + std::to_string(m) +
+                     " (parallel.pp_schedule = \"" + p.pp_schedule + "\", " + r.what + ") and one's temporaries (" +
+                     std::to_string(t.micro_batch) + " x " + std::to_string(t.seq_len) + " tokens each)",
+                 // and, on the stage with the head, the step's sum of the loss sums
+                 add(peak.bytes, head ? ModelMemory::kLossSumsBytes : 0), true,
+                 std::string(kActivationKeys) + ", parallel.pp_schedule, parallel.pp"};
+  if (cfg.data.task == "addition") {
+    const auto [B, T] = eval_batch(cfg, mc, tp, sp);
+    const int64_t Tle = sp ? T / tp : T;
+    for (const StageSpec& c : chunks) {
+      const ModelMemory eval = model_memory(mc, {B, T, tp, sp, full, c});
+      const int64_t kept = add(eval.inference_kept, c.head ? logits_at_elements(mc, B, tp) : 0);
+      int64_t b = mul(std::max(eval.inference_peak, kept), kFloatBytes);
+      b = add(b, c.embedding ? mul(mul(B, T), kIdBytes) : mul(mul(mul(B, Tle), mc.n_embd), kFloatBytes));
+      r.eval_bytes = std::max(r.eval_bytes, b);
+    }
+    r.eval_what = "evaluation forward (" + std::to_string(B) + " problems x " + std::to_string(T) +
+                  " tokens, the heaviest chunk of " + r.what + ")";
+  }
+  return r;
+}
+
+MemoryEstimate estimate_for(const Config& cfg, const MemoryLayout& layout, const RankModel& rm) {
+  const TrainConfig& t = cfg.train;
+  const int64_t dp = layout.dp;
+  const bool zero = cfg.parallel.zero == 1 && dp > 1;
+  const int64_t P = rm.parameters, pad = zero ? dp : 1;
   const int64_t padded = mul(P / pad + (P % pad != 0 ? 1 : 0), pad);
   const int64_t shard = padded / pad;  // ZeRO-1: this rank's part of the optimizer state
   MemoryEstimate e;
   auto item = [&](std::string what, int64_t elements, bool allocator, std::string keys, int64_t bytes_each) {
     e.items.push_back({std::move(what), mul(elements, bytes_each), allocator, std::move(keys)});
   };
-  item("parameters (" + std::to_string(P) + " on this rank)", padded, true, kModelKeys, kFloatBytes);
-  item("gradients", zero ? add(padded, shard) : padded, true, kModelKeys, kFloatBytes);
+  const std::string model_keys = std::string(kModelKeys) + (cfg.parallel.pp > 1 ? ", parallel.pp" : "");
+  item("parameters (" + std::to_string(P) + " on this rank" + (rm.what.empty() ? "" : ": " + rm.what) + ")", padded,
+       true, model_keys, kFloatBytes);
+  item("gradients", zero ? add(padded, shard) : padded, true, model_keys, kFloatBytes);
   item(zero ? "AdamW moments (ZeRO-1: 1/" + std::to_string(dp) + " of them)" : "AdamW moments", mul(2, zero ? shard : P),
-       true, std::string(kModelKeys) + ", parallel.zero = 1", kFloatBytes);
+       true, model_keys + ", parallel.zero = 1", kFloatBytes);
 
-  // The largest transient: a training micro-batch, the evaluation forward, or the ZeRO-1 gather.
-  MemoryItem transient{"activations and temporaries of one micro-batch (" + std::to_string(t.micro_batch) + " x " +
-                           std::to_string(t.seq_len) + " tokens)",
-                       // the model's peak, its loss sums, the step's sum of them, and the
-                       // micro-batch's token and target ids uploaded through the allocator
-                       add(add(mul(step.training_peak, kFloatBytes), 2 * ModelMemory::kLossSumsBytes),
-                           mul(mul(2, mul(t.micro_batch, t.seq_len)), kIdBytes)),
-                       true,
-                       "train.micro_batch, train.seq_len, model.recompute = \"full\", parallel.tp"};
-  if (cfg.data.task == "addition") {
-    // Greedy answers of data.val_examples problems at once (at most: they go by prompt length),
-    // the longest forward being the prompt "a+b=" and all but the last answer character.
-    const int64_t digits = cfg.data.digits, B = cfg.data.val_examples;
-    int64_t T = std::min(3 * digits + 3, mc.max_seq_len);
-    if (sp) T = (T + tp - 1) / tp * tp;
-    const ModelMemory eval = model_memory(mc, {B, T, tp, sp, full});
-    const int64_t V = mc.vocab_size, Vl = V / tp + (V % tp != 0 ? 1 : 0);
-    const int64_t logits_at = add(mul(B, V), mul(mul(B, Vl), tp > 1 ? tp + 2 : 1));  // (B, V) gathered from shards
-    // The last position's logits are copied out after the forward, beside everything it kept.
-    // Plus the prompts' ids, uploaded through the allocator for the forward.
-    const int64_t bytes = add(mul(std::max(eval.inference_peak, add(eval.inference_kept, logits_at)), kFloatBytes),
-                              mul(mul(B, T), kIdBytes));
-    if (bytes > transient.bytes)
-      transient = {"evaluation forward (" + std::to_string(B) + " problems x " + std::to_string(T) + " tokens)", bytes, true,
-                   "data.val_examples"};
-  }
+  // The largest transient: a training step's, the evaluation forward, or the ZeRO-1 gather.
+  MemoryItem transient = rm.transient;
+  if (rm.eval_bytes > transient.bytes) transient = {rm.eval_what, rm.eval_bytes, true, "data.val_examples"};
   if (zero && layout.checkpoints && mul(mul(2, padded), kFloatBytes) > transient.bytes)
-    transient = {"AdamW moments gathered for a checkpoint (ZeRO-1)", mul(mul(2, padded), kFloatBytes), true, kModelKeys};
+    transient = {"AdamW moments gathered for a checkpoint (ZeRO-1)", mul(mul(2, padded), kFloatBytes), true, model_keys};
   e.items.push_back(transient);
 
   // Host memory the allocator does not see.
@@ -108,9 +246,94 @@ MemoryEstimate estimate_training_memory(const Config& cfg, int64_t data_vocab_si
        "train.global_batch, train.micro_batch, train.seq_len", 4 /* int32 tokens and targets */);
   if (layout.checkpoints)
     item("host copy of a checkpoint while it is written (parameters and moments)", add(P, mul(2, zero ? padded : P)),
-         false, kModelKeys, kFloatBytes);
+         false, model_keys, kFloatBytes);
   e.items.push_back({"runtime (code, MPI, HDF5, BLAS, threads)", kRuntimeBytes, false, ""});
   return e;
+}
+
+// The pipeline ranks whose estimates are compared for MemoryLayout::pp_rank = -1: all of them, or
+// for very deep pipelines the first two, the middle and the last two (the first holds the most
+// micro-batches in flight, the last the head; the cut balances the rest).
+std::vector<int64_t> candidate_ranks(int64_t pp) {
+  std::vector<int64_t> out;
+  if (pp <= 512) {
+    for (int64_t r = 0; r < pp; ++r) out.push_back(r);
+  } else {
+    out = {0, 1, pp / 2, pp - 2, pp - 1};
+  }
+  return out;
+}
+
+}  // namespace
+
+MemoryEstimate estimate_training_memory(const Config& cfg, int64_t data_vocab_size, const MemoryLayout& layout) {
+  const ModelConfig mc = resolve(to_model_config(cfg, data_vocab_size));
+  const int64_t tp = layout.tp;
+  const bool sp = cfg.parallel.sequence_parallel && tp > 1;
+  const bool full = cfg.model.recompute == "full";
+  const ParallelConfig& p = cfg.parallel;
+  if (p.pp == 1) return estimate_for(cfg, layout, whole_model(cfg, mc, tp, sp, full));
+  const std::vector<StageSpec> cut = cut_stages(mc, cfg.train.seq_len, p.pp, p.vpp, p.pp_layers);
+  const int64_t m = std::max<int64_t>(1, cfg.train.global_batch / std::max<int64_t>(1, mul(cfg.train.micro_batch, layout.dp)));
+  if (layout.pp_rank >= 0) {
+    TESSERA_CHECK(layout.pp_rank < p.pp, "estimate_training_memory: pipeline rank ", layout.pp_rank, " of ", p.pp);
+    return estimate_for(cfg, layout, pipeline_rank(cfg, mc, cut, layout.pp_rank, m, tp, sp, full));
+  }
+  MemoryEstimate most;
+  for (int64_t r : candidate_ranks(p.pp)) {
+    MemoryEstimate e = estimate_for(cfg, layout, pipeline_rank(cfg, mc, cut, r, m, tp, sp, full));
+    if (most.items.empty() || e.total() > most.total()) most = std::move(e);
+  }
+  return most;
+}
+
+std::vector<PipelineStep> pipeline_memory_order(const std::string& schedule, int64_t pp, int64_t vpp,
+                                                int64_t micro_batches, int64_t rank) {
+  TESSERA_CHECK(pp >= 1 && rank >= 0 && rank < pp && vpp >= 1 && micro_batches >= 1, "pipeline_memory_order: rank ",
+                rank, " of pp = ", pp, ", vpp = ", vpp, ", ", micro_batches, " micro-batches");
+  TESSERA_CHECK(vpp == 1 || schedule == "interleaved", "pipeline_memory_order: ", schedule,
+                " runs one chunk per rank, not vpp = ", vpp);
+  const int64_t m = micro_batches, total = m * vpp;
+  std::vector<PipelineStep> order;
+  if (schedule == "gpipe") {
+    for (int64_t i = 0; i < m; ++i) order.push_back({true, 0});
+    for (int64_t i = 0; i < m; ++i) order.push_back({false, 0});
+    return order;
+  }
+  TESSERA_CHECK(schedule == "1f1b" || schedule == "zb-h1" || schedule == "interleaved",
+                "pipeline_memory_order: unknown schedule \"", schedule, "\"");
+  const int64_t warmup = std::min(total, vpp == 1 ? pp - rank - 1 : 2 * (pp - rank - 1) + (vpp - 1) * pp);
+  // Megatron's schedule table: the micro-batches in groups of pp (the last group may be shorter),
+  // each group through chunk 0, 1, ..., vpp - 1; the k-th forward runs entry k's chunk, the k-th
+  // backward the mirror chunk vpp - 1 - chunk.
+  std::vector<int64_t> table;
+  for (int64_t group = 0; group < m; group += pp)
+    for (int64_t c = 0; c < vpp; ++c)
+      for (int64_t i = group; i < std::min(group + pp, m); ++i) table.push_back(c);
+  std::vector<int64_t> in_flight(static_cast<size_t>(vpp), 0);
+  int64_t forwards = 0, backwards = 0;
+  auto forward = [&] {
+    const int64_t c = table[static_cast<size_t>(forwards++)];
+    ++in_flight[static_cast<size_t>(c)];
+    order.push_back({true, c});
+  };
+  auto backward = [&] {
+    int64_t c = vpp - 1 - table[static_cast<size_t>(backwards++)];
+    // Fewer micro-batches than pp: the warm-up may not have reached that chunk yet; take the
+    // deepest chunk in flight (a micro-batch goes through the chunks in order).
+    if (in_flight[static_cast<size_t>(c)] == 0)
+      for (c = vpp - 1; c > 0 && in_flight[static_cast<size_t>(c)] == 0; --c) {
+      }
+    --in_flight[static_cast<size_t>(c)];
+    order.push_back({false, c});
+  };
+  for (int64_t i = 0; i < warmup; ++i) forward();  // warm-up
+  for (int64_t i = warmup; i < total; ++i) {       // steady: one forward, one backward
+    forward();
+    backward();
+  }
+  for (int64_t i = 0; i < warmup; ++i) backward();  // cool-down
+  return order;
 }
 
 namespace {

@@ -66,9 +66,10 @@ Dims dims_of(const ModelConfig& c, const ModelMemoryLayout& lay) {
   return d;
 }
 
-// Parameters of this rank (model/layers.cpp, gpt.cpp constructors): column-parallel layers split
-// their outputs (and biases), row-parallel ones their inputs (bias whole), norms are whole.
-N parameters(const ModelConfig& c, const Dims& d) {
+// Parameters of this rank's stage (model/layers.cpp, gpt.cpp constructors): column-parallel layers
+// split their outputs (and biases), row-parallel ones their inputs (bias whole), norms are whole.
+// A tied LM head on a later stage than the embedding holds its own copy of wte.
+N parameters(const ModelConfig& c, const Dims& d, const StageSpec& st) {
   const N one{1}, zero{0};
   const N b = d.bias ? one : zero;
   const N C = d.C, kv = d.KVh * d.D, Cl = d.Hl * d.D;
@@ -76,10 +77,15 @@ N parameters(const ModelConfig& c, const Dims& d) {
   const N kv_local = d.kv_replicated ? kv : d.KVl * d.D;
   const N attention = (Cl * C + b * Cl) + N{2} * (kv_local * C + b * kv_local) + (C * Cl + b * C);
   const N mlp = d.swiglu ? N{3} * (d.Fl * C) + b * (N{2} * d.Fl + C) : N{2} * (d.Fl * C) + b * (d.Fl + C);
-  N total = d.Vl * C;                                              // wte (padded rows)
-  if (d.learned_positions) total = total + N{c.max_seq_len} * C;  // wpe
-  total = total + d.L * (norm + attention + norm + mlp) + norm;    // blocks, ln_f
-  if (!d.tied) total = total + d.Vl * C;                          // lm_head
+  N total = N{st.layers()} * (norm + attention + norm + mlp);  // blocks
+  if (st.embedding) {
+    total = total + d.Vl * C;                                            // wte (padded rows)
+    if (d.learned_positions) total = total + N{c.max_seq_len} * C;      // wpe
+  }
+  if (st.head) {
+    total = total + norm;                                                // ln_f
+    if (!d.tied || !st.embedding) total = total + d.Vl * C;             // lm_head, or the tied copy of wte
+  }
   return total;
 }
 
@@ -96,7 +102,7 @@ Acts activations(const Dims& d) {
   const N attention = q + N{2} * kv + q + d.B * d.Hl * d.T;  // q, k, v, out, lse
   const N mlp = N{d.swiglu ? 3 : 2} * (d.B * d.T * d.Fl);    // h, (up,) act
   a.block = a.norm + rows * d.C /* x1 */ + attention + a.norm + mlp;
-  a.resid = (d.L + N{1}) * rows * d.C;
+  a.resid = (d.L + N{1}) * rows * d.C;  // the whole model's; a stage's is model_memory's
   a.head = a.norm /* ln_f */ + (d.sp ? d.B * d.T * d.C : N{}) /* head_in */ + d.B * d.T * d.Vl /* logits */;
   a.loss = N{2} * d.B * d.T;  // losses, lse
   return a;
@@ -137,33 +143,54 @@ BlockWork block_workspace(const Dims& d) {
 ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
   const ModelConfig c = resolve(cfg);
   const Dims d = dims_of(c, lay);
+  const StageSpec st = resolve_stage(lay.stage, c.n_layer);
   const Acts a = activations(d);
   const BlockWork w = block_workspace(d);
   const N X = d.B * d.T * d.C, Xl = d.B * d.Tl * d.C;
-  const N kept_blocks = lay.full_recompute ? N{} : d.L * a.block;
-  const N acts = a.resid + kept_blocks + a.head + a.loss;
+  const N L{st.layers()};
+  // The stage's residual stream: its blocks' outputs and, with the embedding, the embedding's
+  // (without it, the first block reads the caller's input).
+  const N resid = (L + N{st.embedding ? 1 : 0}) * Xl;
+  const N kept_blocks = lay.full_recompute ? N{} : L * a.block;
+  const N head_acts = st.head ? a.head + a.loss : N{};
+  const N acts = resid + kept_blocks + head_acts;
   ModelMemory m;
-  m.parameters = parameters(c, d).v;
+  m.parameters = parameters(c, d, st).v;
   m.activations = acts.v;
   // Forward: the blocks' peaks (a recomputed block's activations live only during its forward),
   // then the loss (vocabulary-parallel: each rank's lse and target logit, and all ranks' lse).
+  // Without the head a stage ends at its last block: its temporaries beside everything kept.
   const N R{lay.tp};
-  const N ce = R.v > 1 ? (N{2} + R) * d.B * d.T : N{};
-  const N forward = lay.full_recompute ? max(a.resid + a.block + w.forward, acts + ce) : acts + ce;
+  const N ce = st.head && R.v > 1 ? (N{2} + R) * d.B * d.T : N{};
+  const N blocks_forward = lay.full_recompute ? resid + a.block + w.forward : resid + kept_blocks + w.forward;
+  const N forward = st.head && !lay.full_recompute ? acts + ce : max(blocks_forward, acts + ce);
   // Backward: everything the forward kept is live until its block is done, so the peak is at the
   // head or at the last block: dres beside the block's temporaries (under full recomputation,
-  // beside its re-created activations and the recomputed output y).
-  const N head = X + (d.sp ? Xl + X : N{});  // dln, (dln_local, the reduce-scatter staging)
+  // beside its re-created activations and the recomputed output y). dres is a workspace only on
+  // the stage with the embedding; any other writes it into the caller's input gradient.
+  const N head = st.head ? X + (d.sp ? Xl + X : N{}) : N{};  // dln, (dln_local, the reduce-scatter staging)
+  const N dres = st.embedding ? Xl : N{};
   const N block = lay.full_recompute ? max(Xl + a.block + w.forward, a.block + w.backward) : w.backward;
-  const N backward = acts + max(head, Xl /* dres */ + block);
+  const N backward = acts + max(head, dres + block);
+  m.forward_peak = forward.v;
+  m.backward_peak = backward.v;
   m.training_peak = max(forward, backward).v;
   // Without targets: no losses; recomputed blocks keep nothing after their forward. The block
   // temporaries are gone before the head allocates.
-  const N blocks_done = a.resid + kept_blocks;
+  const N blocks_done = resid + kept_blocks;
   const N last_block = lay.full_recompute ? a.block + w.forward : w.forward;
-  m.inference_peak = (blocks_done + max(last_block, a.head)).v;
-  m.inference_kept = (blocks_done + a.head).v;
+  const N head_kept = st.head ? a.head : N{};
+  m.inference_peak = (blocks_done + max(last_block, head_kept)).v;
+  m.inference_kept = (blocks_done + head_kept).v;
   return m;
+}
+
+ActivationParts activation_parts(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
+  const ModelConfig c = resolve(cfg);
+  const Dims d = dims_of(c, lay);
+  const Acts a = activations(d);
+  const N Xl = d.B * d.Tl * d.C;
+  return {Xl.v, ((lay.full_recompute ? N{} : a.block) + Xl).v, (a.head + a.loss).v};
 }
 
 }  // namespace tessera

@@ -9,6 +9,7 @@
 
 #include "kernels/check.h"
 #include "model/config.h"
+#include "model/gpt.h"
 
 namespace tessera {
 
@@ -29,6 +30,11 @@ struct ModelMemoryLayout {
   int64_t tp = 1;       // tensor-parallel ranks sharing the model
   bool sequence_parallel = false;
   bool full_recompute = false;  // Recompute::Full on every block
+  // The part of the model this rank runs: the whole model, or one pipeline stage (a chunk of
+  // model/stage_cut.h). A stage without the embedding reads its input from, and writes its input
+  // gradient into, tensors its caller owns (the pipeline's received activations and gradients):
+  // they are not counted here (app/memory_check.cpp adds them per micro-batch in flight).
+  StageSpec stage = {};
 };
 
 // Element counts (of the parameter dtype) on one rank.
@@ -36,6 +42,8 @@ struct ModelMemory {
   int64_t parameters = 0;     // this rank's parameters, tp padding rows included (ParameterStore::numel)
   int64_t activations = 0;    // what a forward with targets keeps for backward (the GptCtx)
   int64_t training_peak = 0;  // activations plus temporaries at the highest point of forward + backward
+  int64_t forward_peak = 0;   // the highest point of the forward with targets (its activations included)
+  int64_t backward_peak = 0;  // and of the backward (training_peak is the larger of the two)
   int64_t inference_peak = 0; // a forward without targets (evaluation, generation), at its highest
   int64_t inference_kept = 0; // what that forward leaves allocated (its context, logits included)
   // Besides the elements above, a forward with targets keeps its loss sum and target count (one
@@ -44,6 +52,18 @@ struct ModelMemory {
 };
 
 // cfg resolved (model/config.h resolve()). tp must divide the heads and the MLP as the model requires.
+// Of a pipeline stage (layout.stage): its parameters only (the last stage's copy of a tied
+// embedding included), and what its forward and backward allocate.
 ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& layout);
+
+// What one micro-batch's forward keeps for backward, by part (elements on one rank): the
+// activation side of the pipeline cut's cost model (model/stage_cut.h). The model's activations
+// are embedding + n_layer x block + head.
+struct ActivationParts {
+  int64_t embedding = 0;  // its output, the residual stream's first (B, T_local, C)
+  int64_t block = 0;      // one block's context (none under full recomputation) and its output (B, T_local, C)
+  int64_t head = 0;       // final norm, (sequence parallel: its gathered output,) logits, losses and lse
+};
+ActivationParts activation_parts(const ModelConfig& cfg, const ModelMemoryLayout& layout);
 
 }  // namespace tessera

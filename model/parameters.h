@@ -57,9 +57,9 @@ struct ParamSpec {
   bool sum_grad_over_embedding_group = false;
   // This stage's copy of a parameter another pipeline stage owns, under the owner's name (the
   // last stage's "wte.weight" for a tied LM head): initialized equal (init is keyed by the
-  // name), kept equal by the summed gradient. A checkpoint stores the owner's tensor only.
-  // TODO(pipeline, #13): the checkpoint writer skips copies; the reader fills them from the
-  // owner's stored tensor by name (which already works, the name being the same).
+  // name), kept equal by the summed gradient. A checkpoint stores the owner's tensor only (the
+  // writer declares the copy without writing it); on load the copy is read from the owner's
+  // stored tensor by name (app/checkpoint/checkpointing.h).
   bool stage_copy = false;
 };
 

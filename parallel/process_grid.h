@@ -109,7 +109,7 @@ struct GridLimits {
   int64_t n_head = 1;
   int64_t n_kv_head = 0;  // 0 = n_head (as model.n_kv_head)
   int64_t n_layer = 1;
-  int64_t virtual_stages = 1;  // model chunks per pipeline stage (interleaved 1F1B)
+  int64_t virtual_stages = 1;  // model chunks per pipeline stage (parallel.vpp, interleaved 1F1B)
   int64_t seq_len = 2;         // train.seq_len
   int64_t vocab_size = 1;
   int64_t ffn_hidden = 0;          // 0: not checked
@@ -120,7 +120,7 @@ struct GridLimits {
 // with a message naming the config keys and values:
 //   tp x cp x pp x dp = world;  model.n_head % tp = 0;
 //   model.n_kv_head % tp = 0, or, with fewer KV heads than tp (replicated), tp % n_kv_head = 0;
-//   model.n_layer % (pp x virtual_stages) = 0;  train.seq_len % (2 x cp) = 0 when cp > 1;
+//   model.n_layer >= pp x virtual_stages (a block per chunk);  train.seq_len % (2 x cp) = 0 when cp > 1;
 //   model.ffn_hidden % tp = 0;  train.seq_len % tp = 0 under sequence parallelism.
 // The vocabulary needs no divisibility: each tp rank holds ceil(V / tp) rows, the last padded.
 void validate_grid(const GridDegrees& degrees, int64_t world_size, const GridLimits& limits);

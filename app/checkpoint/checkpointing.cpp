@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "app/checkpoint/atomic_file.h"
+#include "app/checkpoint/checkpoint_plan.h"
 #include "kernels/check.h"
 #include "parallel/mpi.h"
 
@@ -43,7 +44,10 @@ std::vector<float> copy_flat(const Tensor& t) {
 }
 
 // This rank's slice of each parameter-shaped tensor, under prefix + name + suffix. A padded
-// shard stores its real rows only: they come first in its local buffer.
+// shard stores its real rows only: they come first in its local buffer. A pipeline stage declares
+// only its own parameters (the other stages' ranks write theirs: the file holds the union); a
+// stage_copy (the last stage's copy of a tied "wte.weight") is declared but never written, the
+// owner's tensor being the one stored, so the write plan still checks that both agree on its shape.
 void add_slices(std::vector<TensorSlice>& out, const ParameterStore& ps, const std::vector<float>& flat,
                 const std::string& prefix, const std::string& suffix, const TrainingState& st) {
   for (const ParamEntry& e : ps.entries()) {
@@ -55,7 +59,7 @@ void add_slices(std::vector<TensorSlice>& out, const ParameterStore& ps, const s
     s.start = sharded ? e.shard_start : 0;
     s.local_shape = sharded ? e.stored_shape() : e.local_shape;
     s.data = flat.data() + e.offset;
-    s.write = st.writes_tensors && (sharded || st.writes_replicated);
+    s.write = st.writes_tensors && (sharded || st.writes_replicated) && !e.spec.stage_copy;
     out.push_back(s);
   }
 }
@@ -414,6 +418,36 @@ void read_into(const CheckpointReader& r, const ParameterStore& ps, const Tensor
   }
 }
 
+// The tensors a checkpoint of this model holds, with their global shapes: every rank's parameters
+// (collective over comm). Under pipeline parallelism a rank holds one stage's; the union over the
+// ranks is the whole model, so a tensor of another stage is neither missing nor unexpected, while
+// one of no stage (a checkpoint of a deeper model) still is. A stage_copy adds nothing: its name
+// is the owner's.
+std::vector<std::pair<std::string, Shape>> expected_tensors(const ParameterStore& params, MPI_Comm comm) {
+  ckpt::ByteWriter mine;
+  mine.i64(params.size());
+  for (const ParamEntry& e : params.entries()) {
+    mine.str(e.spec.name);
+    mine.shape(e.spec.global_shape);
+  }
+  std::map<std::string, Shape> model;  // sorted: every rank lists the same tensors in the same order
+  for (const std::string& bytes : allgather_bytes(comm, mine.bytes())) {
+    ckpt::ByteReader in(bytes);
+    for (int64_t n = in.i64(); n > 0; --n) {
+      std::string name = in.str();
+      Shape shape = in.shape();
+      model.try_emplace(std::move(name), std::move(shape));
+    }
+  }
+  std::vector<std::pair<std::string, Shape>> expected;
+  for (const auto& [name, shape] : model) {
+    expected.emplace_back("/model/" + name, shape);
+    expected.emplace_back("/optim/" + name + "/exp_avg", shape);
+    expected.emplace_back("/optim/" + name + "/exp_avg_sq", shape);
+  }
+  return expected;
+}
+
 int64_t int_attr(const GroupAttributes& g, const std::string& group, const std::string& key, const std::string& file) {
   auto it = g.find(group);
   TESSERA_CHECK(it != g.end() && it->second.count(key), file, ": attribute ", group, "@", key, " is missing");
@@ -433,13 +467,7 @@ RestoredState restore_training_state(const std::string& path, ParameterStore& pa
 RestoredState restore_training_state(const std::string& path, ParameterStore& params, const OptimizerState& optimizer,
                                      MPI_Comm comm) {
   CheckpointReader r(path, comm);
-  std::vector<std::pair<std::string, Shape>> expected;
-  for (const ParamEntry& e : params.entries()) {
-    expected.emplace_back("/model/" + e.spec.name, e.spec.global_shape);
-    expected.emplace_back("/optim/" + e.spec.name + "/exp_avg", e.spec.global_shape);
-    expected.emplace_back("/optim/" + e.spec.name + "/exp_avg_sq", e.spec.global_shape);
-  }
-  check_shapes(r, expected);
+  check_shapes(r, expected_tensors(params, comm));
   std::string local_error;
   try {
     read_into(r, params, params.flat_params(), "/model/", "");

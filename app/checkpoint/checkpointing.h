@@ -123,7 +123,9 @@ struct RestoredState {
 };
 // Loads the parameters and the moments into this rank's tensor-parallel shards (moments: into
 // optimizer's tensors, whose steps are ignored), after checking every shape against the model (all
-// mismatches listed in one error).
+// mismatches listed in one error). Collective over comm, whose ranks together hold the model: a
+// pipeline stage loads its own parameters (the others' tensors are expected, not its own), and a
+// stage_copy (the last stage's tied "wte.weight") is filled from the stored tensor of its name.
 RestoredState restore_training_state(const std::string& path, ParameterStore& params, const OptimizerState& optimizer,
                                      MPI_Comm comm);
 // The same into a replicated AdamW, whose step count is set too.

@@ -95,7 +95,7 @@ TEST(Config, GridDegreesFromTheParallelSection) {
   p.dp = 3;
   EXPECT_EQ(grid_degrees(p).dp, 3);
   p.pp = 2;
-  EXPECT_TRUE(testing::throws_with([&] { grid_degrees(p); }, {"[parallel] asks for pp=2, cp=1"}));
+  EXPECT_TRUE(testing::throws_with([&] { grid_degrees(p); }, {"[parallel] asks for pp=2, cp=1", "not wired into the trainer yet"}));
   p.pp = 1;
   p.cp = 4;
   EXPECT_TRUE(testing::throws_with([&] { grid_degrees(p); }, {"[parallel] asks for pp=1, cp=4"}));
@@ -409,6 +409,93 @@ TEST(ConfigValidation, GradAccumStepsIsMegatronSemantics) {
 }
 
 // ---- to_toml -------------------------------------------------------------------------------
+
+// ---- Pipeline keys (issue #13) --------------------------------------------------------------
+
+TEST(ConfigPipeline, KeysParseOverrideAndRoundTrip) {
+  Config c = parse("[parallel]\npp = 2\npp_layers = [7, 5]\n");
+  EXPECT_EQ(c.parallel.pp_layers, (std::vector<int64_t>{7, 5}));
+  EXPECT_EQ(c.parallel.vpp, 1);
+  EXPECT_EQ(c.parallel.pp_schedule, "1f1b");
+  EXPECT_EQ(to_toml(c).find("pp_layers = [7, 5]\n") != std::string::npos, true) << to_toml(c);
+  EXPECT_EQ(parse(to_toml(c)), c);
+  EXPECT_TRUE(parse("").parallel.pp_layers.empty());
+  EXPECT_NE(to_toml(Config{}).find("pp_layers = []\n"), std::string::npos);
+  c = parse("", {"parallel.pp=2", "parallel.pp_layers=[4, 8]", "parallel.pp_schedule=zb-h1"});
+  EXPECT_EQ(c.parallel.pp_layers, (std::vector<int64_t>{4, 8}));
+  EXPECT_EQ(c.parallel.pp_schedule, "zb-h1");
+  c = parse("", {"parallel.pp=2", "parallel.vpp=3", "parallel.pp_schedule=interleaved", "parallel.pp_layers=[6, 6]"});
+  EXPECT_EQ(c.parallel.vpp, 3);
+  EXPECT_EQ(parse(to_toml(c)), c);
+}
+
+TEST(ConfigPipeline, MalformedValuesNameTheKey) {
+  expect_contains(parse_error("[parallel]\npp_layers = 3\n"),
+                  {"wrong type for parallel.pp_layers", "configs/x.toml:2", "an array of integers", "integer 3"});
+  expect_contains(parse_error("[parallel]\npp_layers = [6, 6.5]\n"), {"wrong type for parallel.pp_layers"});
+  expect_contains(parse_error("[parallel]\npp = 2\npp_layers = [12, 0]\n"),
+                  {"parallel.pp_layers[1] = 0", "configs/x.toml:3", "must be in [1, 65536]"});
+  expect_contains(parse_error("[parallel]\nvpp = 0\n"), {"parallel.vpp = 0", "must be in [1, 65536]"});
+  expect_contains(parse_error("[parallel]\npp_schedule = \"1F1B\"\n"),
+                  {"parallel.pp_schedule = \"1F1B\"", "one of \"gpipe\", \"1f1b\", \"interleaved\", \"zb-h1\""});
+}
+
+// An impossible split is refused at load, before any work, naming the keys, their values and where
+// they came from.
+TEST(ConfigPipeline, ImpossibleSplitsAreRefused) {
+  expect_contains(parse_error("[parallel]\npp = 16\n"),
+                  {"parallel.pp x parallel.vpp = 16 x 1 = 16 model chunks need at least one block each",
+                   "model.n_layer = 12 (default)"});
+  expect_contains(parse_error("[model]\nn_layer = 3\n[parallel]\npp = 2\nvpp = 2\npp_schedule = \"interleaved\"\n"),
+                  {"2 x 2 = 4 model chunks", "model.n_layer = 3 (configs/x.toml:2)"});
+  expect_contains(parse_error("[parallel]\npp = 3\npp_layers = [6, 6]\n"),
+                  {"parallel.pp_layers = [6, 6] (configs/x.toml:3) has 2 entries, but parallel.pp = 3 "
+                   "(configs/x.toml:2)"});
+  expect_contains(parse_error("[parallel]\npp = 2\npp_layers = [6, 5]\n"),
+                  {"parallel.pp_layers = [6, 5]", "sums to 11 blocks, but model.n_layer = 12 (default)"});
+  expect_contains(parse_error("", {"parallel.pp=2", "parallel.vpp=2", "parallel.pp_schedule=interleaved",
+                                   "parallel.pp_layers=[5, 7]"}),
+                  {"parallel.pp_layers = [5, 7] (--set parallel.pp_layers=[5, 7])", "stage 0 holds 5 blocks",
+                   "not a multiple of parallel.vpp = 2"});
+  // pp_layers with a single stage must hold every block too.
+  expect_contains(parse_error("[parallel]\npp_layers = [11]\n"), {"sums to 11 blocks"});
+  EXPECT_NO_THROW(parse("[parallel]\npp_layers = [12]\n"));
+}
+
+TEST(ConfigPipeline, VirtualChunksGoWithTheInterleavedSchedule) {
+  expect_contains(parse_error("[parallel]\nvpp = 2\n"), {"parallel.vpp = 2 (configs/x.toml:2) needs parallel.pp > 1"});
+  expect_contains(parse_error("[parallel]\npp = 2\nvpp = 2\n"),
+                  {"parallel.vpp = 2", "needs parallel.pp_schedule = \"interleaved\", not parallel.pp_schedule = "
+                                       "\"1f1b\" (default)"});
+  expect_contains(parse_error("[parallel]\npp = 2\npp_schedule = \"interleaved\"\n"),
+                  {"parallel.pp_schedule = \"interleaved\" (configs/x.toml:3) needs parallel.vpp >= 2"});
+  EXPECT_NO_THROW(parse("[parallel]\npp = 2\nvpp = 2\npp_schedule = \"interleaved\"\n"));
+  EXPECT_NO_THROW(parse("[parallel]\npp = 4\n"));  // 12 layers over 4 stages, 1f1b
+}
+
+// 1F1B-style schedules keep up to pp micro-batches in flight: fewer per step is refused once dp is
+// known (at load with parallel.dp given; the trainer knows it from the world size).
+TEST(ConfigPipeline, TooFewMicroBatchesForTheSchedule) {
+  const std::string text = "[train]\nglobal_batch = 8\nmicro_batch = 2\n[parallel]\npp = 4\ndp = 2\n";
+  expect_contains(parse_error(text), {"train.global_batch / (train.micro_batch x dp) = 8 / (2 x 2) = 2 micro-batches "
+                                      "per step, fewer than parallel.pp = 4 (configs/x.toml:5)",
+                                      "parallel.pp_schedule = \"1f1b\" (default) needs at least one micro-batch"});
+  EXPECT_NO_THROW(parse(text + "pp_schedule = \"gpipe\"\n"));
+  Config c = parse("[train]\nglobal_batch = 8\nmicro_batch = 2\n[parallel]\npp = 4\n");  // dp = -1: not known yet
+  EXPECT_NO_THROW(validate_pipeline(c, 1));
+  expect_contains(error_of([&] { validate_pipeline(c, 2); }), {"= 2 micro-batches per step, fewer than parallel.pp = 4"});
+  c.parallel.pp_schedule = "zb-h1";
+  expect_contains(error_of([&] { validate_pipeline(c, 2); }), {"parallel.pp_schedule = \"zb-h1\" needs"});
+  // Interleaved runs micro-batches in groups of pp (the generator's rule, named with the keys).
+  Config i = parse("[train]\nglobal_batch = 12\nmicro_batch = 2\n[parallel]\npp = 4\nvpp = 2\n"
+                   "pp_schedule = \"interleaved\"\n[model]\nn_layer = 16\n");
+  expect_contains(error_of([&] { validate_pipeline(i, 1); }), {"= 6 micro-batches per step, not a multiple of parallel.pp = 4"});
+  i.train.global_batch = 16;
+  EXPECT_NO_THROW(validate_pipeline(i, 1));
+  // An automatic micro-batch is not known yet: nothing to count.
+  i.train.micro_batch = 0;
+  EXPECT_NO_THROW(validate_pipeline(i, 1));
+}
 
 TEST(ConfigToToml, DefaultsRoundTrip) {
   Config c;

@@ -1,6 +1,7 @@
 // Tests app/memory_check.h: the estimate against the allocator's measured peak of real training
 // runs (one rank here; tensor-parallel and ZeRO-1 layouts under `mpiexec -n 2`, MemoryCheckLayouts),
-// the refusal message, and the issue's absurd configs refused in a second, naming the keys.
+// the refusal message, the issue's absurd configs refused in a second, naming the keys, and the
+// estimate per pipeline stage against its analytic formula (the schedules' micro-batches in flight).
 #include "app/memory_check.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +12,8 @@
 #include <fstream>
 
 #include "app/trainer.h"
+#include "model/memory.h"
+#include "model/stage_cut.h"
 #include "cli_testing.h"
 #include "mpi_testing.h"
 
@@ -103,6 +106,153 @@ TEST(MemoryCheck, AutoMicroBatchIsTheLargestThatFitsTheAvailableMemory) {
   EXPECT_THROW(with_auto_micro_batch(cfg, 13, MemoryLayout{1, 3, false}, MPI_COMM_NULL), Error);  // 64 / 3
   // The trainer resolves it before anything reads it: one micro-batch of 64 per step.
   EXPECT_EQ(Trainer(cfg, "", MPI_COMM_NULL).grad_accum_steps(), 1);
+}
+
+// ---- Pipeline stages (issue #13): estimated per stage, not measured until the trainer runs pp ----
+
+// Micro-batches (chunks of them, interleaved) a rank's order keeps in flight at most, checking that
+// each backward follows a forward of its chunk and that every chunk runs each micro-batch once.
+int64_t most_in_flight(const std::vector<PipelineStep>& order, int64_t vpp, int64_t m) {
+  std::vector<int64_t> live(static_cast<size_t>(vpp), 0), forwards(static_cast<size_t>(vpp), 0);
+  int64_t n = 0, most = 0;
+  for (const PipelineStep& s : order) {
+    EXPECT_TRUE(s.chunk >= 0 && s.chunk < vpp);
+    if (s.forward) {
+      ++live[static_cast<size_t>(s.chunk)];
+      ++forwards[static_cast<size_t>(s.chunk)];
+      most = std::max(most, ++n);
+    } else {
+      EXPECT_GT(live[static_cast<size_t>(s.chunk)], 0) << "a backward before its forward";
+      --live[static_cast<size_t>(s.chunk)];
+      --n;
+    }
+  }
+  EXPECT_EQ(n, 0);
+  for (int64_t f : forwards) EXPECT_EQ(f, m);
+  return most;
+}
+
+// gpipe keeps all m micro-batches in flight, 1F1B (and zb-h1) pp - rank on rank `rank` (the first
+// stage the most), interleaved Megatron's 2 (pp - rank - 1) + (vpp - 1) pp + 1 chunks.
+TEST(MemoryCheckPipeline, OrdersKeepTheScheduledMicroBatchesInFlight) {
+  for (int64_t pp : {2, 4})
+    for (int64_t m : {1, 2, 3, 4, 8, 9})
+      for (int64_t r = 0; r < pp; ++r) {
+        const std::string where = "pp " + std::to_string(pp) + ", m " + std::to_string(m) + ", rank " + std::to_string(r);
+        EXPECT_EQ(most_in_flight(pipeline_memory_order("gpipe", pp, 1, m, r), 1, m), m) << where;
+        EXPECT_EQ(most_in_flight(pipeline_memory_order("1f1b", pp, 1, m, r), 1, m), std::min(pp - r, m)) << where;
+        EXPECT_EQ(most_in_flight(pipeline_memory_order("zb-h1", pp, 1, m, r), 1, m), std::min(pp - r, m)) << where;
+        for (int64_t vpp : {2, 3}) {
+          if (m < pp) continue;  // fewer micro-batches than stages: refused for interleaved
+          EXPECT_EQ(most_in_flight(pipeline_memory_order("interleaved", pp, vpp, m, r), vpp, m),
+                    std::min(2 * (pp - r - 1) + (vpp - 1) * pp + 1, m * vpp))
+              << where << ", vpp " << vpp;
+        }
+      }
+}
+
+// One chunk's bytes, written out from its ModelMemory: what stays per micro-batch in flight (its
+// activations; the received input (B, T, C) without the embedding; the token ids with it, the
+// targets and the loss sums with the head), its forward's peak and its backward's (plus the
+// received output gradient without the head, the input gradient to send without the embedding).
+struct Chunk {
+  int64_t kept, forward, backward;
+};
+Chunk analytic_chunk(const ModelMemory& mm, const StageSpec& c, int64_t B, int64_t T, int64_t C) {
+  const int64_t x = 4 * B * T * C, ids = 4 * B * T;
+  const int64_t beside = (c.embedding ? ids : x) + (c.head ? ids + 16 : 0);
+  const int64_t io = (c.head ? 0 : x) + (c.embedding ? 0 : x);
+  return {4 * mm.activations + beside, 4 * mm.forward_peak + beside, 4 * mm.backward_peak + beside + io};
+}
+
+int64_t item_bytes(const MemoryEstimate& e, const std::string& starts) {
+  for (const MemoryItem& i : e.items)
+    if (i.what.rfind(starts, 0) == 0) return i.bytes;
+  std::string all;
+  for (const MemoryItem& i : e.items) all += "\n  " + i.what;
+  ADD_FAILURE() << "no item \"" << starts << "...\" among" << all;
+  return -1;
+}
+
+// Two stages of a 4-layer gpt2, m = 4 micro-batches of 2 sequences: each stage's parameters are its
+// own, and the step's activations are n micro-batches in flight (gpipe: m; 1f1b: pp - rank), the
+// n-th one's forward or the first backward beside the n - 1 others, and the head's step sum.
+TEST(MemoryCheckPipeline, EachStageIsItsPartAndTheMicroBatchesInFlight) {
+  for (const std::string schedule : {"gpipe", "1f1b"}) {
+    const Config cfg = tiny({"model.n_layer=4", "train.global_batch=8", "train.micro_batch=2", "parallel.pp=2",
+                             "parallel.pp_schedule=\"" + schedule + "\"", "data.val_examples=1"});
+    const ModelConfig mc = resolve(to_model_config(cfg, 13));
+    const int64_t B = 2, T = 24, C = 32, m = 4;
+    const std::vector<StageSpec> cut = cut_stages(mc, T, 2);
+    int64_t parameters = 0, most = 0;
+    for (int64_t r = 0; r < 2; ++r) {
+      const StageSpec& c = cut[static_cast<size_t>(r)];
+      const ModelMemory mm = model_memory(mc, {B, T, 1, false, false, c});
+      const Chunk k = analytic_chunk(mm, c, B, T, C);
+      const int64_t n = schedule == "gpipe" ? m : 2 - r;
+      const MemoryEstimate e = estimate_training_memory(cfg, 13, MemoryLayout{1, 1, false, r});
+      const std::string where = schedule + ", stage " + std::to_string(r);
+      EXPECT_EQ(item_bytes(e, "parameters ("), 4 * mm.parameters) << where;
+      EXPECT_EQ(item_bytes(e, "gradients"), 4 * mm.parameters) << where;
+      EXPECT_EQ(item_bytes(e, "AdamW moments"), 8 * mm.parameters) << where;
+      EXPECT_EQ(item_bytes(e, "activations of " + std::to_string(n) + " micro-batches in flight of 4"),
+                (n - 1) * k.kept + std::max(k.forward, k.backward) + (c.head ? 16 : 0))
+          << where;
+      parameters += mm.parameters;
+      most = std::max(most, e.total());
+    }
+    // The stages hold the model, and the last stage a copy of the tied table.
+    EXPECT_EQ(parameters, model_memory(mc, {B, T, 1, false, false}).parameters + mc.vocab_size * C);
+    // Without a rank, the estimate is the larger one's (what every rank on a node is counted at).
+    EXPECT_EQ(estimate_training_memory(cfg, 13, MemoryLayout{1, 1, false}).total(), most) << schedule;
+  }
+}
+
+// Interleaved: the order simulated, chunk by chunk. A long step (m = 96) is simulated over a few
+// groups of pp micro-batches only (the steady phase repeats): the same peak as the whole order.
+TEST(MemoryCheckPipeline, InterleavedChunksFollowTheOrder) {
+  const int64_t pp = 2, vpp = 2, B = 1, T = 24, C = 32;
+  for (int64_t m : {4, 96}) {
+    const Config cfg = tiny({"model.n_layer=4", "train.global_batch=" + std::to_string(m), "train.micro_batch=1",
+                             "parallel.pp=2", "parallel.vpp=2", "parallel.pp_schedule=\"interleaved\"",
+                             "data.val_examples=1"});
+    const ModelConfig mc = resolve(to_model_config(cfg, 13));
+    const std::vector<StageSpec> cut = cut_stages(mc, T, pp, vpp);
+    for (int64_t r = 0; r < pp; ++r) {
+      std::vector<Chunk> chunks;
+      for (const StageSpec& c : rank_chunks(cut, pp, r))
+        chunks.push_back(analytic_chunk(model_memory(mc, {B, T, 1, false, false, c}), c, B, T, C));
+      int64_t live = 0, peak = 0;
+      for (const PipelineStep& s : pipeline_memory_order("interleaved", pp, vpp, m, r)) {
+        const Chunk& k = chunks[static_cast<size_t>(s.chunk)];
+        if (s.forward) {
+          peak = std::max(peak, live + k.forward);
+          live += k.kept;
+        } else {
+          live -= k.kept;
+          peak = std::max(peak, live + k.backward);
+        }
+      }
+      const MemoryEstimate e = estimate_training_memory(cfg, 13, MemoryLayout{1, 1, false, r});
+      const int64_t n = std::min(2 * (pp - r - 1) + (vpp - 1) * pp + 1, m * vpp);
+      EXPECT_EQ(item_bytes(e, "activations of " + std::to_string(n) + " micro-batch chunks in flight"),
+                peak + (r == pp - 1 ? 16 : 0))
+          << "m " << m << ", rank " << r;
+    }
+  }
+}
+
+// What pipeline parallelism is for: the memory per rank falls as stages are added (parameters,
+// gradients and moments most).
+TEST(MemoryCheckPipeline, MemoryPerRankFallsWithPp) {
+  int64_t before = -1;
+  for (int64_t pp : {1, 2, 4}) {
+    const Config cfg = tiny({"model.n_layer=8", "model.n_embd=64", "train.micro_batch=1", "parallel.pp=" +
+                             std::to_string(pp)});
+    const MemoryEstimate e = estimate_training_memory(cfg, 13, MemoryLayout{1, 1, false});
+    if (before >= 0) EXPECT_LT(e.total(), before) << "pp " << pp;
+    before = e.total();
+  }
 }
 
 TEST(MemoryCheck, RefusalListsTheItemsLargestFirstWithTheirKeys) {

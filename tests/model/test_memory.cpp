@@ -1,17 +1,20 @@
 // Tests model/memory.h: on one rank the analytic counts equal what the allocator measures for tiny
 // models, exactly (parameters, activations after a forward, the activation + workspace peak of
 // forward + backward, a forward without targets), for both presets, with and without full
-// recomputation; and absurd sizes throw instead of wrapping. The tensor-parallel layouts are
+// recomputation, for the whole model and for each pipeline stage; and absurd sizes throw instead
+// of wrapping. The tensor-parallel layouts are
 // checked in test_gpt_tensor_parallel.cpp (under mpiexec).
 #include "model/memory.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
 
 #include "kernels/allocator.h"
+#include "kernels/elementwise.h"
 #include "model/gpt.h"
 #include "testing.h"
 
@@ -74,6 +77,66 @@ TEST_P(ModelMemoryTest, EqualsTheAllocatorsCounts) {
 INSTANTIATE_TEST_SUITE_P(Presets, ModelMemoryTest,
                          ::testing::Values(Case{"gpt2", Recompute::None}, Case{"gpt2", Recompute::Full},
                                            Case{"llama", Recompute::None}, Case{"llama", Recompute::Full}));
+
+// Each pipeline stage's counts equal what the allocator measures for it: its own parameters (the
+// last stage's copy of the tied table included), its forward's activations and the peak of its
+// forward and backward. A stage without the embedding reads its input and writes its input
+// gradient in tensors its caller owns (the pipeline's), here from another allocator.
+TEST_P(ModelMemoryTest, EachPipelineStageEqualsTheAllocatorsCounts) {
+  const Case k = GetParam();
+  const int64_t L = 5, B = 3, T = 10;
+  const ModelConfig cfg = resolve(small_config(k.preset, L));
+  const bool full = k.recompute == Recompute::Full;
+  for (int64_t stages : {2, 3}) {
+    int64_t parameters = 0;
+    for (int64_t s = 0; s < stages; ++s) {
+      const StageSpec spec = StageSpec::split(L, stages, s);
+      const std::string what = std::to_string(stages) + " stages, stage " + std::to_string(s);
+      const ModelMemory m = model_memory(cfg, {B, T, 1, false, full, spec});
+      Allocator alloc, caller;
+      ParameterStore ps(alloc, DType::F32);
+      Gpt gpt(cfg, ps, std::vector<Recompute>(static_cast<size_t>(L), k.recompute), {}, spec);
+      ps.finalize();
+      ps.initialize(testing::kCpu, 3);
+      EXPECT_EQ(m.parameters, ps.numel()) << what;
+      parameters += m.parameters;
+      const size_t state = alloc.total_current();
+      auto tokens = testing::random_ids({B, T}, cfg.vocab_size, 1);
+      auto targets = testing::random_ids({B, T}, cfg.vocab_size, 2);
+      Buffer input(caller, DType::F32, {B, T, cfg.n_embd}, MemCategory::Activations);
+      Buffer dy(caller, DType::F32, {B, T, cfg.n_embd}, MemCategory::Workspace);
+      Buffer dx(caller, DType::F32, {B, T, cfg.n_embd}, MemCategory::Workspace);
+      fill_zero(testing::kCpu, input);
+      fill_zero(testing::kCpu, dy);
+
+      GptCtx ctx;
+      gpt.forward(testing::kCpu, ctx, alloc, spec.embedding ? tokens.t() : input.tensor(),
+                  spec.head ? targets.t() : Tensor(), SequenceLayout::contiguous(T));
+      EXPECT_EQ(alloc.counter(MemCategory::Activations).current, 4u * static_cast<size_t>(m.activations)) << what;
+      // The loss sums (16 bytes, not elements) join the peak only where it is at the loss, not
+      // where it is inside the blocks (full recomputation).
+      const size_t forward = alloc.total_peak() - state, counted = 4u * static_cast<size_t>(m.forward_peak);
+      EXPECT_TRUE(forward == counted || (spec.head && forward == counted + ModelMemory::kLossSumsBytes))
+          << what << ": measured " << forward << " bytes, counted " << counted;
+      gpt.backward(testing::kCpu, ctx, alloc, spec.head ? Gpt::OutputGrad::loss(0.01) : Gpt::OutputGrad::output(dy),
+                   spec.embedding ? Tensor() : dx.tensor());
+      EXPECT_EQ(alloc.total_peak() - state,
+                4u * static_cast<size_t>(m.training_peak) + (spec.head ? ModelMemory::kLossSumsBytes : 0))
+          << what;
+      EXPECT_EQ(m.training_peak, std::max(m.forward_peak, m.backward_peak)) << what;
+
+      alloc.reset_peaks();
+      GptCtx infer;
+      gpt.forward(testing::kCpu, infer, alloc, spec.embedding ? tokens.t() : input.tensor(), Tensor(),
+                  SequenceLayout::contiguous(T));
+      EXPECT_EQ(alloc.total_peak() - state, 4u * static_cast<size_t>(m.inference_peak)) << what;
+      EXPECT_EQ(alloc.total_current() - state, 4u * static_cast<size_t>(m.inference_kept)) << what;
+    }
+    // The stages hold the model's parameters, and gpt2's last stage a second copy of the table.
+    const int64_t table = cfg.tied_embeddings ? cfg.vocab_size * cfg.n_embd : 0;
+    EXPECT_EQ(parameters, model_memory(cfg, {B, T, 1, false, full}).parameters + table) << stages << " stages";
+  }
+}
 
 TEST(ModelMemory, CheckedArithmeticThrowsInsteadOfWrapping) {
   const int64_t big = std::numeric_limits<int64_t>::max();

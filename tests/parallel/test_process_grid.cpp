@@ -207,17 +207,20 @@ TEST(ValidateGrid, HeadsMustSplitOverTp) {
             "head is replicated, so tp must be a multiple of n_kv_head)");
 }
 
-TEST(ValidateGrid, LayersMustSplitOverStages) {
+// Stages are cut by cost (model/stage_cut.h), so n_layer need not divide evenly: a block per chunk.
+TEST(ValidateGrid, EveryChunkNeedsABlock) {
   GridLimits l = kLimits;
   l.n_layer = 10;
+  EXPECT_NO_THROW(validate_grid({.pp = 4}, 4, l));
+  l.n_layer = 3;
   EXPECT_EQ(error_of([&] { validate_grid({.pp = 4}, 4, l); }),
-            "model.n_layer = 10 is not divisible by parallel.pp x parallel.virtual_stages = 4 x 1 = 4");
-  l.n_layer = 12;
+            "parallel.pp x parallel.vpp = 4 x 1 = 4 model chunks need at least one block each, but model.n_layer = 3");
+  l.n_layer = 7;
   l.virtual_stages = 4;
   EXPECT_EQ(error_of([&] { validate_grid({.pp = 2}, 2, l); }),
-            "model.n_layer = 12 is not divisible by parallel.pp x parallel.virtual_stages = 2 x 4 = 8");
+            "parallel.pp x parallel.vpp = 2 x 4 = 8 model chunks need at least one block each, but model.n_layer = 7");
   l.virtual_stages = 0;
-  EXPECT_EQ(error_of([&] { validate_grid({}, 1, l); }), "parallel.virtual_stages = 0 must be at least 1");
+  EXPECT_EQ(error_of([&] { validate_grid({}, 1, l); }), "parallel.vpp = 0 must be at least 1");
 }
 
 TEST(ValidateGrid, SequenceMustSplitInto2CpChunks) {

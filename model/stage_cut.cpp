@@ -1,0 +1,120 @@
+// The pipeline cut: part costs from the FLOP count of flops_per_token and the activation count of
+// model_memory, and the water-filling cut over pp x vpp chunks (or the hand-made one of pp_layers).
+#include "model/stage_cut.h"
+
+#include <queue>
+#include <string>
+
+#include "kernels/check.h"
+#include "model/memory.h"
+
+namespace tessera {
+
+namespace {
+
+constexpr double kFloatBytes = 4;
+
+// The chunk's StageSpec: blocks [first, end) of n_layer, with the embedding and the head where
+// they fall.
+StageSpec chunk_spec(int64_t first, int64_t end, int64_t n_layer) {
+  return resolve_stage(StageSpec{first, end, first == 0, end == n_layer}, n_layer);
+}
+
+// Block counts in model order -> specs.
+std::vector<StageSpec> specs_of(const std::vector<int64_t>& blocks, int64_t n_layer) {
+  std::vector<StageSpec> out;
+  int64_t first = 0;
+  for (int64_t n : blocks) {
+    out.push_back(chunk_spec(first, first + n, n_layer));
+    first += n;
+  }
+  return out;
+}
+
+// Water-filling: one block per chunk, then each further block to the chunk whose weight after
+// taking it is least (the lowest index on ties). With identical blocks this minimises the largest
+// chunk weight: a chunk stops receiving blocks only when every other one would end up heavier.
+std::vector<int64_t> balanced_blocks(const LayerCosts& costs, int64_t n_layer, int64_t chunks) {
+  const double block = costs.weight(costs.block);
+  std::vector<double> base(static_cast<size_t>(chunks), 0.0);
+  base.front() += costs.weight(costs.embedding);
+  base.back() += costs.weight(costs.head);
+  std::vector<int64_t> blocks(static_cast<size_t>(chunks), 1);
+  using Next = std::pair<double, int64_t>;  // (weight after one more block, chunk)
+  std::priority_queue<Next, std::vector<Next>, std::greater<>> heap;
+  for (int64_t c = 0; c < chunks; ++c) heap.push({base[c] + 2 * block, c});
+  for (int64_t left = n_layer - chunks; left > 0; --left) {
+    const int64_t c = heap.top().second;
+    heap.pop();
+    ++blocks[c];
+    heap.push({base[c] + static_cast<double>(blocks[c] + 1) * block, c});
+  }
+  return blocks;
+}
+
+// parallel.pp_layers: stage r's blocks split into vpp equal chunks, chunk v pp + r holding one.
+std::vector<int64_t> blocks_by_hand(const std::vector<int64_t>& pp_layers, int64_t n_layer, int64_t pp, int64_t vpp) {
+  TESSERA_CHECK(static_cast<int64_t>(pp_layers.size()) == pp, "parallel.pp_layers has ", pp_layers.size(),
+                " entries, but parallel.pp = ", pp, ": give one block count per stage");
+  int64_t sum = 0;
+  for (size_t r = 0; r < pp_layers.size(); ++r) {
+    TESSERA_CHECK(pp_layers[r] >= 1 && pp_layers[r] % vpp == 0, "parallel.pp_layers: stage ", r, " holds ",
+                  pp_layers[r], " blocks; each stage needs a positive multiple of parallel.vpp = ", vpp);
+    sum += pp_layers[r];
+  }
+  TESSERA_CHECK(sum == n_layer, "parallel.pp_layers sums to ", sum, " blocks, but model.n_layer = ", n_layer);
+  std::vector<int64_t> blocks(static_cast<size_t>(pp * vpp));
+  for (int64_t c = 0; c < pp * vpp; ++c) blocks[c] = pp_layers[c % pp] / vpp;
+  return blocks;
+}
+
+}  // namespace
+
+double LayerCosts::weight(const PartCost& p) const {
+  return 0.5 * (p.flops / block.flops + p.activation_bytes / block.activation_bytes);
+}
+
+double LayerCosts::weight(const StageSpec& chunk) const {
+  return static_cast<double>(chunk.layers()) * weight(block) + (chunk.embedding ? weight(embedding) : 0.0) +
+         (chunk.head ? weight(head) : 0.0);
+}
+
+LayerCosts layer_costs(const ModelConfig& cfg, int64_t seq_len) {
+  const ModelConfig c = resolve(cfg);
+  TESSERA_CHECK(seq_len >= 1, "layer_costs: seq_len = ", seq_len, " must be at least 1");
+  const double T = static_cast<double>(seq_len), C = static_cast<double>(c.n_embd);
+  const double kv = static_cast<double>(c.kv_heads() * c.head_dim()), F = static_cast<double>(c.ffn_hidden);
+  const double mlp_mats = c.mlp == MlpKind::SwiGlu ? 3.0 : 2.0;
+  // flops_per_token's terms (docs/architecture.md), per sequence: 3 x forward, 2 FLOPs a multiply-add.
+  const double block_forward = 2.0 * T * (C * C + 2 * C * kv + C * C + mlp_mats * C * F) + 2.0 * 2.0 * T * T * C;
+  const double head_forward = 2.0 * T * C * static_cast<double>(c.vocab_size);
+  const ActivationParts acts = activation_parts(c, {1, seq_len, 1, false, false});
+  LayerCosts costs;
+  costs.embedding = {0.0, kFloatBytes * static_cast<double>(acts.embedding)};
+  costs.block = {3.0 * block_forward, kFloatBytes * static_cast<double>(acts.block)};
+  costs.head = {3.0 * head_forward, kFloatBytes * static_cast<double>(acts.head)};
+  return costs;
+}
+
+std::vector<StageSpec> cut_stages(const ModelConfig& cfg, int64_t seq_len, int64_t pp, int64_t vpp,
+                                  const std::vector<int64_t>& pp_layers) {
+  const ModelConfig c = resolve(cfg);
+  TESSERA_CHECK(pp >= 1 && vpp >= 1, "parallel.pp = ", pp, " and parallel.vpp = ", vpp, " must be at least 1");
+  TESSERA_CHECK(pp * vpp <= c.n_layer, "parallel.pp x parallel.vpp = ", pp, " x ", vpp, " = ", pp * vpp,
+                " model chunks need at least one block each, but model.n_layer = ", c.n_layer);
+  const std::vector<int64_t> blocks = pp_layers.empty()
+                                          ? balanced_blocks(layer_costs(c, seq_len), c.n_layer, pp * vpp)
+                                          : blocks_by_hand(pp_layers, c.n_layer, pp, vpp);
+  return specs_of(blocks, c.n_layer);
+}
+
+std::vector<StageSpec> rank_chunks(const std::vector<StageSpec>& chunks, int64_t pp, int64_t rank) {
+  const int64_t n = static_cast<int64_t>(chunks.size());
+  TESSERA_CHECK(pp >= 1 && n % pp == 0 && rank >= 0 && rank < pp, "rank_chunks: pipeline rank ", rank, " of ", pp,
+                " for ", n, " chunks");
+  std::vector<StageSpec> out;
+  for (int64_t c = rank; c < n; c += pp) out.push_back(chunks[static_cast<size_t>(c)]);
+  return out;
+}
+
+}  // namespace tessera
