@@ -1,0 +1,113 @@
+// Pipeline parallelism in the trainer: two stages under "1f1b" and "gpipe" (and with dp or tp on
+// four ranks) train the 1-rank run's losses and final parameters and AdamW moments within 1e-5
+// (fp32, other reduction orders), for the tied GPT-2 preset (the last stage's copy of wte.weight
+// is compared with the 1-rank table too) and LLaMA. Runs under `mpiexec -n 2` and `-n 4` (ctest
+// PipelineLayouts.two_ranks / four_ranks; the suite means nothing on one rank). As the layout
+// matrix (test_layout_matrix.cpp): each layout trains the real Trainer on its own communicator and
+// compares its stage's tensors with the 1-rank run it computed itself. PipelineTraining.* runs
+// `tessera train` end to end under mpiexec: metrics.jsonl's pp_bytes_per_step, the skipped
+// evaluation's note, and the refusals of what is not wired.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "app/trainer.h"
+#include "error_testing.h"
+#include "layout_testing.h"
+#include "parallel/mpi.h"
+#include "parallel/mpi_communicator.h"
+
+namespace tessera {
+namespace {
+
+struct Layout {
+  std::string name;
+  int ranks;
+  std::vector<std::string> sets;
+};
+
+std::vector<std::string> operator+(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// 5 steps of 4 micro-batches of 2 (at least pp of them per step for 1f1b, also under dp 2).
+const std::vector<std::string> kBase = {"train.steps=5", "train.global_batch=8", "train.micro_batch=2"};
+std::vector<std::string> pp(const std::string& schedule) {
+  return {"parallel.pp=2", "parallel.pp_schedule=\"" + schedule + "\""};
+}
+
+std::vector<Layout> layouts() {
+  return {{"pp2_1f1b", 2, pp("1f1b")},
+          {"pp2_gpipe", 2, pp("gpipe")},
+          {"dp2pp2_1f1b", 4, pp("1f1b")},
+          {"dp2pp2_gpipe_zero", 4, pp("gpipe") + std::vector<std::string>{"parallel.zero=1"}},
+          {"tp2pp2sp_1f1b", 4, pp("1f1b") + std::vector<std::string>{"parallel.tp=2", "parallel.sequence_parallel=true"}}};
+}
+
+struct Trained {
+  std::unique_ptr<Trainer> trainer;
+  std::vector<double> losses;
+};
+
+Trained train(const Config& cfg, MPI_Comm comm) {
+  Trained t{std::make_unique<Trainer>(cfg, "", comm), {}};
+  for (int64_t s = 0; s < cfg.train.steps; ++s) t.losses.push_back(t.trainer->step(s).loss);
+  return t;
+}
+
+// This rank's tensors (its stage's; shards without padding) against the 1-rank run's whole ones,
+// relative to the largest magnitude of their family (layout_testing.h says why).
+void expect_state_near(Trainer& got, Trainer& want, double rel, const std::string& what) {
+  const FullOptimizerState gs = got.optimizer().gather_state(), ws = want.optimizer().gather_state();
+  const ParameterStore &gp = got.params(), &wp = want.params();
+  const char* family[3] = {"parameters", "exp_avg", "exp_avg_sq"};
+  const float* g[3] = {gp.flat_params().ptr<float>(), gs.state.exp_avg.ptr<float>(), gs.state.exp_avg_sq.ptr<float>()};
+  const float* w[3] = {wp.flat_params().ptr<float>(), ws.state.exp_avg.ptr<float>(), ws.state.exp_avg_sq.ptr<float>()};
+  double scale[3] = {1e-30, 1e-30, 1e-30};
+  for (int f = 0; f < 3; ++f)
+    for (int64_t i = 0; i < wp.numel(); ++i) scale[f] = std::max(scale[f], double(std::abs(w[f][i])));
+  EXPECT_LT(gp.size(), wp.size()) << what << ": a stage holds part of the model";
+  for (const ParamEntry& e : gp.entries()) {
+    const int id = wp.find(e.spec.name);
+    EXPECT_GE(id, 0) << what << ": " << e.spec.name << " is not in the 1-rank model";
+    if (id < 0) continue;
+    const int64_t at = wp.entry(id).offset;
+    double diff[3] = {0, 0, 0};
+    for (int64_t i = 0; i < e.local_shape.numel(); ++i) {
+      if (e.is_padding(i)) continue;
+      const int64_t j = at + global_index(e, i);
+      for (int f = 0; f < 3; ++f) diff[f] = std::max(diff[f], double(std::abs(g[f][e.offset + i] - w[f][j])));
+    }
+    for (int f = 0; f < 3; ++f) EXPECT_LT(diff[f] / scale[f], rel) << what << " " << e.spec.name << " " << family[f];
+  }
+}
+
+void expect_pipelines_equal_one_rank(const std::string& preset) {
+  MpiCommunicator world = MpiCommunicator::duplicate(testing::test_world());
+  const std::string config = testing::layout_config(preset);
+  const Trained one = train(parse_config_string(config, preset + ".toml", kBase), MPI_COMM_NULL);
+  ASSERT_EQ(one.losses.size(), 5u);
+  int ran = 0;
+  for (const Layout& l : layouts()) {
+    if (l.ranks != world.size()) continue;
+    ++ran;
+    const std::string what = preset + " " + l.name + " (rank " + std::to_string(world.rank()) + ")";
+    MpiCommunicator comm = MpiCommunicator::duplicate(world.comm());
+    Trained got = train(parse_config_string(config, preset + ".toml", kBase + l.sets), comm.comm());
+    testing::expect_losses_near(got.losses, one.losses, 1e-5, what);
+    expect_state_near(*got.trainer, *one.trainer, 1e-5, what);
+  }
+  EXPECT_GT(ran, 0) << "no pipeline layout of " << world.size() << " ranks";
+}
+
+}  // namespace
+
+TEST(PipelineLayouts, Gpt2TiedStagesEqualTheOneRankRun) { expect_pipelines_equal_one_rank("gpt2"); }
+TEST(PipelineLayouts, LlamaStagesEqualTheOneRankRun) { expect_pipelines_equal_one_rank("llama"); }
+
+}  // namespace tessera
