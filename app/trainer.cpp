@@ -507,15 +507,15 @@ void Trainer::log_step(int64_t s, const StepResult& r, double step_seconds, doub
 
 bool Trainer::evaluate(int64_t s, TrainSummary& summary) {
   if (!data_.valid && !data_.task) return true;
-  if (grid_.pp_size() > 1) {
-    // Evaluation runs the whole model on one rank's forward; under pipeline stages it is not wired
-    // yet: said once, not run (training itself is not affected).
-    if (!eval_skip_said_)
-      progress_.message("note: evaluation (validation loss, task accuracy) is not wired under parallel.pp > 1 yet: "
-                        "skipped (training is not affected)");
+  const bool pipeline = grid_.pp_size() > 1;
+  if (pipeline && data_.task && !eval_skip_said_) {
+    // Greedy answers run the whole model token by token; under pipeline stages not wired yet: said
+    // once, not run (the validation loss is).
+    progress_.message("note: the task's accuracy (greedy answers) is not evaluated under parallel.pp > 1 yet: "
+                      "skipped; the validation loss is evaluated");
     eval_skip_said_ = true;
-    return true;
   }
+  if (!data_.valid && pipeline) return true;
   const auto t0 = Clock::now();
   // Every rank asks before each forward: a stop anywhere abandons the evaluation on all ranks at
   // the same batch (tensor-parallel forwards are collective), and the stop vote that follows
@@ -528,14 +528,17 @@ bool Trainer::evaluate(int64_t s, TrainSummary& summary) {
   std::optional<double> val_loss;
   std::optional<AccuracyResult> acc;
   if (data_.valid) {
+    PipelineLink link;
+    if (pipeline)
+      link = {comms_->pp.get(), grid_.tp_size() > 1 && cfg_.parallel.sequence_parallel ? grid_.tp_size() : 1};
     val_loss = validation_loss(ex_, *model_, alloc_, *data_.valid, cfg_.train.eval_batches, cfg_.train.micro_batch,
-                               gate);
+                               gate, link);
     if (!val_loss) return false;
     os.precision(4);
     os << " val_loss " << *val_loss;
     record.add("val_loss", *val_loss);
   }
-  if (data_.task) {
+  if (data_.task && !pipeline) {
     acc = addition_accuracy(ex_, *model_, alloc_, *data_.task, cfg_.data.val_examples, gate);
     if (!acc) return false;
     os.precision(1);

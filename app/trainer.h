@@ -161,8 +161,9 @@ class Trainer {
   std::vector<std::string> resume_warnings_;  // keys changed since the checkpoint that change the data order
   int64_t start_step_ = 0, consumed_at_start_ = 0;
   int64_t saved_step_ = -1;  // the step of this run's last save
+  // communication accounting per record
   int64_t dp_bytes_at_record_ = 0, tp_bytes_at_record_ = 0, pp_bytes_at_record_ = 0, step_at_record_ = 0;
-  bool eval_skip_said_ = false;  // the note that evaluation under pp is skipped, printed once  // communication accounting per record
+  bool eval_skip_said_ = false;  // the note that the task's accuracy under pp is skipped, printed once
   double flops_per_token_ = 0;
   double peak_flops_ = 0;
 };

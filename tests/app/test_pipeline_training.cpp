@@ -5,8 +5,8 @@
 // PipelineLayouts.two_ranks / four_ranks; the suite means nothing on one rank). As the layout
 // matrix (test_layout_matrix.cpp): each layout trains the real Trainer on its own communicator and
 // compares its stage's tensors with the 1-rank run it computed itself. PipelineTraining.* runs
-// `tessera train` end to end under mpiexec: metrics.jsonl's pp_bytes_per_step, the skipped
-// evaluation's note, and the refusals of what is not wired.
+// `tessera train` end to end under mpiexec: stop and resume, the validation loss,
+// metrics.jsonl's pp_bytes_per_step.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -111,8 +111,9 @@ void expect_pipelines_equal_one_rank(const std::string& preset) {
 }  // namespace
 
 // `tessera train` under mpiexec on two stages (tied gpt2, gpipe): stopped after 2 of 4 steps, saved,
-// resumed by the same command (the tied copies checked again after the resume), the 4 losses are
-// the 1-rank run's; metrics.jsonl has pp_bytes_per_step, and the skipped evaluation says so.
+// resumed by the same command (the tied copies checked again after the resume), the 4 losses and
+// the final validation loss are the 1-rank run's; metrics.jsonl has pp_bytes_per_step, and the
+// skipped task accuracy says so.
 TEST(PipelineTraining, TwoStagesStopResumeAndEqualTheOneRankRun) {
   const fs::path dir = testing::temp_dir("pp_cli");
   std::ofstream(dir / "tiny.toml") << testing::kTinyConfig;
@@ -130,9 +131,18 @@ TEST(PipelineTraining, TwoStagesStopResumeAndEqualTheOneRankRun) {
   r = testing::train_run(dir, "tiny.toml", "pp", 2, pp);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("evaluation (validation loss, task accuracy) is not wired under parallel.pp > 1 yet"),
+  EXPECT_NE(r.output.find("the task's accuracy (greedy answers) is not evaluated under parallel.pp > 1 yet"),
             std::string::npos)
       << r.output;
+  // The final evaluation's validation loss: the last stage's, summed over the pipeline to rank 0.
+  const auto val_loss = [](const fs::path& metrics) {
+    const std::string text = testing::read_file(metrics), field = "\"val_loss\": ";
+    const auto at = text.rfind(field);
+    return at == std::string::npos ? -1.0 : std::stod(text.substr(at + field.size()));
+  };
+  const double want_val = val_loss(dir / "one" / "metrics.jsonl");
+  ASSERT_GT(want_val, 0);
+  EXPECT_NEAR(val_loss(dir / "pp" / "metrics.jsonl"), want_val, 1e-5 * want_val);
   testing::expect_losses_near(testing::losses(dir / "pp" / "metrics.jsonl"), want, 1e-5, "pp2 gpipe, stopped and resumed");
   EXPECT_GT(testing::last_metric(dir / "pp" / "metrics.jsonl", "pp_bytes_per_step"), 0);
   EXPECT_EQ(testing::last_metric(dir / "one" / "metrics.jsonl", "pp_bytes_per_step"), -1);
