@@ -25,10 +25,12 @@ namespace tessera {
 using EvalGate = std::function<bool(const std::string& read_error)>;
 
 // The pipeline a stage's evaluation runs in: pp, the pipeline group (this rank's stage = its rank
-// there; null: the model is whole); sequence_shards: the activations' rows per sequence are
-// T / sequence_shards (tp under sequence parallelism, else 1).
+// there; null: the model is whole); chunks: this rank's model chunks, virtual chunk 0 first (chunk c
+// of rank r is virtual stage c pp + r; empty: the model given is the one chunk); sequence_shards:
+// the activations' rows per sequence are T / sequence_shards (tp under sequence parallelism, else 1).
 struct PipelineLink {
   Communicator* pp = nullptr;
+  std::vector<const Gpt*> chunks;
   int64_t sequence_shards = 1;
 };
 

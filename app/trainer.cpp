@@ -72,23 +72,22 @@ Config resolve_micro_batch(const Config& cfg, const std::string& run_dir, MPI_Co
   return with_auto_micro_batch(cfg, data_vocab_size(cfg), {grid.tp_size(), grid.dp_size(), checkpoints}, comm);
 }
 
-// What the pipeline trainer runs today: one chunk per rank under "gpipe" or "1f1b". The interleaved
-// schedule (vpp chunks per rank) and zb-h1 (a backward split into B and W) are generated and
-// checked (parallel/pipeline_schedule.h) but the trainer does not run them yet: refused, not ignored.
+// What the pipeline trainer runs today: "gpipe", "1f1b" and "interleaved". zb-h1 (a backward split
+// into B and W) is generated and checked (parallel/pipeline_schedule.h) but the model has no split
+// backward yet: refused, not ignored.
 void check_pipeline_wired(const ParallelConfig& p) {
   if (p.pp == 1) return;
-  TESSERA_CHECK(p.vpp == 1 && (p.pp_schedule == "1f1b" || p.pp_schedule == "gpipe"), "parallel.pp_schedule = \"",
-                p.pp_schedule, "\" with parallel.vpp = ", p.vpp,
-                " is not wired into the trainer yet: under parallel.pp > 1 it runs \"1f1b\" or \"gpipe\" with "
-                "parallel.vpp = 1");
+  TESSERA_CHECK(p.pp_schedule != "zb-h1", "parallel.pp_schedule = \"", p.pp_schedule,
+                "\" is not wired into the trainer yet: under parallel.pp > 1 it runs \"1f1b\", \"gpipe\" or "
+                "\"interleaved\"");
 }
 
-// The model chunk this rank holds: the whole model, or its pipeline stage of the cut
-// (model/stage_cut.h: by cost, or parallel.pp_layers).
-StageSpec stage_of(const Config& c, const ModelConfig& mc, const ProcessGrid& grid) {
-  if (grid.pp_size() == 1) return StageSpec{};
+// The model chunks this rank holds: the whole model, or its pipeline stage's vpp chunks of the cut
+// (model/stage_cut.h: by cost, or parallel.pp_layers), its virtual chunk 0 first.
+std::vector<StageSpec> chunks_of(const Config& c, const ModelConfig& mc, const ProcessGrid& grid) {
+  if (grid.pp_size() == 1) return {StageSpec{}};
   const std::vector<StageSpec> cut = cut_stages(mc, c.train.seq_len, grid.pp_size(), c.parallel.vpp, c.parallel.pp_layers);
-  return rank_chunks(cut, grid.pp_size(), grid.pp_rank()).at(0);
+  return rank_chunks(cut, grid.pp_size(), grid.pp_rank());
 }
 
 DpOptimizerOptions dp_optimizer_options(const ParallelConfig& p) {
@@ -134,7 +133,11 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
   if (grid_.tp_size() > 1) tp = TensorParallel{comms_->tp.get(), cfg_.parallel.sequence_parallel};
   params_ = std::make_unique<ParameterStore>(alloc_, DType::F32, ShardLayout{static_cast<int>(grid_.tp_size()),
                                                                              static_cast<int>(grid_.tp_rank())});
-  model_ = std::make_unique<Gpt>(mc, *params_, recompute_policy(cfg_), tp, stage_of(cfg_, mc, grid_));
+  // One Gpt per chunk (interleaved: vpp of them), their parameters in one store: one flat buffer
+  // for the optimizer, the reduction and the checkpoint.
+  for (const StageSpec& chunk : chunks_of(cfg_, mc, grid_))
+    chunks_.push_back(std::make_unique<Gpt>(mc, *params_, recompute_policy(cfg_), tp, chunk));
+  model_ = chunks_.front().get();
   const DpOptimizerOptions dp_opts = dp_optimizer_options(cfg_.parallel);
   params_->finalize(DataParallelOptimizer::pad_multiple(dp_opts, grid_.dp_size() * grid_.cp_size()));
   params_->initialize(ex_, static_cast<uint64_t>(cfg_.train.seed));
@@ -173,7 +176,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
   }
   if (cfg_.train.profile) {
     profiling_ = true;
-    model_->set_profiler(&profiler_);
+    for (const auto& chunk : chunks_) chunk->set_profiler(&profiler_);
     if (comms_)
       for (Communicator* c : comms_->all()) c->set_profiler(&profiler_);
   }
@@ -249,7 +252,7 @@ std::optional<Trainer::Reduced> Trainer::forward_backward(int64_t s) {
   std::map<int64_t, InFlight> in_flight;
   if (grid_.pp_size() > 1) {
     run_pipeline(batches, loss_scale, step_sums);
-    return finish_step(step_sums, targets[0], model_->stage().head);
+    return finish_step(step_sums, targets[0], chunks_.back()->stage().head);
   }
   StepCallbacks run;
   run.forward = [&](int64_t m) {
@@ -314,73 +317,85 @@ void Trainer::check_tied_copies(const std::string& when) {
   if (world_ != MPI_COMM_NULL) throw_if_any_failed(world_, error);
 }
 
-// The forwards and backwards of step s's micro-batches through this rank's pipeline stage, in the
-// order of parallel.pp_schedule (parallel/pipeline_schedule.h, run by run_schedule): the first stage
-// uploads the token ids, the last the targets and adds each micro-batch's loss sums into step_sums;
-// activations go to the next stage and their gradients back over comms_->pp (pp group rank = stage).
-// Every tensor sent (a forward's output, a backward's input gradient) is kept until run_schedule
-// returns, as the executor requires; a micro-batch's context and received input go with its backward.
+// The forwards and backwards of step s's micro-batches through this rank's pipeline chunks, in the
+// order of parallel.pp_schedule (parallel/pipeline_schedule.h, run by run_schedule): the chunk with
+// the embedding uploads the token ids, the one with the head the targets and adds each micro-batch's
+// loss sums into step_sums; activations go to the next virtual stage and their gradients back over
+// comms_->pp (pp group rank = stage; chunk c of rank r is virtual stage c pp + r). Every tensor sent
+// (a forward's output, a backward's input gradient) is kept until run_schedule returns, as the
+// executor requires; a micro-batch's context and received input go with its backward.
 void Trainer::run_pipeline(const std::vector<Batch>& batches, double loss_scale, const Buffer& step_sums) {
-  const StageSpec& stage = model_->stage();
-  const int64_t pp = grid_.pp_size(), rank = grid_.pp_rank();
+  const int64_t pp = grid_.pp_size(), rank = grid_.pp_rank(), vpp = static_cast<int64_t>(chunks_.size());
   const int64_t T = cfg_.train.seq_len, C = model_->config().n_embd;
   const bool sp = grid_.tp_size() > 1 && cfg_.parallel.sequence_parallel;
   const int64_t T_local = sp ? T / grid_.tp_size() : T;
-  // A stage without the embedding gets activations, not ids: it is told the positions they hold.
-  const SequenceLayout seq = stage.embedding ? SequenceLayout{} : SequenceLayout::contiguous(T);
   struct InFlight {
-    Buffer tokens, targets;  // ids on the model's device: tokens on the first stage, targets on the last
-    Buffer input;            // the received activations (B, T_local, C) of a stage without the embedding
+    Buffer tokens, targets;  // ids on the model's device: tokens for the embedding, targets for the head
+    Buffer input;            // the received activations (B, T_local, C) of a chunk without the embedding
     Buffer grad;             // received output gradient (and, written in place, the input gradient sent)
     Tensor output;           // the forward's output, owned by ctx until its backward
     GptCtx ctx;
   };
-  std::map<int64_t, InFlight> in_flight;
-  std::vector<Buffer> sent;
+  using Key = std::pair<int64_t, int64_t>;  // (micro-batch, chunk)
+  std::map<Key, InFlight> in_flight;
+  std::map<Key, Buffer> sent_grads;
+  std::vector<Buffer> sent_outputs;
+  const auto chunk = [&](int64_t c) -> const Gpt& { return *chunks_.at(static_cast<size_t>(c)); };
   const auto ids = [&](const std::vector<int32_t>& v, const Batch& b) {
     return upload(ex_, alloc_, Tensor(const_cast<int32_t*>(v.data()), DType::I32, {b.B, b.T}), MemCategory::Activations);
   };
   const auto act_shape = [&](int64_t m) { return Shape{batches.at(static_cast<size_t>(m)).B, T_local, C}; };
   PipelineCallbacks run;
   run.exec = &ex_;
-  run.forward = [&](int64_t m, int64_t) {
+  run.forward = [&](int64_t m, int64_t c) {
     const Batch& b = batches.at(static_cast<size_t>(m));
-    InFlight& f = in_flight[m];
+    const StageSpec& stage = chunk(c).stage();
+    InFlight& f = in_flight[{m, c}];
     if (stage.embedding) f.tokens = ids(b.tokens, b);
     if (stage.head) f.targets = ids(b.targets, b);
-    f.output = model_->forward(ex_, f.ctx, alloc_, stage.embedding ? f.tokens.tensor() : f.input.tensor(),
-                               stage.head ? f.targets.tensor() : Tensor(), seq);
+    // A chunk without the embedding gets activations, not ids: it is told the positions they hold.
+    f.output = chunk(c).forward(ex_, f.ctx, alloc_, stage.embedding ? f.tokens.tensor() : f.input.tensor(),
+                                stage.head ? f.targets.tensor() : Tensor(),
+                                stage.embedding ? SequenceLayout{} : SequenceLayout::contiguous(T));
     if (stage.head) accumulate(ex_, step_sums, f.ctx.loss_sums);
   };
   run.backward = [&](const BackwardCall& call) {
-    InFlight& f = in_flight.at(call.micro_batch);
+    const Key key{call.micro_batch, call.chunk};
+    const StageSpec& stage = chunk(call.chunk).stage();
+    InFlight& f = in_flight.at(key);
     // The output was sent: backward releases the context, so the output's storage moves out first
-    // (backward reads a block's input, never the stage's output).
-    if (!stage.head) sent.push_back(std::move(f.ctx.resid.back()));
-    if (!stage.embedding && !f.grad.defined()) f.grad = Buffer(alloc_, DType::F32, act_shape(call.micro_batch), MemCategory::Activations);
+    // (backward reads a block's input, never the chunk's output).
+    if (!stage.head) sent_outputs.push_back(std::move(f.ctx.resid.back()));
+    if (!stage.embedding && !f.grad.defined())
+      f.grad = Buffer(alloc_, DType::F32, act_shape(call.micro_batch), MemCategory::Activations);
     const Gpt::OutputGrad from = stage.head ? Gpt::OutputGrad::loss(loss_scale) : Gpt::OutputGrad::output(f.grad);
-    model_->backward(ex_, f.ctx, alloc_, from, stage.embedding ? Tensor() : f.grad.tensor(),
-                     call.last ? opt_->grads_ready_hook() : Gpt::GradsReady{});
-    if (f.grad.defined()) sent.push_back(std::move(f.grad));
-    in_flight.erase(call.micro_batch);
+    chunk(call.chunk).backward(ex_, f.ctx, alloc_, from, stage.embedding ? Tensor() : f.grad.tensor(),
+                               call.last ? opt_->grads_ready_hook() : Gpt::GradsReady{});
+    if (f.grad.defined()) sent_grads[key] = std::move(f.grad);
+    in_flight.erase(key);
   };
   run.p2p = [&](const std::vector<Action>& batch) {
     std::vector<P2POp> ops;
     for (const Action& a : batch) {
+      const Key key{a.micro_batch, a.chunk};
       const int peer = static_cast<int>(peer_of(a, rank, pp));
+      // Tags name the boundary between virtual stages v and v + 1 the tensor crosses, and its kind.
+      const int64_t v = a.chunk * pp + rank;
       const bool activation = a.kind == ActionKind::SendActivation || a.kind == ActionKind::RecvActivation;
-      const int tag = static_cast<int>(2 * a.micro_batch + (activation ? 0 : 1));
+      const bool outgoing = a.kind == ActionKind::SendActivation || a.kind == ActionKind::RecvGrad;
+      const int64_t boundary = outgoing ? v : v - 1;
+      const int tag = static_cast<int>(2 * (a.micro_batch * pp * vpp + boundary) + (activation ? 0 : 1));
       switch (a.kind) {
-        case ActionKind::SendActivation: ops.push_back(P2POp::send(in_flight.at(a.micro_batch).output, peer, tag)); break;
-        case ActionKind::SendGrad: ops.push_back(P2POp::send(sent.back(), peer, tag)); break;
+        case ActionKind::SendActivation: ops.push_back(P2POp::send(in_flight.at(key).output, peer, tag)); break;
+        case ActionKind::SendGrad: ops.push_back(P2POp::send(sent_grads.at(key), peer, tag)); break;
         case ActionKind::RecvActivation: {
-          InFlight& f = in_flight[a.micro_batch];
+          InFlight& f = in_flight[key];
           f.input = Buffer(alloc_, DType::F32, act_shape(a.micro_batch), MemCategory::Activations);
           ops.push_back(P2POp::recv(f.input, peer, tag));
           break;
         }
         case ActionKind::RecvGrad: {
-          InFlight& f = in_flight.at(a.micro_batch);
+          InFlight& f = in_flight.at(key);
           f.grad = Buffer(alloc_, DType::F32, act_shape(a.micro_batch), MemCategory::Activations);
           ops.push_back(P2POp::recv(f.grad, peer, tag));
           break;
@@ -390,7 +405,7 @@ void Trainer::run_pipeline(const std::vector<Batch>& batches, double loss_scale,
     }
     return comms_->pp->batch_send_recv_async(ops);
   };
-  const Schedule schedule = pipeline_schedule(pp, cfg_.parallel.vpp, static_cast<int64_t>(batches.size()),
+  const Schedule schedule = pipeline_schedule(pp, vpp, static_cast<int64_t>(batches.size()),
                                               parse_pipeline_kind(cfg_.parallel.pp_schedule));
   run_schedule(schedule.actions_of(rank), run);
 }
@@ -529,8 +544,11 @@ bool Trainer::evaluate(int64_t s, TrainSummary& summary) {
   std::optional<AccuracyResult> acc;
   if (data_.valid) {
     PipelineLink link;
-    if (pipeline)
-      link = {comms_->pp.get(), grid_.tp_size() > 1 && cfg_.parallel.sequence_parallel ? grid_.tp_size() : 1};
+    if (pipeline) {
+      link.pp = comms_->pp.get();
+      for (const auto& chunk : chunks_) link.chunks.push_back(chunk.get());
+      link.sequence_shards = grid_.tp_size() > 1 && cfg_.parallel.sequence_parallel ? grid_.tp_size() : 1;
+    }
     val_loss = validation_loss(ex_, *model_, alloc_, *data_.valid, cfg_.train.eval_batches, cfg_.train.micro_batch,
                                gate, link);
     if (!val_loss) return false;
@@ -559,8 +577,11 @@ void Trainer::print_header() {
   // Every rank runs on its own cores: the job's peak is the world's.
   peak_flops_ = (cfg_.log.peak_gflops > 0 ? cfg_.log.peak_gflops : cpu_peak_gflops()) * 1e9 *
                 static_cast<double>(grid_.world_size());
+  // The model's parameters: under pp each stage counts its own (the tied copy not), summed (collective).
+  std::vector<double> numel = {static_cast<double>(params_->global_numel())};
+  if (grid_.pp_size() > 1) sum_over_group(numel, comms_->pp.get());
   std::ostringstream os;
-  os << "model " << model_->config().preset << ": " << params_->global_numel() << " parameters, "
+  os << "model " << model_->config().preset << ": " << static_cast<int64_t>(numel[0]) << " parameters, "
      << model_->config().n_layer << " layers, C=" << model_->config().n_embd << " | batch "
      << cfg_.train.global_batch << " x " << cfg_.train.seq_len << " tokens (micro "
      << (auto_micro_batch_ ? "auto = " : "") << cfg_.train.micro_batch

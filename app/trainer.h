@@ -145,7 +145,8 @@ class Trainer {
   Allocator alloc_;
   Exec ex_;  // where the model and optimizer run: alloc_'s device (CPU: the trivial context)
   std::unique_ptr<ParameterStore> params_;
-  std::unique_ptr<Gpt> model_;
+  std::vector<std::unique_ptr<Gpt>> chunks_;  // this rank's model chunks: one, or vpp (interleaved)
+  const Gpt* model_ = nullptr;                // chunks_.front(): the model's config, evaluation
   FlatParams flat_;    // params_'s flat buffers as parallel/ sees them
   GradGroups groups_;  // the groups finalize_grads sums over (all null on one rank)
   std::unique_ptr<DataParallelOptimizer> opt_;  // gradient reduction over dp x cp, AdamW (parallel.zero)

@@ -1,5 +1,5 @@
-// Pipeline parallelism in the trainer: two stages under "1f1b" and "gpipe" (and with dp or tp on
-// four ranks) train the 1-rank run's losses and final parameters and AdamW moments within 1e-5
+// Pipeline parallelism in the trainer: two stages under "1f1b", "gpipe" and "interleaved" (two
+// chunks per rank), and with dp or tp on four ranks, train the 1-rank run's losses and final parameters and AdamW moments within 1e-5
 // (fp32, other reduction orders), for the tied GPT-2 preset (the last stage's copy of wte.weight
 // is compared with the 1-rank table too) and LLaMA. Runs under `mpiexec -n 2` and `-n 4` (ctest
 // PipelineLayouts.two_ranks / four_ranks; the suite means nothing on one rank). As the layout
@@ -31,6 +31,7 @@ struct Layout {
   std::string name;
   int ranks;
   std::vector<std::string> sets;
+  std::vector<std::string> model = {};  // settings of the 1-rank reference too (a deeper model)
 };
 
 std::vector<std::string> operator+(std::vector<std::string> a, const std::vector<std::string>& b) {
@@ -49,7 +50,11 @@ std::vector<Layout> layouts() {
           {"pp2_gpipe", 2, pp("gpipe")},
           {"dp2pp2_1f1b", 4, pp("1f1b")},
           {"dp2pp2_gpipe_zero", 4, pp("gpipe") + std::vector<std::string>{"parallel.zero=1"}},
-          {"tp2pp2sp_1f1b", 4, pp("1f1b") + std::vector<std::string>{"parallel.tp=2", "parallel.sequence_parallel=true"}}};
+          {"tp2pp2sp_1f1b", 4, pp("1f1b") + std::vector<std::string>{"parallel.tp=2", "parallel.sequence_parallel=true"}},
+          // Interleaved: 4 blocks in pp x vpp = 4 chunks, rank 0 holding the first and third.
+          {"pp2vpp2_interleaved", 2, pp("interleaved") + std::vector<std::string>{"parallel.vpp=2"}, {"model.n_layer=4"}},
+          {"dp2pp2vpp2_interleaved", 4, pp("interleaved") + std::vector<std::string>{"parallel.vpp=2"},
+           {"model.n_layer=4", "train.global_batch=16"}}};
 }
 
 struct Trained {
@@ -93,15 +98,15 @@ void expect_state_near(Trainer& got, Trainer& want, double rel, const std::strin
 void expect_pipelines_equal_one_rank(const std::string& preset) {
   MpiCommunicator world = MpiCommunicator::duplicate(testing::test_world());
   const std::string config = testing::layout_config(preset);
-  const Trained one = train(parse_config_string(config, preset + ".toml", kBase), MPI_COMM_NULL);
-  ASSERT_EQ(one.losses.size(), 5u);
   int ran = 0;
   for (const Layout& l : layouts()) {
     if (l.ranks != world.size()) continue;
     ++ran;
+    const Trained one = train(parse_config_string(config, preset + ".toml", kBase + l.model), MPI_COMM_NULL);
+    ASSERT_EQ(one.losses.size(), 5u);
     const std::string what = preset + " " + l.name + " (rank " + std::to_string(world.rank()) + ")";
     MpiCommunicator comm = MpiCommunicator::duplicate(world.comm());
-    Trained got = train(parse_config_string(config, preset + ".toml", kBase + l.sets), comm.comm());
+    Trained got = train(parse_config_string(config, preset + ".toml", kBase + l.model + l.sets), comm.comm());
     testing::expect_losses_near(got.losses, one.losses, 1e-5, what);
     expect_state_near(*got.trainer, *one.trainer, 1e-5, what);
   }
@@ -125,9 +130,17 @@ TEST(PipelineTraining, TwoStagesStopResumeAndEqualTheOneRankRun) {
   ASSERT_EQ(want.size(), 4u);
   const std::vector<std::string> pp = testing::with(
       base, {"--set", "parallel.pp=2", "--set", "parallel.pp_schedule=\"gpipe\"", "--set", "train.exit_after_steps=2"});
+  // The header's parameter count is the whole model's (the stages' summed, the tied copy once).
+  const auto count = [](const std::string& out) {
+    const auto at = out.find("model gpt2: ");
+    return at == std::string::npos ? std::string() : out.substr(at, out.find(" parameters", at) - at);
+  };
+  const std::string whole = count(r.output);
+  ASSERT_FALSE(whole.empty()) << r.output;
   r = testing::train_run(dir, "tiny.toml", "pp", 2, pp);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("x pp 2 (gpipe)"), std::string::npos) << r.output;
+  EXPECT_EQ(count(r.output), whole) << r.output;
   r = testing::train_run(dir, "tiny.toml", "pp", 2, pp);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
