@@ -162,6 +162,33 @@ TEST(PipelineTraining, TwoStagesStopResumeAndEqualTheOneRankRun) {
   fs::remove_all(dir);
 }
 
+// Checkpoints cross between layouts: a 1-rank checkpoint after step 1 resumes on two stages (1f1b;
+// the tied copy filled from the stored table and checked equal to the first stage's), which train
+// steps 2 and 3 and save; one rank resumes that and trains step 4. The four losses are the
+// uninterrupted 1-rank run's.
+TEST(PipelineTraining, CheckpointsCrossBetweenOneRankAndStages) {
+  const fs::path dir = testing::temp_dir("pp_ckpt");
+  std::ofstream(dir / "tiny.toml") << testing::kTinyConfig;
+  const std::vector<std::string> base = {"--set", "train.steps=4", "--set", "train.global_batch=8", "--set",
+                                         "train.micro_batch=2", "--set", "log.every=1"};
+  auto r = testing::train_run(dir, "tiny.toml", "one", 1, base);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<double> want = testing::losses(dir / "one" / "metrics.jsonl");
+  ASSERT_EQ(want.size(), 4u);
+  r = testing::train_run(dir, "tiny.toml", "mixed", 1, testing::with(base, {"--set", "train.exit_after_steps=1"}));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = testing::train_run(dir, "tiny.toml", "mixed", 2,
+                         testing::with(base, {"--set", "parallel.pp=2", "--set", "train.exit_after_steps=2"}));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("at step 1"), std::string::npos) << r.output;
+  r = testing::train_run(dir, "tiny.toml", "mixed", 1, base);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("at step 3"), std::string::npos) << r.output;
+  testing::expect_losses_near(testing::losses(dir / "mixed" / "metrics.jsonl"), want, 1e-5,
+                              "1 rank -> pp2 -> 1 rank");
+  fs::remove_all(dir);
+}
+
 TEST(PipelineLayouts, Gpt2TiedStagesEqualTheOneRankRun) { expect_pipelines_equal_one_rank("gpt2"); }
 TEST(PipelineLayouts, LlamaStagesEqualTheOneRankRun) { expect_pipelines_equal_one_rank("llama"); }
 
