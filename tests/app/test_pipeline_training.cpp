@@ -1,12 +1,12 @@
 // Pipeline parallelism in the trainer: two stages under "1f1b", "gpipe" and "interleaved" (two
-// chunks per rank), and with dp or tp on four ranks, train the 1-rank run's losses and final parameters and AdamW moments within 1e-5
-// (fp32, other reduction orders), for the tied GPT-2 preset (the last stage's copy of wte.weight
-// is compared with the 1-rank table too) and LLaMA. Runs under `mpiexec -n 2` and `-n 4` (ctest
-// PipelineLayouts.two_ranks / four_ranks; the suite means nothing on one rank). As the layout
-// matrix (test_layout_matrix.cpp): each layout trains the real Trainer on its own communicator and
-// compares its stage's tensors with the 1-rank run it computed itself. PipelineTraining.* runs
-// `tessera train` end to end under mpiexec: stop and resume, the validation loss,
-// metrics.jsonl's pp_bytes_per_step.
+// chunks per rank), four stages, and two stages with dp or tp on four ranks, train the 1-rank run's
+// losses and final parameters and AdamW moments within 1e-5 (fp32, other reduction orders), for the
+// tied GPT-2 preset (the last stage's copy of wte.weight is compared with the 1-rank table too) and
+// LLaMA. Runs under `mpiexec -n 2` and `-n 4` (ctest PipelineLayouts.two_ranks / four_ranks; the
+// suite means nothing on one rank). As the layout matrix (test_layout_matrix.cpp): each layout
+// trains the real Trainer on its own communicator and compares its stage's tensors with the 1-rank
+// run it computed itself. PipelineTraining.* runs `tessera train` end to end under mpiexec: stop and
+// resume, checkpoints crossing layouts, the validation loss, metrics.jsonl's pp_bytes_per_step.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -53,6 +53,7 @@ std::vector<Layout> layouts() {
           {"tp2pp2sp_1f1b", 4, pp("1f1b") + std::vector<std::string>{"parallel.tp=2", "parallel.sequence_parallel=true"}},
           // Interleaved: 4 blocks in pp x vpp = 4 chunks, rank 0 holding the first and third.
           {"pp2vpp2_interleaved", 2, pp("interleaved") + std::vector<std::string>{"parallel.vpp=2"}, {"model.n_layer=4"}},
+          {"pp4_1f1b", 4, {"parallel.pp=4", "parallel.pp_schedule=\"1f1b\""}, {"model.n_layer=4"}},
           {"dp2pp2vpp2_interleaved", 4, pp("interleaved") + std::vector<std::string>{"parallel.vpp=2"},
            {"model.n_layer=4", "train.global_batch=16"}}};
 }
