@@ -243,6 +243,10 @@ std::optional<Trainer::Reduced> Trainer::forward_backward(int64_t s) {
   const double loss_scale = targets[0] > 0 ? 1.0 / targets[0] : 0.0;
   // The micro-batches' loss sums are added up on the model's device and read once, after the step.
   const Buffer step_sums(alloc_, DType::F64, {2}, MemCategory::Workspace);
+  if (grid_.pp_size() > 1) {
+    run_pipeline(batches, loss_scale, step_sums);
+    return finish_step(step_sums, targets[0], chunks_.back()->stage().head);
+  }
   // What a micro-batch's forward keeps for its backward: its ids on the model's device (uploaded
   // through the allocator; backward reads the tokens again) and the model's context.
   struct InFlight {
@@ -250,10 +254,6 @@ std::optional<Trainer::Reduced> Trainer::forward_backward(int64_t s) {
     GptCtx ctx;
   };
   std::map<int64_t, InFlight> in_flight;
-  if (grid_.pp_size() > 1) {
-    run_pipeline(batches, loss_scale, step_sums);
-    return finish_step(step_sums, targets[0], chunks_.back()->stage().head);
-  }
   StepCallbacks run;
   run.forward = [&](int64_t m) {
     const Batch& b = batches.at(static_cast<size_t>(m));
