@@ -886,10 +886,10 @@ int64_t auto_micro_batch(int64_t global_batch, int64_t dp_size, const std::funct
 }
 
 GridDegrees grid_degrees(const ParallelConfig& p) {
-  TESSERA_CHECK(p.pp == 1 && p.cp == 1, "[parallel] asks for pp=", p.pp, ", cp=", p.cp,
-                ", but pipeline (pp) and context (cp) parallelism are not wired into the trainer yet: this build "
-                "trains over data and tensors only (parallel.dp, parallel.zero, parallel.tp, "
-                "parallel.sequence_parallel); leave the others at their defaults");
+  TESSERA_CHECK(p.cp == 1, "[parallel] asks for cp=", p.cp,
+                ", but context parallelism (cp) is not wired into the trainer yet: this build trains over data, "
+                "tensors and pipeline stages (parallel.dp, parallel.zero, parallel.tp, parallel.sequence_parallel, "
+                "parallel.pp); leave parallel.cp at 1");
   return GridDegrees{p.tp, p.cp, p.pp, p.dp};
 }
 

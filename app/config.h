@@ -372,7 +372,7 @@ int64_t grad_accum_steps(const Config& c, int64_t dp_size);
 int64_t auto_micro_batch(int64_t global_batch, int64_t dp_size, const std::function<bool(int64_t)>& fits);
 
 // The process grid's degrees from [parallel] (tp, cp, pp, dp; dp = -1: the rest of the world).
-// Throws while pp or cp is above 1: neither is wired into the trainer yet (the message names what is).
+// Throws while cp is above 1: context parallelism is not wired into the trainer yet (the message names what is).
 GridDegrees grid_degrees(const ParallelConfig& p);
 
 // The pipeline keys against the model and the batch: parallel.vpp > 1 only with the interleaved

@@ -8,6 +8,7 @@
 #include "kernels/check.h"
 #include "kernels/elementwise.h"
 #include "kernels/tensor.h"
+#include "parallel/host_sums.h"
 
 namespace tessera {
 
@@ -62,7 +63,12 @@ std::optional<Batch> gated_batch(const Dataset& ds, const std::vector<int64_t>& 
 }  // namespace
 
 std::optional<double> validation_loss(const Exec& ex, const Gpt& model, Allocator& alloc, const Dataset& val,
-                                      int64_t batches, int64_t micro_batch, const EvalGate& gate) {
+                                      int64_t batches, int64_t micro_batch, const EvalGate& gate,
+                                      const PipelineLink& link) {
+  const std::vector<const Gpt*> chunks = link.chunks.empty() ? std::vector<const Gpt*>{&model} : link.chunks;
+  const int64_t pp = link.pp ? link.pp->size() : 1, rank = link.pp ? link.pp->rank() : 0;
+  const int64_t stages = pp * static_cast<int64_t>(chunks.size());
+  bool head = false;  // this rank holds the last chunk
   const Buffer sums(alloc, DType::F64, {2}, MemCategory::Workspace);  // loss sum, targets: read once
   for (int64_t b = 0; b < batches; ++b) {
     std::vector<int64_t> idx(static_cast<size_t>(micro_batch));
@@ -71,13 +77,36 @@ std::optional<double> validation_loss(const Exec& ex, const Gpt& model, Allocato
     std::optional<Batch> gated = gated_batch(val, idx, gate);
     if (!gated) return std::nullopt;
     Batch& batch = *gated;
-    const Buffer tokens = device_ids(ex, alloc, batch.tokens, batch.B, batch.T);
-    const Buffer targets = device_ids(ex, alloc, batch.targets, batch.B, batch.T);
-    GptCtx ctx;
-    model.forward(ex, ctx, alloc, tokens, targets);
-    accumulate(ex, sums, ctx.loss_sums);
+    // The virtual stages in model order; this rank runs its own, each reading what it needs: the
+    // ids for the embedding, else the previous stage's activations (tag: the stage).
+    for (int64_t v = rank; v < stages; v += pp) {
+      const Gpt& chunk = *chunks[static_cast<size_t>(v / pp)];
+      const StageSpec& stage = chunk.stage();
+      Buffer tokens, input, targets;
+      if (stage.embedding) {
+        tokens = device_ids(ex, alloc, batch.tokens, batch.B, batch.T);
+      } else {
+        input = Buffer(alloc, DType::F32, {batch.B, batch.T / link.sequence_shards, chunk.config().n_embd},
+                       MemCategory::Activations);
+        link.pp->recv(input, static_cast<int>((v - 1) % pp), static_cast<int>(v));
+      }
+      if (stage.head) targets = device_ids(ex, alloc, batch.targets, batch.B, batch.T);
+      GptCtx ctx;
+      const Tensor out = chunk.forward(ex, ctx, alloc, stage.embedding ? tokens.tensor() : input.tensor(), targets,
+                                       stage.embedding ? SequenceLayout{} : SequenceLayout::contiguous(batch.T));
+      if (stage.head) {
+        accumulate(ex, sums, ctx.loss_sums);
+        head = true;
+      } else {
+        link.pp->send(out, static_cast<int>((v + 1) % pp), static_cast<int>(v + 1));
+      }
+    }
   }
-  return read_loss_sums(ex, sums).mean();
+  if (!link.pp) return read_loss_sums(ex, sums).mean();
+  const LossSums mine = head ? read_loss_sums(ex, sums) : LossSums{};
+  std::vector<double> total = {mine.loss_sum, static_cast<double>(mine.targets)};
+  sum_over_group(total, link.pp);
+  return total[1] > 0 ? total[0] / total[1] : 0.0;
 }
 
 std::optional<std::vector<std::vector<int32_t>>> greedy_generate(const Exec& ex, const Gpt& model, Allocator& alloc,

@@ -13,6 +13,7 @@
 #include "kernels/allocator.h"
 #include "kernels/exec.h"
 #include "model/gpt.h"
+#include "parallel/communicator.h"
 
 namespace tessera {
 
@@ -23,10 +24,23 @@ namespace tessera {
 // on, and a read error is thrown as it is.
 using EvalGate = std::function<bool(const std::string& read_error)>;
 
+// The pipeline a stage's evaluation runs in: pp, the pipeline group (this rank's stage = its rank
+// there; null: the model is whole); chunks: this rank's model chunks, virtual chunk 0 first (chunk c
+// of rank r is virtual stage c pp + r; empty: the model given is the one chunk); sequence_shards:
+// the activations' rows per sequence are T / sequence_shards (tp under sequence parallelism, else 1).
+struct PipelineLink {
+  Communicator* pp = nullptr;
+  std::vector<const Gpt*> chunks;
+  int64_t sequence_shards = 1;
+};
+
 // Mean loss over samples [0, batches * micro_batch) of the validation dataset (one device read);
-// nothing when the gate gave up.
+// nothing when the gate gave up. Under a pipeline (link.pp) every stage runs its forward on each
+// batch, the activations passed on to the next stage; the last stage's loss is summed over the
+// pipeline group so that every stage returns it.
 std::optional<double> validation_loss(const Exec& ex, const Gpt& model, Allocator& alloc, const Dataset& val,
-                                      int64_t batches, int64_t micro_batch, const EvalGate& gate = {});
+                                      int64_t batches, int64_t micro_batch, const EvalGate& gate = {},
+                                      const PipelineLink& link = {});
 
 // Greedy continuation: for each prompt (all the same length), appends max_new tokens chosen by
 // argmax of the last position's logits. Re-runs the full forward per token (no KV cache). Nothing

@@ -28,7 +28,9 @@
 #include "kernels/elementwise.h"
 #include "parallel/host_sums.h"
 #include "parallel/mpi.h"
+#include "model/stage_cut.h"
 #include "parallel/mpi_communicator.h"
+#include "parallel/pipeline_schedule.h"
 #include "parallel/schedule.h"
 
 namespace tessera {
@@ -70,6 +72,24 @@ Config resolve_micro_batch(const Config& cfg, const std::string& run_dir, MPI_Co
   return with_auto_micro_batch(cfg, data_vocab_size(cfg), {grid.tp_size(), grid.dp_size(), checkpoints}, comm);
 }
 
+// What the pipeline trainer runs today: "gpipe", "1f1b" and "interleaved". zb-h1 (a backward split
+// into B and W) is generated and checked (parallel/pipeline_schedule.h) but the model has no split
+// backward yet: refused, not ignored.
+void check_pipeline_wired(const ParallelConfig& p) {
+  if (p.pp == 1) return;
+  TESSERA_CHECK(p.pp_schedule != "zb-h1", "parallel.pp_schedule = \"", p.pp_schedule,
+                "\" is not wired into the trainer yet: under parallel.pp > 1 it runs \"1f1b\", \"gpipe\" or "
+                "\"interleaved\"");
+}
+
+// The model chunks this rank holds: the whole model, or its pipeline stage's vpp chunks of the cut
+// (model/stage_cut.h: by cost, or parallel.pp_layers), its virtual chunk 0 first.
+std::vector<StageSpec> chunks_of(const Config& c, const ModelConfig& mc, const ProcessGrid& grid) {
+  if (grid.pp_size() == 1) return {StageSpec{}};
+  const std::vector<StageSpec> cut = cut_stages(mc, c.train.seq_len, grid.pp_size(), c.parallel.vpp, c.parallel.pp_layers);
+  return rank_chunks(cut, grid.pp_size(), grid.pp_rank());
+}
+
 DpOptimizerOptions dp_optimizer_options(const ParallelConfig& p) {
   return {p.zero == 1, p.bucket_mb, p.overlap_grad_reduce};
 }
@@ -100,6 +120,8 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
       progress_(cfg.log.progress, grid_.rank() == 0) {
   const ModelConfig mc = resolve(to_model_config(cfg_, data_.vocab_size));
   validate_layout(cfg_, mc, grid_.world_size());
+  check_pipeline_wired(cfg_.parallel);
+  if (grid_.pp_size() > 1) validate_pipeline(cfg_, grid_.dp_size());  // micro-batches per step against pp
   const std::string ckpt_dir = checkpoint_dir(cfg_, run_dir_);
   // Before anything is allocated: a run that cannot fit is refused now, on every rank.
   memory_line_ = check_training_memory(
@@ -111,11 +133,16 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
   if (grid_.tp_size() > 1) tp = TensorParallel{comms_->tp.get(), cfg_.parallel.sequence_parallel};
   params_ = std::make_unique<ParameterStore>(alloc_, DType::F32, ShardLayout{static_cast<int>(grid_.tp_size()),
                                                                              static_cast<int>(grid_.tp_rank())});
-  model_ = std::make_unique<Gpt>(mc, *params_, recompute_policy(cfg_), tp);
+  // One Gpt per chunk (interleaved: vpp of them), their parameters in one store: one flat buffer
+  // for the optimizer, the reduction and the checkpoint.
+  for (const StageSpec& chunk : chunks_of(cfg_, mc, grid_))
+    chunks_.push_back(std::make_unique<Gpt>(mc, *params_, recompute_policy(cfg_), tp, chunk));
+  model_ = chunks_.front().get();
   const DpOptimizerOptions dp_opts = dp_optimizer_options(cfg_.parallel);
   params_->finalize(DataParallelOptimizer::pad_multiple(dp_opts, grid_.dp_size() * grid_.cp_size()));
   params_->initialize(ex_, static_cast<uint64_t>(cfg_.train.seed));
   flat_ = flat_params_of(*params_);
+  check_tied_copies("after initialization");
   if (comms_)  // the embedding group comes with pipeline parallelism (none with pp = 1)
     groups_ = GradGroups{comms_->tp.get(), dp_cp_group(), comms_->pp.get(), comms_->embedding.get()};
   opt_ = std::make_unique<DataParallelOptimizer>(
@@ -141,6 +168,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
       throw_if_any_failed(comm, nonfinite_tensor_in(*path, *params_, moments.state));
       if (lead_) resume_warnings_ = data_order_changes(st.config_toml, cfg_);
       opt_->load_state(ex_, moments.state, st.optimizer_steps);
+      check_tied_copies("after resuming " + *path);
       resumed_from_ = *path;
       start_step_ = st.step;
       consumed_at_start_ = st.consumed_samples;
@@ -148,7 +176,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
   }
   if (cfg_.train.profile) {
     profiling_ = true;
-    model_->set_profiler(&profiler_);
+    for (const auto& chunk : chunks_) chunk->set_profiler(&profiler_);
     if (comms_)
       for (Communicator* c : comms_->all()) c->set_profiler(&profiler_);
   }
@@ -215,6 +243,10 @@ std::optional<Trainer::Reduced> Trainer::forward_backward(int64_t s) {
   const double loss_scale = targets[0] > 0 ? 1.0 / targets[0] : 0.0;
   // The micro-batches' loss sums are added up on the model's device and read once, after the step.
   const Buffer step_sums(alloc_, DType::F64, {2}, MemCategory::Workspace);
+  if (grid_.pp_size() > 1) {
+    run_pipeline(batches, loss_scale, step_sums);
+    return finish_step(step_sums, targets[0], chunks_.back()->stage().head);
+  }
   // What a micro-batch's forward keeps for its backward: its ids on the model's device (uploaded
   // through the allocator; backward reads the tokens again) and the model's context.
   struct InFlight {
@@ -239,15 +271,143 @@ std::optional<Trainer::Reduced> Trainer::forward_backward(int64_t s) {
     in_flight.erase(m);
   };
   run_schedule(one_stage_schedule(static_cast<int64_t>(batches.size())).actions_of(grid_.pp_rank()), run);
+  return finish_step(step_sums, targets[0], true);
+}
+
+// After the step's backwards: finalize_grads (the sums over the groups and the global norm), and
+// the step's mean loss from the loss sums of the stage with the head (has_loss; summed over the
+// pipeline so that every stage reports it) and of every data-parallel replica.
+Trainer::Reduced Trainer::finish_step(const Buffer& step_sums, double targets, bool has_loss) {
   const Buffer grad_sq_norm(alloc_, DType::F64, {1}, MemCategory::Workspace);
   {
     ProfileScope scope(prof(), OpFamily::Communication);  // the dp reduction's waits
     finalize_grads(ex_, flat_, *opt_, groups_, alloc_, grad_sq_norm);
   }
-  std::vector<double> loss = {read_loss_sums(ex_, step_sums).loss_sum};  // the step's loss read
+  std::vector<double> loss = {has_loss ? read_loss_sums(ex_, step_sums).loss_sum : 0.0};  // the step's loss read
+  if (grid_.pp_size() > 1) sum_over_group(loss, comms_->pp.get());
   sum_over_group(loss, dp_cp_group());
-  return Reduced{targets[0] > 0 ? loss[0] / targets[0] : 0.0,
+  return Reduced{targets > 0 ? loss[0] / targets : 0.0,
                  std::sqrt(read_scalar(ex_, grad_sq_norm))};  // the step's gradient norm read
+}
+
+// The pipeline's first and last stage each hold the tied token embedding (the last a copy for the
+// LM head); finalize_grads keeps them equal by summing their gradients, which only works when they
+// start equal. Both are initialized from the same name's seed and read from the same stored tensor,
+// so a difference here is a bug: checked bit for bit (the first stage's broadcast over the embedding
+// group), and refused on every rank.
+void Trainer::check_tied_copies(const std::string& when) {
+  if (!comms_ || grid_.pp_size() == 1) return;
+  std::string error;
+  Communicator& group = *comms_->embedding;
+  for (const ParamEntry& e : params_->entries()) {
+    if (!e.spec.sum_grad_over_embedding_group || group.size() < 2) continue;
+    const Tensor mine = params_->param(params_->find(e.spec.name));
+    const Buffer first(alloc_, mine.dtype, mine.shape, MemCategory::Workspace);
+    copy(ex_, first, mine);
+    group.broadcast(first, 0);
+    // first - mine is exactly zero where the two floats are equal (NaN makes the norm NaN: differs).
+    scale(ex_, first, -1.0);
+    accumulate(ex_, first, mine);
+    const Buffer diff(alloc_, DType::F64, {1}, MemCategory::Workspace);
+    squared_norm(ex_, diff, first);
+    if (!(read_scalar(ex_, diff) == 0.0))
+      error = "the pipeline's copies of the tied " + e.spec.name + " differ between the first and the last stage " +
+              when + " (pipeline rank " + std::to_string(grid_.pp_rank()) + ")";
+  }
+  if (world_ != MPI_COMM_NULL) throw_if_any_failed(world_, error);
+}
+
+// The forwards and backwards of step s's micro-batches through this rank's pipeline chunks, in the
+// order of parallel.pp_schedule (parallel/pipeline_schedule.h, run by run_schedule): the chunk with
+// the embedding uploads the token ids, the one with the head the targets and adds each micro-batch's
+// loss sums into step_sums; activations go to the next virtual stage and their gradients back over
+// comms_->pp (pp group rank = stage; chunk c of rank r is virtual stage c pp + r). Every tensor sent
+// (a forward's output, a backward's input gradient) is kept until run_schedule returns, as the
+// executor requires; a micro-batch's context and received input go with its backward.
+void Trainer::run_pipeline(const std::vector<Batch>& batches, double loss_scale, const Buffer& step_sums) {
+  const int64_t pp = grid_.pp_size(), rank = grid_.pp_rank(), vpp = static_cast<int64_t>(chunks_.size());
+  const int64_t T = cfg_.train.seq_len, C = model_->config().n_embd;
+  const bool sp = grid_.tp_size() > 1 && cfg_.parallel.sequence_parallel;
+  const int64_t T_local = sp ? T / grid_.tp_size() : T;
+  struct InFlight {
+    Buffer tokens, targets;  // ids on the model's device: tokens for the embedding, targets for the head
+    Buffer input;            // the received activations (B, T_local, C) of a chunk without the embedding
+    Buffer grad;             // received output gradient (and, written in place, the input gradient sent)
+    Tensor output;           // the forward's output, owned by ctx until its backward
+    GptCtx ctx;
+  };
+  using Key = std::pair<int64_t, int64_t>;  // (micro-batch, chunk)
+  std::map<Key, InFlight> in_flight;
+  std::map<Key, Buffer> sent_grads;
+  std::vector<Buffer> sent_outputs;
+  const auto chunk = [&](int64_t c) -> const Gpt& { return *chunks_.at(static_cast<size_t>(c)); };
+  const auto ids = [&](const std::vector<int32_t>& v, const Batch& b) {
+    return upload(ex_, alloc_, Tensor(const_cast<int32_t*>(v.data()), DType::I32, {b.B, b.T}), MemCategory::Activations);
+  };
+  const auto act_shape = [&](int64_t m) { return Shape{batches.at(static_cast<size_t>(m)).B, T_local, C}; };
+  PipelineCallbacks run;
+  run.exec = &ex_;
+  run.forward = [&](int64_t m, int64_t c) {
+    const Batch& b = batches.at(static_cast<size_t>(m));
+    const StageSpec& stage = chunk(c).stage();
+    InFlight& f = in_flight[{m, c}];
+    if (stage.embedding) f.tokens = ids(b.tokens, b);
+    if (stage.head) f.targets = ids(b.targets, b);
+    // A chunk without the embedding gets activations, not ids: it is told the positions they hold.
+    f.output = chunk(c).forward(ex_, f.ctx, alloc_, stage.embedding ? f.tokens.tensor() : f.input.tensor(),
+                                stage.head ? f.targets.tensor() : Tensor(),
+                                stage.embedding ? SequenceLayout{} : SequenceLayout::contiguous(T));
+    if (stage.head) accumulate(ex_, step_sums, f.ctx.loss_sums);
+  };
+  run.backward = [&](const BackwardCall& call) {
+    const Key key{call.micro_batch, call.chunk};
+    const StageSpec& stage = chunk(call.chunk).stage();
+    InFlight& f = in_flight.at(key);
+    // The output was sent: backward releases the context, so the output's storage moves out first
+    // (backward reads a block's input, never the chunk's output).
+    if (!stage.head) sent_outputs.push_back(std::move(f.ctx.resid.back()));
+    if (!stage.embedding && !f.grad.defined())
+      f.grad = Buffer(alloc_, DType::F32, act_shape(call.micro_batch), MemCategory::Activations);
+    const Gpt::OutputGrad from = stage.head ? Gpt::OutputGrad::loss(loss_scale) : Gpt::OutputGrad::output(f.grad);
+    chunk(call.chunk).backward(ex_, f.ctx, alloc_, from, stage.embedding ? Tensor() : f.grad.tensor(),
+                               call.last ? opt_->grads_ready_hook() : Gpt::GradsReady{});
+    if (f.grad.defined()) sent_grads[key] = std::move(f.grad);
+    in_flight.erase(key);
+  };
+  run.p2p = [&](const std::vector<Action>& batch) {
+    std::vector<P2POp> ops;
+    for (const Action& a : batch) {
+      const Key key{a.micro_batch, a.chunk};
+      const int peer = static_cast<int>(peer_of(a, rank, pp));
+      // Tags name the boundary between virtual stages v and v + 1 the tensor crosses, and its kind.
+      const int64_t v = a.chunk * pp + rank;
+      const bool activation = a.kind == ActionKind::SendActivation || a.kind == ActionKind::RecvActivation;
+      const bool outgoing = a.kind == ActionKind::SendActivation || a.kind == ActionKind::RecvGrad;
+      const int64_t boundary = outgoing ? v : v - 1;
+      const int tag = static_cast<int>(2 * (a.micro_batch * pp * vpp + boundary) + (activation ? 0 : 1));
+      switch (a.kind) {
+        case ActionKind::SendActivation: ops.push_back(P2POp::send(in_flight.at(key).output, peer, tag)); break;
+        case ActionKind::SendGrad: ops.push_back(P2POp::send(sent_grads.at(key), peer, tag)); break;
+        case ActionKind::RecvActivation: {
+          InFlight& f = in_flight[key];
+          f.input = Buffer(alloc_, DType::F32, act_shape(a.micro_batch), MemCategory::Activations);
+          ops.push_back(P2POp::recv(f.input, peer, tag));
+          break;
+        }
+        case ActionKind::RecvGrad: {
+          InFlight& f = in_flight.at(key);
+          f.grad = Buffer(alloc_, DType::F32, act_shape(a.micro_batch), MemCategory::Activations);
+          ops.push_back(P2POp::recv(f.grad, peer, tag));
+          break;
+        }
+        default: TESSERA_CHECK(false, "pipeline p2p: ", to_string(a), " is not a transfer");
+      }
+    }
+    return comms_->pp->batch_send_recv_async(ops);
+  };
+  const Schedule schedule = pipeline_schedule(pp, vpp, static_cast<int64_t>(batches.size()),
+                                              parse_pipeline_kind(cfg_.parallel.pp_schedule));
+  run_schedule(schedule.actions_of(rank), run);
 }
 
 bool Trainer::vote_stop(const std::string& read_error) {
@@ -347,11 +507,14 @@ void Trainer::log_step(int64_t s, const StepResult& r, double step_seconds, doub
     // volumes, parallel/communicator.h): 2 (p-1)/p of the gradients (ZeRO-1: a reduce-scatter and an
     // all-gather of (p-1)/p each), plus a few scalars; and over the tp group (tensor_parallel.h edges).
     const int64_t steps = std::max<int64_t>(1, done - step_at_record_);
-    const int64_t sent = comms_->dp->bytes_sent(), tp_sent = comms_->tp->bytes_sent();
+    const int64_t sent = comms_->dp->bytes_sent(), tp_sent = comms_->tp->bytes_sent(), pp_sent = comms_->pp->bytes_sent();
     rec.add("dp_bytes_per_step", (sent - dp_bytes_at_record_) / steps);
     if (grid_.tp_size() > 1) rec.add("tp_bytes_per_step", (tp_sent - tp_bytes_at_record_) / steps);
     dp_bytes_at_record_ = sent;
     tp_bytes_at_record_ = tp_sent;
+    // Over the pipeline group: the activations and their gradients, plus the loss and norm sums.
+    if (grid_.pp_size() > 1) rec.add("pp_bytes_per_step", (pp_sent - pp_bytes_at_record_) / steps);
+    pp_bytes_at_record_ = pp_sent;
     step_at_record_ = done;
   }
   metrics_.write(rec);
@@ -359,6 +522,15 @@ void Trainer::log_step(int64_t s, const StepResult& r, double step_seconds, doub
 
 bool Trainer::evaluate(int64_t s, TrainSummary& summary) {
   if (!data_.valid && !data_.task) return true;
+  const bool pipeline = grid_.pp_size() > 1;
+  if (pipeline && data_.task && !eval_skip_said_) {
+    // Greedy answers run the whole model token by token; under pipeline stages not wired yet: said
+    // once, not run (the validation loss is).
+    progress_.message("note: the task's accuracy (greedy answers) is not evaluated under parallel.pp > 1 yet: "
+                      "skipped; the validation loss is evaluated");
+    eval_skip_said_ = true;
+  }
+  if (!data_.valid && pipeline) return true;
   const auto t0 = Clock::now();
   // Every rank asks before each forward: a stop anywhere abandons the evaluation on all ranks at
   // the same batch (tensor-parallel forwards are collective), and the stop vote that follows
@@ -371,14 +543,20 @@ bool Trainer::evaluate(int64_t s, TrainSummary& summary) {
   std::optional<double> val_loss;
   std::optional<AccuracyResult> acc;
   if (data_.valid) {
+    PipelineLink link;
+    if (pipeline) {
+      link.pp = comms_->pp.get();
+      for (const auto& chunk : chunks_) link.chunks.push_back(chunk.get());
+      link.sequence_shards = grid_.tp_size() > 1 && cfg_.parallel.sequence_parallel ? grid_.tp_size() : 1;
+    }
     val_loss = validation_loss(ex_, *model_, alloc_, *data_.valid, cfg_.train.eval_batches, cfg_.train.micro_batch,
-                               gate);
+                               gate, link);
     if (!val_loss) return false;
     os.precision(4);
     os << " val_loss " << *val_loss;
     record.add("val_loss", *val_loss);
   }
-  if (data_.task) {
+  if (data_.task && !pipeline) {
     acc = addition_accuracy(ex_, *model_, alloc_, *data_.task, cfg_.data.val_examples, gate);
     if (!acc) return false;
     os.precision(1);
@@ -399,8 +577,11 @@ void Trainer::print_header() {
   // Every rank runs on its own cores: the job's peak is the world's.
   peak_flops_ = (cfg_.log.peak_gflops > 0 ? cfg_.log.peak_gflops : cpu_peak_gflops()) * 1e9 *
                 static_cast<double>(grid_.world_size());
+  // The model's parameters: under pp each stage counts its own (the tied copy not), summed (collective).
+  std::vector<double> numel = {static_cast<double>(params_->global_numel())};
+  if (grid_.pp_size() > 1) sum_over_group(numel, comms_->pp.get());
   std::ostringstream os;
-  os << "model " << model_->config().preset << ": " << params_->global_numel() << " parameters, "
+  os << "model " << model_->config().preset << ": " << static_cast<int64_t>(numel[0]) << " parameters, "
      << model_->config().n_layer << " layers, C=" << model_->config().n_embd << " | batch "
      << cfg_.train.global_batch << " x " << cfg_.train.seq_len << " tokens (micro "
      << (auto_micro_batch_ ? "auto = " : "") << cfg_.train.micro_batch
@@ -409,6 +590,7 @@ void Trainer::print_header() {
      << " GFLOP/s";
   if (grid_.world_size() > 1)
     os << "\nlayout: " << grid_.world_size() << " ranks = tp " << grid_.tp_size() << " x dp " << grid_.dp_size()
+       << (grid_.pp_size() > 1 ? " x pp " + std::to_string(grid_.pp_size()) + " (" + cfg_.parallel.pp_schedule + ")" : "")
        << (grid_.tp_size() > 1 && cfg_.parallel.sequence_parallel ? " (sequence parallel)" : "") << "; "
        << params_->numel() << " parameters per rank";
   if (ckpt_) os << "\nrun id " << ckpt_->run_id();
@@ -601,7 +783,8 @@ void print_summary(const TrainSummary& s, const std::string& run_dir) {
 // Keys that parse but whose features are not built yet are refused rather than ignored.
 void check_supported(const Config& cfg) {
   const ParallelConfig& p = cfg.parallel;
-  grid_degrees(p);  // refuses pp and cp above 1
+  grid_degrees(p);  // refuses cp above 1
+  check_pipeline_wired(p);
   TESSERA_CHECK(p.zero == 0 || p.zero == 1, "parallel.zero = ", p.zero,
                 " is not supported: 0 (replicated optimizer state) or 1 (ZeRO-1, sharded over dp)");
 }

@@ -104,6 +104,11 @@ class Trainer {
     double loss = 0, grad_norm = 0;
   };
   std::optional<Reduced> forward_backward(int64_t s);
+  // Under parallel.pp > 1: this stage's part of the step's micro-batches, by the pipeline schedule.
+  void run_pipeline(const std::vector<Batch>& batches, double loss_scale, const Buffer& step_sums);
+  Reduced finish_step(const Buffer& step_sums, double targets, bool has_loss);
+  // Throws on every rank when the pipeline's copies of the tied embedding differ (`when`: where).
+  void check_tied_copies(const std::string& when);
   std::string nonfinite_report(double loss, double norm);
   // False when abandoned (a rank was asked to stop): nothing is recorded.
   bool evaluate(int64_t s, TrainSummary& summary);
@@ -140,7 +145,8 @@ class Trainer {
   Allocator alloc_;
   Exec ex_;  // where the model and optimizer run: alloc_'s device (CPU: the trivial context)
   std::unique_ptr<ParameterStore> params_;
-  std::unique_ptr<Gpt> model_;
+  std::vector<std::unique_ptr<Gpt>> chunks_;  // this rank's model chunks: one, or vpp (interleaved)
+  const Gpt* model_ = nullptr;                // chunks_.front(): the model's config, evaluation
   FlatParams flat_;    // params_'s flat buffers as parallel/ sees them
   GradGroups groups_;  // the groups finalize_grads sums over (all null on one rank)
   std::unique_ptr<DataParallelOptimizer> opt_;  // gradient reduction over dp x cp, AdamW (parallel.zero)
@@ -156,7 +162,9 @@ class Trainer {
   std::vector<std::string> resume_warnings_;  // keys changed since the checkpoint that change the data order
   int64_t start_step_ = 0, consumed_at_start_ = 0;
   int64_t saved_step_ = -1;  // the step of this run's last save
-  int64_t dp_bytes_at_record_ = 0, tp_bytes_at_record_ = 0, step_at_record_ = 0;  // communication accounting per record
+  // communication accounting per record
+  int64_t dp_bytes_at_record_ = 0, tp_bytes_at_record_ = 0, pp_bytes_at_record_ = 0, step_at_record_ = 0;
+  bool eval_skip_said_ = false;  // the note that the task's accuracy under pp is skipped, printed once
   double flops_per_token_ = 0;
   double peak_flops_ = 0;
 };
@@ -167,6 +175,10 @@ struct TrainArgs {
   std::string run_dir;  // empty: <log.dir>/<train.name>
   bool print_config = false;
 };
+
+// Keys that parse but whose features are not built yet (cp > 1; under pp > 1 the interleaved and
+// zb-h1 schedules) are refused rather than ignored: a tessera::Error naming them.
+void check_supported(const Config& cfg);
 
 // The whole command: load and validate the config, then train. Returns the exit code.
 int run_train_command(const TrainArgs& args);
