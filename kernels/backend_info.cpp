@@ -93,11 +93,12 @@ int cuda_device_count() {
 #endif
 }
 
-// Below this share of the CPU's fp32 peak the GEMM kernels are not using the vector units the CPU
-// has: OpenBLAS's generic SSE3 core reaches 20-25% of an AVX2 peak and about 12% of an AVX-512 one;
-// the right kernels 80-105% (measured per CPU-second, docs/performance.md, "BLAS kernels"). Haswell's
-// kernels on an AVX-512 CPU (about 50%) are slower than the best but not far below.
-constexpr double kSlowGemmShare = 0.4;
+// Below a third of the CPU's fp32 peak the GEMM kernels are not using the vector units the CPU
+// has. Measured per CPU-second on a 2-core AVX-512 Xeon (docs/performance.md, "BLAS kernels"),
+// against its nominal peak: OpenBLAS's generic Prescott core 23-24%, Sandybridge (AVX, no FMA)
+// 39-42%, Haswell (AVX2) 57%, SkylakeX and Cooperlake 102-106%. On an AVX2 CPU the generic core
+// reaches at most a quarter of the peak (4-wide SSE against 8-wide FMA).
+constexpr double kSlowGemmShare = 1.0 / 3.0;
 
 std::string kernels_backend_info() {
   std::ostringstream os;
