@@ -12,6 +12,7 @@
 #include "app/launch.h"
 #include "app/checkpoint/hdf5.h"
 #include "kernels/check.h"
+#include "kernels/cpu/blas_select.h"
 #include "parallel/mpi.h"
 
 namespace {
@@ -54,6 +55,10 @@ int run_command(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The BLAS kernels first, before anything calls the BLAS: where OpenBLAS fell back to a generic
+  // core on a CPU with AVX2 or AVX-512, this switches it in place (kernels/cpu/blas_select.h). No
+  // re-exec, so nothing here concerns mpiexec or srun: every rank does the same on its own.
+  tessera::cpu::blas_selection();
   // MPI lives for the whole run (MPICH runs a singleton when started without mpirun). Commands
   // take MPI_COMM_WORLD from here; errors are caught in run_command, so MPI_Finalize always runs.
   // A rank that never started would keep the others in MPI_Init for ever: bounded (app/launch.h).

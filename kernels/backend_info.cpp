@@ -1,7 +1,6 @@
 // Backend report: CPU features, BLAS, and the CUDA runtime when the CUDA backend is compiled in.
 #include "kernels/backend_info.h"
 
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -14,23 +13,11 @@
 #ifdef TESSERA_WITH_CUDA
 #include "kernels/cuda/runtime.h"
 #endif
+#include "kernels/cpu/blas_select.h"
 
 namespace tessera {
 
 namespace {
-// OpenBLAS picks its kernels at run time (DYNAMIC_ARCH): name the core it chose and its threading,
-// which decide GEMM speed (docs/performance.md). OpenBLAS's cblas.h defines OPENBLAS_VERSION; BLIS's
-// does not.
-std::string blas_details() {
-#ifdef OPENBLAS_VERSION
-  const int parallel = openblas_get_parallel();  // 0 sequential, 1 pthreads, 2 OpenMP
-  return std::string(", core ") + openblas_get_corename() + ", " +
-         (parallel == 2 ? "OpenMP" : parallel == 1 ? "pthreads" : "sequential") + " build";
-#else
-  return "";
-#endif
-}
-
 std::string cpu_features() {
   std::string s;
   __builtin_cpu_init();
@@ -106,13 +93,35 @@ int cuda_device_count() {
 #endif
 }
 
+// Below a third of the CPU's fp32 peak the GEMM kernels are not using the vector units the CPU
+// has. Measured per CPU-second on a 2-core AVX-512 Xeon (docs/performance.md, "BLAS kernels"),
+// against its nominal peak: OpenBLAS's generic Prescott core 23-24%, Sandybridge (AVX, no FMA)
+// 39-42%, Haswell (AVX2) 57%, SkylakeX and Cooperlake 102-106%. On an AVX2 CPU the generic core
+// reaches at most a quarter of the peak (4-wide SSE against 8-wide FMA).
+constexpr double kSlowGemmShare = 1.0 / 3.0;
+
 std::string kernels_backend_info() {
   std::ostringstream os;
-  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+  const double nominal = cpu_nominal_peak_gflops(), measured = measure_cpu_peak_gflops();
+  const double peak = std::max(nominal, measured);  // cpu_peak_gflops(), measured once
   os << "cpu: features" << cpu_features() << ", " << omp_get_max_threads() << " OpenMP threads, fp32 peak "
-     << static_cast<int64_t>(cpu_nominal_peak_gflops()) << " GFLOP/s nominal, "
-     << static_cast<int64_t>(measure_cpu_peak_gflops()) << " measured\n";
-  os << "blas: " << TESSERA_BLAS_NAME << blas_details() << (coretype ? std::string(" (OPENBLAS_CORETYPE=") + coretype + ")" : "") << "\n";
+     << static_cast<int64_t>(nominal) << " GFLOP/s nominal, " << static_cast<int64_t>(measured) << " measured\n";
+  const cpu::BlasSelection& blas = cpu::blas_selection();
+  os << "blas: " << cpu::describe(blas) << "\n";
+  // Timed by each thread's CPU clock, so this machine's other processes barely move the rate; a
+  // virtual CPU that the host deschedules still can (seen: one reading of 15 GFLOP/s among 60 of
+  // 125-285 with the same kernels). A slow reading is therefore taken again before it warns; the
+  // generic kernels are slow every time.
+  double gemm = cpu::measure_sgemm_gflops();
+  for (int retry = 0; retry < 2 && gemm < kSlowGemmShare * peak; ++retry) gemm = std::max(gemm, cpu::measure_sgemm_gflops());
+  os << "gemm: fp32 " << static_cast<int64_t>(gemm) << " GFLOP/s at start";
+  if (peak > 0) os << " (" << static_cast<int64_t>(100 * gemm / peak) << "% of the fp32 peak)";
+  os << ", " << (blas.matches_reference ? "matches" : "DIFFERS FROM") << " a reference GEMM\n";
+  for (const std::string& w : blas.warnings) os << "warning: " << w << "\n";
+  if (peak > 0 && gemm < kSlowGemmShare * peak)
+    os << "warning: the fp32 GEMM runs at " << static_cast<int64_t>(gemm) << " GFLOP/s, "
+       << static_cast<int64_t>(100 * gemm / peak) << "% of this CPU's fp32 peak (" << static_cast<int64_t>(peak)
+       << " GFLOP/s): the BLAS kernels do not use its vector units (see docs/performance.md, \"BLAS kernels\")\n";
 #ifdef TESSERA_WITH_CUDA
   os << "cuda: built (" << cuda::library_versions() << "), " << cuda::device_count() << " device(s) visible\n";
 #else

@@ -21,6 +21,8 @@
 #include <blis.h>
 #endif
 
+#include "kernels/cpu/blas_select.h"
+
 namespace {
 
 struct Options {
@@ -32,6 +34,7 @@ struct Options {
   bool gemm = true;
   bool mixed = true;
   double idle_wait = 0;  // > 0: before each measurement wait up to this many seconds for an idle machine
+  bool select = true;     // tessera's kernel selection (kernels/cpu/blas_select.h), as `tessera` runs
 };
 
 // One Linear layer of GPT-2 124M: w (out, in).
@@ -320,7 +323,8 @@ Peak peak_gflops(int threads, const Options& o) {
 void usage() {
   std::printf(
       "usage: gemm_bench [--threads N] [--reps N] [--warmup N] [--tokens 256,1024] [--no-peak] [--no-gemm]"
-      " [--no-mixed] [--idle-wait SECONDS]\n");
+      " [--no-mixed] [--idle-wait SECONDS] [--library-core]\n"
+      "--library-core: keep the OpenBLAS core the library picked (default: tessera's choice, as tessera runs)\n");
 }
 
 Options parse(int argc, char** argv) {
@@ -338,6 +342,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--no-gemm") o.gemm = false;
     else if (a == "--no-mixed") o.mixed = false;
     else if (a == "--idle-wait") o.idle_wait = std::atof(next());
+    else if (a == "--library-core") o.select = false;
     else if (a == "--tokens") {
       o.tokens.clear();
       for (char* s = std::strtok(const_cast<char*>(next()), ","); s; s = std::strtok(nullptr, ","))
@@ -352,6 +357,8 @@ Options parse(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   Options o = parse(argc, argv);
+  // Before any BLAS call, as tessera's main() does.
+  if (o.select) std::printf("blas: %s\n", tessera::cpu::describe(tessera::cpu::blas_selection()).c_str());
   set_blas_threads(o.threads);
   std::printf("gemm_bench (%s): %d threads, %d warm-up + median of %d runs, hardware threads %u\n", library_name(),
               o.threads, o.warmup, o.reps, std::thread::hardware_concurrency());
