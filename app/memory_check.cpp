@@ -35,7 +35,10 @@ int64_t add(int64_t a, int64_t b) { return checked_add(a, b); }
 
 const char* kModelKeys = "model.n_layer, model.n_embd, model.vocab_size; parallel.tp";
 
-std::string plural(int64_t n, const std::string& word) { return std::to_string(n) + " " + word + (n == 1 ? "" : "s"); }
+std::string plural(int64_t n, const std::string& word) {
+  const bool sibilant = word.size() >= 2 && word.compare(word.size() - 2, 2, "ch") == 0;  // micro-batch -> micro-batches
+  return std::to_string(n) + " " + word + (n == 1 ? "" : sibilant ? "es" : "s");
+}
 
 }  // namespace
 
