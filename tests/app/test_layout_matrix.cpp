@@ -20,9 +20,14 @@
 #include "layout_testing.h"
 #include "parallel/mpi.h"
 #include "parallel/mpi_communicator.h"
+#include "trainer_testing.h"
 
 namespace tessera {
 namespace {
+
+using testing::expect_state_near;
+using testing::Trained;
+using testing::train;
 
 // One layout: its ranks and the settings ("section.key=value") that make it.
 struct Layout {
@@ -93,48 +98,6 @@ Matrix zero_one() {
           {{"zero2", 2, kZero}, {"zero4", 4, kZero}}};
 }
 
-// A Trainer after every step of its config, and the losses of those steps.
-struct Trained {
-  std::unique_ptr<Trainer> trainer;
-  std::vector<double> losses;
-};
-
-Trained train(const Config& cfg, MPI_Comm comm) {
-  Trained t{std::make_unique<Trainer>(cfg, "", comm), {}};
-  for (int64_t s = 0; s < cfg.train.steps; ++s) t.losses.push_back(t.trainer->step(s).loss);
-  return t;
-}
-
-// Every parameter and both AdamW moments of `got` (this rank's shards, padding rows left out)
-// against the whole tensors of the 1-rank `want`, relative to the largest magnitude of their
-// family in `want`: the comparison of testing::expect_checkpoints_near (layout_testing.h says
-// why not per tensor), without the file. Collective over got's data-parallel group (ZeRO-1
-// gathers its moments).
-void expect_state_near(Trainer& got, Trainer& want, double rel, const std::string& what) {
-  const FullOptimizerState gs = got.optimizer().gather_state(), ws = want.optimizer().gather_state();
-  const ParameterStore &gp = got.params(), &wp = want.params();
-  const char* family[3] = {"parameters", "exp_avg", "exp_avg_sq"};
-  const float* g[3] = {gp.flat_params().ptr<float>(), gs.state.exp_avg.ptr<float>(), gs.state.exp_avg_sq.ptr<float>()};
-  const float* w[3] = {wp.flat_params().ptr<float>(), ws.state.exp_avg.ptr<float>(), ws.state.exp_avg_sq.ptr<float>()};
-  double scale[3] = {1e-30, 1e-30, 1e-30};
-  for (int f = 0; f < 3; ++f)
-    for (int64_t i = 0; i < wp.numel(); ++i) scale[f] = std::max(scale[f], double(std::abs(w[f][i])));
-  EXPECT_EQ(gp.size(), wp.size()) << what;
-  for (const ParamEntry& e : gp.entries()) {
-    const int id = wp.find(e.spec.name);
-    EXPECT_GE(id, 0) << what << ": " << e.spec.name << " is not in the 1-rank model";
-    if (id < 0) continue;
-    const int64_t at = wp.entry(id).offset;
-    double diff[3] = {0, 0, 0};
-    for (int64_t i = 0; i < e.local_shape.numel(); ++i) {
-      if (e.is_padding(i)) continue;
-      const int64_t j = at + global_index(e, i);
-      for (int f = 0; f < 3; ++f) diff[f] = std::max(diff[f], double(std::abs(g[f][e.offset + i] - w[f][j])));
-    }
-    for (int f = 0; f < 3; ++f) EXPECT_LT(diff[f] / scale[f], rel) << what << " " << e.spec.name << " " << family[f];
-  }
-}
-
 // Trains the 1-rank run, then each layout of as many ranks as the world, and compares.
 void expect_layouts_equal_one_rank(const std::string& name, const Matrix& m) {
   MpiCommunicator world = MpiCommunicator::duplicate(testing::test_world());
@@ -148,6 +111,7 @@ void expect_layouts_equal_one_rank(const std::string& name, const Matrix& m) {
     MpiCommunicator comm = MpiCommunicator::duplicate(world.comm());  // the layout's own
     Trained got = train(parse_config_string(m.config, name + ".toml", m.base + l.sets), comm.comm());
     testing::expect_losses_near(got.losses, one.losses, 1e-5, what);
+    EXPECT_EQ(got.trainer->params().size(), one.trainer->params().size()) << what;
     expect_state_near(*got.trainer, *one.trainer, 1e-5, what);
   }
   EXPECT_GT(ran, 0) << "no layout of " << world.size() << " ranks for " << name;
@@ -185,6 +149,7 @@ void expect_one_rank_checkpoint_resumes_on_layouts(const std::string& name, cons
     std::vector<double> losses;
     for (int64_t s = t.start_step(); s < 6; ++s) losses.push_back(t.step(s).loss);
     testing::expect_losses_near(losses, last_three, 1e-5, what);
+    EXPECT_EQ(t.params().size(), one.trainer->params().size()) << what;
     expect_state_near(t, *one.trainer, 1e-5, what);
   }
   MPI_Barrier(world.comm());

@@ -22,10 +22,14 @@
 #include "layout_testing.h"
 #include "parallel/mpi.h"
 #include "parallel/mpi_communicator.h"
+#include "trainer_testing.h"
 
 namespace tessera {
 namespace {
 namespace fs = std::filesystem;
+using testing::expect_state_near;
+using testing::Trained;
+using testing::train;
 
 struct Layout {
   std::string name;
@@ -58,44 +62,6 @@ std::vector<Layout> layouts() {
            {"model.n_layer=4", "train.global_batch=16"}}};
 }
 
-struct Trained {
-  std::unique_ptr<Trainer> trainer;
-  std::vector<double> losses;
-};
-
-Trained train(const Config& cfg, MPI_Comm comm) {
-  Trained t{std::make_unique<Trainer>(cfg, "", comm), {}};
-  for (int64_t s = 0; s < cfg.train.steps; ++s) t.losses.push_back(t.trainer->step(s).loss);
-  return t;
-}
-
-// This rank's tensors (its stage's; shards without padding) against the 1-rank run's whole ones,
-// relative to the largest magnitude of their family (layout_testing.h says why).
-void expect_state_near(Trainer& got, Trainer& want, double rel, const std::string& what) {
-  const FullOptimizerState gs = got.optimizer().gather_state(), ws = want.optimizer().gather_state();
-  const ParameterStore &gp = got.params(), &wp = want.params();
-  const char* family[3] = {"parameters", "exp_avg", "exp_avg_sq"};
-  const float* g[3] = {gp.flat_params().ptr<float>(), gs.state.exp_avg.ptr<float>(), gs.state.exp_avg_sq.ptr<float>()};
-  const float* w[3] = {wp.flat_params().ptr<float>(), ws.state.exp_avg.ptr<float>(), ws.state.exp_avg_sq.ptr<float>()};
-  double scale[3] = {1e-30, 1e-30, 1e-30};
-  for (int f = 0; f < 3; ++f)
-    for (int64_t i = 0; i < wp.numel(); ++i) scale[f] = std::max(scale[f], double(std::abs(w[f][i])));
-  EXPECT_LT(gp.size(), wp.size()) << what << ": a stage holds part of the model";
-  for (const ParamEntry& e : gp.entries()) {
-    const int id = wp.find(e.spec.name);
-    EXPECT_GE(id, 0) << what << ": " << e.spec.name << " is not in the 1-rank model";
-    if (id < 0) continue;
-    const int64_t at = wp.entry(id).offset;
-    double diff[3] = {0, 0, 0};
-    for (int64_t i = 0; i < e.local_shape.numel(); ++i) {
-      if (e.is_padding(i)) continue;
-      const int64_t j = at + global_index(e, i);
-      for (int f = 0; f < 3; ++f) diff[f] = std::max(diff[f], double(std::abs(g[f][e.offset + i] - w[f][j])));
-    }
-    for (int f = 0; f < 3; ++f) EXPECT_LT(diff[f] / scale[f], rel) << what << " " << e.spec.name << " " << family[f];
-  }
-}
-
 void expect_pipelines_equal_one_rank(const std::string& preset) {
   MpiCommunicator world = MpiCommunicator::duplicate(testing::test_world());
   const std::string config = testing::layout_config(preset);
@@ -109,6 +75,7 @@ void expect_pipelines_equal_one_rank(const std::string& preset) {
     MpiCommunicator comm = MpiCommunicator::duplicate(world.comm());
     Trained got = train(parse_config_string(config, preset + ".toml", kBase + l.model + l.sets), comm.comm());
     testing::expect_losses_near(got.losses, one.losses, 1e-5, what);
+    EXPECT_LT(got.trainer->params().size(), one.trainer->params().size()) << what << ": a stage holds part of the model";
     expect_state_near(*got.trainer, *one.trainer, 1e-5, what);
   }
   EXPECT_GT(ran, 0) << "no pipeline layout of " << world.size() << " ranks";

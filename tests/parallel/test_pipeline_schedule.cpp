@@ -11,21 +11,13 @@
 #include <vector>
 
 #include "error_testing.h"
+#include "pipeline_testing.h"
 
 namespace tessera {
 namespace {
 
-constexpr PipelineKind kKinds[] = {PipelineKind::GPipe, PipelineKind::OneFOneB, PipelineKind::Interleaved,
-                                   PipelineKind::ZeroBubbleH1};
-
-bool valid(int64_t pp, int64_t vpp, int64_t m, PipelineKind kind) {
-  try {
-    check_pipeline_schedule(pp, vpp, m, kind);
-    return true;
-  } catch (const Error&) {
-    return false;
-  }
-}
+using testing::kKinds;
+using testing::valid;
 
 TEST(PipelineSchedule, NamesRoundTrip) {
   for (PipelineKind k : kKinds) EXPECT_EQ(parse_pipeline_kind(pipeline_kind_name(k)), k);

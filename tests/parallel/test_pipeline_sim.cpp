@@ -13,22 +13,14 @@
 #include <vector>
 
 #include "error_testing.h"
+#include "pipeline_testing.h"
 #include "parallel/pipeline_schedule.h"
 
 namespace tessera {
 namespace {
 
-constexpr PipelineKind kKinds[] = {PipelineKind::GPipe, PipelineKind::OneFOneB, PipelineKind::Interleaved,
-                                   PipelineKind::ZeroBubbleH1};
-
-bool valid(int64_t pp, int64_t vpp, int64_t m, PipelineKind kind) {
-  try {
-    check_pipeline_schedule(pp, vpp, m, kind);
-    return true;
-  } catch (const Error&) {
-    return false;
-  }
-}
+using testing::kKinds;
+using testing::valid;
 
 std::string name(int64_t pp, int64_t vpp, int64_t m, PipelineKind kind) {
   return std::string(pipeline_kind_name(kind)) + " pp " + std::to_string(pp) + " vpp " + std::to_string(vpp) +
