@@ -2,6 +2,7 @@
 // as one batch.
 #include "app/evaluate.h"
 
+#include <functional>
 #include <map>
 #include <numeric>
 
@@ -62,12 +63,48 @@ std::optional<Batch> gated_batch(const Dataset& ds, const std::vector<int64_t>& 
 }
 }  // namespace
 
+namespace {
+// The chunks a rank runs: link.chunks, or the one model given.
+std::vector<const Gpt*> chunks_of(const Gpt& model, const PipelineLink& link) {
+  return link.chunks.empty() ? std::vector<const Gpt*>{&model} : link.chunks;
+}
+
+// One batch's forward, ids (B, T) on the host, through this rank's chunks in virtual-stage order:
+// the chunk with the embedding reads the ids, every other one the previous virtual stage's
+// activations (B, T / link.sequence_shards, C), received over link.pp (tag: the receiving virtual
+// stage) and its output sent on; the chunk with the head (targets uploaded when given) calls
+// at_head(chunk, ctx) instead. On a whole model (no link.pp) that is the model's forward.
+void pipeline_forward(const Exec& ex, const Gpt& model, Allocator& alloc, const PipelineLink& link,
+                      std::vector<int32_t>& ids, std::vector<int32_t>* targets, int64_t B, int64_t T,
+                      const std::function<void(const Gpt& head, GptCtx& ctx)>& at_head) {
+  const std::vector<const Gpt*> chunks = chunks_of(model, link);
+  const int64_t pp = link.pp ? link.pp->size() : 1, rank = link.pp ? link.pp->rank() : 0;
+  const int64_t stages = pp * static_cast<int64_t>(chunks.size());
+  for (int64_t v = rank; v < stages; v += pp) {
+    const Gpt& chunk = *chunks[static_cast<size_t>(v / pp)];
+    const StageSpec& stage = chunk.stage();
+    Buffer tokens, input, target_ids;
+    if (stage.embedding) {
+      tokens = device_ids(ex, alloc, ids, B, T);
+    } else {
+      input = Buffer(alloc, DType::F32, {B, T / link.sequence_shards, chunk.config().n_embd}, MemCategory::Activations);
+      link.pp->recv(input, static_cast<int>((v - 1) % pp), static_cast<int>(v));
+    }
+    if (stage.head && targets) target_ids = device_ids(ex, alloc, *targets, B, T);
+    GptCtx ctx;
+    const Tensor out = chunk.forward(ex, ctx, alloc, stage.embedding ? tokens.tensor() : input.tensor(), target_ids,
+                                     stage.embedding ? SequenceLayout{} : SequenceLayout::contiguous(T));
+    if (stage.head)
+      at_head(chunk, ctx);
+    else
+      link.pp->send(out, static_cast<int>((v + 1) % pp), static_cast<int>(v + 1));
+  }
+}
+}  // namespace
+
 std::optional<double> validation_loss(const Exec& ex, const Gpt& model, Allocator& alloc, const Dataset& val,
                                       int64_t batches, int64_t micro_batch, const EvalGate& gate,
                                       const PipelineLink& link) {
-  const std::vector<const Gpt*> chunks = link.chunks.empty() ? std::vector<const Gpt*>{&model} : link.chunks;
-  const int64_t pp = link.pp ? link.pp->size() : 1, rank = link.pp ? link.pp->rank() : 0;
-  const int64_t stages = pp * static_cast<int64_t>(chunks.size());
   bool head = false;  // this rank holds the last chunk
   const Buffer sums(alloc, DType::F64, {2}, MemCategory::Workspace);  // loss sum, targets: read once
   for (int64_t b = 0; b < batches; ++b) {
@@ -77,30 +114,11 @@ std::optional<double> validation_loss(const Exec& ex, const Gpt& model, Allocato
     std::optional<Batch> gated = gated_batch(val, idx, gate);
     if (!gated) return std::nullopt;
     Batch& batch = *gated;
-    // The virtual stages in model order; this rank runs its own, each reading what it needs: the
-    // ids for the embedding, else the previous stage's activations (tag: the stage).
-    for (int64_t v = rank; v < stages; v += pp) {
-      const Gpt& chunk = *chunks[static_cast<size_t>(v / pp)];
-      const StageSpec& stage = chunk.stage();
-      Buffer tokens, input, targets;
-      if (stage.embedding) {
-        tokens = device_ids(ex, alloc, batch.tokens, batch.B, batch.T);
-      } else {
-        input = Buffer(alloc, DType::F32, {batch.B, batch.T / link.sequence_shards, chunk.config().n_embd},
-                       MemCategory::Activations);
-        link.pp->recv(input, static_cast<int>((v - 1) % pp), static_cast<int>(v));
-      }
-      if (stage.head) targets = device_ids(ex, alloc, batch.targets, batch.B, batch.T);
-      GptCtx ctx;
-      const Tensor out = chunk.forward(ex, ctx, alloc, stage.embedding ? tokens.tensor() : input.tensor(), targets,
-                                       stage.embedding ? SequenceLayout{} : SequenceLayout::contiguous(batch.T));
-      if (stage.head) {
-        accumulate(ex, sums, ctx.loss_sums);
-        head = true;
-      } else {
-        link.pp->send(out, static_cast<int>((v + 1) % pp), static_cast<int>(v + 1));
-      }
-    }
+    pipeline_forward(ex, model, alloc, link, batch.tokens, &batch.targets, batch.B, batch.T,
+                     [&](const Gpt&, GptCtx& ctx) {
+                       accumulate(ex, sums, ctx.loss_sums);
+                       head = true;
+                     });
   }
   if (!link.pp) return read_loss_sums(ex, sums).mean();
   const LossSums mine = head ? read_loss_sums(ex, sums) : LossSums{};
@@ -111,7 +129,8 @@ std::optional<double> validation_loss(const Exec& ex, const Gpt& model, Allocato
 
 std::optional<std::vector<std::vector<int32_t>>> greedy_generate(const Exec& ex, const Gpt& model, Allocator& alloc,
                                                                  const std::vector<std::vector<int32_t>>& prompts,
-                                                                 int64_t max_new, const EvalGate& gate) {
+                                                                 int64_t max_new, const EvalGate& gate,
+                                                                 const PipelineLink& link) {
   std::vector<std::vector<int32_t>> seqs = prompts;
   if (seqs.empty()) return seqs;
   const int64_t B = static_cast<int64_t>(seqs.size());
@@ -127,19 +146,24 @@ std::optional<std::vector<std::vector<int32_t>>> greedy_generate(const Exec& ex,
       tokens.insert(tokens.end(), s.begin(), s.end());
       tokens.insert(tokens.end(), static_cast<size_t>(Tp - T), 0);
     }
-    const Buffer ids = device_ids(ex, alloc, tokens, B, Tp);
-    GptCtx ctx;
-    model.forward(ex, ctx, alloc, ids, Tensor());
-    Buffer last(alloc, ctx.logits.tensor().dtype, {B, V}, MemCategory::Workspace);
-    model.logits_at(ex, ctx, alloc, T - 1, last);
-    const std::vector<int32_t> next = argmax_rows(ex, last);
-    for (int64_t b = 0; b < B; ++b) seqs[b].push_back(next[static_cast<size_t>(b)]);
+    // The stage with the head picks the next ids; under a pipeline they reach every stage as a sum
+    // over the pipeline group (the other stages add zeros; ids are exact in a double).
+    std::vector<double> next(static_cast<size_t>(B), 0.0);
+    pipeline_forward(ex, model, alloc, link, tokens, nullptr, B, Tp, [&](const Gpt& head, GptCtx& ctx) {
+      Buffer last(alloc, ctx.logits.tensor().dtype, {B, V}, MemCategory::Workspace);
+      head.logits_at(ex, ctx, alloc, T - 1, last);
+      const std::vector<int32_t> best = argmax_rows(ex, last);
+      for (int64_t b = 0; b < B; ++b) next[static_cast<size_t>(b)] = best[static_cast<size_t>(b)];
+    });
+    sum_over_group(next, link.pp);
+    for (int64_t b = 0; b < B; ++b) seqs[b].push_back(static_cast<int32_t>(next[static_cast<size_t>(b)]));
   }
   return seqs;
 }
 
 std::optional<AccuracyResult> addition_accuracy(const Exec& ex, const Gpt& model, Allocator& alloc,
-                                                const AdditionTask& task, int64_t examples, const EvalGate& gate) {
+                                                const AdditionTask& task, int64_t examples, const EvalGate& gate,
+                                                const PipelineLink& link) {
   const CharTokenizer& tok = task.tokenizer();
   std::map<size_t, std::vector<AdditionProblem>> by_length;
   for (int64_t i = 0; i < examples; ++i) {
@@ -151,7 +175,7 @@ std::optional<AccuracyResult> addition_accuracy(const Exec& ex, const Gpt& model
   for (const auto& [length, problems] : by_length) {
     std::vector<std::vector<int32_t>> prompts;
     for (const auto& p : problems) prompts.push_back(tok.encode(p.prompt()));
-    const auto generated = greedy_generate(ex, model, alloc, prompts, max_new, gate);
+    const auto generated = greedy_generate(ex, model, alloc, prompts, max_new, gate, link);
     if (!generated) return std::nullopt;
     const auto& outs = *generated;
     for (size_t i = 0; i < problems.size(); ++i) {

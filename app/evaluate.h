@@ -44,10 +44,12 @@ std::optional<double> validation_loss(const Exec& ex, const Gpt& model, Allocato
 
 // Greedy continuation: for each prompt (all the same length), appends max_new tokens chosen by
 // argmax of the last position's logits. Re-runs the full forward per token (no KV cache). Nothing
-// when the gate gave up.
+// when the gate gave up. Under a pipeline (link.pp) every stage runs its forward per token, as
+// validation_loss; the stage with the head picks the tokens and every stage returns them.
 std::optional<std::vector<std::vector<int32_t>>> greedy_generate(const Exec& ex, const Gpt& model, Allocator& alloc,
                                                                  const std::vector<std::vector<int32_t>>& prompts,
-                                                                 int64_t max_new, const EvalGate& gate = {});
+                                                                 int64_t max_new, const EvalGate& gate = {},
+                                                                 const PipelineLink& link = {});
 
 struct AccuracyResult {
   int64_t correct = 0, total = 0;
@@ -56,8 +58,9 @@ struct AccuracyResult {
 };
 
 // Exact match of greedy answers on the first `examples` validation problems; nothing when the gate
-// gave up.
+// gave up. Under a pipeline (link) every stage returns the same result.
 std::optional<AccuracyResult> addition_accuracy(const Exec& ex, const Gpt& model, Allocator& alloc,
-                                                const AdditionTask& task, int64_t examples, const EvalGate& gate = {});
+                                                const AdditionTask& task, int64_t examples, const EvalGate& gate = {},
+                                                const PipelineLink& link = {});
 
 }  // namespace tessera

@@ -46,10 +46,25 @@ JsonRecord& JsonRecord::add(const std::string& key, const std::string& value) {
   return *this;
 }
 
+JsonRecord& JsonRecord::add(const std::string& key, const std::vector<double>& values) {
+  std::string a = "[";
+  for (size_t i = 0; i < values.size(); ++i) a += (i ? ", " : "") + json_number(values[i]);
+  fields_.emplace_back(key, a + "]");
+  return *this;
+}
+
 std::string JsonRecord::str() const {
   std::string s = "{";
   for (size_t i = 0; i < fields_.size(); ++i) s += (i ? ", " : "") + json_string(fields_[i].first) + ": " + fields_[i].second;
   return s + "}";
+}
+
+void add_pipeline_times(JsonRecord& rec, const PipelineBubble& b) {
+  rec.add("pp_bubble_fraction", b.bubble_fraction)
+      .add("pp_step_s", b.makespan)
+      .add("pp_busy_s", b.busy)
+      .add("pp_idle_s", b.idle)
+      .add("pp_wait_s", b.wait);
 }
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append)

@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "parallel/pipeline_timing.h"
+
 namespace tessera {
 
 // One JSON object: numeric and string fields in insertion order.
@@ -16,11 +18,17 @@ class JsonRecord {
   JsonRecord& add(const std::string& key, double value);
   JsonRecord& add(const std::string& key, int64_t value);
   JsonRecord& add(const std::string& key, const std::string& value);
+  JsonRecord& add(const std::string& key, const std::vector<double>& values);  // a JSON array
   std::string str() const;
 
  private:
   std::vector<std::pair<std::string, std::string>> fields_;
 };
+
+// The pipeline's measured bubble (parallel/pipeline_timing.h says what is measured), per step:
+// pp_bubble_fraction, pp_step_s (the makespan), and per pipeline rank pp_busy_s, pp_idle_s and
+// pp_wait_s (the part of idle spent waiting on p2p transfers).
+void add_pipeline_times(JsonRecord& rec, const PipelineBubble& b);
 
 // Appends records to <run dir>/metrics.jsonl, flushed per line so a killed run keeps its history.
 class MetricsWriter {

@@ -407,7 +407,7 @@ void Trainer::run_pipeline(const std::vector<Batch>& batches, double loss_scale,
   };
   const Schedule schedule = pipeline_schedule(pp, vpp, static_cast<int64_t>(batches.size()),
                                               parse_pipeline_kind(cfg_.parallel.pp_schedule));
-  run_schedule(schedule.actions_of(rank), run);
+  pipeline_timer_.run(schedule.actions_of(rank), run);  // run_schedule, timed (pp_bubble_fraction)
 }
 
 bool Trainer::vote_stop(const std::string& read_error) {
@@ -513,7 +513,10 @@ void Trainer::log_step(int64_t s, const StepResult& r, double step_seconds, doub
     dp_bytes_at_record_ = sent;
     tp_bytes_at_record_ = tp_sent;
     // Over the pipeline group: the activations and their gradients, plus the loss and norm sums.
-    if (grid_.pp_size() > 1) rec.add("pp_bytes_per_step", (pp_sent - pp_bytes_at_record_) / steps);
+    if (grid_.pp_size() > 1) {
+      rec.add("pp_bytes_per_step", (pp_sent - pp_bytes_at_record_) / steps);
+      add_pipeline_times(rec, reduce_pipeline_times(pipeline_timer_.take(), comms_->pp.get()));  // collective over pp
+    }
     pp_bytes_at_record_ = pp_sent;
     step_at_record_ = done;
   }
@@ -522,15 +525,6 @@ void Trainer::log_step(int64_t s, const StepResult& r, double step_seconds, doub
 
 bool Trainer::evaluate(int64_t s, TrainSummary& summary) {
   if (!data_.valid && !data_.task) return true;
-  const bool pipeline = grid_.pp_size() > 1;
-  if (pipeline && data_.task && !eval_skip_said_) {
-    // Greedy answers run the whole model token by token; under pipeline stages not wired yet: said
-    // once, not run (the validation loss is).
-    progress_.message("note: the task's accuracy (greedy answers) is not evaluated under parallel.pp > 1 yet: "
-                      "skipped; the validation loss is evaluated");
-    eval_skip_said_ = true;
-  }
-  if (!data_.valid && pipeline) return true;
   const auto t0 = Clock::now();
   // Every rank asks before each forward: a stop anywhere abandons the evaluation on all ranks at
   // the same batch (tensor-parallel forwards are collective), and the stop vote that follows
@@ -542,13 +536,14 @@ bool Trainer::evaluate(int64_t s, TrainSummary& summary) {
   record.add("step", s);
   std::optional<double> val_loss;
   std::optional<AccuracyResult> acc;
+  // Under pp every stage runs its part of each forward; the one with the head gives the result.
+  PipelineLink link;
+  if (grid_.pp_size() > 1) {
+    link.pp = comms_->pp.get();
+    for (const auto& chunk : chunks_) link.chunks.push_back(chunk.get());
+    link.sequence_shards = grid_.tp_size() > 1 && cfg_.parallel.sequence_parallel ? grid_.tp_size() : 1;
+  }
   if (data_.valid) {
-    PipelineLink link;
-    if (pipeline) {
-      link.pp = comms_->pp.get();
-      for (const auto& chunk : chunks_) link.chunks.push_back(chunk.get());
-      link.sequence_shards = grid_.tp_size() > 1 && cfg_.parallel.sequence_parallel ? grid_.tp_size() : 1;
-    }
     val_loss = validation_loss(ex_, *model_, alloc_, *data_.valid, cfg_.train.eval_batches, cfg_.train.micro_batch,
                                gate, link);
     if (!val_loss) return false;
@@ -556,8 +551,8 @@ bool Trainer::evaluate(int64_t s, TrainSummary& summary) {
     os << " val_loss " << *val_loss;
     record.add("val_loss", *val_loss);
   }
-  if (data_.task && !pipeline) {
-    acc = addition_accuracy(ex_, *model_, alloc_, *data_.task, cfg_.data.val_examples, gate);
+  if (data_.task) {
+    acc = addition_accuracy(ex_, *model_, alloc_, *data_.task, cfg_.data.val_examples, gate, link);
     if (!acc) return false;
     os.precision(1);
     os << ", accuracy " << 100.0 * acc->accuracy() << "% (" << acc->correct << "/" << acc->total << ")";

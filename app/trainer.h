@@ -30,6 +30,7 @@
 #include "parallel/finalize_grads.h"
 #include "parallel/flat_params.h"
 #include "parallel/grid_comms.h"
+#include "parallel/pipeline_timing.h"
 #include "parallel/process_grid.h"
 #include "parallel/watchdog.h"
 
@@ -164,7 +165,7 @@ class Trainer {
   int64_t saved_step_ = -1;  // the step of this run's last save
   // communication accounting per record
   int64_t dp_bytes_at_record_ = 0, tp_bytes_at_record_ = 0, pp_bytes_at_record_ = 0, step_at_record_ = 0;
-  bool eval_skip_said_ = false;  // the note that the task's accuracy under pp is skipped, printed once
+  PipelineTimer pipeline_timer_;  // under pp: busy and idle time per step, since the last record
   double flops_per_token_ = 0;
   double peak_flops_ = 0;
 };

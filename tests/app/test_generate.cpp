@@ -1,6 +1,7 @@
 // Tests app/generate.h: the sampling rule, and `tessera generate` on a trained checkpoint:
-// the KV cache gives the same text as re-running the whole sequence, and a model trained on
-// 1-digit addition answers held-out problems correctly.
+// the KV cache gives the same text as re-running the whole sequence, a model trained on
+// 1-digit addition answers held-out problems correctly, and a checkpoint written by pipeline
+// stages generates what the 1-rank run's does.
 #include "app/generate.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "cli_testing.h"
+#include "layout_testing.h"
 #include "kernels/check.h"
 
 namespace tessera {
@@ -64,6 +66,36 @@ TEST(GenerateCommand, CachedEqualsUncachedAndAnswersAreRight) {
   const auto bad = testing::run_tessera({"generate", "--ckpt", (dir / "missing.h5").string(), "--prompt", "1+1="}, dir);
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.output.find("missing.h5"), std::string::npos) << bad.output;
+  fs::remove_all(dir);
+}
+
+// `tessera generate` on a checkpoint written by two pipeline stages (the tied gpt2 table stored
+// once, by the first stage, the last stage's copy not at all) loads the whole model on one process
+// and continues prompts as it does from the 1-rank run's checkpoint: the same greedy text. The runs
+// train the same 60 steps (equal within 1e-5: test_pipeline_training.cpp), after which the model
+// answers with confident, distinct tokens.
+TEST(GenerateCommand, FromAPipelineCheckpointAsFromTheOneRankOne) {
+  const fs::path dir = testing::temp_dir("generate_pp");
+  std::ofstream(dir / "tiny.toml") << testing::kTinyConfig;
+  const std::vector<std::string> base = {"--set", "train.micro_batch=2", "--set", "log.every=60"};
+  ASSERT_EQ(testing::train_run(dir, "tiny.toml", "one", 1, base).exit_code, 0);
+  const auto pp = testing::train_run(dir, "tiny.toml", "pp", 2, testing::with(base, {"--set", "parallel.pp=2"}));
+  ASSERT_EQ(pp.exit_code, 0) << pp.output;
+  ASSERT_NE(pp.output.find("x pp 2 (1f1b)"), std::string::npos) << pp.output;
+  for (const std::string prompt : {"3+4=", "8+9=\n5+5=", "1+"}) {
+    std::vector<std::string> texts;
+    for (const std::string run : {"one", "pp"}) {
+      const std::string ckpt = (dir / run / "checkpoints" / "step_00000060.h5").string();
+      const auto g = testing::run_tessera({"generate", "--ckpt", ckpt, "--prompt", prompt, "--max-tokens", "8"}, dir);
+      ASSERT_EQ(g.exit_code, 0) << g.output;
+      // The prompt and its 8 new tokens (newlines too), without the tokens/s line (stderr) after them.
+      const auto end = g.output.find("8 tokens in ");
+      ASSERT_NE(end, std::string::npos) << g.output;
+      texts.push_back(g.output.substr(0, end));
+    }
+    EXPECT_EQ(texts[1], texts[0]) << prompt;
+    EXPECT_GE(texts[0].size(), prompt.size() + 8) << texts[0];
+  }
   fs::remove_all(dir);
 }
 

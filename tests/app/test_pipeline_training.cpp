@@ -2,11 +2,13 @@
 // chunks per rank), four stages, and two stages with dp or tp on four ranks, train the 1-rank run's
 // losses and final parameters and AdamW moments within 1e-5 (fp32, other reduction orders), for the
 // tied GPT-2 preset (the last stage's copy of wte.weight is compared with the 1-rank table too) and
-// LLaMA. Runs under `mpiexec -n 2` and `-n 4` (ctest PipelineLayouts.two_ranks / four_ranks; the
-// suite means nothing on one rank). As the layout matrix (test_layout_matrix.cpp): each layout
+// LLaMA; dp 2 x tp 2 x pp 2 on eight ranks. Runs under `mpiexec -n 2`, `-n 4` and `-n 8` (ctest
+// PipelineLayouts.two_ranks / four_ranks / eight_ranks, the last `slow`; the suite means nothing on
+// one rank). As the layout matrix (test_layout_matrix.cpp): each layout
 // trains the real Trainer on its own communicator and compares its stage's tensors with the 1-rank
 // run it computed itself. PipelineTraining.* runs `tessera train` end to end under mpiexec: stop and
-// resume, checkpoints crossing layouts, the validation loss, metrics.jsonl's pp_bytes_per_step.
+// resume, checkpoints crossing layouts, the validation loss and the task's accuracy, metrics.jsonl's
+// pp_bytes_per_step and measured bubble (pp_bubble_fraction, per-rank busy and idle times).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -38,6 +41,24 @@ struct Layout {
   std::vector<std::string> model = {};  // settings of the 1-rank reference too (a deeper model)
 };
 
+// The number `key` of the last metrics.jsonl record that has it; -1 when none does.
+double last_value(const fs::path& metrics, const std::string& key) {
+  const std::string text = testing::read_file(metrics), field = "\"" + key + "\": ";
+  const auto at = text.rfind(field);
+  return at == std::string::npos ? -1.0 : std::stod(text.substr(at + field.size()));
+}
+
+// The array of numbers `key` of the last record that has it; empty when none does.
+std::vector<double> last_array(const fs::path& metrics, const std::string& key) {
+  const std::string text = testing::read_file(metrics), field = "\"" + key + "\": [";
+  const auto at = text.rfind(field);
+  std::vector<double> v;
+  if (at == std::string::npos) return v;
+  std::istringstream in(text.substr(at + field.size(), text.find(']', at) - at - field.size()));
+  for (std::string item; std::getline(in, item, ',');) v.push_back(std::stod(item));
+  return v;
+}
+
 std::vector<std::string> operator+(std::vector<std::string> a, const std::vector<std::string>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
@@ -59,7 +80,9 @@ std::vector<Layout> layouts() {
           {"pp2vpp2_interleaved", 2, pp("interleaved") + std::vector<std::string>{"parallel.vpp=2"}, {"model.n_layer=4"}},
           {"pp4_1f1b", 4, {"parallel.pp=4", "parallel.pp_schedule=\"1f1b\""}, {"model.n_layer=4"}},
           {"dp2pp2vpp2_interleaved", 4, pp("interleaved") + std::vector<std::string>{"parallel.vpp=2"},
-           {"model.n_layer=4", "train.global_batch=16"}}};
+           {"model.n_layer=4", "train.global_batch=16"}},
+          // Every axis at once on eight ranks (ctest PipelineLayouts.eight_ranks, `slow`).
+          {"dp2tp2pp2_1f1b", 8, pp("1f1b") + std::vector<std::string>{"parallel.tp=2"}}};
 }
 
 void expect_pipelines_equal_one_rank(const std::string& preset) {
@@ -84,9 +107,9 @@ void expect_pipelines_equal_one_rank(const std::string& preset) {
 }  // namespace
 
 // `tessera train` under mpiexec on two stages (tied gpt2, gpipe): stopped after 2 of 4 steps, saved,
-// resumed by the same command (the tied copies checked again after the resume), the 4 losses and
-// the final validation loss are the 1-rank run's; metrics.jsonl has pp_bytes_per_step, and the
-// skipped task accuracy says so.
+// resumed by the same command (the tied copies checked again after the resume), the 4 losses, the
+// final validation loss, the task's accuracy and the answers shown are the 1-rank run's;
+// metrics.jsonl has pp_bytes_per_step and the measured bubble.
 TEST(PipelineTraining, TwoStagesStopResumeAndEqualTheOneRankRun) {
   const fs::path dir = testing::temp_dir("pp_cli");
   std::ofstream(dir / "tiny.toml") << testing::kTinyConfig;
@@ -94,6 +117,7 @@ TEST(PipelineTraining, TwoStagesStopResumeAndEqualTheOneRankRun) {
                                          "train.micro_batch=2", "--set", "log.every=1"};
   auto r = testing::train_run(dir, "tiny.toml", "one", 1, base);
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string one_output = r.output;
   const std::vector<double> want = testing::losses(dir / "one" / "metrics.jsonl");
   ASSERT_EQ(want.size(), 4u);
   const std::vector<std::string> pp = testing::with(
@@ -112,21 +136,43 @@ TEST(PipelineTraining, TwoStagesStopResumeAndEqualTheOneRankRun) {
   r = testing::train_run(dir, "tiny.toml", "pp", 2, pp);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("the task's accuracy (greedy answers) is not evaluated under parallel.pp > 1 yet"),
-            std::string::npos)
-      << r.output;
-  // The final evaluation's validation loss: the last stage's, summed over the pipeline to rank 0.
-  const auto val_loss = [](const fs::path& metrics) {
-    const std::string text = testing::read_file(metrics), field = "\"val_loss\": ";
-    const auto at = text.rfind(field);
-    return at == std::string::npos ? -1.0 : std::stod(text.substr(at + field.size()));
-  };
-  const double want_val = val_loss(dir / "one" / "metrics.jsonl");
+  // The final evaluation's validation loss and task accuracy (greedy answers through the stages):
+  // the last stage's, passed over the pipeline to rank 0.
+  const double want_val = last_value(dir / "one" / "metrics.jsonl", "val_loss");
   ASSERT_GT(want_val, 0);
-  EXPECT_NEAR(val_loss(dir / "pp" / "metrics.jsonl"), want_val, 1e-5 * want_val);
+  EXPECT_NEAR(last_value(dir / "pp" / "metrics.jsonl", "val_loss"), want_val, 1e-5 * want_val);
+  const double want_acc = last_value(dir / "one" / "metrics.jsonl", "val_accuracy");
+  ASSERT_GE(want_acc, 0);
+  EXPECT_EQ(last_value(dir / "pp" / "metrics.jsonl", "val_accuracy"), want_acc);
+  // The answers shown: the same text.
+  const auto answers = [](const std::string& out) {
+    const auto at = out.rfind("eval  step 4:");
+    return at == std::string::npos ? std::string() : out.substr(at, out.find(" [", at) - at);
+  };
+  EXPECT_FALSE(answers(r.output).empty()) << r.output;
+  EXPECT_EQ(answers(r.output), answers(one_output));
   testing::expect_losses_near(testing::losses(dir / "pp" / "metrics.jsonl"), want, 1e-5, "pp2 gpipe, stopped and resumed");
   EXPECT_GT(testing::last_metric(dir / "pp" / "metrics.jsonl", "pp_bytes_per_step"), 0);
   EXPECT_EQ(testing::last_metric(dir / "one" / "metrics.jsonl", "pp_bytes_per_step"), -1);
+  // The measured bubble (parallel/pipeline_timing.h): a fraction, and per rank busy, idle and
+  // waiting times that add up as defined (idle = step - busy).
+  const double bubble = last_value(dir / "pp" / "metrics.jsonl", "pp_bubble_fraction");
+  EXPECT_GT(bubble, 0);
+  EXPECT_LT(bubble, 1);
+  const double step_s = last_value(dir / "pp" / "metrics.jsonl", "pp_step_s");
+  const std::vector<double> busy = last_array(dir / "pp" / "metrics.jsonl", "pp_busy_s"),
+                            idle = last_array(dir / "pp" / "metrics.jsonl", "pp_idle_s"),
+                            wait = last_array(dir / "pp" / "metrics.jsonl", "pp_wait_s");
+  ASSERT_EQ(busy.size(), 2u);
+  ASSERT_EQ(idle.size(), 2u);
+  ASSERT_EQ(wait.size(), 2u);
+  for (size_t r = 0; r < 2; ++r) {
+    EXPECT_GT(busy[r], 0);
+    EXPECT_NEAR(busy[r] + idle[r], step_s, 1e-6 * step_s);  // printed with 9 digits
+    EXPECT_LE(wait[r], idle[r] * (1 + 1e-6));
+  }
+  EXPECT_NEAR(bubble, (idle[0] + idle[1]) / (2 * step_s), 1e-6);
+  EXPECT_EQ(last_value(dir / "one" / "metrics.jsonl", "pp_bubble_fraction"), -1);
   fs::remove_all(dir);
 }
 
@@ -154,6 +200,38 @@ TEST(PipelineTraining, CheckpointsCrossBetweenOneRankAndStages) {
   EXPECT_NE(r.output.find("at step 3"), std::string::npos) << r.output;
   testing::expect_losses_near(testing::losses(dir / "mixed" / "metrics.jsonl"), want, 1e-5,
                               "1 rank -> pp2 -> 1 rank");
+  fs::remove_all(dir);
+}
+
+// A 1-rank checkpoint after step 2 resumes on dp 2 x tp 2 x pp 2 (eight ranks: the tied copy
+// filled from the stored table, the tp shards cut from the global tensors), which trains steps 3
+// and 4: the losses, the final checkpoint (parameters and AdamW moments, 1e-5 of each family's
+// largest value), the validation loss and the task's accuracy are the uninterrupted 1-rank run's.
+// Eight processes on two cores: `slow`.
+TEST(PipelineTrainingSlow, OneRankCheckpointResumesOnDp2Tp2Pp2) {
+  const fs::path dir = testing::temp_dir("pp_dp_tp");
+  std::ofstream(dir / "tiny.toml") << testing::kTinyConfig;
+  const std::vector<std::string> base = {"--set", "train.steps=4", "--set", "train.global_batch=8", "--set",
+                                         "train.micro_batch=2", "--set", "log.every=1"};
+  auto r = testing::train_run(dir, "tiny.toml", "one", 1, base);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<double> want = testing::losses(dir / "one" / "metrics.jsonl");
+  ASSERT_EQ(want.size(), 4u);
+  r = testing::train_run(dir, "tiny.toml", "mixed", 1, testing::with(base, {"--set", "train.exit_after_steps=2"}));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = testing::train_run(dir, "tiny.toml", "mixed", 8,
+                         testing::with(base, {"--set", "parallel.pp=2", "--set", "parallel.tp=2"}));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("8 ranks = tp 2 x dp 2 x pp 2 (1f1b)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("at step 2"), std::string::npos) << r.output;
+  testing::expect_losses_near(testing::losses(dir / "mixed" / "metrics.jsonl"), want, 1e-5, "1 rank -> dp2 x tp2 x pp2");
+  testing::expect_checkpoints_near(dir / "mixed" / "checkpoints" / "step_00000004.h5",
+                                   dir / "one" / "checkpoints" / "step_00000004.h5", 1e-5, "1 rank -> dp2 x tp2 x pp2");
+  const double want_val = last_value(dir / "one" / "metrics.jsonl", "val_loss");
+  ASSERT_GT(want_val, 0);
+  EXPECT_NEAR(last_value(dir / "mixed" / "metrics.jsonl", "val_loss"), want_val, 1e-5 * want_val);
+  EXPECT_EQ(last_value(dir / "mixed" / "metrics.jsonl", "val_accuracy"),
+            last_value(dir / "one" / "metrics.jsonl", "val_accuracy"));
   fs::remove_all(dir);
 }
 
