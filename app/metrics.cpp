@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "kernels/check.h"
+#include "parallel/host_sums.h"
 
 namespace tessera {
 
@@ -65,6 +66,18 @@ void add_pipeline_times(JsonRecord& rec, const PipelineBubble& b) {
       .add("pp_busy_s", b.busy)
       .add("pp_idle_s", b.idle)
       .add("pp_wait_s", b.wait);
+}
+
+void add_memory_peaks(JsonRecord& rec, const Allocator& alloc, Communicator* pp) {
+  const int64_t n = pp ? pp->size() : 1, rank = pp ? pp->rank() : 0;
+  // [category][rank], this rank's column filled: the sum is a gather.
+  std::vector<double> all(static_cast<size_t>(kNumMemCategories * n), 0.0);
+  for (int c = 0; c < kNumMemCategories; ++c)
+    all[static_cast<size_t>(c * n + rank)] = static_cast<double>(alloc.counter(static_cast<MemCategory>(c)).peak);
+  sum_over_group(all, pp);
+  for (int c = 0; c < kNumMemCategories; ++c)
+    rec.add(std::string("peak_bytes_") + mem_category_name(static_cast<MemCategory>(c)),
+            std::vector<double>(all.begin() + c * n, all.begin() + (c + 1) * n));
 }
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append)

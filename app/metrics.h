@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/allocator.h"
+#include "parallel/communicator.h"
 #include "parallel/pipeline_timing.h"
 
 namespace tessera {
@@ -29,6 +31,11 @@ class JsonRecord {
 // pp_bubble_fraction, pp_step_s (the makespan), and per pipeline rank pp_busy_s, pp_idle_s and
 // pp_wait_s (the part of idle spent waiting on p2p transfers).
 void add_pipeline_times(JsonRecord& rec, const PipelineBubble& b);
+
+// The allocator's peak bytes per memory category since the run started, one entry per pipeline
+// rank (one without pp): "peak_bytes_params": [rank 0, rank 1, ...], likewise grads, optim, acts,
+// workspace and comm. Collective over `pp` (null: this rank alone).
+void add_memory_peaks(JsonRecord& rec, const Allocator& alloc, Communicator* pp);
 
 // Appends records to <run dir>/metrics.jsonl, flushed per line so a killed run keeps its history.
 class MetricsWriter {

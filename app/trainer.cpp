@@ -502,6 +502,7 @@ void Trainer::log_step(int64_t s, const StepResult& r, double step_seconds, doub
       .add("elapsed_s", elapsed)
       .add("tokens", static_cast<int64_t>(done) * cfg_.train.global_batch * cfg_.train.seq_len)
       .add("memory_peak_bytes", static_cast<int64_t>(alloc_.total_peak()));
+  add_memory_peaks(rec, alloc_, comms_ && grid_.pp_size() > 1 ? comms_->pp.get() : nullptr);  // collective over pp
   if (comms_) {
     // Bytes this rank sent over the data-parallel group per step since the last record (ring
     // volumes, parallel/communicator.h): 2 (p-1)/p of the gradients (ZeRO-1: a reduce-scatter and an

@@ -173,6 +173,16 @@ TEST(PipelineTraining, TwoStagesStopResumeAndEqualTheOneRankRun) {
   }
   EXPECT_NEAR(bubble, (idle[0] + idle[1]) / (2 * step_s), 1e-6);
   EXPECT_EQ(last_value(dir / "one" / "metrics.jsonl", "pp_bubble_fraction"), -1);
+  // Memory peaks per pipeline rank: each stage holds part of the parameters (the last one the tied
+  // table's copy as well), so each holds less than the whole model.
+  const std::vector<double> whole_params = last_array(dir / "one" / "metrics.jsonl", "peak_bytes_params"),
+                            stage_params = last_array(dir / "pp" / "metrics.jsonl", "peak_bytes_params");
+  ASSERT_EQ(whole_params.size(), 1u);
+  ASSERT_EQ(stage_params.size(), 2u);
+  for (double b : stage_params) {
+    EXPECT_GT(b, 0);
+    EXPECT_LT(b, whole_params[0]);
+  }
   fs::remove_all(dir);
 }
 
