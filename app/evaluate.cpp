@@ -61,9 +61,7 @@ std::optional<Batch> gated_batch(const Dataset& ds, const std::vector<int64_t>& 
   TESSERA_CHECK(error.empty(), error);  // a gate that went on despite the error: report it here
   return batch;
 }
-}  // namespace
 
-namespace {
 // The chunks a rank runs: link.chunks, or the one model given.
 std::vector<const Gpt*> chunks_of(const Gpt& model, const PipelineLink& link) {
   return link.chunks.empty() ? std::vector<const Gpt*>{&model} : link.chunks;
