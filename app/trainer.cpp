@@ -72,16 +72,6 @@ Config resolve_micro_batch(const Config& cfg, const std::string& run_dir, MPI_Co
   return with_auto_micro_batch(cfg, data_vocab_size(cfg), {grid.tp_size(), grid.dp_size(), checkpoints}, comm);
 }
 
-// What the pipeline trainer runs today: "gpipe", "1f1b" and "interleaved". zb-h1 (a backward split
-// into B and W) is generated and checked (parallel/pipeline_schedule.h) but the model has no split
-// backward yet: refused, not ignored.
-void check_pipeline_wired(const ParallelConfig& p) {
-  if (p.pp == 1) return;
-  TESSERA_CHECK(p.pp_schedule != "zb-h1", "parallel.pp_schedule = \"", p.pp_schedule,
-                "\" is not wired into the trainer yet: under parallel.pp > 1 it runs \"1f1b\", \"gpipe\" or "
-                "\"interleaved\"");
-}
-
 // The model chunks this rank holds: the whole model, or its pipeline stage's vpp chunks of the cut
 // (model/stage_cut.h: by cost, or parallel.pp_layers), its virtual chunk 0 first.
 std::vector<StageSpec> chunks_of(const Config& c, const ModelConfig& mc, const ProcessGrid& grid) {
@@ -120,7 +110,6 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
       progress_(cfg.log.progress, grid_.rank() == 0) {
   const ModelConfig mc = resolve(to_model_config(cfg_, data_.vocab_size));
   validate_layout(cfg_, mc, grid_.world_size());
-  check_pipeline_wired(cfg_.parallel);
   if (grid_.pp_size() > 1) validate_pipeline(cfg_, grid_.dp_size());  // micro-batches per step against pp
   const std::string ckpt_dir = checkpoint_dir(cfg_, run_dir_);
   // Before anything is allocated: a run that cannot fit is refused now, on every rank.
@@ -338,6 +327,9 @@ void Trainer::run_pipeline(const std::vector<Batch>& batches, double loss_scale,
   };
   using Key = std::pair<int64_t, int64_t>;  // (micro-batch, chunk)
   std::map<Key, InFlight> in_flight;
+  // zb-h1: what a backward split in two (B, input_only) left for its W: its linear layers' saved
+  // inputs and output gradients, from B until W (model/weight_grads.h).
+  std::map<Key, WeightGrads> deferred;
   std::map<Key, Buffer> sent_grads;
   std::vector<Buffer> sent_outputs;
   const auto chunk = [&](int64_t c) -> const Gpt& { return *chunks_.at(static_cast<size_t>(c)); };
@@ -369,10 +361,17 @@ void Trainer::run_pipeline(const std::vector<Batch>& batches, double loss_scale,
     if (!stage.embedding && !f.grad.defined())
       f.grad = Buffer(alloc_, DType::F32, act_shape(call.micro_batch), MemCategory::Activations);
     const Gpt::OutputGrad from = stage.head ? Gpt::OutputGrad::loss(loss_scale) : Gpt::OutputGrad::output(f.grad);
+    // B alone defers its weight gradients: the chunk's gradients are final only after its last W.
+    WeightGrads* split = call.input_only ? &deferred.emplace(key, WeightGrads(alloc_)).first->second : nullptr;
     chunk(call.chunk).backward(ex_, f.ctx, alloc_, from, stage.embedding ? Tensor() : f.grad.tensor(),
-                               call.last ? opt_->grads_ready_hook() : Gpt::GradsReady{});
+                               call.last && !split ? opt_->grads_ready_hook() : Gpt::GradsReady{}, split);
     if (f.grad.defined()) sent_grads[key] = std::move(f.grad);
     in_flight.erase(key);
+  };
+  run.backward_weight = [&](const BackwardCall& call) {
+    const Key key{call.micro_batch, call.chunk};
+    chunk(call.chunk).backward_weight(ex_, deferred.at(key), call.last ? opt_->grads_ready_hook() : Gpt::GradsReady{});
+    deferred.erase(key);
   };
   run.p2p = [&](const std::vector<Action>& batch) {
     std::vector<P2POp> ops;
@@ -780,7 +779,6 @@ void print_summary(const TrainSummary& s, const std::string& run_dir) {
 void check_supported(const Config& cfg) {
   const ParallelConfig& p = cfg.parallel;
   grid_degrees(p);  // refuses cp above 1
-  check_pipeline_wired(p);
   TESSERA_CHECK(p.zero == 0 || p.zero == 1, "parallel.zero = ", p.zero,
                 " is not supported: 0 (replicated optimizer state) or 1 (ZeRO-1, sharded over dp)");
 }

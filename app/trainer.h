@@ -177,8 +177,8 @@ struct TrainArgs {
   bool print_config = false;
 };
 
-// Keys that parse but whose features are not built yet (cp > 1; under pp > 1 the interleaved and
-// zb-h1 schedules) are refused rather than ignored: a tessera::Error naming them.
+// Keys that parse but whose features are not built yet (cp > 1) are refused rather than ignored: a
+// tessera::Error naming them.
 void check_supported(const Config& cfg);
 
 // The whole command: load and validate the config, then train. Returns the exit code.

@@ -65,16 +65,16 @@ void Attention::project_kv(const Exec& ex, const Linear& proj, Allocator& alloc,
 }
 
 void Attention::project_kv_backward(const Exec& ex, const Linear& proj, Allocator& alloc, const Tensor& dx,
-                                    const Tensor& d, const Tensor& x) const {
+                                    const Tensor& d, const Tensor& x, WeightGrads* deferred) const {
   const int64_t B = x.dim(0), T = x.dim(1), D = head_dim_;
   if (!kv_replicated_) {
-    proj.backward(ex, dx, d.view({B, T, d.dim(2) * D}), x, /*accumulate_dx=*/true);
+    proj.backward(ex, dx, d.view({B, T, d.dim(2) * D}), x, /*accumulate_dx=*/true, deferred);
     return;
   }
   Buffer all = workspace(alloc, x.dtype, {B * T, n_kv_head_ * D});
   fill_zero(ex, all);
   paste_columns(ex, all, d.view({B * T, D}), kv_head_ * D);
-  proj.backward(ex, dx, all.tensor().view({B, T, n_kv_head_ * D}), x, true);
+  proj.backward(ex, dx, all.tensor().view({B, T, n_kv_head_ * D}), x, true, deferred);
 }
 
 void Attention::project_qkv(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& xf,
@@ -138,14 +138,14 @@ void Attention::forward_cached(const Exec& ex, AttentionCtx& ctx, Allocator& all
 }
 
 void Attention::backward(const Exec& ex, const AttentionCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy,
-                         const Tensor& x, const SequenceLayout& seq) const {
+                         const Tensor& x, const SequenceLayout& seq, WeightGrads* deferred) const {
   ProfileScope scope(prof_, OpFamily::Attention);
   const Tensor& q = ctx.q;
   const int64_t B = q.dim(0), T = q.dim(1), H = q.dim(2), D = q.dim(3), KV = ctx.k.tensor().dim(2);
   Buffer dy_gathered;
   const Tensor dyf = leave_region_backward(ex, tp_, alloc, dy_gathered, dy, T);  // (B, T, C)
   Buffer dout = workspace(alloc, x.dtype, {B, T, H, D});
-  proj_.backward(ex, dout.tensor().view({B, T, H * D}), dyf, ctx.out.tensor().view({B, T, H * D}));
+  proj_.backward(ex, dout.tensor().view({B, T, H * D}), dyf, ctx.out.tensor().view({B, T, H * D}), false, deferred);
   Buffer dq = workspace(alloc, x.dtype, {B, T, H, D});
   Buffer dk = workspace(alloc, x.dtype, {B, T, KV, D});
   Buffer dv = workspace(alloc, x.dtype, {B, T, KV, D});
@@ -160,9 +160,10 @@ void Attention::backward(const Exec& ex, const AttentionCtx& ctx, Allocator& all
   Buffer x_gathered, dx_full;
   const Tensor xf = enter_region(ex, tp_, alloc, x_gathered, x, T);
   const Tensor dxf = region_full(tp_, alloc, dx_full, dx, T);
-  q_.backward(ex, dxf, dq.tensor().view({B, T, H * D}), xf);
-  project_kv_backward(ex, k_, alloc, dxf, dk, xf);
-  project_kv_backward(ex, v_, alloc, dxf, dv, xf);
+  const WeightGrads::SharedInput one_x(deferred);  // q, k and v read the same xf
+  q_.backward(ex, dxf, dq.tensor().view({B, T, H * D}), xf, false, deferred);
+  project_kv_backward(ex, k_, alloc, dxf, dk, xf, deferred);
+  project_kv_backward(ex, v_, alloc, dxf, dv, xf, deferred);
   enter_region_backward(ex, tp_, alloc, dx, dxf);
 }
 
@@ -205,24 +206,25 @@ void Mlp::forward(const Exec& ex, MlpCtx& ctx, Allocator& alloc, const Tensor& y
 }
 
 void Mlp::backward(const Exec& ex, const MlpCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy,
-                   const Tensor& x) const {
+                   const Tensor& x, WeightGrads* deferred) const {
   ProfileScope scope(prof_, OpFamily::Activation);
   const int64_t T = ctx.act.tensor().dim(1);
   Buffer dy_gathered;
   const Tensor dyf = leave_region_backward(ex, tp_, alloc, dy_gathered, dy, T);
   Buffer dact = workspace(alloc, x.dtype, ctx.act.tensor().shape);
-  out_.backward(ex, dact, dyf, ctx.act);
+  out_.backward(ex, dact, dyf, ctx.act, false, deferred);
   Buffer x_gathered, dx_full;
   const Tensor xf = enter_region(ex, tp_, alloc, x_gathered, x, T);
   const Tensor dxf = region_full(tp_, alloc, dx_full, dx, T);
   if (kind_ == MlpKind::Gelu) {
     gelu_backward(ex, dact, dact, ctx.h);  // in place: dact becomes dh
-    in_.backward(ex, dxf, dact, xf);
+    in_.backward(ex, dxf, dact, xf, false, deferred);
   } else {
     Buffer dup = workspace(alloc, x.dtype, ctx.up.tensor().shape);
     swiglu_backward(ex, dact, dup, dact, ctx.h, ctx.up);  // dact becomes dgate
-    in_.backward(ex, dxf, dact, xf);
-    up_.backward(ex, dxf, dup, xf, /*accumulate_dx=*/true);
+    const WeightGrads::SharedInput one_x(deferred);        // gate and up read the same xf
+    in_.backward(ex, dxf, dact, xf, false, deferred);
+    up_.backward(ex, dxf, dup, xf, /*accumulate_dx=*/true, deferred);
   }
   enter_region_backward(ex, tp_, alloc, dx, dxf);
 }
@@ -267,7 +269,7 @@ void Block::forward_cached(const Exec& ex, BlockCtx& ctx, Allocator& alloc, cons
 }
 
 void Block::backward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& dres, const Tensor& x,
-                     const SequenceLayout& seq) const {
+                     const SequenceLayout& seq, WeightGrads* deferred) const {
   ProfileScope scope(prof_, OpFamily::Elementwise);
   if (!ctx.saved) {
     Buffer y = workspace(alloc, x.dtype, x.shape);
@@ -276,10 +278,10 @@ void Block::backward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tens
   }
   // MLP branch: dres holds dL/dy = dL/dx1 (skip path) + the path through ln2 and the MLP.
   Buffer dln = workspace(alloc, x.dtype, x.shape);
-  mlp_.backward(ex, ctx.mlp, alloc, dln, dres, ctx.ln2.y);
+  mlp_.backward(ex, ctx.mlp, alloc, dln, dres, ctx.ln2.y, deferred);
   ln2_.backward(ex, dres, dln, ctx.x1, ctx.ln2);  // dres is now dL/dx1
   // Attention branch: dL/dx = dL/dx1 + the path through ln1 and attention.
-  attn_.backward(ex, ctx.attn, alloc, dln, dres, ctx.ln1.y, seq);
+  attn_.backward(ex, ctx.attn, alloc, dln, dres, ctx.ln1.y, seq, deferred);
   ln1_.backward(ex, dres, dln, x, ctx.ln1);
   ctx = BlockCtx{};
 }
@@ -570,7 +572,7 @@ Tensor Gpt::residual_grad(const GptCtx& ctx, Allocator& alloc, Buffer& storage, 
 }
 
 void Gpt::head_backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, double loss_scale, Buffer& dres_storage,
-                        Tensor& dres, const Tensor& dx) const {
+                        Tensor& dres, const Tensor& dx, WeightGrads* deferred) const {
   TESSERA_CHECK(ctx.targets.defined() && ctx.logits.defined(), "Gpt::backward needs a forward with targets");
   const int64_t B = ctx.B, T = ctx.T, C = cfg_.n_embd, Tl = tp_.shard_sequence(ctx.seq).length();
   const DType dt = ps_->dtype();
@@ -582,7 +584,7 @@ void Gpt::head_backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, double lo
   }
   const Tensor head_in = ctx.head_in.defined() ? ctx.head_in.tensor() : ctx.ln_f.y.tensor();
   Buffer dln = workspace(alloc, dt, {B, T, C});
-  lm_head_.backward(ex, dln.tensor().view({B * T, C}), ctx.logits, head_in.view({B * T, C}));
+  lm_head_.backward(ex, dln.tensor().view({B * T, C}), ctx.logits, head_in.view({B * T, C}), false, deferred);
   Buffer dln_local;
   if (tp_.sequence_sharded()) dln_local = workspace(alloc, dt, {B, Tl, C});
   const Tensor dlnl = dln_local.defined() ? dln_local.tensor() : dln.tensor();
@@ -598,10 +600,16 @@ void Gpt::backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, double loss_sc
 }
 
 void Gpt::backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const OutputGrad& from, const Tensor& dx,
-                   const GradsReady& on_ready) const {
+                   const GradsReady& on_ready, WeightGrads* deferred) const {
   ProfileScope scope(prof_, OpFamily::Other);
+  TESSERA_CHECK(!deferred || !on_ready, "Gpt::backward: a backward that defers its weight gradients finalizes none; "
+                "backward_weight reports them (on_ready must be empty here)");
+  TESSERA_CHECK(!deferred || deferred->empty(), "Gpt::backward: the WeightGrads given still hold another backward's "
+                "deferred work (run backward_weight first)");
+  // Split (zero-bubble's B): a range is final only after the weight GEMMs deferred before it.
   auto ready = [&](const IdRange& r) {
-    if (on_ready && r.end > r.first) on_ready(r.first, r.end);
+    if (deferred) deferred->ready(r.first, r.end);
+    else if (on_ready && r.end > r.first) on_ready(r.first, r.end);
   };
   const int64_t L = stage_.layers();
   TESSERA_CHECK(static_cast<int64_t>(ctx.blocks.size()) == L, "Gpt::backward needs a forward first");
@@ -612,7 +620,7 @@ void Gpt::backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const OutputGr
   if (stage_.head) {
     TESSERA_CHECK(!from.dy.defined(), "Gpt::backward: the stage with the head starts from its loss (loss_scale), "
                   "not from an output gradient dy");
-    head_backward(ex, ctx, alloc, from.loss_scale, dres_storage, dres, dx);
+    head_backward(ex, ctx, alloc, from.loss_scale, dres_storage, dres, dx, deferred);
     // The tied head's gradient is final here only on a later stage than the embedding (its copy);
     // on the whole model the token embedding's is final after the embedding's backward.
     ready(head_ids_);
@@ -625,7 +633,7 @@ void Gpt::backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const OutputGr
     if (from.dy.data != dres.data) copy(ex, dres, from.dy);
   }
   for (int64_t l = L - 1; l >= 0; --l) {
-    blocks_[l].backward(ex, ctx.blocks[l], alloc, dres, block_input(ctx, l), ctx.seq);
+    blocks_[l].backward(ex, ctx.blocks[l], alloc, dres, block_input(ctx, l), ctx.seq, deferred);
     ctx.resid[l + 1].release();
     ready(block_ids_[static_cast<size_t>(l)]);
   }
@@ -634,6 +642,11 @@ void Gpt::backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const OutputGr
     ready(embed_ids_);
   }
   ctx = GptCtx{};
+}
+
+void Gpt::backward_weight(const Exec& ex, WeightGrads& deferred, const GradsReady& on_ready) const {
+  ProfileScope scope(prof_, OpFamily::Other);
+  deferred.run(ex, on_ready);
 }
 
 }  // namespace tessera

@@ -15,6 +15,7 @@
 #include "model/config.h"
 #include "model/layers.h"
 #include "model/parameters.h"
+#include "model/weight_grads.h"
 
 namespace tessera {
 
@@ -57,9 +58,10 @@ class Attention {
   // cache_v (capacity, KV, D) at pos, and the queries attend to the cache's [0, pos + T).
   void forward_cached(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
                       Buffer& cache_k, Buffer& cache_v, int64_t pos) const;
-  // dx (B, T_local, C) written with the gradient through the branch; dy (B, T_local, C).
+  // dx (B, T_local, C) written with the gradient through the branch; dy (B, T_local, C). deferred:
+  // the projections' weight gradients are left to it (zero-bubble's B, model/weight_grads.h).
   void backward(const Exec& ex, const AttentionCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy,
-                const Tensor& x, const SequenceLayout& seq) const;
+                const Tensor& x, const SequenceLayout& seq, WeightGrads* deferred = nullptr) const;
   void set_profiler(Profiler* p);
 
  private:
@@ -73,7 +75,7 @@ class Attention {
   void project_kv(const Exec& ex, const Linear& proj, Allocator& alloc, const Tensor& out, const Tensor& x) const;
   // dx (B, T, C) += the gradient through k or v, from d (B, T, KV_local, D).
   void project_kv_backward(const Exec& ex, const Linear& proj, Allocator& alloc, const Tensor& dx, const Tensor& d,
-                           const Tensor& x) const;
+                           const Tensor& x, WeightGrads* deferred) const;
   TensorParallel tp_;
   Profiler* prof_ = nullptr;
   int64_t n_head_ = 0, n_kv_head_ = 0, head_dim_ = 0;
@@ -99,9 +101,9 @@ class Mlp {
   // y, x (B, T_local, C), as Attention (seq gives T).
   void forward(const Exec& ex, MlpCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
                const SequenceLayout& seq) const;
-  // dx (B, T_local, C) written.
+  // dx (B, T_local, C) written; deferred as Attention::backward.
   void backward(const Exec& ex, const MlpCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy,
-                const Tensor& x) const;
+                const Tensor& x, WeightGrads* deferred = nullptr) const;
   void set_profiler(Profiler* p);
 
  private:
@@ -133,8 +135,9 @@ class Block {
   void forward_cached(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
                       Buffer& cache_k, Buffer& cache_v, int64_t pos) const;
   // dres (B, T_local, C): on entry d loss / d y, on return d loss / d x; seq as in forward.
+  // deferred: the linear layers' weight gradients are left to it (zero-bubble's B).
   void backward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& dres, const Tensor& x,
-                const SequenceLayout& seq) const;
+                const SequenceLayout& seq, WeightGrads* deferred = nullptr) const;
   Recompute recompute() const { return recompute_; }
   void set_profiler(Profiler* p);
 
@@ -257,8 +260,18 @@ class Gpt {
   // The backward of the stage: accumulates its parameter gradients (on_ready as above, for its
   // parameters) and writes dx (B, T_local, C), the gradient of its input activations, for a stage
   // without the embedding (dx undefined for one with it). dx may be dy's storage.
+  // With `deferred` it is the input-gradient half alone (zero-bubble's B): dx as above, the norms'
+  // and embeddings' gradients too, but every linear layer's weight gradient (the GEMM dy^T x, and
+  // its bias) is recorded in `deferred` for backward_weight; on_ready must then be empty (nothing
+  // is final yet: backward_weight reports the ranges). ctx is released either way.
   void backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const OutputGrad& from, const Tensor& dx,
-                const GradsReady& on_ready = {}) const;
+                const GradsReady& on_ready = {}, WeightGrads* deferred = nullptr) const;
+  // The weight-gradient half (zero-bubble's W) of a backward split by `deferred`: runs its GEMMs in
+  // order and reports each range of final gradients to on_ready, in the whole backward's order.
+  // The gradients then equal the whole backward's bit for bit (the same kernels on the same values,
+  // accumulated in the same order), except a tied LM head on the stage that also holds the
+  // embedding (the whole model): its GEMM now adds after the embedding's scatter, one rounding.
+  void backward_weight(const Exec& ex, WeightGrads& deferred, const GradsReady& on_ready = {}) const;
 
   // The logits of position `position` of every sequence over the whole vocabulary: out (B, V),
   // gathered from the vocabulary shards of tp (collective over the tp group), after a forward.
@@ -282,7 +295,7 @@ class Gpt {
   // The head's backward, from the loss to dres, the gradient of the last block's output (written;
   // set to residual_grad's after the head's temporaries, which keeps the memory peak in order).
   void head_backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, double loss_scale, Buffer& dres_storage,
-                     Tensor& dres, const Tensor& dx) const;
+                     Tensor& dres, const Tensor& dx, WeightGrads* deferred) const;
   // ctx.losses and ctx.lse from ctx.logits: local, or vocabulary-parallel over tp.
   void loss_forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& flat_targets) const;
   // The input of the stage's block l (counted from its first layer): ctx.resid[l], or the

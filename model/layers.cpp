@@ -6,6 +6,7 @@
 #include "kernels/matmul.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
+#include "model/weight_grads.h"
 
 namespace tessera {
 
@@ -38,17 +39,30 @@ void Linear::forward(const Exec& ex, const Tensor& y, const Tensor& x, bool with
   linear_forward(ex, y, x, ps_->param(weight_), bias_ >= 0 && with_bias ? ps_->param(bias_) : Tensor());
 }
 
-void Linear::backward(const Exec& ex, const Tensor& dx, const Tensor& dy, const Tensor& x, bool accumulate_dx) const {
+void Linear::backward(const Exec& ex, const Tensor& dx, const Tensor& dy, const Tensor& x, bool accumulate_dx,
+                      WeightGrads* deferred) const {
   ProfileScope scope(prof_, OpFamily::Matmul);
   const Tensor w = ps_->param(weight_);
+  const int64_t n = dy.numel() / out();
+  if (deferred) {
+    // dx = dy W (+ dx): linear_backward's own GEMM for it, alone; dW and db go to W.
+    if (dx.defined()) matmul(ex, dx.view({n, in()}), dy.view({n, out()}), w, false, false, 1.0, accumulate_dx ? 1.0 : 0.0);
+    deferred->defer(ex, *this, dy, x);
+    return;
+  }
   const Tensor db = bias_ >= 0 ? ps_->grad(bias_) : Tensor();
   if (!accumulate_dx || !dx.defined()) {
     linear_backward(ex, dx, ps_->grad(weight_), db, dy, x, w);
     return;
   }
   linear_backward(ex, Tensor(), ps_->grad(weight_), db, dy, x, w);
-  const int64_t n = dy.numel() / out();
   matmul(ex, dx.view({n, in()}), dy.view({n, out()}), w, false, false, 1.0, 1.0);  // dx += dy W
+}
+
+void Linear::backward_weight(const Exec& ex, const Tensor& dy, const Tensor& x) const {
+  ProfileScope scope(prof_, OpFamily::Matmul);
+  linear_backward(ex, Tensor(), ps_->grad(weight_), bias_ >= 0 ? ps_->grad(bias_) : Tensor(), dy, x,
+                  ps_->param(weight_));
 }
 
 // ---- Embedding ----

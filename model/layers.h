@@ -17,6 +17,8 @@
 
 namespace tessera {
 
+class WeightGrads;  // model/weight_grads.h
+
 // y = x W^T + b. Column-parallel layers shard W along dim 0 (and b with it), row-parallel along
 // dim 1 (b replicated); with tp = 1 both are the plain layer. The communication around them is
 // the caller's (parallel/tensor_parallel.h): a row-parallel layer's output is a partial sum.
@@ -33,7 +35,13 @@ class Linear {
   // row-parallel layer adds it on one tp rank only, so that the sum over ranks holds it once).
   void forward(const Exec& ex, const Tensor& y, const Tensor& x, bool with_bias = true) const;
   // dx (N, in) written, or added to when accumulate_dx; dW and db accumulated. dx may be undefined.
-  void backward(const Exec& ex, const Tensor& dx, const Tensor& dy, const Tensor& x, bool accumulate_dx = false) const;
+  // With `deferred` (zero-bubble's B): dx only, and dW, db left to deferred->run() (which calls
+  // backward_weight on copies of dy and x).
+  void backward(const Exec& ex, const Tensor& dx, const Tensor& dy, const Tensor& x, bool accumulate_dx = false,
+                WeightGrads* deferred = nullptr) const;
+  // The weight half alone (W): dW += dy^T x, db += the sum of dy over N; the same kernel calls as
+  // backward's, so a split backward accumulates bitwise what the whole one does.
+  void backward_weight(const Exec& ex, const Tensor& dy, const Tensor& x) const;
 
   int64_t in() const;
   int64_t out() const;

@@ -1,5 +1,6 @@
-// Pipeline parallelism in the trainer: two stages under "1f1b", "gpipe" and "interleaved" (two
-// chunks per rank), four stages, and two stages with dp or tp on four ranks, train the 1-rank run's
+// Pipeline parallelism in the trainer: two stages under "1f1b", "gpipe", "interleaved" (two chunks
+// per rank) and "zb-h1" (also with full recomputation), four stages (1f1b, zb-h1), and two stages
+// with dp or tp on four ranks (zb-h1 too), train the 1-rank run's
 // losses and final parameters and AdamW moments within 1e-5 (fp32, other reduction orders), for the
 // tied GPT-2 preset (the last stage's copy of wte.weight is compared with the 1-rank table too) and
 // LLaMA; dp 2 x tp 2 x pp 2 on eight ranks. Runs under `mpiexec -n 2`, `-n 4` and `-n 8` (ctest
@@ -79,6 +80,14 @@ std::vector<Layout> layouts() {
           // Interleaved: 4 blocks in pp x vpp = 4 chunks, rank 0 holding the first and third.
           {"pp2vpp2_interleaved", 2, pp("interleaved") + std::vector<std::string>{"parallel.vpp=2"}, {"model.n_layer=4"}},
           {"pp4_1f1b", 4, {"parallel.pp=4", "parallel.pp_schedule=\"1f1b\""}, {"model.n_layer=4"}},
+          // zb-h1: each backward split into B (input gradient) and W (the linear layers' weight
+          // gradients, deferred); with full recomputation (re-run in B); the data-parallel buckets
+          // started by the last W; four stages, where ranks 1-3 hold Ws back.
+          {"pp2_zbh1", 2, pp("zb-h1")},
+          {"pp2_zbh1_recompute", 2, pp("zb-h1") + std::vector<std::string>{"model.recompute=\"full\""}},
+          {"dp2pp2_zbh1_zero", 4, pp("zb-h1") + std::vector<std::string>{"parallel.zero=1"}},
+          {"tp2pp2_zbh1", 4, pp("zb-h1") + std::vector<std::string>{"parallel.tp=2"}},
+          {"pp4_zbh1", 4, {"parallel.pp=4", "parallel.pp_schedule=\"zb-h1\""}, {"model.n_layer=4"}},
           {"dp2pp2vpp2_interleaved", 4, pp("interleaved") + std::vector<std::string>{"parallel.vpp=2"},
            {"model.n_layer=4", "train.global_batch=16"}},
           // Every axis at once on eight ranks (ctest PipelineLayouts.eight_ranks, `slow`).
