@@ -5,6 +5,7 @@
 #include <map>
 #include <numeric>
 
+#include "app/context_parallel.h"
 #include "kernels/check.h"
 #include "kernels/elementwise.h"
 #include "kernels/tensor.h"
@@ -76,7 +77,8 @@ std::optional<double> validation_loss(const Exec& ex, const Gpt& model, Allocato
     for (auto& i : idx) i %= val.num_samples();
     std::optional<Batch> gated = gated_batch(val, idx, gate);
     if (!gated) return std::nullopt;
-    Batch& batch = *gated;
+    const SequenceLayout seq = link.cp.layout(gated->T);  // this cp rank's positions
+    Batch batch = cp_share(*gated, link.cp);
     // The virtual stages in model order; this rank runs its own, each reading what it needs: the
     // ids for the embedding, else the previous stage's activations (tag: the stage).
     for (int64_t v = rank; v < stages; v += pp) {
@@ -92,8 +94,7 @@ std::optional<double> validation_loss(const Exec& ex, const Gpt& model, Allocato
       }
       if (stage.head) targets = device_ids(ex, alloc, batch.targets, batch.B, batch.T);
       GptCtx ctx;
-      const Tensor out = chunk.forward(ex, ctx, alloc, stage.embedding ? tokens.tensor() : input.tensor(), targets,
-                                       stage.embedding ? SequenceLayout{} : SequenceLayout::contiguous(batch.T));
+      const Tensor out = chunk.forward(ex, ctx, alloc, stage.embedding ? tokens.tensor() : input.tensor(), targets, seq);
       if (stage.head) {
         accumulate(ex, sums, ctx.loss_sums);
         head = true;
@@ -102,10 +103,11 @@ std::optional<double> validation_loss(const Exec& ex, const Gpt& model, Allocato
       }
     }
   }
-  if (!link.pp) return read_loss_sums(ex, sums).mean();
+  if (!link.pp && !link.cp.active()) return read_loss_sums(ex, sums).mean();
   const LossSums mine = head ? read_loss_sums(ex, sums) : LossSums{};
   std::vector<double> total = {mine.loss_sum, static_cast<double>(mine.targets)};
-  sum_over_group(total, link.pp);
+  if (link.pp) sum_over_group(total, link.pp);
+  if (link.cp.active()) sum_over_group(total, link.cp.comm);
   return total[1] > 0 ? total[0] / total[1] : 0.0;
 }
 

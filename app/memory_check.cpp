@@ -219,8 +219,10 @@ RankModel pipeline_rank(const Config& cfg, const ModelConfig& mc, const std::vec
 MemoryEstimate estimate_for(const Config& cfg, const MemoryLayout& layout, const RankModel& rm) {
   const TrainConfig& t = cfg.train;
   const int64_t dp = layout.dp;
-  const bool zero = cfg.parallel.zero == 1 && dp > 1;
-  const int64_t P = rm.parameters, pad = zero ? dp : 1;
+  // ZeRO-1 shards the optimizer state over the dp x cp group (every rank holding the same parameters).
+  const int64_t shards = mul(dp, std::max<int64_t>(1, cfg.parallel.cp));
+  const bool zero = cfg.parallel.zero == 1 && shards > 1;
+  const int64_t P = rm.parameters, pad = zero ? shards : 1;
   const int64_t padded = mul(P / pad + (P % pad != 0 ? 1 : 0), pad);
   const int64_t shard = padded / pad;  // ZeRO-1: this rank's part of the optimizer state
   MemoryEstimate e;
@@ -231,7 +233,7 @@ MemoryEstimate estimate_for(const Config& cfg, const MemoryLayout& layout, const
   item("parameters (" + std::to_string(P) + " on this rank" + (rm.what.empty() ? "" : ": " + rm.what) + ")", padded,
        true, model_keys, kFloatBytes);
   item("gradients", zero ? add(padded, shard) : padded, true, model_keys, kFloatBytes);
-  item(zero ? "AdamW moments (ZeRO-1: 1/" + std::to_string(dp) + " of them)" : "AdamW moments", mul(2, zero ? shard : P),
+  item(zero ? "AdamW moments (ZeRO-1: 1/" + std::to_string(shards) + " of them)" : "AdamW moments", mul(2, zero ? shard : P),
        true, model_keys + ", parallel.zero = 1", kFloatBytes);
 
   // The largest transient: a training step's, the evaluation forward, or the ZeRO-1 gather.
@@ -275,16 +277,21 @@ MemoryEstimate estimate_training_memory(const Config& cfg, int64_t data_vocab_si
   const bool sp = cfg.parallel.sequence_parallel && tp > 1;
   const bool full = cfg.model.recompute == "full";
   const ParallelConfig& p = cfg.parallel;
-  if (p.pp == 1) return estimate_for(cfg, layout, whole_model(cfg, mc, tp, sp, full));
+  // Context parallelism: a cp rank holds seq_len / cp positions of every sequence, so each
+  // activation of the model (and the evaluation's) is that of the shorter sequence; parameters,
+  // gradients and moments are not divided (the stage cut is the trainer's, by the whole length).
+  Config local = cfg;
+  if (p.cp > 1 && cfg.train.seq_len % p.cp == 0) local.train.seq_len = cfg.train.seq_len / p.cp;
+  if (p.pp == 1) return estimate_for(cfg, layout, whole_model(local, mc, tp, sp, full));
   const std::vector<StageSpec> cut = cut_stages(mc, cfg.train.seq_len, p.pp, p.vpp, p.pp_layers);
   const int64_t m = std::max<int64_t>(1, cfg.train.global_batch / std::max<int64_t>(1, mul(cfg.train.micro_batch, layout.dp)));
   if (layout.pp_rank >= 0) {
     TESSERA_CHECK(layout.pp_rank < p.pp, "estimate_training_memory: pipeline rank ", layout.pp_rank, " of ", p.pp);
-    return estimate_for(cfg, layout, pipeline_rank(cfg, mc, cut, layout.pp_rank, m, tp, sp, full));
+    return estimate_for(cfg, layout, pipeline_rank(local, mc, cut, layout.pp_rank, m, tp, sp, full));
   }
   MemoryEstimate most;
   for (int64_t r : candidate_ranks(p.pp)) {
-    MemoryEstimate e = estimate_for(cfg, layout, pipeline_rank(cfg, mc, cut, r, m, tp, sp, full));
+    MemoryEstimate e = estimate_for(cfg, layout, pipeline_rank(local, mc, cut, r, m, tp, sp, full));
     if (most.items.empty() || e.total() > most.total()) most = std::move(e);
   }
   return most;
