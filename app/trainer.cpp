@@ -598,6 +598,7 @@ void Trainer::print_header() {
      << " GFLOP/s";
   if (grid_.world_size() > 1)
     os << "\nlayout: " << grid_.world_size() << " ranks = tp " << grid_.tp_size() << " x dp " << grid_.dp_size()
+       << (grid_.cp_size() > 1 ? " x cp " + std::to_string(grid_.cp_size()) + " (" + cfg_.parallel.cp_comm + ")" : "")
        << (grid_.pp_size() > 1 ? " x pp " + std::to_string(grid_.pp_size()) + " (" + cfg_.parallel.pp_schedule + ")" : "")
        << (grid_.tp_size() > 1 && cfg_.parallel.sequence_parallel ? " (sequence parallel)" : "") << "; "
        << params_->numel() << " parameters per rank";
