@@ -131,6 +131,25 @@ struct RankModel {
   std::string eval_what;
 };
 
+// Context parallelism's own temporaries during one layer's attention (parallel/context_attention.cpp),
+// on top of the model's: chunk-major copies of q and out (and, backward, of dout and dq), lse, and
+// the K/V buffers (2 B L KV D each, L = seq_len / cp): ring forward 2 of them (the block and the
+// next in flight) plus a half-chunk block result, backward 6 (K/V and the next, dK/dV partial and
+// incoming, double-buffered); all-gather forward 1 + cp (its own and the gathered), backward
+// 2 + 2 cp (the gathered K/V and their gradients). Counted as added to the model's peak (an upper
+// bound: the model's own peak need not fall in its attention).
+int64_t context_attention_bytes(const Config& cfg, const ModelConfig& mc, int64_t tp) {
+  const ParallelConfig& p = cfg.parallel;
+  if (p.cp <= 1) return 0;
+  const int64_t B = cfg.train.micro_batch, L = cfg.train.seq_len / p.cp, D = mc.head_dim();
+  const int64_t H = mc.n_head / tp, KV = mc.kv_heads() % tp == 0 ? mc.kv_heads() / tp : 1;
+  const int64_t q = mul(mul(B, L), mul(H, D)), lse = mul(B, mul(H, L)), kv = mul(2, mul(mul(B, L), mul(KV, D)));
+  const bool ring = p.cp_comm != "allgather";
+  const int64_t forward = add(add(mul(5, q) / 2, mul(3, lse) / 2), mul(ring ? 2 : 1 + p.cp, kv));
+  const int64_t backward = add(add(mul(4, q), lse), mul(ring ? 6 : 2 + 2 * p.cp, kv));
+  return mul(std::max(forward, backward), kFloatBytes);
+}
+
 // The addition task's evaluation: greedy answers of data.val_examples problems at once (at most:
 // they go by prompt length), the longest forward being the prompt "a+b=" and all but the last
 // answer character. Returns (B, T) of it.
@@ -282,16 +301,24 @@ MemoryEstimate estimate_training_memory(const Config& cfg, int64_t data_vocab_si
   // gradients and moments are not divided (the stage cut is the trainer's, by the whole length).
   Config local = cfg;
   if (p.cp > 1 && cfg.train.seq_len % p.cp == 0) local.train.seq_len = cfg.train.seq_len / p.cp;
-  if (p.pp == 1) return estimate_for(cfg, layout, whole_model(local, mc, tp, sp, full));
+  const int64_t cp_bytes = context_attention_bytes(cfg, mc, tp);
+  const auto with_cp = [&](RankModel r) {
+    if (cp_bytes == 0) return r;
+    r.transient.bytes = add(r.transient.bytes, cp_bytes);
+    r.transient.what += " and context-parallel attention's K/V buffers (parallel.cp = " + std::to_string(p.cp) +
+                        ", " + p.cp_comm + ")";
+    return r;
+  };
+  if (p.pp == 1) return estimate_for(cfg, layout, with_cp(whole_model(local, mc, tp, sp, full)));
   const std::vector<StageSpec> cut = cut_stages(mc, cfg.train.seq_len, p.pp, p.vpp, p.pp_layers);
   const int64_t m = std::max<int64_t>(1, cfg.train.global_batch / std::max<int64_t>(1, mul(cfg.train.micro_batch, layout.dp)));
   if (layout.pp_rank >= 0) {
     TESSERA_CHECK(layout.pp_rank < p.pp, "estimate_training_memory: pipeline rank ", layout.pp_rank, " of ", p.pp);
-    return estimate_for(cfg, layout, pipeline_rank(local, mc, cut, layout.pp_rank, m, tp, sp, full));
+    return estimate_for(cfg, layout, with_cp(pipeline_rank(local, mc, cut, layout.pp_rank, m, tp, sp, full)));
   }
   MemoryEstimate most;
   for (int64_t r : candidate_ranks(p.pp)) {
-    MemoryEstimate e = estimate_for(cfg, layout, pipeline_rank(local, mc, cut, r, m, tp, sp, full));
+    MemoryEstimate e = estimate_for(cfg, layout, with_cp(pipeline_rank(local, mc, cut, r, m, tp, sp, full)));
     if (most.items.empty() || e.total() > most.total()) most = std::move(e);
   }
   return most;

@@ -247,8 +247,9 @@ void context_attention_backward(const Exec& ex, const ContextParallel& cp, Alloc
   pb.lse_pack().pack(ex, seq, lsep, lse);
   fill_zero(ex, dqp);
   Buffer kv = pack_kv(ex, pb, alloc, k, v);
-  Buffer dkv_mine = comm_buffer(alloc, pb.dtype, kv.tensor().shape);  // this rank's total dK/dV, packed
+  Buffer dkv_mine;  // this rank's total dK/dV, packed
   if (cp.mode == CpComm::AllGather) {
+    dkv_mine = comm_buffer(alloc, pb.dtype, kv.tensor().shape);
     Buffer all = gather_kv(ex, cp, pb, alloc, kv);
     Buffer dall = comm_buffer(alloc, pb.dtype, all.tensor().shape);
     fill_zero(ex, dall);
@@ -285,14 +286,14 @@ void context_attention_backward(const Exec& ex, const ContextParallel& cp, Alloc
       std::swap(kv, next);
     }
     grads.wait_on(ex);
-    copy(ex, dkv_mine, incoming[(pb.P - 1) % 2]);
+    dkv_mine = std::move(incoming[(pb.P - 1) % 2]);
   }
-  // Back to the caller's row order, accumulated.
-  Buffer tmp_q = workspace(alloc, pb.dtype, q.shape);
+  // Back to the caller's row order, accumulated; the packed q and K/V (no longer needed) hold
+  // the unpacked gradients on their way.
+  const Tensor tmp_q = qp.tensor();
   qk.unpack(ex, seq, tmp_q, dqp);
   accumulate(ex, dq, tmp_q);
-  tmp_q.release();
-  Buffer tmp_kv = workspace(alloc, pb.dtype, k.shape);
+  const Tensor tmp_kv = kv.tensor().slice_rows(0, 1).view(k.shape);
   const Packing kp = pb.kv_pack(seq);
   for (int slot = 0; slot < 2; ++slot) {
     kp.unpack(ex, seq, tmp_kv, dkv_mine.tensor().slice_rows(slot, slot + 1).view({pb.kv_numel()}));
