@@ -149,6 +149,7 @@ struct TrainConfig {
   std::string name;
   int64_t exit_after_steps = 0;
   double exit_after_minutes = 0.0;
+  double max_memory_gib = 0.0;
   bool profile = false;
   bool memory_check = true;
 
@@ -180,6 +181,9 @@ struct TrainConfig {
     v.field("memory_check", memory_check, "before allocating, estimate one rank's memory (parameters, gradients, "
             "optimizer, activations, batches, checkpoint copies) and refuse to start when the ranks on a node "
             "need more than it has available; false = only warn (docs/training.md)", Allowed::any());
+    v.field("max_memory_gib", max_memory_gib, "refuse to start when one rank's memory estimate exceeds this many "
+            "GiB (a per-rank cap, e.g. a device's memory; parallel.cp divides the activations); 0 = no cap",
+            Allowed::at_least(0.0).at_most(1 << 30));
   }
   bool operator==(const TrainConfig&) const = default;
 };

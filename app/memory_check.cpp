@@ -455,6 +455,24 @@ std::string memory_problem(const MemoryEstimate& e, int64_t ranks_on_node, const
   return os.str();
 }
 
+std::string memory_cap_problem(const MemoryEstimate& e, double cap_gib) {
+  if (cap_gib <= 0) return "";
+  const double cap = cap_gib * 1024.0 * 1024.0 * 1024.0;
+  if (static_cast<double>(e.total()) <= cap) return "";
+  std::ostringstream os;
+  os << "train.max_memory_gib = " << cap_gib << ": one rank needs about " << format_bytes(static_cast<size_t>(e.total()))
+     << ", more than the cap of " << format_bytes(static_cast<size_t>(cap)) << ". Largest items:";
+  std::vector<MemoryItem> items = e.items;
+  std::stable_sort(items.begin(), items.end(), [](const MemoryItem& a, const MemoryItem& b) { return a.bytes > b.bytes; });
+  for (size_t i = 0; i < items.size() && i < 3; ++i) {
+    os << "\n  " << format_bytes(static_cast<size_t>(items[i].bytes)) << "  " << items[i].what;
+    if (!items[i].keys.empty()) os << "  <- " << items[i].keys;
+  }
+  os << "\nShrink them with the keys named, or split each sequence over more ranks with parallel.cp (activations "
+        "per rank / cp), or raise the cap.";
+  return os.str();
+}
+
 std::string check_training_memory(const Config& cfg, int64_t data_vocab_size, const MemoryLayout& layout,
                                   MPI_Comm comm) {
   const int64_t local = comm == MPI_COMM_NULL ? 1 : ranks_on_this_node(comm);
@@ -473,6 +491,8 @@ std::string check_training_memory(const Config& cfg, int64_t data_vocab_size, co
     line = os.str();
     const std::string problem = memory_problem(e, local, available);
     if (!problem.empty() && cfg.train.memory_check) error = problem;
+    const std::string capped = memory_cap_problem(e, cfg.train.max_memory_gib);  // a cap set is always kept
+    if (!capped.empty()) error = capped;
     if (!problem.empty() && !cfg.train.memory_check)
       line += "\nwarning: train.memory_check = false: starting anyway. " + problem;
   } catch (const Error& ex) {

@@ -8,11 +8,13 @@
 // with the 1-rank run it computed itself (trainer_testing.h).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "app/memory_check.h"
 #include "app/trainer.h"
 #include "error_testing.h"
 #include "layout_testing.h"
@@ -160,6 +162,31 @@ TEST(ContextParallelTrainingSlow, MetricsValidationAndRefusal) {
   EXPECT_NE(r.output.find("train.seq_len = 22 is not divisible by 2 x parallel.cp = 2 x 2 = 4"), std::string::npos)
       << r.output;
   std::filesystem::remove_all(dir);
+}
+
+// The point of cp: under a per-rank cap (train.max_memory_gib) between the estimate of one rank and
+// that of a cp rank, a sequence length one rank cannot hold is refused there and trains under cp
+// (the world's size: 2 or 4), each rank holding T / cp of every sequence's activations.
+TEST(ContextParallelLayouts, ALengthOneRankCannotHoldTrainsUnderCp) {
+  MpiCommunicator world = MpiCommunicator::duplicate(testing::test_world());
+  const std::vector<std::string> lengthy = {"train.steps=2",       "train.global_batch=8", "train.micro_batch=8",
+                                            "train.seq_len=512",   "model.max_seq_len=512"};
+  const std::string config = testing::layout_config("llama");
+  const Config one = parse_config_string(config, "llama.toml", lengthy);
+  const Config split = parse_config_string(config, "llama.toml", lengthy + cp(world.size()));
+  const double one_rank = static_cast<double>(estimate_training_memory(one, 13, MemoryLayout{1, 1, false}).total());
+  const double cp_rank = static_cast<double>(estimate_training_memory(split, 13, MemoryLayout{1, 1, false}).total());
+  ASSERT_LT(cp_rank, one_rank);
+  const double cap_gib = (one_rank + cp_rank) / 2 / (1024.0 * 1024.0 * 1024.0);
+  const std::vector<std::string> capped = {"train.max_memory_gib=" + std::to_string(cap_gib)};
+  if (world.rank() == 0)
+    EXPECT_TRUE(testing::throws_with(
+        [&] { Trainer t(parse_config_string(config, "llama.toml", lengthy + capped), "", MPI_COMM_SELF); },
+        {"train.max_memory_gib = ", "parallel.cp"}));
+  MpiCommunicator comm = MpiCommunicator::duplicate(world.comm());
+  Trained got = train(parse_config_string(config, "llama.toml", lengthy + cp(world.size()) + capped), comm.comm());
+  ASSERT_EQ(got.losses.size(), 2u);
+  for (double l : got.losses) EXPECT_TRUE(std::isfinite(l) && l > 0) << l;
 }
 
 }  // namespace tessera
