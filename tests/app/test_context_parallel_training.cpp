@@ -1,5 +1,6 @@
-// Context parallelism in the trainer: cp 2 and 4 (ring), cp 2 with all-gather attention, cp 2 x tp 2
-// with sequence parallelism, cp 2 x dp 2 with ZeRO-1 and cp 2 x pp 2 train the 1-rank run's losses
+// Context parallelism in the trainer: cp 2 and 4 (ring; cp 2 also under full recomputation), cp 2
+// with all-gather attention, cp 2 x tp 2 with sequence parallelism, cp 2 x dp 2 with ZeRO-1 and
+// cp 2 x pp 2 train the 1-rank run's losses
 // and final parameters and AdamW moments within 1e-5 (fp32, other summation orders), for the GPT-2
 // preset (learned positions: each rank's chunks read their global rows of wpe) and LLaMA (RoPE at
 // the global positions, grouped KV heads). A cp checkpoint resumes on one rank and a 1-rank one on
@@ -49,6 +50,8 @@ std::vector<std::string> cp(int n, const std::string& comm = "ring") {
 std::vector<Layout> layouts() {
   return {{"cp2_ring", 2, cp(2)},
           {"cp2_allgather", 2, cp(2, "allgather")},
+          // Full recomputation re-runs the ring inside backward: every cp rank in the same order.
+          {"cp2_ring_recompute", 2, cp(2) + std::vector<std::string>{"model.recompute=\"full\""}},
           {"cp4_ring", 4, cp(4)},
           {"cp2tp2sp", 4, cp(2) + std::vector<std::string>{"parallel.tp=2", "parallel.sequence_parallel=true"}},
           {"cp2dp2_zero", 4, cp(2) + std::vector<std::string>{"parallel.zero=1"}},
