@@ -65,6 +65,14 @@ struct Packing {
   }
 };
 
+// q (B, L, H, D) and k, v (B, L, KV, D): checked before anything reads their dimensions.
+void check_shapes(const Tensor& q, const Tensor& k, const Tensor& v) {
+  TESSERA_CHECK(q.ndim() == 4 && k.ndim() == 4 && v.shape == k.shape && k.dim(0) == q.dim(0) && k.dim(1) == q.dim(1) &&
+                    k.dim(3) == q.dim(3),
+                "context attention: q ", q.shape.str(), ", k ", k.shape.str(), " and v ", v.shape.str(),
+                " must be (B, L, H, D), (B, L, KV, D) and (B, L, KV, D)");
+}
+
 // One call's geometry and this rank's packed queries.
 struct Problem {
   int64_t B, L, H, KV, D, T;
@@ -76,8 +84,6 @@ struct Problem {
       : B(q.dim(0)), L(q.dim(1)), H(q.dim(2)), KV(k.dim(2)), D(q.dim(3)), P(cp.size()), r(cp.rank()), seq(s),
         dtype(q.dtype) {
     T = L * P;
-    TESSERA_CHECK(q.ndim() == 4 && k.ndim() == 4 && k.dim(1) == L, "context attention: q ", q.shape.str(), " and k ",
-                  k.shape.str(), " must be (B, L, H, D) and (B, L, KV, D)");
     TESSERA_CHECK(seq.length() == L, "context attention: ", L, " rows for the layout ", seq.str());
     const SequenceLayout want = cp.layout(T);
     TESSERA_CHECK(seq == want, "context attention on cp rank ", r, " of ", P, ": the rows hold ", seq.str(),
@@ -184,6 +190,7 @@ Tensor rank_part(const Tensor& all, int64_t src) { return all.slice_rows(src, sr
 void context_attention_forward(const Exec& ex, const ContextParallel& cp, Allocator& alloc, const Tensor& out,
                                const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                                const SequenceLayout& seq, ContextAttentionStats* stats) {
+  check_shapes(q, k, v);
   if (!cp.active()) {  // one rank: the whole sequence, one kernel call
     TESSERA_CHECK(seq.chunks().size() == 1, "context attention without cp takes one chunk, got ", seq.str());
     const int64_t start = seq.chunks()[0].start;
@@ -226,6 +233,7 @@ void context_attention_backward(const Exec& ex, const ContextParallel& cp, Alloc
                                 const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                                 const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                                 const SequenceLayout& seq, ContextAttentionStats* stats) {
+  check_shapes(q, k, v);
   if (!cp.active()) {
     TESSERA_CHECK(seq.chunks().size() == 1, "context attention without cp takes one chunk, got ", seq.str());
     const int64_t start = seq.chunks()[0].start;

@@ -178,6 +178,16 @@ TEST(ContextAttention, RefusesAnotherLayout) {
       << T;
 }
 
+TEST(ContextAttention, RefusesBadShapes) {
+  MpiCommunicator comm = MpiCommunicator::duplicate(test_world());
+  const ContextParallel cp{&comm, CpComm::Ring};
+  HostTensor<double> q({1, 4, 2}), k({1, 4, 1, 4}), out({1, 4, 2}), lse({1, 2, 4});
+  Allocator alloc;
+  EXPECT_TRUE(testing::throws_with(
+      [&] { context_attention_forward(kCpu, cp, alloc, out.t(), lse.t(), q.t(), k.t(), k.t(), cp.layout(4 * comm.size())); },
+      {"context attention: q (1, 4, 2)", "must be (B, L, H, D)"}));
+}
+
 TEST(ContextAttention, ParsesTheCommMode) {
   EXPECT_EQ(parse_cp_comm("ring"), CpComm::Ring);
   EXPECT_EQ(parse_cp_comm("allgather"), CpComm::AllGather);
