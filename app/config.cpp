@@ -885,13 +885,7 @@ int64_t auto_micro_batch(int64_t global_batch, int64_t dp_size, const std::funct
   return 1;
 }
 
-GridDegrees grid_degrees(const ParallelConfig& p) {
-  TESSERA_CHECK(p.cp == 1, "[parallel] asks for cp=", p.cp,
-                ", but context parallelism (cp) is not wired into the trainer yet: this build trains over data, "
-                "tensors and pipeline stages (parallel.dp, parallel.zero, parallel.tp, parallel.sequence_parallel, "
-                "parallel.pp); leave parallel.cp at 1");
-  return GridDegrees{p.tp, p.cp, p.pp, p.dp};
-}
+GridDegrees grid_degrees(const ParallelConfig& p) { return GridDegrees{p.tp, p.cp, p.pp, p.dp}; }
 
 void validate_pipeline(const Config& c, int64_t dp_size) { check_pipeline(c, dp_size, nullptr); }
 

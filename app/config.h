@@ -149,6 +149,7 @@ struct TrainConfig {
   std::string name;
   int64_t exit_after_steps = 0;
   double exit_after_minutes = 0.0;
+  double max_memory_gib = 0.0;
   bool profile = false;
   bool memory_check = true;
 
@@ -180,6 +181,9 @@ struct TrainConfig {
     v.field("memory_check", memory_check, "before allocating, estimate one rank's memory (parameters, gradients, "
             "optimizer, activations, batches, checkpoint copies) and refuse to start when the ranks on a node "
             "need more than it has available; false = only warn (docs/training.md)", Allowed::any());
+    v.field("max_memory_gib", max_memory_gib, "refuse to start when one rank's memory estimate exceeds this many "
+            "GiB (a per-rank cap, e.g. a device's memory; parallel.cp divides the activations); 0 = no cap",
+            Allowed::at_least(0.0).at_most(1 << 30));
   }
   bool operator==(const TrainConfig&) const = default;
 };
@@ -228,6 +232,7 @@ struct ParallelConfig {
   int64_t vpp = 1;
   std::string pp_schedule = "1f1b";
   int64_t cp = 1;
+  std::string cp_comm = "ring";
   bool sequence_parallel = false;
   int64_t zero = 0;
   double bucket_mb = 25.0;
@@ -249,7 +254,11 @@ struct ParallelConfig {
     v.field("pp_schedule", pp_schedule, "pipeline schedule: gpipe (all forwards, then all backwards), 1f1b, "
             "interleaved (1F1B over parallel.vpp chunks per rank) or zb-h1 (zero-bubble H1: weight gradients "
             "deferred into the cool-down)", Allowed::one_of({"gpipe", "1f1b", "interleaved", "zb-h1"}));
-    v.field("cp", cp, "context-parallel degree (sequence split for attention)", Allowed::at_least(1));
+    v.field("cp", cp, "context-parallel degree: every sequence is cut into 2 x cp chunks and cp rank r holds "
+            "chunks r and 2 cp - 1 - r (train.seq_len must divide by 2 x cp)", Allowed::at_least(1));
+    v.field("cp_comm", cp_comm, "context-parallel attention: ring (K/V passed around the cp ring, overlapped "
+            "with attention) or allgather (K/V all-gathered once per layer; cheap with few KV heads)",
+            Allowed::one_of({"ring", "allgather"}));
     v.field("sequence_parallel", sequence_parallel, "split norms and residuals along the sequence "
             "over the tp group", Allowed::any());
     v.field("zero", zero, "ZeRO stage: 0 = replicated optimizer state, 1 = sharded over dp",
@@ -372,7 +381,6 @@ int64_t grad_accum_steps(const Config& c, int64_t dp_size);
 int64_t auto_micro_batch(int64_t global_batch, int64_t dp_size, const std::function<bool(int64_t)>& fits);
 
 // The process grid's degrees from [parallel] (tp, cp, pp, dp; dp = -1: the rest of the world).
-// Throws while cp is above 1: context parallelism is not wired into the trainer yet (the message names what is).
 GridDegrees grid_degrees(const ParallelConfig& p);
 
 // The pipeline keys against the model and the batch: parallel.vpp > 1 only with the interleaved

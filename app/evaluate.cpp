@@ -6,6 +6,7 @@
 #include <map>
 #include <numeric>
 
+#include "app/context_parallel.h"
 #include "kernels/check.h"
 #include "kernels/elementwise.h"
 #include "kernels/tensor.h"
@@ -67,14 +68,15 @@ std::vector<const Gpt*> chunks_of(const Gpt& model, const PipelineLink& link) {
   return link.chunks.empty() ? std::vector<const Gpt*>{&model} : link.chunks;
 }
 
-// One batch's forward, ids (B, T) on the host, through this rank's chunks in virtual-stage order:
+// One batch's forward, ids (B, T) on the host at the positions seq (this cp rank's share, or the
+// whole sequence, which every model attends locally), through this rank's chunks in virtual-stage order:
 // the chunk with the embedding reads the ids, every other one the previous virtual stage's
 // activations (B, T / link.sequence_shards, C), received over link.pp (tag: the receiving virtual
 // stage) and its output sent on; the chunk with the head (targets uploaded when given) calls
 // at_head(chunk, ctx) instead. On a whole model (no link.pp) that is the model's forward.
 void pipeline_forward(const Exec& ex, const Gpt& model, Allocator& alloc, const PipelineLink& link,
                       std::vector<int32_t>& ids, std::vector<int32_t>* targets, int64_t B, int64_t T,
-                      const std::function<void(const Gpt& head, GptCtx& ctx)>& at_head) {
+                      const SequenceLayout& seq, const std::function<void(const Gpt& head, GptCtx& ctx)>& at_head) {
   const std::vector<const Gpt*> chunks = chunks_of(model, link);
   const int64_t pp = link.pp ? link.pp->size() : 1, rank = link.pp ? link.pp->rank() : 0;
   const int64_t stages = pp * static_cast<int64_t>(chunks.size());
@@ -90,8 +92,7 @@ void pipeline_forward(const Exec& ex, const Gpt& model, Allocator& alloc, const 
     }
     if (stage.head && targets) target_ids = device_ids(ex, alloc, *targets, B, T);
     GptCtx ctx;
-    const Tensor out = chunk.forward(ex, ctx, alloc, stage.embedding ? tokens.tensor() : input.tensor(), target_ids,
-                                     stage.embedding ? SequenceLayout{} : SequenceLayout::contiguous(T));
+    const Tensor out = chunk.forward(ex, ctx, alloc, stage.embedding ? tokens.tensor() : input.tensor(), target_ids, seq);
     if (stage.head)
       at_head(chunk, ctx);
     else
@@ -111,17 +112,19 @@ std::optional<double> validation_loss(const Exec& ex, const Gpt& model, Allocato
     for (auto& i : idx) i %= val.num_samples();
     std::optional<Batch> gated = gated_batch(val, idx, gate);
     if (!gated) return std::nullopt;
-    Batch& batch = *gated;
-    pipeline_forward(ex, model, alloc, link, batch.tokens, &batch.targets, batch.B, batch.T,
+    const SequenceLayout seq = link.cp.layout(gated->T);  // this cp rank's positions
+    Batch batch = cp_share(*gated, link.cp);
+    pipeline_forward(ex, model, alloc, link, batch.tokens, &batch.targets, batch.B, batch.T, seq,
                      [&](const Gpt&, GptCtx& ctx) {
                        accumulate(ex, sums, ctx.loss_sums);
                        head = true;
                      });
   }
-  if (!link.pp) return read_loss_sums(ex, sums).mean();
+  if (!link.pp && !link.cp.active()) return read_loss_sums(ex, sums).mean();
   const LossSums mine = head ? read_loss_sums(ex, sums) : LossSums{};
   std::vector<double> total = {mine.loss_sum, static_cast<double>(mine.targets)};
-  sum_over_group(total, link.pp);
+  if (link.pp) sum_over_group(total, link.pp);
+  if (link.cp.active()) sum_over_group(total, link.cp.comm);
   return total[1] > 0 ? total[0] / total[1] : 0.0;
 }
 
@@ -147,7 +150,7 @@ std::optional<std::vector<std::vector<int32_t>>> greedy_generate(const Exec& ex,
     // The stage with the head picks the next ids; under a pipeline they reach every stage as a sum
     // over the pipeline group (the other stages add zeros; ids are exact in a double).
     std::vector<double> next(static_cast<size_t>(B), 0.0);
-    pipeline_forward(ex, model, alloc, link, tokens, nullptr, B, Tp, [&](const Gpt& head, GptCtx& ctx) {
+    pipeline_forward(ex, model, alloc, link, tokens, nullptr, B, Tp, SequenceLayout::contiguous(Tp), [&](const Gpt& head, GptCtx& ctx) {
       Buffer last(alloc, ctx.logits.tensor().dtype, {B, V}, MemCategory::Workspace);
       head.logits_at(ex, ctx, alloc, T - 1, last);
       const std::vector<int32_t> best = argmax_rows(ex, last);

@@ -27,11 +27,14 @@ using EvalGate = std::function<bool(const std::string& read_error)>;
 // The pipeline a stage's evaluation runs in: pp, the pipeline group (this rank's stage = its rank
 // there; null: the model is whole); chunks: this rank's model chunks, virtual chunk 0 first (chunk c
 // of rank r is virtual stage c pp + r; empty: the model given is the one chunk); sequence_shards:
-// the activations' rows per sequence are T / sequence_shards (tp under sequence parallelism, else 1).
+// the activations' rows per sequence are T / sequence_shards (tp under sequence parallelism, else 1),
+// of this cp rank's positions; cp: the context-parallel group (each rank evaluates its positions of
+// every sequence, app/context_parallel.h, and the loss is summed over the group).
 struct PipelineLink {
   Communicator* pp = nullptr;
   std::vector<const Gpt*> chunks;
   int64_t sequence_shards = 1;
+  ContextParallel cp;
 };
 
 // Mean loss over samples [0, batches * micro_batch) of the validation dataset (one device read);

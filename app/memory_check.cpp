@@ -131,6 +131,25 @@ struct RankModel {
   std::string eval_what;
 };
 
+// Context parallelism's own temporaries during one layer's attention (parallel/context_attention.cpp),
+// on top of the model's: chunk-major copies of q and out (and, backward, of dout and dq), lse, and
+// the K/V buffers (2 B L KV D each, L = seq_len / cp): ring forward 2 of them (the block and the
+// next in flight) plus a half-chunk block result, backward 6 (K/V and the next, dK/dV partial and
+// incoming, double-buffered); all-gather forward 1 + cp (its own and the gathered), backward
+// 2 + 2 cp (the gathered K/V and their gradients). Counted as added to the model's peak (an upper
+// bound: the model's own peak need not fall in its attention).
+int64_t context_attention_bytes(const Config& cfg, const ModelConfig& mc, int64_t tp) {
+  const ParallelConfig& p = cfg.parallel;
+  if (p.cp <= 1) return 0;
+  const int64_t B = cfg.train.micro_batch, L = cfg.train.seq_len / p.cp, D = mc.head_dim();
+  const int64_t H = mc.n_head / tp, KV = mc.kv_heads() % tp == 0 ? mc.kv_heads() / tp : 1;
+  const int64_t q = mul(mul(B, L), mul(H, D)), lse = mul(B, mul(H, L)), kv = mul(2, mul(mul(B, L), mul(KV, D)));
+  const bool ring = p.cp_comm != "allgather";
+  const int64_t forward = add(add(mul(5, q) / 2, mul(3, lse) / 2), mul(ring ? 2 : 1 + p.cp, kv));
+  const int64_t backward = add(add(mul(4, q), lse), mul(ring ? 6 : 2 + 2 * p.cp, kv));
+  return mul(std::max(forward, backward), kFloatBytes);
+}
+
 // The addition task's evaluation: greedy answers of data.val_examples problems at once (at most:
 // they go by prompt length), the longest forward being the prompt "a+b=" and all but the last
 // answer character. Returns (B, T) of it.
@@ -219,8 +238,10 @@ RankModel pipeline_rank(const Config& cfg, const ModelConfig& mc, const std::vec
 MemoryEstimate estimate_for(const Config& cfg, const MemoryLayout& layout, const RankModel& rm) {
   const TrainConfig& t = cfg.train;
   const int64_t dp = layout.dp;
-  const bool zero = cfg.parallel.zero == 1 && dp > 1;
-  const int64_t P = rm.parameters, pad = zero ? dp : 1;
+  // ZeRO-1 shards the optimizer state over the dp x cp group (every rank holding the same parameters).
+  const int64_t shards = mul(dp, std::max<int64_t>(1, cfg.parallel.cp));
+  const bool zero = cfg.parallel.zero == 1 && shards > 1;
+  const int64_t P = rm.parameters, pad = zero ? shards : 1;
   const int64_t padded = mul(P / pad + (P % pad != 0 ? 1 : 0), pad);
   const int64_t shard = padded / pad;  // ZeRO-1: this rank's part of the optimizer state
   MemoryEstimate e;
@@ -231,7 +252,7 @@ MemoryEstimate estimate_for(const Config& cfg, const MemoryLayout& layout, const
   item("parameters (" + std::to_string(P) + " on this rank" + (rm.what.empty() ? "" : ": " + rm.what) + ")", padded,
        true, model_keys, kFloatBytes);
   item("gradients", zero ? add(padded, shard) : padded, true, model_keys, kFloatBytes);
-  item(zero ? "AdamW moments (ZeRO-1: 1/" + std::to_string(dp) + " of them)" : "AdamW moments", mul(2, zero ? shard : P),
+  item(zero ? "AdamW moments (ZeRO-1: 1/" + std::to_string(shards) + " of them)" : "AdamW moments", mul(2, zero ? shard : P),
        true, model_keys + ", parallel.zero = 1", kFloatBytes);
 
   // The largest transient: a training step's, the evaluation forward, or the ZeRO-1 gather.
@@ -275,16 +296,29 @@ MemoryEstimate estimate_training_memory(const Config& cfg, int64_t data_vocab_si
   const bool sp = cfg.parallel.sequence_parallel && tp > 1;
   const bool full = cfg.model.recompute == "full";
   const ParallelConfig& p = cfg.parallel;
-  if (p.pp == 1) return estimate_for(cfg, layout, whole_model(cfg, mc, tp, sp, full));
+  // Context parallelism: a cp rank holds seq_len / cp positions of every sequence, so each
+  // activation of the model (and the evaluation's) is that of the shorter sequence; parameters,
+  // gradients and moments are not divided (the stage cut is the trainer's, by the whole length).
+  Config local = cfg;
+  if (p.cp > 1 && cfg.train.seq_len % p.cp == 0) local.train.seq_len = cfg.train.seq_len / p.cp;
+  const int64_t cp_bytes = context_attention_bytes(cfg, mc, tp);
+  const auto with_cp = [&](RankModel r) {
+    if (cp_bytes == 0) return r;
+    r.transient.bytes = add(r.transient.bytes, cp_bytes);
+    r.transient.what += " and context-parallel attention's K/V buffers (parallel.cp = " + std::to_string(p.cp) +
+                        ", " + p.cp_comm + ")";
+    return r;
+  };
+  if (p.pp == 1) return estimate_for(cfg, layout, with_cp(whole_model(local, mc, tp, sp, full)));
   const std::vector<StageSpec> cut = cut_stages(mc, cfg.train.seq_len, p.pp, p.vpp, p.pp_layers);
   const int64_t m = std::max<int64_t>(1, cfg.train.global_batch / std::max<int64_t>(1, mul(cfg.train.micro_batch, layout.dp)));
   if (layout.pp_rank >= 0) {
     TESSERA_CHECK(layout.pp_rank < p.pp, "estimate_training_memory: pipeline rank ", layout.pp_rank, " of ", p.pp);
-    return estimate_for(cfg, layout, pipeline_rank(cfg, mc, cut, layout.pp_rank, m, tp, sp, full));
+    return estimate_for(cfg, layout, with_cp(pipeline_rank(local, mc, cut, layout.pp_rank, m, tp, sp, full)));
   }
   MemoryEstimate most;
   for (int64_t r : candidate_ranks(p.pp)) {
-    MemoryEstimate e = estimate_for(cfg, layout, pipeline_rank(cfg, mc, cut, r, m, tp, sp, full));
+    MemoryEstimate e = estimate_for(cfg, layout, with_cp(pipeline_rank(local, mc, cut, r, m, tp, sp, full)));
     if (most.items.empty() || e.total() > most.total()) most = std::move(e);
   }
   return most;
@@ -421,6 +455,24 @@ std::string memory_problem(const MemoryEstimate& e, int64_t ranks_on_node, const
   return os.str();
 }
 
+std::string memory_cap_problem(const MemoryEstimate& e, double cap_gib) {
+  if (cap_gib <= 0) return "";
+  const double cap = cap_gib * 1024.0 * 1024.0 * 1024.0;
+  if (static_cast<double>(e.total()) <= cap) return "";
+  std::ostringstream os;
+  os << "train.max_memory_gib = " << cap_gib << ": one rank needs about " << format_bytes(static_cast<size_t>(e.total()))
+     << ", more than the cap of " << format_bytes(static_cast<size_t>(cap)) << ". Largest items:";
+  std::vector<MemoryItem> items = e.items;
+  std::stable_sort(items.begin(), items.end(), [](const MemoryItem& a, const MemoryItem& b) { return a.bytes > b.bytes; });
+  for (size_t i = 0; i < items.size() && i < 3; ++i) {
+    os << "\n  " << format_bytes(static_cast<size_t>(items[i].bytes)) << "  " << items[i].what;
+    if (!items[i].keys.empty()) os << "  <- " << items[i].keys;
+  }
+  os << "\nShrink them with the keys named, or split each sequence over more ranks with parallel.cp (activations "
+        "per rank / cp), or raise the cap.";
+  return os.str();
+}
+
 std::string check_training_memory(const Config& cfg, int64_t data_vocab_size, const MemoryLayout& layout,
                                   MPI_Comm comm) {
   const int64_t local = comm == MPI_COMM_NULL ? 1 : ranks_on_this_node(comm);
@@ -439,6 +491,8 @@ std::string check_training_memory(const Config& cfg, int64_t data_vocab_size, co
     line = os.str();
     const std::string problem = memory_problem(e, local, available);
     if (!problem.empty() && cfg.train.memory_check) error = problem;
+    const std::string capped = memory_cap_problem(e, cfg.train.max_memory_gib);  // a cap set is always kept
+    if (!capped.empty()) error = capped;
     if (!problem.empty() && !cfg.train.memory_check)
       line += "\nwarning: train.memory_check = false: starting anyway. " + problem;
   } catch (const Error& ex) {

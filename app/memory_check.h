@@ -79,6 +79,10 @@ AvailableMemory available_host_memory();
 // "" when they fit (or when the available memory is unknown).
 std::string memory_problem(const MemoryEstimate& e, int64_t ranks_on_node, const AvailableMemory& available);
 
+// "" when the estimate fits train.max_memory_gib (0: no cap), else the refusal naming the key, the
+// numbers, the largest items and parallel.cp.
+std::string memory_cap_problem(const MemoryEstimate& e, double cap_gib);
+
 // The trainer's check, collective over comm (MPI_COMM_NULL: one process): estimates, compares
 // with this node's available memory (all ranks on the node share it) and, when it does not fit
 // and train.memory_check is on, throws the same error on every rank. Returns the header line,

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "app/build_info.h"
+#include "app/context_parallel.h"
 #include "app/evaluate.h"
 #include "app/launch.h"
 #include "app/memory_check.h"
@@ -117,6 +118,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
       cfg_, data_.vocab_size, {grid_.tp_size(), grid_.dp_size(), !ckpt_dir.empty() && comm != MPI_COMM_NULL}, comm);
   if (comm != MPI_COMM_NULL && grid_.world_size() > 1) comms_ = std::make_unique<GridComms>(mpi_grid_comms(grid_, comm));
   if (watchdog && comms_) comms_->watch(*watchdog, grid_, cfg_.parallel.timeout_s);
+  cp_ = context_parallel_of(cfg_.parallel, comms_.get());
   // The tp ranks of a dp replica hold one model between them and read the same batches.
   TensorParallel tp;
   if (grid_.tp_size() > 1) tp = TensorParallel{comms_->tp.get(), cfg_.parallel.sequence_parallel};
@@ -125,7 +127,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
   // One Gpt per chunk (interleaved: vpp of them), their parameters in one store: one flat buffer
   // for the optimizer, the reduction and the checkpoint.
   for (const StageSpec& chunk : chunks_of(cfg_, mc, grid_))
-    chunks_.push_back(std::make_unique<Gpt>(mc, *params_, recompute_policy(cfg_), tp, chunk));
+    chunks_.push_back(std::make_unique<Gpt>(mc, *params_, recompute_policy(cfg_), tp, chunk, cp_));
   model_ = chunks_.front().get();
   const DpOptimizerOptions dp_opts = dp_optimizer_options(cfg_.parallel);
   params_->finalize(DataParallelOptimizer::pad_multiple(dp_opts, grid_.dp_size() * grid_.cp_size()));
@@ -218,7 +220,7 @@ std::optional<Trainer::Reduced> Trainer::forward_backward(int64_t s) {
     for (int64_t m = 0; m < accum_; ++m) {
       std::optional<Batch> next = loader_->next([this] { return stop_requested(); });
       if (!next) break;  // a stop signal: the vote below sees it
-      batches.push_back(std::move(*next));
+      batches.push_back(cp_share(*next, cp_));  // this cp rank's positions of each sequence
       const Batch& b = batches.back();
       my_targets += static_cast<double>(
           std::count_if(b.targets.begin(), b.targets.end(), [](int32_t t) { return t != kIgnoreTarget; }));
@@ -251,7 +253,7 @@ std::optional<Trainer::Reduced> Trainer::forward_backward(int64_t s) {
                       MemCategory::Activations);
     f.targets = upload(ex_, alloc_, Tensor(const_cast<int32_t*>(b.targets.data()), DType::I32, {b.B, b.T}),
                        MemCategory::Activations);
-    model_->forward(ex_, f.ctx, alloc_, f.tokens, f.targets);
+    model_->forward(ex_, f.ctx, alloc_, f.tokens, f.targets, cp_.layout(cfg_.train.seq_len));
     accumulate(ex_, step_sums, f.ctx.loss_sums);
   };
   run.backward = [&](int64_t m, bool last) {
@@ -317,7 +319,8 @@ void Trainer::run_pipeline(const std::vector<Batch>& batches, double loss_scale,
   const int64_t pp = grid_.pp_size(), rank = grid_.pp_rank(), vpp = static_cast<int64_t>(chunks_.size());
   const int64_t T = cfg_.train.seq_len, C = model_->config().n_embd;
   const bool sp = grid_.tp_size() > 1 && cfg_.parallel.sequence_parallel;
-  const int64_t T_local = sp ? T / grid_.tp_size() : T;
+  const SequenceLayout seq = cp_.layout(T);  // this cp rank's positions (all of them when cp = 1)
+  const int64_t T_local = sp ? seq.length() / grid_.tp_size() : seq.length();
   struct InFlight {
     Buffer tokens, targets;  // ids on the model's device: tokens for the embedding, targets for the head
     Buffer input;            // the received activations (B, T_local, C) of a chunk without the embedding
@@ -335,7 +338,7 @@ void Trainer::run_pipeline(const std::vector<Batch>& batches, double loss_scale,
   const auto chunk = [&](int64_t c) -> const Gpt& { return *chunks_.at(static_cast<size_t>(c)); };
   const auto ids = [&](const std::vector<int32_t>& v, const Batch& b) {
     return upload(ex_, alloc_, Tensor(const_cast<int32_t*>(v.data()), DType::I32, {b.B, b.T}), MemCategory::Activations);
-  };
+  };  // b: this cp rank's share (T = its positions)
   const auto act_shape = [&](int64_t m) { return Shape{batches.at(static_cast<size_t>(m)).B, T_local, C}; };
   PipelineCallbacks run;
   run.exec = &ex_;
@@ -347,8 +350,7 @@ void Trainer::run_pipeline(const std::vector<Batch>& batches, double loss_scale,
     if (stage.head) f.targets = ids(b.targets, b);
     // A chunk without the embedding gets activations, not ids: it is told the positions they hold.
     f.output = chunk(c).forward(ex_, f.ctx, alloc_, stage.embedding ? f.tokens.tensor() : f.input.tensor(),
-                                stage.head ? f.targets.tensor() : Tensor(),
-                                stage.embedding ? SequenceLayout{} : SequenceLayout::contiguous(T));
+                                stage.head ? f.targets.tensor() : Tensor(), seq);
     if (stage.head) accumulate(ex_, step_sums, f.ctx.loss_sums);
   };
   run.backward = [&](const BackwardCall& call) {
@@ -507,7 +509,8 @@ void Trainer::log_step(int64_t s, const StepResult& r, double step_seconds, doub
     // volumes, parallel/communicator.h): 2 (p-1)/p of the gradients (ZeRO-1: a reduce-scatter and an
     // all-gather of (p-1)/p each), plus a few scalars; and over the tp group (tensor_parallel.h edges).
     const int64_t steps = std::max<int64_t>(1, done - step_at_record_);
-    const int64_t sent = comms_->dp->bytes_sent(), tp_sent = comms_->tp->bytes_sent(), pp_sent = comms_->pp->bytes_sent();
+    // (under cp the dp x cp group's, which carries the gradient reduction then)
+    const int64_t sent = dp_cp_group()->bytes_sent(), tp_sent = comms_->tp->bytes_sent(), pp_sent = comms_->pp->bytes_sent();
     rec.add("dp_bytes_per_step", (sent - dp_bytes_at_record_) / steps);
     if (grid_.tp_size() > 1) rec.add("tp_bytes_per_step", (tp_sent - tp_bytes_at_record_) / steps);
     dp_bytes_at_record_ = sent;
@@ -518,6 +521,10 @@ void Trainer::log_step(int64_t s, const StepResult& r, double step_seconds, doub
       add_pipeline_times(rec, reduce_pipeline_times(pipeline_timer_.take(), comms_->pp.get()));  // collective over pp
     }
     pp_bytes_at_record_ = pp_sent;
+    // Over the context-parallel group: K/V (and their gradients) of every layer, ring or all-gather.
+    const int64_t cp_sent = comms_->cp->bytes_sent();
+    if (grid_.cp_size() > 1) rec.add("cp_bytes_per_step", (cp_sent - cp_bytes_at_record_) / steps);
+    cp_bytes_at_record_ = cp_sent;
     step_at_record_ = done;
   }
   metrics_.write(rec);
@@ -543,6 +550,7 @@ bool Trainer::evaluate(int64_t s, TrainSummary& summary) {
     for (const auto& chunk : chunks_) link.chunks.push_back(chunk.get());
     link.sequence_shards = grid_.tp_size() > 1 && cfg_.parallel.sequence_parallel ? grid_.tp_size() : 1;
   }
+  link.cp = cp_;  // the validation batches are cut over cp; greedy answers run whole on every cp rank
   if (data_.valid) {
     val_loss = validation_loss(ex_, *model_, alloc_, *data_.valid, cfg_.train.eval_batches, cfg_.train.micro_batch,
                                gate, link);
@@ -585,6 +593,7 @@ void Trainer::print_header() {
      << " GFLOP/s";
   if (grid_.world_size() > 1)
     os << "\nlayout: " << grid_.world_size() << " ranks = tp " << grid_.tp_size() << " x dp " << grid_.dp_size()
+       << (grid_.cp_size() > 1 ? " x cp " + std::to_string(grid_.cp_size()) + " (" + cfg_.parallel.cp_comm + ")" : "")
        << (grid_.pp_size() > 1 ? " x pp " + std::to_string(grid_.pp_size()) + " (" + cfg_.parallel.pp_schedule + ")" : "")
        << (grid_.tp_size() > 1 && cfg_.parallel.sequence_parallel ? " (sequence parallel)" : "") << "; "
        << params_->numel() << " parameters per rank";
@@ -607,7 +616,7 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   st.tokens_seen = st.consumed_samples * cfg_.train.seq_len;
   st.config_toml = to_toml(cfg_);
   st.seeds = {{"train_seed", cfg_.train.seed}, {"data_seed", cfg_.data.seed}};
-  st.writes_tensors = grid_.dp_rank() == 0;     // replicas hold the same values
+  st.writes_tensors = grid_.dp_rank() == 0 && grid_.cp_rank() == 0;  // replicas and cp ranks hold the same values
   st.writes_replicated = grid_.tp_rank() == 0;  // as do tp ranks, for what they hold whole
   WatchedWait watched(ckpt_wait_, "checkpoint save (waiting for the previous one, copying the state)");
   ckpt_->save(st);
@@ -778,7 +787,7 @@ void print_summary(const TrainSummary& s, const std::string& run_dir) {
 // Keys that parse but whose features are not built yet are refused rather than ignored.
 void check_supported(const Config& cfg) {
   const ParallelConfig& p = cfg.parallel;
-  grid_degrees(p);  // refuses cp above 1
+  grid_degrees(p);
   TESSERA_CHECK(p.zero == 0 || p.zero == 1, "parallel.zero = ", p.zero,
                 " is not supported: 0 (replicated optimizer state) or 1 (ZeRO-1, sharded over dp)");
 }

@@ -136,6 +136,7 @@ class Trainer {
   const StopSignals* signals_ = nullptr;  // while run() runs
   ProcessGrid grid_;                  // tp x dp: the tp ranks of a replica share the model
   std::unique_ptr<GridComms> comms_;
+  ContextParallel cp_;                // parallel.cp: the cp group the model's attention spans
   bool lead_ = true;                  // rank 0: prints, writes metrics
   bool auto_micro_batch_ = false;     // train.micro_batch = 0: cfg_ holds the one chosen (header)
   int64_t accum_ = 1;
@@ -166,6 +167,7 @@ class Trainer {
   // communication accounting per record
   int64_t dp_bytes_at_record_ = 0, tp_bytes_at_record_ = 0, pp_bytes_at_record_ = 0, step_at_record_ = 0;
   PipelineTimer pipeline_timer_;  // under pp: busy and idle time per step, since the last record
+  int64_t cp_bytes_at_record_ = 0;
   double flops_per_token_ = 0;
   double peak_flops_ = 0;
 };

@@ -51,4 +51,18 @@ void attention_backward(const Exec& ex, const Tensor& dq, const Tensor& dk, cons
   front::no_cuda_implementation(op);
 }
 
+void attention_merge(const Exec& ex, const Tensor& out, const Tensor& lse, const Tensor& block_out,
+                     const Tensor& block_lse) {
+  const char* op = "attention_merge";
+  const Device d = front::device_of(op, ex, {{"out", out}, {"lse", lse}, {"block_out", block_out}, {"block_lse", block_lse}});
+  for (const Tensor* t : {&lse, &block_out, &block_lse}) check_same_dtype(op, *t, out);
+  TESSERA_CHECK(out.dtype == DType::F32 || out.dtype == DType::F64, op, ": unsupported dtype ", dtype_name(out.dtype));
+  TESSERA_CHECK(out.ndim() == 4, op, ": out must be (B, T, H, D), got ", out.shape.str());
+  check_shape(op, "block_out", block_out, out.shape);
+  check_shape(op, "lse", lse, Shape{out.dim(0), out.dim(2), out.dim(1)});
+  check_shape(op, "block_lse", block_lse, lse.shape);
+  if (d.is_cpu()) return cpu::attention_merge(ex, out, lse, block_out, block_lse);
+  front::no_cuda_implementation(op);
+}
+
 }  // namespace tessera

@@ -26,4 +26,13 @@ void attention_backward(const Exec& ex, const Tensor& dq, const Tensor& dk, cons
                         const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         int64_t q_offset, int64_t k_offset);
 
+// Merges one key block's result into a running one (ring attention, context parallelism): out,
+// lse (B, T, H, D), (B, H, T) hold the attention of the queries over the keys seen so far, and
+// block_out, block_lse the same queries' attention over a further, disjoint block of keys.
+// Afterwards out, lse are the attention over both: lse' = log(e^lse + e^block_lse),
+// out' = out e^(lse - lse') + block_out e^(block_lse - lse'). A row with lse = -inf in both stays
+// out = 0, lse = -inf.
+void attention_merge(const Exec& ex, const Tensor& out, const Tensor& lse, const Tensor& block_out,
+                     const Tensor& block_lse);
+
 }  // namespace tessera

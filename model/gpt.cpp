@@ -11,6 +11,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/gelu.h"
 #include "kernels/swiglu.h"
+#include "parallel/context_attention.h"
 
 namespace tessera {
 
@@ -19,18 +20,27 @@ Buffer activation(Allocator& alloc, DType dt, Shape s) { return Buffer(alloc, dt
 Buffer workspace(Allocator& alloc, DType dt, Shape s) { return Buffer(alloc, dt, s, MemCategory::Workspace); }
 double residual_init_std(const ModelConfig& cfg) { return cfg.init_std / std::sqrt(2.0 * cfg.n_layer); }
 
-// Training attention sees only the positions its tp group holds, under a causal mask: they must
-// be a whole sequence [0, T). Chunks of a longer one (context parallelism) need ring attention.
-void check_whole_sequence(const SequenceLayout& seq) {
-  TESSERA_CHECK(seq.chunks().size() == 1 && seq.chunks()[0].start == 0, "attention over the positions ", seq.str(),
+bool whole_sequence(const SequenceLayout& seq) { return seq.chunks().size() == 1 && seq.chunks()[0].start == 0; }
+
+// Training attention sees only the positions its tp group holds, under a causal mask: a whole
+// sequence [0, T) is attended here (also under cp: evaluation's greedy decoding runs whole prompts
+// on every rank); anything else are the cp group's chunks of a longer one
+// (parallel/context_attention.h checks them against its load-balanced layout). Returns whether
+// the cp group attends.
+bool attends_over_cp(const SequenceLayout& seq, const ContextParallel& cp) {
+  if (whole_sequence(seq)) return false;
+  TESSERA_CHECK(cp.active(), "attention over the positions ", seq.str(),
                 " needs context-parallel attention; this attention takes a whole sequence [0, T)");
+  return true;
 }
 }  // namespace
 
 // ---- Attention ----
 
-Attention::Attention(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, const TensorParallel& tp)
+Attention::Attention(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, const TensorParallel& tp,
+                     const ContextParallel& cp)
     : tp_(tp),
+      cp_(cp),
       n_head_(cfg.n_head),
       n_kv_head_(cfg.kv_heads()),
       head_dim_(cfg.head_dim()),
@@ -109,12 +119,15 @@ void Attention::project_out(const Exec& ex, const AttentionCtx& ctx, Allocator& 
 void Attention::forward(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
                         const SequenceLayout& seq) const {
   ProfileScope scope(prof_, OpFamily::Attention);  // the kernel; projections and edges time themselves
-  check_whole_sequence(seq);
+  const bool over_cp = attends_over_cp(seq, cp_);
   const int64_t T = seq.length();
   Buffer gathered;
   const Tensor xf = enter_region(ex, tp_, alloc, gathered, x, T);  // (B, T, C)
   project_qkv(ex, ctx, alloc, xf, seq);
-  attention_forward(ex, ctx.out, ctx.lse, ctx.q, ctx.k, ctx.v, 0, 0);
+  if (over_cp)
+    context_attention_forward(ex, cp_, alloc, ctx.out, ctx.lse, ctx.q, ctx.k, ctx.v, seq);
+  else
+    attention_forward(ex, ctx.out, ctx.lse, ctx.q, ctx.k, ctx.v, 0, 0);
   project_out(ex, ctx, alloc, y);
 }
 
@@ -149,7 +162,11 @@ void Attention::backward(const Exec& ex, const AttentionCtx& ctx, Allocator& all
   Buffer dq = workspace(alloc, x.dtype, {B, T, H, D});
   Buffer dk = workspace(alloc, x.dtype, {B, T, KV, D});
   Buffer dv = workspace(alloc, x.dtype, {B, T, KV, D});
-  attention_backward(ex, dq, dk, dv, dout, ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse, 0, 0);
+  // dq, dk, dv start at zero (the allocator's); both attentions accumulate into them.
+  if (attends_over_cp(seq, cp_))
+    context_attention_backward(ex, cp_, alloc, dq, dk, dv, dout, ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse, seq);
+  else
+    attention_backward(ex, dq, dk, dv, dout, ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse, 0, 0);
   dout.release();
   if (rope_) {
     ProfileScope rope(prof_, OpFamily::Rope);
@@ -231,11 +248,12 @@ void Mlp::backward(const Exec& ex, const MlpCtx& ctx, Allocator& alloc, const Te
 
 // ---- Block ----
 
-Block::Block(ParameterStore& ps, int index, const ModelConfig& cfg, Recompute recompute, const TensorParallel& tp)
+Block::Block(ParameterStore& ps, int index, const ModelConfig& cfg, Recompute recompute, const TensorParallel& tp,
+             const ContextParallel& cp)
     : recompute_(recompute) {
   const std::string p = "blocks." + std::to_string(index);
   ln1_ = Norm(ps, p + ".ln1", cfg, tp.sequence_sharded());
-  attn_ = Attention(ps, p + ".attn", cfg, tp);
+  attn_ = Attention(ps, p + ".attn", cfg, tp, cp);
   ln2_ = Norm(ps, p + ".ln2", cfg, tp.sequence_sharded());
   mlp_ = Mlp(ps, p + ".mlp", cfg, tp);
 }
@@ -350,7 +368,7 @@ StageSpec resolve_stage(const StageSpec& stage, int64_t n_layer) {
 // ---- Gpt ----
 
 Gpt::Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> recompute, TensorParallel tp,
-         StageSpec stage)
+         StageSpec stage, ContextParallel cp)
     : cfg_(resolve(cfg)),
       stage_(resolve_stage(stage, cfg_.n_layer)),
       ps_(&ps),
@@ -373,7 +391,8 @@ Gpt::Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> reco
   });
   for (int64_t l = stage_.first_layer; l < stage_.end_layer; ++l)
     block_ids_.push_back(registered([&] {
-      blocks_.emplace_back(ps, static_cast<int>(l), cfg_, recompute.empty() ? Recompute::None : recompute[l], tp_);
+      blocks_.emplace_back(ps, static_cast<int>(l), cfg_, recompute.empty() ? Recompute::None : recompute[l], tp_,
+                           cp);
     }));
   ln_f_ids_ = registered([&] {
     if (stage_.head) ln_f_ = Norm(ps, "ln_f", cfg_, tp_.sequence_sharded());

@@ -16,6 +16,7 @@
 #include "model/layers.h"
 #include "model/parameters.h"
 #include "model/weight_grads.h"
+#include "parallel/context_attention.h"
 
 namespace tessera {
 
@@ -47,10 +48,13 @@ struct AttentionCtx {
 class Attention {
  public:
   Attention() = default;
-  Attention(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, const TensorParallel& tp);
+  // cp: the context-parallel group (parallel/context_attention.h); inactive: cp = 1.
+  Attention(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, const TensorParallel& tp,
+            const ContextParallel& cp = {});
   // y (B, T_local, C) = proj(attention(q(x), k(x), v(x))), x (B, T_local, C); seq: the positions
   // of the tp group's sequence (T = seq.length(); T_local = T / tp under sequence parallelism,
-  // else T), a whole sequence [0, T) (chunks of one need context-parallel attention).
+  // else T): a whole sequence [0, T), or under cp this cp rank's load-balanced chunks, whose
+  // attention over the whole sequence is context_attention_forward's.
   void forward(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
                const SequenceLayout& seq) const;
   // Incremental decoding (B = 1, tp = 1), the same arithmetic with a cache: x (1, T, C) holds
@@ -77,6 +81,7 @@ class Attention {
   void project_kv_backward(const Exec& ex, const Linear& proj, Allocator& alloc, const Tensor& dx, const Tensor& d,
                            const Tensor& x, WeightGrads* deferred) const;
   TensorParallel tp_;
+  ContextParallel cp_;
   Profiler* prof_ = nullptr;
   int64_t n_head_ = 0, n_kv_head_ = 0, head_dim_ = 0;
   bool kv_replicated_ = false;  // fewer KV heads than tp ranks
@@ -126,7 +131,8 @@ struct BlockCtx {
 class Block {
  public:
   Block() = default;
-  Block(ParameterStore& ps, int index, const ModelConfig& cfg, Recompute recompute, const TensorParallel& tp);
+  Block(ParameterStore& ps, int index, const ModelConfig& cfg, Recompute recompute, const TensorParallel& tp,
+        const ContextParallel& cp = {});
   // y (B, T_local, C) from x (B, T_local, C); seq as Attention::forward. Under full
   // recomputation ctx keeps nothing.
   void forward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
@@ -218,8 +224,10 @@ class Gpt {
   // later stage than the embedding, the head's stage registers its own copy of "wte.weight"
   // (ParamSpec::stage_copy), and both it and the first stage's are marked
   // sum_grad_over_embedding_group: Megatron's approach.
+  // cp: the context-parallel group; its ranks share every sequence, each forward taking its
+  // chunks' tokens with seq = cp.layout(T) (parallel/context_attention.h).
   Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> recompute = {}, TensorParallel tp = {},
-      StageSpec stage = {});
+      StageSpec stage = {}, ContextParallel cp = {});
 
   // The forward of the stage. input: token ids (B, T) I32 for a stage with the embedding, else the
   // previous stage's output (B, T_local, C), which the caller keeps unchanged until backward.

@@ -68,9 +68,13 @@ void validate_grid(const GridDegrees& degrees, int64_t world, const GridLimits& 
                   d.cp, " = ", 2 * d.cp, " (context parallel cuts the sequence into 2 x cp chunks)");
   }
   if (m.ffn_hidden > 0) check_divisible("model.ffn_hidden", m.ffn_hidden, "parallel.tp", d.tp);
-  if (m.sequence_parallel && d.tp > 1)
+  if (m.sequence_parallel && d.tp > 1 && d.cp == 1)
     TESSERA_CHECK(m.seq_len % d.tp == 0, "train.seq_len = ", m.seq_len, " is not divisible by parallel.tp = ", d.tp,
                   " (parallel.sequence_parallel shards the sequence over the tensor-parallel ranks)");
+  if (m.sequence_parallel && d.tp > 1 && d.cp > 1 && m.seq_len % (2 * d.cp) == 0)
+    TESSERA_CHECK(m.seq_len / d.cp % d.tp == 0, "train.seq_len / parallel.cp = ", m.seq_len, " / ", d.cp, " = ",
+                  m.seq_len / d.cp, " positions per context-parallel rank are not divisible by parallel.tp = ", d.tp,
+                  " (parallel.sequence_parallel shards each cp rank's positions over the tensor-parallel ranks)");
   TESSERA_CHECK(m.vocab_size >= 1, "model.vocab_size = ", m.vocab_size, " must be at least 1");
 }
 

@@ -121,7 +121,7 @@ struct GridLimits {
 //   tp x cp x pp x dp = world;  model.n_head % tp = 0;
 //   model.n_kv_head % tp = 0, or, with fewer KV heads than tp (replicated), tp % n_kv_head = 0;
 //   model.n_layer >= pp x virtual_stages (a block per chunk);  train.seq_len % (2 x cp) = 0 when cp > 1;
-//   model.ffn_hidden % tp = 0;  train.seq_len % tp = 0 under sequence parallelism.
+//   model.ffn_hidden % tp = 0;  (train.seq_len / cp) % tp = 0 under sequence parallelism.
 // The vocabulary needs no divisibility: each tp rank holds ceil(V / tp) rows, the last padded.
 void validate_grid(const GridDegrees& degrees, int64_t world_size, const GridLimits& limits);
 

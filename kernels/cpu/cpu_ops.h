@@ -45,6 +45,8 @@ void attention_forward(const Exec& ex, const Tensor& out, const Tensor& lse, con
 void attention_backward(const Exec& ex, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                         const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         int64_t q_offset, int64_t k_offset);
+void attention_merge(const Exec& ex, const Tensor& out, const Tensor& lse, const Tensor& block_out,
+                     const Tensor& block_lse);
 
 // embedding.h: token ids are checked here (reading them is the backend's job).
 void embedding_forward(const Exec& ex, const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,

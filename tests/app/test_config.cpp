@@ -97,8 +97,8 @@ TEST(Config, GridDegreesFromTheParallelSection) {
   p.pp = 2;  // pipeline stages run in the trainer
   EXPECT_EQ(grid_degrees(p).pp, 2);
   p.pp = 1;
-  p.cp = 4;
-  EXPECT_TRUE(testing::throws_with([&] { grid_degrees(p); }, {"[parallel] asks for cp=4", "not wired into the trainer yet"}));
+  p.cp = 4;  // context parallelism runs in the trainer
+  EXPECT_EQ(grid_degrees(p).cp, 4);
 }
 
 TEST(Config, FullFileParses) {

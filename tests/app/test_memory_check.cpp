@@ -77,6 +77,25 @@ TEST(MemoryCheckLayouts, EstimateEqualsEachRanksPeak) {
   }
 }
 
+// Context parallelism: the activations are those of seq_len / cp positions, plus the context
+// attention's own temporaries (memory_check.cpp counts them as added to the model's peak, an upper
+// bound in general; on these configs they meet it exactly), within the 5% the issue asks.
+// ZeRO-1 shards over dp x cp.
+TEST(MemoryCheckLayouts, ContextParallelEstimateIsWithinFivePercentOfThePeak) {
+  const MPI_Comm world = test_world();
+  if (comm_size(world) != 2) GTEST_SKIP() << "runs under mpiexec -n 2 (MemoryCheck.two_ranks)";
+  for (const auto& overrides : std::vector<std::vector<std::string>>{
+           {"parallel.cp=2", "train.seq_len=64"},
+           {"parallel.cp=2", "train.seq_len=64", "parallel.cp_comm=\"allgather\"",
+            "parallel.zero=1"}}) {
+    const Config cfg = tiny(overrides);
+    const double estimate = static_cast<double>(estimate_training_memory(cfg, 13, MemoryLayout{1, 1, false}).allocator_bytes());
+    const double peak = static_cast<double>(measured_peak(cfg, world));
+    EXPECT_NEAR(estimate / peak, 1.0, 0.05) << ::testing::PrintToString(overrides) << " on rank " << comm_rank(world)
+                                            << ": estimate " << estimate << ", peak " << peak;
+  }
+}
+
 // train.micro_batch = 0: the largest divisor of global_batch / dp whose estimate fits what is
 // available (TESSERA_TEST_MEMORY_AVAILABLE stands for the node's memory).
 TEST(MemoryCheck, AutoMicroBatchIsTheLargestThatFitsTheAvailableMemory) {

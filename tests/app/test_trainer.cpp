@@ -43,13 +43,12 @@ TEST(Trainer, GradientAccumulationEqualsOneLargeBatch) {
   EXPECT_LT(diff / scale, 1e-5);
 }
 
-// The process grid takes cp from [parallel] (grid_degrees); context parallelism is not built, so a
-// Trainer refuses it itself, not only `tessera train` before it (TrainCommand.ConfigErrors...).
-// Every pipeline schedule runs (zb-h1 since the split backward, model/weight_grads.h).
+// Every pipeline schedule runs (zb-h1 since the split backward, model/weight_grads.h); context
+// parallelism on one rank is refused by the grid.
 TEST(Trainer, RefusesWhatIsNotWiredItself) {
   const Config cp = parse_config_string(kTinyConfig, "tiny.toml", {"parallel.cp=2"});
   EXPECT_TRUE(throws_with([&] { Trainer t(cp, "", MPI_COMM_NULL); },
-                          {"[parallel] asks for cp=2", "leave parallel.cp at 1"}));
+                          {"parallel.tp x parallel.cp x parallel.pp = 1 x 2 x 1 = 2 does not divide the 1 ranks"}));
   const Config zb = parse_config_string(kTinyConfig, "tiny.toml",
                                         {"parallel.pp=2", "train.micro_batch=2", "parallel.pp_schedule=\"zb-h1\""});
   EXPECT_NO_THROW(check_supported(zb));
@@ -94,9 +93,11 @@ TEST(TrainCommand, ConfigErrorsStopBeforeAnythingRuns) {
   EXPECT_NE(r.output.find("parallel.tp x parallel.cp x parallel.pp = 2 x 1 x 1 = 2 does not divide the 1 ranks"),
             std::string::npos)
       << r.output;
-  r = run_tessera({"train", cfg, "--set", "parallel.cp=2"}, dir);  // not built yet: refused, not ignored
+  r = run_tessera({"train", cfg, "--set", "parallel.cp=2"}, dir);  // one rank cannot hold cp = 2
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.output.find("[parallel] asks for cp=2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("parallel.tp x parallel.cp x parallel.pp = 1 x 2 x 1 = 2 does not divide the 1 ranks"),
+            std::string::npos)
+      << r.output;
   r = run_tessera({"train", (dir / "missing.toml").string()}, dir);
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("missing.toml"), std::string::npos) << r.output;

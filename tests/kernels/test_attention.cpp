@@ -307,6 +307,15 @@ void expect_ring_property(const Case& c, int64_t split, double tol) {
   auto merged = merge(run_forward(c1, q, k1, v1), run_forward(c2, q, k2, v2), c.D);
   EXPECT_LT(testing::max_rel_error(merged.out, whole.out), tol) << describe(c);
   EXPECT_LT(lse_error(merged.lse, whole.lse.template cast<double>()), tol) << describe(c);
+  // The kernel's merge (kernels/attention.h), both orders: a running result that saw no key yet
+  // (lse = -inf) takes the block's, and a block that saw none leaves the running one unchanged.
+  for (bool reversed : {false, true}) {
+    auto first = reversed ? run_forward(c2, q, k2, v2) : run_forward(c1, q, k1, v1);
+    auto second = reversed ? run_forward(c1, q, k1, v1) : run_forward(c2, q, k2, v2);
+    attention_merge(kCpu, first.out.t(), first.lse.t(), second.out.t(), second.lse.t());
+    EXPECT_LT(testing::max_rel_error(first.out, whole.out), tol) << "attention_merge " << describe(c);
+    EXPECT_LT(lse_error(first.lse, whole.lse.template cast<double>()), tol) << "attention_merge " << describe(c);
+  }
 
   Grads<T> g{HostTensor<T>(q.shape()), HostTensor<T>(k.shape()), HostTensor<T>(k.shape())};
   HostTensor<T> dk1(k1.shape()), dv1(k1.shape()), dk2(k2.shape()), dv2(k2.shape());

@@ -231,6 +231,13 @@ TEST(ValidateGrid, SequenceMustSplitInto2CpChunks) {
             "sequence into 2 x cp chunks)");
   l.seq_len = 7;  // odd is fine without context parallelism
   EXPECT_NO_THROW(validate_grid({}, 1, l));
+  // Under sequence parallelism each cp rank's positions split over tp.
+  l.seq_len = 12;
+  l.sequence_parallel = true;
+  EXPECT_EQ(error_of([&] { validate_grid({.tp = 4, .cp = 2}, 8, l); }),
+            "train.seq_len / parallel.cp = 12 / 2 = 6 positions per context-parallel rank are not divisible by "
+            "parallel.tp = 4 (parallel.sequence_parallel shards each cp rank's positions over the tensor-parallel "
+            "ranks)");
 }
 
 TEST(ValidateGrid, MlpAndSequenceMustSplitOverTp) {
