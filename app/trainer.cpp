@@ -135,8 +135,9 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
                                                                              static_cast<int>(grid_.tp_rank())});
   // One Gpt per chunk (interleaved: vpp of them), their parameters in one store: one flat buffer
   // for the optimizer, the reduction and the checkpoint.
-  for (const StageSpec& chunk : chunks_of(cfg_, mc, grid_))
-    chunks_.push_back(std::make_unique<Gpt>(mc, *params_, recompute_policy(cfg_), tp, chunk));
+  const std::vector<StageSpec> chunks = chunks_of(cfg_, mc, grid_);
+  const std::vector<Recompute> recompute = recompute_policy(cfg_, chunks);
+  for (const StageSpec& chunk : chunks) chunks_.push_back(std::make_unique<Gpt>(mc, *params_, recompute, tp, chunk));
   model_ = chunks_.front().get();
   const DpOptimizerOptions dp_opts = dp_optimizer_options(cfg_.parallel);
   params_->finalize(DataParallelOptimizer::pad_multiple(dp_opts, grid_.dp_size() * grid_.cp_size()));
@@ -371,7 +372,9 @@ void Trainer::run_pipeline(const std::vector<Batch>& batches, double loss_scale,
     const Gpt::OutputGrad from = stage.head ? Gpt::OutputGrad::loss(loss_scale) : Gpt::OutputGrad::output(f.grad);
     chunk(call.chunk).backward(ex_, f.ctx, alloc_, from, stage.embedding ? Tensor() : f.grad.tensor(),
                                call.last ? opt_->grads_ready_hook() : Gpt::GradsReady{});
-    if (f.grad.defined()) sent_grads[key] = std::move(f.grad);
+    // The input gradient is sent: kept until run_schedule returns. The first chunk's received output
+    // gradient is not sent on: freed with the rest of the micro-batch.
+    if (f.grad.defined() && !stage.embedding) sent_grads[key] = std::move(f.grad);
     in_flight.erase(key);
   };
   run.p2p = [&](const std::vector<Action>& batch) {
