@@ -656,6 +656,11 @@ void check_sizes(const Config& c, const Origins* origins) {
          show("train.micro_batch", c.train.micro_batch, origins) + ", " + show("train.seq_len", c.train.seq_len, origins) +
          ", " + show("model.n_layer", c.model.n_layer, origins) + ", " + show("model.n_embd", c.model.n_embd, origins) +
          ", " + show("model.vocab_size", c.model.vocab_size, origins) + "; lower them");
+  } catch (const Error&) {
+    // The pipeline estimate walks the schedule, which the generator refuses for micro-batches per
+    // step it cannot run (counted here at dp = 1): check_pipeline refuses that, naming the keys,
+    // once dp is known.
+    if (c.parallel.pp == 1) throw;
   }
 }
 
@@ -934,6 +939,8 @@ std::vector<Recompute> recompute_policy(const Config& c, const std::vector<Stage
   }
   return policy;
 }
+
+std::vector<Recompute> recompute_policy(const Config& c) { return recompute_policy(c, {}); }
 
 std::string run_dir(const Config& c) { return (std::filesystem::path(c.log.dir) / c.train.name).string(); }
 

@@ -17,6 +17,7 @@
 namespace tessera {
 
 enum class Recompute;  // model/gpt.h
+struct StageSpec;      // model/gpt.h
 
 // The values a field accepts: for numbers a range (each end inclusive or exclusive) plus at most
 // one sentinel outside it (parallel.dp = -1); for strings a list of choices. Empty: any value.
@@ -398,7 +399,8 @@ ModelConfig to_model_config(const Config& c, int64_t data_vocab_size);
 // model/stage_cut.h; all of a chunk's when it has fewer) recompute fully, every other block follows
 // model.recompute. chunks empty: the whole model is one chunk (pp = 1).
 Recompute recompute_kind(const std::string& name);  // "none", "selective", "full"
-std::vector<Recompute> recompute_policy(const Config& c, const std::vector<StageSpec>& chunks = {});
+std::vector<Recompute> recompute_policy(const Config& c, const std::vector<StageSpec>& chunks);
+std::vector<Recompute> recompute_policy(const Config& c);
 
 // <log.dir>/<train.name>; and checkpoint.dir, or <dir>/checkpoints when it is empty, where dir is
 // the run directory actually used (--run-dir may replace run_dir(c)); "" when both are empty.

@@ -186,8 +186,9 @@ const char* kActivationKeys =
 struct Policy {
   Recompute kind = Recompute::None;
   int64_t full_layers = 0;
+  // A pipeline chunk without the head: the trainer keeps its output, sent, past its backward.
   ModelMemoryLayout layout(int64_t B, int64_t T, int64_t tp, bool sp, const StageSpec& stage = {}) const {
-    return {B, T, tp, sp, kind, stage, full_layers};
+    return {B, T, tp, sp, kind, stage, full_layers, !stage.head};
   }
 };
 
@@ -233,14 +234,13 @@ RankModel pipeline_rank(const Config& cfg, const ModelConfig& mc, const std::vec
   }
   r.what = "pipeline stage " + std::to_string(rank) + " of " + std::to_string(p.pp) + ": " + describe_chunks(chunks);
   const InFlight peak = pipeline_peak(bytes, p, m, rank);
-  const bool head = chunks.back().head;
   r.transient = {"activations of " + std::to_string(peak.most) +
                      (p.vpp > 1 ? " micro-batch chunks" : " micro-batches") + " in flight of " + std::to_string(m) +
                       " (parallel.pp_schedule = \"" + p.pp_schedule + "\", " + r.what +
                      "), one's temporaries and the tensors sent, kept until the step's transfers end (" +
                      std::to_string(t.micro_batch) + " x " + std::to_string(t.seq_len) + " tokens each)",
-                 // and, on the stage with the head, the step's sum of the loss sums
-                 add(peak.bytes, head ? ModelMemory::kLossSumsBytes : 0), true,
+                 // and the step's sum of the loss sums (every rank allocates it)
+                 add(peak.bytes, ModelMemory::kLossSumsBytes), true,
                  std::string(kActivationKeys) + ", parallel.pp_schedule, parallel.pp"};
   if (cfg.data.task == "addition") {
     const auto [B, T] = eval_batch(cfg, mc, tp, sp);

@@ -207,7 +207,8 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
   for (int64_t l = L - 1; l >= 0; --l) {
     const BlockCost& b = blocks[static_cast<size_t>(l)];
     backward = max(backward, live + dres + b.backward);
-    live = N{live.v - b.kept.v - Xl.v};  // its context and its output (Gpt::backward releases both)
+    const bool output_kept = lay.output_kept && !st.head && l == L - 1;
+    live = N{live.v - b.kept.v - (output_kept ? 0 : Xl.v)};  // its context and output (Gpt::backward releases both)
   }
   m.forward_peak = forward.v;
   m.backward_peak = backward.v;

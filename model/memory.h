@@ -38,6 +38,10 @@ struct ModelMemoryLayout {
   // The stage's first full_layers blocks (all of them when it has fewer) recompute fully whatever
   // `recompute` says (model.recompute_layers).
   int64_t full_layers = 0;
+  // A stage without the head whose caller takes its output out of the context before backward and
+  // keeps it beyond (the pipeline keeps what it sent until the step's transfers end): the backward
+  // does not release it.
+  bool output_kept = false;
 };
 
 // Element counts (of the parameter dtype) on one rank.
