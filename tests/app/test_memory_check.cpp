@@ -242,6 +242,19 @@ TEST(MemoryCheckPipeline, RecomputationLowersEachStagesActivations) {
   }
 }
 
+// An automatic micro-batch under pp is one the schedule runs: 1f1b needs pp micro-batches per step,
+// so of global_batch 8 on pp 4 the largest is 2 (4 micro-batches); gpipe runs one micro-batch of 8.
+TEST(MemoryCheckPipeline, AutoMicroBatchLeavesTheScheduleEnoughMicroBatches) {
+  ::setenv("TESSERA_TEST_MEMORY_AVAILABLE", std::to_string(int64_t{1} << 50).c_str(), 1);
+  for (const auto& [schedule, want] : {std::pair<std::string, int64_t>{"1f1b", 2}, {"gpipe", 8}}) {
+    const Config cfg = tiny({"model.n_layer=4", "train.micro_batch=0", "train.global_batch=8", "parallel.pp=4",
+                             "parallel.pp_schedule=\"" + schedule + "\""});
+    EXPECT_EQ(with_auto_micro_batch(cfg, 13, MemoryLayout{1, 1, false}, MPI_COMM_NULL).train.micro_batch, want)
+        << schedule;
+  }
+  ::unsetenv("TESSERA_TEST_MEMORY_AVAILABLE");
+}
+
 // What pipeline parallelism is for: the memory per rank falls as stages are added (parameters,
 // gradients and moments most).
 TEST(MemoryCheckPipeline, MemoryPerRankFallsWithPp) {
