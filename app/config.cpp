@@ -656,6 +656,11 @@ void check_sizes(const Config& c, const Origins* origins) {
          show("train.micro_batch", c.train.micro_batch, origins) + ", " + show("train.seq_len", c.train.seq_len, origins) +
          ", " + show("model.n_layer", c.model.n_layer, origins) + ", " + show("model.n_embd", c.model.n_embd, origins) +
          ", " + show("model.vocab_size", c.model.vocab_size, origins) + "; lower them");
+  } catch (const Error&) {
+    // The pipeline estimate walks the schedule, which the generator refuses for micro-batches per
+    // step it cannot run (counted here at dp = 1): check_pipeline refuses that, naming the keys,
+    // once dp is known.
+    if (c.parallel.pp == 1) throw;
   }
 }
 
@@ -744,6 +749,10 @@ void validate(const Config& c, const Origins* origins) {
   }
   if (c.checkpoint.resume.empty()) {
     fail(show("checkpoint.resume", c.checkpoint.resume, origins) + " is empty: use \"auto\", \"none\" or a path");
+  }
+  if (c.model.recompute_layers > c.model.n_layer) {
+    fail(show("model.recompute_layers", c.model.recompute_layers, origins) + " blocks per chunk recompute fully, but " +
+         show("model.n_layer", c.model.n_layer, origins) + " has fewer; use at most model.n_layer");
   }
   check_model(c);
   check_pipeline(c, c.parallel.dp > 0 ? c.parallel.dp : 0, origins);
@@ -904,10 +913,28 @@ ModelConfig to_model_config(const Config& c, int64_t data_vocab_size) {
   return resolve(m);
 }
 
-std::vector<Recompute> recompute_policy(const Config& c) {
-  const Recompute r = c.model.recompute == "full" ? Recompute::Full : Recompute::None;
-  return std::vector<Recompute>(static_cast<size_t>(c.model.n_layer), r);
+Recompute recompute_kind(const std::string& name) {
+  if (name == "none") return Recompute::None;
+  if (name == "selective") return Recompute::Selective;
+  if (name == "full") return Recompute::Full;
+  fail("model.recompute = \"" + name + "\" is not a policy; expected \"none\", \"selective\" or \"full\"");
 }
+
+std::vector<Recompute> recompute_policy(const Config& c, const std::vector<StageSpec>& chunks) {
+  const int64_t L = c.model.n_layer;
+  TESSERA_CHECK(c.model.recompute_layers >= 0 && c.model.recompute_layers <= L, "model.recompute_layers = ",
+                c.model.recompute_layers, " must be in [0, model.n_layer = ", L, "]");
+  std::vector<Recompute> policy(static_cast<size_t>(L), recompute_kind(c.model.recompute));
+  const std::vector<StageSpec> whole = {StageSpec{0, L, true, true}};
+  for (const StageSpec& chunk : chunks.empty() ? whole : chunks) {
+    const int64_t last = chunk.end_layer < 0 ? L : chunk.end_layer;  // -1: the model's end
+    const int64_t end = std::min(last, chunk.first_layer + c.model.recompute_layers);
+    for (int64_t l = chunk.first_layer; l < end; ++l) policy[static_cast<size_t>(l)] = Recompute::Full;
+  }
+  return policy;
+}
+
+std::vector<Recompute> recompute_policy(const Config& c) { return recompute_policy(c, {}); }
 
 std::string run_dir(const Config& c) { return (std::filesystem::path(c.log.dir) / c.train.name).string(); }
 

@@ -17,6 +17,7 @@
 namespace tessera {
 
 enum class Recompute;  // model/gpt.h
+struct StageSpec;      // model/gpt.h
 
 // The values a field accepts: for numbers a range (each end inclusive or exclusive) plus at most
 // one sentinel outside it (parallel.dp = -1); for strings a list of choices. Empty: any value.
@@ -68,6 +69,7 @@ struct ModelSection : ModelConfig {
     max_seq_len = 0;
   }
   std::string recompute = "none";
+  int64_t recompute_layers = 0;
 
   template <class V>
   void visit(V& v) {
@@ -90,9 +92,13 @@ struct ModelSection : ModelConfig {
     v.field("rope_theta", rope_theta, "rotary embedding base (llama)", Allowed::greater_than(0));
     v.field("init_std", init_std, "standard deviation of the weight init; residual output "
             "projections use init_std / sqrt(2 n_layer)", Allowed::greater_than(0));
-    v.field("recompute", recompute, "activation recomputation per block: none (keep activations) "
-            "or full (keep the block input, re-run its forward in backward)",
-            Allowed::one_of({"none", "full"}));
+    v.field("recompute", recompute, "activation recomputation per block: none (keep activations), "
+            "selective (keep the GEMM outputs, recompute the norm and activation-function outputs in "
+            "backward) or full (keep the block input, re-run its forward in backward)",
+            Allowed::one_of({"none", "selective", "full"}));
+    v.field("recompute_layers", recompute_layers, "blocks per pipeline chunk (the first ones; per model "
+            "when pp = 1) that recompute fully; the others follow recompute. At most model.n_layer",
+            Allowed::at_least(0).at_most(kMaxLayers));
   }
   bool operator==(const ModelSection&) const = default;
 };
@@ -396,7 +402,12 @@ void validate_pipeline(const Config& c, int64_t dp_size);
 // data_vocab_size (larger pads the embedding).
 ModelConfig to_model_config(const Config& c, int64_t data_vocab_size);
 
-// model.recompute as one policy per layer, for the Gpt constructor.
+// model.recompute and model.recompute_layers as one policy per layer of the whole model, for the
+// Gpt constructor: the first recompute_layers blocks of each chunk in `chunks` (the pipeline cut,
+// model/stage_cut.h; all of a chunk's when it has fewer) recompute fully, every other block follows
+// model.recompute. chunks empty: the whole model is one chunk (pp = 1).
+Recompute recompute_kind(const std::string& name);  // "none", "selective", "full"
+std::vector<Recompute> recompute_policy(const Config& c, const std::vector<StageSpec>& chunks);
 std::vector<Recompute> recompute_policy(const Config& c);
 
 // <log.dir>/<train.name>; and checkpoint.dir, or <dir>/checkpoints when it is empty, where dir is

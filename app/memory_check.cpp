@@ -5,19 +5,22 @@
 // step one micro-batch's activations and temporaries at a time; evaluation runs a forward without
 // targets; a checkpoint save gathers the ZeRO-1 moments (between steps) and keeps a host copy of
 // parameters and moments while a background thread writes it (beside the next steps). Under
-// pipeline parallelism a rank holds its stage's chunks and the micro-batches its schedule keeps in
-// flight (estimated, not yet measured: the trainer does not run pp yet).
+// pipeline parallelism a rank holds its stage's chunks, the micro-batches its schedule keeps in
+// flight and the tensors it sent during the step (the schedule's actions walked, as the trainer
+// runs them).
 #include "app/memory_check.h"
 
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "kernels/allocator.h"
 #include "model/memory.h"
 #include "model/stage_cut.h"
 #include "parallel/mpi.h"
+#include "parallel/pipeline_schedule.h"
 
 namespace tessera {
 
@@ -59,57 +62,85 @@ namespace {
 
 // One chunk of a pipeline rank, in bytes (estimate_training_memory in memory_check.h).
 struct ChunkBytes {
-  int64_t kept = 0;      // per micro-batch in flight until its backward: activations, input, ids, loss sums
-  int64_t forward = 0;   // its forward at its highest, beside the micro-batches already in flight
-  int64_t backward = 0;  // its backward at its highest (its own activations included), beside the others
+  StageSpec stage;
+  int64_t x = 0;         // one (B, T_local, C) activation or gradient: a received input or output
+                         // gradient, a sent output or input gradient
+  int64_t kept = 0;      // from its forward to its backward: activations (the output included), ids, loss sums
+  int64_t forward = 0;   // its forward at its highest (what it keeps included), beside everything else live
+  int64_t backward = 0;  // its backward at its highest (what the forward kept included), beside the rest
 };
 
 ChunkBytes chunk_bytes(const ModelMemory& m, const StageSpec& st, int64_t B, int64_t T, int64_t Tl, int64_t C) {
-  const int64_t x = mul(mul(mul(B, Tl), C), kFloatBytes);  // a (B, T_local, C) activation or gradient
-  const int64_t input = st.embedding ? 0 : x;
   const int64_t ids = mul(mul(mul(B, T), kIdBytes), (st.embedding ? 1 : 0) + (st.head ? 1 : 0));
-  const int64_t beside = add(add(input, ids), st.head ? ModelMemory::kLossSumsBytes : 0);
-  const int64_t io = mul(x, (st.head ? 0 : 1) + (st.embedding ? 0 : 1));  // dy received, dx to send
-  return {add(mul(m.activations, kFloatBytes), beside), add(mul(m.forward_peak, kFloatBytes), beside),
-          add(add(mul(m.backward_peak, kFloatBytes), beside), io)};
+  const int64_t beside = add(ids, st.head ? ModelMemory::kLossSumsBytes : 0);
+  return {st, mul(mul(mul(B, Tl), C), kFloatBytes), add(mul(m.activations, kFloatBytes), beside),
+          add(mul(m.forward_peak, kFloatBytes), beside), add(mul(m.backward_peak, kFloatBytes), beside)};
 }
 
-// The highest point of a rank's steps, each step's own peak beside the micro-batches in flight.
+// The highest point of a rank's step, and the micro-batches (chunks of them, interleaved) in flight
+// at most.
 struct InFlight {
   int64_t bytes = 0;
-  int64_t most = 0;  // micro-batches (chunks of them, interleaved) in flight at most
+  int64_t most = 0;
 };
 
-InFlight simulate(const std::vector<ChunkBytes>& chunks, const std::vector<PipelineStep>& order) {
+// Walks the rank's actions (parallel/pipeline_schedule.h, as the trainer's run_pipeline runs them)
+// and tracks what is live: a receive allocates its tensor; a forward keeps its chunk's activations
+// (with the received input) until the micro-batch's backward (or, when the schedule splits it, its
+// weight-gradient action: an upper bound, the W needs only the GEMM inputs); a backward of a chunk
+// with the head allocates the input gradient it sends. A tensor sent (a forward's output, a
+// backward's input gradient) stays until the step's transfers end, when run_schedule returns; the
+// first chunk's received output gradient is freed with its backward.
+InFlight walk(const std::vector<ChunkBytes>& chunks, const std::vector<Action>& actions) {
   InFlight r;
   int64_t live = 0, n = 0;
-  for (const PipelineStep& s : order) {
-    const ChunkBytes& c = chunks[static_cast<size_t>(s.chunk)];
-    if (s.forward) {
-      r.bytes = std::max(r.bytes, add(live, c.forward));
-      live = add(live, c.kept);
-      r.most = std::max(r.most, ++n);
-    } else {
-      live -= c.kept;
-      --n;
-      r.bytes = std::max(r.bytes, add(live, c.backward));
+  const auto chunk = [&](const Action& a) -> const ChunkBytes& { return chunks.at(static_cast<size_t>(a.chunk)); };
+  std::set<std::pair<int64_t, int64_t>> split;  // backwards whose W comes later
+  for (const Action& a : actions)
+    if (a.kind == ActionKind::BackwardWeight) split.insert({a.micro_batch, a.chunk});
+  const auto release = [&](const ChunkBytes& c) {  // the micro-batch's context and received input
+    live -= c.kept + (c.stage.embedding ? 0 : c.x);
+    if (!c.stage.head) live = add(live, c.x);  // the output, sent, outlives the context
+    --n;
+  };
+  for (const Action& a : actions) {
+    const ChunkBytes& c = chunk(a);
+    switch (a.kind) {
+      case ActionKind::RecvActivation:
+      case ActionKind::RecvGrad: live = add(live, c.x); break;
+      case ActionKind::Forward:
+        r.bytes = std::max(r.bytes, add(live, c.forward));
+        live = add(live, c.kept);
+        r.most = std::max(r.most, ++n);
+        break;
+      case ActionKind::Backward:
+        if (c.stage.head && !c.stage.embedding) live = add(live, c.x);  // the input gradient it writes
+        r.bytes = std::max(r.bytes, add(live - c.kept, c.backward));
+        if (c.stage.embedding && !c.stage.head) live -= c.x;  // the received gradient, not sent on
+        if (!split.count({a.micro_batch, a.chunk})) release(c);
+        break;
+      case ActionKind::BackwardWeight: release(c); break;
+      case ActionKind::SendActivation:
+      case ActionKind::SendGrad: break;
     }
   }
   return r;
 }
 
-// The rank's peak under the schedule. One chunk per rank (gpipe, 1f1b, zb-h1): n micro-batches in
-// flight, the n-th one's forward or the first backward beside the n - 1 others. Interleaved: its
-// order simulated; the steady phase repeats every pp micro-batches, so beyond 6 pp of them the
-// peak is that of 5 pp + (m mod pp), which keeps the simulation short.
+// The rank's peak under the schedule. A long step is not walked whole: past a few groups of pp
+// micro-batches the steady phase repeats, so the peak (and the count in flight) grows by the same
+// amount for every pp micro-batches more (the sent tensors that accumulate, gpipe's forwards in
+// flight); it is extrapolated from two short steps, m1 and m1 + pp micro-batches with m1 = m mod pp
+// (tests/app/test_memory_check.cpp checks it against the whole walk).
 InFlight pipeline_peak(const std::vector<ChunkBytes>& chunks, const ParallelConfig& p, int64_t m, int64_t rank) {
-  if (p.pp_schedule != "interleaved") {
-    const int64_t n = p.pp_schedule == "gpipe" ? m : std::min(p.pp - rank, m);
-    const ChunkBytes& c = chunks.front();
-    return {add(mul(n - 1, c.kept), std::max(c.forward, c.backward)), n};
-  }
-  const int64_t simulated = m <= 6 * p.pp ? m : 5 * p.pp + m % p.pp;
-  return simulate(chunks, pipeline_memory_order(p.pp_schedule, p.pp, p.vpp, simulated, rank));
+  const PipelineKind kind = parse_pipeline_kind(p.pp_schedule);
+  const auto peak = [&](int64_t micro_batches) {
+    return walk(chunks, pipeline_schedule(p.pp, p.vpp, micro_batches, kind).actions_of(rank));
+  };
+  if (m <= 8 * p.pp) return peak(m);
+  const int64_t m1 = 4 * p.pp + m % p.pp, periods = (m - m1) / p.pp;
+  const InFlight a = peak(m1), b = peak(m1 + p.pp);
+  return {add(a.bytes, mul(periods, b.bytes - a.bytes)), add(a.most, mul(periods, b.most - a.most))};
 }
 
 std::string describe_chunks(const std::vector<StageSpec>& chunks) {
@@ -167,11 +198,22 @@ int64_t logits_at_elements(const ModelConfig& mc, int64_t B, int64_t tp) {
   return add(mul(B, V), mul(mul(B, Vl), tp > 1 ? tp + 2 : 1));
 }
 
-const char* kActivationKeys = "train.micro_batch, train.seq_len, model.recompute = \"full\", parallel.tp";
+const char* kActivationKeys =
+    "train.micro_batch, train.seq_len, model.recompute = \"selective\" or \"full\", model.recompute_layers, parallel.tp";
 
-RankModel whole_model(const Config& cfg, const ModelConfig& mc, int64_t tp, bool sp, bool full) {
+// model.recompute and model.recompute_layers, as model_memory takes them.
+struct Policy {
+  Recompute kind = Recompute::None;
+  int64_t full_layers = 0;
+  // A pipeline chunk without the head: the trainer keeps its output, sent, past its backward.
+  ModelMemoryLayout layout(int64_t B, int64_t T, int64_t tp, bool sp, const StageSpec& stage = {}) const {
+    return {B, T, tp, sp, kind, stage, full_layers, !stage.head};
+  }
+};
+
+RankModel whole_model(const Config& cfg, const ModelConfig& mc, int64_t tp, bool sp, const Policy& policy) {
   const TrainConfig& t = cfg.train;
-  const ModelMemory step = model_memory(mc, {t.micro_batch, t.seq_len, tp, sp, full});
+  const ModelMemory step = model_memory(mc, policy.layout(t.micro_batch, t.seq_len, tp, sp));
   RankModel r;
   r.parameters = step.parameters;
   r.transient = {"activations and temporaries of one micro-batch (" + std::to_string(t.micro_batch) + " x " +
@@ -183,7 +225,7 @@ RankModel whole_model(const Config& cfg, const ModelConfig& mc, int64_t tp, bool
                  true, kActivationKeys};
   if (cfg.data.task == "addition") {
     const auto [B, T] = eval_batch(cfg, mc, tp, sp);
-    const ModelMemory eval = model_memory(mc, {B, T, tp, sp, full});
+    const ModelMemory eval = model_memory(mc, policy.layout(B, T, tp, sp));
     // Plus the prompts' ids, uploaded through the allocator for the forward.
     r.eval_bytes = add(mul(std::max(eval.inference_peak, add(eval.inference_kept, logits_at_elements(mc, B, tp))),
                            kFloatBytes),
@@ -197,7 +239,7 @@ RankModel whole_model(const Config& cfg, const ModelConfig& mc, int64_t tp, bool
 // the evaluation forward of its heaviest chunk (the pipeline runs one chunk's forward at a time and
 // keeps nothing for a backward).
 RankModel pipeline_rank(const Config& cfg, const ModelConfig& mc, const std::vector<StageSpec>& cut, int64_t rank,
-                        int64_t m, int64_t tp, bool sp, bool full) {
+                        int64_t m, int64_t tp, bool sp, const Policy& policy) {
   const TrainConfig& t = cfg.train;
   const ParallelConfig& p = cfg.parallel;
   const std::vector<StageSpec> chunks = rank_chunks(cut, p.pp, rank);
@@ -205,25 +247,25 @@ RankModel pipeline_rank(const Config& cfg, const ModelConfig& mc, const std::vec
   RankModel r;
   std::vector<ChunkBytes> bytes;
   for (const StageSpec& c : chunks) {
-    const ModelMemory mm = model_memory(mc, {t.micro_batch, t.seq_len, tp, sp, full, c});
+    const ModelMemory mm = model_memory(mc, policy.layout(t.micro_batch, t.seq_len, tp, sp, c));
     r.parameters = add(r.parameters, mm.parameters);
     bytes.push_back(chunk_bytes(mm, c, t.micro_batch, t.seq_len, Tl, mc.n_embd));
   }
   r.what = "pipeline stage " + std::to_string(rank) + " of " + std::to_string(p.pp) + ": " + describe_chunks(chunks);
   const InFlight peak = pipeline_peak(bytes, p, m, rank);
-  const bool head = chunks.back().head;
   r.transient = {"activations of " + std::to_string(peak.most) +
                      (p.vpp > 1 ? " micro-batch chunks" : " micro-batches") + " in flight of " + std::to_string(m) +
-                     " (parallel.pp_schedule = \"" + p.pp_schedule + "\", " + r.what + ") and one's temporaries (" +
+                      " (parallel.pp_schedule = \"" + p.pp_schedule + "\", " + r.what +
+                     "), one's temporaries and the tensors sent, kept until the step's transfers end (" +
                      std::to_string(t.micro_batch) + " x " + std::to_string(t.seq_len) + " tokens each)",
-                 // and, on the stage with the head, the step's sum of the loss sums
-                 add(peak.bytes, head ? ModelMemory::kLossSumsBytes : 0), true,
+                 // and the step's sum of the loss sums (every rank allocates it)
+                 add(peak.bytes, ModelMemory::kLossSumsBytes), true,
                  std::string(kActivationKeys) + ", parallel.pp_schedule, parallel.pp"};
   if (cfg.data.task == "addition") {
     const auto [B, T] = eval_batch(cfg, mc, tp, sp);
     const int64_t Tle = sp ? T / tp : T;
     for (const StageSpec& c : chunks) {
-      const ModelMemory eval = model_memory(mc, {B, T, tp, sp, full, c});
+      const ModelMemory eval = model_memory(mc, policy.layout(B, T, tp, sp, c));
       const int64_t kept = add(eval.inference_kept, c.head ? logits_at_elements(mc, B, tp) : 0);
       int64_t b = mul(std::max(eval.inference_peak, kept), kFloatBytes);
       b = add(b, c.embedding ? mul(mul(B, T), kIdBytes) : mul(mul(mul(B, Tle), mc.n_embd), kFloatBytes));
@@ -278,6 +320,18 @@ MemoryEstimate estimate_for(const Config& cfg, const MemoryLayout& layout, const
 // The pipeline ranks whose estimates are compared for MemoryLayout::pp_rank = -1: all of them, or
 // for very deep pipelines the first two, the middle and the last two (the first holds the most
 // micro-batches in flight, the last the head; the cut balances the rest).
+// Whether the schedule generator accepts the config's micro-batches per step (an automatic
+// micro-batch too large for parallel.pp_schedule is not a candidate).
+bool pipeline_runs(const Config& c, int64_t dp) {
+  const int64_t m = c.train.global_batch / std::max<int64_t>(1, mul(c.train.micro_batch, dp));
+  try {
+    check_pipeline_schedule(c.parallel.pp, c.parallel.vpp, m, parse_pipeline_kind(c.parallel.pp_schedule));
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 std::vector<int64_t> candidate_ranks(int64_t pp) {
   std::vector<int64_t> out;
   if (pp <= 512) {
@@ -294,7 +348,7 @@ MemoryEstimate estimate_training_memory(const Config& cfg, int64_t data_vocab_si
   const ModelConfig mc = resolve(to_model_config(cfg, data_vocab_size));
   const int64_t tp = layout.tp;
   const bool sp = cfg.parallel.sequence_parallel && tp > 1;
-  const bool full = cfg.model.recompute == "full";
+  const Policy policy{recompute_kind(cfg.model.recompute), cfg.model.recompute_layers};
   const ParallelConfig& p = cfg.parallel;
   // Context parallelism: a cp rank holds seq_len / cp positions of every sequence, so each
   // activation of the model (and the evaluation's) is that of the shorter sequence; parameters,
@@ -309,68 +363,19 @@ MemoryEstimate estimate_training_memory(const Config& cfg, int64_t data_vocab_si
                         ", " + p.cp_comm + ")";
     return r;
   };
-  if (p.pp == 1) return estimate_for(cfg, layout, with_cp(whole_model(local, mc, tp, sp, full)));
+  if (p.pp == 1) return estimate_for(cfg, layout, with_cp(whole_model(local, mc, tp, sp, policy)));
   const std::vector<StageSpec> cut = cut_stages(mc, cfg.train.seq_len, p.pp, p.vpp, p.pp_layers);
   const int64_t m = std::max<int64_t>(1, cfg.train.global_batch / std::max<int64_t>(1, mul(cfg.train.micro_batch, layout.dp)));
   if (layout.pp_rank >= 0) {
     TESSERA_CHECK(layout.pp_rank < p.pp, "estimate_training_memory: pipeline rank ", layout.pp_rank, " of ", p.pp);
-    return estimate_for(cfg, layout, with_cp(pipeline_rank(local, mc, cut, layout.pp_rank, m, tp, sp, full)));
+    return estimate_for(cfg, layout, with_cp(pipeline_rank(local, mc, cut, layout.pp_rank, m, tp, sp, policy)));
   }
   MemoryEstimate most;
   for (int64_t r : candidate_ranks(p.pp)) {
-    MemoryEstimate e = estimate_for(cfg, layout, with_cp(pipeline_rank(local, mc, cut, r, m, tp, sp, full)));
+    MemoryEstimate e = estimate_for(cfg, layout, with_cp(pipeline_rank(local, mc, cut, r, m, tp, sp, policy)));
     if (most.items.empty() || e.total() > most.total()) most = std::move(e);
   }
   return most;
-}
-
-std::vector<PipelineStep> pipeline_memory_order(const std::string& schedule, int64_t pp, int64_t vpp,
-                                                int64_t micro_batches, int64_t rank) {
-  TESSERA_CHECK(pp >= 1 && rank >= 0 && rank < pp && vpp >= 1 && micro_batches >= 1, "pipeline_memory_order: rank ",
-                rank, " of pp = ", pp, ", vpp = ", vpp, ", ", micro_batches, " micro-batches");
-  TESSERA_CHECK(vpp == 1 || schedule == "interleaved", "pipeline_memory_order: ", schedule,
-                " runs one chunk per rank, not vpp = ", vpp);
-  const int64_t m = micro_batches, total = m * vpp;
-  std::vector<PipelineStep> order;
-  if (schedule == "gpipe") {
-    for (int64_t i = 0; i < m; ++i) order.push_back({true, 0});
-    for (int64_t i = 0; i < m; ++i) order.push_back({false, 0});
-    return order;
-  }
-  TESSERA_CHECK(schedule == "1f1b" || schedule == "zb-h1" || schedule == "interleaved",
-                "pipeline_memory_order: unknown schedule \"", schedule, "\"");
-  const int64_t warmup = std::min(total, vpp == 1 ? pp - rank - 1 : 2 * (pp - rank - 1) + (vpp - 1) * pp);
-  // Megatron's schedule table: the micro-batches in groups of pp (the last group may be shorter),
-  // each group through chunk 0, 1, ..., vpp - 1; the k-th forward runs entry k's chunk, the k-th
-  // backward the mirror chunk vpp - 1 - chunk.
-  std::vector<int64_t> table;
-  for (int64_t group = 0; group < m; group += pp)
-    for (int64_t c = 0; c < vpp; ++c)
-      for (int64_t i = group; i < std::min(group + pp, m); ++i) table.push_back(c);
-  std::vector<int64_t> in_flight(static_cast<size_t>(vpp), 0);
-  int64_t forwards = 0, backwards = 0;
-  auto forward = [&] {
-    const int64_t c = table[static_cast<size_t>(forwards++)];
-    ++in_flight[static_cast<size_t>(c)];
-    order.push_back({true, c});
-  };
-  auto backward = [&] {
-    int64_t c = vpp - 1 - table[static_cast<size_t>(backwards++)];
-    // Fewer micro-batches than pp: the warm-up may not have reached that chunk yet; take the
-    // deepest chunk in flight (a micro-batch goes through the chunks in order).
-    if (in_flight[static_cast<size_t>(c)] == 0)
-      for (c = vpp - 1; c > 0 && in_flight[static_cast<size_t>(c)] == 0; --c) {
-      }
-    --in_flight[static_cast<size_t>(c)];
-    order.push_back({false, c});
-  };
-  for (int64_t i = 0; i < warmup; ++i) forward();  // warm-up
-  for (int64_t i = warmup; i < total; ++i) {       // steady: one forward, one backward
-    forward();
-    backward();
-  }
-  for (int64_t i = 0; i < warmup; ++i) backward();  // cool-down
-  return order;
 }
 
 namespace {
@@ -517,6 +522,7 @@ Config with_auto_micro_batch(const Config& cfg, int64_t data_vocab_size, const M
   try {
     mine = auto_micro_batch(cfg.train.global_batch, layout.dp, [&](int64_t micro_batch) {
       c.train.micro_batch = micro_batch;
+      if (c.parallel.pp > 1 && !pipeline_runs(c, layout.dp)) return false;  // too few micro-batches for the schedule
       try {
         return memory_problem(estimate_training_memory(c, data_vocab_size, layout), local, available).empty();
       } catch (const SizeOverflow&) {

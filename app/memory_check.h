@@ -43,28 +43,15 @@ struct MemoryLayout {
 // for that reason.
 // Under pipeline parallelism (parallel.pp > 1) a rank holds its stage's chunks (model/stage_cut.h,
 // parallel.pp_layers) and their parameters, gradients and moments only; its activations are those
-// of the micro-batches in flight under parallel.pp_schedule (pipeline_memory_order): each chunk's
-// activations (model/memory.h), plus what the pipeline holds for it: the received input
-// activations (B, T_local, C) of a chunk without the embedding, the token ids of the one with the
-// embedding and the targets of the one with the head, until the micro-batch's backward; during a
-// backward also the received output gradient and the input gradient to send.
+// of the micro-batches in flight under parallel.pp_schedule, found by walking the rank's actions
+// of the schedule generator (parallel/pipeline_schedule.h): each chunk's activations under
+// model.recompute and model.recompute_layers (model/memory.h), plus what the pipeline holds for
+// it: the received input activations (B, T_local, C) of a chunk without the embedding, the token
+// ids of the one with the embedding and the targets of the one with the head, until the
+// micro-batch's backward; the received output gradient from its receive; and every tensor the
+// rank sent (forward outputs, input gradients), which the trainer keeps until the step's
+// transfers end (parallel/schedule.h run_schedule).
 MemoryEstimate estimate_training_memory(const Config& cfg, int64_t data_vocab_size, const MemoryLayout& layout);
-
-// The order in which one pipeline rank runs its forwards and backwards, for the memory estimate:
-// Megatron's schedules. gpipe: every micro-batch's forward, then every backward. 1f1b and zb-h1
-// (whose deferred weight gradients keep no more than 1F1B: the same order here): pp - rank - 1
-// warm-up forwards, then a forward and a backward in turn, then the cool-down backwards, so at most
-// pp - rank micro-batches are in flight. interleaved (vpp chunks per rank, chunk = the rank's
-// virtual chunk): 2 (pp - rank - 1) + (vpp - 1) pp warm-up forwards, forwards taking the chunks in
-// groups of pp micro-batches (0, 1, ..., vpp - 1; the last group may be shorter, Megatron's
-// schedule table) and backwards the other way round. The executor's real order comes from
-// parallel/schedule.h; this one sizes memory before anything runs.
-struct PipelineStep {
-  bool forward = true;
-  int64_t chunk = 0;  // the rank's virtual chunk, 0 .. vpp - 1
-};
-std::vector<PipelineStep> pipeline_memory_order(const std::string& schedule, int64_t pp, int64_t vpp,
-                                                int64_t micro_batches, int64_t rank);
 
 // What this process may still allocate: MemAvailable from /proc/meminfo, or the cgroup's limit
 // minus its usage when that is lower. bytes < 0 when neither can be read.

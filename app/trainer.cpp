@@ -126,8 +126,10 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
                                                                              static_cast<int>(grid_.tp_rank())});
   // One Gpt per chunk (interleaved: vpp of them), their parameters in one store: one flat buffer
   // for the optimizer, the reduction and the checkpoint.
-  for (const StageSpec& chunk : chunks_of(cfg_, mc, grid_))
-    chunks_.push_back(std::make_unique<Gpt>(mc, *params_, recompute_policy(cfg_), tp, chunk, cp_));
+  const std::vector<StageSpec> chunks = chunks_of(cfg_, mc, grid_);
+  const std::vector<Recompute> recompute = recompute_policy(cfg_, chunks);
+  for (const StageSpec& chunk : chunks)
+    chunks_.push_back(std::make_unique<Gpt>(mc, *params_, recompute, tp, chunk, cp_));
   model_ = chunks_.front().get();
   const DpOptimizerOptions dp_opts = dp_optimizer_options(cfg_.parallel);
   params_->finalize(DataParallelOptimizer::pad_multiple(dp_opts, grid_.dp_size() * grid_.cp_size()));
@@ -367,7 +369,9 @@ void Trainer::run_pipeline(const std::vector<Batch>& batches, double loss_scale,
     WeightGrads* split = call.input_only ? &deferred.emplace(key, WeightGrads(alloc_)).first->second : nullptr;
     chunk(call.chunk).backward(ex_, f.ctx, alloc_, from, stage.embedding ? Tensor() : f.grad.tensor(),
                                call.last && !split ? opt_->grads_ready_hook() : Gpt::GradsReady{}, split);
-    if (f.grad.defined()) sent_grads[key] = std::move(f.grad);
+    // The input gradient is sent: kept until run_schedule returns. The first chunk's received output
+    // gradient is not sent on: freed with the rest of the micro-batch.
+    if (f.grad.defined() && !stage.embedding) sent_grads[key] = std::move(f.grad);
     in_flight.erase(key);
   };
   run.backward_weight = [&](const BackwardCall& call) {

@@ -209,17 +209,29 @@ void Mlp::forward(const Exec& ex, MlpCtx& ctx, Allocator& alloc, const Tensor& y
   ctx.h = activation(alloc, x.dtype, {B, T, F});
   ctx.act = activation(alloc, x.dtype, {B, T, F});
   in_.forward(ex, ctx.h, xf);
-  if (kind_ == MlpKind::Gelu) {
-    gelu_forward(ex, ctx.act, ctx.h);
-  } else {
+  if (kind_ == MlpKind::SwiGlu) {
     ctx.up = activation(alloc, x.dtype, {B, T, F});
     up_.forward(ex, ctx.up, xf);
-    swiglu_forward(ex, ctx.act, ctx.h, ctx.up);
   }
+  activate(ex, ctx);
   Buffer partial;
   const Tensor yf = region_full(tp_, alloc, partial, y, T);
   out_.forward(ex, yf, ctx.act, /*with_bias=*/tp_.rank() == 0);
   leave_region(ex, tp_, alloc, y, yf);
+}
+
+void Mlp::activate(const Exec& ex, const MlpCtx& ctx) const {
+  if (kind_ == MlpKind::Gelu)
+    gelu_forward(ex, ctx.act, ctx.h);
+  else
+    swiglu_forward(ex, ctx.act, ctx.h, ctx.up);
+}
+
+void Mlp::recompute_activation(const Exec& ex, MlpCtx& ctx, Allocator& alloc) const {
+  ProfileScope scope(prof_, OpFamily::Activation);
+  TESSERA_CHECK(ctx.h.defined(), "Mlp::recompute_activation needs the context of a forward");
+  ctx.act = activation(alloc, ctx.h.tensor().dtype, ctx.h.tensor().shape);
+  activate(ex, ctx);
 }
 
 void Mlp::backward(const Exec& ex, const MlpCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy,
@@ -277,6 +289,11 @@ void Block::forward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tenso
   forward_saved(ex, ctx, alloc, y, x, seq,
                 [&](const Tensor& ya, const Tensor& xa) { attn_.forward(ex, ctx.attn, alloc, ya, xa, seq); });
   if (recompute_ == Recompute::Full) ctx = BlockCtx{};  // keep only x, which the caller owns
+  if (recompute_ == Recompute::Selective) {  // keep the GEMM outputs, drop what is cheap to redo
+    ctx.ln1.y.release();
+    ctx.ln2.y.release();
+    ctx.mlp.act.release();
+  }
 }
 
 void Block::forward_cached(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
@@ -294,10 +311,22 @@ void Block::backward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tens
     forward_saved(ex, ctx, alloc, y, x, seq,
                   [&](const Tensor& ya, const Tensor& xa) { attn_.forward(ex, ctx.attn, alloc, ya, xa, seq); });
   }
+  // Selective: each branch's dropped tensors are recomputed just before its backward and released
+  // after it, so one branch's are alive at a time (model/memory.cpp counts them so).
+  const bool selective = !ctx.ln2.y.defined();
   // MLP branch: dres holds dL/dy = dL/dx1 (skip path) + the path through ln2 and the MLP.
   Buffer dln = workspace(alloc, x.dtype, x.shape);
+  if (selective) {
+    ln2_.recompute_output(ex, ctx.ln2, alloc, ctx.x1);
+    mlp_.recompute_activation(ex, ctx.mlp, alloc);
+  }
   mlp_.backward(ex, ctx.mlp, alloc, dln, dres, ctx.ln2.y, deferred);
   ln2_.backward(ex, dres, dln, ctx.x1, ctx.ln2);  // dres is now dL/dx1
+  if (selective) {
+    ctx.mlp.act.release();
+    ctx.ln2.y.release();
+    ln1_.recompute_output(ex, ctx.ln1, alloc, x);
+  }
   // Attention branch: dL/dx = dL/dx1 + the path through ln1 and attention.
   attn_.backward(ex, ctx.attn, alloc, dln, dres, ctx.ln1.y, seq, deferred);
   ln1_.backward(ex, dres, dln, x, ctx.ln1);

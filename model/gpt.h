@@ -20,9 +20,15 @@
 
 namespace tessera {
 
-// Activation recomputation per block: keep everything (none), or keep only the block's input and
-// re-run its forward during backward (full). Selective recomputation comes with pipelining.
-enum class Recompute { None, Full };
+// Activation recomputation per block (docs/training.md, "Recomputation"):
+// - None: keep everything the backward reads.
+// - Selective: keep every GEMM output (q, k, v, the attention output and its lse, fc or gate and
+//   up) and the residual x1; drop the outputs of the cheap elementwise ops whose inputs are kept
+//   (the two norms' outputs and the activation function's output, (B, T_local, C) x 2 + (B, T, F))
+//   and recompute them in backward with the same kernels, so the gradients are bitwise those of
+//   None. The attention probabilities are recomputed from the lse under every policy (the kernel).
+// - Full: keep only the block's input and re-run its whole forward during backward.
+enum class Recompute { None, Selective, Full };
 
 // Keys and values of the positions generated so far, per layer, for incremental decoding
 // (one sequence: B = 1). Filled by Gpt::forward_cached, the training forward never sees it.
@@ -109,9 +115,14 @@ class Mlp {
   // dx (B, T_local, C) written; deferred as Attention::backward.
   void backward(const Exec& ex, const MlpCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy,
                 const Tensor& x, WeightGrads* deferred = nullptr) const;
+  // Selective recomputation: ctx.act (B, T, F) again from the kept ctx.h (and ctx.up), bitwise the
+  // forward's.
+  void recompute_activation(const Exec& ex, MlpCtx& ctx, Allocator& alloc) const;
   void set_profiler(Profiler* p);
 
  private:
+  // ctx.act (allocated) from ctx.h (and ctx.up): GELU or SwiGLU.
+  void activate(const Exec& ex, const MlpCtx& ctx) const;
   TensorParallel tp_;
   Profiler* prof_ = nullptr;
   MlpKind kind_ = MlpKind::Gelu;
@@ -120,6 +131,7 @@ class Mlp {
 
 struct BlockCtx {
   bool saved = false;  // false under full recomputation until backward re-runs the forward
+                       // (under selective: ln1.y, ln2.y and mlp.act are undefined until backward)
   NormCtx ln1;
   AttentionCtx attn;
   Buffer x1;  // (B, T, C) residual stream after attention
@@ -134,7 +146,7 @@ class Block {
   Block(ParameterStore& ps, int index, const ModelConfig& cfg, Recompute recompute, const TensorParallel& tp,
         const ContextParallel& cp = {});
   // y (B, T_local, C) from x (B, T_local, C); seq as Attention::forward. Under full
-  // recomputation ctx keeps nothing.
+  // recomputation ctx keeps nothing; under selective it drops ln1.y, ln2.y and mlp.act.
   void forward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
                const SequenceLayout& seq) const;
   // Incremental decoding with the layer's KV cache, as Attention::forward_cached (inference only).

@@ -141,12 +141,22 @@ Norm::Norm(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, 
 }
 
 void Norm::forward(const Exec& ex, NormCtx& ctx, Allocator& alloc, const Tensor& x) const {
-  ProfileScope scope(prof_, OpFamily::Norm);
   const int64_t rows = x.numel() / x.dim(-1);
   ctx.y = Buffer(alloc, x.dtype, x.shape, MemCategory::Activations);
   ctx.rstd = Buffer(alloc, x.dtype, {rows}, MemCategory::Activations);
+  if (kind_ == NormKind::LayerNorm) ctx.mean = Buffer(alloc, x.dtype, {rows}, MemCategory::Activations);
+  run(ex, ctx, x);
+}
+
+void Norm::recompute_output(const Exec& ex, NormCtx& ctx, Allocator& alloc, const Tensor& x) const {
+  TESSERA_CHECK(ctx.rstd.defined(), "Norm::recompute_output needs the context of a forward");
+  ctx.y = Buffer(alloc, x.dtype, x.shape, MemCategory::Activations);
+  run(ex, ctx, x);
+}
+
+void Norm::run(const Exec& ex, NormCtx& ctx, const Tensor& x) const {
+  ProfileScope scope(prof_, OpFamily::Norm);
   if (kind_ == NormKind::LayerNorm) {
-    ctx.mean = Buffer(alloc, x.dtype, {rows}, MemCategory::Activations);
     layernorm_forward(ex, ctx.y, ctx.mean, ctx.rstd, x, ps_->param(weight_), bias_ >= 0 ? ps_->param(bias_) : Tensor(),
                       eps_);
   } else {

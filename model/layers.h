@@ -120,11 +120,16 @@ class Norm {
   Norm(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, bool sequence_parallel = false);
   // x (B, T, C) -> ctx.y
   void forward(const Exec& ex, NormCtx& ctx, Allocator& alloc, const Tensor& x) const;
+  // Selective recomputation: ctx.y allocated again and recomputed from the same x by the same
+  // kernel (its statistics rewritten with the values they hold), bitwise the forward's.
+  void recompute_output(const Exec& ex, NormCtx& ctx, Allocator& alloc, const Tensor& x) const;
   // dx (B, T, C) += d/dx (a norm's input is the residual stream); parameter gradients accumulated.
   void backward(const Exec& ex, const Tensor& dx, const Tensor& dy, const Tensor& x, const NormCtx& ctx) const;
   void set_profiler(Profiler* p) { prof_ = p; }
 
  private:
+  // ctx.y and the statistics (allocated) from x.
+  void run(const Exec& ex, NormCtx& ctx, const Tensor& x) const;
   const ParameterStore* ps_ = nullptr;
   Profiler* prof_ = nullptr;
   NormKind kind_ = NormKind::LayerNorm;

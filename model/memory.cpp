@@ -5,6 +5,7 @@
 #include "model/memory.h"
 
 #include <algorithm>
+#include <vector>
 
 namespace tessera {
 
@@ -89,9 +90,10 @@ N parameters(const ModelConfig& c, const Dims& d, const StageSpec& st) {
   return total;
 }
 
-// What each part's forward keeps (the *Ctx structs of gpt.h).
+// What each part's forward keeps (the *Ctx structs of gpt.h). block: under Recompute::None;
+// block_selective: without the two norms' outputs and the activation function's (Block::forward).
 struct Acts {
-  N norm, block, resid, head, loss;
+  N norm, block, block_selective, resid, head, loss;
 };
 
 Acts activations(const Dims& d) {
@@ -102,6 +104,8 @@ Acts activations(const Dims& d) {
   const N attention = q + N{2} * kv + q + d.B * d.Hl * d.T;  // q, k, v, out, lse
   const N mlp = N{d.swiglu ? 3 : 2} * (d.B * d.T * d.Fl);    // h, (up,) act
   a.block = a.norm + rows * d.C /* x1 */ + attention + a.norm + mlp;
+  const N stats = rows * N{d.layernorm ? 2 : 1};  // (mean,) rstd
+  a.block_selective = stats + rows * d.C /* x1 */ + attention + stats + N{d.swiglu ? 2 : 1} * (d.B * d.T * d.Fl);
   a.resid = (d.L + N{1}) * rows * d.C;  // the whole model's; a stage's is model_memory's
   a.head = a.norm /* ln_f */ + (d.sp ? d.B * d.T * d.C : N{}) /* head_in */ + d.B * d.T * d.Vl /* logits */;
   a.loss = N{2} * d.B * d.T;  // losses, lse
@@ -113,6 +117,7 @@ Acts activations(const Dims& d) {
 // reduce-scatters stage one, without it the regions are views and cost nothing.
 struct BlockWork {
   N forward, backward;
+  N backward_selective;  // under selective recomputation, the recomputed tensors included
 };
 
 BlockWork block_workspace(const Dims& d) {
@@ -134,8 +139,29 @@ BlockWork block_workspace(const Dims& d) {
   const N grads = q + N{2} * kv;
   const N attn_bwd = d.sp ? max(X + q + grads, N{3} * X + grads + max(X, kv_all)) : max(q + grads, grads + kv_all);
   // dln of the block, beside the larger branch.
-  w.backward = d.B * d.Tl * d.C + max(mlp_bwd, attn_bwd);
+  const N Xl = d.B * d.Tl * d.C;
+  w.backward = Xl + max(mlp_bwd, attn_bwd);
+  // Selective: ln2's output and the activation's recomputed beside the MLP branch, then ln1's
+  // beside the attention branch (Block::backward).
+  w.backward_selective = Xl + max(Xl + F + mlp_bwd, Xl + attn_bwd);
   return w;
+}
+
+
+// One block's share of the stage's memory under its policy: what its forward keeps, and its
+// backward at its highest beside everything kept (its own context included).
+struct BlockCost {
+  N kept, backward;
+};
+
+BlockCost block_cost(Recompute p, const Acts& a, const BlockWork& w, N Xl) {
+  switch (p) {
+    case Recompute::None: return {a.block, w.backward};
+    case Recompute::Selective: return {a.block_selective, w.backward_selective};
+    case Recompute::Full: break;
+  }
+  // Backward re-runs the forward (its output y a workspace), then runs beside what that re-created.
+  return {N{}, max(Xl + a.block + w.forward, a.block + w.backward)};
 }
 
 }  // namespace
@@ -144,43 +170,54 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
   const ModelConfig c = resolve(cfg);
   const Dims d = dims_of(c, lay);
   const StageSpec st = resolve_stage(lay.stage, c.n_layer);
+  TESSERA_CHECK(lay.full_layers >= 0, "model_memory: full_layers = ", lay.full_layers, " must be >= 0");
   const Acts a = activations(d);
   const BlockWork w = block_workspace(d);
   const N X = d.B * d.T * d.C, Xl = d.B * d.Tl * d.C;
-  const N L{st.layers()};
+  const int64_t L = st.layers();
+  std::vector<BlockCost> blocks;
+  for (int64_t l = 0; l < L; ++l)
+    blocks.push_back(block_cost(l < lay.full_layers ? Recompute::Full : lay.recompute, a, w, Xl));
   // The stage's residual stream: its blocks' outputs and, with the embedding, the embedding's
-  // (without it, the first block reads the caller's input).
-  const N resid = (L + N{st.embedding ? 1 : 0}) * Xl;
-  const N kept_blocks = lay.full_recompute ? N{} : L * a.block;
+  // (without it, the first block reads the caller's input), all allocated before the first block.
+  const N resid = (N{L} + N{st.embedding ? 1 : 0}) * Xl;
+  // Forward: every block allocates its whole context and its temporaries (a recomputing one then
+  // drops what it does not keep), beside the residual stream and the earlier blocks' contexts.
+  N kept_blocks{}, blocks_forward{};
+  for (const BlockCost& b : blocks) {
+    blocks_forward = max(blocks_forward, resid + kept_blocks + a.block + w.forward);
+    kept_blocks = kept_blocks + b.kept;
+  }
   const N head_acts = st.head ? a.head + a.loss : N{};
   const N acts = resid + kept_blocks + head_acts;
   ModelMemory m;
   m.parameters = parameters(c, d, st).v;
   m.activations = acts.v;
-  // Forward: the blocks' peaks (a recomputed block's activations live only during its forward),
-  // then the loss (vocabulary-parallel: each rank's lse and target logit, and all ranks' lse).
-  // Without the head a stage ends at its last block: its temporaries beside everything kept.
+  // Then the loss (vocabulary-parallel: each rank's lse and target logit, and all ranks' lse).
   const N R{lay.tp};
   const N ce = st.head && R.v > 1 ? (N{2} + R) * d.B * d.T : N{};
-  const N blocks_forward = lay.full_recompute ? resid + a.block + w.forward : resid + kept_blocks + w.forward;
-  const N forward = st.head && !lay.full_recompute ? acts + ce : max(blocks_forward, acts + ce);
-  // Backward: everything the forward kept is live until its block is done, so the peak is at the
-  // head or at the last block: dres beside the block's temporaries (under full recomputation,
-  // beside its re-created activations and the recomputed output y). dres is a workspace only on
-  // the stage with the embedding; any other writes it into the caller's input gradient.
-  const N head = st.head ? X + (d.sp ? Xl + X : N{}) : N{};  // dln, (dln_local, the reduce-scatter staging)
+  const N forward = st.head ? max(blocks_forward, acts + ce) : blocks_forward;
+  // Backward: the head (dln, and under sequence parallelism dln_local and the reduce-scatter
+  // staging), then the blocks from the last, each beside the contexts of those before it (a
+  // block's context and output are released when its backward ends) and dres. dres is a workspace only on the
+  // stage with the embedding; any other writes it into the caller's input gradient.
+  const N head = st.head ? X + (d.sp ? Xl + X : N{}) : N{};
   const N dres = st.embedding ? Xl : N{};
-  const N block = lay.full_recompute ? max(Xl + a.block + w.forward, a.block + w.backward) : w.backward;
-  const N backward = acts + max(head, dres + block);
+  N backward = acts + head, live = acts;
+  for (int64_t l = L - 1; l >= 0; --l) {
+    const BlockCost& b = blocks[static_cast<size_t>(l)];
+    backward = max(backward, live + dres + b.backward);
+    const bool output_kept = lay.output_kept && !st.head && l == L - 1;
+    live = N{live.v - b.kept.v - (output_kept ? 0 : Xl.v)};  // its context and output (Gpt::backward releases both)
+  }
   m.forward_peak = forward.v;
   m.backward_peak = backward.v;
   m.training_peak = max(forward, backward).v;
-  // Without targets: no losses; recomputed blocks keep nothing after their forward. The block
-  // temporaries are gone before the head allocates.
+  // Without targets: no losses; the blocks as in training, then the head's kept tensors (the
+  // block temporaries are gone before the head allocates).
   const N blocks_done = resid + kept_blocks;
-  const N last_block = lay.full_recompute ? a.block + w.forward : w.forward;
   const N head_kept = st.head ? a.head : N{};
-  m.inference_peak = (blocks_done + max(last_block, head_kept)).v;
+  m.inference_peak = max(blocks_forward, blocks_done + head_kept).v;
   m.inference_kept = (blocks_done + head_kept).v;
   return m;
 }
@@ -189,8 +226,9 @@ ActivationParts activation_parts(const ModelConfig& cfg, const ModelMemoryLayout
   const ModelConfig c = resolve(cfg);
   const Dims d = dims_of(c, lay);
   const Acts a = activations(d);
+  const BlockWork w = block_workspace(d);
   const N Xl = d.B * d.Tl * d.C;
-  return {Xl.v, ((lay.full_recompute ? N{} : a.block) + Xl).v, (a.head + a.loss).v};
+  return {Xl.v, (block_cost(lay.recompute, a, w, Xl).kept + Xl).v, (a.head + a.loss).v};
 }
 
 }  // namespace tessera

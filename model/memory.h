@@ -29,12 +29,19 @@ struct ModelMemoryLayout {
   int64_t seq_len = 1;  // T
   int64_t tp = 1;       // tensor-parallel ranks sharing the model
   bool sequence_parallel = false;
-  bool full_recompute = false;  // Recompute::Full on every block
+  Recompute recompute = Recompute::None;  // the policy of the stage's blocks (model.recompute)
   // The part of the model this rank runs: the whole model, or one pipeline stage (a chunk of
   // model/stage_cut.h). A stage without the embedding reads its input from, and writes its input
   // gradient into, tensors its caller owns (the pipeline's received activations and gradients):
   // they are not counted here (app/memory_check.cpp adds them per micro-batch in flight).
   StageSpec stage = {};
+  // The stage's first full_layers blocks (all of them when it has fewer) recompute fully whatever
+  // `recompute` says (model.recompute_layers).
+  int64_t full_layers = 0;
+  // A stage without the head whose caller takes its output out of the context before backward and
+  // keeps it beyond (the pipeline keeps what it sent until the step's transfers end): the backward
+  // does not release it.
+  bool output_kept = false;
 };
 
 // Element counts (of the parameter dtype) on one rank.
@@ -61,7 +68,8 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& layout
 // are embedding + n_layer x block + head.
 struct ActivationParts {
   int64_t embedding = 0;  // its output, the residual stream's first (B, T_local, C)
-  int64_t block = 0;      // one block's context (none under full recomputation) and its output (B, T_local, C)
+  int64_t block = 0;      // one block's context under layout.recompute (none under full recomputation)
+                          // and its output (B, T_local, C)
   int64_t head = 0;       // final norm, (sequence parallel: its gathered output,) logits, losses and lse
 };
 ActivationParts activation_parts(const ModelConfig& cfg, const ModelMemoryLayout& layout);

@@ -88,7 +88,7 @@ LayerCosts layer_costs(const ModelConfig& cfg, int64_t seq_len) {
   // flops_per_token's terms (docs/architecture.md), per sequence: 3 x forward, 2 FLOPs a multiply-add.
   const double block_forward = 2.0 * T * (C * C + 2 * C * kv + C * C + mlp_mats * C * F) + 2.0 * 2.0 * T * T * C;
   const double head_forward = 2.0 * T * C * static_cast<double>(c.vocab_size);
-  const ActivationParts acts = activation_parts(c, {1, seq_len, 1, false, false});
+  const ActivationParts acts = activation_parts(c, {1, seq_len, 1, false});
   LayerCosts costs;
   costs.embedding = {0.0, kFloatBytes * static_cast<double>(acts.embedding)};
   costs.block = {3.0 * block_forward, kFloatBytes * static_cast<double>(acts.block)};

@@ -683,6 +683,28 @@ TEST(ConfigModel, RecomputePolicyPerLayer) {
   EXPECT_EQ(recompute_policy(c), std::vector<Recompute>(3, Recompute::None));
   c.model.recompute = "full";
   EXPECT_EQ(recompute_policy(c), std::vector<Recompute>(3, Recompute::Full));
+  c.model.recompute = "selective";
+  EXPECT_EQ(recompute_policy(c), std::vector<Recompute>(3, Recompute::Selective));
+  // model.recompute_layers: the first blocks of the model (pp = 1), or of each pipeline chunk, all
+  // of a chunk's when it has fewer.
+  const Recompute N = Recompute::None, S = Recompute::Selective, F = Recompute::Full;
+  c.model.recompute_layers = 1;
+  EXPECT_EQ(recompute_policy(c), (std::vector<Recompute>{F, S, S}));
+  c.model.n_layer = 5;
+  c.model.recompute = "none";
+  c.model.recompute_layers = 2;
+  const std::vector<StageSpec> cut = {StageSpec{0, 1, true, false}, StageSpec{1, 5, false, true}};
+  EXPECT_EQ(recompute_policy(c, cut), (std::vector<Recompute>{F, F, F, N, N}));
+  EXPECT_EQ(recompute_policy(c, {cut[1]}), (std::vector<Recompute>{N, F, F, N, N}));  // a rank's own chunks
+}
+
+TEST(ConfigModel, RecomputeKeysAreChecked) {
+  expect_contains(parse_error("[model]\nrecompute = \"partial\"\n"),
+                  {"model.recompute", "\"partial\"", "\"none\", \"selective\", \"full\""});
+  expect_contains(parse_error("[model]\nrecompute_layers = -1\n"), {"model.recompute_layers = -1", "[0, 65536]"});
+  expect_contains(parse_error("[model]\nn_layer = 3\nrecompute_layers = 4\n"),
+                  {"model.recompute_layers = 4 (configs/x.toml:3)", "model.n_layer = 3 (configs/x.toml:2)"});
+  EXPECT_NO_THROW(parse("[model]\nn_layer = 3\nrecompute = \"selective\"\nrecompute_layers = 3\n"));
 }
 
 // ---- Documentation -------------------------------------------------------------------------

@@ -113,7 +113,40 @@ void expect_pipelines_equal_one_rank(const std::string& preset) {
   EXPECT_GT(ran, 0) << "no pipeline layout of " << world.size() << " ranks";
 }
 
+// model.recompute and model.recompute_layers on two stages (1f1b): the same kernels on the same
+// values, so the losses and the final parameters and moments equal the run without recomputation
+// bit for bit.
+void expect_recomputation_changes_nothing(const std::string& preset) {
+  MpiCommunicator world = MpiCommunicator::duplicate(testing::test_world());
+  if (world.size() != 2) return;
+  const std::string config = testing::layout_config(preset);
+  const std::vector<std::string> base = kBase + pp("1f1b") + std::vector<std::string>{"model.n_layer=4"};
+  const auto run = [&](const std::vector<std::string>& more) {
+    MpiCommunicator comm = MpiCommunicator::duplicate(world.comm());
+    return train(parse_config_string(config, preset + ".toml", base + more), comm.comm());
+  };
+  const Trained none = run({});
+  for (const std::vector<std::string>& policy : {std::vector<std::string>{"model.recompute=\"selective\""},
+                                                 {"model.recompute=\"full\""},
+                                                 {"model.recompute=\"selective\"", "model.recompute_layers=1"}}) {
+    const Trained got = run(policy);
+    const std::string what = preset + " " + ::testing::PrintToString(policy) + " (rank " + std::to_string(world.rank()) + ")";
+    EXPECT_EQ(got.losses, none.losses) << what;
+    const FullOptimizerState gs = got.trainer->optimizer().gather_state(), ns = none.trainer->optimizer().gather_state();
+    const Tensor g[3] = {got.trainer->params().flat_params(), gs.state.exp_avg, gs.state.exp_avg_sq};
+    const Tensor n[3] = {none.trainer->params().flat_params(), ns.state.exp_avg, ns.state.exp_avg_sq};
+    for (int f = 0; f < 3; ++f) {
+      ASSERT_EQ(g[f].numel(), n[f].numel()) << what;
+      for (int64_t i = 0; i < g[f].numel(); ++i)
+        ASSERT_EQ(g[f].ptr<float>()[i], n[f].ptr<float>()[i]) << what << ", state " << f << " element " << i;
+    }
+  }
+}
+
 }  // namespace
+
+TEST(PipelineLayouts, Gpt2RecomputationChangesNothing) { expect_recomputation_changes_nothing("gpt2"); }
+TEST(PipelineLayouts, LlamaRecomputationChangesNothing) { expect_recomputation_changes_nothing("llama"); }
 
 // `tessera train` under mpiexec on two stages (tied gpt2, gpipe): stopped after 2 of 4 steps, saved,
 // resumed by the same command (the tied copies checked again after the resume), the 4 losses, the

@@ -208,21 +208,35 @@ TEST_P(GptFiniteDifference, EveryParameterGradient) {
   }
 }
 
-// Full recomputation re-runs the same kernels on the same inputs: gradients are bitwise equal.
-TEST_P(GptFiniteDifference, FullRecomputeGivesIdenticalGradients) {
-  const ModelConfig cfg = tiny_config(GetParam());
+// Recomputation re-runs the same kernels on the same inputs: full (the whole block forward) and
+// selective (the norms' and the activation function's outputs) give the gradients of no
+// recomputation bit for bit, and so does any mix of policies over the blocks (the
+// model.recompute_layers case: the first blocks full, the rest selective).
+TEST_P(GptFiniteDifference, RecomputationGivesIdenticalGradients) {
+  ModelConfig cfg = tiny_config(GetParam());
+  cfg.n_layer = 3;
   TinyModel plain(cfg, DType::F32);
-  TinyModel recomputed(cfg, DType::F32, {Recompute::Full, Recompute::None});
   auto tokens = testing::random_ids({2, 6}, 13, 3);
   auto targets = testing::random_ids({2, 6}, 13, 4);
-  for (TinyModel* m : {&plain, &recomputed}) {
+  const auto run = [&](TinyModel& m) {
     GptCtx ctx;
-    m->gpt.forward(kCpu, ctx, m->alloc, tokens.t(), targets.t());
-    m->gpt.backward(kCpu, ctx, m->alloc, 1.0 / 12);
+    m.gpt.forward(kCpu, ctx, m.alloc, tokens.t(), targets.t());
+    const double loss = read_loss_sums(kCpu, ctx.loss_sums).mean();
+    m.gpt.backward(kCpu, ctx, m.alloc, 1.0 / 12);
+    return loss;
+  };
+  const double loss = run(plain);
+  const Recompute N = Recompute::None, S = Recompute::Selective, F = Recompute::Full;
+  for (const std::vector<Recompute>& policy :
+       {std::vector<Recompute>{F, F, F}, {S, S, S}, {F, S, S}, {N, S, F}}) {
+    TinyModel recomputed(cfg, DType::F32, policy);
+    EXPECT_EQ(run(recomputed), loss);
+    const float* a = plain.ps.flat_grads().ptr<float>();
+    const float* b = recomputed.ps.flat_grads().ptr<float>();
+    for (int64_t i = 0; i < plain.ps.numel(); ++i)
+      ASSERT_EQ(a[i], b[i]) << "gradient element " << i << ", policy " << static_cast<int>(policy[0])
+                            << static_cast<int>(policy[1]) << static_cast<int>(policy[2]);
   }
-  const float* a = plain.ps.flat_grads().ptr<float>();
-  const float* b = recomputed.ps.flat_grads().ptr<float>();
-  for (int64_t i = 0; i < plain.ps.numel(); ++i) ASSERT_EQ(a[i], b[i]) << "gradient element " << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, GptFiniteDifference, ::testing::Values("gpt2", "llama"));
@@ -231,7 +245,7 @@ namespace {
 
 // Bytes a forward keeps for backward, counted from the architecture (independently of the code):
 // the residual stream (L+1 of BTC), per block what each op saves, and the head.
-int64_t analytic_activation_elements(const ModelConfig& raw, int64_t B, int64_t T, bool full_recompute) {
+int64_t analytic_activation_elements(const ModelConfig& raw, int64_t B, int64_t T, Recompute recompute) {
   const ModelConfig c = resolve(raw);
   const int64_t BT = B * T, C = c.n_embd, F = c.ffn_hidden, H = c.n_head, L = c.n_layer;
   const int64_t kv = c.kv_heads() * c.head_dim();
@@ -240,8 +254,11 @@ int64_t analytic_activation_elements(const ModelConfig& raw, int64_t B, int64_t 
   const int64_t attention = BT * C + 2 * BT * kv + BT * C + B * H * T;  // q, k, v, out, lse
   const int64_t mlp = (c.mlp == MlpKind::SwiGlu ? 3 : 2) * BT * F;  // (gate, up,) act | fc, act
   const int64_t block = norm + attention + BT * C /* x1 */ + norm + mlp;
+  // Selective: without the two norm outputs and the activation function's output (act).
+  const int64_t selective = block - 2 * BT * C - BT * F;
   const int64_t head = norm + BT * c.vocab_size /* logits */ + 2 * BT /* losses, lse */;
-  return (L + 1) * BT * C + (full_recompute ? 0 : L * block) + head;
+  const int64_t kept = recompute == Recompute::None ? block : recompute == Recompute::Selective ? selective : 0;
+  return (L + 1) * BT * C + L * kept + head;
 }
 
 }  // namespace
@@ -251,15 +268,15 @@ class GptMemory : public ::testing::TestWithParam<std::string> {};
 TEST_P(GptMemory, ActivationsMatchAnalyticCount) {
   ModelConfig cfg = tiny_config(GetParam());
   cfg.n_layer = 3;
-  for (bool full : {false, true}) {
-    std::vector<Recompute> rc(3, full ? Recompute::Full : Recompute::None);
+  for (Recompute policy : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+    std::vector<Recompute> rc(3, policy);
     TinyModel m(cfg, DType::F32, rc);
     auto tokens = testing::random_ids({2, 5}, 13, 5);
     auto targets = testing::random_ids({2, 5}, 13, 6);
     GptCtx ctx;
     m.gpt.forward(kCpu, ctx, m.alloc, tokens.t(), targets.t());
-    const size_t expected = 4 * static_cast<size_t>(analytic_activation_elements(cfg, 2, 5, full));
-    EXPECT_EQ(m.alloc.counter(MemCategory::Activations).current, expected) << (full ? "full" : "none");
+    const size_t expected = 4 * static_cast<size_t>(analytic_activation_elements(cfg, 2, 5, policy));
+    EXPECT_EQ(m.alloc.counter(MemCategory::Activations).current, expected) << static_cast<int>(policy);
     m.gpt.backward(kCpu, ctx, m.alloc, 0.1);
     // Backward releases every activation and temporary.
     EXPECT_EQ(m.alloc.counter(MemCategory::Activations).current, 0u);

@@ -76,7 +76,8 @@ struct Case {
 
 std::string case_name(const ::testing::TestParamInfo<Case>& i) {
   return i.param.preset + "_" + std::to_string(i.param.stages) + "stages_" +
-         (i.param.dtype == DType::F64 ? "f64" : "f32") + (i.param.recompute == Recompute::Full ? "_recompute" : "");
+         (i.param.dtype == DType::F64 ? "f64" : "f32") + (i.param.recompute == Recompute::Full ? "_recompute" : "") +
+         (i.param.recompute == Recompute::Selective ? "_selective" : "");
 }
 
 class GptStages : public ::testing::TestWithParam<Case> {};
@@ -183,10 +184,12 @@ INSTANTIATE_TEST_SUITE_P(Splits, GptStages,
                                            Case{"gpt2", 3, DType::F64, Recompute::None},
                                            Case{"gpt2", 3, DType::F32, Recompute::None},
                                            Case{"gpt2", 3, DType::F32, Recompute::Full},
+                                           Case{"gpt2", 3, DType::F32, Recompute::Selective},
                                            Case{"llama", 2, DType::F64, Recompute::None},
                                            Case{"llama", 3, DType::F64, Recompute::None},
                                            Case{"llama", 3, DType::F32, Recompute::None},
-                                           Case{"llama", 3, DType::F32, Recompute::Full}),
+                                           Case{"llama", 3, DType::F32, Recompute::Full},
+                                           Case{"llama", 2, DType::F32, Recompute::Selective}),
                          case_name);
 
 // What each stage of a 3-stage gpt2 registers: its blocks under their global names, the

@@ -119,7 +119,7 @@ TEST_P(GptTensorParallel, MemoryEqualsTheAnalyticModel) {
   const ModelConfig cfg = tp_config(c.preset);
   Model shard(cfg, {tp, rank}, c.recompute, TensorParallel{&comm, c.sequence_parallel});
   const int64_t B = 2, T = 8;
-  const ModelMemory m = model_memory(cfg, {B, T, tp, c.sequence_parallel, c.recompute == Recompute::Full});
+  const ModelMemory m = model_memory(cfg, {B, T, tp, c.sequence_parallel, c.recompute});
   EXPECT_EQ(m.parameters, shard.ps.numel()) << "rank " << rank;
   const size_t state = shard.alloc.total_current(), bytes = sizeof(double);
   auto tokens = testing::random_ids({B, T}, cfg.vocab_size, 5);
@@ -188,13 +188,14 @@ TEST_P(GptTensorParallel, TwoStagesEqualTheOneStageShard) {
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   return info.param.preset + (info.param.sequence_parallel ? "_sp" : "") +
-         (info.param.recompute == Recompute::Full ? "_recompute" : "");
+         (info.param.recompute == Recompute::Full ? "_recompute" : "") +
+         (info.param.recompute == Recompute::Selective ? "_selective" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, GptTensorParallel,
                          ::testing::Values(Case{"gpt2", false, Recompute::None}, Case{"gpt2", true, Recompute::None},
                                            Case{"llama", false, Recompute::None}, Case{"llama", true, Recompute::None},
-                                           Case{"gpt2", true, Recompute::Full}),
+                                           Case{"gpt2", true, Recompute::Full}, Case{"llama", true, Recompute::Selective}),
                          case_name);
 
 }  // namespace

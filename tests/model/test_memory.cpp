@@ -1,7 +1,7 @@
 // Tests model/memory.h: on one rank the analytic counts equal what the allocator measures for tiny
 // models, exactly (parameters, activations after a forward, the activation + workspace peak of
-// forward + backward, a forward without targets), for both presets, with and without full
-// recomputation, for the whole model and for each pipeline stage; and absurd sizes throw instead
+// forward + backward, a forward without targets), for both presets, under each recomputation
+// policy and mixes of them (model.recompute_layers), for the whole model and for each pipeline stage; and absurd sizes throw instead
 // of wrapping. The tensor-parallel layouts are
 // checked in test_gpt_tensor_parallel.cpp (under mpiexec).
 #include "model/memory.h"
@@ -46,8 +46,7 @@ TEST_P(ModelMemoryTest, EqualsTheAllocatorsCounts) {
   for (int64_t L : {1, 3}) {
     const ModelConfig cfg = small_config(k.preset, L);
     const int64_t B = 3, T = 10;
-    const bool full = k.recompute == Recompute::Full;
-    const ModelMemory m = model_memory(cfg, {B, T, 1, false, full});
+    const ModelMemory m = model_memory(cfg, {B, T, 1, false, k.recompute});
 
     Allocator alloc;
     ParameterStore ps(alloc, DType::F32);
@@ -75,8 +74,9 @@ TEST_P(ModelMemoryTest, EqualsTheAllocatorsCounts) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, ModelMemoryTest,
-                         ::testing::Values(Case{"gpt2", Recompute::None}, Case{"gpt2", Recompute::Full},
-                                           Case{"llama", Recompute::None}, Case{"llama", Recompute::Full}));
+                         ::testing::Values(Case{"gpt2", Recompute::None}, Case{"gpt2", Recompute::Selective},
+                                           Case{"gpt2", Recompute::Full}, Case{"llama", Recompute::None},
+                                           Case{"llama", Recompute::Selective}, Case{"llama", Recompute::Full}));
 
 // Each pipeline stage's counts equal what the allocator measures for it: its own parameters (the
 // last stage's copy of the tied table included), its forward's activations and the peak of its
@@ -86,13 +86,12 @@ TEST_P(ModelMemoryTest, EachPipelineStageEqualsTheAllocatorsCounts) {
   const Case k = GetParam();
   const int64_t L = 5, B = 3, T = 10;
   const ModelConfig cfg = resolve(small_config(k.preset, L));
-  const bool full = k.recompute == Recompute::Full;
   for (int64_t stages : {2, 3}) {
     int64_t parameters = 0;
     for (int64_t s = 0; s < stages; ++s) {
       const StageSpec spec = StageSpec::split(L, stages, s);
       const std::string what = std::to_string(stages) + " stages, stage " + std::to_string(s);
-      const ModelMemory m = model_memory(cfg, {B, T, 1, false, full, spec});
+      const ModelMemory m = model_memory(cfg, {B, T, 1, false, k.recompute, spec});
       Allocator alloc, caller;
       ParameterStore ps(alloc, DType::F32);
       Gpt gpt(cfg, ps, std::vector<Recompute>(static_cast<size_t>(L), k.recompute), {}, spec);
@@ -134,8 +133,50 @@ TEST_P(ModelMemoryTest, EachPipelineStageEqualsTheAllocatorsCounts) {
     }
     // The stages hold the model's parameters, and gpt2's last stage a second copy of the table.
     const int64_t table = cfg.tied_embeddings ? cfg.vocab_size * cfg.n_embd : 0;
-    EXPECT_EQ(parameters, model_memory(cfg, {B, T, 1, false, full}).parameters + table) << stages << " stages";
+    EXPECT_EQ(parameters, model_memory(cfg, {B, T, 1, false, k.recompute}).parameters + table) << stages << " stages";
   }
+}
+
+// model.recompute_layers: a stage's first full_layers blocks recompute fully, the others follow
+// the policy. The counts equal the allocator's for the whole model and each of two stages.
+TEST_P(ModelMemoryTest, RecomputeLayersEqualTheAllocatorsCounts) {
+  const Case k = GetParam();
+  if (k.recompute == Recompute::Full) GTEST_SKIP() << "every block recomputes fully already";
+  const int64_t L = 5, B = 2, T = 10;
+  const ModelConfig cfg = resolve(small_config(k.preset, L));
+  for (int64_t full_layers : {1, 2, 9})
+    for (int64_t stages : {1, 2})
+      for (int64_t s = 0; s < stages; ++s) {
+        const StageSpec spec = StageSpec::split(L, stages, s);
+        const std::string what = std::to_string(full_layers) + " full, stage " + std::to_string(s) + " of " +
+                                 std::to_string(stages);
+        std::vector<Recompute> policy(static_cast<size_t>(L), k.recompute);
+        for (int64_t l = spec.first_layer; l < std::min(spec.end_layer, spec.first_layer + full_layers); ++l)
+          policy[static_cast<size_t>(l)] = Recompute::Full;
+        const ModelMemory m = model_memory(cfg, {B, T, 1, false, k.recompute, spec, full_layers});
+        Allocator alloc, caller;
+        ParameterStore ps(alloc, DType::F32);
+        Gpt gpt(cfg, ps, policy, {}, spec);
+        ps.finalize();
+        ps.initialize(testing::kCpu, 3);
+        const size_t state = alloc.total_current();
+        auto tokens = testing::random_ids({B, T}, cfg.vocab_size, 1);
+        auto targets = testing::random_ids({B, T}, cfg.vocab_size, 2);
+        Buffer input(caller, DType::F32, {B, T, cfg.n_embd}, MemCategory::Activations);
+        Buffer dy(caller, DType::F32, {B, T, cfg.n_embd}, MemCategory::Workspace);
+        Buffer dx(caller, DType::F32, {B, T, cfg.n_embd}, MemCategory::Workspace);
+        fill_zero(testing::kCpu, input);
+        fill_zero(testing::kCpu, dy);
+        GptCtx ctx;
+        gpt.forward(testing::kCpu, ctx, alloc, spec.embedding ? tokens.t() : input.tensor(),
+                    spec.head ? targets.t() : Tensor(), SequenceLayout::contiguous(T));
+        EXPECT_EQ(alloc.counter(MemCategory::Activations).current, 4u * static_cast<size_t>(m.activations)) << what;
+        gpt.backward(testing::kCpu, ctx, alloc, spec.head ? Gpt::OutputGrad::loss(0.01) : Gpt::OutputGrad::output(dy),
+                     spec.embedding ? Tensor() : dx.tensor());
+        const size_t peak = alloc.total_peak() - state, counted = 4u * static_cast<size_t>(m.training_peak);
+        EXPECT_TRUE(peak == counted || (spec.head && peak == counted + ModelMemory::kLossSumsBytes))
+            << what << ": measured " << peak << " bytes, counted " << counted;
+      }
 }
 
 TEST(ModelMemory, CheckedArithmeticThrowsInsteadOfWrapping) {
@@ -148,7 +189,7 @@ TEST(ModelMemory, CheckedArithmeticThrowsInsteadOfWrapping) {
   c.n_head = 1 << 10;
   c.vocab_size = int64_t{1} << 31;
   // B T = 2^40 tokens: the logits alone, 2^40 x 2^31 elements, overflow.
-  EXPECT_THROW(model_memory(c, {1 << 20, 1 << 20, 1, false, false}), SizeOverflow);
+  EXPECT_THROW(model_memory(c, {1 << 20, 1 << 20, 1, false}), SizeOverflow);
 }
 
 }  // namespace

@@ -133,7 +133,7 @@ TEST(StageCut, PartCostsAddUpToTheModelsCounts) {
     const double flops = c.embedding.flops + L * c.block.flops + c.head.flops;
     EXPECT_NEAR(flops, flops_per_token(cfg, T) * T, 1e-12 * flops) << cfg.preset;
     const double bytes = c.embedding.activation_bytes + L * c.block.activation_bytes + c.head.activation_bytes;
-    EXPECT_EQ(bytes, 4.0 * static_cast<double>(model_memory(cfg, {1, T, 1, false, false}).activations)) << cfg.preset;
+    EXPECT_EQ(bytes, 4.0 * static_cast<double>(model_memory(cfg, {1, T, 1, false}).activations)) << cfg.preset;
     EXPECT_EQ(c.weight(c.block), 1.0);
     EXPECT_EQ(c.embedding.flops, 0.0);  // a lookup, no matmul: it weighs by its output alone
     EXPECT_LT(c.weight(c.embedding), 0.1) << cfg.preset;
