@@ -10,6 +10,7 @@
 #include "app/generate.h"
 #include "app/prepare.h"
 #include "app/trainer.h"
+#include "app/upscale.h"
 #include "parallel/mpi.h"
 
 namespace tessera {
@@ -97,6 +98,28 @@ void register_generate(CLI::App& app, int& exit_code) {
   cmd->add_flag("--stop-at-newline", args->stop_at_newline, "Stop after the first newline (addition answers)");
   cmd->callback(on_one_process("generate", [args, &exit_code] { exit_code = run_generate_command(*args); }));
 }
+
+void register_upscale(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<UpscaleArgs>();
+  auto* cmd = app.add_subcommand("upscale", "Grow a checkpoint deeper (depth up-scaling: solar, stack, interleave, "
+                                            "expand, average, ot; docs/upscaling.md)");
+  cmd->add_option("--from", args->from, "Source checkpoint (.h5)")->required();
+  cmd->add_option("--method", args->options.method, "solar | stack | interleave | expand | average | ot")->required();
+  cmd->add_option("--layers", args->options.layers, "Depth of the grown model");
+  cmd->add_option("--factor", args->options.factor, "stack: copies of the layer list (default 2)");
+  cmd->add_option("--overlap", args->options.overlap, "solar: layers dropped from each copy (default n/4 rounded)");
+  cmd->add_option("--every", args->options.every,
+                  "interleave, expand, average, ot: a new layer after every k-th layer or pair (default 1)");
+  cmd->add_option("--position", args->options.position,
+                  "with --layers: where the new layers go: top, bottom or uniform (default)");
+  cmd->add_option("--sinkhorn-eps", args->options.sinkhorn_eps,
+                  "ot: Sinkhorn-regularized soft alignment of the MLP units with this eps (relative to the largest "
+                  "cost); 0 = exact assignment (default)");
+  cmd->add_flag("--carry-optimizer", args->carry_optimizer,
+                "Carry the AdamW moments and step (new layers take their sources', zero where expand zeroes)");
+  cmd->add_option("--out", args->out, "The grown checkpoint (.h5; must not exist)")->required();
+  cmd->callback(on_one_process("upscale", [args, &exit_code] { exit_code = run_upscale_command(*args, std::cout); }));
+}
 }  // namespace
 
 void register_commands(CLI::App& app, int& exit_code) {
@@ -105,6 +128,7 @@ void register_commands(CLI::App& app, int& exit_code) {
   register_prepare(app, exit_code);
   register_ckpt(app, exit_code);
   register_generate(app, exit_code);
+  register_upscale(app, exit_code);
 }
 
 }  // namespace tessera

@@ -346,7 +346,7 @@ std::vector<const TensorSlice*> local_writes(const std::vector<TensorSlice>& sli
 }
 
 void write_tensors(hid_t file, const WritePlan& plan, const std::vector<TensorSlice>& slices, MPI_Comm comm,
-                   const std::string& where) {
+                   const std::string& where, const TensorProducer* produce) {
   const int rank = comm_rank(comm);
   for (const auto& entry : plan) {
     // Named references, not a structured binding: lambdas cannot capture those before clang 16
@@ -358,10 +358,19 @@ void write_tensors(hid_t file, const WritePlan& plan, const std::vector<TensorSl
     const auto mine = local_writes(slices, path);
     const auto& writes = d.writes[static_cast<size_t>(rank)];
     const std::string what = "cannot write tensor " + path + " to " + where;
+    std::vector<float> produced;  // streamed: this tensor only, made just before it is written
+    if (produce) {
+      together(comm, [&] {
+        produced = (*produce)(path);
+        TESSERA_CHECK(static_cast<int64_t>(produced.size()) == d.shape.numel(), "the tensor made for ", path, " has ",
+                      produced.size(), " elements, its shape ", d.shape.str(), " holds ", d.shape.numel());
+      });
+    }
     for (size_t round = 0; round < d.rounds(); ++round) {
       together(comm, [&] {
         const bool have = round < writes.size();
-        write_round(ds.get(), have ? &writes[round] : nullptr, have ? mine[round]->data : nullptr, what);
+        const float* data = !have ? nullptr : produce ? produced.data() : mine[round]->data;
+        write_round(ds.get(), have ? &writes[round] : nullptr, data, what);
       });
     }
     together(comm, [&] { h5_check(ds.close(), "cannot close tensor " + path + " in " + where); });
@@ -383,7 +392,8 @@ void finish_file(const std::string& path) {
 }
 
 void write_file(const std::string& path, const CheckpointMeta& meta, const GroupAttributes& groups,
-                const WritePlan& plan, const std::vector<TensorSlice>& slices, MPI_Comm comm, bool& created) {
+                const WritePlan& plan, const std::vector<TensorSlice>& slices, MPI_Comm comm, bool& created,
+                const TensorProducer* produce) {
   const bool lead = comm_rank(comm) == 0;
   together(comm, [&] {
     if (lead) prepare_file(path, ckpt::estimated_file_bytes(plan, meta, groups));
@@ -393,7 +403,7 @@ void write_file(const std::string& path, const CheckpointMeta& meta, const Group
   together(comm, [&] { file = create_file(path, comm); });
   const std::string checksum = metadata_checksum(meta, groups, planned_tensors(plan));
   together(comm, [&] { write_meta(file.get(), meta, groups, checksum, path); });
-  write_tensors(file.get(), plan, slices, comm, path);
+  write_tensors(file.get(), plan, slices, comm, path, produce);
   together(comm, [&] {
     h5_check(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), "cannot flush checkpoint file " + path);
     h5_check(file.close(), "cannot close checkpoint file " + path);
@@ -405,15 +415,17 @@ void write_file(const std::string& path, const CheckpointMeta& meta, const Group
 
 }  // namespace
 
-void write_checkpoint_file(const std::string& path, const CheckpointMeta& meta, const std::vector<TensorSlice>& slices,
-                           MPI_Comm comm, const GroupAttributes& groups) {
+namespace {
+
+void write_checkpoint(const std::string& path, const CheckpointMeta& meta, const std::vector<TensorSlice>& slices,
+                      MPI_Comm comm, const GroupAttributes& groups, const TensorProducer* produce) {
   H5QuietErrors quiet;
   const WritePlan plan = ckpt::make_write_plan(slices, groups, comm);
   const auto [m, g] = broadcast_meta(meta, groups, comm);
   check_meta(m, g);
   bool created = false;
   try {
-    write_file(path, m, g, plan, slices, comm, created);
+    write_file(path, m, g, plan, slices, comm, created, produce);
   } catch (const Error&) {
     // Every rank is here (errors are agreed) and the file is closed: leave no half-written file.
     if (created && comm_rank(comm) == 0) {
@@ -422,6 +434,24 @@ void write_checkpoint_file(const std::string& path, const CheckpointMeta& meta, 
     }
     throw;
   }
+}
+
+}  // namespace
+
+void write_checkpoint_file(const std::string& path, const CheckpointMeta& meta, const std::vector<TensorSlice>& slices,
+                           MPI_Comm comm, const GroupAttributes& groups) {
+  write_checkpoint(path, meta, slices, comm, groups, nullptr);
+}
+
+void write_checkpoint_file_streamed(const std::string& path, const CheckpointMeta& meta,
+                                    const std::vector<std::pair<std::string, Shape>>& tensors,
+                                    const TensorProducer& produce, const GroupAttributes& groups) {
+  // The plan checks that a slice to write has data; the real data is produced tensor by tensor.
+  static const float kProducedLater = 0.0f;
+  std::vector<TensorSlice> slices;
+  for (const auto& [name, shape] : tensors)
+    slices.push_back({name, shape, TensorSlice::kWhole, 0, shape, &kProducedLater, true});
+  write_checkpoint(path, meta, slices, MPI_COMM_SELF, groups, &produce);
 }
 
 // ---- reading ----

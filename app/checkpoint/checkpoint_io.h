@@ -7,6 +7,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -71,6 +72,15 @@ struct CheckpointMeta {
 // the file is flushed, closed and fsync'ed.
 void write_checkpoint_file(const std::string& path, const CheckpointMeta& meta, const std::vector<TensorSlice>& slices,
                            MPI_Comm comm, const GroupAttributes& groups = {});
+
+// One process writing tensors it makes one at a time (tessera upscale): the tensors are declared
+// up front (path, global shape), and produce(path) returns the whole tensor, row-major, just before
+// it is written, so at most one is held in memory. Otherwise as write_checkpoint_file (on
+// MPI_COMM_SELF); a tensor of the wrong size, or an error thrown by produce, removes the file.
+using TensorProducer = std::function<std::vector<float>(const std::string& path)>;
+void write_checkpoint_file_streamed(const std::string& path, const CheckpointMeta& meta,
+                                    const std::vector<std::pair<std::string, Shape>>& tensors,
+                                    const TensorProducer& produce, const GroupAttributes& groups = {});
 
 struct TensorInfo {
   std::string path;   // "/model/wte.weight"
