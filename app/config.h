@@ -151,6 +151,7 @@ struct TrainConfig {
   double exit_after_minutes = 0.0;
   bool profile = false;
   bool memory_check = true;
+  std::string device = "cpu";
 
   template <class V>
   void visit(V& v) {
@@ -180,6 +181,9 @@ struct TrainConfig {
     v.field("memory_check", memory_check, "before allocating, estimate one rank's memory (parameters, gradients, "
             "optimizer, activations, batches, checkpoint copies) and refuse to start when the ranks on a node "
             "need more than it has available; false = only warn (docs/training.md)", Allowed::any());
+    v.field("device", device, "where each rank trains: \"cpu\", or \"cuda\" (the GPU of the rank's local rank on "
+            "its node; refused at start where no GPU or no CUDA backend is there; docs/cuda.md)",
+            Allowed::one_of({"cpu", "cuda"}));
   }
   bool operator==(const TrainConfig&) const = default;
 };
