@@ -158,6 +158,7 @@ struct TrainConfig {
   double max_memory_gib = 0.0;
   bool profile = false;
   bool memory_check = true;
+  std::string device = "cpu";
 
   template <class V>
   void visit(V& v) {
@@ -190,6 +191,9 @@ struct TrainConfig {
     v.field("max_memory_gib", max_memory_gib, "refuse to start when one rank's memory estimate exceeds this many "
             "GiB (a per-rank cap, e.g. a device's memory; parallel.cp divides the activations); 0 = no cap",
             Allowed::at_least(0.0).at_most(1 << 30));
+    v.field("device", device, "where each rank trains: \"cpu\", or \"cuda\" (the GPU of the rank's local rank on "
+            "its node; refused at start where no GPU or no CUDA backend is there; docs/cuda.md)",
+            Allowed::one_of({"cpu", "cuda"}));
   }
   bool operator==(const TrainConfig&) const = default;
 };

@@ -2,6 +2,7 @@
 // micro_batch sequences per forward, accumulation = global_batch / (micro_batch x dp).
 #include "app/trainer.h"
 
+
 #include <omp.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 
 #include "app/build_info.h"
 #include "app/context_parallel.h"
+#include "app/device.h"
 #include "app/evaluate.h"
 #include "app/launch.h"
 #include "app/memory_check.h"
@@ -109,6 +111,13 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
       sampler_(data_.train->num_samples(), static_cast<uint64_t>(cfg_.train.seed)),
       layout_{cfg_.train.global_batch, cfg_.train.micro_batch, grid_.dp_size(), grid_.dp_rank()},
       progress_(cfg.log.progress, grid_.rank() == 0) {
+  // train.device, agreed by every rank before anything is allocated. A usable GPU is refused too,
+  // for now: the kernels run on CUDA (docs/cuda.md), the trainer does not yet.
+  const Device device = resolve_train_device(cfg_.train.device, comm);
+  TESSERA_CHECK(device.is_cpu(), "train.device = \"cuda\" would train on ", device.str(),
+                ", but the trainer does not run on CUDA yet: the CUDA kernels exist (docs/cuda.md), causal attention "
+                "on CUDA and the trainer's device wiring (parameter init, checkpoints, batch uploads) do not; set "
+                "train.device = \"cpu\"");
   const ModelConfig mc = resolve(to_model_config(cfg_, data_.vocab_size));
   validate_layout(cfg_, mc, grid_.world_size());
   if (grid_.pp_size() > 1) validate_pipeline(cfg_, grid_.dp_size());  // micro-batches per step against pp

@@ -2,6 +2,7 @@
 #include "kernels/adamw.h"
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/front.h"
 
 namespace tessera {
@@ -34,7 +35,7 @@ void adamw_update(const Exec& ex, const Tensor& params, const Tensor& grads, con
   check_args(op, "v", v, params);
   check_step(op, s);
   if (d.is_cpu()) return cpu::adamw_update(ex, params, grads, m, v, s);
-  front::no_cuda_implementation(op);
+  TESSERA_CUDA_CALL(op, cuda::adamw_update(ex, params, grads, m, v, s));
 }
 
 }  // namespace tessera

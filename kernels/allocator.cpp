@@ -1,6 +1,10 @@
-// Allocator accounting. CPU memory comes from aligned_alloc; a CUDA allocator plugs in here later
-// with the same counters.
+// Allocator accounting. CPU memory comes from aligned_alloc, CUDA memory from cudaMalloc
+// (kernels/cuda/runtime.h), both behind the same cache and counters.
 #include "kernels/allocator.h"
+
+#ifdef TESSERA_WITH_CUDA
+#include "kernels/cuda/runtime.h"
+#endif
 
 #include <cstdio>
 #include <cstdlib>
@@ -22,13 +26,38 @@ const char* mem_category_name(MemCategory c) {
 }
 
 namespace {
-size_t round_up(size_t bytes) { return (bytes + 63) / 64 * 64; }
+// Block sizes: multiples of the alignment, so that a cached block serves any request of its size.
+size_t round_up(size_t bytes, Device d) {
+  const size_t align = d.is_cpu() ? 64 : 256;
+  return (bytes + align - 1) / align * align;
+}
 }  // namespace
 
+Allocator::Allocator(Device device, CUstream_st* stream) : device_(device), stream_(stream) {
+#ifndef TESSERA_WITH_CUDA
+  TESSERA_CHECK(device.is_cpu(), "allocator for ", device.str(), ": this build has no CUDA backend (TESSERA_CUDA=OFF)");
+#endif
+}
+
+void* Allocator::fresh_block(size_t rounded) {
+  if (device_.is_cpu()) return std::aligned_alloc(64, rounded);
+#ifdef TESSERA_WITH_CUDA
+  return cuda::device_malloc(device_.index, rounded);
+#else
+  return nullptr;  // unreachable: the constructor refused the device
+#endif
+}
+
+void Allocator::free_block(void* p) noexcept {
+  if (device_.is_cpu()) return std::free(p);
+#ifdef TESSERA_WITH_CUDA
+  cuda::device_free(device_.index, p);
+#endif
+}
+
 void* Allocator::allocate(size_t bytes, MemCategory cat) {
-  TESSERA_CHECK(device_.is_cpu(), "allocator for ", device_.str(), " is not built");
   if (bytes == 0) return nullptr;
-  const size_t rounded = round_up(bytes);
+  const size_t rounded = round_up(bytes, device_);
   void* p = nullptr;
   auto it = free_blocks_.find(rounded);
   if (it != free_blocks_.end() && !it->second.empty()) {
@@ -36,15 +65,21 @@ void* Allocator::allocate(size_t bytes, MemCategory cat) {
     it->second.pop_back();
     cached_bytes_ -= rounded;
   } else {
-    p = std::aligned_alloc(64, rounded);
+    p = fresh_block(rounded);
     if (!p && cached_bytes_ > 0) {  // memory is tight: give the cache back and try once more
       release_cache();
-      p = std::aligned_alloc(64, rounded);
+      p = fresh_block(rounded);
     }
-    TESSERA_CHECK(p != nullptr, "out of host memory allocating ", format_bytes(bytes), " for ",
-                  mem_category_name(cat));
+    TESSERA_CHECK(p != nullptr, "out of ", device_.is_cpu() ? "host" : device_.str(), " memory allocating ",
+                  format_bytes(bytes), " for ", mem_category_name(cat), " (in use: ", summary(), ")");
   }
-  std::memset(p, 0, rounded);
+  if (device_.is_cpu()) {
+    std::memset(p, 0, rounded);
+  } else {
+#ifdef TESSERA_WITH_CUDA
+    cuda::device_zero(device_.index, p, rounded, stream_);
+#endif
+  }
   MemCounter& c = counters_[static_cast<int>(cat)];
   c.current += bytes;
   if (c.current > c.peak) c.peak = c.current;
@@ -55,7 +90,7 @@ void* Allocator::allocate(size_t bytes, MemCategory cat) {
 
 void Allocator::deallocate(void* p, size_t bytes, MemCategory cat) {
   if (!p) return;
-  const size_t rounded = round_up(bytes);
+  const size_t rounded = round_up(bytes, device_);
   free_blocks_[rounded].push_back(p);
   cached_bytes_ += rounded;
   counters_[static_cast<int>(cat)].current -= bytes;
@@ -63,7 +98,7 @@ void Allocator::deallocate(void* p, size_t bytes, MemCategory cat) {
 
 void Allocator::release_cache() {
   for (auto& [size, blocks] : free_blocks_)
-    for (void* p : blocks) std::free(p);
+    for (void* p : blocks) free_block(p);
   free_blocks_.clear();
   cached_bytes_ = 0;
 }

@@ -1,7 +1,13 @@
 // Per-device allocator that counts current and peak bytes per category, and Buffer, the RAII
 // owner of one allocation. These counts are what the training log and the memory tests report.
 // Freed blocks are cached by size and reused: a training step allocates the same shapes every
-// time, and returning them to the OS each step costs page faults on every touch.
+// time, and returning them to the OS each step costs page faults on every touch (on a GPU,
+// cudaMalloc/cudaFree, which synchronize the device).
+//
+// A CUDA allocator (Device::cuda(i), TESSERA_CUDA=ON builds) takes device memory with cudaMalloc
+// and zero-fills it on its stream. Reusing a freed block is safe because every op that touched it
+// was queued on that same stream before the free (stream order): an allocator serves one stream,
+// the compute stream of its Exec. Blocks are 256-byte aligned (cudaMalloc's), host ones 64.
 #pragma once
 
 #include <array>
@@ -10,6 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kernels/exec.h"
 #include "kernels/tensor.h"
 
 namespace tessera {
@@ -25,12 +32,15 @@ struct MemCounter {
 
 class Allocator {
  public:
-  explicit Allocator(Device device = Device::cpu()) : device_(device) {}
+  // stream: CUDA only, the stream the memory is used on (null: the device's default stream).
+  explicit Allocator(Device device = Device::cpu(), CUstream_st* stream = nullptr);
   ~Allocator() { release_cache(); }
   Allocator(const Allocator&) = delete;
   Allocator& operator=(const Allocator&) = delete;
 
-  // 64-byte aligned, zero-filled.
+  // Aligned (64 bytes on the host, 256 on a device), zero-filled (on a device: queued on the
+  // allocator's stream). A device allocation beyond the free memory is an Error naming the bytes,
+  // the category and the device, after the cache was given back.
   void* allocate(size_t bytes, MemCategory cat);
   void deallocate(void* p, size_t bytes, MemCategory cat);
 
@@ -45,7 +55,11 @@ class Allocator {
   std::string summary() const;  // one line: "params 1.2 MiB, grads ..., peak total ..."
 
  private:
+  void* fresh_block(size_t rounded);  // new memory, nullptr when there is none
+  void free_block(void* p) noexcept;
+
   Device device_;
+  CUstream_st* stream_ = nullptr;
   std::array<MemCounter, kNumMemCategories> counters_{};
   size_t total_peak_ = 0;
   std::unordered_map<size_t, std::vector<void*>> free_blocks_;  // by rounded size

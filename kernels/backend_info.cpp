@@ -85,14 +85,6 @@ double cpu_nominal_peak_gflops() {
 
 double cpu_peak_gflops() { return std::max(cpu_nominal_peak_gflops(), measure_cpu_peak_gflops()); }
 
-int cuda_device_count() {
-#ifdef TESSERA_WITH_CUDA
-  return cuda::device_count();
-#else
-  return 0;
-#endif
-}
-
 // Below a third of the CPU's fp32 peak the GEMM kernels are not using the vector units the CPU
 // has. Measured per CPU-second on a 2-core AVX-512 Xeon (docs/performance.md, "BLAS kernels"),
 // against its nominal peak: OpenBLAS's generic Prescott core 23-24%, Sandybridge (AVX, no FMA)

@@ -17,7 +17,6 @@ double cpu_peak_gflops();
 // Measured fp32 FMA throughput with all OpenMP threads (a ~50 ms register-only loop); shown by
 // `tessera info` next to the nominal peak. Noisy when other processes share the cores.
 double measure_cpu_peak_gflops();
-// Number of CUDA devices visible (0 when CUDA is not built or no GPU is present).
-int cuda_device_count();
+// cuda_device_count(): kernels/exec.h, beside cuda_backend_built().
 
 }  // namespace tessera

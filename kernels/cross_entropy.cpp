@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/front.h"
 
 namespace tessera {
@@ -40,7 +41,7 @@ void cross_entropy_forward(const Exec& ex, const Tensor& losses, const Tensor& l
   front::check_numel(op, "lse", lse, logits.dtype, N);
   front::check_numel(op, "targets", targets, DType::I32, N);
   if (d.is_cpu()) return cpu::cross_entropy_forward(ex, losses, lse, logits, targets);
-  front::no_cuda_implementation(op);
+  TESSERA_CUDA_CALL(op, cuda::cross_entropy_forward(ex, losses, lse, logits, targets));
 }
 
 void cross_entropy_backward(const Exec& ex, const Tensor& dlogits, const Tensor& logits, const Tensor& lse,
@@ -53,7 +54,7 @@ void cross_entropy_backward(const Exec& ex, const Tensor& dlogits, const Tensor&
   front::check_numel(op, "lse", lse, logits.dtype, N);
   check_in_place(op, dlogits, logits);
   if (d.is_cpu()) return cpu::cross_entropy_backward(ex, dlogits, logits, lse, targets, loss_scale, shard);
-  front::no_cuda_implementation(op);
+  TESSERA_CUDA_CALL(op, cuda::cross_entropy_backward(ex, dlogits, logits, lse, targets, loss_scale, shard));
 }
 
 void cross_entropy_shard_forward(const Exec& ex, const Tensor& lse_part, const Tensor& target_logit,
@@ -65,7 +66,7 @@ void cross_entropy_shard_forward(const Exec& ex, const Tensor& lse_part, const T
   front::check_numel(op, "lse_part", lse_part, logits.dtype, N);
   front::check_numel(op, "target_logit", target_logit, logits.dtype, N);
   if (d.is_cpu()) return cpu::cross_entropy_shard_forward(ex, lse_part, target_logit, logits, targets, shard);
-  front::no_cuda_implementation(op);
+  TESSERA_CUDA_CALL(op, cuda::cross_entropy_shard_forward(ex, lse_part, target_logit, logits, targets, shard));
 }
 
 void cross_entropy_combine(const Exec& ex, const Tensor& losses, const Tensor& lse, const Tensor& lse_parts,
@@ -84,7 +85,7 @@ void cross_entropy_combine(const Exec& ex, const Tensor& losses, const Tensor& l
   front::check_numel(op, "target_logit", target_logit, losses.dtype, N);
   front::check_numel(op, "targets", targets, DType::I32, N);
   if (d.is_cpu()) return cpu::cross_entropy_combine(ex, losses, lse, lse_parts, target_logit, targets);
-  front::no_cuda_implementation(op);
+  TESSERA_CUDA_CALL(op, cuda::cross_entropy_combine(ex, losses, lse, lse_parts, target_logit, targets));
 }
 
 }  // namespace tessera

@@ -64,7 +64,7 @@ void copy_columns(const Exec& ex, const Tensor& dst, const Tensor& src, int64_t 
   const Device d = front::device_of(op, ex, {{"dst", dst}, {"src", src}});
   check_column_block(op, dst, src, col0);
   if (d.is_cpu()) return cpu::copy_columns(ex, dst, src, col0);
-  front::no_cuda_implementation(op);
+  TESSERA_CUDA_CALL(op, cuda::copy_columns(ex, dst, src, col0));
 }
 
 void paste_columns(const Exec& ex, const Tensor& dst, const Tensor& src, int64_t col0) {
@@ -72,7 +72,7 @@ void paste_columns(const Exec& ex, const Tensor& dst, const Tensor& src, int64_t
   const Device d = front::device_of(op, ex, {{"dst", dst}, {"src", src}});
   check_column_block(op, src, dst, col0);
   if (d.is_cpu()) return cpu::paste_columns(ex, dst, src, col0);
-  front::no_cuda_implementation(op);
+  TESSERA_CUDA_CALL(op, cuda::paste_columns(ex, dst, src, col0));
 }
 
 void residual_forward(const Exec& ex, const Tensor& y, const Tensor& a, const Tensor& b) {
@@ -82,7 +82,7 @@ void residual_forward(const Exec& ex, const Tensor& y, const Tensor& a, const Te
   check_pair(op, y, b);
   check_float_dtype(op, y);
   if (d.is_cpu()) return cpu::residual_forward(ex, y, a, b);
-  front::no_cuda_implementation(op);
+  TESSERA_CUDA_CALL(op, cuda::residual_forward(ex, y, a, b));
 }
 
 void accumulate(const Exec& ex, const Tensor& dst, const Tensor& src) {
@@ -91,7 +91,7 @@ void accumulate(const Exec& ex, const Tensor& dst, const Tensor& src) {
   check_pair(op, dst, src);
   check_float_dtype(op, dst);
   if (d.is_cpu()) return cpu::accumulate(ex, dst, src);
-  front::no_cuda_implementation(op);
+  TESSERA_CUDA_CALL(op, cuda::accumulate(ex, dst, src));
 }
 
 // Two accumulates: a composition of ops, so no backend of its own.
@@ -105,7 +105,7 @@ void scale(const Exec& ex, const Tensor& t, double s) {
   const Device d = front::device_of(op, ex, {{"t", t}});
   check_float_dtype(op, t);
   if (d.is_cpu()) return cpu::scale(ex, t, s);
-  front::no_cuda_implementation(op);
+  TESSERA_CUDA_CALL(op, cuda::scale(ex, t, s));
 }
 
 void sum(const Exec& ex, const Tensor& out, const Tensor& t) {
@@ -114,7 +114,7 @@ void sum(const Exec& ex, const Tensor& out, const Tensor& t) {
   check_scalar_out(op, out);
   check_float_dtype(op, t);
   if (d.is_cpu()) return cpu::sum(ex, out, t);
-  front::no_cuda_implementation(op);
+  TESSERA_CUDA_CALL(op, cuda::sum(ex, out, t));
 }
 
 void count_not_equal(const Exec& ex, const Tensor& out, const Tensor& ids, int32_t value) {
@@ -123,7 +123,7 @@ void count_not_equal(const Exec& ex, const Tensor& out, const Tensor& ids, int32
   check_scalar_out(op, out);
   check_dtype(op, "ids", ids, DType::I32);
   if (d.is_cpu()) return cpu::count_not_equal(ex, out, ids, value);
-  front::no_cuda_implementation(op);
+  TESSERA_CUDA_CALL(op, cuda::count_not_equal(ex, out, ids, value));
 }
 
 void squared_norm(const Exec& ex, const Tensor& out, const Tensor& t) {
@@ -132,7 +132,7 @@ void squared_norm(const Exec& ex, const Tensor& out, const Tensor& t) {
   check_scalar_out(op, out);
   check_float_dtype(op, t);
   if (d.is_cpu()) return cpu::squared_norm(ex, out, t);
-  front::no_cuda_implementation(op);
+  TESSERA_CUDA_CALL(op, cuda::squared_norm(ex, out, t));
 }
 
 Buffer upload(const Exec& ex, Allocator& alloc, const Tensor& src, MemCategory cat) {

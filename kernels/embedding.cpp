@@ -3,6 +3,7 @@
 #include "kernels/embedding.h"
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/front.h"
 
 namespace tessera {
@@ -57,7 +58,7 @@ void embedding_forward(const Exec& ex, const Tensor& out, const Tensor& tokens, 
   const Device d = front::device_of(op, ex, {{"out", out}, {"tokens", tokens}, {"wte", wte}, {"wpe", wpe}});
   check_args(op, out, "out", tokens, wte, "wte", wpe, "wpe", pos_offset, shard);
   if (d.is_cpu()) return cpu::embedding_forward(ex, out, tokens, wte, wpe, pos_offset, shard);
-  front::no_cuda_implementation(op);
+  TESSERA_CUDA_CALL(op, cuda::embedding_forward(ex, out, tokens, wte, wpe, pos_offset, shard));
 }
 
 void embedding_backward(const Exec& ex, const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
@@ -66,7 +67,7 @@ void embedding_backward(const Exec& ex, const Tensor& dwte, const Tensor& dwpe, 
   const Device d = front::device_of(op, ex, {{"dwte", dwte}, {"dwpe", dwpe}, {"dout", dout}, {"tokens", tokens}});
   check_args(op, dout, "dout", tokens, dwte, "dwte", dwpe, "dwpe", pos_offset, shard);
   if (d.is_cpu()) return cpu::embedding_backward(ex, dwte, dwpe, dout, tokens, pos_offset, shard);
-  front::no_cuda_implementation(op);
+  TESSERA_CUDA_CALL(op, cuda::embedding_backward(ex, dwte, dwpe, dout, tokens, pos_offset, shard));
 }
 
 }  // namespace tessera

@@ -2,6 +2,9 @@
 #include "kernels/exec.h"
 
 #include "kernels/cuda/cuda_ops.h"
+#ifdef TESSERA_WITH_CUDA
+#include "kernels/cuda/runtime.h"
+#endif
 #include "kernels/front.h"
 
 namespace tessera {
@@ -16,6 +19,14 @@ bool cuda_backend_built() {
   return true;
 #else
   return false;
+#endif
+}
+
+int cuda_device_count() {
+#ifdef TESSERA_WITH_CUDA
+  return cuda::device_count();
+#else
+  return 0;
 #endif
 }
 

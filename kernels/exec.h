@@ -27,5 +27,7 @@ void synchronize(const Exec& ex);
 
 // Whether this build has the CUDA backend (kernels/cuda/ compiled and linked: TESSERA_CUDA=ON).
 bool cuda_backend_built();
+// CUDA devices visible to this process: 0 without the backend, a driver or a GPU.
+int cuda_device_count();
 
 }  // namespace tessera

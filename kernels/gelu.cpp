@@ -2,6 +2,7 @@
 #include "kernels/gelu.h"
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/front.h"
 
 namespace tessera {
@@ -20,7 +21,7 @@ void gelu_forward(const Exec& ex, const Tensor& y, const Tensor& x) {
   const Device d = front::device_of(op, ex, {{"y", y}, {"x", x}});
   check_args(op, y, x);
   if (d.is_cpu()) return cpu::gelu_forward(ex, y, x);
-  front::no_cuda_implementation(op);
+  TESSERA_CUDA_CALL(op, cuda::gelu_forward(ex, y, x));
 }
 
 void gelu_backward(const Exec& ex, const Tensor& dx, const Tensor& dy, const Tensor& x) {
@@ -29,7 +30,7 @@ void gelu_backward(const Exec& ex, const Tensor& dx, const Tensor& dy, const Ten
   check_args(op, dx, x);
   check_args(op, dy, x);
   if (d.is_cpu()) return cpu::gelu_backward(ex, dx, dy, x);
-  front::no_cuda_implementation(op);
+  TESSERA_CUDA_CALL(op, cuda::gelu_backward(ex, dx, dy, x));
 }
 
 }  // namespace tessera

@@ -2,6 +2,7 @@
 #include "kernels/layernorm.h"
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/front.h"
 
 namespace tessera {
@@ -16,7 +17,7 @@ void layernorm_forward(const Exec& ex, const Tensor& y, const Tensor& mean, cons
   front::check_numel(op, "rstd", rstd, x.dtype, N);
   if (b.defined()) front::check_vector(op, "b", b, x.dtype, C);
   if (d.is_cpu()) return cpu::layernorm_forward(ex, y, mean, rstd, x, w, b, eps);
-  front::no_cuda_implementation(op);
+  TESSERA_CUDA_CALL(op, cuda::layernorm_forward(ex, y, mean, rstd, x, w, b, eps));
 }
 
 void layernorm_backward(const Exec& ex, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
@@ -32,7 +33,7 @@ void layernorm_backward(const Exec& ex, const Tensor& dx, const Tensor& dw, cons
   front::check_numel(op, "rstd", rstd, x.dtype, N);
   if (db.defined()) front::check_vector(op, "db", db, x.dtype, C);
   if (d.is_cpu()) return cpu::layernorm_backward(ex, dx, dw, db, dy, x, w, mean, rstd);
-  front::no_cuda_implementation(op);
+  TESSERA_CUDA_CALL(op, cuda::layernorm_backward(ex, dx, dw, db, dy, x, w, mean, rstd));
 }
 
 }  // namespace tessera

@@ -3,6 +3,7 @@
 #include "kernels/matmul.h"
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/front.h"
 
 namespace tessera {
@@ -57,7 +58,7 @@ void matmul(const Exec& ex, const Tensor& c, const Tensor& a, const Tensor& b, b
   check_shape(op, "a", a, trans_a ? Shape{K, M} : Shape{M, K});
   check_shape(op, "b", b, trans_b ? Shape{N, K} : Shape{K, N});
   if (d.is_cpu()) return cpu::matmul(ex, c, a, b, trans_a, trans_b, alpha, beta);
-  front::no_cuda_implementation(op);
+  TESSERA_CUDA_CALL(op, cuda::matmul(ex, c, a, b, trans_a, trans_b, alpha, beta));
 }
 
 void linear_forward(const Exec& ex, const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& bias) {
@@ -73,7 +74,7 @@ void linear_forward(const Exec& ex, const Tensor& y, const Tensor& x, const Tens
     check_shape(op, "bias", bias, Shape{out});
   }
   if (d.is_cpu()) return cpu::linear_forward(ex, y, x, w, bias);
-  front::no_cuda_implementation(op);
+  TESSERA_CUDA_CALL(op, cuda::linear_forward(ex, y, x, w, bias));
 }
 
 void linear_backward(const Exec& ex, const Tensor& dx, const Tensor& dw, const Tensor& dbias, const Tensor& dy,
@@ -96,7 +97,7 @@ void linear_backward(const Exec& ex, const Tensor& dx, const Tensor& dw, const T
     check_shape(op, "dbias", dbias, Shape{out});
   }
   if (d.is_cpu()) return cpu::linear_backward(ex, dx, dw, dbias, dy, x, w);
-  front::no_cuda_implementation(op);
+  TESSERA_CUDA_CALL(op, cuda::linear_backward(ex, dx, dw, dbias, dy, x, w));
 }
 
 }  // namespace tessera

@@ -2,6 +2,7 @@
 #include "kernels/rmsnorm.h"
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/front.h"
 
 namespace tessera {
@@ -14,7 +15,7 @@ void rmsnorm_forward(const Exec& ex, const Tensor& y, const Tensor& rstd, const 
   front::check_like(op, "y", y, x);
   front::check_numel(op, "rstd", rstd, x.dtype, N);
   if (d.is_cpu()) return cpu::rmsnorm_forward(ex, y, rstd, x, w, eps);
-  front::no_cuda_implementation(op);
+  TESSERA_CUDA_CALL(op, cuda::rmsnorm_forward(ex, y, rstd, x, w, eps));
 }
 
 void rmsnorm_backward(const Exec& ex, const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
@@ -27,7 +28,7 @@ void rmsnorm_backward(const Exec& ex, const Tensor& dx, const Tensor& dw, const 
   front::check_vector(op, "dw", dw, x.dtype, C);
   front::check_numel(op, "rstd", rstd, x.dtype, N);
   if (d.is_cpu()) return cpu::rmsnorm_backward(ex, dx, dw, dy, x, w, rstd);
-  front::no_cuda_implementation(op);
+  TESSERA_CUDA_CALL(op, cuda::rmsnorm_backward(ex, dx, dw, dy, x, w, rstd));
 }
 
 }  // namespace tessera

@@ -2,6 +2,7 @@
 #include "kernels/rope.h"
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/front.h"
 
 namespace tessera {
@@ -23,7 +24,7 @@ void rope_forward(const Exec& ex, const Tensor& y, const Tensor& x, int64_t pos_
   const Device d = front::device_of(op, ex, {{"y", y}, {"x", x}});
   check_args(op, y, x, theta);
   if (d.is_cpu()) return cpu::rope_forward(ex, y, x, pos_offset, theta);
-  front::no_cuda_implementation(op);
+  TESSERA_CUDA_CALL(op, cuda::rope_forward(ex, y, x, pos_offset, theta));
 }
 
 void rope_backward(const Exec& ex, const Tensor& dx, const Tensor& dy, int64_t pos_offset, double theta) {
@@ -31,7 +32,7 @@ void rope_backward(const Exec& ex, const Tensor& dx, const Tensor& dy, int64_t p
   const Device d = front::device_of(op, ex, {{"dx", dx}, {"dy", dy}});
   check_args(op, dx, dy, theta);
   if (d.is_cpu()) return cpu::rope_backward(ex, dx, dy, pos_offset, theta);
-  front::no_cuda_implementation(op);
+  TESSERA_CUDA_CALL(op, cuda::rope_backward(ex, dx, dy, pos_offset, theta));
 }
 
 }  // namespace tessera

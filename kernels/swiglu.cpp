@@ -2,6 +2,7 @@
 #include "kernels/swiglu.h"
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/front.h"
 
 namespace tessera {
@@ -21,7 +22,7 @@ void swiglu_forward(const Exec& ex, const Tensor& y, const Tensor& gate, const T
   check_same(op, "up", up, gate);
   check_same(op, "y", y, gate);
   if (d.is_cpu()) return cpu::swiglu_forward(ex, y, gate, up);
-  front::no_cuda_implementation(op);
+  TESSERA_CUDA_CALL(op, cuda::swiglu_forward(ex, y, gate, up));
 }
 
 void swiglu_backward(const Exec& ex, const Tensor& dgate, const Tensor& dup, const Tensor& dy, const Tensor& gate,
@@ -34,7 +35,7 @@ void swiglu_backward(const Exec& ex, const Tensor& dgate, const Tensor& dup, con
   check_same(op, "dgate", dgate, gate);
   check_same(op, "dup", dup, gate);
   if (d.is_cpu()) return cpu::swiglu_backward(ex, dgate, dup, dy, gate, up);
-  front::no_cuda_implementation(op);
+  TESSERA_CUDA_CALL(op, cuda::swiglu_backward(ex, dgate, dup, dy, gate, up));
 }
 
 }  // namespace tessera

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstdint>
 #include <functional>
 #include <random>
@@ -86,8 +87,17 @@ template <typename A, typename B>
 double max_rel_error(const A* a, const B* b, int64_t n) {
   double diff = 0, scale = 0;
   for (int64_t i = 0; i < n; ++i) {
-    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
-    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+    const double x = static_cast<double>(a[i]), y = static_cast<double>(b[i]);
+    // A NaN anywhere (an output left unwritten over a NaN poison) or an unequal infinity is an
+    // infinite error: std::max would drop a NaN, and inf - inf is one.
+    if (std::isnan(x) || std::isnan(y) || ((std::isinf(x) || std::isinf(y)) && x != y))
+      return std::numeric_limits<double>::infinity();
+    if (x == y) {  // equal, possibly equal infinities: no difference, and the scale of a finite one
+      if (std::isfinite(y)) scale = std::max(scale, std::abs(y));
+      continue;
+    }
+    diff = std::max(diff, std::abs(x - y));
+    scale = std::max(scale, std::abs(y));
   }
   return diff / std::max(scale, 1e-30);
 }

@@ -1,5 +1,5 @@
-// CUDA runtime queries. Links cudart, cuBLAS, cuBLASLt, cuDNN and NCCL so that every CUDA build
-// proves the toolkit works; the op kernels arrive in kernels/cuda/<family>.cu with the CUDA issue.
+// CUDA runtime queries and the device memory under the Allocator. Links cudart, cuBLAS, cuBLASLt,
+// cuDNN and NCCL so that every CUDA build proves the toolkit works.
 #include "kernels/cuda/runtime.h"
 
 #include <cublasLt.h>
@@ -8,7 +8,10 @@
 #include <cudnn.h>
 #include <nccl.h>
 
+#include <cstdio>
 #include <sstream>
+
+#include "kernels/cuda/common.cuh"
 
 namespace tessera::cuda {
 
@@ -30,6 +33,39 @@ std::string library_versions() {
   os << "cudart " << rt << ", cublasLt " << cublasLtGetVersion() << ", cudnn " << cudnnGetVersion()
      << ", nccl " << nccl << ", cublas " << CUBLAS_VERSION;
   return os.str();
+}
+
+std::string device_name(int device) {
+  cudaDeviceProp p{};
+  check_cuda("device_name", cudaGetDeviceProperties(&p, device));
+  std::ostringstream os;
+  os << p.name << " (sm_" << p.major << p.minor << ", " << static_cast<double>(p.totalGlobalMem) / (1 << 30)
+     << " GiB)";
+  return os.str();
+}
+
+void* device_malloc(int device, size_t bytes) {
+  check_cuda("device_malloc", cudaSetDevice(device));
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, bytes);
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // not sticky, but cleared so that the next check does not see it
+    return nullptr;
+  }
+  check_cuda("device_malloc", e);
+  return p;
+}
+
+void device_free(int device, void* p) noexcept {
+  if (!p) return;
+  cudaError_t e = cudaSetDevice(device);
+  if (e == cudaSuccess) e = cudaFree(p);
+  if (e != cudaSuccess) std::fprintf(stderr, "tessera: cudaFree on cuda:%d failed: %s\n", device, cudaGetErrorString(e));
+}
+
+void device_zero(int device, void* p, size_t bytes, CUstream_st* stream) {
+  check_cuda("device_zero", cudaSetDevice(device));
+  check_cuda("device_zero", cudaMemsetAsync(p, 0, bytes, stream));
 }
 
 }  // namespace tessera::cuda

@@ -1,7 +1,12 @@
-// CUDA runtime queries compiled by nvcc. Host-callable, safe on a machine without a GPU.
+// CUDA runtime services compiled by nvcc, host-callable from plain C++ (no CUDA headers here):
+// device queries, device memory for the Allocator (kernels/allocator.h), the device of a rank.
+// Safe on a machine without a GPU: the queries say 0 devices, nothing else is called there.
 #pragma once
 
+#include <cstddef>
 #include <string>
+
+struct CUstream_st;
 
 namespace tessera::cuda {
 
@@ -9,5 +14,16 @@ namespace tessera::cuda {
 int device_count();
 // "cudart 13000, cublas 130000, cublasLt ..., cudnn ..., nccl ...": proves every library links.
 std::string library_versions();
+// "NVIDIA H200 (sm_90, 139.8 GiB)" of device i.
+std::string device_name(int device);
+
+// ---- Device memory (the Allocator's CUDA side) ----
+// bytes of device memory on `device`, or nullptr when the device is out of memory (the Allocator
+// then gives its cache back and tries once more). Other failures throw.
+void* device_malloc(int device, size_t bytes);
+// Returns p to the device. Never throws (called from destructors); a failure is printed.
+void device_free(int device, void* p) noexcept;
+// Zeroes bytes at p, queued on stream (null: the default stream), in order with the ops there.
+void device_zero(int device, void* p, size_t bytes, CUstream_st* stream);
 
 }  // namespace tessera::cuda

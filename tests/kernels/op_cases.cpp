@@ -3,6 +3,8 @@
 // float unit roundoff; inputs are float-rounded, so only arithmetic differs).
 #include "op_cases.h"
 
+#include <limits>
+
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
 #include "kernels/cross_entropy.h"
@@ -59,6 +61,22 @@ Tensor OpRunner::f64_zeros(Shape s) {
   return buffers_.back();
 }
 
+namespace {
+template <typename T>
+Tensor nan_filled(const Exec& ex, Allocator& alloc, std::vector<Buffer>& keep, Shape s) {
+  std::vector<T> host(static_cast<size_t>(s.numel()), std::numeric_limits<T>::quiet_NaN());
+  keep.push_back(upload(ex, alloc, Tensor(host.data(), dtype_of<T>(), s), MemCategory::Workspace));
+  return keep.back();
+}
+}  // namespace
+
+Tensor OpRunner::out(Shape s) {
+  if (dtype_ == DType::F64) return nan_filled<double>(ex_, alloc_, buffers_, s);
+  return nan_filled<float>(ex_, alloc_, buffers_, s);
+}
+
+Tensor OpRunner::f64_out(Shape s) { return nan_filled<double>(ex_, alloc_, buffers_, s); }
+
 HostTensor<double> OpRunner::read(const Tensor& t) {
   switch (t.dtype) {
     case DType::F64: return read_as<double>(ex_, t);
@@ -74,12 +92,16 @@ HostTensor<double> OpRunner::read(const Tensor& t) {
 
 std::vector<BackendUnderTest> backends_under_test() { return {{"cpu_f32", Device::cpu(), DType::F32}}; }
 
+BackendUnderTest cuda_backend() { return {"cuda_f32", Device::cuda(0), DType::F32}; }
+
 BackendUnderTest reference_backend() { return {"cpu_f64_reference", Device::cpu(), DType::F64}; }
 
 std::vector<OpOutput> run_case(const OpCase& c, const BackendUnderTest& b) {
   Allocator alloc(b.device);
   OpRunner r(Exec{b.device}, alloc, b.dtype);
-  return c.run(r);
+  std::vector<OpOutput> outs = c.run(r);
+  synchronize(r.ex());  // every queued op has finished before the buffers go
+  return outs;
 }
 
 // ---- Cases ----
@@ -121,7 +143,7 @@ std::vector<OpCase> make_cases() {
   // As matmul: In = 33 products per output, plus the bias.
   cases.push_back({"linear_forward", 1e-5, [](OpRunner& r) {
     const Tensor x = r.in(uniform({2, 5, 33}, 4)), w = r.in(uniform({17, 33}, 5)), b = r.in(uniform({17}, 6));
-    const Tensor y = r.zeros({2, 5, 17});
+    const Tensor y = r.out({2, 5, 17});
     linear_forward(r.ex(), y, x, w, b);
     return std::vector<OpOutput>{{"y", r.read(y)}};
   }});
@@ -142,7 +164,7 @@ std::vector<OpCase> make_cases() {
   cases.push_back({"layernorm_forward", 5e-6, [](OpRunner& r) {
     const Tensor x = r.in(uniform({2, 3, 67}, 13, -2, 2)), w = r.in(uniform({67}, 14, 0.5, 1.5));
     const Tensor b = r.in(uniform({67}, 15));
-    const Tensor y = r.zeros({2, 3, 67}), mean = r.zeros({6}), rstd = r.zeros({6});
+    const Tensor y = r.out({2, 3, 67}), mean = r.out({6}), rstd = r.out({6});
     layernorm_forward(r.ex(), y, mean, rstd, x, w, b, 1e-5);
     return std::vector<OpOutput>{{"y", r.read(y)}, {"mean", r.read(mean)}, {"rstd", r.read(rstd)}};
   }});
@@ -151,7 +173,7 @@ std::vector<OpCase> make_cases() {
   cases.push_back({"layernorm_backward", 5e-6, [](OpRunner& r) {
     const Tensor x = r.in(uniform({12, 130}, 16, -2, 2)), w = r.in(uniform({130}, 17, 0.5, 1.5));
     const Tensor b = r.in(uniform({130}, 18)), dy = r.in(uniform({12, 130}, 19));
-    const Tensor y = r.zeros({12, 130}), mean = r.zeros({12}), rstd = r.zeros({12});
+    const Tensor y = r.out({12, 130}), mean = r.out({12}), rstd = r.out({12});
     layernorm_forward(r.ex(), y, mean, rstd, x, w, b, 1e-5);
     const Tensor dx = r.in(uniform({12, 130}, 20)), dw = r.in(uniform({130}, 21)), db = r.in(uniform({130}, 22));
     layernorm_backward(r.ex(), dx, dw, db, dy, x, w, mean, rstd);
@@ -161,7 +183,7 @@ std::vector<OpCase> make_cases() {
   // roundings; no cancellation. 2e-6, as test_rmsnorm.cpp.
   cases.push_back({"rmsnorm_forward", 2e-6, [](OpRunner& r) {
     const Tensor x = r.in(uniform({6, 67}, 23, -2, 2)), w = r.in(uniform({67}, 24, 0.5, 1.5));
-    const Tensor y = r.zeros({6, 67}), rstd = r.zeros({6});
+    const Tensor y = r.out({6, 67}), rstd = r.out({6});
     rmsnorm_forward(r.ex(), y, rstd, x, w, 1e-5);
     return std::vector<OpOutput>{{"y", r.read(y)}, {"rstd", r.read(rstd)}};
   }});
@@ -170,7 +192,7 @@ std::vector<OpCase> make_cases() {
   cases.push_back({"rmsnorm_backward", 5e-6, [](OpRunner& r) {
     const Tensor x = r.in(uniform({12, 130}, 25, -2, 2)), w = r.in(uniform({130}, 26, 0.5, 1.5));
     const Tensor dy = r.in(uniform({12, 130}, 27));
-    const Tensor y = r.zeros({12, 130}), rstd = r.zeros({12});
+    const Tensor y = r.out({12, 130}), rstd = r.out({12});
     rmsnorm_forward(r.ex(), y, rstd, x, w, 1e-5);
     const Tensor dx = r.in(uniform({12, 130}, 28)), dw = r.in(uniform({130}, 29));
     rmsnorm_backward(r.ex(), dx, dw, dy, x, w, rstd);
@@ -182,20 +204,20 @@ std::vector<OpCase> make_cases() {
   // A well-conditioned formula of a few roundings (the float tanh is a polynomial within a few
   // ulps): ~1e-6 relative. 2e-6, as test_gelu.cpp.
   cases.push_back({"gelu_forward", 2e-6, [](OpRunner& r) {
-    const Tensor x = r.in(uniform({4, 37}, 30, -4, 4)), y = r.zeros({4, 37});
+    const Tensor x = r.in(uniform({4, 37}, 30, -4, 4)), y = r.out({4, 37});
     gelu_forward(r.ex(), y, x);
     return std::vector<OpOutput>{{"y", r.read(y)}};
   }});
   cases.push_back({"gelu_backward", 2e-6, [](OpRunner& r) {
     const Tensor x = r.in(uniform({4, 37}, 31, -4, 4)), dy = r.in(uniform({4, 37}, 32));
-    const Tensor dx = r.zeros({4, 37});
+    const Tensor dx = r.out({4, 37});
     gelu_backward(r.ex(), dx, dy, x);
     return std::vector<OpOutput>{{"dx", r.read(dx)}};
   }});
   // exp within an ulp or two, one add, one divide, two multiplies, for |gate| <= 6: ~6 eps. 2e-6.
   cases.push_back({"swiglu_forward", 2e-6, [](OpRunner& r) {
     const Tensor g = r.in(uniform({6, 45}, 33, -6, 6)), u = r.in(uniform({6, 45}, 34, -2, 2));
-    const Tensor y = r.zeros({6, 45});
+    const Tensor y = r.out({6, 45});
     swiglu_forward(r.ex(), y, g, u);
     return std::vector<OpOutput>{{"y", r.read(y)}};
   }});
@@ -203,18 +225,18 @@ std::vector<OpCase> make_cases() {
   cases.push_back({"swiglu_backward", 5e-6, [](OpRunner& r) {
     const Tensor g = r.in(uniform({7, 33}, 35, -6, 6)), u = r.in(uniform({7, 33}, 36, -2, 2));
     const Tensor dy = r.in(uniform({7, 33}, 37));
-    const Tensor dg = r.zeros({7, 33}), du = r.zeros({7, 33});
+    const Tensor dg = r.out({7, 33}), du = r.out({7, 33});
     swiglu_backward(r.ex(), dg, du, dy, g, u);
     return std::vector<OpOutput>{{"dgate", r.read(dg)}, {"dup", r.read(du)}};
   }});
   // Angles in double, cos/sin rounded once; two products and a sum per output: a few ulps. 5e-7.
   cases.push_back({"rope_forward", 5e-7, [](OpRunner& r) {
-    const Tensor x = r.in(uniform({2, 9, 3, 10}, 38)), y = r.zeros({2, 9, 3, 10});
+    const Tensor x = r.in(uniform({2, 9, 3, 10}, 38)), y = r.out({2, 9, 3, 10});
     rope_forward(r.ex(), y, x, 5, 10000.0);
     return std::vector<OpOutput>{{"y", r.read(y)}};
   }});
   cases.push_back({"rope_backward", 5e-7, [](OpRunner& r) {
-    const Tensor dy = r.in(uniform({2, 9, 3, 10}, 39)), dx = r.zeros({2, 9, 3, 10});
+    const Tensor dy = r.in(uniform({2, 9, 3, 10}, 39)), dx = r.out({2, 9, 3, 10});
     rope_backward(r.ex(), dx, dy, 5, 10000.0);
     return std::vector<OpOutput>{{"dx", r.read(dx)}};
   }});
@@ -255,7 +277,7 @@ std::vector<OpCase> make_cases() {
   cases.push_back({"embedding_forward", 1e-7, [](OpRunner& r) {
     const Tensor tokens = r.ids(random_ids({2, 5}, 11, 50));
     const Tensor wte = r.in(uniform({11, 12}, 51)), wpe = r.in(uniform({9, 12}, 52));
-    const Tensor out = r.zeros({2, 5, 12});
+    const Tensor out = r.out({2, 5, 12});
     embedding_forward(r.ex(), out, tokens, wte, wpe, 3);
     return std::vector<OpOutput>{{"out", r.read(out)}};
   }});
@@ -273,7 +295,7 @@ std::vector<OpCase> make_cases() {
   cases.push_back({"embedding_vocab_shard", 1e-6, [](OpRunner& r) {
     const VocabShard shard = VocabShard::of(11, 2, 1);
     const Tensor tokens = r.ids(random_ids({2, 5}, 11, 57));
-    const Tensor wte = r.in(uniform({6, 12}, 58)), out = r.zeros({2, 5, 12});
+    const Tensor wte = r.in(uniform({6, 12}, 58)), out = r.out({2, 5, 12});
     embedding_forward(r.ex(), out, tokens, wte, Tensor(), 0, shard);
     const Tensor dout = r.in(uniform({2, 5, 12}, 59)), dwte = r.in(uniform({6, 12}, 60));
     embedding_backward(r.ex(), dwte, Tensor(), dout, tokens, 0, shard);
@@ -287,7 +309,7 @@ std::vector<OpCase> make_cases() {
   cases.push_back({"cross_entropy_forward", 1e-6, [](OpRunner& r) {
     const Tensor logits = r.in(uniform({7, 29}, 61, -4, 4));
     const Tensor targets = r.ids(targets_with_ignored(7, 29, 62, {2}));
-    const Tensor losses = r.zeros({7}), lse = r.zeros({7});
+    const Tensor losses = r.out({7}), lse = r.out({7});
     cross_entropy_forward(r.ex(), losses, lse, logits, targets);
     return std::vector<OpOutput>{{"losses", r.read(losses)}, {"lse", r.read(lse)}};
   }});
@@ -296,7 +318,7 @@ std::vector<OpCase> make_cases() {
   cases.push_back({"cross_entropy_backward", 3e-6, [](OpRunner& r) {
     const Tensor logits = r.in(uniform({7, 29}, 63, -4, 4));
     const Tensor targets = r.ids(targets_with_ignored(7, 29, 64, {0, 5}));
-    const Tensor losses = r.zeros({7}), lse = r.zeros({7});
+    const Tensor losses = r.out({7}), lse = r.out({7});
     cross_entropy_forward(r.ex(), losses, lse, logits, targets);
     const Tensor dlogits = r.in(uniform({7, 29}, 65));  // written
     cross_entropy_backward(r.ex(), dlogits, logits, lse, targets, 0.25);
@@ -309,7 +331,7 @@ std::vector<OpCase> make_cases() {
     const int64_t N = 7, R = 2, cols = 15;
     const HostTensor<double> whole = uniform({N, 29}, 66, -4, 4);
     const Tensor targets = r.ids(targets_with_ignored(N, 29, 67, {3}));
-    const Tensor lse_parts = r.zeros({R, N}), target_logit = r.zeros({N});
+    const Tensor lse_parts = r.out({R, N}), target_logit = r.zeros({N});  // accumulated
     std::vector<Tensor> shard_logits;
     for (int64_t rank = 0; rank < R; ++rank) {
       const VocabShard s = VocabShard::of(29, R, rank);
@@ -317,12 +339,12 @@ std::vector<OpCase> make_cases() {
       for (int64_t n = 0; n < N; ++n)
         for (int64_t c = 0; c < s.valid; ++c) mine[n * cols + c] = whole[n * 29 + s.start + c];
       shard_logits.push_back(r.in(mine));
-      const Tensor part = r.zeros({N}), tl = r.zeros({N});
+      const Tensor part = r.out({N}), tl = r.out({N});
       cross_entropy_shard_forward(r.ex(), part, tl, shard_logits.back(), targets, s);
       copy(r.ex(), lse_parts.slice_rows(rank, rank + 1).view({N}), part);
       accumulate(r.ex(), target_logit, tl);  // the tp group's sum
     }
-    const Tensor losses = r.zeros({N}), lse = r.zeros({N});
+    const Tensor losses = r.out({N}), lse = r.out({N});
     cross_entropy_combine(r.ex(), losses, lse, lse_parts, target_logit, targets);
     std::vector<OpOutput> outs = {
         {"lse_parts", r.read(lse_parts)}, {"losses", r.read(losses)}, {"lse", r.read(lse)}};
@@ -339,7 +361,7 @@ std::vector<OpCase> make_cases() {
   // One float addition of float-rounded inputs (residual_backward: one per gradient): eps / 2 of
   // the result. 1e-7.
   cases.push_back({"residual_forward_backward", 1e-7, [](OpRunner& r) {
-    const Tensor a = r.in(uniform({5, 33}, 70)), b = r.in(uniform({5, 33}, 71)), y = r.zeros({5, 33});
+    const Tensor a = r.in(uniform({5, 33}, 70)), b = r.in(uniform({5, 33}, 71)), y = r.out({5, 33});
     residual_forward(r.ex(), y, a, b);
     const Tensor dy = r.in(uniform({5, 33}, 72)), da = r.in(uniform({5, 33}, 73)), db = r.in(uniform({5, 33}, 74));
     residual_backward(r.ex(), da, db, dy);
@@ -356,10 +378,10 @@ std::vector<OpCase> make_cases() {
   }});
   // Moves of float-rounded values: exact.
   cases.push_back({"copy_fill_columns", 0.0, [](OpRunner& r) {
-    const Tensor src = r.in(uniform({4, 9}, 78)), dst = r.zeros({4, 9});
+    const Tensor src = r.in(uniform({4, 9}, 78)), dst = r.out({4, 9});
     copy(r.ex(), dst, src);
     fill_zero(r.ex(), dst.slice_rows(1, 3));
-    const Tensor narrow = r.zeros({4, 3});
+    const Tensor narrow = r.out({4, 3});
     copy_columns(r.ex(), narrow, src, 5);
     const Tensor wide = r.in(uniform({4, 9}, 79));
     paste_columns(r.ex(), wide, narrow, 2);
@@ -369,7 +391,7 @@ std::vector<OpCase> make_cases() {
   // 1e-12. The count is exact.
   cases.push_back({"sum_squared_norm_count", 1e-12, [](OpRunner& r) {
     const Tensor t = r.in(uniform({1000}, 80));
-    const Tensor out = r.f64_zeros({3});
+    const Tensor out = r.f64_out({3});
     sum(r.ex(), out.slice_rows(0, 1), t);
     squared_norm(r.ex(), out.slice_rows(1, 2), t);
     count_not_equal(r.ex(), out.slice_rows(2, 3), r.ids(targets_with_ignored(50, 9, 81, {3, 4, 40})), kIgnoreIndex);

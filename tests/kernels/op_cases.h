@@ -30,9 +30,13 @@ class OpRunner {
   Tensor in(const HostTensor<double>& x);
   // Ids (I32) on the device, as they are.
   Tensor ids(const HostTensor<int32_t>& x);
-  // A zero-filled tensor on the device: dtype() (outputs), or F64 (the reductions' outputs).
+  // A zero-filled tensor on the device: dtype() (accumulated outputs), or F64.
   Tensor zeros(Shape s);
   Tensor f64_zeros(Shape s);
+  // A written output: filled with NaN, so that an element the op leaves unwritten shows as an
+  // infinite error (max_rel_error), on every backend. dtype(), or F64 (the reductions' outputs).
+  Tensor out(Shape s);
+  Tensor f64_out(Shape s);
   // A device tensor's values, read back to the host as doubles.
   HostTensor<double> read(const Tensor& t);
 
@@ -67,9 +71,12 @@ struct BackendUnderTest {
   DType dtype;
 };
 
-// The CPU's float path today. The CUDA issue adds {"cuda_f32", Device::cuda(0), DType::F32} when
-// a GPU is visible (cuda_device_count() > 0).
+// The CPU's float path. The CUDA backend runs the same cases in its own test binary
+// (tests/kernels/cuda/test_cuda_op_cases.cpp, CTest label gpu), skipped where no GPU is visible.
 std::vector<BackendUnderTest> backends_under_test();
+
+// The CUDA backend's f32 path on device 0.
+BackendUnderTest cuda_backend();
 
 // The reference every backend is compared with: the CPU's double path.
 BackendUnderTest reference_backend();

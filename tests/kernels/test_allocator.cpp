@@ -48,4 +48,29 @@ TEST(Allocator, BufferMovesOwnership) {
   EXPECT_EQ(alloc.total_current(), 0u);
 }
 
+// A CUDA allocator where it cannot work says why: without the backend at construction; in a CUDA
+// build on a machine without a GPU at the first allocation (CUDA's own message). Where a GPU is
+// visible, tests/kernels/cuda/ tests the real thing.
+TEST(Allocator, CudaWithoutABackendOrADeviceIsAnError) {
+  if (!cuda_backend_built()) {
+    try {
+      Allocator alloc(Device::cuda(0));
+      ADD_FAILURE() << "no Error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("allocator for cuda:0: this build has no CUDA backend"), std::string::npos)
+          << e.what();
+    }
+    return;
+  }
+  if (cuda_device_count() > 0) GTEST_SKIP() << "a GPU is visible: tests/kernels/cuda/ covers the device allocator";
+  Allocator alloc(Device::cuda(0));
+  try {
+    Buffer b(alloc, DType::F32, {8}, MemCategory::Activations);
+    ADD_FAILURE() << "no Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("device_malloc: "), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(alloc.total_current(), 0u);
+}
+
 }  // namespace tessera

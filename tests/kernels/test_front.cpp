@@ -3,6 +3,7 @@
 // checks its arguments before any backend, and reports an op without a CUDA implementation. No
 // GPU is needed: a front throws before a backend could touch the (fake) device pointers.
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -67,7 +68,9 @@ TEST(Front, ArgumentsAreCheckedBeforeAnyBackend) {
   expect_error([&] { matmul(kCuda, on_cuda(c), on_cuda(a), on_cuda(b), false, false); }, {"matmul", "b", "(6, 2)"});
 }
 
-// Every family's front refuses a CUDA tensor it has no kernel for, naming the op.
+// Without the CUDA backend every family's front refuses a CUDA tensor, naming the op; with it, the
+// families that have no CUDA kernel yet (attention) still do. (The others would run on the GPU,
+// and these tensors are host memory: tests/kernels/cuda/ runs them on real device memory.)
 TEST(Front, OpsWithoutACudaKernelSaySo) {
   HostTensor<float> x({2, 4, 2, 8}), y({2, 4, 2, 8}), w({8}), r({8}), lse({2, 2, 4}), g({8}), m({8}), v({8});
   HostTensor<float> logits({8, 8}), losses({8}), rows({8});
@@ -95,8 +98,10 @@ TEST(Front, OpsWithoutACudaKernelSaySo) {
       {"squared_norm", [&] { squared_norm(kCuda, on_cuda(out), on_cuda(x)); }},
       {"adamw_update", [&] { adamw_update(kCuda, on_cuda(g), on_cuda(g), on_cuda(m), on_cuda(v), AdamWStep{}); }},
   };
+  const std::set<std::string> without_cuda_kernel = {"attention_forward"};
   for (const auto& [op, call] : calls) {
     SCOPED_TRACE(op);
+    if (cuda_backend_built() && !without_cuda_kernel.count(op)) continue;
     expect_error(call, {op, ": no CUDA implementation in this build"});
   }
 }

@@ -1,0 +1,107 @@
+// The CUDA runtime pieces against what they promise: the device allocator's accounting, cache and
+// zero-fill, its out-of-memory Error; copies between host and device; the backend's errors
+// (ids out of range read on the device, f64 refused). Skipped where no GPU is visible.
+#include <limits>
+#include <vector>
+
+#include "gpu_testing.h"
+#include "kernels/allocator.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/elementwise.h"
+#include "kernels/embedding.h"
+#include "kernels/gelu.h"
+#include "op_testing.h"
+
+namespace tessera::testing {
+namespace {
+
+const Exec kGpu = Exec::cuda(0);
+
+std::vector<float> read_floats(const Tensor& t) {
+  std::vector<float> host(static_cast<size_t>(t.numel()));
+  copy(kGpu, Tensor(host.data(), DType::F32, t.shape), t);
+  synchronize(kGpu);
+  return host;
+}
+
+TEST(CudaAllocator, CountsPerCategoryAndPeakAsTheHostOne) {
+  TESSERA_REQUIRE_GPU();
+  Allocator alloc(Device::cuda(0));
+  {
+    Buffer p(alloc, DType::F32, {1000}, MemCategory::Parameters);
+    Buffer g(alloc, DType::F32, {1000}, MemCategory::Gradients);
+    EXPECT_EQ(p.tensor().device, Device::cuda(0));
+    EXPECT_EQ(alloc.counter(MemCategory::Parameters).current, 4000u);
+    EXPECT_EQ(alloc.counter(MemCategory::Gradients).current, 4000u);
+    EXPECT_EQ(alloc.total_peak(), 8000u);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p.tensor().data) % 256, 0u);
+  }
+  EXPECT_EQ(alloc.total_current(), 0u);
+  EXPECT_EQ(alloc.total_peak(), 8000u);
+  EXPECT_EQ(alloc.cached_bytes(), 2 * 4096u);  // 4000 rounded up to 256 bytes, twice
+  alloc.release_cache();
+  EXPECT_EQ(alloc.cached_bytes(), 0u);
+}
+
+// A freed block comes back for the next request of its size, zero-filled again.
+TEST(CudaAllocator, ReusesFreedBlocksZeroFilled) {
+  TESSERA_REQUIRE_GPU();
+  Allocator alloc(Device::cuda(0));
+  void* first = nullptr;
+  {
+    Buffer b(alloc, DType::F32, {300}, MemCategory::Activations);
+    first = b.tensor().data;
+    std::vector<float> ones(300, 1.0f);
+    copy(kGpu, b, Tensor(ones.data(), DType::F32, {300}));
+    EXPECT_EQ(read_floats(b), ones);
+  }
+  Buffer again(alloc, DType::F32, {300}, MemCategory::Activations);
+  EXPECT_EQ(again.tensor().data, first);
+  EXPECT_EQ(read_floats(again), std::vector<float>(300, 0.0f));
+}
+
+TEST(CudaAllocator, OutOfMemoryIsAnErrorNamingTheRequest) {
+  TESSERA_REQUIRE_GPU();
+  Allocator alloc(Device::cuda(0));
+  expect_error([&] { Buffer huge(alloc, DType::F32, {int64_t(1) << 48}, MemCategory::Activations); },
+               {"out of cuda:0 memory", "1024.00 TiB", "acts"});
+  Buffer fine(alloc, DType::F32, {10}, MemCategory::Activations);  // the allocator still works
+  EXPECT_TRUE(fine.defined());
+}
+
+// Host -> device -> device -> host returns the values unchanged, through a stream of our own.
+TEST(CudaCopy, RoundTripsThroughTheDeviceOnAStream) {
+  TESSERA_REQUIRE_GPU();
+  Allocator alloc(Device::cuda(0));
+  std::vector<float> host(1237);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = 0.5f * float(i) - 7.0f;
+  Buffer a = upload(kGpu, alloc, Tensor(host.data(), DType::F32, {1237}), MemCategory::Workspace);
+  Buffer b(alloc, DType::F32, {1237}, MemCategory::Workspace);
+  copy(kGpu, b, a);
+  EXPECT_EQ(read_floats(b), host);
+}
+
+TEST(CudaErrors, TokenAndTargetIdsOutOfRangeAreErrorsNamingThem) {
+  TESSERA_REQUIRE_GPU();
+  Allocator alloc(Device::cuda(0));
+  std::vector<int32_t> ids = {1, 2, 3, 11, 0, 12};  // 11 and 12 outside [0, 11); 11 comes first
+  Buffer tokens = upload(kGpu, alloc, Tensor(ids.data(), DType::I32, {2, 3}), MemCategory::Workspace);
+  Buffer wte(alloc, DType::F32, {11, 4}, MemCategory::Parameters), out(alloc, DType::F32, {2, 3, 4},
+                                                                         MemCategory::Activations);
+  expect_error([&] { embedding_forward(kGpu, out, tokens, wte, Tensor(), 0); },
+               {"embedding_forward", "token id 11 at (b=1, t=0)", "[0, 11)"});
+  Buffer logits(alloc, DType::F32, {6, 11}, MemCategory::Activations);
+  Buffer losses(alloc, DType::F32, {6}, MemCategory::Activations), lse(alloc, DType::F32, {6}, MemCategory::Activations);
+  expect_error([&] { cross_entropy_forward(kGpu, losses, lse, logits, tokens.tensor().view({6})); },
+               {"cross_entropy_forward", "target 11 at row 3"});
+}
+
+TEST(CudaErrors, F64IsTheCpuReferenceOnly) {
+  TESSERA_REQUIRE_GPU();
+  Allocator alloc(Device::cuda(0));
+  Buffer x(alloc, DType::F64, {8}, MemCategory::Activations), y(alloc, DType::F64, {8}, MemCategory::Activations);
+  expect_error([&] { gelu_forward(kGpu, y, x); }, {"gelu_forward", "computes in f32", "f64"});
+}
+
+}  // namespace
+}  // namespace tessera::testing
