@@ -4,6 +4,7 @@
 // scripts/gpu_check.sh runs it beside PyTorch's scaled_dot_product_attention on the same shapes
 // (attention_cuda_torch.py) and prints both in one table.
 //   build/bench/attention_cuda_bench [--reps 20] [--warmup 3] [--T 4096] [--B 4]
+//   build/bench/attention_cuda_bench --probe   (prints the visible devices; exit 3 when none)
 // FLOPs follow FlashAttention's convention so the numbers compare with its published ones:
 // forward 4 B H T^2 D / 2 (two products, causal half), backward 2.5x the forward (five products;
 // this kernel computes seven, see attention.cu, but is credited with the five useful ones).
@@ -84,6 +85,17 @@ double median_ms(F&& fn, int warmup, int reps, cudaStream_t st) {
 int main(int argc, char** argv) {
   int reps = 20, warmup = 3;
   int64_t T = 4096, B = 4;
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+  if (argc == 2 && std::string(argv[1]) == "--probe") {
+    for (int d = 0; d < n; ++d) {
+      cudaDeviceProp p{};
+      if (cudaGetDeviceProperties(&p, d) == cudaSuccess)
+        std::printf("cuda:%d %s (sm_%d%d, %.0f GiB)\n", d, p.name, p.major, p.minor, p.totalGlobalMem / 1073741824.0);
+    }
+    std::printf("%d CUDA device(s) visible\n", n);
+    return n > 0 ? 0 : 3;
+  }
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--reps") reps = std::atoi(argv[i + 1]);
@@ -95,8 +107,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+  if (n == 0) {
     std::printf("attention_cuda_bench: no CUDA device visible\n");
     return 3;
   }
