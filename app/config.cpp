@@ -890,6 +890,9 @@ GridDegrees grid_degrees(const ParallelConfig& p) {
                 ", but context parallelism (cp) is not wired into the trainer yet: this build trains over data, "
                 "tensors and pipeline stages (parallel.dp, parallel.zero, parallel.tp, parallel.sequence_parallel, "
                 "parallel.pp); leave parallel.cp at 1");
+  TESSERA_CHECK(p.comm == "mpi", "[parallel] asks for comm = \"", p.comm,
+                "\", but the NCCL communicator (parallel/nccl_communicator.h) works on device tensors and the trainer "
+                "does not run on a GPU yet (train.device = \"cuda\" is not wired); leave parallel.comm = \"mpi\"");
   return GridDegrees{p.tp, p.cp, p.pp, p.dp};
 }
 

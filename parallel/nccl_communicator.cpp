@@ -11,6 +11,7 @@
 
 #include "kernels/check.h"
 #include "parallel/mpi.h"
+#include "parallel/mpi_communicator.h"
 
 namespace tessera {
 namespace {
@@ -130,8 +131,8 @@ NcclCommunicator::~NcclCommunicator() {
 template <class Enqueue>
 CommHandle NcclCommunicator::start(const char* op, std::initializer_list<const Tensor*> tensors, Enqueue enqueue) {
   for (const Tensor* t : tensors)
-    TESSERA_CHECK(t->device == compute_.device || t->numel() == 0, op, ": ", t->str(), " is on ", t->device.str(),
-                  ", but this NCCL communicator works on ", compute_.device.str(), " tensors");
+    TESSERA_CHECK(t->device == compute_.device || t->numel() == 0, op, ": ", t->str(), " is not on ",
+                  compute_.device.str(), ", the device of this NCCL communicator");
   check_cuda(cudaSetDevice(compute_.device.index), "cudaSetDevice");
   // Inputs: after everything queued on the compute stream so far.
   cudaEvent_t ready = nullptr, done = nullptr;
@@ -189,8 +190,8 @@ CommHandle NcclCommunicator::start_recv(Tensor t, int src, int) {
 // One NCCL group: every send and receive in flight together (no deadlock between neighbours).
 CommHandle NcclCommunicator::start_batch_send_recv(const std::vector<P2POp>& ops) {
   for (const P2POp& o : ops)
-    TESSERA_CHECK(o.t.device == compute_.device || o.t.numel() == 0, "batch_send_recv: ", o.t.str(), " is on ",
-                  o.t.device.str(), ", but this NCCL communicator works on ", compute_.device.str(), " tensors");
+    TESSERA_CHECK(o.t.device == compute_.device || o.t.numel() == 0, "batch_send_recv: ", o.t.str(), " is not on ",
+                  compute_.device.str(), ", the device of this NCCL communicator");
   return start("batch_send_recv", {}, [&](ncclComm_t c, cudaStream_t s) {
     check_nccl(ncclGroupStart(), "ncclGroupStart");
     ncclResult_t r = ncclSuccess;
@@ -203,6 +204,20 @@ CommHandle NcclCommunicator::start_batch_send_recv(const std::vector<P2POp>& ops
     check_nccl(r, "ncclSend/ncclRecv");
     check_nccl(end, "ncclGroupEnd");
   });
+}
+
+// ---- GridComms over NCCL ----
+
+GridComms nccl_grid_comms(const ProcessGrid& grid, MPI_Comm world, const Exec& compute) {
+  TESSERA_CHECK(comm_size(world) == grid.world_size() && comm_rank(world) == grid.rank(), "GridComms: the grid is for rank ",
+                grid.rank(), " of ", grid.world_size(), ", but this is rank ", comm_rank(world), " of ", comm_size(world));
+  GridComms comms;
+  for (const GridGroup& g : grid_groups(grid)) {
+    const MpiCommunicator group =
+        MpiCommunicator::split(world, static_cast<int>(g.world_ranks.front()), static_cast<int>(grid.rank()));
+    comms.*g.member = NcclCommunicator::create(group.comm(), compute);
+  }
+  return comms;
 }
 
 }  // namespace tessera

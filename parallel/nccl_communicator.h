@@ -20,6 +20,8 @@
 
 #include "kernels/exec.h"
 #include "parallel/communicator.h"
+#include "parallel/grid_comms.h"
+#include "parallel/process_grid.h"
 
 struct ncclComm;  // NCCL's ncclComm_t is `ncclComm*`
 
@@ -63,5 +65,12 @@ class NcclCommunicator : public Communicator {
   ncclComm* comm_ = nullptr;
   int size_ = 1, rank_ = 0;
 };
+
+// Collective over world (every rank calls it, in the same order as other collectives): one
+// NcclCommunicator per group of grid, in grid_groups order, each created over the MPI_Comm_split of
+// world that mpi_grid_comms makes for the group (colored by its lowest world rank, keyed by world
+// rank), so ranks inside follow the grid's group order (tp->rank() == grid.tp_rank(), ...). The
+// MPI sub-communicators serve only to send the NCCL ids and are freed at once.
+GridComms nccl_grid_comms(const ProcessGrid& grid, MPI_Comm world, const Exec& compute);
 
 }  // namespace tessera

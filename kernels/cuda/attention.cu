@@ -703,6 +703,9 @@ void check_sizes(const char* op, const Geo& g) {
   TESSERA_CHECK((long long)g.B * g.T * g.H * g.D < (1ll << 31) && (long long)g.B * g.S * g.KV * g.D < (1ll << 31), op,
                 ": the CUDA kernel indexes with 32-bit rows; tensor too large");
   TESSERA_CHECK(ceil_div(g.T, 64) <= 65535 && ceil_div(g.S, 64) <= 65535, op, ": sequence too long for one launch");
+  // The row kernels (f32 path, delta) put (b, h) and (b, kv head) on the grid's y axis.
+  TESSERA_CHECK((long long)g.B * g.H <= 65535, op, ": B x H = ", (long long)g.B * g.H,
+                " exceeds the 65535 blocks of a grid's y axis");
 }
 
 // The bf16 kernels' requirements beyond the front's checks.

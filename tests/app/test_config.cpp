@@ -99,6 +99,9 @@ TEST(Config, GridDegreesFromTheParallelSection) {
   p.pp = 1;
   p.cp = 4;
   EXPECT_TRUE(testing::throws_with([&] { grid_degrees(p); }, {"[parallel] asks for cp=4", "not wired into the trainer yet"}));
+  p.cp = 1;
+  p.comm = "nccl";  // a valid value, refused by name until the trainer runs on a GPU
+  EXPECT_TRUE(testing::throws_with([&] { grid_degrees(p); }, {"[parallel] asks for comm = \"nccl\"", "leave parallel.comm = \"mpi\""}));
 }
 
 TEST(Config, FullFileParses) {

@@ -167,6 +167,33 @@ TEST(NcclCommunicator, SendRecvAndBatchedRing) {
   }
 }
 
+// The grid factory: with dp = world size every rank is alone in its tp, cp, pp groups (size 1,
+// complete at once) and together in dp and world; ranks follow the grid's order.
+TEST(NcclCommunicator, GridCommsFollowTheGrid) {
+  REQUIRE_GPU_PER_RANK(dev);
+  MPI_Comm world = testing::test_world();
+  const int p = comm_size(world), r = comm_rank(world);
+  const ProcessGrid grid(GridDegrees{1, 1, 1, p}, p, r);
+  EXPECT_EQ(cudaSetDevice(dev), cudaSuccess);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  const Exec ex = Exec::cuda(dev, stream);
+  {
+    GridComms comms = nccl_grid_comms(grid, world, ex);
+    EXPECT_EQ(comms.tp->size(), 1);
+    EXPECT_EQ(comms.dp->size(), p);
+    EXPECT_EQ(comms.dp->rank(), grid.dp_rank());
+    EXPECT_EQ(comms.world->rank(), r);
+    DeviceFloats x(3, dev);
+    x.upload({1.f, 2.f, float(r)}, stream);
+    comms.tp->all_reduce_async(x.t()).wait_on(ex);  // alone: unchanged
+    comms.dp->all_reduce_async(x.t()).wait_on(ex);
+    const std::vector<float> got = x.download(stream);
+    EXPECT_EQ(got, (std::vector<float>{float(p), 2.f * p, float(p * (p - 1) / 2)}));
+  }
+  cudaStreamDestroy(stream);
+}
+
 // A tensor on the wrong device is an error naming it, before anything is queued.
 TEST(NcclCommunicator, RefusesHostTensors) {
   REQUIRE_GPU_PER_RANK(dev);
@@ -176,7 +203,7 @@ TEST(NcclCommunicator, RefusesHostTensors) {
     f.comm->all_reduce(Tensor(host.data(), DType::F32, {8}));
     FAIL() << "expected an Error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("is on cpu"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("f32(8) cpu is not on cuda:"), std::string::npos) << e.what();
   }
 }
 
