@@ -40,12 +40,12 @@ ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Average ? ncclAvg : nc
 class NcclRequest : public CommRequest {
  public:
   NcclRequest(cudaEvent_t done, ncclComm_t comm, int device) : done_(done), comm_(comm), device_(device) {}
+  // No wait here: CommHandle has completed the op (wait, test) or handed it to a stream (wait_on,
+  // which must not block the host) before it destroys the request. An event still pending is
+  // released by CUDA once it completes; a stream already waiting on it keeps that wait.
   ~NcclRequest() override {
-    if (done_) {
-      cudaSetDevice(device_);
-      cudaEventSynchronize(done_);  // a handle dropped by an exception: NCCL never writes freed memory
-      cudaEventDestroy(done_);
-    }
+    cudaSetDevice(device_);
+    cudaEventDestroy(done_);
   }
   void wait() override {
     check_cuda(cudaSetDevice(device_), "cudaSetDevice");
