@@ -894,7 +894,12 @@ int64_t auto_micro_batch(int64_t global_batch, int64_t dp_size, const std::funct
   return 1;
 }
 
-GridDegrees grid_degrees(const ParallelConfig& p) { return GridDegrees{p.tp, p.cp, p.pp, p.dp}; }
+GridDegrees grid_degrees(const ParallelConfig& p) {
+  TESSERA_CHECK(p.comm == "mpi", "[parallel] asks for comm = \"", p.comm,
+                "\", but the NCCL communicator (parallel/nccl_communicator.h) works on device tensors and the trainer "
+                "does not train on a GPU yet (docs/cuda.md); leave parallel.comm = \"mpi\"");
+  return GridDegrees{p.tp, p.cp, p.pp, p.dp};
+}
 
 void validate_pipeline(const Config& c, int64_t dp_size) { check_pipeline(c, dp_size, nullptr); }
 

@@ -248,6 +248,7 @@ struct ParallelConfig {
   double bucket_mb = 25.0;
   bool overlap_grad_reduce = true;
   double timeout_s = 0.0;
+  std::string comm = "mpi";
 
   template <class V>
   void visit(V& v) {
@@ -281,6 +282,8 @@ struct ParallelConfig {
             "dead peer) names the collective, its group and ranks, and aborts the job (exit 124); waits for a "
             "checkpoint save and the setup are allowed 4x; 0 = wait forever; production: 600-1800 "
             "(docs/parallel.md)", Allowed::half_open(0.0, std::numeric_limits<double>::infinity()));
+    v.field("comm", comm, "communication backend: mpi (host buffers) or nccl (device buffers, "
+            "parallel/nccl_communicator.h; needs train.device = \"cuda\", not wired yet)", Allowed::one_of({"mpi", "nccl"}));
   }
   bool operator==(const ParallelConfig&) const = default;
 };

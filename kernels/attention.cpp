@@ -2,16 +2,22 @@
 #include "kernels/attention.h"
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/front.h"
 
 namespace tessera {
 namespace {
 
-// Checks shapes and dtypes of the forward's operands (shared by the backward).
-void check_forward_args(const char* op, const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                        const Tensor& v) {
-  for (const Tensor* t : {&out, &lse, &q, &k, &v}) check_same_dtype(op, *t, q);
-  TESSERA_CHECK(q.dtype == DType::F32 || q.dtype == DType::F64, op, ": unsupported dtype ", dtype_name(q.dtype));
+// Checks shapes and dtypes of the forward's operands (shared by the backward). BF16 runs on CUDA
+// only, with an F32 lse; F32 and F64 everywhere (the CUDA backend refuses F64).
+void check_forward_args(const char* op, const Device& d, const Tensor& out, const Tensor& lse, const Tensor& q,
+                        const Tensor& k, const Tensor& v) {
+  for (const Tensor* t : {&out, &q, &k, &v}) check_same_dtype(op, *t, q);
+  TESSERA_CHECK(q.dtype == DType::F32 || q.dtype == DType::F64 || q.dtype == DType::BF16, op, ": unsupported dtype ",
+                dtype_name(q.dtype));
+  TESSERA_CHECK(q.dtype != DType::BF16 || !d.is_cpu(), op,
+                ": bf16 attention runs on CUDA only (the CPU computes in f32 or f64)");
+  check_dtype(op, "lse", lse, q.dtype == DType::BF16 ? DType::F32 : q.dtype);
   TESSERA_CHECK(q.ndim() == 4, op, ": q must be (B, T, H, D), got ", q.shape.str());
   TESSERA_CHECK(k.ndim() == 4, op, ": k must be (B, S, KV, D), got ", k.shape.str());
   const int64_t B = q.dim(0), T = q.dim(1), S = k.dim(1), H = q.dim(2), KV = k.dim(2), D = q.dim(3);
@@ -29,9 +35,9 @@ void attention_forward(const Exec& ex, const Tensor& out, const Tensor& lse, con
                        const Tensor& v, int64_t q_offset, int64_t k_offset) {
   const char* op = "attention_forward";
   const Device d = front::device_of(op, ex, {{"out", out}, {"lse", lse}, {"q", q}, {"k", k}, {"v", v}});
-  check_forward_args(op, out, lse, q, k, v);
+  check_forward_args(op, d, out, lse, q, k, v);
   if (d.is_cpu()) return cpu::attention_forward(ex, out, lse, q, k, v, q_offset, k_offset);
-  front::no_cuda_implementation(op);
+  TESSERA_CUDA_CALL(op, cuda::attention_forward(ex, out, lse, q, k, v, q_offset, k_offset));
 }
 
 void attention_backward(const Exec& ex, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
@@ -41,14 +47,14 @@ void attention_backward(const Exec& ex, const Tensor& dq, const Tensor& dk, cons
   const Device d = front::device_of(
       op, ex,
       {{"dq", dq}, {"dk", dk}, {"dv", dv}, {"dout", dout}, {"q", q}, {"k", k}, {"v", v}, {"out", out}, {"lse", lse}});
-  check_forward_args(op, out, lse, q, k, v);
+  check_forward_args(op, d, out, lse, q, k, v);
   for (const Tensor* t : {&dq, &dk, &dv, &dout}) check_same_dtype(op, *t, q);
   check_shape(op, "dq", dq, q.shape);
   check_shape(op, "dout", dout, q.shape);
   check_shape(op, "dk", dk, k.shape);
   check_shape(op, "dv", dv, k.shape);
   if (d.is_cpu()) return cpu::attention_backward(ex, dq, dk, dv, dout, q, k, v, out, lse, q_offset, k_offset);
-  front::no_cuda_implementation(op);
+  TESSERA_CUDA_CALL(op, cuda::attention_backward(ex, dq, dk, dv, dout, q, k, v, out, lse, q_offset, k_offset));
 }
 
 void attention_merge(const Exec& ex, const Tensor& out, const Tensor& lse, const Tensor& block_out,

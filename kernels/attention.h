@@ -15,7 +15,9 @@ namespace tessera {
 // q (B, T, H, D); k, v (B, S, KV, D) with H % KV == 0 (query head h reads kv head h / (H / KV)).
 // out (B, T, H, D) = softmax(scale q k^T + mask) v; lse (B, H, T) = log-sum-exp of the scaled,
 // masked scores of each query row, saved for backward. A row with no visible key gets out = 0 and
-// lse = -inf. All tensors share one dtype (F32 or F64).
+// lse = -inf. All tensors share one dtype (F32 or F64), except on CUDA's BF16 path: q, k, v, out
+// (and the backward's dout, dq, dk, dv) BF16 with lse F32, products on the tensor cores with f32
+// accumulation, head dims 64 and 128 (kernels/cuda/attention.cu; docs/cuda.md, "Attention").
 void attention_forward(const Exec& ex, const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
                        const Tensor& v, int64_t q_offset, int64_t k_offset);
 

@@ -91,4 +91,12 @@ void squared_norm(const Exec& ex, const Tensor& out, const Tensor& t);  // the g
 void adamw_update(const Exec& ex, const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
                   const AdamWStep& s);
 
+// attention.h (kernels/cuda/attention.cu): F32 (simple, exact exp) or BF16 (tensor cores, lse F32,
+// head dims 64 and 128, 16-byte aligned tensors).
+void attention_forward(const Exec& ex, const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                       const Tensor& v, int64_t q_offset, int64_t k_offset);
+void attention_backward(const Exec& ex, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                        const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                        int64_t q_offset, int64_t k_offset);
+
 }  // namespace tessera::cuda

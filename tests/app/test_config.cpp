@@ -99,6 +99,8 @@ TEST(Config, GridDegreesFromTheParallelSection) {
   p.pp = 1;
   p.cp = 4;  // context parallelism runs in the trainer
   EXPECT_EQ(grid_degrees(p).cp, 4);
+  p.comm = "nccl";  // a valid value, refused by name until the trainer runs on a GPU
+  EXPECT_TRUE(testing::throws_with([&] { grid_degrees(p); }, {"[parallel] asks for comm = \"nccl\"", "leave parallel.comm = \"mpi\""}));
 }
 
 TEST(Config, FullFileParses) {

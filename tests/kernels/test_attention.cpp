@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -357,6 +358,22 @@ TEST(Attention, RejectsBadArguments) {
   HostTensor<double> kd({1, 4, 2, 8});
   HostTensor<float> lse2({1, 2, 4});
   EXPECT_THROW(attention_forward(kCpu, out2.t(), lse2.t(), q2.t(), kd.t(), kd.t(), 0, 0), Error);
+}
+
+// BF16 is the CUDA path's (tests/kernels/cuda/test_attention.cpp): on host tensors it is refused
+// with a message saying so, not computed.
+TEST(Attention, RefusesBf16OnTheCpu) {
+  std::vector<uint16_t> q(4 * 2 * 64), out(q.size());
+  std::vector<float> lse(2 * 4);
+  const Tensor tq(q.data(), DType::BF16, {1, 4, 2, 64}), tout(out.data(), DType::BF16, {1, 4, 2, 64});
+  const Tensor tlse(lse.data(), DType::F32, {1, 2, 4});
+  try {
+    attention_forward(kCpu, tout, tlse, tq, tq, tq, 0, 0);
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("attention_forward: bf16 attention runs on CUDA only"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace tessera

@@ -69,7 +69,7 @@ TEST(Front, ArgumentsAreCheckedBeforeAnyBackend) {
 }
 
 // Without the CUDA backend every family's front refuses a CUDA tensor, naming the op; with it, the
-// families that have no CUDA kernel yet (attention) still do. (The others would run on the GPU,
+// ops that have no CUDA kernel yet (attention_merge, context parallelism's) still do. (The others would run on the GPU,
 // and these tensors are host memory: tests/kernels/cuda/ runs them on real device memory.)
 TEST(Front, OpsWithoutACudaKernelSaySo) {
   HostTensor<float> x({2, 4, 2, 8}), y({2, 4, 2, 8}), w({8}), r({8}), lse({2, 2, 4}), g({8}), m({8}), v({8});
@@ -90,6 +90,8 @@ TEST(Front, OpsWithoutACudaKernelSaySo) {
       {"rope_forward", [&] { rope_forward(kCuda, on_cuda(y), on_cuda(x), 0, 10000.0); }},
       {"attention_forward",
        [&] { attention_forward(kCuda, on_cuda(y), on_cuda(lse), on_cuda(x), on_cuda(x), on_cuda(x), 0, 0); }},
+      {"attention_merge",
+       [&] { attention_merge(kCuda, on_cuda(y), on_cuda(lse), on_cuda(y), on_cuda(lse)); }},
       {"embedding_forward",
        [&] { embedding_forward(kCuda, on_cuda(emb), on_cuda(tokens), on_cuda(wte), Tensor(), 0); }},
       {"cross_entropy_forward",
@@ -98,7 +100,7 @@ TEST(Front, OpsWithoutACudaKernelSaySo) {
       {"squared_norm", [&] { squared_norm(kCuda, on_cuda(out), on_cuda(x)); }},
       {"adamw_update", [&] { adamw_update(kCuda, on_cuda(g), on_cuda(g), on_cuda(m), on_cuda(v), AdamWStep{}); }},
   };
-  const std::set<std::string> without_cuda_kernel = {"attention_forward"};
+  const std::set<std::string> without_cuda_kernel = {"attention_merge"};
   for (const auto& [op, call] : calls) {
     SCOPED_TRACE(op);
     if (cuda_backend_built() && !without_cuda_kernel.count(op)) continue;
