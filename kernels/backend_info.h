@@ -17,6 +17,9 @@ double cpu_peak_gflops();
 // Measured fp32 FMA throughput with all OpenMP threads (a ~50 ms register-only loop); shown by
 // `tessera info` next to the nominal peak. Noisy when other processes share the cores.
 double measure_cpu_peak_gflops();
+// The kernel train.dtype = "bf16" runs its CPU GEMMs with: "AVX512_BF16 (vdpbf16ps)", or the
+// portable fallback on a CPU without AVX512_BF16 (kernels/cpu/gemm_bf16.h).
+std::string cpu_bf16_gemm_kernel();
 // Number of CUDA devices visible (0 when CUDA is not built or no GPU is present).
 int cuda_device_count();
 

@@ -35,12 +35,12 @@ int64_t Linear::out() const { return ps_->entry(weight_).local_shape[0]; }
 
 void Linear::forward(const Exec& ex, const Tensor& y, const Tensor& x, bool with_bias) const {
   ProfileScope scope(prof_, OpFamily::Matmul);
-  linear_forward(ex, y, x, ps_->param(weight_), bias_ >= 0 && with_bias ? ps_->param(bias_) : Tensor());
+  linear_forward(ex, y, x, ps_->compute_param(weight_), bias_ >= 0 && with_bias ? ps_->param(bias_) : Tensor());
 }
 
 void Linear::backward(const Exec& ex, const Tensor& dx, const Tensor& dy, const Tensor& x, bool accumulate_dx) const {
   ProfileScope scope(prof_, OpFamily::Matmul);
-  const Tensor w = ps_->param(weight_);
+  const Tensor w = ps_->compute_param(weight_);  // the bf16 copy under mixed precision
   const Tensor db = bias_ >= 0 ? ps_->grad(bias_) : Tensor();
   if (!accumulate_dx || !dx.defined()) {
     linear_backward(ex, dx, ps_->grad(weight_), db, dy, x, w);
