@@ -12,7 +12,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <vector>
+
+#ifdef TESSERA_WITH_DNNL
+#include <dnnl.hpp>
+#endif
 
 #include "kernels/check.h"
 #include "kernels/cpu/blas.h"
@@ -44,17 +49,29 @@ bool cpu_has_avx512_bf16() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
 }
 
+bool onednn_built() {
+#ifdef TESSERA_WITH_DNNL
+  return true;
+#else
+  return false;
+#endif
+}
+
 Bf16Kernel resolve_bf16_kernel(Bf16Kernel k) {
-  if (k == Bf16Kernel::Auto) return cpu_has_avx512_bf16() ? Bf16Kernel::Avx512Bf16 : Bf16Kernel::Portable;
-  TESSERA_CHECK(k != Bf16Kernel::Avx512Bf16 || cpu_has_avx512_bf16(),
-                "the AVX512_BF16 GEMM kernel was asked for on a CPU without AVX512_BF16");
+  if (k == Bf16Kernel::Auto)
+    return !cpu_has_avx512_bf16() ? Bf16Kernel::Portable : onednn_built() ? Bf16Kernel::OneDnn : Bf16Kernel::Avx512Bf16;
+  TESSERA_CHECK(k == Bf16Kernel::Portable || cpu_has_avx512_bf16(), "the ", bf16_kernel_name(k),
+                " GEMM kernel was asked for on a CPU without AVX512_BF16");
+  TESSERA_CHECK(k != Bf16Kernel::OneDnn || onednn_built(),
+                "the oneDNN bf16 GEMM was asked for, but this build has no oneDNN (libdnnl-dev, scripts/setup.sh)");
   return k;
 }
 
 const char* bf16_kernel_name(Bf16Kernel k) {
   switch (k) {
     case Bf16Kernel::Auto: return "auto";
-    case Bf16Kernel::Avx512Bf16: return "AVX512_BF16 (vdpbf16ps)";
+    case Bf16Kernel::Avx512Bf16: return "AVX512_BF16 (tessera's vdpbf16ps kernel)";
+    case Bf16Kernel::OneDnn: return "oneDNN matmul (AVX512_BF16)";
     case Bf16Kernel::Portable: return "portable (bf16-rounded fp32 BLAS)";
   }
   return "?";
@@ -245,6 +262,53 @@ void gemm_portable(const char* op, int64_t m, int64_t n, int64_t k, float alpha,
   sgemm(op, a.trans, b.trans, m, n, k, alpha, ar.data(), a.trans ? m : k, br.data(), b.trans ? k : n, beta, c, ldc);
 }
 
+#ifdef TESSERA_WITH_DNNL
+// The operand as bf16 in its own layout: a BF16 operand as it is, an F32 one rounded into `scratch`
+// (row stride = its stored columns). Returns the data and its row stride.
+std::pair<const uint16_t*, int64_t> bf16_operand(const GemmOperand& x, int64_t rows, int64_t cols,
+                                                 std::vector<uint16_t>& scratch) {
+  if (x.dtype == DType::BF16) return {static_cast<const uint16_t*>(x.data), x.ld};
+  const int64_t srows = x.trans ? cols : rows, scols = x.trans ? rows : cols;
+  scratch.resize(static_cast<size_t>(srows * scols));
+  const float* src = static_cast<const float*>(x.data);
+  if (x.ld == scols) {
+    f32_to_bf16(scratch.data(), src, srows * scols);
+  } else {
+#pragma omp parallel for schedule(static) if (!omp_in_parallel())
+    for (int64_t i = 0; i < srows; ++i) f32_to_bf16(scratch.data() + i * scols, src + i * x.ld, scols);
+  }
+  return {scratch.data(), scols};
+}
+
+// oneDNN's matmul on bf16 operands with an f32 destination: alpha as the output scale, beta as a
+// sum post-op. The primitive is looked up in oneDNN's own primitive cache after the first call of a
+// shape.
+void gemm_onednn(int64_t m, int64_t n, int64_t k, float alpha, const GemmOperand& a, const GemmOperand& b,
+                 float beta, float* c, int64_t ldc) {
+  std::vector<uint16_t> as, bs;
+  const auto [ah, lda] = bf16_operand(a, m, k, as);
+  const auto [bh, ldb] = bf16_operand(b, k, n, bs);
+  using dt = dnnl::memory::data_type;
+  using dims = dnnl::memory::dims;
+  const dnnl::memory::desc ad({m, k}, dt::bf16, a.trans ? dims{1, lda} : dims{lda, 1});
+  const dnnl::memory::desc bd({k, n}, dt::bf16, b.trans ? dims{1, ldb} : dims{ldb, 1});
+  const dnnl::memory::desc cd({m, n}, dt::f32, dims{ldc, 1});
+  dnnl::primitive_attr attr;
+  if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+  if (beta != 0.0f) {
+    dnnl::post_ops po;
+    po.append_sum(beta);
+    attr.set_post_ops(po);
+  }
+  const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream strm(eng);
+  const dnnl::matmul mm(dnnl::matmul::primitive_desc(dnnl::matmul::desc(ad, bd, cd), attr, eng));
+  dnnl::memory am(ad, eng, const_cast<uint16_t*>(ah)), bm(bd, eng, const_cast<uint16_t*>(bh)), cm(cd, eng, c);
+  mm.execute(strm, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  strm.wait();
+}
+#endif
+
 }  // namespace
 
 void gemm_bf16(const char* op, int64_t m, int64_t n, int64_t k, float alpha, const GemmOperand& a,
@@ -255,10 +319,14 @@ void gemm_bf16(const char* op, int64_t m, int64_t n, int64_t k, float alpha, con
       for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
     return;
   }
-  if (resolve_bf16_kernel(kernel) == Bf16Kernel::Avx512Bf16)
-    gemm_avx512_bf16(m, n, k, alpha, a, b, beta, c, ldc);
-  else
-    gemm_portable(op, m, n, k, alpha, a, b, beta, c, ldc);
+  TESSERA_CHECK(m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX, op, ": GEMM dimension beyond 2^31");
+  switch (resolve_bf16_kernel(kernel)) {
+    case Bf16Kernel::Avx512Bf16: return gemm_avx512_bf16(m, n, k, alpha, a, b, beta, c, ldc);
+#ifdef TESSERA_WITH_DNNL
+    case Bf16Kernel::OneDnn: return gemm_onednn(m, n, k, alpha, a, b, beta, c, ldc);
+#endif
+    default: return gemm_portable(op, m, n, k, alpha, a, b, beta, c, ldc);
+  }
 }
 
 }  // namespace tessera::cpu

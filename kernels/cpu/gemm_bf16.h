@@ -1,10 +1,14 @@
 // The CPU's bf16 GEMM (mixed precision): bf16 inputs, fp32 accumulation, fp32 output. Either
 // operand may be stored in fp32 (rounded to bf16, nearest-even, as it is packed: activations and
-// gradients) or in bf16 (the weights' bf16 copy). Two kernels, chosen at run time by cpuid:
-//   Avx512Bf16  packed panels and a 12 x 32 register tile of vdpbf16ps (AVX512_BF16);
+// gradients) or in bf16 (the weights' bf16 copy). Three kernels; Auto picks by cpuid at run time:
+//   OneDnn      oneDNN's matmul (Debian's libdnnl-dev, found at build time), the fp32 operands
+//               rounded to bf16 first: the fastest at the model's shapes, so Auto's choice on a CPU
+//               with AVX512_BF16 (docs/performance.md, "bf16 GEMM: which kernel");
+//   Avx512Bf16  tessera's own: packed panels and a 12 x 32 register tile of vdpbf16ps, rounding
+//               while packing; Auto's choice with AVX512_BF16 in a build without oneDNN;
 //   Portable    rounds both operands to bf16 values held in fp32 and calls the fp32 BLAS: the same
-//               products (a bf16 x bf16 product is exact in fp32), fp32 sums; slow, any x86-64 CPU.
-// Chosen over oneDNN's matmul by measurement (docs/performance.md, "bf16 GEMM").
+//               products (a bf16 x bf16 product is exact in fp32), fp32 sums; any x86-64 CPU, slower
+//               than fp32. Auto's choice without AVX512_BF16.
 #pragma once
 
 #include <cstdint>
@@ -21,11 +25,14 @@ struct GemmOperand {
   bool trans = false;
 };
 
-enum class Bf16Kernel { Auto, Avx512Bf16, Portable };
+enum class Bf16Kernel { Auto, OneDnn, Avx512Bf16, Portable };
 
 // Whether this CPU (and its operating system) runs AVX512_BF16 instructions.
 bool cpu_has_avx512_bf16();
-// Auto -> the best kernel the CPU runs; Avx512Bf16 on a CPU without it is an Error.
+// Whether this build has oneDNN (TESSERA_WITH_DNNL).
+bool onednn_built();
+// Auto -> the best kernel here; OneDnn or Avx512Bf16 on a CPU without AVX512_BF16, or OneDnn in a
+// build without oneDNN, is an Error.
 Bf16Kernel resolve_bf16_kernel(Bf16Kernel k);
 const char* bf16_kernel_name(Bf16Kernel k);
 

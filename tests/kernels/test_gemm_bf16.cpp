@@ -18,6 +18,7 @@ namespace {
 std::vector<Bf16Kernel> kernels_here() {
   std::vector<Bf16Kernel> ks{Bf16Kernel::Portable};
   if (cpu_has_avx512_bf16()) ks.push_back(Bf16Kernel::Avx512Bf16);
+  if (cpu_has_avx512_bf16() && onednn_built()) ks.push_back(Bf16Kernel::OneDnn);
   return ks;
 }
 
@@ -170,6 +171,17 @@ TEST(GemmBf16, KZeroScalesC) {
     gemm_bf16("test", 2, 2, 0, 1.0f, {&dummy, DType::F32, 1, false}, {&dummy, DType::F32, 2, false}, 0.5f, c.data(), 2,
               kern);
     EXPECT_EQ(c, (std::vector<float>{0.5f, 1, 1.5f, 2}));
+  }
+}
+
+TEST(GemmBf16, AutoPicksByCpuAndBuild) {
+  const Bf16Kernel k = resolve_bf16_kernel(Bf16Kernel::Auto);
+  if (!cpu_has_avx512_bf16())
+    EXPECT_EQ(k, Bf16Kernel::Portable);
+  else
+    EXPECT_EQ(k, onednn_built() ? Bf16Kernel::OneDnn : Bf16Kernel::Avx512Bf16);
+  if (!onednn_built()) {
+    EXPECT_TRUE(testing::throws_with([] { resolve_bf16_kernel(Bf16Kernel::OneDnn); }, {"no oneDNN"}));
   }
 }
 
