@@ -266,18 +266,18 @@ void gemm_portable(const char* op, int64_t m, int64_t n, int64_t k, float alpha,
 // The operand as bf16 in its own layout: a BF16 operand as it is, an F32 one rounded into `scratch`
 // (row stride = its stored columns). Returns the data and its row stride.
 std::pair<const uint16_t*, int64_t> bf16_operand(const GemmOperand& x, int64_t rows, int64_t cols,
-                                                 std::vector<uint16_t>& scratch) {
+                                                 std::unique_ptr<uint16_t[]>& scratch) {
   if (x.dtype == DType::BF16) return {static_cast<const uint16_t*>(x.data), x.ld};
   const int64_t srows = x.trans ? cols : rows, scols = x.trans ? rows : cols;
-  scratch.resize(static_cast<size_t>(srows * scols));
+  scratch.reset(new uint16_t[static_cast<size_t>(srows * scols)]);  // not zero-filled: every element is written
   const float* src = static_cast<const float*>(x.data);
   if (x.ld == scols) {
-    f32_to_bf16(scratch.data(), src, srows * scols);
+    f32_to_bf16(scratch.get(), src, srows * scols);
   } else {
 #pragma omp parallel for schedule(static) if (!omp_in_parallel())
-    for (int64_t i = 0; i < srows; ++i) f32_to_bf16(scratch.data() + i * scols, src + i * x.ld, scols);
+    for (int64_t i = 0; i < srows; ++i) f32_to_bf16(scratch.get() + i * scols, src + i * x.ld, scols);
   }
-  return {scratch.data(), scols};
+  return {scratch.get(), scols};
 }
 
 // oneDNN's matmul on bf16 operands with an f32 destination: alpha as the output scale, beta as a
@@ -285,7 +285,7 @@ std::pair<const uint16_t*, int64_t> bf16_operand(const GemmOperand& x, int64_t r
 // shape.
 void gemm_onednn(int64_t m, int64_t n, int64_t k, float alpha, const GemmOperand& a, const GemmOperand& b,
                  float beta, float* c, int64_t ldc) {
-  std::vector<uint16_t> as, bs;
+  std::unique_ptr<uint16_t[]> as, bs;
   const auto [ah, lda] = bf16_operand(a, m, k, as);
   const auto [bh, ldb] = bf16_operand(b, k, n, bs);
   using dt = dnnl::memory::data_type;

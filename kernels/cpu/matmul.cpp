@@ -2,6 +2,7 @@
 // the CPU BLAS (kernels/cpu/blas.h), a BF16 operand the bf16 GEMM (kernels/cpu/gemm_bf16.h). The Linear layer is written once over a typed gemm() for both.
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -143,8 +144,12 @@ void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& dbias, co
                      const Tensor& w, const GemmDims& d) {
   const char* op = "linear_backward";
   const int64_t n = d.m, in = d.k, out = d.n;
-  if (dx.defined()) gemm(op, GemmDims{n, in, out, false, false}, 1.0, dy, w, 0.0, dx.ptr<float>());
-  gemm(op, GemmDims{out, in, n, true, false}, 1.0, dy, x, 1.0, dw.ptr<float>());
+  // dy feeds both GEMMs: rounded to bf16 once (the LM head's is N x V), not once per GEMM.
+  std::unique_ptr<uint16_t[]> dy_bf16(new uint16_t[static_cast<size_t>(dy.numel())]);
+  cpu::f32_to_bf16(dy_bf16.get(), dy.ptr<float>(), dy.numel());
+  const Tensor dyh(dy_bf16.get(), DType::BF16, dy.shape, dy.device);
+  if (dx.defined()) gemm(op, GemmDims{n, in, out, false, false}, 1.0, dyh, w, 0.0, dx.ptr<float>());
+  gemm(op, GemmDims{out, in, n, true, false}, 1.0, dyh, x, 1.0, dw.ptr<float>());
   if (dbias.defined()) accumulate_column_sums(dbias.ptr<float>(), dy.ptr<float>(), n, out);
 }
 }  // namespace mixed
