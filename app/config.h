@@ -159,6 +159,7 @@ struct TrainConfig {
   bool profile = false;
   bool memory_check = true;
   std::string device = "cpu";
+  std::string dtype = "fp32";
 
   template <class V>
   void visit(V& v) {
@@ -170,6 +171,9 @@ struct TrainConfig {
             "global_batch / dp and fits half the available memory by the estimate (printed in the run header)",
             Allowed::at_least(0).at_most(kMaxBatch));
     v.field("seq_len", seq_len, "tokens per training sequence", Allowed::at_least(2).at_most(kMaxSeqLen));
+    v.field("dtype", dtype, "precision of the GEMMs: \"fp32\", or \"bf16\" (mixed precision: bf16 copies of the weights "
+            "and bf16 GEMM inputs, fp32 accumulation; fp32 master weights, gradients, optimizer, loss, norms and "
+            "checkpoints)", Allowed::one_of({"fp32", "bf16"}));
     v.field("seed", seed, "seed of the parameter init (Philox) and of any training randomness",
             Allowed::at_least(0));
     v.field("eval_every", eval_every, "evaluate every this many steps; 0 = only at the end",

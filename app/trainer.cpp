@@ -142,6 +142,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
   model_ = chunks_.front().get();
   const DpOptimizerOptions dp_opts = dp_optimizer_options(cfg_.parallel);
   params_->finalize(DataParallelOptimizer::pad_multiple(dp_opts, grid_.dp_size() * grid_.cp_size()));
+  if (cfg_.train.dtype == "bf16") params_->enable_compute_copy(DType::BF16);  // the GEMMs' weights
   params_->initialize(ex_, static_cast<uint64_t>(cfg_.train.seed));
   flat_ = flat_params_of(*params_);
   check_tied_copies("after initialization");
@@ -176,6 +177,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
       consumed_at_start_ = st.consumed_samples;
     }
   }
+  params_->refresh_compute_copy(ex_);  // from the initialized or resumed masters (bf16 only)
   if (cfg_.train.profile) {
     profiling_ = true;
     for (const auto& chunk : chunks_) chunk->set_profiler(&profiler_);
@@ -485,6 +487,7 @@ Trainer::StepResult Trainer::step(int64_t s) {
     return r;
   }
   opt_->step(ex_, r.lr, clip_factor(r.grad_norm, cfg_.optim.grad_clip));
+  params_->refresh_compute_copy(ex_);
   return r;
 }
 
@@ -610,6 +613,10 @@ void Trainer::print_header() {
        << (grid_.pp_size() > 1 ? " x pp " + std::to_string(grid_.pp_size()) + " (" + cfg_.parallel.pp_schedule + ")" : "")
        << (grid_.tp_size() > 1 && cfg_.parallel.sequence_parallel ? " (sequence parallel)" : "") << "; "
        << params_->numel() << " parameters per rank";
+  if (cfg_.train.dtype == "bf16")
+    os << "\nprecision: bf16 GEMM inputs (weights' bf16 copy), fp32 accumulation, master weights, optimizer and "
+          "loss; CPU kernel "
+       << cpu_bf16_gemm_kernel();
   if (ckpt_) os << "\nrun id " << ckpt_->run_id();
   os << "\n" << memory_line_;
   progress_.message(os.str());

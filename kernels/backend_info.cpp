@@ -14,6 +14,7 @@
 #include "kernels/cuda/runtime.h"
 #endif
 #include "kernels/cpu/blas_select.h"
+#include "kernels/cpu/gemm_bf16.h"
 
 namespace tessera {
 
@@ -92,6 +93,10 @@ double cpu_peak_gflops() { return std::max(cpu_nominal_peak_gflops(), measure_cp
 // reaches at most a quarter of the peak (4-wide SSE against 8-wide FMA).
 constexpr double kSlowGemmShare = 1.0 / 3.0;
 
+std::string cpu_bf16_gemm_kernel() {
+  return cpu::bf16_kernel_name(cpu::resolve_bf16_kernel(cpu::Bf16Kernel::Auto));
+}
+
 std::string kernels_backend_info() {
   std::ostringstream os;
   const double nominal = cpu_nominal_peak_gflops(), measured = measure_cpu_peak_gflops();
@@ -110,6 +115,7 @@ std::string kernels_backend_info() {
   if (peak > 0) os << " (" << static_cast<int64_t>(100 * gemm / peak) << "% of the fp32 peak)";
   os << ", " << (blas.matches_reference ? "matches" : "DIFFERS FROM") << " a reference GEMM\n";
   for (const std::string& w : blas.warnings) os << "warning: " << w << "\n";
+  os << "bf16 gemm (train.dtype = \"bf16\"): " << cpu_bf16_gemm_kernel() << "\n";
   if (peak > 0 && gemm < kSlowGemmShare * peak)
     os << "warning: the fp32 GEMM runs at " << static_cast<int64_t>(gemm) << " GFLOP/s, "
        << static_cast<int64_t>(100 * gemm / peak) << "% of this CPU's fp32 peak (" << static_cast<int64_t>(peak)

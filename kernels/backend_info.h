@@ -18,5 +18,8 @@ double cpu_peak_gflops();
 // `tessera info` next to the nominal peak. Noisy when other processes share the cores.
 double measure_cpu_peak_gflops();
 // cuda_device_count(): kernels/exec.h, beside cuda_backend_built().
+// The kernel train.dtype = "bf16" runs its CPU GEMMs with: "AVX512_BF16 (vdpbf16ps)", or the
+// portable fallback on a CPU without AVX512_BF16 (kernels/cpu/gemm_bf16.h).
+std::string cpu_bf16_gemm_kernel();
 
 }  // namespace tessera

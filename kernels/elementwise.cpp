@@ -59,6 +59,18 @@ void copy(const Exec& ex, const Tensor& dst, const Tensor& src) {
   TESSERA_CUDA_CALL(op, cuda::copy(ex, dst, src));
 }
 
+void convert(const Exec& ex, const Tensor& dst, const Tensor& src) {
+  const char* op = "convert";
+  const Device d = front::device_of(op, ex, {{"dst", dst}, {"src", src}});
+  front::check_defined(op, "dst", dst);
+  front::check_defined(op, "src", src);
+  check_dtype(op, "dst", dst, DType::BF16);
+  check_dtype(op, "src", src, DType::F32);
+  TESSERA_CHECK(dst.numel() == src.numel(), op, ": dst has ", dst.numel(), " elements, src ", src.numel());
+  if (d.is_cpu()) return cpu::convert(ex, dst, src);
+  front::no_cuda_implementation(op);
+}
+
 void copy_columns(const Exec& ex, const Tensor& dst, const Tensor& src, int64_t col0) {
   const char* op = "copy_columns";
   const Device d = front::device_of(op, ex, {{"dst", dst}, {"src", src}});

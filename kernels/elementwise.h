@@ -18,6 +18,9 @@ void fill_zero(const Exec& ex, const Tensor& t);
 // src may be reused or freed as soon as copy returns; a host dst holds the values after
 // synchronize(ex) (read_values does both).
 void copy(const Exec& ex, const Tensor& dst, const Tensor& src);
+// dst (BF16) = src (F32) rounded to nearest even, same numel and device: the bf16 copy of the
+// weights that mixed precision's GEMMs read (train.dtype = "bf16"). NaN stays NaN.
+void convert(const Exec& ex, const Tensor& dst, const Tensor& src);
 // A block of columns, for cutting and pasting along an inner dimension (heads, sequence chunks):
 // dst (N, w) = src (N, W)[:, col0 : col0 + w]. Both 2-D, same dtype, any dtype.
 void copy_columns(const Exec& ex, const Tensor& dst, const Tensor& src, int64_t col0);

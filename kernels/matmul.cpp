@@ -24,6 +24,15 @@ void check_ndim(const char* op, const char* arg, const Tensor& t, int ndim) {
   TESSERA_CHECK(t.ndim() == ndim, op, ": ", arg, " has shape ", t.shape.str(), ", expected ", ndim, " dims");
 }
 
+// An operand that may be a bf16 copy: dtype like ref, or BF16 when ref is F32 (mixed precision:
+// the GEMM rounds the F32 operands to bf16 and sums in fp32).
+void check_gemm_operand(const char* op, const char* arg, const Tensor& t, const Tensor& ref) {
+  front::check_defined(op, arg, t);
+  if (t.dtype == DType::BF16 && ref.dtype == DType::F32) return;
+  TESSERA_CHECK(t.dtype == ref.dtype, op, ": ", arg, " is ", dtype_name(t.dtype), ", expected ", dtype_name(ref.dtype),
+                ref.dtype == DType::F32 ? " or bf16" : "");
+}
+
 // x's shape with the last dimension replaced by last.
 Shape with_last_dim(const Shape& s, int64_t last) {
   Shape r = s;
@@ -49,8 +58,8 @@ void matmul(const Exec& ex, const Tensor& c, const Tensor& a, const Tensor& b, b
   const Device d = front::device_of(op, ex, {{"c", c}, {"a", a}, {"b", b}});
   check_operand(op, "c", c, c);
   check_float_dtype(op, c);
-  check_operand(op, "a", a, c);
-  check_operand(op, "b", b, c);
+  check_gemm_operand(op, "a", a, c);
+  check_gemm_operand(op, "b", b, c);
   check_ndim(op, "c", c, 2);
   check_ndim(op, "a", a, 2);
   check_ndim(op, "b", b, 2);
@@ -67,7 +76,7 @@ void linear_forward(const Exec& ex, const Tensor& y, const Tensor& x, const Tens
   check_operand(op, "x", x, x);
   check_float_dtype(op, x);
   check_operand(op, "y", y, x);
-  check_operand(op, "w", w, x);
+  check_gemm_operand(op, "w", w, x);
   const int64_t out = check_linear_shapes(op, "y", y, x, w);
   if (bias.defined()) {
     check_operand(op, "bias", bias, x);
@@ -84,7 +93,7 @@ void linear_backward(const Exec& ex, const Tensor& dx, const Tensor& dw, const T
   check_operand(op, "x", x, x);
   check_float_dtype(op, x);
   check_operand(op, "dy", dy, x);
-  check_operand(op, "w", w, x);
+  check_gemm_operand(op, "w", w, x);
   check_operand(op, "dw", dw, x);
   const int64_t out = check_linear_shapes(op, "dy", dy, x, w);
   check_shape(op, "dw", dw, w.shape);

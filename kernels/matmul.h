@@ -1,6 +1,9 @@
 // Matrix multiplication: a general row-major GEMM and the Linear layer's forward/backward on top.
 // F32 goes through the CPU BLAS (chosen by measurement, docs/performance.md); F64 through a plain
-// triple-loop reference (the oracle for tests).
+// triple-loop reference (the oracle for tests). Mixed precision: with F32 outputs, a GEMM operand
+// (matmul's a or b, Linear's w) may be BF16, a bf16 copy; the GEMM then rounds its F32 operands
+// to bf16 too and accumulates in fp32 (kernels/cpu/gemm_bf16.h), for every product of the call
+// (Linear's backward: dx and dw). The gradients written stay F32.
 #pragma once
 
 #include "kernels/exec.h"

@@ -36,13 +36,13 @@ int64_t Linear::out() const { return ps_->entry(weight_).local_shape[0]; }
 
 void Linear::forward(const Exec& ex, const Tensor& y, const Tensor& x, bool with_bias) const {
   ProfileScope scope(prof_, OpFamily::Matmul);
-  linear_forward(ex, y, x, ps_->param(weight_), bias_ >= 0 && with_bias ? ps_->param(bias_) : Tensor());
+  linear_forward(ex, y, x, ps_->compute_param(weight_), bias_ >= 0 && with_bias ? ps_->param(bias_) : Tensor());
 }
 
 void Linear::backward(const Exec& ex, const Tensor& dx, const Tensor& dy, const Tensor& x, bool accumulate_dx,
                       WeightGrads* deferred) const {
   ProfileScope scope(prof_, OpFamily::Matmul);
-  const Tensor w = ps_->param(weight_);
+  const Tensor w = ps_->compute_param(weight_);  // the bf16 copy under mixed precision
   const int64_t n = dy.numel() / out();
   if (deferred) {
     // dx = dy W (+ dx): linear_backward's own GEMM for it, alone; dW and db go to W.

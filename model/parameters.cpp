@@ -64,6 +64,25 @@ Tensor ParameterStore::grad(int id) const {
                 alloc_.device());
 }
 
+void ParameterStore::enable_compute_copy(DType dt) {
+  TESSERA_CHECK(finalized_, "ParameterStore::enable_compute_copy before finalize()");
+  TESSERA_CHECK(dt == DType::BF16 && dtype_ == DType::F32, "a ", dtype_name(dt), " compute copy of ",
+                dtype_name(dtype_), " parameters is not supported (bf16 of f32 only)");
+  compute_ = Buffer(alloc_, dt, params_.tensor().shape, MemCategory::Parameters);
+}
+
+void ParameterStore::refresh_compute_copy(const Exec& ex) {
+  if (compute_.defined()) convert(ex, compute_.tensor(), params_.tensor());
+}
+
+Tensor ParameterStore::compute_param(int id) const {
+  if (!compute_.defined()) return param(id);
+  const ParamEntry& e = entry(id);
+  const DType dt = compute_.tensor().dtype;
+  return Tensor(static_cast<char*>(compute_.tensor().data) + e.offset * dtype_size(dt), dt, e.local_shape,
+                alloc_.device());
+}
+
 int ParameterStore::find(const std::string& name) const {
   auto it = by_name_.find(name);
   return it == by_name_.end() ? -1 : it->second;

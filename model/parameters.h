@@ -97,6 +97,16 @@ class ParameterStore {
 
   Tensor param(int id) const;  // local shape
   Tensor grad(int id) const;
+
+  // Mixed precision (train.dtype = "bf16"): a copy of every parameter in `dt` (BF16), which the
+  // GEMMs read (kernels/matmul.h) while the optimizer updates the master parameters. After
+  // finalize(); refresh_compute_copy() rounds the masters into it and must follow every change to
+  // them (initialization, a resume, each optimizer step). compute_param(id) is the copy's view of
+  // parameter id, or param(id) when there is no copy (fp32 training).
+  void enable_compute_copy(DType dt);
+  void refresh_compute_copy(const Exec& ex);
+  Tensor compute_param(int id) const;
+  DType compute_dtype() const { return compute_.defined() ? compute_.tensor().dtype : dtype_; }
   int find(const std::string& name) const;  // -1 when absent
   const ParamEntry& entry(int id) const { return entries_.at(static_cast<size_t>(id)); }
   const std::vector<ParamEntry>& entries() const { return entries_; }
@@ -125,6 +135,7 @@ class ParameterStore {
   int64_t total_ = 0;
   bool finalized_ = false;
   Buffer params_, grads_;           // (padded)
+  Buffer compute_;                  // (padded) the GEMMs' copy, when enabled
   Tensor flat_params_, flat_grads_;  // (total_) views of them
 };
 

@@ -11,6 +11,7 @@ packages=(
   libcli11-dev libtomlplusplus-dev  # command line, config
   libgtest-dev                      # tests
   libopenblas-openmp-dev libblis-dev  # CPU GEMM: OpenBLAS (OpenMP build) is used; BLIS for comparison
+  libdnnl-dev                       # bf16 GEMM (train.dtype = "bf16"): oneDNN's matmul
   python3-numpy python3-h5py python3-matplotlib  # scripts (plots, fixture checks)
   slurm-wlm munge                   # the `slurm` tests start a one-node cluster of their own
 )

@@ -67,6 +67,7 @@ void cross_entropy_combine(const Exec& ex, const Tensor& losses, const Tensor& l
 // elementwise.h (residual_backward is two accumulates, composed in the front)
 void fill_zero(const Exec& ex, const Tensor& t);
 void copy(const Exec& ex, const Tensor& dst, const Tensor& src);
+void convert(const Exec& ex, const Tensor& dst, const Tensor& src);
 void copy_columns(const Exec& ex, const Tensor& dst, const Tensor& src, int64_t col0);
 void paste_columns(const Exec& ex, const Tensor& dst, const Tensor& src, int64_t col0);
 void residual_forward(const Exec& ex, const Tensor& y, const Tensor& a, const Tensor& b);

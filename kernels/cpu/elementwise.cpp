@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/gemm_bf16.h"
 
 namespace tessera {
 namespace {
@@ -40,6 +41,10 @@ void cpu::fill_zero(const Exec&, const Tensor& t) { std::memset(t.data, 0, t.nby
 
 void cpu::copy(const Exec&, const Tensor& dst, const Tensor& src) {
   if (dst.data != src.data) std::memcpy(dst.data, src.data, dst.nbytes());
+}
+
+void cpu::convert(const Exec&, const Tensor& dst, const Tensor& src) {
+  f32_to_bf16(static_cast<uint16_t*>(dst.data), src.ptr<float>(), src.numel());
 }
 
 void cpu::copy_columns(const Exec&, const Tensor& dst, const Tensor& src, int64_t col0) {

@@ -1,10 +1,12 @@
 // CPU matmul and Linear: F64 runs a plain triple-loop reference (the test oracle), F32 calls
-// the CPU BLAS (kernels/cpu/blas.h). The Linear layer is written once over a typed gemm() for both.
+// the CPU BLAS (kernels/cpu/blas.h), a BF16 operand the bf16 GEMM (kernels/cpu/gemm_bf16.h). The Linear layer is written once over a typed gemm() for both.
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/gemm_bf16.h"
 
 namespace tessera {
 namespace {
@@ -119,13 +121,48 @@ void linear_backward_typed(const Tensor& dx, const Tensor& dw, const Tensor& dbi
   if (dbias.defined()) accumulate_column_sums(dbias.ptr<T>(), dy.ptr<T>(), n, out);
 }
 
+// Mixed precision (w is a bf16 copy): the same products through the bf16 GEMM, fp32 outputs.
+namespace mixed {
+cpu::GemmOperand operand(const Tensor& t, int64_t ld, bool trans) { return {t.data, t.dtype, ld, trans}; }
+
+void gemm(const char* op, const GemmDims& d, double alpha, const Tensor& a, const Tensor& b, double beta, float* c) {
+  cpu::gemm_bf16(op, d.m, d.n, d.k, static_cast<float>(alpha), operand(a, d.trans_a ? d.m : d.k, d.trans_a),
+                 operand(b, d.trans_b ? d.k : d.n, d.trans_b), static_cast<float>(beta), c, d.n);
+}
+
+void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& bias, GemmDims d) {
+  d.trans_b = true;
+  double beta = 0.0;
+  if (bias.defined()) {
+    broadcast_rows(y.ptr<float>(), bias.ptr<float>(), d.m, d.n);
+    beta = 1.0;
+  }
+  gemm("linear_forward", d, 1.0, x, w, beta, y.ptr<float>());
+}
+
+void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& dbias, const Tensor& dy, const Tensor& x,
+                     const Tensor& w, const GemmDims& d) {
+  const char* op = "linear_backward";
+  const int64_t n = d.m, in = d.k, out = d.n;
+  // dy feeds both GEMMs: rounded to bf16 once (the LM head's is N x V), not once per GEMM.
+  std::unique_ptr<uint16_t[]> dy_bf16(new uint16_t[static_cast<size_t>(dy.numel())]);
+  cpu::f32_to_bf16(dy_bf16.get(), dy.ptr<float>(), dy.numel());
+  const Tensor dyh(dy_bf16.get(), DType::BF16, dy.shape, dy.device);
+  if (dx.defined()) gemm(op, GemmDims{n, in, out, false, false}, 1.0, dyh, w, 0.0, dx.ptr<float>());
+  gemm(op, GemmDims{out, in, n, true, false}, 1.0, dyh, x, 1.0, dw.ptr<float>());
+  if (dbias.defined()) accumulate_column_sums(dbias.ptr<float>(), dy.ptr<float>(), n, out);
+}
+}  // namespace mixed
+
 }  // namespace
 
 void cpu::matmul(const Exec&, const Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
                  double alpha, double beta) {
   const char* op = "matmul";
   const GemmDims d{c.dim(0), c.dim(1), trans_a ? a.dim(0) : a.dim(1), trans_a, trans_b};
-  if (c.dtype == DType::F64)
+  if (a.dtype == DType::BF16 || b.dtype == DType::BF16)
+    mixed::gemm(op, d, alpha, a, b, beta, c.ptr<float>());
+  else if (c.dtype == DType::F64)
     gemm(op, d, alpha, a.ptr<double>(), b.ptr<double>(), beta, c.ptr<double>());
   else
     gemm(op, d, alpha, a.ptr<float>(), b.ptr<float>(), beta, c.ptr<float>());
@@ -133,7 +170,9 @@ void cpu::matmul(const Exec&, const Tensor& c, const Tensor& a, const Tensor& b,
 
 void cpu::linear_forward(const Exec&, const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& bias) {
   const GemmDims d = linear_dims(x, w);
-  if (x.dtype == DType::F64)
+  if (w.dtype == DType::BF16)
+    mixed::linear_forward(y, x, w, bias, d);
+  else if (x.dtype == DType::F64)
     linear_forward_typed<double>(y, x, w, bias, d);
   else
     linear_forward_typed<float>(y, x, w, bias, d);
@@ -142,7 +181,9 @@ void cpu::linear_forward(const Exec&, const Tensor& y, const Tensor& x, const Te
 void cpu::linear_backward(const Exec&, const Tensor& dx, const Tensor& dw, const Tensor& dbias, const Tensor& dy,
                           const Tensor& x, const Tensor& w) {
   const GemmDims d = linear_dims(x, w);
-  if (x.dtype == DType::F64)
+  if (w.dtype == DType::BF16)
+    mixed::linear_backward(dx, dw, dbias, dy, x, w, d);
+  else if (x.dtype == DType::F64)
     linear_backward_typed<double>(dx, dw, dbias, dy, x, w, d);
   else
     linear_backward_typed<float>(dx, dw, dbias, dy, x, w, d);

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch reference trainer for the side-by-side benchmark (train_bench.py): trains tessera's
-GPT-2 or LLaMA model, defined once in tests/reference/gpt_reference.py, in float32 eager mode with
+GPT-2 or LLaMA model, defined once in tests/reference/gpt_reference.py, in float32 eager mode (or
+under CPU autocast bf16 with --autocast bf16) with
 the same batch, sequence length, threads, AdamW settings (betas, eps, decoupled weight decay on
 matrices only, global-norm clipping) and data (an llm.c token shard) as the tessera run.
 
@@ -102,6 +103,9 @@ def parse_args():
     p.add_argument("--adamw", choices=["auto", "fused", "foreach", "for-loop"], default="auto")
     p.add_argument("--attention", choices=["auto", "sdpa", "explicit"], default="auto",
                    help="auto = sdpa where this torch has it (>= 2.0), else explicit")
+    p.add_argument("--autocast", choices=["none", "bf16"], default="none",
+                   help="bf16: forward and loss under torch.autocast('cpu', torch.bfloat16) (mixed precision; "
+                        "fp32 parameters, gradients and AdamW), as tessera's train.dtype = \"bf16\"")
     p.add_argument("--profile", action="store_true",
                    help="after the timed steps, run one more under torch.profiler and print its op table to stderr")
     return p.parse_args()
@@ -129,7 +133,8 @@ def main():
     if int(tokens.max()) >= args.vocab:
         sys.exit(f"token id {int(tokens.max())} >= vocab {args.vocab}")
     print(f"torch {torch.__version__}: {cfg['preset']} {sum(t.numel() for t in plist)} parameters, "
-          f"B={B} T={T}, {torch.get_num_threads()} threads, AdamW {adamw_impl}, attention {args.attention}",
+          f"B={B} T={T}, {torch.get_num_threads()} threads, AdamW {adamw_impl}, attention {args.attention}, "
+          f"autocast {args.autocast}",
           file=sys.stderr, flush=True)
     out = open(args.metrics, "w") if args.metrics else sys.stdout
     max_norm = args.grad_clip if args.grad_clip > 0 else float("inf")
@@ -137,8 +142,9 @@ def main():
     def step(s):
         x, y = batch_at(tokens, s, B, T)
         opt.zero_grad(set_to_none=True)
-        logits = ref.forward(params, x, cfg, attention=args.attention)  # (B*T, V)
-        loss = F.cross_entropy(logits, y.reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast == "bf16"):
+            logits = ref.forward(params, x, cfg, attention=args.attention)  # (B*T, V)
+            loss = F.cross_entropy(logits, y.reshape(-1))  # autocast runs cross_entropy in fp32
         loss.backward()
         torch.nn.utils.clip_grad_norm_(plist, max_norm)
         opt.step()

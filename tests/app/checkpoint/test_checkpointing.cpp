@@ -104,6 +104,66 @@ TEST(Checkpointing, ResumeIsBitExact) {
   fs::remove_all(pieces.dir);
 }
 
+// train.dtype = "bf16": stopped at step 4 and resumed, the run gives exactly the uninterrupted
+// run's losses and final state, so the weights' bf16 copy is rebuilt from the resumed fp32 masters
+// (a copy left at the initial values would change every loss after the resume). The checkpoint
+// holds fp32 tensors only: the bf16 copy is not state.
+TEST(Checkpointing, Bf16ResumeIsBitExactAndCheckpointsStayFp32) {
+  const TrainRun whole = make_run("ckpt_bf16_whole"), pieces = make_run("ckpt_bf16_pieces");
+  RunResult r = whole.train({"train.steps=8", "train.dtype=\"bf16\""});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("precision: bf16"), std::string::npos) << r.output;
+  r = pieces.train({"train.steps=8", "train.dtype=\"bf16\"", "train.exit_after_steps=4"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = pieces.train({"train.steps=8", "train.dtype=\"bf16\""});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("at step 4"), std::string::npos) << r.output;
+  const auto a = loss_lines(whole.run() / "metrics.jsonl"), b = loss_lines(pieces.run() / "metrics.jsonl");
+  ASSERT_EQ(a.size(), 8u);
+  ASSERT_EQ(b.size(), 8u);
+  for (const auto& [step, loss] : a) EXPECT_EQ(b.at(step), loss) << "step " << step;
+  CheckpointReader reader((whole.ckpts() / "step_00000008.h5").string(), testing::test_world());
+  for (const auto& t : reader.tensors()) EXPECT_EQ(t.dtype, "float32") << t.path;
+  const auto ta = tensors_of(whole.ckpts() / "step_00000008.h5"), tb = tensors_of(pieces.ckpts() / "step_00000008.h5");
+  for (const auto& [path, values] : ta) EXPECT_EQ(tb.at(path), values) << path;
+  fs::remove_all(whole.dir);
+  fs::remove_all(pieces.dir);
+}
+
+// An fp32 checkpoint resumes into bf16, whose checkpoint resumes into fp32 again: steps 1-4 fp32,
+// 5-8 bf16, 9-12 fp32, against an fp32 run throughout. Steps 1-4 are the same run (equal); the
+// later losses differ by bf16 rounding only: within 2e-2 relative (the golden models' bf16 loss is
+// within 1e-3 of fp32 after one step and 2.5e-2 after ten AdamW steps on one batch,
+// tests/model/test_gpt.cpp; here each step sees new data and lr is 3e-3).
+TEST(Checkpointing, Fp32CheckpointResumesIntoBf16AndBack) {
+  const TrainRun fp32 = make_run("ckpt_fp32_only"), mixed = make_run("ckpt_fp32_bf16_fp32");
+  RunResult r = fp32.train({"train.steps=12"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = mixed.train({"train.steps=12", "train.exit_after_steps=4"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = mixed.train({"train.steps=12", "train.dtype=\"bf16\"", "train.exit_after_steps=4"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("at step 4"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("precision: bf16"), std::string::npos) << r.output;
+  r = mixed.train({"train.steps=12"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("at step 8"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("precision: bf16"), std::string::npos) << r.output;
+  const auto a = loss_lines(fp32.run() / "metrics.jsonl"), b = loss_lines(mixed.run() / "metrics.jsonl");
+  ASSERT_EQ(a.size(), 12u);
+  ASSERT_EQ(b.size(), 12u);
+  bool moved = false;
+  for (const auto& [step, loss] : a) {
+    const double la = std::stod(loss.substr(8)), lb = std::stod(b.at(step).substr(8));
+    if (step <= 4) EXPECT_EQ(b.at(step), loss) << "step " << step;
+    EXPECT_NEAR(lb, la, 2e-2 * la) << "step " << step;
+    moved = moved || (step > 4 && b.at(step) != loss);
+  }
+  EXPECT_TRUE(moved) << "the bf16 steps gave the fp32 losses exactly: bf16 did not run";
+  fs::remove_all(fp32.dir);
+  fs::remove_all(mixed.dir);
+}
+
 // SIGKILL after the new file is written but before it is renamed into place: the previous
 // checkpoint stays intact and named by `latest`, and the next run resumes from it.
 TEST(Checkpointing, KillDuringSaveKeepsThePreviousCheckpoint) {
