@@ -68,13 +68,22 @@ struct ChunkBytes {
   int64_t kept = 0;      // from its forward to its backward: activations (the output included), ids, loss sums
   int64_t forward = 0;   // its forward at its highest (what it keeps included), beside everything else live
   int64_t backward = 0;  // its backward at its highest (what the forward kept included), beside the rest
+  // Zero-bubble's split: its input-gradient backward (B) at its highest, and the copies B keeps for
+  // the weight-gradient action (W) that follows it (model/weight_grads.h).
+  int64_t split_backward = 0;
+  int64_t deferred = 0;
 };
 
-ChunkBytes chunk_bytes(const ModelMemory& m, const StageSpec& st, int64_t B, int64_t T, int64_t Tl, int64_t C) {
+// m: the chunk's counts; split: the same under a split backward (ModelMemoryLayout::split_backward).
+ChunkBytes chunk_bytes(const ModelMemory& m, const ModelMemory& split, const StageSpec& st, int64_t B, int64_t T,
+                       int64_t Tl, int64_t C) {
   const int64_t ids = mul(mul(mul(B, T), kIdBytes), (st.embedding ? 1 : 0) + (st.head ? 1 : 0));
   const int64_t beside = add(ids, st.head ? ModelMemory::kLossSumsBytes : 0);
-  return {st, mul(mul(mul(B, Tl), C), kFloatBytes), add(mul(m.activations, kFloatBytes), beside),
-          add(mul(m.forward_peak, kFloatBytes), beside), add(mul(m.backward_peak, kFloatBytes), beside)};
+  ChunkBytes c{st, mul(mul(mul(B, Tl), C), kFloatBytes), add(mul(m.activations, kFloatBytes), beside),
+               add(mul(m.forward_peak, kFloatBytes), beside), add(mul(m.backward_peak, kFloatBytes), beside)};
+  c.split_backward = add(mul(split.backward_peak, kFloatBytes), beside);
+  c.deferred = mul(split.weight_grads, kFloatBytes);
+  return c;
 }
 
 // The highest point of a rank's step, and the micro-batches (chunks of them, interleaved) in flight
@@ -86,9 +95,9 @@ struct InFlight {
 
 // Walks the rank's actions (parallel/pipeline_schedule.h, as the trainer's run_pipeline runs them)
 // and tracks what is live: a receive allocates its tensor; a forward keeps its chunk's activations
-// (with the received input) until the micro-batch's backward (or, when the schedule splits it, its
-// weight-gradient action: an upper bound, the W needs only the GEMM inputs); a backward of a chunk
-// with the head allocates the input gradient it sends. A tensor sent (a forward's output, a
+// (with the received input) until the micro-batch's backward; when the schedule splits that
+// backward, B releases the context too but leaves the copies its W reads (ChunkBytes::deferred)
+// until that W; a backward of a chunk with the head allocates the input gradient it sends. A tensor sent (a forward's output, a
 // backward's input gradient) stays until the step's transfers end, when run_schedule returns; the
 // first chunk's received output gradient is freed with its backward.
 InFlight walk(const std::vector<ChunkBytes>& chunks, const std::vector<Action>& actions) {
@@ -115,11 +124,16 @@ InFlight walk(const std::vector<ChunkBytes>& chunks, const std::vector<Action>& 
         break;
       case ActionKind::Backward:
         if (c.stage.head && !c.stage.embedding) live = add(live, c.x);  // the input gradient it writes
-        r.bytes = std::max(r.bytes, add(live - c.kept, c.backward));
+        if (split.count({a.micro_batch, a.chunk})) {  // B alone: its peak with the copies for W
+          r.bytes = std::max(r.bytes, add(live - c.kept, c.split_backward));
+          live = add(live, c.deferred);
+        } else {
+          r.bytes = std::max(r.bytes, add(live - c.kept, c.backward));
+        }
         if (c.stage.embedding && !c.stage.head) live -= c.x;  // the received gradient, not sent on
-        if (!split.count({a.micro_batch, a.chunk})) release(c);
+        release(c);
         break;
-      case ActionKind::BackwardWeight: release(c); break;
+      case ActionKind::BackwardWeight: live -= c.deferred; break;
       case ActionKind::SendActivation:
       case ActionKind::SendGrad: break;
     }
@@ -206,8 +220,9 @@ struct Policy {
   Recompute kind = Recompute::None;
   int64_t full_layers = 0;
   // A pipeline chunk without the head: the trainer keeps its output, sent, past its backward.
-  ModelMemoryLayout layout(int64_t B, int64_t T, int64_t tp, bool sp, const StageSpec& stage = {}) const {
-    return {B, T, tp, sp, kind, stage, full_layers, !stage.head};
+  ModelMemoryLayout layout(int64_t B, int64_t T, int64_t tp, bool sp, const StageSpec& stage = {},
+                           bool split_backward = false) const {
+    return {B, T, tp, sp, kind, stage, full_layers, !stage.head, split_backward};
   }
 };
 
@@ -248,8 +263,9 @@ RankModel pipeline_rank(const Config& cfg, const ModelConfig& mc, const std::vec
   std::vector<ChunkBytes> bytes;
   for (const StageSpec& c : chunks) {
     const ModelMemory mm = model_memory(mc, policy.layout(t.micro_batch, t.seq_len, tp, sp, c));
+    const ModelMemory split = model_memory(mc, policy.layout(t.micro_batch, t.seq_len, tp, sp, c, true));
     r.parameters = add(r.parameters, mm.parameters);
-    bytes.push_back(chunk_bytes(mm, c, t.micro_batch, t.seq_len, Tl, mc.n_embd));
+    bytes.push_back(chunk_bytes(mm, split, c, t.micro_batch, t.seq_len, Tl, mc.n_embd));
   }
   r.what = "pipeline stage " + std::to_string(rank) + " of " + std::to_string(p.pp) + ": " + describe_chunks(chunks);
   const InFlight peak = pipeline_peak(bytes, p, m, rank);

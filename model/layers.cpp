@@ -61,8 +61,9 @@ void Linear::backward(const Exec& ex, const Tensor& dx, const Tensor& dy, const 
 
 void Linear::backward_weight(const Exec& ex, const Tensor& dy, const Tensor& x) const {
   ProfileScope scope(prof_, OpFamily::Matmul);
+  // w's dtype picks the GEMM the whole backward uses (the bf16 copy under mixed precision).
   linear_backward(ex, Tensor(), ps_->grad(weight_), bias_ >= 0 ? ps_->grad(bias_) : Tensor(), dy, x,
-                  ps_->param(weight_));
+                  ps_->compute_param(weight_));
 }
 
 // ---- Embedding ----

@@ -164,6 +164,24 @@ BlockCost block_cost(Recompute p, const Acts& a, const BlockWork& w, N Xl) {
   return {N{}, max(Xl + a.block + w.forward, a.block + w.backward)};
 }
 
+// What a split backward (B) copies for its W (model/weight_grads.h): every Linear's input and
+// output gradient over the full sequence (under sequence parallelism the gathered ones), an input
+// read by several layers once. Per block: the attention projection's (out, dy), q/k/v's shared
+// input and dq, dk, dv (all KV heads' when they are replicated: the padded gradient), the MLP's
+// second layer's (act, dy), its first's input and d(act) (and d(up) under SwiGLU). The head: its
+// input and the logits' gradient.
+struct Deferred {
+  N block, head;
+};
+
+Deferred deferred_copies(const Dims& d) {
+  const N rows = d.B * d.T, Cl = d.Hl * d.D;
+  const N kv = d.kv_replicated ? d.KVh * d.D : d.KVl * d.D;
+  const N attention = (Cl + d.C) + (d.C + Cl + N{2} * kv);
+  const N mlp = (d.Fl + d.C) + (d.C + N{d.swiglu ? 2 : 1} * d.Fl);
+  return {rows * (attention + mlp), rows * (d.C + d.Vl)};
+}
+
 }  // namespace
 
 ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
@@ -201,15 +219,23 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
   // staging), then the blocks from the last, each beside the contexts of those before it (a
   // block's context and output are released when its backward ends) and dres. dres is a workspace only on the
   // stage with the embedding; any other writes it into the caller's input gradient.
+  // Split (B alone): the head's copies are taken at its start, each block's beside its own peak,
+  // and all of them stay (counted as the GEMMs' workspace would be: an upper bound by the few
+  // buffers a copy outlives).
   const N head = st.head ? X + (d.sp ? Xl + X : N{}) : N{};
   const N dres = st.embedding ? Xl : N{};
-  N backward = acts + head, live = acts;
+  const Deferred copies = deferred_copies(d);
+  const N head_copies = st.head && lay.split_backward ? copies.head : N{};
+  const N block_copies = lay.split_backward ? copies.block : N{};
+  N backward = acts + head + head_copies, live = acts + head_copies;
   for (int64_t l = L - 1; l >= 0; --l) {
     const BlockCost& b = blocks[static_cast<size_t>(l)];
-    backward = max(backward, live + dres + b.backward);
+    backward = max(backward, live + dres + b.backward + block_copies);
     const bool output_kept = lay.output_kept && !st.head && l == L - 1;
-    live = N{live.v - b.kept.v - (output_kept ? 0 : Xl.v)};  // its context and output (Gpt::backward releases both)
+    // Its context and output (Gpt::backward releases both); its copies stay.
+    live = N{live.v - b.kept.v - (output_kept ? 0 : Xl.v)} + block_copies;
   }
+  m.weight_grads = (head_copies + N{L} * block_copies).v;
   m.forward_peak = forward.v;
   m.backward_peak = backward.v;
   m.training_peak = max(forward, backward).v;

@@ -42,6 +42,10 @@ struct ModelMemoryLayout {
   // keeps it beyond (the pipeline keeps what it sent until the step's transfers end): the backward
   // does not release it.
   bool output_kept = false;
+  // Zero-bubble's split backward (parallel.pp_schedule = "zb-h1"): the backward is B alone, which
+  // keeps copies of every Linear's input and output gradient for the micro-batch's W
+  // (model/weight_grads.h); they stay allocated after B, in place of the context B released.
+  bool split_backward = false;
 };
 
 // Element counts (of the parameter dtype) on one rank.
@@ -53,6 +57,7 @@ struct ModelMemory {
   int64_t backward_peak = 0;  // and of the backward (training_peak is the larger of the two)
   int64_t inference_peak = 0; // a forward without targets (evaluation, generation), at its highest
   int64_t inference_kept = 0; // what that forward leaves allocated (its context, logits included)
+  int64_t weight_grads = 0;   // split_backward: the copies B keeps for W (WeightGrads::bytes() / element size)
   // Besides the elements above, a forward with targets keeps its loss sum and target count (one
   // F64 pair, GptCtx::loss_sums) until backward ends: in bytes, whatever the parameter dtype.
   static constexpr int64_t kLossSumsBytes = 2 * 8;

@@ -6,7 +6,7 @@ parallelism on CPU ranks"). Runs `tessera train` under mpiexec (one OpenMP threa
 steps since the previous record: the first records warm up).
 
   cmake --build build -j2 --target tessera
-  scripts/bench/pipeline_bench.py [--rounds 2] [--only bubble,throughput,memory] [--json out.json]
+  scripts/bench/pipeline_bench.py [--rounds 2] [--only bubble,throughput,memory] [--schedules 1f1b:8,zb-h1:8] [--json out.json]
 """
 import argparse
 import json
@@ -42,20 +42,33 @@ def load():
         return f.read().split()[0]
 
 
+def formula(schedule, m, p=2, v=2):
+    """The schedule's bubble at equal forward, B and W costs (docs/parallel.md)."""
+    if schedule == "interleaved":
+        return (p - 1) / (v * m + p - 1)
+    if schedule == "zb-h1":
+        return (p - 1) / (3 * m + p - 1)
+    return (p - 1) / (m + p - 1)
+
+
 def bubble(args, results):
-    print("\n## bubble, pp 2 (1f1b unless said), 4 steps, the last 2 measured")
-    print("| schedule | m | measured bubble | (p-1)/(m+p-1) | step s | busy s rank 0, 1 | idle s rank 0, 1 | wait s rank 0, 1 | load |")
+    print("\n## bubble, pp 2, 4 steps, the last 2 measured (interleaved: parallel.vpp=2)")
+    print("| schedule | m | measured bubble | formula | step s | busy s rank 0, 1 | idle s rank 0, 1 | wait s rank 0, 1 | load |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for schedule, m in [("1f1b", 2), ("1f1b", 4), ("1f1b", 8), ("1f1b", 16), ("gpipe", 8)]:
+    for item in args.schedules.split(","):
+        schedule, m = item.split(":")
+        m = int(m)
         for _ in range(args.rounds):
             sets = ["parallel.pp=2", f'parallel.pp_schedule="{schedule}"', f"train.global_batch={4 * m}"]
+            if schedule == "interleaved":
+                sets.append("parallel.vpp=2")
             cmd, r = run(2, sets, 4, 2, args.workdir)
-            formula = 1 / (m + 1)
-            row = dict(schedule=schedule, m=m, bubble=r["pp_bubble_fraction"], formula=formula, step_s=r["pp_step_s"],
+            f = formula(schedule, m)
+            row = dict(schedule=schedule, m=m, bubble=r["pp_bubble_fraction"], formula=f, step_s=r["pp_step_s"],
                        busy=r["pp_busy_s"], idle=r["pp_idle_s"], wait=r["pp_wait_s"], load=load(), cmd=cmd)
             results.setdefault("bubble", []).append(row)
             fmt = lambda v: ", ".join(f"{x:.3f}" for x in v)
-            print(f"| {schedule} | {m} | {100 * row['bubble']:.1f}% | {100 * formula:.1f}% | {row['step_s']:.3f} | "
+            print(f"| {schedule} | {m} | {100 * row['bubble']:.1f}% | {100 * f:.1f}% | {row['step_s']:.3f} | "
                   f"{fmt(row['busy'])} | {fmt(row['idle'])} | {fmt(row['wait'])} | {row['load']} |", flush=True)
 
 
@@ -91,6 +104,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--only", default="bubble,throughput,memory")
+    p.add_argument("--schedules", default="1f1b:2,1f1b:4,1f1b:8,1f1b:16,gpipe:8,interleaved:8,zb-h1:8",
+                   help="schedule:micro-batches pairs for the bubble table")
     p.add_argument("--json", default="")
     p.add_argument("--workdir", default=tempfile.gettempdir())
     args = p.parse_args()

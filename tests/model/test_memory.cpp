@@ -16,6 +16,7 @@
 #include "kernels/allocator.h"
 #include "kernels/elementwise.h"
 #include "model/gpt.h"
+#include "model/weight_grads.h"
 #include "testing.h"
 
 namespace tessera {
@@ -190,6 +191,41 @@ TEST(ModelMemory, CheckedArithmeticThrowsInsteadOfWrapping) {
   c.vocab_size = int64_t{1} << 31;
   // B T = 2^40 tokens: the logits alone, 2^40 x 2^31 elements, overflow.
   EXPECT_THROW(model_memory(c, {1 << 20, 1 << 20, 1, false}), SizeOverflow);
+}
+
+// Zero-bubble's split backward (B, then W later): after B the only activations left are the copies
+// kept for W, the analytic weight_grads; the peak of forward + B stays at or under the counted
+// one (copies are counted from their block's peak on, a few buffers early) and within 5% of it;
+// after W nothing is left.
+TEST_P(ModelMemoryTest, SplitBackwardKeepsTheCopiesForWAndStaysUnderTheCount) {
+  const Case k = GetParam();
+  const int64_t L = 3, B = 3, T = 10;
+  const ModelConfig cfg = resolve(small_config(k.preset, L));
+  ModelMemoryLayout lay{B, T, 1, false, k.recompute};
+  lay.split_backward = true;
+  const ModelMemory m = model_memory(cfg, lay);
+  EXPECT_EQ(model_memory(cfg, {B, T, 1, false, k.recompute}).weight_grads, 0);
+  Allocator alloc;
+  ParameterStore ps(alloc, DType::F32);
+  Gpt gpt(cfg, ps, std::vector<Recompute>(static_cast<size_t>(L), k.recompute));
+  ps.finalize();
+  ps.initialize(testing::kCpu, 3);
+  const size_t state = alloc.total_current();
+  auto tokens = testing::random_ids({B, T}, cfg.vocab_size, 1);
+  auto targets = testing::random_ids({B, T}, cfg.vocab_size, 2);
+  GptCtx ctx;
+  WeightGrads deferred(alloc);
+  gpt.forward(testing::kCpu, ctx, alloc, tokens.t(), targets.t());
+  gpt.backward(testing::kCpu, ctx, alloc, Gpt::OutputGrad::loss(0.01), Tensor(), {}, &deferred);
+  EXPECT_GT(m.weight_grads, 0);
+  EXPECT_EQ(deferred.bytes(), 4 * m.weight_grads);
+  EXPECT_EQ(alloc.counter(MemCategory::Activations).current, 4u * static_cast<size_t>(m.weight_grads));
+  const double peak = static_cast<double>(alloc.total_peak() - state - ModelMemory::kLossSumsBytes);
+  const double counted = 4.0 * static_cast<double>(m.training_peak);
+  EXPECT_LE(peak, counted);
+  EXPECT_GE(peak, 0.95 * counted) << "measured " << peak << " bytes, counted " << counted;
+  gpt.backward_weight(testing::kCpu, deferred);
+  EXPECT_EQ(alloc.counter(MemCategory::Activations).current, 0u);
 }
 
 }  // namespace

@@ -46,10 +46,13 @@ struct Part {
   Allocator alloc;
   ParameterStore ps;
   Gpt gpt;
-  Part(const ModelConfig& cfg, StageSpec stage, Recompute rc)
+  // bf16: mixed precision as train.dtype = "bf16" runs it (the GEMMs read a bf16 copy).
+  Part(const ModelConfig& cfg, StageSpec stage, Recompute rc, bool bf16)
       : ps(alloc, DType::F32), gpt(cfg, ps, std::vector<Recompute>(kLayers, rc), {}, stage) {
     ps.finalize();
+    if (bf16) ps.enable_compute_copy(DType::BF16);
     ps.initialize(kCpu, 7);
+    if (bf16) ps.refresh_compute_copy(kCpu);
   }
   size_t activations() const { return alloc.counter(MemCategory::Activations).current; }
 };
@@ -63,9 +66,10 @@ struct Pipeline {
   std::vector<std::vector<std::vector<float>>> dx;  // [micro-batch][stage]: stage's input gradient
   std::vector<Ranges> reported;                     // per stage, over the whole step
   std::vector<int64_t> deferred_bytes;              // per micro-batch (split only), after its B
-  Pipeline(const ModelConfig& cfg, int n, Recompute rc) : reported(static_cast<size_t>(n)) {
+  Pipeline(const ModelConfig& cfg, int n, Recompute rc, bool bf16 = false) : reported(static_cast<size_t>(n)) {
     for (int s = 0; s < n; ++s)
-      stages.push_back(std::make_unique<Part>(cfg, n == 1 ? StageSpec{} : StageSpec::split(kLayers, n, s), rc));
+      stages.push_back(
+          std::make_unique<Part>(cfg, n == 1 ? StageSpec{} : StageSpec::split(kLayers, n, s), rc, bf16));
   }
   Part& stage(int s) { return *stages[static_cast<size_t>(s)]; }
   int size() const { return static_cast<int>(stages.size()); }
@@ -145,11 +149,12 @@ struct Case {
   std::string preset;
   int stages;
   Recompute recompute;
+  bool bf16 = false;
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& i) {
   return i.param.preset + "_" + std::to_string(i.param.stages) + "stages" +
-         (i.param.recompute == Recompute::Full ? "_recompute" : "");
+         (i.param.recompute == Recompute::Full ? "_recompute" : "") + (i.param.bf16 ? "_bf16" : "");
 }
 
 class SplitBackward : public ::testing::TestWithParam<Case> {};
@@ -165,7 +170,7 @@ class SplitBackward : public ::testing::TestWithParam<Case> {};
 TEST_P(SplitBackward, BThenWEqualsTheWholeBackward) {
   const Case c = GetParam();
   const ModelConfig cfg = tiny(c.preset);
-  Pipeline whole(cfg, c.stages, c.recompute), split(cfg, c.stages, c.recompute);
+  Pipeline whole(cfg, c.stages, c.recompute, c.bf16), split(cfg, c.stages, c.recompute, c.bf16);
   step(whole, false);
   step(split, true);
   for (int s = 0; s < c.stages; ++s) {
@@ -203,7 +208,8 @@ TEST_P(SplitBackward, BThenWEqualsTheWholeBackward) {
 INSTANTIATE_TEST_SUITE_P(Models, SplitBackward,
                          ::testing::Values(Case{"gpt2", 1, Recompute::None}, Case{"gpt2", 2, Recompute::None},
                                            Case{"gpt2", 2, Recompute::Full}, Case{"llama", 1, Recompute::None},
-                                           Case{"llama", 2, Recompute::None}, Case{"llama", 2, Recompute::Full}),
+                                           Case{"llama", 2, Recompute::None}, Case{"llama", 2, Recompute::Full},
+                                           Case{"gpt2", 2, Recompute::None, true}, Case{"llama", 1, Recompute::None, true}),
                          case_name);
 
 // What one micro-batch's B keeps for its W, per block (tokens N = B T, kv = KV heads x D, F the MLP
@@ -227,7 +233,7 @@ TEST(SplitBackward, DeferredBytesAreTheAnalyticCount) {
 // is a WeightGrads still holding another backward's work.
 TEST(SplitBackward, RefusesOnReadyAndAFullStore) {
   const ModelConfig cfg = tiny("llama");
-  Part part(cfg, {}, Recompute::None);
+  Part part(cfg, {}, Recompute::None, false);
   const auto tokens = testing::random_ids({kB, kT}, 13, 1), targets = testing::random_ids({kB, kT}, 13, 2);
   WeightGrads deferred(part.alloc);
   GptCtx ctx;
