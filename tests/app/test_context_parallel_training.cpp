@@ -7,8 +7,8 @@
 // cp 2. Runs under `mpiexec -n 2` and `-n 4` (ctest ContextParallelLayouts.*; the suite means
 // nothing on one rank): each layout trains the real Trainer on its own communicator and compares
 // with the 1-rank run it computed itself (trainer_testing.h). Packed documents
-// (data.document_mask) on a token dataset: cp 2 (ring, all-gather), cp 2 x dp 2 (+ZeRO-1) and
-// cp 2 x tp 2 (+sp) equal the 1-rank run with the mask.
+// (data.document_mask) on a token dataset: cp 2 (ring, all-gather), cp 2 x dp 2 (+ZeRO-1),
+// cp 2 x tp 2 (+sp) and cp 2 x pp 2 equal the 1-rank run with the mask.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -123,7 +123,8 @@ void expect_document_mask_layouts_equal_one_rank(const std::string& preset) {
       {"cp2_ring", 2, cp(2)},
       {"cp2_allgather", 2, cp(2, "allgather")},
       {"cp2dp2_zero", 4, cp(2) + std::vector<std::string>{"parallel.zero=1"}},
-      {"cp2tp2sp", 4, cp(2) + std::vector<std::string>{"parallel.tp=2", "parallel.sequence_parallel=true"}}};
+      {"cp2tp2sp", 4, cp(2) + std::vector<std::string>{"parallel.tp=2", "parallel.sequence_parallel=true"}},
+      {"cp2pp2_1f1b", 4, cp(2) + std::vector<std::string>{"parallel.pp=2", "parallel.pp_schedule=\"1f1b\""}}};
   int ran = 0;
   for (const Layout& l : layouts) {
     if (l.ranks != world.size()) continue;
