@@ -754,6 +754,15 @@ void validate(const Config& c, const Origins* origins) {
     fail(show("model.recompute_layers", c.model.recompute_layers, origins) + " blocks per chunk recompute fully, but " +
          show("model.n_layer", c.model.n_layer, origins) + " has fewer; use at most model.n_layer");
   }
+  if (c.data.document_mask && c.data.task != "tokens") {
+    fail(show("data.document_mask", c.data.document_mask, origins) + " needs documents, but " +
+         show("data.task", c.data.task, origins) + " has none (its windows hold no end-of-text id): use data.task "
+         "= \"tokens\" or data.document_mask = false");
+  }
+  if (c.data.document_mask && c.train.device != "cpu") {
+    fail(show("data.document_mask", c.data.document_mask, origins) + " runs on the CPU only (the CUDA attention "
+         "kernel has no document mask), but " + show("train.device", c.train.device, origins));
+  }
   check_model(c);
   check_pipeline(c, c.parallel.dp > 0 ? c.parallel.dp : 0, origins);
   check_sizes(c, origins);

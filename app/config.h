@@ -120,6 +120,7 @@ struct DataConfig {
   double val_fraction = 0.0;
   std::string tokenizer = "gpt2";
   std::string vocab_dir;
+  bool document_mask = false;
 
   template <class V>
   void visit(V& v) {
@@ -139,6 +140,9 @@ struct DataConfig {
             "when model.vocab_size = 0 (gpt2: 50257, byte: 257)", Allowed::one_of({"gpt2", "byte"}));
     v.field("vocab_dir", vocab_dir, "directory with GPT-2's encoder.json and vocab.bpe, to decode samples "
             "(optional)", Allowed::any());
+    v.field("document_mask", document_mask, "tokens: packed windows hold documents ending in the tokenizer's "
+            "end-of-text id; a token attends only within its own document and positions restart at each "
+            "document (CPU only)", Allowed::any());
   }
   bool operator==(const DataConfig&) const = default;
 };

@@ -20,13 +20,20 @@ Batch cp_share(const Batch& b, const ContextParallel& cp) {
   out.T = seq.length();
   out.tokens.reserve(static_cast<size_t>(b.B * out.T));
   out.targets.reserve(static_cast<size_t>(b.B * out.T));
+  const bool docs = !b.doc_start.empty();
   for (int64_t s = 0; s < b.B; ++s)
     for (const SequenceChunk& c : seq.chunks())
       for (int64_t p = c.start; p < c.end(); ++p) {
         out.tokens.push_back(b.tokens[static_cast<size_t>(s * b.T + p)]);
         out.targets.push_back(b.targets[static_cast<size_t>(s * b.T + p)]);
+        if (docs) out.doc_start.push_back(b.doc_start[static_cast<size_t>(s * b.T + p)]);
       }
   return out;
+}
+
+SequenceLayout share_layout(const Batch& share, const ContextParallel& cp, int64_t T) {
+  const SequenceLayout seq = cp.layout(T);
+  return share.doc_start.empty() ? seq : seq.with_documents(share.B, share.doc_start);
 }
 
 }  // namespace tessera

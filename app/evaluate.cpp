@@ -103,7 +103,7 @@ void pipeline_forward(const Exec& ex, const Gpt& model, Allocator& alloc, const 
 
 std::optional<double> validation_loss(const Exec& ex, const Gpt& model, Allocator& alloc, const Dataset& val,
                                       int64_t batches, int64_t micro_batch, const EvalGate& gate,
-                                      const PipelineLink& link) {
+                                      const PipelineLink& link, int32_t document_eot) {
   bool head = false;  // this rank holds the last chunk
   const Buffer sums(alloc, DType::F64, {2}, MemCategory::Workspace);  // loss sum, targets: read once
   for (int64_t b = 0; b < batches; ++b) {
@@ -112,8 +112,9 @@ std::optional<double> validation_loss(const Exec& ex, const Gpt& model, Allocato
     for (auto& i : idx) i %= val.num_samples();
     std::optional<Batch> gated = gated_batch(val, idx, gate);
     if (!gated) return std::nullopt;
-    const SequenceLayout seq = link.cp.layout(gated->T);  // this cp rank's positions
+    if (document_eot >= 0) mark_documents(*gated, document_eot);
     Batch batch = cp_share(*gated, link.cp);
+    const SequenceLayout seq = share_layout(batch, link.cp, gated->T);  // this cp rank's positions
     pipeline_forward(ex, model, alloc, link, batch.tokens, &batch.targets, batch.B, batch.T, seq,
                      [&](const Gpt&, GptCtx& ctx) {
                        accumulate(ex, sums, ctx.loss_sums);

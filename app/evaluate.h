@@ -40,10 +40,11 @@ struct PipelineLink {
 // Mean loss over samples [0, batches * micro_batch) of the validation dataset (one device read);
 // nothing when the gate gave up. Under a pipeline (link.pp) every stage runs its forward on each
 // batch, the activations passed on to the next stage; the last stage's loss is summed over the
-// pipeline group so that every stage returns it.
+// pipeline group so that every stage returns it. document_eot >= 0: packed documents ending in that
+// id are masked from each other, as in training (data.document_mask).
 std::optional<double> validation_loss(const Exec& ex, const Gpt& model, Allocator& alloc, const Dataset& val,
                                       int64_t batches, int64_t micro_batch, const EvalGate& gate = {},
-                                      const PipelineLink& link = {});
+                                      const PipelineLink& link = {}, int32_t document_eot = -1);
 
 // Greedy continuation: for each prompt (all the same length), appends max_new tokens chosen by
 // argmax of the last position's logits. Re-runs the full forward per token (no KV cache). Nothing

@@ -233,6 +233,7 @@ std::optional<Trainer::Reduced> Trainer::forward_backward(int64_t s) {
     for (int64_t m = 0; m < accum_; ++m) {
       std::optional<Batch> next = loader_->next([this] { return stop_requested(); });
       if (!next) break;  // a stop signal: the vote below sees it
+      if (data_.document_eot >= 0) mark_documents(*next, data_.document_eot);  // on the whole window
       batches.push_back(cp_share(*next, cp_));  // this cp rank's positions of each sequence
       const Batch& b = batches.back();
       my_targets += static_cast<double>(
@@ -266,7 +267,7 @@ std::optional<Trainer::Reduced> Trainer::forward_backward(int64_t s) {
                       MemCategory::Activations);
     f.targets = upload(ex_, alloc_, Tensor(const_cast<int32_t*>(b.targets.data()), DType::I32, {b.B, b.T}),
                        MemCategory::Activations);
-    model_->forward(ex_, f.ctx, alloc_, f.tokens, f.targets, cp_.layout(cfg_.train.seq_len));
+    model_->forward(ex_, f.ctx, alloc_, f.tokens, f.targets, share_layout(b, cp_, cfg_.train.seq_len));
     accumulate(ex_, step_sums, f.ctx.loss_sums);
   };
   run.backward = [&](int64_t m, bool last) {
@@ -363,7 +364,7 @@ void Trainer::run_pipeline(const std::vector<Batch>& batches, double loss_scale,
     if (stage.head) f.targets = ids(b.targets, b);
     // A chunk without the embedding gets activations, not ids: it is told the positions they hold.
     f.output = chunk(c).forward(ex_, f.ctx, alloc_, stage.embedding ? f.tokens.tensor() : f.input.tensor(),
-                                stage.head ? f.targets.tensor() : Tensor(), seq);
+                                stage.head ? f.targets.tensor() : Tensor(), share_layout(b, cp_, T));
     if (stage.head) accumulate(ex_, step_sums, f.ctx.loss_sums);
   };
   run.backward = [&](const BackwardCall& call) {
@@ -569,7 +570,7 @@ bool Trainer::evaluate(int64_t s, TrainSummary& summary) {
   link.cp = cp_;  // the validation batches are cut over cp; greedy answers run whole on every cp rank
   if (data_.valid) {
     val_loss = validation_loss(ex_, *model_, alloc_, *data_.valid, cfg_.train.eval_batches, cfg_.train.micro_batch,
-                               gate, link);
+                               gate, link, data_.document_eot);
     if (!val_loss) return false;
     os.precision(4);
     os << " val_loss " << *val_loss;

@@ -68,6 +68,9 @@ TrainingData open_tokens(const Config& cfg) {
   }
   d.train = parts.size() == 1 ? parts[0] : std::make_shared<BlendedDataset>(parts, weights);
   if (!cfg.data.valid.empty()) d.valid = open_token_dataset({cfg.data.valid}, T, V);
+  // GPT-2's <|endoftext|> is its last id; the byte tokenizer's end-of-document is 256.
+  if (cfg.data.document_mask)
+    d.document_eot = cfg.data.tokenizer == "gpt2" ? static_cast<int32_t>(kGpt2VocabSize - 1) : ByteTokenizer().eot_id();
   return d;
 }
 
@@ -102,6 +105,8 @@ void delay_samples_if_asked(TrainingData& d) {
 }  // namespace
 
 TrainingData open_training_data(const Config& cfg) {
+  TESSERA_CHECK(!cfg.data.document_mask || cfg.data.task == "tokens", "data.document_mask = true needs documents: "
+                "data.task = \"", cfg.data.task, "\" has no end-of-text ids");
   TrainingData d = cfg.data.task == "addition" ? open_addition(cfg) : open_tokens(cfg);
   delay_samples_if_asked(d);
   return d;

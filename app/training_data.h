@@ -17,6 +17,9 @@ struct TrainingData {
   std::shared_ptr<const Dataset> valid;    // null: no validation loss
   std::shared_ptr<const AdditionTask> task;  // addition only: scored by greedy accuracy
   int64_t vocab_size = 0;                  // of the data (the model may pad beyond it)
+  // data.document_mask: the end-of-text id that ends each packed document (the tokenizer's:
+  // gpt2 50256, byte 256); -1: no document mask.
+  int32_t document_eot = -1;
 };
 
 TrainingData open_training_data(const Config& cfg);

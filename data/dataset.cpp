@@ -28,6 +28,27 @@ bool fill_batch(const Dataset& ds, const std::vector<int64_t>& indices, const st
 }
 }  // namespace
 
+std::vector<int32_t> document_starts(const int32_t* tokens, int64_t T, int32_t eot) {
+  std::vector<int32_t> starts(static_cast<size_t>(T));
+  int32_t start = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    starts[static_cast<size_t>(t)] = start;
+    if (tokens[t] == eot) start = static_cast<int32_t>(t + 1);
+  }
+  return starts;
+}
+
+void mark_documents(Batch& b, int32_t eot) {
+  TESSERA_CHECK(static_cast<int64_t>(b.tokens.size()) == b.B * b.T, "mark_documents: ", b.tokens.size(),
+                " token ids for a batch of ", b.B, " x ", b.T);
+  b.doc_start.clear();
+  b.doc_start.reserve(b.tokens.size());
+  for (int64_t r = 0; r < b.B; ++r) {
+    const std::vector<int32_t> s = document_starts(b.tokens.data() + r * b.T, b.T, eot);
+    b.doc_start.insert(b.doc_start.end(), s.begin(), s.end());
+  }
+}
+
 Batch make_batch(const Dataset& ds, const std::vector<int64_t>& indices) {
   Batch b;
   fill_batch(ds, indices, nullptr, b);

@@ -28,12 +28,24 @@ class Dataset {
   virtual std::string describe() const = 0;
 };
 
-// A micro-batch on the host: tokens and targets (B, T), row-major.
+// A micro-batch on the host: tokens and targets (B, T), row-major. doc_start (B, T), when not
+// empty, marks packed documents (mark_documents): each token's document start, a position in the
+// whole window (also after a context-parallel rank took its share of the T positions).
 struct Batch {
   int64_t B = 0, T = 0;
   std::vector<int32_t> tokens;
   std::vector<int32_t> targets;
+  std::vector<int32_t> doc_start;
 };
+
+// Packed documents (data.document_mask): the position of each token's document start in a window
+// of T token ids. Documents end with the end-of-text id eot, which belongs to the document it ends:
+// the token after an eot starts a new document; the window's first token starts one (a document
+// cut by the window's start counts from there). Example, eot = 9: ids 5 9 7 7 9 9 3 give
+// 0 0 2 2 2 5 6.
+std::vector<int32_t> document_starts(const int32_t* tokens, int64_t T, int32_t eot);
+// Sets b.doc_start from b.tokens (each sequence separately).
+void mark_documents(Batch& b, int32_t eot);
 
 // Fills a batch from samples indices[0..B): tokens = window[0, T), targets = window[1, T + 1),
 // with kIgnoreIndex (-1) for targets the loss mask excludes.

@@ -29,20 +29,31 @@ void check_forward_args(const char* op, const Device& d, const Tensor& out, cons
   check_shape(op, "lse", lse, Shape{B, H, T});
 }
 
+// doc_start (B, T) I32 of the queries (kernels/attention.h), or undefined; CPU only: the CUDA
+// kernels have no document mask.
+void check_doc_start(const char* op, const Device& d, const Tensor& doc_start, const Tensor& q) {
+  if (!doc_start.defined()) return;
+  TESSERA_CHECK(d.is_cpu(), op, ": document masking (data.document_mask) has no CUDA kernel; it runs on the CPU");
+  TESSERA_CHECK(doc_start.device.is_cpu(), op, ": doc_start must be on the CPU with the other operands");
+  check_dtype(op, "doc_start", doc_start, DType::I32);
+  check_shape(op, "doc_start", doc_start, Shape{q.dim(0), q.dim(1)});
+}
+
 }  // namespace
 
 void attention_forward(const Exec& ex, const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                       const Tensor& v, int64_t q_offset, int64_t k_offset) {
+                       const Tensor& v, int64_t q_offset, int64_t k_offset, const Tensor& doc_start) {
   const char* op = "attention_forward";
   const Device d = front::device_of(op, ex, {{"out", out}, {"lse", lse}, {"q", q}, {"k", k}, {"v", v}});
   check_forward_args(op, d, out, lse, q, k, v);
-  if (d.is_cpu()) return cpu::attention_forward(ex, out, lse, q, k, v, q_offset, k_offset);
+  check_doc_start(op, d, doc_start, q);
+  if (d.is_cpu()) return cpu::attention_forward(ex, out, lse, q, k, v, q_offset, k_offset, doc_start);
   TESSERA_CUDA_CALL(op, cuda::attention_forward(ex, out, lse, q, k, v, q_offset, k_offset));
 }
 
 void attention_backward(const Exec& ex, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                         const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        int64_t q_offset, int64_t k_offset) {
+                        int64_t q_offset, int64_t k_offset, const Tensor& doc_start) {
   const char* op = "attention_backward";
   const Device d = front::device_of(
       op, ex,
@@ -53,7 +64,9 @@ void attention_backward(const Exec& ex, const Tensor& dq, const Tensor& dk, cons
   check_shape(op, "dout", dout, q.shape);
   check_shape(op, "dk", dk, k.shape);
   check_shape(op, "dv", dv, k.shape);
-  if (d.is_cpu()) return cpu::attention_backward(ex, dq, dk, dv, dout, q, k, v, out, lse, q_offset, k_offset);
+  check_doc_start(op, d, doc_start, q);
+  if (d.is_cpu())
+    return cpu::attention_backward(ex, dq, dk, dv, dout, q, k, v, out, lse, q_offset, k_offset, doc_start);
   TESSERA_CUDA_CALL(op, cuda::attention_backward(ex, dq, dk, dv, dout, q, k, v, out, lse, q_offset, k_offset));
 }
 

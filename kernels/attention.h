@@ -3,6 +3,12 @@
 // Positions: query i sits at q_offset + i and key j at k_offset + j; a key is visible to a query
 // iff its position <= the query's. This lets any chunk pair of a longer sequence (context
 // parallel, KV cache) get the right causal mask. scale = 1/sqrt(D).
+// Document masking (packed sequences, data.document_mask): doc_start (B, T) I32, when given, holds
+// for each query row the position of the first token of its document (<= the query's position);
+// the query then sees key j only if doc_start <= k_offset + j <= q_offset + i. Documents are runs
+// of consecutive positions, so the query's start is all the mask needs. Key tiles that lie wholly
+// before a query tile's earliest document start are skipped, not computed and discarded (the CPU
+// kernel; CUDA refuses document masking).
 #pragma once
 
 #include <cstdint>
@@ -19,14 +25,14 @@ namespace tessera {
 // (and the backward's dout, dq, dk, dv) BF16 with lse F32, products on the tensor cores with f32
 // accumulation, head dims 64 and 128 (kernels/cuda/attention.cu; docs/cuda.md, "Attention").
 void attention_forward(const Exec& ex, const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                       const Tensor& v, int64_t q_offset, int64_t k_offset);
+                       const Tensor& v, int64_t q_offset, int64_t k_offset, const Tensor& doc_start = Tensor());
 
 // Recomputes the probabilities from lse (P = exp(scale q k^T - lse)), so out and lse may be the
 // merged results of several key blocks (ring attention) and this call yields that block's share.
-// dq (B, T, H, D), dk, dv (B, S, KV, D): all accumulated (+=).
+// dq (B, T, H, D), dk, dv (B, S, KV, D): all accumulated (+=). doc_start as the forward's.
 void attention_backward(const Exec& ex, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                         const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        int64_t q_offset, int64_t k_offset);
+                        int64_t q_offset, int64_t k_offset, const Tensor& doc_start = Tensor());
 
 // Merges one key block's result into a running one (ring attention, context parallelism): out,
 // lse (B, T, H, D), (B, H, T) hold the attention of the queries over the keys seen so far, and

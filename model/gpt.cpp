@@ -127,7 +127,7 @@ void Attention::forward(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, con
   if (over_cp)
     context_attention_forward(ex, cp_, alloc, ctx.out, ctx.lse, ctx.q, ctx.k, ctx.v, seq);
   else
-    attention_forward(ex, ctx.out, ctx.lse, ctx.q, ctx.k, ctx.v, 0, 0);
+    attention_forward(ex, ctx.out, ctx.lse, ctx.q, ctx.k, ctx.v, 0, 0, seq.doc_starts());
   project_out(ex, ctx, alloc, y);
 }
 
@@ -166,7 +166,7 @@ void Attention::backward(const Exec& ex, const AttentionCtx& ctx, Allocator& all
   if (attends_over_cp(seq, cp_))
     context_attention_backward(ex, cp_, alloc, dq, dk, dv, dout, ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse, seq);
   else
-    attention_backward(ex, dq, dk, dv, dout, ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse, 0, 0);
+    attention_backward(ex, dq, dk, dv, dout, ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse, 0, 0, seq.doc_starts());
   dout.release();
   if (rope_) {
     ProfileScope rope(prof_, OpFamily::Rope);

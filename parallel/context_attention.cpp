@@ -21,9 +21,12 @@ CpComm parse_cp_comm(const std::string& s) {
 
 const char* cp_comm_name(CpComm c) { return c == CpComm::Ring ? "ring" : "allgather"; }
 
-int64_t causal_pairs(const SequenceChunk& q, const SequenceChunk& k) {
+int64_t causal_pairs(const SequenceChunk& q, const SequenceChunk& k, const int32_t* doc_start) {
   int64_t n = 0;
-  for (int64_t p = q.start; p < q.end(); ++p) n += std::clamp<int64_t>(p - k.start + 1, 0, k.length);
+  for (int64_t p = q.start; p < q.end(); ++p) {
+    const int64_t first = doc_start ? std::max<int64_t>(k.start, doc_start[p - q.start]) : k.start;
+    n += std::max<int64_t>(std::min(p, k.end() - 1) - first + 1, 0);
+  }
   return n;
 }
 
@@ -73,20 +76,57 @@ void check_shapes(const Tensor& q, const Tensor& k, const Tensor& v) {
                 " must be (B, L, H, D), (B, L, KV, D) and (B, L, KV, D)");
 }
 
+// The document starts of the queries of each of a layout's chunks, packed (B, n) per chunk, and
+// the earliest of each chunk: a key chunk ending before it is masked for all of the chunk's
+// queries. Empty without documents.
+struct ChunkDocs {
+  std::vector<std::vector<int32_t>> starts;  // per chunk (B, n)
+  std::vector<int64_t> earliest;             // per chunk
+
+  ChunkDocs(const SequenceLayout& seq, int64_t B) {
+    if (!seq.has_documents()) return;
+    int64_t row = 0;
+    for (const SequenceChunk& c : seq.chunks()) {
+      std::vector<int32_t> d;
+      d.reserve(static_cast<size_t>(B * c.length));
+      for (int64_t b = 0; b < B; ++b) {
+        const int32_t* src = seq.doc_starts(b, row);
+        d.insert(d.end(), src, src + c.length);
+      }
+      earliest.push_back(*std::min_element(d.begin(), d.end()));
+      starts.push_back(std::move(d));
+      row += c.length;
+    }
+  }
+  bool any() const { return !starts.empty(); }
+  // Chunk i's (B, n) starts as a tensor, or undefined without documents.
+  Tensor tensor(size_t i, int64_t B, int64_t n) const {
+    return any() ? Tensor(const_cast<int32_t*>(starts[i].data()), DType::I32, {B, n}) : Tensor();
+  }
+  // Visible pairs of chunk i's queries (over the batch) with key chunk k.
+  int64_t pairs(size_t i, const SequenceChunk& q, const SequenceChunk& k, int64_t B) const {
+    if (!any()) return causal_pairs(q, k) * B;
+    int64_t n = 0;
+    for (int64_t b = 0; b < B; ++b) n += causal_pairs(q, k, starts[i].data() + b * q.length);
+    return n;
+  }
+};
+
 // One call's geometry and this rank's packed queries.
 struct Problem {
   int64_t B, L, H, KV, D, T;
   int64_t P, r;
   SequenceLayout seq;  // this rank's chunks
   DType dtype;
+  ChunkDocs docs;  // packed document starts of the queries (none without documents)
 
   Problem(const ContextParallel& cp, const Tensor& q, const Tensor& k, const SequenceLayout& s)
       : B(q.dim(0)), L(q.dim(1)), H(q.dim(2)), KV(k.dim(2)), D(q.dim(3)), P(cp.size()), r(cp.rank()), seq(s),
-        dtype(q.dtype) {
+        dtype(q.dtype), docs(s, q.dim(0)) {
     T = L * P;
     TESSERA_CHECK(seq.length() == L, "context attention: ", L, " rows for the layout ", seq.str());
     const SequenceLayout want = cp.layout(T);
-    TESSERA_CHECK(seq == want, "context attention on cp rank ", r, " of ", P, ": the rows hold ", seq.str(),
+    TESSERA_CHECK(seq.same_chunks(want), "context attention on cp rank ", r, " of ", P, ": the rows hold ", seq.str(),
                   ", expected the load-balanced chunks ", want.str(), " of a sequence of ", T);
   }
   Packing q_pack() const { return Packing(seq, B, H * D); }
@@ -115,7 +155,8 @@ Buffer pack_kv(const Exec& ex, const Problem& pb, Allocator& alloc, const Tensor
 }
 
 // Calls fn(i, j, q_chunk, k_chunk) for each pair of this rank's query chunk i and rank src's key
-// chunk j that the causal mask leaves some visible pair in, and counts them into stats.
+// chunk j that the causal mask (and the document mask) leaves some visible pair in, and counts them
+// into stats.
 template <class F>
 void for_visible_blocks(const ContextParallel& cp, const Problem& pb, int64_t src, ContextAttentionStats* stats,
                         F&& fn) {
@@ -125,8 +166,9 @@ void for_visible_blocks(const ContextParallel& cp, const Problem& pb, int64_t sr
       const SequenceChunk& qc = pb.seq.chunks()[i];
       const SequenceChunk& kc = ks.chunks()[j];
       if (kc.start > qc.end() - 1) continue;  // every key after every query: hidden
+      if (pb.docs.any() && kc.end() <= pb.docs.earliest[i]) continue;  // before every query's document
       if (stats) {
-        stats->visible_pairs += causal_pairs(qc, kc) * pb.B * pb.H;
+        stats->visible_pairs += pb.docs.pairs(i, qc, kc, pb.B) * pb.H;
         stats->blocks += 1;
       }
       fn(i, j, qc, kc);
@@ -145,14 +187,15 @@ void forward_blocks(const Exec& ex, const ContextParallel& cp, const Problem& pb
     const Tensor o = qk.block(outp, i, n, {pb.B, n, pb.H, pb.D});
     const Tensor l = lk.block(lsep, i, n, {pb.B, pb.H, n});
     const Tensor k = pb.kv_block(kv, 0, cp, src, j), v = pb.kv_block(kv, 1, cp, src, j);
+    const Tensor docs = pb.docs.tensor(i, pb.B, n);
     if (!started[i]) {
-      attention_forward(ex, o, l, q, k, v, qc.start, kc.start);
+      attention_forward(ex, o, l, q, k, v, qc.start, kc.start, docs);
       started[i] = true;
       return;
     }
     Buffer bo = workspace(alloc, pb.dtype, {pb.B, n, pb.H, pb.D});
     Buffer bl = workspace(alloc, pb.dtype, {pb.B, pb.H, n});
-    attention_forward(ex, bo, bl, q, k, v, qc.start, kc.start);
+    attention_forward(ex, bo, bl, q, k, v, qc.start, kc.start, docs);
     attention_merge(ex, o, l, bo, bl);
   });
 }
@@ -169,7 +212,7 @@ void backward_blocks(const Exec& ex, const ContextParallel& cp, const Problem& p
     attention_backward(ex, qk.block(dqp, i, n, qs), pb.kv_block(dkv, 0, cp, src, j), pb.kv_block(dkv, 1, cp, src, j),
                        qk.block(doutp, i, n, qs), qk.block(qp, i, n, qs), pb.kv_block(kv, 0, cp, src, j),
                        pb.kv_block(kv, 1, cp, src, j), qk.block(outp, i, n, qs),
-                       lk.block(lsep, i, n, {pb.B, pb.H, n}), qc.start, kc.start);
+                       lk.block(lsep, i, n, {pb.B, pb.H, n}), qc.start, kc.start, pb.docs.tensor(i, pb.B, n));
   });
 }
 
@@ -195,10 +238,10 @@ void context_attention_forward(const Exec& ex, const ContextParallel& cp, Alloca
     TESSERA_CHECK(seq.chunks().size() == 1, "context attention without cp takes one chunk, got ", seq.str());
     const int64_t start = seq.chunks()[0].start;
     if (stats) {
-      stats->visible_pairs += causal_pairs(seq.chunks()[0], seq.chunks()[0]) * q.dim(0) * q.dim(2);
+      stats->visible_pairs += ChunkDocs(seq, q.dim(0)).pairs(0, seq.chunks()[0], seq.chunks()[0], q.dim(0)) * q.dim(2);
       stats->blocks += 1;
     }
-    attention_forward(ex, out, lse, q, k, v, start, start);
+    attention_forward(ex, out, lse, q, k, v, start, start, seq.doc_starts());
     return;
   }
   const Problem pb(cp, q, k, seq);
@@ -238,10 +281,10 @@ void context_attention_backward(const Exec& ex, const ContextParallel& cp, Alloc
     TESSERA_CHECK(seq.chunks().size() == 1, "context attention without cp takes one chunk, got ", seq.str());
     const int64_t start = seq.chunks()[0].start;
     if (stats) {
-      stats->visible_pairs += causal_pairs(seq.chunks()[0], seq.chunks()[0]) * q.dim(0) * q.dim(2);
+      stats->visible_pairs += ChunkDocs(seq, q.dim(0)).pairs(0, seq.chunks()[0], seq.chunks()[0], q.dim(0)) * q.dim(2);
       stats->blocks += 1;
     }
-    attention_backward(ex, dq, dk, dv, dout, q, k, v, out, lse, start, start);
+    attention_backward(ex, dq, dk, dv, dout, q, k, v, out, lse, start, start, seq.doc_starts());
     return;
   }
   const Problem pb(cp, q, k, seq);

@@ -16,6 +16,11 @@
 // results agree to rounding. Every block is one attention_forward / attention_backward call with
 // the chunks' global positions as offsets; pairs of chunks that the causal mask hides entirely
 // are skipped.
+// Packed documents (data.document_mask): the layout carries each local row's document start
+// (SequenceLayout::with_documents, global positions), which is all the mask needs on every rank: a
+// query sees key position j iff its document start <= j <= its position, wherever the key lives.
+// A key chunk wholly before the earliest document start of a query chunk (over the batch) is
+// skipped like a causally hidden one; inside a block the kernel skips masked tiles.
 #pragma once
 
 #include <cstdint>
@@ -57,11 +62,13 @@ struct ContextAttentionStats {
 };
 
 // Visible (query, key) pairs between a query chunk and a key chunk under the causal mask (key
-// position <= query position).
-int64_t causal_pairs(const SequenceChunk& q, const SequenceChunk& k);
+// position <= query position) of one sequence; with doc_start (q.length, the queries' document
+// starts) under the document mask too (key position >= the query's document start).
+int64_t causal_pairs(const SequenceChunk& q, const SequenceChunk& k, const int32_t* doc_start = nullptr);
 
 // q (B, L, H, D), k, v (B, L, KV, D): this rank's rows of the sequence, L = seq.length(), where
-// seq is cp.layout(cp.size() x L) (anything else is an Error naming both layouts).
+// seq has the chunks of cp.layout(cp.size() x L) (anything else is an Error naming both layouts),
+// with or without documents.
 // out (B, L, H, D) and lse (B, H, L) written: the causal attention of this rank's queries over the
 // whole sequence's keys, as attention_forward would give on the whole sequence. Collective over
 // cp.comm. stats, when given, is added to.

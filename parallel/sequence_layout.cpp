@@ -48,7 +48,53 @@ SequenceLayout SequenceLayout::split(int64_t parts, int64_t index) const {
     if (begin < end) out.push_back({c.start + (begin - row), end - begin});
     row += c.length;
   }
-  return SequenceLayout(std::move(out));
+  SequenceLayout part(std::move(out));
+  if (!docs_) return part;
+  std::vector<int32_t> docs;
+  docs.reserve(static_cast<size_t>(doc_batch_ * n));
+  for (int64_t b = 0; b < doc_batch_; ++b) {
+    const int32_t* d = doc_starts(b, first);
+    docs.insert(docs.end(), d, d + n);
+  }
+  return part.with_documents(doc_batch_, std::move(docs));
+}
+
+SequenceLayout SequenceLayout::with_documents(int64_t B, std::vector<int32_t> doc_start) const {
+  TESSERA_CHECK(B >= 1 && static_cast<int64_t>(doc_start.size()) == B * length_, "sequence layout: ",
+                doc_start.size(), " document starts for ", B, " sequences of ", length_, " rows");
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t row = 0;
+    for (const SequenceChunk& c : chunks_)
+      for (int64_t i = 0; i < c.length; ++i, ++row) {
+        const int64_t pos = c.start + i, d = doc_start[static_cast<size_t>(b * length_ + row)];
+        TESSERA_CHECK(d >= 0 && d <= pos, "sequence layout: sequence ", b, " row ", row, " (position ", pos,
+                      ") has its document start at ", d, ", not in [0, ", pos, "]");
+        TESSERA_CHECK(i == 0 || d == pos || d == doc_start[static_cast<size_t>(b * length_ + row - 1)],
+                      "sequence layout: sequence ", b, " row ", row, " (position ", pos, ") has its document start at ",
+                      d, ", neither its own position nor the previous row's document start");
+      }
+  }
+  SequenceLayout out = *this;
+  out.doc_batch_ = B;
+  out.docs_ = std::make_shared<const std::vector<int32_t>>(std::move(doc_start));
+  return out;
+}
+
+Tensor SequenceLayout::doc_starts() const {
+  if (!docs_) return Tensor();
+  return Tensor(const_cast<int32_t*>(docs_->data()), DType::I32, {doc_batch_, length_});
+}
+
+const int32_t* SequenceLayout::doc_starts(int64_t b, int64_t row) const {
+  if (!docs_) return nullptr;
+  TESSERA_CHECK(b >= 0 && b < doc_batch_ && row >= 0 && row <= length_, "sequence layout: sequence ", b, " row ",
+                row, " outside the documents of ", doc_batch_, " x ", length_);
+  return docs_->data() + b * length_ + row;
+}
+
+bool SequenceLayout::operator==(const SequenceLayout& o) const {
+  if (chunks_ != o.chunks_ || has_documents() != o.has_documents()) return false;
+  return !docs_ || (doc_batch_ == o.doc_batch_ && *docs_ == *o.docs_);
 }
 
 int64_t SequenceLayout::end_position() const {
@@ -68,6 +114,24 @@ int64_t SequenceLayout::position(int64_t row) const {
 
 std::vector<SequenceRun> SequenceLayout::runs(int64_t B) const {
   std::vector<SequenceRun> r;
+  if (docs_) {
+    TESSERA_CHECK(B == doc_batch_, "sequence layout: ", B, " sequences, but documents are marked for ", doc_batch_);
+    for (int64_t b = 0; b < B; ++b) {
+      const int32_t* d = doc_starts(b, 0);
+      int64_t row = 0;
+      for (const SequenceChunk& c : chunks_) {
+        // A new run where the chunk begins and at each document start inside it.
+        for (int64_t i = 0; i < c.length;) {
+          int64_t n = 1;
+          while (i + n < c.length && d[row + i + n] == d[row + i]) ++n;
+          r.push_back({b, b + 1, row + i, n, c.start + i - d[row + i]});
+          i += n;
+        }
+        row += c.length;
+      }
+    }
+    return r;
+  }
   if (chunks_.size() == 1) {
     r.push_back({0, B, 0, length_, chunks_[0].start});
     return r;
@@ -86,6 +150,7 @@ std::string SequenceLayout::str() const {
   if (chunks_.empty()) return "(empty)";
   std::ostringstream s;
   for (size_t i = 0; i < chunks_.size(); ++i) s << (i ? " [" : "[") << chunks_[i].start << ", " << chunks_[i].end() << ")";
+  if (docs_) s << " with documents";
   return s.str();
 }
 

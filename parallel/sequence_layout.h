@@ -3,9 +3,12 @@
 // one chunk per rank ([r T / tp, (r + 1) T / tp)), context parallelism (later) two load-balanced
 // chunks, a KV-cache decoding step one chunk starting at the cache's length; positions (learned,
 // RoPE) are applied chunk by chunk, so a rank's rows get their true global positions.
+// Packed documents (data.document_mask) refine a layout: each row also knows where its document
+// starts, positions restart at each document start, and attention masks other documents' keys.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -50,6 +53,20 @@ class SequenceLayout {
   // Example: contiguous(12).split(3, 1) holds [4, 8); load_balanced(16, 2, 0).split(2, 1) [12, 16).
   SequenceLayout split(int64_t parts, int64_t index) const;
 
+  // Packed documents: a copy of this layout whose B sequences' rows belong to documents. doc_start
+  // (B, length()) holds for each sequence and local row the global position of the first token of
+  // its document: at or before the row's position, and within a chunk either the row before's
+  // start or the row's own position (the row starts a document). Positions then restart at each
+  // document (runs() are cut at document starts and count a row's position from its document's
+  // start), and attention masks the keys before a query's document start. Errors name the row.
+  SequenceLayout with_documents(int64_t B, std::vector<int32_t> doc_start) const;
+  bool has_documents() const { return docs_ != nullptr; }
+  // The (B, length()) document starts as a host I32 tensor over the layout's storage (valid while
+  // the layout lives); undefined without documents.
+  Tensor doc_starts() const;
+  // The document starts of sequence b's rows [row, row + n), or null without documents.
+  const int32_t* doc_starts(int64_t b, int64_t row) const;
+
   int64_t length() const { return length_; }  // local rows
   bool empty() const { return chunks_.empty(); }
   const std::vector<SequenceChunk>& chunks() const { return chunks_; }
@@ -58,14 +75,19 @@ class SequenceLayout {
   // The global position of local row `row`.
   int64_t position(int64_t row) const;
   // The runs of a (B, length(), ...) tensor in which to apply positions: one over the whole batch
-  // for a one-chunk layout (one kernel call, as without a layout), else one per sequence and chunk.
+  // for a one-chunk layout (one kernel call, as without a layout), else one per sequence and chunk;
+  // with documents, one per sequence, chunk and document piece, at the position within the document.
   std::vector<SequenceRun> runs(int64_t B) const;
-  bool operator==(const SequenceLayout&) const = default;
+  // Equal chunks, and equal documents (or none on both sides).
+  bool operator==(const SequenceLayout& o) const;
+  bool same_chunks(const SequenceLayout& o) const { return chunks_ == o.chunks_; }
   std::string str() const;  // "[0, 4) [12, 16)"
 
  private:
   std::vector<SequenceChunk> chunks_;
   int64_t length_ = 0;
+  int64_t doc_batch_ = 0;                               // B of the documents
+  std::shared_ptr<const std::vector<int32_t>> docs_;  // (B, length_) document starts; shared by copies
 };
 
 // The rows of t (B, T_local, ...) that a run covers, as a view (b_end - b_begin, length, ...): a

@@ -1,6 +1,8 @@
 // CPU causal GQA attention: a templated two-pass reference per query row (F64, the test oracle) and
 // a flash-style F32 path (query tiles x key tiles, online softmax, O(T) memory) under OpenMP, its
 // tile products through the CPU BLAS.
+// Document masking (doc_start) narrows each query row's visible keys to [first(i), visible(i)), a
+// range; both paths visit only the key tiles that overlap a query tile's union of those ranges.
 // The F32 backward is parallel over (b, kv head): a thread owns that head's dk/dv and the dq rows of
 // its query heads, so there are no races and the result does not depend on the thread count.
 #include <algorithm>
@@ -10,6 +12,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/check.h"
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/simd_math.h"
@@ -21,10 +24,15 @@ namespace {
 struct Dims {
   int64_t B, T, S, H, KV, D;
   int64_t q_offset, k_offset;
+  const int32_t* doc_start = nullptr;  // (B, T) the queries' document starts; null: no document mask
 
   int64_t group() const { return H / KV; }
   // Keys visible to query row i are 0 .. visible(i) - 1: a prefix, since visibility is k_pos <= q_pos.
   int64_t visible(int64_t i) const { return std::clamp<int64_t>(q_offset + i - k_offset + 1, 0, S); }
+  // ... from first(b, i) on: the key row of the row's document start (0 without a document mask).
+  int64_t first(int64_t b, int64_t i) const {
+    return doc_start ? std::clamp<int64_t>(doc_start[b * T + i] - k_offset, 0, S) : 0;
+  }
   int64_t q_row(int64_t b, int64_t t, int64_t h) const { return ((b * T + t) * H + h) * D; }    // (B, T, H, D)
   int64_t kv_row(int64_t b, int64_t s, int64_t g) const { return ((b * S + s) * KV + g) * D; }  // (B, S, KV, D)
   int64_t lse_at(int64_t b, int64_t h, int64_t t) const { return (b * H + h) * T + t; }         // (B, H, T)
@@ -61,21 +69,21 @@ void forward(T* out, T* lse, const T* q, const T* k, const T* v, const Dims& m) 
   for (int64_t b = 0; b < m.B; ++b)
     for (int64_t h = 0; h < m.H; ++h)
       for (int64_t i = 0; i < m.T; ++i) {
-        const int64_t g = h / m.group(), n = m.visible(i);
+        const int64_t g = h / m.group(), j0 = m.first(b, i), n = m.visible(i);
         const T* qi = q + m.q_row(b, i, h);
         T* oi = out + m.q_row(b, i, h);
         std::fill(oi, oi + m.D, T(0));
         T mx = kNegInf<T>, l = 0;
-        for (int64_t j = 0; j < n; ++j) {
+        for (int64_t j = j0; j < n; ++j) {
           p[j] = scale * dot(qi, k + m.kv_row(b, j, g), m.D);
           mx = std::max(mx, p[j]);
         }
-        for (int64_t j = 0; j < n; ++j) {
+        for (int64_t j = j0; j < n; ++j) {
           p[j] = std::exp(p[j] - mx);
           l += p[j];
         }
-        for (int64_t j = 0; j < n; ++j) axpy(oi, p[j] / l, v + m.kv_row(b, j, g), m.D);
-        lse[m.lse_at(b, h, i)] = n == 0 ? kNegInf<T> : mx + std::log(l);
+        for (int64_t j = j0; j < n; ++j) axpy(oi, p[j] / l, v + m.kv_row(b, j, g), m.D);
+        lse[m.lse_at(b, h, i)] = j0 >= n ? kNegInf<T> : mx + std::log(l);
       }
 }
 
@@ -91,7 +99,7 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const 
         const T lse_i = lse[m.lse_at(b, h, i)];
         if (saw_no_key(lse_i)) continue;
         const T delta = dot(dout + row, out + row, m.D);
-        for (int64_t j = 0; j < m.visible(i); ++j) {
+        for (int64_t j = m.first(b, i); j < m.visible(i); ++j) {
           const int64_t kv = m.kv_row(b, j, g);
           const T p = std::exp(scale * dot(q + row, k + kv, m.D) - lse_i);
           const T ds = p * (dot(dout + row, v + kv, m.D) - delta);
@@ -147,9 +155,24 @@ struct Tile {
   int64_t rows() const { return i1 - i0; }
 };
 
-// Keys of the current key tile visible to tile row r: 0 .. n - 1.
-int64_t visible_in_tile(const Dims& m, const Tile& t, int64_t r) {
-  return std::clamp<int64_t>(m.visible(t.i0 + r) - t.j0, 0, t.nc);
+// Keys of the current key tile visible to tile row r: lo .. n - 1 (empty when lo >= n).
+struct TileRange {
+  int64_t lo, n;
+};
+TileRange visible_in_tile(const Dims& m, const Tile& t, int64_t r) {
+  return {std::clamp<int64_t>(m.first(t.b, t.i0 + r) - t.j0, 0, t.nc),
+          std::clamp<int64_t>(m.visible(t.i0 + r) - t.j0, 0, t.nc)};
+}
+
+// The key rows the tile's query rows see at all: [begin, end). Without a document mask begin is 0;
+// with one, the key tiles wholly before the rows' earliest document start are never visited.
+struct KeySpan {
+  int64_t begin, end;
+};
+KeySpan tile_keys(const Dims& m, const Tile& t) {
+  int64_t begin = m.S;
+  for (int64_t i = t.i0; i < t.i1; ++i) begin = std::min(begin, m.first(t.b, i));
+  return {begin, m.visible(t.i1 - 1)};
 }
 
 // s (rows, kBc) = the tile's rows of q (or dout) times the key (or value) rows [j0, j0 + nc) of
@@ -158,12 +181,13 @@ void tile_scores(float* s, const float* q, const Dims& m, const Tile& t, const f
   gemm(false, true, t.rows(), t.nc, m.D, q + m.q_row(t.b, t.i0, t.h), m.H * m.D, kv, m.KV * m.D, 0.0f, s, kBc);
 }
 
-// Online softmax step for one row: folds its n visible scaled scores s into the running max mx,
-// sum l and unnormalized output acc (D), leaving in s the weights exp(s - mx) (0 where masked)
+// Online softmax step for one row: folds its visible scaled scores s[lo, n) into the running max
+// mx, sum l and unnormalized output acc (D), leaving in s the weights exp(s - mx) (0 where masked)
 // by which the caller adds the value rows.
-void online_softmax_row(float& mx, float& l, float* acc, float* s, int64_t n, int64_t nc, float scale, int64_t D) {
+void online_softmax_row(float& mx, float& l, float* acc, float* s, TileRange vis, int64_t nc, float scale, int64_t D) {
+  const int64_t lo = vis.lo, n = std::max(vis.lo, vis.n);
   float tile_max = kNegInf<float>;
-  for (int64_t j = 0; j < n; ++j) {
+  for (int64_t j = lo; j < n; ++j) {
     s[j] *= scale;
     tile_max = std::max(tile_max, s[j]);
   }
@@ -176,15 +200,17 @@ void online_softmax_row(float& mx, float& l, float* acc, float* s, int64_t n, in
   }
   float sum = 0;
 #pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < n; ++j) {
+  for (int64_t j = lo; j < n; ++j) {
     s[j] = exp_polynomial(s[j] - mx);
     sum += s[j];
   }
   l += sum;
+  std::fill(s, s + lo, 0.0f);
   std::fill(s + n, s + nc, 0.0f);
 }
 
-// One query tile: visits the key tiles up to the causal limit of its last row.
+// One query tile: visits the key tiles from its rows' earliest document start (0 without a document
+// mask) up to the causal limit of its last row.
 void forward_tile(float* out, float* lse, const float* q, const float* k, const float* v, const Dims& m, Tile t,
                   Scratch& sc) {
   const int64_t D = m.D, stride = m.KV * D;
@@ -193,9 +219,9 @@ void forward_tile(float* out, float* lse, const float* q, const float* k, const 
   std::fill(mx, mx + t.rows(), kNegInf<float>);
   std::fill(l, l + t.rows(), 0.0f);
   std::fill(sc.acc.begin(), sc.acc.begin() + t.rows() * D, 0.0f);
-  const int64_t n_keys = m.visible(t.i1 - 1);
-  for (t.j0 = 0; t.j0 < n_keys; t.j0 += kBc) {
-    t.nc = std::min(kBc, n_keys - t.j0);
+  const KeySpan keys = tile_keys(m, t);
+  for (t.j0 = keys.begin; t.j0 < keys.end; t.j0 += kBc) {
+    t.nc = std::min(kBc, keys.end - t.j0);
     const int64_t kv0 = m.kv_row(t.b, t.j0, t.g);
     tile_scores(sc.s.data(), q, m, t, k + kv0);
     for (int64_t r = 0; r < t.rows(); ++r)
@@ -240,13 +266,16 @@ void probabilities_and_score_grads(float* s, float* dp, const float* lse, const 
   for (int64_t r = 0; r < t.rows(); ++r) {
     float* p = s + r * kBc;
     float* ds = dp + r * kBc;
-    const int64_t n = saw_no_key(lse[r]) ? 0 : visible_in_tile(m, t, r);
+    const TileRange vis = visible_in_tile(m, t, r);
+    const int64_t lo = vis.lo, n = saw_no_key(lse[r]) ? lo : std::max(lo, vis.n);
     const float lse_r = lse[r], delta_r = delta[r];
 #pragma omp simd
-    for (int64_t j = 0; j < n; ++j) {
+    for (int64_t j = lo; j < n; ++j) {
       p[j] = exp_polynomial(scale * p[j] - lse_r);
       ds[j] = scale * p[j] * (ds[j] - delta_r);
     }
+    std::fill(p, p + lo, 0.0f);
+    std::fill(ds, ds + lo, 0.0f);
     std::fill(p + n, p + t.nc, 0.0f);
     std::fill(ds + n, ds + t.nc, 0.0f);
   }
@@ -263,9 +292,10 @@ void backward_tile(const Grads& g, const float* out, const float* lse_all, const
     lse[r] = lse_all[m.lse_at(t.b, t.h, t.i0 + r)];
     delta[r] = dot(g.dout + row, out + row, D);
   }
-  const int64_t q0 = m.q_row(t.b, t.i0, t.h), n_keys = m.visible(t.i1 - 1);
-  for (t.j0 = 0; t.j0 < n_keys; t.j0 += kBc) {
-    t.nc = std::min(kBc, n_keys - t.j0);
+  const int64_t q0 = m.q_row(t.b, t.i0, t.h);
+  const KeySpan keys = tile_keys(m, t);
+  for (t.j0 = keys.begin; t.j0 < keys.end; t.j0 += kBc) {
+    t.nc = std::min(kBc, keys.end - t.j0);
     const int64_t kv0 = m.kv_row(t.b, t.j0, t.g);
     float* p = sc.s.data();
     float* ds = sc.dp.data();
@@ -296,16 +326,27 @@ void backward(const Grads& g, const float* out, const float* lse, const Dims& m)
 
 }  // namespace flash
 
-// The sizes of a call from its (checked) q (B, T, H, D) and k (B, S, KV, D).
-Dims dims_of(const Tensor& q, const Tensor& k, int64_t q_offset, int64_t k_offset) {
-  return Dims{q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3), q_offset, k_offset};
+// The sizes of a call from its (checked) q (B, T, H, D) and k (B, S, KV, D), and the queries'
+// document starts (checked here: each at or before its query's position).
+Dims dims_of(const Tensor& q, const Tensor& k, int64_t q_offset, int64_t k_offset, const Tensor& doc_start) {
+  Dims m{q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3), q_offset, k_offset};
+  if (doc_start.defined()) {
+    m.doc_start = doc_start.ptr<int32_t>();
+    for (int64_t b = 0; b < m.B; ++b)
+      for (int64_t i = 0; i < m.T; ++i) {
+        const int64_t s = m.doc_start[b * m.T + i];
+        TESSERA_CHECK(s >= 0 && s <= q_offset + i, "attention: doc_start[", b, ", ", i, "] = ", s,
+                      " must lie in [0, ", q_offset + i, "], the query's position");
+      }
+  }
+  return m;
 }
 
 }  // namespace
 
 void cpu::attention_forward(const Exec&, const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                            const Tensor& v, int64_t q_offset, int64_t k_offset) {
-  const Dims m = dims_of(q, k, q_offset, k_offset);
+                            const Tensor& v, int64_t q_offset, int64_t k_offset, const Tensor& doc_start) {
+  const Dims m = dims_of(q, k, q_offset, k_offset, doc_start);
   if (q.dtype == DType::F64)
     reference::forward(out.ptr<double>(), lse.ptr<double>(), q.ptr<double>(), k.ptr<double>(), v.ptr<double>(), m);
   else
@@ -314,8 +355,8 @@ void cpu::attention_forward(const Exec&, const Tensor& out, const Tensor& lse, c
 
 void cpu::attention_backward(const Exec&, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                              const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                             int64_t q_offset, int64_t k_offset) {
-  const Dims m = dims_of(q, k, q_offset, k_offset);
+                             int64_t q_offset, int64_t k_offset, const Tensor& doc_start) {
+  const Dims m = dims_of(q, k, q_offset, k_offset, doc_start);
   if (q.dtype == DType::F64) {
     reference::backward(dq.ptr<double>(), dk.ptr<double>(), dv.ptr<double>(), dout.ptr<double>(), q.ptr<double>(),
                         k.ptr<double>(), v.ptr<double>(), out.ptr<double>(), lse.ptr<double>(), m);

@@ -41,10 +41,10 @@ void rope_backward(const Exec& ex, const Tensor& dx, const Tensor& dy, int64_t p
 
 // attention.h
 void attention_forward(const Exec& ex, const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                       const Tensor& v, int64_t q_offset, int64_t k_offset);
+                       const Tensor& v, int64_t q_offset, int64_t k_offset, const Tensor& doc_start);
 void attention_backward(const Exec& ex, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                         const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        int64_t q_offset, int64_t k_offset);
+                        int64_t q_offset, int64_t k_offset, const Tensor& doc_start);
 void attention_merge(const Exec& ex, const Tensor& out, const Tensor& lse, const Tensor& block_out,
                      const Tensor& block_lse);
 

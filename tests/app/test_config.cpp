@@ -103,6 +103,21 @@ TEST(Config, GridDegreesFromTheParallelSection) {
   EXPECT_TRUE(testing::throws_with([&] { grid_degrees(p); }, {"[parallel] asks for comm = \"nccl\"", "leave parallel.comm = \"mpi\""}));
 }
 
+// data.document_mask needs documents (token datasets) and the CPU's attention kernel.
+TEST(Config, DocumentMaskIsRefusedWhereItCannotApply) {
+  EXPECT_TRUE(testing::throws_with([] { parse_config_string("", "t.toml", {"data.document_mask=true"}); },
+                                   {"data.document_mask = true (--set data.document_mask=true)", "data.task = \"addition\" (default)",
+                                    "has none"}));
+  EXPECT_TRUE(testing::throws_with(
+      [] {
+        parse_config_string("", "t.toml", {"data.task=\"tokens\"", "data.document_mask=true", "train.device=\"cuda\""});
+      },
+      {"data.document_mask = true", "CPU only", "train.device = \"cuda\""}));
+  const Config ok = parse_config_string("", "t.toml", {"data.task=\"tokens\"", "data.document_mask=true"});
+  EXPECT_TRUE(ok.data.document_mask);
+  EXPECT_FALSE(Config{}.data.document_mask);
+}
+
 TEST(Config, FullFileParses) {
   Config c = parse(R"(
 [model]

@@ -6,7 +6,9 @@
 // the global positions, grouped KV heads). A cp checkpoint resumes on one rank and a 1-rank one on
 // cp 2. Runs under `mpiexec -n 2` and `-n 4` (ctest ContextParallelLayouts.*; the suite means
 // nothing on one rank): each layout trains the real Trainer on its own communicator and compares
-// with the 1-rank run it computed itself (trainer_testing.h).
+// with the 1-rank run it computed itself (trainer_testing.h). Packed documents
+// (data.document_mask) on a token dataset: cp 2 (ring, all-gather), cp 2 x dp 2 (+ZeRO-1),
+// cp 2 x tp 2 (+sp) and cp 2 x pp 2 equal the 1-rank run with the mask.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,6 +19,7 @@
 
 #include "app/memory_check.h"
 #include "app/trainer.h"
+#include "data/indexed_dataset.h"
 #include "error_testing.h"
 #include "layout_testing.h"
 #include "parallel/mpi.h"
@@ -80,6 +83,67 @@ void expect_cp_layouts_equal_one_rank(const std::string& preset) {
 
 TEST(ContextParallelLayouts, Gpt2EqualsTheOneRankRun) { expect_cp_layouts_equal_one_rank("gpt2"); }
 TEST(ContextParallelLayouts, LlamaEqualsTheOneRankRun) { expect_cp_layouts_equal_one_rank("llama"); }
+
+// A byte-tokenizer dataset of short documents (3 to 17 bytes each, then the end-of-text id 256),
+// written by rank 0 of world into a temp directory every rank gets the prefix of.
+std::string document_dataset(const MpiCommunicator& world) {
+  std::string prefix;
+  if (world.rank() == 0) {
+    prefix = (testing::temp_dir("cp_documents") / "docs").string();
+    IndexedDatasetBuilder out(prefix, IndexedDatasetBuilder::dtype_for_vocab(257));
+    uint64_t x = 12345;
+    for (int d = 0; d < 400; ++d) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      const int n = 3 + static_cast<int>((x >> 33) % 15);
+      std::vector<int32_t> ids;
+      for (int i = 0; i < n; ++i) ids.push_back(97 + (d * 7 + i * (d % 5 + 1)) % 26);  // learnable letters
+      ids.push_back(256);
+      out.add_document(ids);
+    }
+    out.finalize();
+  }
+  return broadcast_bytes(world.comm(), prefix, 0);
+}
+
+void expect_document_mask_layouts_equal_one_rank(const std::string& preset) {
+  MpiCommunicator world = MpiCommunicator::duplicate(testing::test_world());
+  const std::string prefix = document_dataset(world);
+  const std::string config = testing::layout_config(preset);
+  const std::vector<std::string> docs = kBase + std::vector<std::string>{
+      "data.task=\"tokens\"", "data.tokenizer=\"byte\"", "data.train=[{path=\"" + prefix + "\"}]",
+      "data.document_mask=true"};
+  const Trained one = train(parse_config_string(config, preset + ".toml", docs), MPI_COMM_NULL);
+  ASSERT_EQ(one.losses.size(), 5u);
+  // The mask changes the run: the same data without it trains other losses.
+  std::vector<std::string> unmasked = docs;
+  unmasked.back() = "data.document_mask=false";
+  const Trained plain = train(parse_config_string(config, preset + ".toml", unmasked), MPI_COMM_NULL);
+  EXPECT_GT(std::abs(plain.losses[0] - one.losses[0]), 1e-4 * one.losses[0]) << preset;
+  const std::vector<Layout> layouts = {
+      {"cp2_ring", 2, cp(2)},
+      {"cp2_allgather", 2, cp(2, "allgather")},
+      {"cp2dp2_zero", 4, cp(2) + std::vector<std::string>{"parallel.zero=1"}},
+      {"cp2tp2sp", 4, cp(2) + std::vector<std::string>{"parallel.tp=2", "parallel.sequence_parallel=true"}},
+      {"cp2pp2_1f1b", 4, cp(2) + std::vector<std::string>{"parallel.pp=2", "parallel.pp_schedule=\"1f1b\""}}};
+  int ran = 0;
+  for (const Layout& l : layouts) {
+    if (l.ranks != world.size()) continue;
+    ++ran;
+    const std::string what = preset + " documents " + l.name + " (rank " + std::to_string(world.rank()) + ")";
+    MpiCommunicator comm = MpiCommunicator::duplicate(world.comm());
+    Trained got = train(parse_config_string(config, preset + ".toml", docs + l.sets), comm.comm());
+    testing::expect_losses_near(got.losses, one.losses, 1e-5, what);
+    expect_state_near(*got.trainer, *one.trainer, 1e-5, what);
+  }
+  EXPECT_GT(ran, 0) << "no document-mask layout of " << world.size() << " ranks";
+  MPI_Barrier(world.comm());
+  if (world.rank() == 0) std::filesystem::remove_all(std::filesystem::path(prefix).parent_path());
+}
+
+TEST(ContextParallelLayouts, DocumentMaskGpt2EqualsTheOneRankRun) { expect_document_mask_layouts_equal_one_rank("gpt2"); }
+TEST(ContextParallelLayouts, DocumentMaskLlamaEqualsTheOneRankRun) {
+  expect_document_mask_layouts_equal_one_rank("llama");
+}
 
 // A checkpoint saved under cp (every rank in the collective write; cp rank 0 writes the tensors)
 // after 3 of 5 steps resumes on one rank, and a 1-rank checkpoint resumes under cp: the remaining

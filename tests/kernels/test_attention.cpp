@@ -1,6 +1,8 @@
 // Tests kernels/attention.h: the double reference against a naive full-matrix attention written
 // here, the float flash path against the reference, the backward against finite differences, the
-// += semantics, and the ring property (key blocks merged by log-sum-exp equal one call).
+// += semantics, the ring property (key blocks merged by log-sum-exp equal one call), and document
+// masking (against the naive oracle with the document mask, documents run one by one, finite
+// differences, and masked key tiles never read).
 #include "kernels/attention.h"
 
 #include <omp.h>
@@ -51,16 +53,23 @@ struct Result {
   HostTensor<T> out, lse;  // (B, T, H, D), (B, H, T)
 };
 
+// The document starts as a (B, T) tensor over docs' storage, or undefined when docs is empty.
+Tensor doc_tensor(const Case& c, const std::vector<int32_t>& docs) {
+  return docs.empty() ? Tensor() : Tensor(const_cast<int32_t*>(docs.data()), DType::I32, {c.B, c.T});
+}
+
 template <typename T>
-Result<T> run_forward(const Case& c, const HostTensor<T>& q, const HostTensor<T>& k, const HostTensor<T>& v) {
+Result<T> run_forward(const Case& c, const HostTensor<T>& q, const HostTensor<T>& k, const HostTensor<T>& v,
+                      const std::vector<int32_t>& docs = {}) {
   Result<T> r{HostTensor<T>({c.B, c.T, c.H, c.D}), HostTensor<T>({c.B, c.H, c.T})};
-  attention_forward(kCpu, r.out.t(), r.lse.t(), q.t(), k.t(), v.t(), c.q_offset, c.k_offset);
+  attention_forward(kCpu, r.out.t(), r.lse.t(), q.t(), k.t(), v.t(), c.q_offset, c.k_offset, doc_tensor(c, docs));
   return r;
 }
 
 // Independent oracle: the full (T, S) score matrix of each (b, h) with an explicit mask, softmax,
-// then probabilities times values.
-Result<double> naive_attention(const Case& c, const Inputs& in) {
+// then probabilities times values. doc_start (B, T), when not empty, adds the document mask: key
+// position >= the query's document start.
+Result<double> naive_attention(const Case& c, const Inputs& in, const std::vector<int32_t>& doc_start = {}) {
   Result<double> r{HostTensor<double>({c.B, c.T, c.H, c.D}), HostTensor<double>({c.B, c.H, c.T})};
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
   std::vector<double> score(c.T * c.S);
@@ -74,7 +83,8 @@ Result<double> naive_attention(const Case& c, const Inputs& in) {
           for (int64_t d = 0; d < c.D; ++d)
             s += in.q[((b * c.T + i) * c.H + h) * c.D + d] * in.k[((b * c.S + j) * c.KV + g) * c.D + d];
           score[i * c.S + j] = scale * s;
-          mask[i * c.S + j] = c.k_offset + j <= c.q_offset + i;
+          mask[i * c.S + j] = c.k_offset + j <= c.q_offset + i &&
+                              (doc_start.empty() || doc_start[b * c.T + i] <= c.k_offset + j);
         }
       for (int64_t i = 0; i < c.T; ++i) {
         double mx = -kInf, l = 0;
@@ -125,11 +135,30 @@ struct Grads {
 // Zero gradients, then one backward call with the given dout.
 template <typename T>
 Grads<T> run_backward(const Case& c, const HostTensor<T>& dout, const HostTensor<T>& q, const HostTensor<T>& k,
-                      const HostTensor<T>& v, const Result<T>& fwd) {
+                      const HostTensor<T>& v, const Result<T>& fwd, const std::vector<int32_t>& docs = {}) {
   Grads<T> g{HostTensor<T>(q.shape()), HostTensor<T>(k.shape()), HostTensor<T>(k.shape())};
   attention_backward(kCpu, g.dq.t(), g.dk.t(), g.dv.t(), dout.t(), q.t(), k.t(), v.t(), fwd.out.t(), fwd.lse.t(),
-                     c.q_offset, c.k_offset);
+                     c.q_offset, c.k_offset, doc_tensor(c, docs));
   return g;
+}
+
+// Document starts (B, T) for the queries of a case: each batch row's positions q_offset .. are cut
+// into documents at the given lengths (cycled, shifted per row), the first document starting at
+// `first` (<= q_offset: a document that began before the queries' chunk).
+std::vector<int32_t> make_docs(const Case& c, const std::vector<int64_t>& lengths, int64_t first) {
+  std::vector<int32_t> docs(static_cast<size_t>(c.B * c.T));
+  for (int64_t b = 0; b < c.B; ++b) {
+    int64_t start = first, end = c.q_offset + lengths[b % lengths.size()], n = static_cast<int64_t>(b);
+    for (int64_t i = 0; i < c.T; ++i) {
+      const int64_t pos = c.q_offset + i;
+      if (pos >= end) {
+        start = pos;
+        end = pos + lengths[static_cast<size_t>(++n) % lengths.size()];
+      }
+      docs[static_cast<size_t>(b * c.T + i)] = static_cast<int32_t>(start);
+    }
+  }
+  return docs;
 }
 
 }  // namespace
@@ -348,6 +377,152 @@ TEST(Attention, RingMergeEqualsSingleCall) {
     expect_ring_property<double>(c, split, 1e-12);  // rounding of the merge in double
     expect_ring_property<float>(c, split, kFloatTol);
   }
+}
+
+namespace {
+
+// Document-masked cases: documents of a few lengths (some longer than a tile, some of one token),
+// a document running in from before the queries' chunk, chunks at offsets (context parallel), GQA.
+struct DocCase {
+  Case c;
+  std::vector<int64_t> lengths;
+  int64_t first;
+};
+const std::vector<DocCase> kDocCases = {
+    {{2, 12, 12, 2, 1, 4, 0, 0}, {5, 1, 4}, 0},
+    {{1, 9, 9, 4, 2, 5, 0, 0}, {3}, 0},
+    {{2, 20, 30, 4, 2, 6, 10, 0}, {7, 2, 9}, 3},
+    {{1, 16, 16, 2, 2, 3, 0, 8}, {4, 6}, 0},
+    {{2, 150, 150, 4, 2, 8, 0, 0}, {70, 1, 40, 33}, 0},
+    {{1, 70, 200, 2, 1, 9, 130, 0}, {100, 3, 65}, 90},
+};
+
+std::string describe(const DocCase& d) {
+  std::ostringstream os;
+  os << describe(d.c) << " docs";
+  for (int64_t n : d.lengths) os << " " << n;
+  os << " first " << d.first;
+  return os.str();
+}
+
+}  // namespace
+
+TEST(Attention, DocumentMaskMatchesNaive) {
+  for (const DocCase& dc : kDocCases) {
+    const Case& c = dc.c;
+    const std::vector<int32_t> docs = make_docs(c, dc.lengths, dc.first);
+    Inputs in(c, 80);
+    auto naive = naive_attention(c, in, docs);
+    auto ref = run_forward(c, in.q, in.k, in.v, docs);
+    EXPECT_LT(testing::max_rel_error(ref.out, naive.out), 1e-13) << describe(dc);
+    EXPECT_LT(lse_error(ref.lse, naive.lse), 1e-13) << describe(dc);
+    auto qf = in.q.cast<float>(), kf = in.k.cast<float>(), vf = in.v.cast<float>();
+    auto flt = run_forward(c, qf, kf, vf, docs);
+    EXPECT_LT(testing::max_rel_error(flt.out, naive.out), kFloatTol) << describe(dc);
+    EXPECT_LT(lse_error(flt.lse, naive.lse), kFloatTol) << describe(dc);
+
+    auto dout = HostTensor<double>::uniform(in.q.shape(), 81);
+    auto g = run_backward(c, dout, in.q, in.k, in.v, ref, docs);
+    auto gf = run_backward(c, dout.cast<float>(), qf, kf, vf, flt, docs);
+    EXPECT_LT(testing::max_rel_error(gf.dq, g.dq), kFloatTol) << "dq " << describe(dc);
+    EXPECT_LT(testing::max_rel_error(gf.dk, g.dk), kFloatTol) << "dk " << describe(dc);
+    EXPECT_LT(testing::max_rel_error(gf.dv, g.dv), kFloatTol) << "dv " << describe(dc);
+  }
+}
+
+// A window of three documents equals the three run one by one (each a whole causal sequence of
+// its own), forward and backward, in both paths.
+template <typename T>
+void expect_documents_run_alone(double tol) {
+  const int64_t lengths[] = {37, 70, 21};
+  const Case c{1, 128, 128, 4, 2, 8, 0, 0};
+  std::vector<int32_t> docs;
+  int64_t start = 0;
+  for (int64_t n : lengths) {
+    docs.insert(docs.end(), static_cast<size_t>(n), static_cast<int32_t>(start));
+    start += n;
+  }
+  Inputs in(c, 90);
+  auto q = in.q.template cast<T>(), k = in.k.template cast<T>(), v = in.v.template cast<T>();
+  auto dout = HostTensor<double>::uniform(q.shape(), 91).template cast<T>();
+  auto window = run_forward(c, q, k, v, docs);
+  auto gw = run_backward(c, dout, q, k, v, window, docs);
+  start = 0;
+  for (int64_t n : lengths) {
+    const Case one{1, n, n, c.H, c.KV, c.D, 0, 0};
+    auto qd = seq_slice(q, start, start + n), kd = seq_slice(k, start, start + n), vd = seq_slice(v, start, start + n);
+    auto fd = run_forward(one, qd, kd, vd);
+    auto gd = run_backward(one, seq_slice(dout, start, start + n), qd, kd, vd, fd);
+    const std::string what = "document at " + std::to_string(start) + " of length " + std::to_string(n);
+    EXPECT_LT(testing::max_rel_error(seq_slice(window.out, start, start + n), fd.out), tol) << what;
+    for (int64_t h = 0; h < c.H; ++h)
+      for (int64_t i = 0; i < n; ++i)
+        EXPECT_NEAR(window.lse[h * c.T + start + i], fd.lse[h * n + i], tol) << what;
+    EXPECT_LT(testing::max_rel_error(seq_slice(gw.dq, start, start + n), gd.dq), tol) << "dq " << what;
+    EXPECT_LT(testing::max_rel_error(seq_slice(gw.dk, start, start + n), gd.dk), tol) << "dk " << what;
+    EXPECT_LT(testing::max_rel_error(seq_slice(gw.dv, start, start + n), gd.dv), tol) << "dv " << what;
+    start += n;
+  }
+}
+
+TEST(Attention, DocumentMaskEqualsDocumentsRunAlone) {
+  expect_documents_run_alone<double>(1e-12);
+  expect_documents_run_alone<float>(kFloatTol);
+}
+
+TEST(Attention, DocumentMaskBackwardMatchesFiniteDifferences) {
+  for (const DocCase& dc : {DocCase{{1, 9, 9, 4, 2, 3, 0, 0}, {4, 2, 3}, 0},
+                            DocCase{{2, 7, 10, 2, 1, 3, 5, 0}, {3, 1}, 2}}) {
+    const Case& c = dc.c;
+    const std::vector<int32_t> docs = make_docs(c, dc.lengths, dc.first);
+    Inputs in(c, 100);
+    auto w = HostTensor<double>::uniform({c.B, c.T, c.H, c.D}, 101);
+    auto loss = [&] { return testing::weighted_sum(run_forward(c, in.q, in.k, in.v, docs).out, w); };
+    auto g = run_backward(c, w, in.q, in.k, in.v, run_forward(c, in.q, in.k, in.v, docs), docs);
+    testing::expect_gradient_matches(loss, in.q, g.dq, "q", 1e-6, 1e-5, 1000);
+    testing::expect_gradient_matches(loss, in.k, g.dk, "k", 1e-6, 1e-5, 1000);
+    testing::expect_gradient_matches(loss, in.v, g.dv, "v", 1e-6, 1e-5, 1000);
+  }
+}
+
+// The float path skips the key tiles wholly before a query tile's earliest document start instead
+// of computing and discarding them: keys there that are NaN (a tile computed and masked would
+// spread them, 0 x NaN = NaN) leave every output and gradient finite, equal to the attention over
+// the document's own keys, and their dk, dv untouched (zero).
+TEST(Attention, DocumentMaskSkipsMaskedKeyTiles) {
+  const int64_t before = 192, n = 100;  // queries: one document at [192, 292); keys [0, 292)
+  const Case c{1, n, before + n, 2, 1, 8, before, 0};
+  const std::vector<int32_t> docs(static_cast<size_t>(n), static_cast<int32_t>(before));
+  Inputs in(c, 110);
+  auto q = in.q.cast<float>(), k = in.k.cast<float>(), v = in.v.cast<float>();
+  for (int64_t i = 0; i < before * c.KV * c.D; ++i) k[i] = v[i] = std::numeric_limits<float>::quiet_NaN();
+  auto dout = HostTensor<double>::uniform(q.shape(), 111).cast<float>();
+  auto masked = run_forward(c, q, k, v, docs);
+  auto g = run_backward(c, dout, q, k, v, masked, docs);
+  const Case own{1, n, n, c.H, c.KV, c.D, 0, 0};
+  auto ko = seq_slice(k, before, before + n), vo = seq_slice(v, before, before + n);
+  auto alone = run_forward(own, q, ko, vo);
+  auto ga = run_backward(own, dout, q, ko, vo, alone);
+  EXPECT_LT(testing::max_rel_error(masked.out, alone.out), kFloatTol);
+  EXPECT_LT(testing::max_rel_error(g.dq, ga.dq), kFloatTol);
+  EXPECT_LT(testing::max_rel_error(seq_slice(g.dk, before, before + n), ga.dk), kFloatTol);
+  EXPECT_LT(testing::max_rel_error(seq_slice(g.dv, before, before + n), ga.dv), kFloatTol);
+  for (int64_t i = 0; i < before * c.KV * c.D; ++i) {
+    ASSERT_EQ(g.dk[i], 0.0f) << i;
+    ASSERT_EQ(g.dv[i], 0.0f) << i;
+  }
+}
+
+TEST(Attention, RejectsBadDocumentStarts) {
+  const Case c{1, 4, 4, 2, 1, 8, 0, 0};
+  Inputs in(c, 120);
+  auto q = in.q.cast<float>(), k = in.k.cast<float>();
+  EXPECT_THROW(run_forward(c, q, k, k, std::vector<int32_t>{0, 0, 3, 2}), Error);  // row 2 starts after itself
+  std::vector<int32_t> wrong(3, 0);
+  HostTensor<float> out({1, 4, 2, 8}), lse({1, 2, 4});
+  EXPECT_THROW(attention_forward(kCpu, out.t(), lse.t(), q.t(), k.t(), k.t(), 0, 0,
+                                 Tensor(wrong.data(), DType::I32, {1, 3})),
+               Error);
 }
 
 TEST(Attention, RejectsBadArguments) {

@@ -260,6 +260,76 @@ TEST_P(GptFiniteDifference, RecomputationGivesIdenticalGradients) {
 
 INSTANTIATE_TEST_SUITE_P(Presets, GptFiniteDifference, ::testing::Values("gpt2", "llama"));
 
+// Packed documents (data.document_mask): a window of three documents, each token attending only
+// within its document and positions restarting at each document, gives the per-token losses and
+// the parameter gradients of the three documents run one by one, each a whole sequence of its own
+// (learned positions for gpt2, RoPE for llama).
+class GptDocuments : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GptDocuments, WindowOfDocumentsEqualsDocumentsRunAlone) {
+  ModelConfig cfg = tiny_config(GetParam());
+  cfg.max_seq_len = 12;
+  const int64_t B = 2, T = 12;
+  const std::vector<std::vector<int64_t>> lengths = {{3, 5, 4}, {6, 1, 5}};  // per sequence
+  auto tokens = testing::random_ids({B, T}, 13, 11);
+  auto targets = testing::random_ids({B, T}, 13, 12);
+  targets[4] = kIgnoreIndex;
+  std::vector<int32_t> doc_start;
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t start = 0;
+    for (int64_t n : lengths[static_cast<size_t>(b)]) {
+      doc_start.insert(doc_start.end(), static_cast<size_t>(n), static_cast<int32_t>(start));
+      start += n;
+    }
+  }
+  TinyModel window(cfg, DType::F64);
+  GptCtx ctx;
+  window.gpt.forward(kCpu, ctx, window.alloc, tokens.t(), targets.t(),
+                     SequenceLayout::contiguous(T).with_documents(B, doc_start));
+  const std::vector<double> losses(ctx.losses.tensor().ptr<double>(), ctx.losses.tensor().ptr<double>() + B * T);
+  window.gpt.backward(kCpu, ctx, window.alloc, 1.0);
+
+  TinyModel alone(cfg, DType::F64);  // the same initial parameters (seed 7)
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t start = 0;
+    for (int64_t n : lengths[static_cast<size_t>(b)]) {
+      HostTensor<int32_t> tok({1, n}), tgt({1, n});
+      for (int64_t i = 0; i < n; ++i) {
+        tok[i] = tokens[b * T + start + i];
+        tgt[i] = targets[b * T + start + i];
+      }
+      GptCtx one;
+      alone.gpt.forward(kCpu, one, alone.alloc, tok.t(), tgt.t());
+      const double* l = one.losses.tensor().ptr<double>();
+      for (int64_t i = 0; i < n; ++i)
+        EXPECT_NEAR(losses[static_cast<size_t>(b * T + start + i)], l[i], 1e-12 * std::max(1.0, std::abs(l[i])))
+            << GetParam() << " sequence " << b << " position " << start + i;
+      alone.gpt.backward(kCpu, one, alone.alloc, 1.0);
+      start += n;
+    }
+  }
+  // Relative to max(the tensor's scale, 1e-3 x the model's): the key bias's exact gradient is zero
+  // (softmax is invariant to it), so both sides hold only rounding noise there.
+  double model_scale = 0;
+  for (int64_t i = 0; i < alone.ps.numel(); ++i)
+    model_scale = std::max(model_scale, std::abs(alone.ps.flat_grads().ptr<double>()[i]));
+  for (int id = 0; id < window.ps.size(); ++id) {
+    const Tensor g = window.ps.grad(id);
+    std::vector<double> want(alone.ps.grad(id).ptr<double>(), alone.ps.grad(id).ptr<double>() + g.numel());
+    EXPECT_LT(grad_error<double>(g, want, 0.1 * model_scale), 1e-11)
+        << GetParam() << " gradient of " << window.ps.entry(id).spec.name;
+  }
+  // Without the mask the window is one long sequence: its losses differ (the test has teeth).
+  TinyModel plain(cfg, DType::F64);
+  GptCtx pc;
+  plain.gpt.forward(kCpu, pc, plain.alloc, tokens.t(), targets.t());
+  double diff = 0;
+  for (int64_t i = 0; i < B * T; ++i) diff = std::max(diff, std::abs(pc.losses.tensor().ptr<double>()[i] - losses[i]));
+  EXPECT_GT(diff, 1e-3) << GetParam();
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, GptDocuments, ::testing::Values("gpt2", "llama"));
+
 namespace {
 
 // Bytes a forward keeps for backward, counted from the architecture (independently of the code):

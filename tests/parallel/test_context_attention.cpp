@@ -2,12 +2,15 @@
 // all-gather attention, forward and backward, against the whole-sequence attention kernel on the
 // same f64 inputs (the oracle: one attention_forward / attention_backward over [0, T), whose rows
 // at this rank's positions must come out), for odd chunk lengths and grouped-query attention; the
-// causal work of every rank is equal (load balance); the ring's bytes are what it sends.
+// causal work of every rank is equal (load balance); the ring's bytes are what it sends. Packed
+// documents: the same against the whole-sequence kernel with the document mask, and key chunks
+// wholly before the local queries' documents are skipped.
 #include "parallel/context_attention.h"
 
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "error_testing.h"
@@ -141,6 +144,85 @@ TEST(ContextAttention, FloatRingMatchesWholeSequence) {
   context_attention_forward(kCpu, cp, alloc, lout.t(), llse.t(), lq.t(), lk.t(), lv.t(), seq);
   EXPECT_LT(testing::max_rel_error(lout, rows_of(out, seq, false)), 1e-5);
   EXPECT_LT(testing::max_rel_error(llse, rows_of(lse, seq, true)), 1e-5);
+}
+
+// Document starts (B, T) of a sequence cut into documents of the given lengths (cycled; sequence b
+// starts b entries into the cycle).
+std::vector<int32_t> document_starts_of(int64_t B, int64_t T, const std::vector<int64_t>& lengths) {
+  std::vector<int32_t> d;
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t start = 0, k = b;
+    while (start < T) {
+      const int64_t n = std::min(lengths[static_cast<size_t>(k++) % lengths.size()], T - start);
+      d.insert(d.end(), static_cast<size_t>(n), static_cast<int32_t>(start));
+      start += n;
+    }
+  }
+  return d;
+}
+
+// Forward and backward under the document mask against the whole-sequence kernel with it; returns
+// this rank's forward stats.
+ContextAttentionStats expect_documents_match(const Case& c, CpComm mode, const std::vector<int64_t>& lengths) {
+  MpiCommunicator comm = MpiCommunicator::duplicate(test_world());
+  const ContextParallel cp{&comm, mode};
+  const int64_t P = comm.size(), T = 2 * P * c.n;
+  SCOPED_TRACE(::testing::Message() << cp_comm_name(mode) << " cp " << P << " B " << c.B << " n " << c.n
+                                    << " documents of " << ::testing::PrintToString(lengths));
+  auto q = HostTensor<double>::uniform({c.B, T, c.H, c.D}, 31), dout = HostTensor<double>::uniform(q.shape(), 34);
+  auto k = HostTensor<double>::uniform({c.B, T, c.KV, c.D}, 32), v = HostTensor<double>::uniform(k.shape(), 33);
+  std::vector<int32_t> docs = document_starts_of(c.B, T, lengths);
+  const Tensor whole_docs(docs.data(), DType::I32, {c.B, T});
+  HostTensor<double> out(q.shape()), lse({c.B, c.H, T}), dq(q.shape()), dk(k.shape()), dv(k.shape());
+  attention_forward(kCpu, out.t(), lse.t(), q.t(), k.t(), v.t(), 0, 0, whole_docs);
+  attention_backward(kCpu, dq.t(), dk.t(), dv.t(), dout.t(), q.t(), k.t(), v.t(), out.t(), lse.t(), 0, 0, whole_docs);
+
+  const SequenceLayout chunks = cp.layout(T);
+  std::vector<int32_t> local_docs;
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t i = 0; i < chunks.length(); ++i) local_docs.push_back(docs[static_cast<size_t>(b * T + chunks.position(i))]);
+  const SequenceLayout seq = chunks.with_documents(c.B, local_docs);
+  auto lq = rows_of(q, seq, false), lk = rows_of(k, seq, false), lv = rows_of(v, seq, false);
+  auto ldout = rows_of(dout, seq, false);
+  HostTensor<double> lout(lq.shape()), llse({c.B, c.H, seq.length()});
+  Allocator alloc;
+  ContextAttentionStats fwd;
+  context_attention_forward(kCpu, cp, alloc, lout.t(), llse.t(), lq.t(), lk.t(), lv.t(), seq, &fwd);
+  EXPECT_LT(testing::max_rel_error(lout, rows_of(out, seq, false)), 1e-12);
+  EXPECT_LT(testing::max_rel_error(llse, rows_of(lse, seq, true)), 1e-12);
+  HostTensor<double> ldq(lq.shape()), ldk(lk.shape()), ldv(lk.shape());
+  context_attention_backward(kCpu, cp, alloc, ldq.t(), ldk.t(), ldv.t(), ldout.t(), lq.t(), lk.t(), lv.t(), lout.t(),
+                             llse.t(), seq);
+  EXPECT_LT(testing::max_rel_error(ldq, rows_of(dq, seq, false)), 1e-12) << "dq";
+  EXPECT_LT(testing::max_rel_error(ldk, rows_of(dk, seq, false)), 1e-12) << "dk";
+  EXPECT_LT(testing::max_rel_error(ldv, rows_of(dv, seq, false)), 1e-12) << "dv";
+  // Together the ranks counted every visible pair once: position p sees p - doc_start + 1 keys.
+  int64_t want = 0;
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t p = 0; p < T; ++p) want += (p - docs[static_cast<size_t>(b * T + p)] + 1) * c.H;
+  int64_t total = 0;
+  for (int64_t x : all_ranks(fwd.visible_pairs)) total += x;
+  EXPECT_EQ(total, want);
+  return fwd;
+}
+
+TEST(ContextAttention, DocumentMaskMatchesWholeSequence) {
+  for (CpComm mode : {CpComm::Ring, CpComm::AllGather}) {
+    expect_documents_match({1, 3, 4, 2, 5}, mode, {5, 2, 9});  // odd chunks, GQA, documents across chunks
+    expect_documents_match({2, 5, 4, 1, 3}, mode, {1, 7, 4});  // two sequences with different documents
+    expect_documents_match({1, 20, 4, 2, 8}, mode, {33, 50});  // documents spanning ranks
+  }
+}
+
+// Every chunk its own document: each query chunk sees only its own keys, so a rank computes its
+// two diagonal blocks and skips every other chunk (causal or not) instead of masking it.
+TEST(ContextAttention, DocumentMaskSkipsMaskedChunks) {
+  MpiCommunicator comm = MpiCommunicator::duplicate(test_world());
+  const int64_t n = 4;
+  for (CpComm mode : {CpComm::Ring, CpComm::AllGather}) {
+    const ContextAttentionStats s = expect_documents_match({2, n, 2, 1, 4}, mode, {n});
+    EXPECT_EQ(s.blocks, comm.size() > 1 ? 2 : 1) << cp_comm_name(mode);
+  }
 }
 
 TEST(ContextAttention, PairsOfTheLoadBalancedLayoutAreEqual) {

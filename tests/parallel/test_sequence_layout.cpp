@@ -1,6 +1,7 @@
 // Tests parallel/sequence_layout.h: the chunk arithmetic of sequence parallelism inside tp (one
 // chunk per rank), of context parallelism's load-balanced two-chunk layout and of a split of it,
-// the runs and views positions are applied through, and the refused layouts.
+// the runs and views positions are applied through, packed documents (runs cut at document starts,
+// positions within the document, carried through splits), and the refused layouts.
 #include "parallel/sequence_layout.h"
 
 #include <gtest/gtest.h>
@@ -116,6 +117,48 @@ TEST(SequenceLayout, RunsAndViews) {
   EXPECT_EQ(v.shape, (Shape{1, 2, 4}));
   EXPECT_EQ(v.ptr<float>()[0], data[(1 * 3 + 1) * 4]);
   EXPECT_TRUE(throws_with([&] { run_view(t, {0, 2, 1, 2, 6}); }, {"run_view", "(2, 3, 4)"}));
+}
+
+// (b, row, length, position) of each run, for comparing.
+std::vector<std::vector<int64_t>> run_list(const SequenceLayout& s, int64_t B) {
+  std::vector<std::vector<int64_t>> out;
+  for (const SequenceRun& r : s.runs(B)) {
+    EXPECT_EQ(r.b_end, r.b_begin + 1);
+    out.push_back({r.b_begin, r.row, r.length, r.position});
+  }
+  return out;
+}
+
+TEST(SequenceLayout, DocumentsCutRunsAndRestartPositions) {
+  // Sequence 0: documents [0, 3) [3, 8); sequence 1: [0, 1) [1, 2) [2, 8).
+  const SequenceLayout whole = SequenceLayout::contiguous(8).with_documents(
+      2, {0, 0, 0, 3, 3, 3, 3, 3, /**/ 0, 1, 2, 2, 2, 2, 2, 2});
+  EXPECT_TRUE(whole.has_documents());
+  EXPECT_EQ(whole.str(), "[0, 8) with documents");
+  EXPECT_EQ(run_list(whole, 2), (std::vector<std::vector<int64_t>>{
+                                    {0, 0, 3, 0}, {0, 3, 5, 0}, {1, 0, 1, 0}, {1, 1, 1, 0}, {1, 2, 6, 0}}));
+  EXPECT_EQ(whole.doc_starts().shape, (Shape{2, 8}));
+  EXPECT_EQ(whole.doc_starts().ptr<int32_t>()[9], 1);
+  // Context parallel rank 0 of 2 holds [0, 2) [6, 8): the second chunk continues the document
+  // that began at 3 (position 6 is its fourth token) or at 2 (the fifth).
+  const SequenceLayout cp0 = SequenceLayout::load_balanced(8, 2, 0).with_documents(2, {0, 0, 3, 3, 0, 1, 2, 2});
+  EXPECT_EQ(run_list(cp0, 2), (std::vector<std::vector<int64_t>>{
+                                  {0, 0, 2, 0}, {0, 2, 2, 3}, {1, 0, 1, 0}, {1, 1, 1, 0}, {1, 2, 2, 4}}));
+  // A split (sequence parallelism) keeps the documents of its rows.
+  const SequenceLayout half = whole.split(2, 1);
+  EXPECT_EQ(half.chunks(), (std::vector<SequenceChunk>{{4, 4}}));
+  EXPECT_EQ(run_list(half, 2), (std::vector<std::vector<int64_t>>{{0, 0, 4, 1}, {1, 0, 4, 2}}));
+  // Equality looks at the documents; same_chunks does not.
+  EXPECT_FALSE(whole == SequenceLayout::contiguous(8));
+  EXPECT_TRUE(whole.same_chunks(SequenceLayout::contiguous(8)));
+  EXPECT_TRUE(throws_with([&] { whole.runs(3); }, {"3 sequences", "documents are marked for 2"}));
+}
+
+TEST(SequenceLayout, RefusesInconsistentDocuments) {
+  const SequenceLayout s = SequenceLayout::contiguous(4);
+  EXPECT_TRUE(throws_with([&] { s.with_documents(1, {0, 0, 0}); }, {"3 document starts for 1 sequences of 4 rows"}));
+  EXPECT_TRUE(throws_with([&] { s.with_documents(1, {0, 0, 3, 3}); }, {"row 2 (position 2)", "at 3, not in [0, 2]"}));
+  EXPECT_TRUE(throws_with([&] { s.with_documents(1, {0, 1, 0, 0}); }, {"row 2 (position 2)", "neither its own position"}));
 }
 
 TEST(SequenceLayout, RefusesOverlappingOrEmptyChunks) {
