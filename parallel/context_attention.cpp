@@ -4,6 +4,7 @@
 #include "parallel/context_attention.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 #include <vector>
 
@@ -216,6 +217,13 @@ void backward_blocks(const Exec& ex, const ContextParallel& cp, const Problem& p
   });
 }
 
+// h.wait_on(ex), its blocked host time added to stats->ring_wait_s.
+void timed_wait(CommHandle& h, const Exec& ex, ContextAttentionStats* stats) {
+  const auto t0 = std::chrono::steady_clock::now();
+  h.wait_on(ex);
+  if (stats) stats->ring_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 int64_t next_rank(const Problem& pb) { return (pb.r + 1) % pb.P; }
 int64_t prev_rank(const Problem& pb) { return (pb.r + pb.P - 1) % pb.P; }
 int64_t source_at(const Problem& pb, int64_t step) { return (pb.r - step % pb.P + pb.P) % pb.P; }
@@ -264,7 +272,7 @@ void context_attention_forward(const Exec& ex, const ContextParallel& cp, Alloca
         transfer = cp.comm->batch_send_recv_async({P2POp::send(kv, static_cast<int>(next_rank(pb)), kKvTag),
                                                    P2POp::recv(next, static_cast<int>(prev_rank(pb)), kKvTag)});
       forward_blocks(ex, cp, pb, alloc, kv, source_at(pb, step), qp, outp, lsep, started, stats);
-      transfer.wait_on(ex);
+      timed_wait(transfer, ex, stats);
       std::swap(kv, next);
     }
   }
@@ -328,15 +336,15 @@ void context_attention_backward(const Exec& ex, const ContextParallel& cp, Alloc
       fill_zero(ex, mine);
       backward_blocks(ex, cp, pb, kv, mine, source_at(pb, step), qp, outp, lsep, doutp, dqp, stats);
       if (step > 0) {
-        grads.wait_on(ex);
+        timed_wait(grads, ex, stats);
         accumulate(ex, mine, incoming[(step - 1) % 2]);
       }
       grads = cp.comm->batch_send_recv_async({P2POp::send(mine, static_cast<int>(next_rank(pb)), kGradTag),
                                               P2POp::recv(incoming[step % 2], static_cast<int>(prev_rank(pb)), kGradTag)});
-      transfer.wait_on(ex);
+      timed_wait(transfer, ex, stats);
       std::swap(kv, next);
     }
-    grads.wait_on(ex);
+    timed_wait(grads, ex, stats);
     dkv_mine = std::move(incoming[(pb.P - 1) % 2]);
   }
   // Back to the caller's row order, accumulated; the packed q and K/V (no longer needed) hold

@@ -56,9 +56,13 @@ struct ContextParallel {
 
 // What one rank's calls computed: visible (query, key) pairs summed over batch rows and query
 // heads (the causal attention work, 4 D FLOPs each forward), and attention kernel calls.
+// ring_wait_s: host seconds blocked waiting for the ring's transfers after the block they overlap
+// was computed (the part of the transfer time not hidden behind attention; on CUDA the waits are
+// queued on the stream, not blocked on, and this stays 0).
 struct ContextAttentionStats {
   int64_t visible_pairs = 0;
   int64_t blocks = 0;
+  double ring_wait_s = 0;
 };
 
 // Visible (query, key) pairs between a query chunk and a key chunk under the causal mask (key
