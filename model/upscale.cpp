@@ -148,6 +148,52 @@ std::string describe_mapping(const std::vector<LayerSource>& mapping) {
   return s.str();
 }
 
+std::vector<LayerSource> parse_mapping(const std::string& text) {
+  std::istringstream in(text);
+  std::vector<LayerSource> out;
+  for (std::string tok; in >> tok;) {
+    const auto bad = [&] { return "upscale: cannot read layer \"" + tok + "\" of the mapping \"" + text + "\""; };
+    LayerSource l;
+    const size_t open = tok.find('(');
+    try {
+      if (open == std::string::npos) {
+        TESSERA_CHECK(tok.find_first_not_of("0123456789") == std::string::npos, bad());
+        l.a = std::stoll(tok);
+      } else {
+        TESSERA_CHECK(tok.back() == ')', bad());
+        const std::string kind = tok.substr(0, open), args = tok.substr(open + 1, tok.size() - open - 2);
+        const size_t comma = args.find(',');
+        l.a = std::stoll(args.substr(0, comma));
+        if (kind == "expand") {
+          TESSERA_CHECK(comma == std::string::npos, bad());
+          l.init = LayerInit::Expand;
+        } else {
+          TESSERA_CHECK((kind == "avg" || kind == "ot") && comma != std::string::npos, bad());
+          l.init = kind == "avg" ? LayerInit::Average : LayerInit::Fuse;
+          l.b = std::stoll(args.substr(comma + 1));
+        }
+      }
+    } catch (const std::logic_error&) {  // stoll: not a number
+      TESSERA_CHECK(false, bad());
+    }
+    out.push_back(l);
+  }
+  TESSERA_CHECK(!out.empty(), "upscale: the mapping \"", text, "\" names no layer");
+  return out;
+}
+
+std::vector<bool> original_layers(const std::vector<LayerSource>& mapping) {
+  std::vector<bool> original(mapping.size(), false);
+  std::vector<int64_t> seen;
+  for (size_t i = 0; i < mapping.size(); ++i) {
+    const LayerSource& l = mapping[i];
+    if (l.init != LayerInit::Copy || std::find(seen.begin(), seen.end(), l.a) != seen.end()) continue;
+    seen.push_back(l.a);
+    original[i] = true;
+  }
+  return original;
+}
+
 std::pair<int64_t, std::string> split_block_name(const std::string& name) {
   if (name.rfind("blocks.", 0) != 0) return {-1, name};
   const size_t dot = name.find('.', 7);

@@ -60,6 +60,16 @@ std::vector<LayerSource> layer_mapping(int64_t n_source, const UpscaleOptions& o
 // "0 1 2 3 2 3 4 5", "0 expand(0) 1 expand(1)", "0 avg(0,1) 1", "0 ot(0,1) 1": one token per layer.
 std::string describe_mapping(const std::vector<LayerSource>& mapping);
 
+// The inverse of describe_mapping: "0 expand(0) 1 avg(1,2) 2" -> the layers. Throws tessera::Error
+// ("upscale: ...") naming a token it cannot read.
+std::vector<LayerSource> parse_mapping(const std::string& text);
+
+// Which layers of a grown model were carried over from its source (train.freeze = "original"): a
+// Copy layer that is the first copy of its source layer (the lowest grown index that copies it).
+// New are every Expand, Average and Fuse layer and every later Copy of a source layer already
+// carried over (solar's second copies of the overlap, stack's repeats, interleave's duplicates).
+std::vector<bool> original_layers(const std::vector<LayerSource>& mapping);
+
 // A whole source tensor by its parameter name ("blocks.2.attn.q.weight"), row-major.
 using TensorFetch = std::function<std::vector<float>(const std::string& name)>;
 

@@ -41,6 +41,24 @@ TEST(UpscaleMapping, Solar) {
   EXPECT_EQ(describe_mapping(map6("solar")), "0 1 2 3 2 3 4 5");
 }
 
+// parse_mapping reads describe_mapping back; original_layers (train.freeze = "original") marks the
+// first copy of each source layer, per method on 6 layers.
+TEST(UpscaleMapping, ParsedBackAndOriginalLayers) {
+  for (const auto& [m, o] : std::vector<std::pair<std::string, UpscaleOptions>>{
+           {"solar", {}}, {"stack", {}}, {"interleave", {.every = 2}}, {"expand", {.every = 3}}, {"average", {}},
+           {"ot", {.layers = 8, .position = "top"}}})
+    EXPECT_EQ(parse_mapping(describe_mapping(map6(m, o))), map6(m, o)) << m;
+  using V = std::vector<bool>;
+  constexpr bool o = true, n = false;
+  EXPECT_EQ(original_layers(map6("solar")), (V{o, o, o, o, n, n, o, o}));  // 0 1 2 3 | 2 3 4 5
+  EXPECT_EQ(original_layers(map6("stack")), (V{o, o, o, o, o, o, n, n, n, n, n, n}));
+  EXPECT_EQ(original_layers(map6("interleave", {.every = 2})), (V{o, o, n, o, o, n, o, o, n}));
+  EXPECT_EQ(original_layers(map6("expand", {.every = 3})), (V{o, o, o, n, o, o, o, n}));
+  EXPECT_EQ(original_layers(map6("average", {.every = 5})), (V{o, o, o, o, o, n, o}));
+  EXPECT_EQ(original_layers(map6("ot", {.layers = 7, .position = "bottom"})), (V{o, n, o, o, o, o, o}));
+  EXPECT_TRUE(testing::throws_with([] { parse_mapping("0 1 foo(2)"); }, {"cannot read layer \"foo(2)\""}));
+}
+
 TEST(UpscaleMapping, Stack) {
   EXPECT_EQ(map6("stack"), copies({0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5}));
   EXPECT_EQ(map6("stack", {.factor = 3}).size(), 18u);
