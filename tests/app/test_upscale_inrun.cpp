@@ -1,6 +1,6 @@
 // In-run growth ([upscale] method, at_step: app/trainer.cpp Trainer::grow) against the offline path
 // (train N steps and save, `tessera upscale`, resume the grown file): the same final checkpoint bit
-// for bit on one rank, and on dp 2 and tp 2 against the same layout's offline path
+// for bit on one rank, and on dp 2, tp 2 and pp 2 against the same layout's offline path
 // (UpscaleInRunLayouts, mpiexec -n 2); the
 // metrics mark the growth; [upscale] rewarm_steps restarts the learning rate at the growth step,
 // in the run that grows and in a run resumed from a grown file; train.freeze = "original" after an
@@ -194,7 +194,8 @@ TEST(UpscaleInRun, FreezeOriginalTrainsOnlyTheNewLayers) {
   fs::remove_all(dir);
 }
 
-// mpiexec -n 2: in-run growth on dp 2 and on tp 2 equals the offline path on the same layout bit
+// mpiexec -n 2: in-run growth on dp 2, tp 2 and pp 2 (the stages cut again for the new depth)
+// equals the offline path on the same layout bit
 // for bit (gathering, mapping and re-sharding lose nothing), and the offline path on one rank to
 // 1e-4 of each family's largest value. Not 1e-5 as for the layouts without growth: the first AdamW
 // step after the growth starts from fresh moments, where an element's update is about
@@ -210,9 +211,10 @@ TEST(UpscaleInRunLayouts, DataAndTensorParallelEqualTheOfflinePath) {
     if (world.rank() == 0) error = testing::error_of([&] { offline(g, fs::path(dir) / g.name / "one"); });
     throw_if_any_failed(world.comm(), error);
     const fs::path one = fs::path(dir) / g.name / "one";
-    for (const std::string& layout : {std::string("dp2"), std::string("tp2")}) {
-      const std::vector<std::string> sets =
-          layout == "tp2" ? std::vector<std::string>{"parallel.tp=2"} : std::vector<std::string>{};
+    for (const std::string& layout : {std::string("dp2"), std::string("tp2"), std::string("pp2")}) {
+      const std::vector<std::string> sets = layout == "tp2"   ? std::vector<std::string>{"parallel.tp=2"}
+                                            : layout == "pp2" ? std::vector<std::string>{"parallel.pp=2"}
+                                                              : std::vector<std::string>{};
       MpiCommunicator comm = MpiCommunicator::duplicate(world.comm());
       const fs::path run_dir = fs::path(dir) / g.name / layout;
       run(kBase + sets + in_run(g), run_dir / "inrun", comm.comm());
