@@ -15,6 +15,8 @@
 #include "app/checkpoint/checkpointing.h"
 #include "app/checkpoint/hf_export.h"
 #include "app/config.h"
+#include "app/training_data.h"
+#include "data/loader.h"
 #include "kernels/check.h"
 #include "parallel/mpi.h"
 
@@ -30,12 +32,29 @@ std::string options_text(const UpscaleOptions& o, bool carry) {
   if (o.every > 0) s << " --every " << o.every;
   if (!o.position.empty()) s << " --position " << o.position;
   if (o.sinkhorn_eps > 0) s << " --sinkhorn-eps " << o.sinkhorn_eps;
+  if (o.align_data) s << " --align-data";
+  if (o.align_batches > 0) s << " --align-batches " << o.align_batches;
   if (carry) s << " --carry-optimizer";
   const std::string t = s.str();
   return t.empty() ? "" : t.substr(1);
 }
 
 const std::string kModel = "/model/", kOptim = "/optim/";
+
+// ot --align-data: the first `n` micro-batches (train.micro_batch, or 4 when automatic, x
+// train.seq_len) of the stored config's validation data, or its training data when it has none,
+// in the order of a run from step 0 (seeded by train.seed): the same batches every time.
+std::vector<std::vector<int32_t>> alignment_batches(const Config& c, int64_t n, int64_t& B, int64_t& T) {
+  const TrainingData data = open_training_data(c);
+  const Dataset& ds = data.valid ? *data.valid : *data.train;
+  B = c.train.micro_batch > 0 ? c.train.micro_batch : 4;
+  T = c.train.seq_len;
+  const Sampler sampler(ds.num_samples(), static_cast<uint64_t>(c.train.seed));
+  DataLoader loader(ds, sampler, BatchLayout{B, B, 1, 0}, 0);
+  std::vector<std::vector<int32_t>> out;
+  for (int64_t i = 0; i < n; ++i) out.push_back(loader.next().tokens);
+  return out;
+}
 
 }  // namespace
 
@@ -153,6 +172,12 @@ int run_upscale_command(const UpscaleArgs& args, std::ostream& out) {
                                                up.target().n_layer);
 
   const TensorFetch params = [&](const std::string& name) { return reader.read_all(kModel + name); };
+  if (args.options.align_data) {
+    int64_t B = 0, T = 0;
+    const Config stored = parse_config_string(reader.meta().config_toml, args.from + ":/meta/config");
+    const auto batches = alignment_batches(stored, args.options.align_batches > 0 ? args.options.align_batches : 4, B, T);
+    up.set_features(activation_features(source, params, mapping, batches, B, T));
+  }
   auto moment_of = [&](const std::string& kind) -> TensorFetch {
     return [&reader, kind](const std::string& name) { return reader.read_all(kOptim + name + "/" + kind); };
   };

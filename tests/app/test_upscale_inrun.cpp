@@ -194,6 +194,29 @@ TEST(UpscaleInRun, FreezeOriginalTrainsOnlyTheNewLayers) {
   fs::remove_all(dir);
 }
 
+// tessera upscale --method ot --align-data on a checkpoint of the addition task: the units aligned by
+// their activations on the stored config's data (the oracle, a permuted copy recovered, is
+// tests/model/test_upscale.cpp ActivationCostsRecoverAPermutation); the record names the option and
+// the grown file resumes.
+TEST(UpscaleInRun, OtAlignDataGrowsFromTheStoredConfigsData) {
+  testing::test_world();
+  const fs::path dir = testing::temp_dir("grow_align");
+  run(kBase + std::vector<std::string>{"train.exit_after_steps=3"}, dir / "source", MPI_COMM_SELF);
+  UpscaleArgs args;
+  args.from = (dir / "source" / "checkpoints" / "step_00000003.h5").string();
+  args.out = (dir / "grown.h5").string();
+  args.options = {.method = "ot", .align_data = true, .align_batches = 2};
+  std::ostringstream out;
+  ASSERT_EQ(run_upscale_command(args, out), 0);
+  CheckpointReader r(args.out, MPI_COMM_SELF);
+  EXPECT_EQ(std::get<std::string>(r.group_attributes().at("/upscale").at("options")), "--align-data --align-batches 2");
+  EXPECT_EQ(std::get<std::string>(r.group_attributes().at("/upscale").at("mapping")), "0 ot(0,1) 1");
+  for (float x : r.read_all("/model/blocks.1.mlp.fc.weight")) ASSERT_TRUE(std::isfinite(x));
+  run(kBase + std::vector<std::string>{"model.n_layer=3", "checkpoint.resume=" + args.out}, dir / "resumed", MPI_COMM_SELF);
+  EXPECT_EQ(testing::losses(dir / "resumed" / "metrics.jsonl").size(), 3u);
+  fs::remove_all(dir);
+}
+
 // mpiexec -n 2: in-run growth on dp 2, tp 2 and pp 2 (the stages cut again for the new depth)
 // equals the offline path on the same layout bit
 // for bit (gathering, mapping and re-sharding lose nothing), and the offline path on one rank to

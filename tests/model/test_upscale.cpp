@@ -324,6 +324,32 @@ TEST_P(UpscaleFusion, RecoversAPermutation) {
   EXPECT_TRUE(average_differs);
 }
 
+// ot --align-data: block 1 (layer 0 permuted) run on block 0's input gives block 0's activations
+// permuted, so the activation costs recover the permutation too and the fused layer is the
+// original bit for bit.
+TEST_P(UpscaleFusion, ActivationCostsRecoverAPermutation) {
+  BlockAlignment perm;
+  const auto twin = permuted_twin(GetParam(), perm);
+  const ModelConfig& cfg = twin->gpt.config();
+  const auto mapping = layer_mapping(2, {.method = "ot", .align_data = true});
+  std::vector<std::vector<int32_t>> batches;
+  for (uint64_t seed : {3, 4}) batches.push_back(testing::random_ids({2, 8}, 13, seed).vec());
+  auto features = activation_features(cfg, twin->fetch(), mapping, batches, 2, 8);
+  ASSERT_EQ(features.count(1), 1u);
+  const auto& [fa, fb] = features.at(1);
+  EXPECT_EQ(fa.mlp.size(), static_cast<size_t>(cfg.ffn_hidden * 2 * 2 * 8));  // F units x 32 tokens
+  const BlockAlignment al = align_features(cfg, fa, fb, 0.0);
+  for (int64_t u = 0; u < cfg.ffn_hidden; ++u)
+    EXPECT_EQ(perm.units[static_cast<size_t>(al.units[static_cast<size_t>(u)])], u);
+  for (int64_t h = 0; h < cfg.n_head; ++h) EXPECT_EQ(perm.heads[static_cast<size_t>(al.heads[static_cast<size_t>(h)])], h);
+  LayerUpscaler ot(cfg, mapping);
+  ot.set_features(std::move(features));
+  for (const std::string& s : block_suffixes(*twin)) EXPECT_EQ(ot.parameter(block(1, s), twin->fetch()), twin->get(block(0, s))) << s;
+  // Only ot takes it.
+  EXPECT_TRUE(testing::throws_with([] { layer_mapping(2, {.method = "average", .align_data = true}); },
+                                   {"--align-data does not apply to --method average"}));
+}
+
 TEST_P(UpscaleFusion, SinkhornWithSmallEpsApproachesTheExactFusion) {
   BlockAlignment perm;
   const auto twin = permuted_twin(GetParam(), perm);
