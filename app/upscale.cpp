@@ -178,11 +178,24 @@ int run_upscale_command(const UpscaleArgs& args, std::ostream& out) {
     const auto batches = alignment_batches(stored, args.options.align_batches > 0 ? args.options.align_batches : 4, B, T);
     up.set_features(activation_features(source, params, mapping, batches, B, T));
   }
+  // A parameter the source run froze (listed in /optim@frozen) has no moments: zero, as fresh ones.
+  const GroupAttributes& source_groups = reader.group_attributes();
+  std::string frozen_names;
+  if (auto g = source_groups.find("/optim"); g != source_groups.end())
+    if (auto f = g->second.find(kFrozenKey); f != g->second.end() && std::holds_alternative<std::string>(f->second))
+      frozen_names = " " + std::get<std::string>(f->second) + " ";
   auto moment_of = [&](const std::string& kind) -> TensorFetch {
-    return [&reader, kind](const std::string& name) { return reader.read_all(kOptim + name + "/" + kind); };
+    return [&reader, &params, &frozen_names, kind](const std::string& name) {
+      const std::string path = kOptim + name + "/" + kind;
+      if (!reader.has(path) && frozen_names.find(" " + name + " ") != std::string::npos)
+        return std::vector<float>(params(name).size(), 0.0f);
+      return reader.read_all(path);
+    };
   };
-  TESSERA_CHECK(!args.carry_optimizer || reader.has(kOptim + "wte.weight/exp_avg"), "upscale --carry-optimizer: ",
-                args.from, " holds no optimizer moments (/optim/wte.weight/exp_avg is missing)");
+  bool any_moments = false;
+  for (const TensorInfo& t : reader.tensors()) any_moments |= t.path.rfind(kOptim, 0) == 0;
+  TESSERA_CHECK(!args.carry_optimizer || any_moments, "upscale --carry-optimizer: ", args.from,
+                " holds no optimizer moments (nothing under /optim/)");
   struct Made {
     std::string param, kind;  // kind: "" for the parameter, else the moment ("exp_avg", "exp_avg_sq")
     int64_t numel;
@@ -212,6 +225,7 @@ int run_upscale_command(const UpscaleArgs& args, std::ostream& out) {
   meta.extra[kRunIdKey] = new_run_id();  // another model: a run of its own
   GroupAttributes groups = reader.group_attributes();
   groups.erase(kUpscaleGroup);  // a grown checkpoint grown again records the last growth
+  groups["/optim"].erase(kFrozenKey);  // the grown file holds every parameter's moments
   if (!args.carry_optimizer) groups["/optim"]["step"] = int64_t{0};  // AdamW's bias corrections restart
   AttrMap& rec = groups[kUpscaleGroup];
   rec["method"] = args.options.method;

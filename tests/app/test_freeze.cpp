@@ -7,12 +7,15 @@
 // tensors, resume to the uninterrupted run, and resume with another freeze setting.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <sstream>
 #include <filesystem>
 
 #include "app/checkpoint/checkpoint_io.h"
 #include "app/freeze.h"
 #include "app/trainer.h"
+#include "app/upscale.h"
 #include "error_testing.h"
 #include "layout_testing.h"
 #include "parallel/mpi.h"
@@ -149,6 +152,22 @@ TEST(Freeze, CheckpointsHoldNoFrozenMomentsAndResume) {
     EXPECT_TRUE(r.has("/optim/blocks.1.attn.q.weight/exp_avg"));
     EXPECT_NE(string_attr(r.group_attributes().at("/optim"), kFrozenKey).find("blocks.0.attn.q.weight"),
               std::string::npos);
+  }
+  // Grown with carried moments: the frozen parameters' are zero, and the grown file lists none frozen.
+  {
+    UpscaleArgs args;
+    args.from = file;
+    args.out = (dir / "grown.h5").string();
+    args.options = {.method = "expand"};
+    args.carry_optimizer = true;
+    std::ostringstream out;
+    ASSERT_EQ(run_upscale_command(args, out), 0);
+    CheckpointReader g(args.out, MPI_COMM_SELF);
+    const std::vector<float> m = g.read_all("/optim/wte.weight/exp_avg");
+    EXPECT_TRUE(std::all_of(m.begin(), m.end(), [](float x) { return x == 0.0f; }));
+    CheckpointReader src(file, MPI_COMM_SELF);
+    EXPECT_EQ(g.read_all("/optim/blocks.2.attn.q.weight/exp_avg"), src.read_all("/optim/blocks.1.attn.q.weight/exp_avg"));
+    EXPECT_EQ(g.group_attributes().at("/optim").count(kFrozenKey), 0u);
   }
   // Resumed with the same freeze: the uninterrupted run's state.
   Trainer resumed(config(kBase + kFreeze + six), dir.string(), MPI_COMM_SELF);
