@@ -115,6 +115,11 @@ void register_upscale(CLI::App& app, int& exit_code) {
   cmd->add_option("--sinkhorn-eps", args->options.sinkhorn_eps,
                   "ot: Sinkhorn-regularized soft alignment of the MLP units with this eps (relative to the largest "
                   "cost); 0 = exact assignment (default)");
+  cmd->add_flag("--align-data", args->options.align_data,
+                "ot: align the units by their activations on a few batches of the checkpoint's data (its stored "
+                "config's; block b run on block a's input) instead of by their weights");
+  cmd->add_option("--align-batches", args->options.align_batches,
+                  "ot --align-data: micro-batches of the stored train.micro_batch x train.seq_len tokens (default 4)");
   cmd->add_flag("--carry-optimizer", args->carry_optimizer,
                 "Carry the AdamW moments and step (new layers take their sources', zero where expand zeroes)");
   cmd->add_option("--out", args->out, "The grown checkpoint (.h5; must not exist)")->required();

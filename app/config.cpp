@@ -163,6 +163,11 @@ std::string literal(const std::vector<int64_t>& v) {  // an inline array: [4, 4,
   for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
   return out + "]";
 }
+std::string literal(const std::vector<std::string>& v) {  // an inline array: ["vision.*", "lm.*"]
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + quote(v[i]);
+  return out + "]";
+}
 std::string literal(const std::vector<DataSource>& v) {  // an inline array of inline tables
   std::string out = "[";
   for (size_t i = 0; i < v.size(); ++i)
@@ -177,6 +182,7 @@ std::string_view type_name() {
   if constexpr (std::is_same_v<T, bool>) return "boolean";
   if constexpr (std::is_same_v<T, std::string>) return "string";
   if constexpr (std::is_same_v<T, std::vector<int64_t>>) return "array of integers";
+  if constexpr (std::is_same_v<T, std::vector<std::string>>) return "array of strings";
   if constexpr (std::is_same_v<T, std::vector<DataSource>>) return "array of tables";
 }
 
@@ -187,6 +193,7 @@ std::string_view expected_type() {
   if constexpr (std::is_same_v<T, bool>) return "a boolean (true or false)";
   if constexpr (std::is_same_v<T, std::string>) return "a string";
   if constexpr (std::is_same_v<T, std::vector<int64_t>>) return "an array of integers, e.g. [4, 4]";
+  if constexpr (std::is_same_v<T, std::vector<std::string>>) return "an array of strings, e.g. [\"wte.*\", \"original\"]";
   if constexpr (std::is_same_v<T, std::vector<DataSource>>)
     return "tables with a path (string) and a weight (> 0): [[data.train]] path = \"...\" weight = 1.0";
 }
@@ -378,6 +385,9 @@ void check_allowed(const std::string& full, const T& v, const Allowed& allowed, 
       if (!allowed.accepts(static_cast<double>(v[i])))
         fail(o.prefix() + full + "[" + std::to_string(i) + "] = " + literal(v[i]) + o.where() +
              " is out of range: must be " + allowed.describe());
+  } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+    for (size_t i = 0; i < v.size(); ++i)
+      if (v[i].empty()) fail(o.prefix() + full + "[" + std::to_string(i) + "]" + o.where() + " is empty");
   } else if constexpr (std::is_same_v<T, std::string>) {
     if (allowed.accepts(v)) return;
     auto near = nearest(v, allowed.choices);
@@ -434,6 +444,17 @@ std::optional<std::vector<int64_t>> convert(const Input& in, std::vector<int64_t
   for (const toml::node& item : *in.node->as_array()) {
     if (!item.is_integer()) return std::nullopt;
     out.push_back(item.as_integer()->get());
+  }
+  return out;
+}
+
+// An array of strings (empty allowed).
+std::optional<std::vector<std::string>> convert(const Input& in, std::vector<std::string>*) {
+  if (!in.node || !in.node->is_array()) return std::nullopt;
+  std::vector<std::string> out;
+  for (const toml::node& item : *in.node->as_array()) {
+    if (!item.is_string()) return std::nullopt;
+    out.push_back(item.as_string()->get());
   }
   return out;
 }
@@ -762,6 +783,13 @@ void validate(const Config& c, const Origins* origins) {
   if (c.data.document_mask && c.train.device != "cpu") {
     fail(show("data.document_mask", c.data.document_mask, origins) + " runs on the CPU only (the CUDA attention "
          "kernel has no document mask), but " + show("train.device", c.train.device, origins));
+  }
+  if (!c.upscale.method.empty() && (c.upscale.at_step < 1 || c.upscale.at_step >= c.train.steps)) {
+    fail(show("upscale.at_step", c.upscale.at_step, origins) + " must be in [1, train.steps - 1] for " +
+         show("upscale.method", c.upscale.method, origins) + " (" + show("train.steps", c.train.steps, origins) + ")");
+  }
+  if (c.upscale.method.empty() && c.upscale.at_step != 0) {
+    fail(show("upscale.at_step", c.upscale.at_step, origins) + " needs upscale.method (which method grows the model)");
   }
   check_model(c);
   check_pipeline(c, c.parallel.dp > 0 ? c.parallel.dp : 0, origins);

@@ -164,6 +164,7 @@ struct TrainConfig {
   bool memory_check = true;
   std::string device = "cpu";
   std::string dtype = "fp32";
+  std::vector<std::string> freeze;
 
   template <class V>
   void visit(V& v) {
@@ -202,6 +203,11 @@ struct TrainConfig {
     v.field("device", device, "where each rank trains: \"cpu\", or \"cuda\" (the GPU of the rank's local rank on "
             "its node; refused at start where no GPU or no CUDA backend is there; docs/cuda.md)",
             Allowed::one_of({"cpu", "cuda"}));
+    v.field("freeze", freeze, "parameters not trained: glob patterns over global parameter names (\"wte.*\", "
+            "\"blocks.[0-3].*\"; * ? [...]), and \"original\" = what an up-scaling carried over from its source "
+            "model (docs/upscaling.md). Frozen parameters keep their values bit for bit, get no optimizer state and "
+            "no gradient reduction; a pattern that matches nothing is refused; [] = train everything",
+            Allowed::any());
   }
   bool operator==(const TrainConfig&) const = default;
 };
@@ -320,6 +326,43 @@ struct CheckpointConfig {
   bool operator==(const CheckpointConfig&) const = default;
 };
 
+// In-run depth up-scaling and the learning-rate restart after a growth (docs/upscaling.md).
+struct UpscaleConfig {
+  std::string method;
+  int64_t at_step = 0;
+  int64_t layers = 0;
+  int64_t factor = 0;
+  int64_t overlap = -1;
+  int64_t every = 0;
+  std::string position;
+  double sinkhorn_eps = 0.0;
+  bool carry_optimizer = false;
+  int64_t rewarm_steps = 0;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("method", method, "grow the model inside this run at upscale.at_step by this method (as `tessera "
+            "upscale --method`); \"\" = no growth in this run", Allowed::one_of({"", "solar", "stack", "interleave",
+            "expand", "average", "ot"}));
+    v.field("at_step", at_step, "the step after which the model grows (0 < at_step < train.steps); model.n_layer is "
+            "the depth before it", Allowed::at_least(0));
+    v.field("layers", layers, "as --layers: the grown depth; 0 = the method's default", Allowed::at_least(0));
+    v.field("factor", factor, "stack: as --factor; 0 = the default (2)", Allowed::at_least(0));
+    v.field("overlap", overlap, "solar: as --overlap; -1 = the default (n/4 rounded)", Allowed::at_least(-1));
+    v.field("every", every, "inserting methods: as --every; 0 = the default (1)", Allowed::at_least(0));
+    v.field("position", position, "inserting methods with upscale.layers: as --position",
+            Allowed::one_of({"", "top", "bottom", "uniform"}));
+    v.field("sinkhorn_eps", sinkhorn_eps, "ot: as --sinkhorn-eps; 0 = exact assignment", Allowed::at_least(0.0));
+    v.field("carry_optimizer", carry_optimizer, "as --carry-optimizer: the AdamW moments and step follow their "
+            "parameters; false = fresh moments and AdamW step count", Allowed::any());
+    v.field("rewarm_steps", rewarm_steps, "after a growth (in this run, or the one that made the checkpoint this "
+            "run resumes) the learning-rate schedule restarts at the growth step: a linear warm-up of this many "
+            "steps to optim.lr, then the optim.decay over the steps left; 0 = the schedule continues unchanged",
+            Allowed::at_least(0));
+  }
+  bool operator==(const UpscaleConfig&) const = default;
+};
+
 struct LogConfig {
   int64_t every = 10;
   std::string dir = "runs";
@@ -345,6 +388,7 @@ struct Config {
   OptimConfig optim;
   ParallelConfig parallel;
   CheckpointConfig checkpoint;
+  UpscaleConfig upscale;
   LogConfig log;
 
   template <class V>
@@ -355,6 +399,7 @@ struct Config {
     v.section("optim", "AdamW and the learning-rate schedule", optim);
     v.section("parallel", "the process layout", parallel);
     v.section("checkpoint", "saving and resuming", checkpoint);
+    v.section("upscale", "depth up-scaling inside a run, and the learning-rate restart after a growth", upscale);
     v.section("log", "metrics and console output", log);
   }
   bool operator==(const Config&) const = default;

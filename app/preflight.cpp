@@ -61,8 +61,10 @@ std::string nonfinite_tensor_in(const std::string& checkpoint, const ParameterSt
   for (const ParamEntry& e : params.entries()) {
     const int64_t n = e.local_shape.numel();
     check(params.flat_params().view({params.numel()}).slice_rows(e.offset, e.offset + n), e.spec.name);
+    if (e.frozen) continue;  // no moments; the trainable ones lie at the layout of the trainable region
+    const int64_t at = e.offset - params.frozen_numel();
     for (const auto& [m, suffix] : {std::pair{&moments.exp_avg, "/exp_avg"}, std::pair{&moments.exp_avg_sq, "/exp_avg_sq"}})
-      if (m->defined()) check(m->view({m->numel()}).slice_rows(e.offset, e.offset + n), "optim/" + e.spec.name + suffix);
+      if (m->defined()) check(m->view({m->numel()}).slice_rows(at, at + n), "optim/" + e.spec.name + suffix);
   }
   if (bad.empty()) return "";
   std::string names;

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -21,7 +22,10 @@
 #include "app/build_info.h"
 #include "app/context_parallel.h"
 #include "app/device.h"
+#include "app/checkpoint/hf_export.h"
 #include "app/evaluate.h"
+#include "app/freeze.h"
+#include "app/upscale.h"
 #include "app/launch.h"
 #include "app/memory_check.h"
 #include "app/preflight.h"
@@ -58,6 +62,16 @@ void validate_layout(const Config& c, const ModelConfig& m, int64_t world) {
   l.sequence_parallel = c.parallel.sequence_parallel;
   validate_grid(grid_degrees(c.parallel), world, l);
 }
+// The whole model's global parameter names (every pipeline stage's), for train.freeze.
+std::vector<std::string> global_parameter_names(const ModelConfig& mc) {
+  std::vector<std::string> names;
+  for (const auto& [path, shape] : model_tensor_shapes(mc)) names.push_back(path.substr(std::strlen("/model/")));
+  return names;
+}
+int64_t int_attr_or(const AttrMap& attrs, const std::string& key, int64_t fallback) {
+  auto it = attrs.find(key);
+  return it != attrs.end() && std::holds_alternative<int64_t>(it->second) ? std::get<int64_t>(it->second) : fallback;
+}
 int64_t world_size_of(MPI_Comm comm) { return comm == MPI_COMM_NULL ? 1 : comm_size(comm); }
 int64_t world_rank_of(MPI_Comm comm) { return comm == MPI_COMM_NULL ? 0 : comm_rank(comm); }
 std::vector<int64_t> all_ranks(int64_t world) {
@@ -90,11 +104,14 @@ DpOptimizerOptions dp_optimizer_options(const ParallelConfig& p) {
 // The ParameterStore's flat buffers as parallel/ sees them. embedding_group: the tied token
 // embedding a pipeline's first and last stage both hold (ParamSpec::sum_grad_over_embedding_group;
 // none with pp = 1).
+// Only the trainable region: frozen parameters are neither reduced nor stepped, nor in the norm.
 FlatParams flat_params_of(const ParameterStore& ps) {
-  FlatParams f{ps.flat_params(), ps.flat_grads(), ps.padded_flat_params(), ps.padded_flat_grads(), {}};
+  FlatParams f{ps.trainable_flat_params(), ps.trainable_flat_grads(), ps.padded_trainable_flat_params(),
+               ps.padded_trainable_flat_grads(), {}};
   for (const ParamEntry& e : ps.entries())
-    f.entries.push_back({e.offset, e.local_shape.numel(), e.sharded(), e.spec.sum_grad_over_tp,
-                         e.spec.sum_grad_over_embedding_group});
+    if (!e.frozen)
+      f.entries.push_back({e.offset - ps.frozen_numel(), e.local_shape.numel(), e.sharded(), e.spec.sum_grad_over_tp,
+                           e.spec.sum_grad_over_embedding_group});
   return f;
 }
 }  // namespace
@@ -129,47 +146,57 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
   if (watchdog && comms_) comms_->watch(*watchdog, grid_, cfg_.parallel.timeout_s);
   cp_ = context_parallel_of(cfg_.parallel, comms_.get());
   // The tp ranks of a dp replica hold one model between them and read the same batches.
-  TensorParallel tp;
-  if (grid_.tp_size() > 1) tp = TensorParallel{comms_->tp.get(), cfg_.parallel.sequence_parallel};
-  params_ = std::make_unique<ParameterStore>(alloc_, DType::F32, ShardLayout{static_cast<int>(grid_.tp_size()),
-                                                                             static_cast<int>(grid_.tp_rank())});
-  // One Gpt per chunk (interleaved: vpp of them), their parameters in one store: one flat buffer
-  // for the optimizer, the reduction and the checkpoint.
-  const std::vector<StageSpec> chunks = chunks_of(cfg_, mc, grid_);
-  const std::vector<Recompute> recompute = recompute_policy(cfg_, chunks);
-  for (const StageSpec& chunk : chunks)
-    chunks_.push_back(std::make_unique<Gpt>(mc, *params_, recompute, tp, chunk, cp_));
-  model_ = chunks_.front().get();
-  const DpOptimizerOptions dp_opts = dp_optimizer_options(cfg_.parallel);
-  params_->finalize(DataParallelOptimizer::pad_multiple(dp_opts, grid_.dp_size() * grid_.cp_size()));
-  if (cfg_.train.dtype == "bf16") params_->enable_compute_copy(DType::BF16);  // the GEMMs' weights
-  params_->initialize(ex_, static_cast<uint64_t>(cfg_.train.seed));
-  flat_ = flat_params_of(*params_);
-  check_tied_copies("after initialization");
-  if (comms_)  // the embedding group comes with pipeline parallelism (none with pp = 1)
-    groups_ = GradGroups{comms_->tp.get(), dp_cp_group(), comms_->pp.get(), comms_->embedding.get()};
-  opt_ = std::make_unique<DataParallelOptimizer>(
-      flat_, segments(), AdamWOptions{cfg_.optim.beta1, cfg_.optim.beta2, cfg_.optim.eps, cfg_.optim.weight_decay},
-      dp_opts, dp_cp_group(), alloc_);
+  if (grid_.tp_size() > 1) tp_ = TensorParallel{comms_->tp.get(), cfg_.parallel.sequence_parallel};
+  // Which checkpoint to continue, and whose: a fresh start over another run's files is refused here,
+  // before metrics.jsonl is opened (and truncated). Known before the model is built: train.freeze =
+  // "original" reads the file's up-scaling record.
+  std::optional<RunStart> start;
+  int64_t resume_step = -1;
+  if (!ckpt_dir.empty() && comm != MPI_COMM_NULL) {
+    start = start_run(ckpt_dir, cfg_.checkpoint.resume, cfg_.checkpoint.overwrite, comm);
+    if (start->resume_from) {
+      const CheckpointReader reader(*start->resume_from, comm);
+      const GroupAttributes& groups = reader.group_attributes();
+      if (auto it = groups.find(kUpscaleGroup); it != groups.end()) upscale_record_ = it->second;
+      resume_step = reader.meta().step;
+    }
+  }
+  freeze_where_ = start && start->resume_from ? "checkpoint " + *start->resume_from
+                                              : std::string("this run (it resumes no checkpoint)");
+  if (!upscale_record_.empty()) growth_step_ = int_attr_or(upscale_record_, "source_step", -1);
+  // An in-run growth ([upscale] method, at_step): still to come, "original" waits for it; done
+  // already (the checkpoint resumed is past it), the model is the grown one.
+  ModelConfig model = mc;
+  const bool in_run_growth = !cfg_.upscale.method.empty();
+  const bool grows_later = in_run_growth && resume_step < cfg_.upscale.at_step;
+  if (in_run_growth) {
+    ModelConfig grown = mc;
+    grown.n_layer = static_cast<int64_t>(layer_mapping(mc.n_layer, upscale_options(cfg_.upscale)).size());
+    validate_layout(cfg_, grown, grid_.world_size());  // the grown model must fit the layout too
+    if (!grows_later) model = grown;
+  }
+  build_model(model, frozen_parameters(cfg_.train.freeze, global_parameter_names(model), model.n_layer,
+                                       {upscale_record_, freeze_where_}, !grows_later));
   schedule_ = LrSchedule{cfg_.optim.lr, cfg_.optim.min_lr, cfg_.optim.warmup_steps, cfg_.train.steps,
                          parse_lr_decay(cfg_.optim.decay)};
-  flops_per_token_ = flops_per_token(mc, cfg_.train.seq_len);
-  if (!ckpt_dir.empty() && comm != MPI_COMM_NULL) {
-    // Which checkpoint to continue, and whose: a fresh start over another run's files is refused here,
-    // before metrics.jsonl is opened (and truncated).
-    const RunStart start = start_run(ckpt_dir, cfg_.checkpoint.resume, cfg_.checkpoint.overwrite, comm);
-    ckpt_ = std::make_unique<CheckpointWriter>(ckpt_dir, cfg_.checkpoint.keep_last, comm, start.run);
+  flops_per_token_ = flops_per_token(model, cfg_.train.seq_len);
+  if (start) {
+    ckpt_ = std::make_unique<CheckpointWriter>(ckpt_dir, cfg_.checkpoint.keep_last, comm, start->run);
     // The writer's collective HDF5 I/O runs on its own thread, out of any communicator's sight; the
     // main thread's waits for it are watched as one region.
     if (watchdog)
       ckpt_wait_ = &watchdog->add_slot("world group", all_ranks(grid_.world_size()),
                                        kRegionTimeoutFactor * cfg_.parallel.timeout_s);
-    if (const auto& path = start.resume_from) {
+    if (const auto& path = start->resume_from) {
       const FullOptimizerState moments = opt_->state_buffers();
       const RestoredState st = restore_training_state(*path, *params_, moments.state, comm);
       // A diverged run's checkpoint would "train" on NaN and report a loss of 0 (collective).
       throw_if_any_failed(comm, nonfinite_tensor_in(*path, *params_, moments.state));
       if (lead_) resume_warnings_ = data_order_changes(st.config_toml, cfg_);
+      if (lead_ && !st.fresh_moments.empty())
+        resume_warnings_.push_back(std::to_string(st.fresh_moments.size()) + " parameters frozen when " + *path +
+                                   " was saved are trained now: their AdamW moments start at zero (first: " +
+                                   st.fresh_moments.front() + ")");
       opt_->load_state(ex_, moments.state, st.optimizer_steps);
       check_tied_copies("after resuming " + *path);
       resumed_from_ = *path;
@@ -177,6 +204,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
       consumed_at_start_ = st.consumed_samples;
     }
   }
+  apply_rewarm();
   params_->refresh_compute_copy(ex_);  // from the initialized or resumed masters (bf16 only)
   if (cfg_.train.profile) {
     profiling_ = true;
@@ -188,9 +216,153 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
   if (!run_dir_.empty() && lead_) metrics_ = MetricsWriter(run_dir_ + "/metrics.jsonl", /*append=*/start_step_ > 0);
 }
 
+// The model of config mc on this rank's layout: its chunks, their parameters in one store (the
+// frozen ones first: ParameterStore::finalize), initialized from train.seed, and the optimizer over
+// the trainable ones.
+void Trainer::build_model(const ModelConfig& mc, const std::set<std::string>& frozen) {
+  opt_.reset();
+  chunks_.clear();
+  model_ = nullptr;
+  params_ = std::make_unique<ParameterStore>(alloc_, DType::F32, ShardLayout{static_cast<int>(grid_.tp_size()),
+                                                                             static_cast<int>(grid_.tp_rank())});
+  // One Gpt per chunk (interleaved: vpp of them), their parameters in one store: one flat buffer
+  // for the optimizer, the reduction and the checkpoint.
+  const std::vector<StageSpec> chunks = chunks_of(cfg_, mc, grid_);
+  const std::vector<Recompute> recompute = recompute_policy(cfg_, chunks);
+  for (const StageSpec& chunk : chunks)
+    chunks_.push_back(std::make_unique<Gpt>(mc, *params_, recompute, tp_, chunk, cp_));
+  model_ = chunks_.front().get();
+  mc_ = mc;
+  frozen_.assign(frozen.begin(), frozen.end());
+  for (int id = 0; id < params_->size(); ++id)
+    if (frozen.count(params_->entry(id).spec.name)) params_->freeze(id);
+  trainable_prefix_.assign(1, 0);
+  for (const ParamEntry& e : params_->entries()) trainable_prefix_.push_back(trainable_prefix_.back() + (e.frozen ? 0 : 1));
+  const DpOptimizerOptions dp_opts = dp_optimizer_options(cfg_.parallel);
+  params_->finalize(DataParallelOptimizer::pad_multiple(dp_opts, grid_.dp_size() * grid_.cp_size()));
+  if (cfg_.train.dtype == "bf16") params_->enable_compute_copy(DType::BF16);  // the GEMMs' weights
+  params_->initialize(ex_, static_cast<uint64_t>(cfg_.train.seed));
+  flat_ = flat_params_of(*params_);
+  check_tied_copies("after initialization");
+  if (comms_)  // the embedding group comes with pipeline parallelism (none with pp = 1)
+    groups_ = GradGroups{comms_->tp.get(), dp_cp_group(), comms_->pp.get(), comms_->embedding.get()};
+  opt_ = std::make_unique<DataParallelOptimizer>(
+      flat_, segments(), AdamWOptions{cfg_.optim.beta1, cfg_.optim.beta2, cfg_.optim.eps, cfg_.optim.weight_decay},
+      dp_opts, dp_cp_group(), alloc_);
+}
+
+// The optimizer's hook for the last backward, on store ids: frozen parameters are not the
+// optimizer's (their gradients are never reduced), the others are renumbered in its order.
+Gpt::GradsReady Trainer::grads_hook() {
+  Gpt::GradsReady inner = opt_->grads_ready_hook();
+  if (!inner || !params_->any_frozen()) return inner;
+  return [this, inner](int first, int end) {
+    const int a = trainable_prefix_[static_cast<size_t>(first)], b = trainable_prefix_[static_cast<size_t>(end)];
+    if (a < b) inner(a, b);
+  };
+}
+
+// The in-run growth: the global tensors are gathered from every rank's shards (one replica sends),
+// mapped by the offline code (LayerUpscaler, model/upscale.h) exactly as `tessera upscale` maps a
+// file's, and the grown model is built on the same layout (the pipeline stages cut again for the
+// new depth), each rank keeping its shard. Moments start fresh with AdamW's step count at 0, or
+// follow their parameters (upscale.carry_optimizer), as in the offline path.
+void Trainer::grow(int64_t done) {
+  const UpscaleOptions options = upscale_options(cfg_.upscale);
+  LayerUpscaler up(mc_, options);
+  const bool send = grid_.dp_rank() == 0 && grid_.cp_rank() == 0, whole = grid_.tp_rank() == 0;
+  const MPI_Comm comm = comms_ ? world_ : MPI_COMM_NULL;
+  const float* base = params_->flat_params().ptr<float>();
+  const GlobalTensors params = gather_global_tensors(
+      *params_, [&](const ParamEntry& e) { return base + e.offset; }, send, whole, comm);
+  const bool carry = cfg_.upscale.carry_optimizer;
+  GlobalTensors moments[2];
+  int64_t steps = 0;
+  if (carry) {
+    const FullOptimizerState st = opt_->gather_state();  // ZeRO-1: gathered over dp (collective)
+    steps = st.state.steps;
+    const float* m[2] = {st.state.exp_avg.ptr<float>(), st.state.exp_avg_sq.ptr<float>()};
+    for (int k = 0; k < 2; ++k)
+      moments[k] = gather_global_tensors(
+          *params_, [&](const ParamEntry& e) { return e.frozen ? nullptr : m[k] + e.offset - params_->frozen_numel(); },
+          send, whole, comm);
+  }
+  const TensorFetch source_params = [&params](const std::string& name) {
+    auto it = params.find(name);
+    TESSERA_CHECK(it != params.end(), "upscale at upscale.at_step: the source model's ", name, " was not gathered");
+    return it->second;
+  };
+  // A parameter frozen before the growth has no moments: zero, as a fresh one's.
+  const auto source_moment = [&](int k) -> TensorFetch {
+    return [&, k](const std::string& name) {
+      auto it = moments[k].find(name);
+      return it != moments[k].end() ? it->second : std::vector<float>(source_params(name).size(), 0.0f);
+    };
+  };
+  const int64_t before = mc_.n_layer;
+  const std::string mapping = describe_mapping(up.mapping());
+  // The record a grown checkpoint carries (app/upscale.h), so that a save after this step resumes
+  // as the grown model and train.freeze = "original" knows the new layers.
+  upscale_record_.clear();
+  upscale_record_["method"] = options.method;
+  upscale_record_["source_file"] = std::string("(in-run growth)");
+  upscale_record_["source_step"] = done;
+  upscale_record_["source_layers"] = before;
+  upscale_record_["layers"] = up.target().n_layer;
+  upscale_record_["mapping"] = mapping;
+  cfg_.model.n_layer = up.target().n_layer;
+  cfg_.parallel.pp_layers.clear();  // cut again for the new depth
+  cfg_.upscale.method.clear();      // done: the config a save stores is the grown model's
+  cfg_.upscale.at_step = 0;
+  const std::set<std::string> frozen =
+      frozen_parameters(cfg_.train.freeze, global_parameter_names(up.target()), up.target().n_layer,
+                        {upscale_record_, "this run's growth at step " + std::to_string(done)});
+  build_model(up.target(), frozen);
+  for (const ParamEntry& e : params_->entries())
+    copy_local_part(e, up.parameter(e.spec.name, source_params),
+                    params_->flat_params().ptr<float>() + e.offset);
+  const FullOptimizerState st = opt_->state_buffers();
+  float* m[2] = {st.state.exp_avg.ptr<float>(), st.state.exp_avg_sq.ptr<float>()};
+  for (int k = 0; k < 2; ++k) {
+    std::fill(m[k], m[k] + st.state.exp_avg.numel(), 0.0f);
+    if (!carry) continue;
+    for (const ParamEntry& e : params_->entries())
+      if (!e.frozen)
+        copy_local_part(e, up.moment(e.spec.name, source_params, source_moment(k)),
+                        m[k] + e.offset - params_->frozen_numel());
+  }
+  opt_->load_state(ex_, st.state, steps);
+  params_->refresh_compute_copy(ex_);
+  check_tied_copies("after the growth at step " + std::to_string(done));
+  if (profiling_)
+    for (const auto& chunk : chunks_) chunk->set_profiler(&profiler_);
+  flops_per_token_ = flops_per_token(up.target(), cfg_.train.seq_len);
+  growth_step_ = done;
+  apply_rewarm();
+  progress_.message("upscale at step " + std::to_string(done) + ": " + options.method + " grew " +
+                    std::to_string(before) + " layers to " + std::to_string(up.target().n_layer) + " (" + mapping +
+                    "), optimizer moments " + (carry ? "carried" : "fresh") +
+                    (frozen.empty() ? "" : ", " + std::to_string(frozen.size()) + " parameters frozen"));
+  JsonRecord rec;
+  rec.add("step", done)
+      .add("event", std::string("upscale"))
+      .add("method", options.method)
+      .add("layers_before", before)
+      .add("layers", up.target().n_layer)
+      .add("mapping", mapping);
+  metrics_.write(rec);
+}
+
+// [upscale] rewarm_steps after a growth at growth_step_ (the resumed file's, or this run's).
+void Trainer::apply_rewarm() {
+  if (cfg_.upscale.rewarm_steps > 0 && growth_step_ >= 0)
+    schedule_.restart(growth_step_, cfg_.upscale.rewarm_steps);
+}
+
 std::vector<ParamSegment> Trainer::segments() const {
   std::vector<ParamSegment> segs;
   for (const ParamEntry& e : params_->entries()) {
+    if (e.frozen) continue;  // not the optimizer's: segments tile the trainable region
     bool decay = false;
     switch (e.spec.kind) {
       case ParamKind::Matrix: decay = true; break;
@@ -198,7 +370,7 @@ std::vector<ParamSegment> Trainer::segments() const {
       case ParamKind::Bias: decay = cfg_.optim.decay_biases; break;
       case ParamKind::Embedding: decay = cfg_.optim.decay_embeddings; break;
     }
-    segs.push_back({e.offset, e.local_shape.numel(), decay});
+    segs.push_back({e.offset - params_->frozen_numel(), e.local_shape.numel(), decay});
   }
   return segs;
 }
@@ -272,7 +444,7 @@ std::optional<Trainer::Reduced> Trainer::forward_backward(int64_t s) {
   };
   run.backward = [&](int64_t m, bool last) {
     // Only the last backward communicates: earlier ones only accumulate locally.
-    model_->backward(ex_, in_flight.at(m).ctx, alloc_, loss_scale, last ? opt_->grads_ready_hook() : Gpt::GradsReady{});
+    model_->backward(ex_, in_flight.at(m).ctx, alloc_, loss_scale, last ? grads_hook() : Gpt::GradsReady{});
     in_flight.erase(m);
   };
   run_schedule(one_stage_schedule(static_cast<int64_t>(batches.size())).actions_of(grid_.pp_rank()), run);
@@ -380,7 +552,7 @@ void Trainer::run_pipeline(const std::vector<Batch>& batches, double loss_scale,
     // B alone defers its weight gradients: the chunk's gradients are final only after its last W.
     WeightGrads* split = call.input_only ? &deferred.emplace(key, WeightGrads(alloc_)).first->second : nullptr;
     chunk(call.chunk).backward(ex_, f.ctx, alloc_, from, stage.embedding ? Tensor() : f.grad.tensor(),
-                               call.last && !split ? opt_->grads_ready_hook() : Gpt::GradsReady{}, split);
+                               call.last && !split ? grads_hook() : Gpt::GradsReady{}, split);
     // The input gradient is sent: kept until run_schedule returns. The first chunk's received output
     // gradient is not sent on: freed with the rest of the micro-batch.
     if (f.grad.defined() && !stage.embedding) sent_grads[key] = std::move(f.grad);
@@ -388,7 +560,7 @@ void Trainer::run_pipeline(const std::vector<Batch>& batches, double loss_scale,
   };
   run.backward_weight = [&](const BackwardCall& call) {
     const Key key{call.micro_batch, call.chunk};
-    chunk(call.chunk).backward_weight(ex_, deferred.at(key), call.last ? opt_->grads_ready_hook() : Gpt::GradsReady{});
+    chunk(call.chunk).backward_weight(ex_, deferred.at(key), call.last ? grads_hook() : Gpt::GradsReady{});
     deferred.erase(key);
   };
   run.p2p = [&](const std::vector<Action>& batch) {
@@ -632,6 +804,8 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   st.params = params_.get();
   const FullOptimizerState optimizer = opt_->gather_state();  // ZeRO-1: gathered over dp (collective)
   st.optimizer = optimizer.state;
+  st.frozen = frozen_;
+  if (!upscale_record_.empty()) st.extra_groups[kUpscaleGroup] = upscale_record_;  // carried on: "original", rewarm
   st.step = steps_done;
   st.consumed_samples = consumed_at_start_ + (steps_done - start_step_) * cfg_.train.global_batch;
   st.tokens_seen = st.consumed_samples * cfg_.train.seq_len;
@@ -771,6 +945,8 @@ void Trainer::train_loop(const StopSignals& stop, TrainSummary& summary, std::ch
         profiler_.reset();
       }
     }
+    // [upscale]: the model grows after step at_step, before that step's evaluation and save.
+    if (!cfg_.upscale.method.empty() && done == cfg_.upscale.at_step) grow(done);
     const bool last = done == cfg_.train.steps;
     // An evaluation abandoned for a signal records nothing; the vote below then stops the run.
     if (!last && cfg_.train.eval_every > 0 && done % cfg_.train.eval_every == 0) evaluate(done, summary);

@@ -11,6 +11,7 @@
 #include <mpi.h>
 
 #include <optional>
+#include <set>
 #include <utility>
 
 #include "app/checkpoint/checkpointing.h"
@@ -125,6 +126,11 @@ class Trainer {
   bool vote_stop(const std::string& read_error);
   bool stop_requested() const { return signals_ && signals_->requested(); }
   std::vector<ParamSegment> segments() const;
+  void build_model(const ModelConfig& mc, const std::set<std::string>& frozen);
+  Gpt::GradsReady grads_hook();
+  void apply_rewarm();
+  // [upscale]: grows the model after `done` steps, in place (collective over every rank).
+  void grow(int64_t done);
 
   Profiler* prof() { return profiling_ ? &profiler_ : nullptr; }
   // The gradient-reduction group, dp x cp (null on one rank); see the definition.
@@ -149,7 +155,14 @@ class Trainer {
   std::unique_ptr<ParameterStore> params_;
   std::vector<std::unique_ptr<Gpt>> chunks_;  // this rank's model chunks: one, or vpp (interleaved)
   const Gpt* model_ = nullptr;                // chunks_.front(): the model's config, evaluation
-  FlatParams flat_;    // params_'s flat buffers as parallel/ sees them
+  ModelConfig mc_;     // the model's config (resolved): its depth changes at an in-run growth
+  TensorParallel tp_;  // the tp group the model's layers span (none when tp = 1)
+  std::vector<std::string> frozen_;     // train.freeze resolved: global names, sorted
+  std::vector<int> trainable_prefix_;   // trainable parameters among store ids [0, i)
+  AttrMap upscale_record_;              // the /upscale record this run carries on (empty: none)
+  std::string freeze_where_;            // where "original" looks, for messages
+  int64_t growth_step_ = -1;            // the step the model grew at (rewarm_steps), -1: none
+  FlatParams flat_;    // params_'s trainable flat buffers as parallel/ sees them
   GradGroups groups_;  // the groups finalize_grads sums over (all null on one rank)
   std::unique_ptr<DataParallelOptimizer> opt_;  // gradient reduction over dp x cp, AdamW (parallel.zero)
   LrSchedule schedule_;

@@ -3,9 +3,15 @@
 // tensor, each made just before it is written, so the model is never whole in memory.
 #pragma once
 
+#include <mpi.h>
+
+#include <functional>
+#include <map>
 #include <ostream>
 #include <string>
 
+#include "app/config.h"
+#include "model/parameters.h"
 #include "model/upscale.h"
 
 namespace tessera {
@@ -19,6 +25,24 @@ struct UpscaleArgs {
 
 // What a grown checkpoint records of how it was made: group /upscale of the file.
 inline constexpr const char* kUpscaleGroup = "/upscale";
+
+// Global tensors by parameter name, row-major (the in-run growth's view of a model).
+using GlobalTensors = std::map<std::string, std::vector<float>>;
+
+// The whole model's tensors, assembled on every rank from the ranks' shards (collective over comm;
+// MPI_COMM_NULL: this process alone holds the model). values(e) points at entry e's local values
+// (parameters, or a moment at its own layout); entries values skips (returns null) are left out.
+// Only ranks with `contributes` send (one replica: dp rank 0, cp rank 0), and of the tensors every
+// tp rank holds whole only tp rank 0's (`contributes_whole`); a stage_copy is never sent (its
+// owner's is). Every rank receives the whole model: transiently about one model per rank.
+GlobalTensors gather_global_tensors(const ParameterStore& ps, const std::function<const float*(const ParamEntry&)>& values,
+                                    bool contributes, bool contributes_whole, MPI_Comm comm);
+
+// Entry e's local part of a global tensor (its tp shard; padding rows zero) into out.
+void copy_local_part(const ParamEntry& e, const std::vector<float>& global, float* out);
+
+// The [upscale] section's method and options as `tessera upscale` takes them.
+UpscaleOptions upscale_options(const UpscaleConfig& c);
 
 // Writes args.out; returns the exit code. Throws tessera::Error for a bad request (naming it) or a
 // source that does not match its stored config.

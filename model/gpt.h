@@ -301,6 +301,8 @@ class Gpt {
   int64_t seq_multiple() const { return tp_.sequence_sharded() ? tp_.size() : 1; }
 
   const ModelConfig& config() const { return cfg_; }
+  // Block i of this stage's blocks (its first layer's is 0).
+  const Block& block(int64_t i) const { return blocks_.at(static_cast<size_t>(i)); }
   const StageSpec& stage() const { return stage_; }
   // Times every op family of forward and backward into p (owned by the caller; null: off).
   void set_profiler(Profiler* p);

@@ -39,15 +39,36 @@ int ParameterStore::add(ParamSpec spec) {
   return id;
 }
 
+void ParameterStore::freeze(int id) {
+  TESSERA_CHECK(!finalized_, "parameter ", entry(id).spec.name, " frozen after finalize()");
+  entries_.at(static_cast<size_t>(id)).frozen = true;
+}
+
 void ParameterStore::finalize(int64_t pad_multiple) {
   TESSERA_CHECK(!finalized_, "ParameterStore::finalize() called twice");
   TESSERA_CHECK(pad_multiple >= 1, "ParameterStore::finalize: pad_multiple = ", pad_multiple);
-  const int64_t padded = (total_ + pad_multiple - 1) / pad_multiple * pad_multiple;
+  // Frozen first, then trainable, each in registration order.
+  int64_t at = 0;
+  for (bool frozen : {true, false}) {
+    for (ParamEntry& e : entries_)
+      if (e.frozen == frozen) e.offset = at, at += e.local_shape.numel();
+    if (frozen) frozen_total_ = at;
+  }
+  const int64_t trainable = total_ - frozen_total_;
+  const int64_t padded = frozen_total_ + (trainable + pad_multiple - 1) / pad_multiple * pad_multiple;
   params_ = Buffer(alloc_, dtype_, {padded}, MemCategory::Parameters);
   grads_ = Buffer(alloc_, dtype_, {padded}, MemCategory::Gradients);
   flat_params_ = params_.tensor().slice_rows(0, total_);
   flat_grads_ = grads_.tensor().slice_rows(0, total_);
   finalized_ = true;
+}
+
+Tensor ParameterStore::padded_trainable_flat_params() const {
+  return params_.tensor().slice_rows(frozen_total_, params_.tensor().numel());
+}
+
+Tensor ParameterStore::padded_trainable_flat_grads() const {
+  return grads_.tensor().slice_rows(frozen_total_, grads_.tensor().numel());
 }
 
 Tensor ParameterStore::param(int id) const {

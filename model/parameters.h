@@ -69,6 +69,7 @@ struct ParamEntry {
   int64_t offset = 0;       // into the flat buffers, in elements
   int64_t shard_start = 0;  // first global index along spec.shard.dim held here
   int64_t shard_valid = 0;  // indices along spec.shard.dim held here (< local_shape there when padded)
+  bool frozen = false;      // not trained (train.freeze): laid out before the trainable parameters
 
   // Split over tp on this layout (false for replicated parameters, and for every one when tp = 1).
   bool sharded() const { return spec.shard.axis != GridAxis::None && !(local_shape == spec.global_shape); }
@@ -86,8 +87,14 @@ class ParameterStore {
 
   // Registers a parameter before finalize(); returns its id. Names must be unique.
   int add(ParamSpec spec);
+  // Marks parameter id frozen (not trained), before finalize().
+  void freeze(int id);
   // Allocates the flat parameter and gradient buffers (zero-filled), padded with zeros to a multiple
-  // of pad_multiple elements (ZeRO-1 shards them over the data-parallel ranks).
+  // of pad_multiple elements (ZeRO-1 shards them over the data-parallel ranks). Frozen parameters
+  // come first, in registration order, then the trainable ones in registration order: the
+  // trainable region [frozen_numel(), numel()) is one contiguous range, and it (not the whole
+  // buffer) is what the padding rounds up to a multiple of pad_multiple. Without frozen parameters
+  // the offsets are the registration order's.
   void finalize(int64_t pad_multiple = 1);
   // Fills every parameter from (seed, name, global index): the same global model on any layout.
   // The values are drawn on the host and copied to the parameters' device (a copy op through a
@@ -122,6 +129,14 @@ class ParameterStore {
   // stage_copy is not counted, so the stages' counts add up to the model's.
   int64_t global_numel() const;
   int64_t padded_numel() const { return params_.tensor().numel(); }
+  // The trainable region: what the optimizer, the gradient reduction and the norm see. Offsets of
+  // trainable entries minus frozen_numel() index it.
+  int64_t frozen_numel() const { return frozen_total_; }
+  Tensor trainable_flat_params() const { return flat_params_.slice_rows(frozen_total_, total_); }
+  Tensor trainable_flat_grads() const { return flat_grads_.slice_rows(frozen_total_, total_); }
+  Tensor padded_trainable_flat_params() const;  // with the padding
+  Tensor padded_trainable_flat_grads() const;
+  bool any_frozen() const { return frozen_total_ > 0; }
   DType dtype() const { return dtype_; }
   const ShardLayout& layout() const { return layout_; }
 
@@ -133,6 +148,7 @@ class ParameterStore {
   std::vector<ParamEntry> entries_;
   std::unordered_map<std::string, int> by_name_;
   int64_t total_ = 0;
+  int64_t frozen_total_ = 0;  // elements of the frozen parameters, at the start of the buffers
   bool finalized_ = false;
   Buffer params_, grads_;           // (padded)
   Buffer compute_;                  // (padded) the GEMMs' copy, when enabled

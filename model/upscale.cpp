@@ -9,6 +9,7 @@
 
 #include "kernels/check.h"
 #include "model/assignment.h"
+#include "model/gpt.h"
 
 namespace tessera {
 
@@ -25,7 +26,7 @@ void refuse_option(bool given, const std::string& method, const std::string& opt
   TESSERA_CHECK(!given, "upscale: --", option, " does not apply to --method ", method, " (",
                 method == "solar"   ? "solar takes --overlap or --layers"
                 : method == "stack" ? "stack takes --factor or --layers"
-                : method == "ot"    ? "ot takes --every or --layers [--position], and --sinkhorn-eps"
+                : method == "ot"    ? "ot takes --every or --layers [--position], --sinkhorn-eps and --align-data"
                                     : method + " takes --every or --layers [--position]",
                 ")");
 }
@@ -128,6 +129,9 @@ std::vector<LayerSource> layer_mapping(int64_t n, const UpscaleOptions& o) {
   refuse_option(!inserts(m) && o.every > 0, m, "every");
   refuse_option(!inserts(m) && !o.position.empty(), m, "position");
   refuse_option(m != "ot" && o.sinkhorn_eps > 0, m, "sinkhorn-eps");
+  refuse_option(m != "ot" && o.align_data, m, "align-data");
+  TESSERA_CHECK(o.align_batches == 0 || o.align_data, "upscale: --align-batches needs --align-data");
+  TESSERA_CHECK(o.align_batches >= 0, "upscale: --align-batches must be >= 1, got ", o.align_batches);
   if (m == "solar") return solar(n, o);
   if (m == "stack") return stack(n, o);
   return insert(n, o);
@@ -146,6 +150,52 @@ std::string describe_mapping(const std::vector<LayerSource>& mapping) {
     }
   }
   return s.str();
+}
+
+std::vector<LayerSource> parse_mapping(const std::string& text) {
+  std::istringstream in(text);
+  std::vector<LayerSource> out;
+  for (std::string tok; in >> tok;) {
+    const auto bad = [&] { return "upscale: cannot read layer \"" + tok + "\" of the mapping \"" + text + "\""; };
+    LayerSource l;
+    const size_t open = tok.find('(');
+    try {
+      if (open == std::string::npos) {
+        TESSERA_CHECK(tok.find_first_not_of("0123456789") == std::string::npos, bad());
+        l.a = std::stoll(tok);
+      } else {
+        TESSERA_CHECK(tok.back() == ')', bad());
+        const std::string kind = tok.substr(0, open), args = tok.substr(open + 1, tok.size() - open - 2);
+        const size_t comma = args.find(',');
+        l.a = std::stoll(args.substr(0, comma));
+        if (kind == "expand") {
+          TESSERA_CHECK(comma == std::string::npos, bad());
+          l.init = LayerInit::Expand;
+        } else {
+          TESSERA_CHECK((kind == "avg" || kind == "ot") && comma != std::string::npos, bad());
+          l.init = kind == "avg" ? LayerInit::Average : LayerInit::Fuse;
+          l.b = std::stoll(args.substr(comma + 1));
+        }
+      }
+    } catch (const std::logic_error&) {  // stoll: not a number
+      TESSERA_CHECK(false, bad());
+    }
+    out.push_back(l);
+  }
+  TESSERA_CHECK(!out.empty(), "upscale: the mapping \"", text, "\" names no layer");
+  return out;
+}
+
+std::vector<bool> original_layers(const std::vector<LayerSource>& mapping) {
+  std::vector<bool> original(mapping.size(), false);
+  std::vector<int64_t> seen;
+  for (size_t i = 0; i < mapping.size(); ++i) {
+    const LayerSource& l = mapping[i];
+    if (l.init != LayerInit::Copy || std::find(seen.begin(), seen.end(), l.a) != seen.end()) continue;
+    seen.push_back(l.a);
+    original[i] = true;
+  }
+  return original;
 }
 
 std::pair<int64_t, std::string> split_block_name(const std::string& name) {
@@ -272,13 +322,12 @@ std::vector<float> rows_of(const std::vector<float>& f, int64_t n, int64_t first
   return {f.begin() + first * dim, f.begin() + (first + count) * dim};
 }
 
-void align_heads(const ModelConfig& cfg, const TensorFetch& a, const TensorFetch& b, BlockAlignment& al) {
+void align_heads(const ModelConfig& cfg, const UnitFeatures& fa, const UnitFeatures& fb, BlockAlignment& al) {
   const int64_t H = cfg.n_head, KV = cfg.kv_heads(), r = H / KV;
-  const auto q_names = present(cfg, {"attn.q.weight", "attn.proj.weight"}, {"attn.q.bias"});
-  const auto kv_names = present(cfg, {"attn.k.weight", "attn.v.weight"}, {"attn.k.bias", "attn.v.bias"});
-  const std::vector<float> qa = unit_features(cfg, a, q_names, H), qb = unit_features(cfg, b, q_names, H);
-  const std::vector<double> kv_cost = squared_distances(unit_features(cfg, a, kv_names, KV),
-                                                        unit_features(cfg, b, kv_names, KV), KV);
+  const std::vector<float>&qa = fa.heads, &qb = fb.heads;
+  const std::vector<double> kv_cost = fa.kv_heads.empty() || fb.kv_heads.empty()
+                                          ? std::vector<double>(static_cast<size_t>(KV * KV), 0.0)
+                                          : squared_distances(fa.kv_heads, fb.kv_heads, KV);
   // Group pair (g, h): k/v distance plus the best matching of the groups' r query heads.
   std::vector<double> group_cost(static_cast<size_t>(KV * KV));
   std::vector<std::vector<int64_t>> inner(static_cast<size_t>(KV * KV));
@@ -300,12 +349,9 @@ void align_heads(const ModelConfig& cfg, const TensorFetch& a, const TensorFetch
   }
 }
 
-void align_mlp(const ModelConfig& cfg, const TensorFetch& a, const TensorFetch& b, double eps, BlockAlignment& al) {
+void align_mlp(const ModelConfig& cfg, const UnitFeatures& fa, const UnitFeatures& fb, double eps, BlockAlignment& al) {
   const int64_t F = cfg.ffn_hidden;
-  const auto names = cfg.mlp == MlpKind::Gelu ? present(cfg, {"mlp.fc.weight", "mlp.proj.weight"}, {"mlp.fc.bias"})
-                                               : std::vector<std::string>{"mlp.gate.weight", "mlp.up.weight",
-                                                                          "mlp.down.weight"};
-  const std::vector<double> cost = squared_distances(unit_features(cfg, a, names, F), unit_features(cfg, b, names, F), F);
+  const std::vector<double> cost = squared_distances(fa.mlp, fb.mlp, F);
   if (eps > 0) {
     al.plan = sinkhorn_plan(cost, F, eps);
   } else {
@@ -313,13 +359,99 @@ void align_mlp(const ModelConfig& cfg, const TensorFetch& a, const TensorFetch& 
   }
 }
 
+// Per unit, the features of a (tokens, n, width) activation tensor: unit u's `width` values at
+// every token, appended to acc[u].
+void append_activations(const Tensor& t, int64_t n, std::vector<std::vector<float>>& acc) {
+  const float* x = t.ptr<float>();
+  const int64_t width = t.numel() / t.shape[0] / t.shape[1] / n, tokens = t.shape[0] * t.shape[1];
+  acc.resize(static_cast<size_t>(n));
+  for (int64_t k = 0; k < tokens; ++k)
+    for (int64_t u = 0; u < n; ++u) {
+      const float* first = x + (k * n + u) * width;
+      acc[static_cast<size_t>(u)].insert(acc[static_cast<size_t>(u)].end(), first, first + width);
+    }
+}
+
+std::vector<float> flatten(const std::vector<std::vector<float>>& per_unit) {
+  std::vector<float> out;
+  for (const auto& f : per_unit) out.insert(out.end(), f.begin(), f.end());
+  return out;
+}
+
+struct FeatureAcc {
+  std::vector<std::vector<float>> heads, kv, mlp;
+  void add(const ModelConfig& cfg, const BlockCtx& c) {
+    append_activations(c.attn.q.tensor(), cfg.n_head, heads);
+    append_activations(c.attn.out.tensor(), cfg.n_head, heads);
+    append_activations(c.attn.k.tensor(), cfg.kv_heads(), kv);
+    append_activations(c.attn.v.tensor(), cfg.kv_heads(), kv);
+    append_activations(c.mlp.act.tensor(), cfg.ffn_hidden, mlp);
+  }
+  UnitFeatures features() const { return {flatten(heads), flatten(kv), flatten(mlp)}; }
+};
+
 }  // namespace
 
-BlockAlignment align_blocks(const ModelConfig& cfg, const TensorFetch& a, const TensorFetch& b, double eps) {
+UnitFeatures weight_features(const ModelConfig& cfg, const TensorFetch& fetch) {
+  const auto q_names = present(cfg, {"attn.q.weight", "attn.proj.weight"}, {"attn.q.bias"});
+  const auto kv_names = present(cfg, {"attn.k.weight", "attn.v.weight"}, {"attn.k.bias", "attn.v.bias"});
+  const auto mlp_names = cfg.mlp == MlpKind::Gelu ? present(cfg, {"mlp.fc.weight", "mlp.proj.weight"}, {"mlp.fc.bias"})
+                                                  : std::vector<std::string>{"mlp.gate.weight", "mlp.up.weight",
+                                                                             "mlp.down.weight"};
+  return {unit_features(cfg, fetch, q_names, cfg.n_head), unit_features(cfg, fetch, kv_names, cfg.kv_heads()),
+          unit_features(cfg, fetch, mlp_names, cfg.ffn_hidden)};
+}
+
+BlockAlignment align_features(const ModelConfig& cfg, const UnitFeatures& a, const UnitFeatures& b, double eps) {
+  TESSERA_CHECK(a.heads.size() == b.heads.size() && a.mlp.size() == b.mlp.size() && a.kv_heads.size() == b.kv_heads.size(),
+                "upscale: the two blocks' unit features differ in size");
   BlockAlignment al;
   align_heads(cfg, a, b, al);
   align_mlp(cfg, a, b, eps, al);
   return al;
+}
+
+BlockAlignment align_blocks(const ModelConfig& cfg, const TensorFetch& a, const TensorFetch& b, double eps) {
+  return align_features(cfg, weight_features(cfg, a), weight_features(cfg, b), eps);
+}
+
+std::map<int64_t, std::pair<UnitFeatures, UnitFeatures>> activation_features(
+    const ModelConfig& cfg, const TensorFetch& params, const std::vector<LayerSource>& mapping,
+    const std::vector<std::vector<int32_t>>& batches, int64_t B, int64_t T) {
+  Allocator alloc;
+  const Exec ex = Exec::cpu();
+  ParameterStore ps(alloc, DType::F32);
+  const Gpt model(cfg, ps);
+  ps.finalize();
+  for (int id = 0; id < ps.size(); ++id) {
+    const std::vector<float> v = params(ps.entry(id).spec.name);
+    const Tensor t = ps.param(id);
+    TESSERA_CHECK(static_cast<int64_t>(v.size()) == t.numel(), "upscale --align-data: ", ps.entry(id).spec.name,
+                  " has ", v.size(), " elements, the model's ", t.numel());
+    std::copy(v.begin(), v.end(), t.ptr<float>());
+  }
+  std::map<int64_t, std::pair<FeatureAcc, FeatureAcc>> acc;
+  const SequenceLayout seq = SequenceLayout::contiguous(T);
+  for (const std::vector<int32_t>& ids : batches) {
+    TESSERA_CHECK(static_cast<int64_t>(ids.size()) == B * T, "upscale --align-data: a batch of ", ids.size(),
+                  " tokens, expected ", B, " x ", T);
+    GptCtx ctx;
+    model.forward(ex, ctx, alloc, Tensor(const_cast<int32_t*>(ids.data()), DType::I32, {B, T}), Tensor(), seq);
+    for (size_t i = 0; i < mapping.size(); ++i) {
+      const LayerSource& l = mapping[i];
+      if (l.init != LayerInit::Fuse) continue;
+      auto& [fa, fb] = acc[static_cast<int64_t>(i)];
+      fa.add(cfg, ctx.blocks.at(static_cast<size_t>(l.a)));
+      // Block b on block a's input: both blocks judged on the same tokens and residual stream.
+      BlockCtx cb;
+      const Buffer y(alloc, DType::F32, {B, T, cfg.n_embd}, MemCategory::Activations);
+      model.block(l.b).forward(ex, cb, alloc, y, ctx.resid.at(static_cast<size_t>(l.a)), seq);
+      fb.add(cfg, cb);
+    }
+  }
+  std::map<int64_t, std::pair<UnitFeatures, UnitFeatures>> out;
+  for (const auto& [layer, pair] : acc) out[layer] = {pair.first.features(), pair.second.features()};
+  return out;
 }
 
 std::vector<float> apply_alignment(const ModelConfig& cfg, const BlockAlignment& al, const std::string& suffix,
@@ -386,6 +518,9 @@ const BlockAlignment& LayerUpscaler::alignment(int64_t layer, const TensorFetch&
   auto of = [&](int64_t src) {
     return [&params, src](const std::string& suffix) { return params("blocks." + std::to_string(src) + "." + suffix); };
   };
+  if (auto f = features_.find(layer); f != features_.end())
+    return alignments_.emplace(layer, align_features(source_, f->second.first, f->second.second, sinkhorn_eps_))
+        .first->second;
   return alignments_.emplace(layer, align_blocks(source_, of(l.a), of(l.b), sinkhorn_eps_)).first->second;
 }
 

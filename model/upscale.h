@@ -40,6 +40,8 @@ struct UpscaleOptions {
   int64_t every = 0;        // inserting methods: a new layer after every k-th slot (default 1)
   std::string position{};   // inserting methods with --layers: top | bottom | uniform (default)
   double sinkhorn_eps = 0;  // ot: 0 = exact assignment, > 0 = Sinkhorn-regularized soft alignment
+  bool align_data = false;  // ot: costs from activations on a few batches (activation_features), not weights
+  int64_t align_batches = 0;  // ot --align-data: batches to run (0 = the default, 4)
 };
 
 // The methods, in the order docs/upscaling.md lists them.
@@ -60,6 +62,16 @@ std::vector<LayerSource> layer_mapping(int64_t n_source, const UpscaleOptions& o
 // "0 1 2 3 2 3 4 5", "0 expand(0) 1 expand(1)", "0 avg(0,1) 1", "0 ot(0,1) 1": one token per layer.
 std::string describe_mapping(const std::vector<LayerSource>& mapping);
 
+// The inverse of describe_mapping: "0 expand(0) 1 avg(1,2) 2" -> the layers. Throws tessera::Error
+// ("upscale: ...") naming a token it cannot read.
+std::vector<LayerSource> parse_mapping(const std::string& text);
+
+// Which layers of a grown model were carried over from its source (train.freeze = "original"): a
+// Copy layer that is the first copy of its source layer (the lowest grown index that copies it).
+// New are every Expand, Average and Fuse layer and every later Copy of a source layer already
+// carried over (solar's second copies of the overlap, stack's repeats, interleave's duplicates).
+std::vector<bool> original_layers(const std::vector<LayerSource>& mapping);
+
 // A whole source tensor by its parameter name ("blocks.2.attn.q.weight"), row-major.
 using TensorFetch = std::function<std::vector<float>(const std::string& name)>;
 
@@ -70,6 +82,32 @@ struct BlockAlignment {
   std::vector<int64_t> heads, kv_heads, units;
   std::vector<double> plan;  // (F, F) row-major; empty for an exact alignment
 };
+
+// Per-unit feature vectors of one block, (n, dim) row-major each: what alignment costs compare
+// (squared distances between a unit of block a and one of block b).
+struct UnitFeatures {
+  std::vector<float> heads;     // (H, dim): query heads
+  std::vector<float> kv_heads;  // (KV, dim): key/value heads; empty = no kv term in a group's cost
+  std::vector<float> mlp;       // (F, dim): MLP hidden units
+};
+
+// From the weights: query heads = their q rows (and bias) and output-projection columns; kv heads
+// = their k and v rows (and biases); MLP units = input rows (fc with bias, or gate and up) and
+// output columns (proj / down).
+UnitFeatures weight_features(const ModelConfig& cfg, const TensorFetch& fetch);
+
+// ot --align-data: for each Fuse layer of `mapping` (by grown index), the features of its two
+// source blocks a and b from their activations when both run on the same inputs, block a's input
+// in the source model, over `batches` of token ids (B, T) each: query heads = their q (after RoPE)
+// and attention output over every token, kv heads = their k and v, MLP units = their activation
+// (the down projection's input). One process, the whole source model (params by name).
+std::map<int64_t, std::pair<UnitFeatures, UnitFeatures>> activation_features(
+    const ModelConfig& cfg, const TensorFetch& params, const std::vector<LayerSource>& mapping,
+    const std::vector<std::vector<int32_t>>& batches, int64_t B, int64_t T);
+
+// Aligns block b to block a from their features (align_blocks's rules).
+BlockAlignment align_features(const ModelConfig& cfg, const UnitFeatures& a, const UnitFeatures& b,
+                              double sinkhorn_eps);
 
 // Aligns block b to block a from their weights (a_fetch("attn.q.weight") is layer a's tensor).
 // Heads: an exact assignment of kv groups, whose cost is their k and v distance plus the best
@@ -102,6 +140,9 @@ class LayerUpscaler {
   // same kind (moment(name) is the source parameter's): copied as the parameter is, zero where
   // Expand zeroes the parameter, averaged (after the same alignment, for Fuse) where it is averaged.
   std::vector<float> moment(const std::string& name, const TensorFetch& params, const TensorFetch& moment);
+  // ot --align-data: the features of each Fuse layer's pair (activation_features), used instead of
+  // the weights' for the layers present.
+  void set_features(std::map<int64_t, std::pair<UnitFeatures, UnitFeatures>> by_layer) { features_ = std::move(by_layer); }
 
  private:
   // The tensor `name` of the grown model from the source's `values` (parameters or one moment); the
@@ -112,6 +153,7 @@ class LayerUpscaler {
   std::vector<LayerSource> mapping_;
   double sinkhorn_eps_;
   std::map<int64_t, BlockAlignment> alignments_;  // per Fuse layer of the grown model, made once
+  std::map<int64_t, std::pair<UnitFeatures, UnitFeatures>> features_;
 };
 
 // "blocks.7.mlp.fc.weight" -> {7, "mlp.fc.weight"}; {-1, name} for a tensor outside the blocks.

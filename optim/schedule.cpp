@@ -16,6 +16,10 @@ LrDecay parse_lr_decay(const std::string& name) {
 }
 
 double LrSchedule::at(int64_t step) const {
+  if (restart_at >= 0 && step >= restart_at) {
+    LrSchedule fresh{lr, min_lr, restart_warmup, std::max<int64_t>(1, total_steps - restart_at), decay};
+    return fresh.at(step - restart_at);
+  }
   if (step < warmup_steps) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
   if (decay == LrDecay::Constant) return lr;
   const int64_t span = total_steps - 1 - warmup_steps;

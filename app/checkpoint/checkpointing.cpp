@@ -16,6 +16,7 @@
 #include <iostream>
 #include <map>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include "app/checkpoint/atomic_file.h"
@@ -48,9 +49,12 @@ std::vector<float> copy_flat(const Tensor& t) {
 // only its own parameters (the other stages' ranks write theirs: the file holds the union); a
 // stage_copy (the last stage's copy of a tied "wte.weight") is declared but never written, the
 // owner's tensor being the one stored, so the write plan still checks that both agree on its shape.
+// Moments (moments = true) lie at the layout of the trainable region, and frozen parameters have
+// none.
 void add_slices(std::vector<TensorSlice>& out, const ParameterStore& ps, const std::vector<float>& flat,
-                const std::string& prefix, const std::string& suffix, const TrainingState& st) {
+                const std::string& prefix, const std::string& suffix, const TrainingState& st, bool moments = false) {
   for (const ParamEntry& e : ps.entries()) {
+    if (moments && e.frozen) continue;
     TensorSlice s;
     s.path = prefix + e.spec.name + suffix;
     s.global_shape = e.spec.global_shape;
@@ -58,7 +62,7 @@ void add_slices(std::vector<TensorSlice>& out, const ParameterStore& ps, const s
     s.dim = sharded ? e.spec.shard.dim : TensorSlice::kWhole;
     s.start = sharded ? e.shard_start : 0;
     s.local_shape = sharded ? e.stored_shape() : e.local_shape;
-    s.data = flat.data() + e.offset;
+    s.data = flat.data() + e.offset - (moments ? ps.frozen_numel() : 0);
     s.write = st.writes_tensors && (sharded || st.writes_replicated) && !e.spec.stage_copy;
     out.push_back(s);
   }
@@ -212,13 +216,19 @@ void CheckpointWriter::save(const TrainingState& st) {
   snap->groups["/optim"]["step"] = st.optimizer.steps;
   snap->groups["/data"]["consumed_samples"] = st.consumed_samples;
   if (!st.seeds.empty()) snap->groups["/rng"] = st.seeds;
+  if (!st.frozen.empty()) {
+    std::string names;
+    for (const std::string& n : st.frozen) names += (names.empty() ? "" : " ") + n;
+    snap->groups["/optim"][kFrozenKey] = names;
+  }
+  for (const auto& [group, attrs] : st.extra_groups) snap->groups[group] = attrs;
   // The only part the training step waits for: copying the state to host memory.
   snap->params = copy_flat(st.params->flat_params());
   snap->exp_avg = copy_flat(st.optimizer.exp_avg);
   snap->exp_avg_sq = copy_flat(st.optimizer.exp_avg_sq);
   add_slices(snap->slices, *st.params, snap->params, "/model/", "", st);
-  add_slices(snap->slices, *st.params, snap->exp_avg, "/optim/", "/exp_avg", st);
-  add_slices(snap->slices, *st.params, snap->exp_avg_sq, "/optim/", "/exp_avg_sq", st);
+  add_slices(snap->slices, *st.params, snap->exp_avg, "/optim/", "/exp_avg", st, true);
+  add_slices(snap->slices, *st.params, snap->exp_avg_sq, "/optim/", "/exp_avg_sq", st, true);
   pending_path_ = (fs::path(dir_) / checkpoint_file_name(st.step)).string();
   thread_ = std::thread([this, snap] {
     try {
@@ -408,10 +418,17 @@ RunStart start_run(const std::string& dir, const std::string& resume, bool overw
 }
 
 namespace {
+// Moments (moments = true): at the layout of the trainable region; a frozen parameter's are not
+// read, and a trainable one's missing from the file (frozen when it was saved) are zero.
 void read_into(const CheckpointReader& r, const ParameterStore& ps, const Tensor& flat, const std::string& prefix,
-               const std::string& suffix) {
-  float* base = flat.ptr<float>();
+               const std::string& suffix, bool moments = false) {
+  float* base = flat.ptr<float>() - (moments ? ps.frozen_numel() : 0);
   for (const ParamEntry& e : ps.entries()) {
+    if (moments && e.frozen) continue;
+    if (moments && !r.has(prefix + e.spec.name + suffix)) {
+      std::fill(base + e.offset, base + e.offset + e.local_shape.numel(), 0.0f);
+      continue;
+    }
     const bool sharded = e.sharded();
     r.read(prefix + e.spec.name + suffix, sharded ? e.spec.shard.dim : TensorSlice::kWhole,
            sharded ? e.shard_start : 0, sharded ? e.stored_shape() : e.local_shape, base + e.offset);
@@ -423,7 +440,21 @@ void read_into(const CheckpointReader& r, const ParameterStore& ps, const Tensor
 // ranks is the whole model, so a tensor of another stage is neither missing nor unexpected, while
 // one of no stage (a checkpoint of a deeper model) still is. A stage_copy adds nothing: its name
 // is the owner's.
-std::vector<std::pair<std::string, Shape>> expected_tensors(const ParameterStore& params, MPI_Comm comm) {
+// A file's /optim@frozen: the parameters frozen when it was saved.
+std::set<std::string> frozen_in(const CheckpointReader& r) {
+  std::set<std::string> out;
+  auto g = r.group_attributes().find("/optim");
+  if (g == r.group_attributes().end()) return out;
+  auto it = g->second.find(kFrozenKey);
+  if (it == g->second.end() || !std::holds_alternative<std::string>(it->second)) return out;
+  std::istringstream in(std::get<std::string>(it->second));
+  for (std::string n; in >> n;) out.insert(n);
+  return out;
+}
+
+// The moments of a parameter the file froze are neither expected nor read.
+std::vector<std::pair<std::string, Shape>> expected_tensors(const ParameterStore& params, MPI_Comm comm,
+                                                            const std::set<std::string>& frozen_in_file) {
   ckpt::ByteWriter mine;
   mine.i64(params.size());
   for (const ParamEntry& e : params.entries()) {
@@ -442,6 +473,7 @@ std::vector<std::pair<std::string, Shape>> expected_tensors(const ParameterStore
   std::vector<std::pair<std::string, Shape>> expected;
   for (const auto& [name, shape] : model) {
     expected.emplace_back("/model/" + name, shape);
+    if (frozen_in_file.count(name)) continue;
     expected.emplace_back("/optim/" + name + "/exp_avg", shape);
     expected.emplace_back("/optim/" + name + "/exp_avg_sq", shape);
   }
@@ -467,19 +499,25 @@ RestoredState restore_training_state(const std::string& path, ParameterStore& pa
 RestoredState restore_training_state(const std::string& path, ParameterStore& params, const OptimizerState& optimizer,
                                      MPI_Comm comm) {
   CheckpointReader r(path, comm);
-  check_shapes(r, expected_tensors(params, comm));
+  const std::set<std::string> frozen_before = frozen_in(r);
+  check_shapes(r, expected_tensors(params, comm, frozen_before));
   std::string local_error;
+  RestoredState s;
   try {
     read_into(r, params, params.flat_params(), "/model/", "");
-    TESSERA_CHECK(optimizer.exp_avg.numel() >= params.numel() && optimizer.exp_avg_sq.numel() >= params.numel(),
-                  "restore_training_state: the moments' buffers are smaller than the ", params.numel(), " parameters");
-    read_into(r, params, optimizer.exp_avg, "/optim/", "/exp_avg");
-    read_into(r, params, optimizer.exp_avg_sq, "/optim/", "/exp_avg_sq");
+    const int64_t trainable = params.numel() - params.frozen_numel();
+    TESSERA_CHECK(optimizer.exp_avg.numel() >= trainable && optimizer.exp_avg_sq.numel() >= trainable,
+                  "restore_training_state: the moments' buffers are smaller than the ", trainable,
+                  " trainable parameters");
+    read_into(r, params, optimizer.exp_avg, "/optim/", "/exp_avg", true);
+    read_into(r, params, optimizer.exp_avg_sq, "/optim/", "/exp_avg_sq", true);
+    for (const ParamEntry& e : params.entries())
+      if (!e.frozen && frozen_before.count(e.spec.name)) s.fresh_moments.push_back(e.spec.name);
   } catch (const Error& e) {
     local_error = e.what();
   }
   throw_if_any_failed(comm, local_error);  // a corrupt chunk seen by one rank stops them all
-  RestoredState s;
+  s.groups = r.group_attributes();
   s.optimizer_steps = int_attr(r.group_attributes(), "/optim", "step", path);
   s.step = r.meta().step;
   s.consumed_samples = r.meta().consumed_samples;

@@ -28,7 +28,11 @@ namespace tessera {
 // The live state a checkpoint captures (views; copied by CheckpointWriter::save).
 struct TrainingState {
   const ParameterStore* params = nullptr;
+  // The moments at the layout of params' trainable region [frozen_numel(), numel()) (the whole
+  // buffer when nothing is frozen): frozen parameters have none, and none are written.
   OptimizerState optimizer;
+  std::vector<std::string> frozen;  // the whole model's frozen parameters (global names): /optim@frozen
+  GroupAttributes extra_groups;     // written as they are (the /upscale record a run carries on)
   int64_t step = 0;              // optimizer steps done
   int64_t consumed_samples = 0;  // samples drawn by the sampler (all ranks)
   int64_t tokens_seen = 0;
@@ -120,9 +124,16 @@ struct RestoredState {
   int64_t step = 0, consumed_samples = 0, tokens_seen = 0;
   int64_t optimizer_steps = 0;  // AdamW's bias corrections continue from here
   std::string config_toml;      // the resolved config of the run that saved it
+  GroupAttributes groups;       // the file's group attributes (/optim, /data, /upscale, ...)
+  std::vector<std::string> fresh_moments;  // trainable parameters whose moments the file lacked
 };
+
+// The /optim attribute listing the parameters a run froze (space-separated global names).
+inline constexpr const char* kFrozenKey = "frozen";
 // Loads the parameters and the moments into this rank's tensor-parallel shards (moments: into
-// optimizer's tensors, whose steps are ignored), after checking every shape against the model (all
+// optimizer's tensors, whose steps are ignored, at the layout of params' trainable region; a frozen
+// parameter's stored moments are not read, and a trainable one's that the file lacks because it
+// was frozen when saved (listed in /optim@frozen) start at zero, reported in `fresh_moments`), after checking every shape against the model (all
 // mismatches listed in one error). Collective over comm, whose ranks together hold the model: a
 // pipeline stage loads its own parameters (the others' tensors are expected, not its own), and a
 // stage_copy (the last stage's tied "wte.weight") is filled from the stored tensor of its name.

@@ -41,6 +41,24 @@ TEST(UpscaleMapping, Solar) {
   EXPECT_EQ(describe_mapping(map6("solar")), "0 1 2 3 2 3 4 5");
 }
 
+// parse_mapping reads describe_mapping back; original_layers (train.freeze = "original") marks the
+// first copy of each source layer, per method on 6 layers.
+TEST(UpscaleMapping, ParsedBackAndOriginalLayers) {
+  for (const auto& [m, o] : std::vector<std::pair<std::string, UpscaleOptions>>{
+           {"solar", {}}, {"stack", {}}, {"interleave", {.every = 2}}, {"expand", {.every = 3}}, {"average", {}},
+           {"ot", {.layers = 8, .position = "top"}}})
+    EXPECT_EQ(parse_mapping(describe_mapping(map6(m, o))), map6(m, o)) << m;
+  using V = std::vector<bool>;
+  constexpr bool o = true, n = false;
+  EXPECT_EQ(original_layers(map6("solar")), (V{o, o, o, o, n, n, o, o}));  // 0 1 2 3 | 2 3 4 5
+  EXPECT_EQ(original_layers(map6("stack")), (V{o, o, o, o, o, o, n, n, n, n, n, n}));
+  EXPECT_EQ(original_layers(map6("interleave", {.every = 2})), (V{o, o, n, o, o, n, o, o, n}));
+  EXPECT_EQ(original_layers(map6("expand", {.every = 3})), (V{o, o, o, n, o, o, o, n}));
+  EXPECT_EQ(original_layers(map6("average", {.every = 5})), (V{o, o, o, o, o, n, o}));
+  EXPECT_EQ(original_layers(map6("ot", {.layers = 7, .position = "bottom"})), (V{o, n, o, o, o, o, o}));
+  EXPECT_TRUE(testing::throws_with([] { parse_mapping("0 1 foo(2)"); }, {"cannot read layer \"foo(2)\""}));
+}
+
 TEST(UpscaleMapping, Stack) {
   EXPECT_EQ(map6("stack"), copies({0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5}));
   EXPECT_EQ(map6("stack", {.factor = 3}).size(), 18u);
@@ -304,6 +322,32 @@ TEST_P(UpscaleFusion, RecoversAPermutation) {
     average_differs |= avg.parameter(block(1, s), twin->fetch()) != twin->get(block(0, s));
   }
   EXPECT_TRUE(average_differs);
+}
+
+// ot --align-data: block 1 (layer 0 permuted) run on block 0's input gives block 0's activations
+// permuted, so the activation costs recover the permutation too and the fused layer is the
+// original bit for bit.
+TEST_P(UpscaleFusion, ActivationCostsRecoverAPermutation) {
+  BlockAlignment perm;
+  const auto twin = permuted_twin(GetParam(), perm);
+  const ModelConfig& cfg = twin->gpt.config();
+  const auto mapping = layer_mapping(2, {.method = "ot", .align_data = true});
+  std::vector<std::vector<int32_t>> batches;
+  for (uint64_t seed : {3, 4}) batches.push_back(testing::random_ids({2, 8}, 13, seed).vec());
+  auto features = activation_features(cfg, twin->fetch(), mapping, batches, 2, 8);
+  ASSERT_EQ(features.count(1), 1u);
+  const auto& [fa, fb] = features.at(1);
+  EXPECT_EQ(fa.mlp.size(), static_cast<size_t>(cfg.ffn_hidden * 2 * 2 * 8));  // F units x 32 tokens
+  const BlockAlignment al = align_features(cfg, fa, fb, 0.0);
+  for (int64_t u = 0; u < cfg.ffn_hidden; ++u)
+    EXPECT_EQ(perm.units[static_cast<size_t>(al.units[static_cast<size_t>(u)])], u);
+  for (int64_t h = 0; h < cfg.n_head; ++h) EXPECT_EQ(perm.heads[static_cast<size_t>(al.heads[static_cast<size_t>(h)])], h);
+  LayerUpscaler ot(cfg, mapping);
+  ot.set_features(std::move(features));
+  for (const std::string& s : block_suffixes(*twin)) EXPECT_EQ(ot.parameter(block(1, s), twin->fetch()), twin->get(block(0, s))) << s;
+  // Only ot takes it.
+  EXPECT_TRUE(testing::throws_with([] { layer_mapping(2, {.method = "average", .align_data = true}); },
+                                   {"--align-data does not apply to --method average"}));
 }
 
 TEST_P(UpscaleFusion, SinkhornWithSmallEpsApproachesTheExactFusion) {

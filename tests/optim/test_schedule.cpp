@@ -34,3 +34,25 @@ TEST(LrSchedule, LinearAndConstant) {
 }
 
 }  // namespace tessera
+
+namespace tessera {
+// [upscale] rewarm_steps: from the growth step the schedule starts over, its own linear warm-up of
+// rewarm steps to the peak, then the decay over the steps left to min_lr at the last step.
+TEST(LrSchedule, RestartWithItsOwnWarmup) {
+  LrSchedule s{1.0, 0.1, 2, 12, LrDecay::Cosine};
+  const LrSchedule plain = s;
+  s.restart(6, 3);
+  for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(s.at(i), plain.at(i)) << i;  // before the growth: unchanged
+  EXPECT_DOUBLE_EQ(s.at(6), 1.0 / 3);
+  EXPECT_DOUBLE_EQ(s.at(7), 2.0 / 3);
+  EXPECT_DOUBLE_EQ(s.at(8), 1.0);
+  EXPECT_DOUBLE_EQ(s.at(9), 1.0);   // the decay's start: 6 steps left, 3 of them warm-up
+  EXPECT_DOUBLE_EQ(s.at(10), 0.55);  // halfway down the cosine
+  EXPECT_DOUBLE_EQ(s.at(11), 0.1);   // min_lr at the last step
+  LrSchedule c{2.0, 0.0, 0, 10, LrDecay::Constant};
+  c.restart(4, 4);
+  EXPECT_DOUBLE_EQ(c.at(3), 2.0);
+  EXPECT_DOUBLE_EQ(c.at(4), 0.5);
+  EXPECT_DOUBLE_EQ(c.at(7), 2.0);
+}
+}  // namespace tessera
