@@ -42,7 +42,13 @@ int main(int argc, char** argv) {
               static_cast<long>(ps.numel()), bytes / (1 << 20));
   for (int round = 0; round < 3; ++round) {
     CheckpointWriter writer(dir, 2, MPI_COMM_WORLD);
-    TrainingState st{&ps, optimizer_state(opt), 100 + round, 1000, 1000, "[model]\n", {}};
+    TrainingState st;
+    st.params = &ps;
+    st.optimizer = optimizer_state(opt);
+    st.step = 100 + round;
+    st.consumed_samples = 1000;
+    st.tokens_seen = 1000;
+    st.config_toml = "[model]\n";
     auto t0 = Clock::now();
     writer.save(st);
     const double copy_s = since(t0);  // what the training step waits for
