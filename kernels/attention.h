@@ -3,6 +3,8 @@
 // Positions: query i sits at q_offset + i and key j at k_offset + j; a key is visible to a query
 // iff its position <= the query's. This lets any chunk pair of a longer sequence (context
 // parallel, KV cache) get the right causal mask. scale = 1/sqrt(D).
+// Bidirectional (non-causal) attention over S keys is the same kernel with q_offset = S - 1 and
+// k_offset = 0: every query then sits after every key (model/gpt.h Attention, causal = false).
 #pragma once
 
 #include <cstdint>
