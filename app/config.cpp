@@ -913,6 +913,7 @@ ModelConfig to_model_config(const Config& c, int64_t data_vocab_size) {
          std::to_string(data_vocab_size) + " tokens)");
   }
   ModelConfig m = s;  // the architecture fields; recompute is the trainer's
+  m.vision = c.vision;
   m.vocab_size = s.vocab_size > 0 ? s.vocab_size : data_vocab_size;
   m.max_seq_len = s.max_seq_len > 0 ? s.max_seq_len : c.train.seq_len;
   return resolve(m);

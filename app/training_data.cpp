@@ -27,10 +27,24 @@ TrainingData open_addition(const Config& cfg) {
   d.task = task;
   return d;
 }
+
+// Synthetic scenes (model.kind = "vlm"): each image takes (image_size / patch_size)^2 placeholders.
+TrainingData open_scenes(const Config& cfg) {
+  TrainingData d;
+  auto task = std::make_shared<SceneTask>(cfg.vision.image_size, static_cast<uint64_t>(cfg.data.seed));
+  const int64_t P = cfg.vision.num_patches();
+  d.train = std::make_shared<SceneDataset>(*task, false, cfg.train.seq_len, kSyntheticTrainSamples, P);
+  d.valid = std::make_shared<SceneDataset>(*task, true, cfg.train.seq_len,
+                                           cfg.train.eval_batches * cfg.train.micro_batch, P);
+  d.vocab_size = task->tokenizer().vocab_size();
+  d.scenes = task;
+  return d;
+}
 }  // namespace
 
 int64_t data_vocab_size(const Config& cfg) {
   if (cfg.data.task == "addition") return CharTokenizer().vocab_size();
+  if (cfg.data.task == "scenes") return SceneTokenizer().vocab_size();
   return cfg.data.tokenizer == "gpt2" ? kGpt2VocabSize : ByteTokenizer().vocab_size();
 }
 
@@ -102,7 +116,13 @@ void delay_samples_if_asked(TrainingData& d) {
 }  // namespace
 
 TrainingData open_training_data(const Config& cfg) {
-  TrainingData d = cfg.data.task == "addition" ? open_addition(cfg) : open_tokens(cfg);
+  TESSERA_CHECK((cfg.data.task == "scenes") == (cfg.model.kind == "vlm"), "data.task = \"", cfg.data.task,
+                "\" with model.kind = \"", cfg.model.kind, "\": ",
+                cfg.model.kind == "vlm" ? "a vision-language model trains on image-text data (data.task = \"scenes\")"
+                                        : "image-text data (data.task = \"scenes\") needs model.kind = \"vlm\"");
+  TrainingData d = cfg.data.task == "addition" ? open_addition(cfg)
+                   : cfg.data.task == "scenes" ? open_scenes(cfg)
+                                               : open_tokens(cfg);
   delay_samples_if_asked(d);
   return d;
 }

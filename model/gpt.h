@@ -332,6 +332,7 @@ class Gpt {
 
   const ModelConfig& config() const { return cfg_; }
   const StageSpec& stage() const { return stage_; }
+  DType dtype() const { return ps_->dtype(); }  // of the parameters and activations
   // Times every op family of forward and backward into p (owned by the caller; null: off).
   void set_profiler(Profiler* p);
 
