@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <sstream>
+#include <utility>
 
 #include "kernels/check.h"
 
@@ -90,7 +91,9 @@ Scene SceneTask::scene(uint64_t index, bool validation) const {
       for (int64_t x = 0; x < size_; ++x)
         if (inside(s[k], x + 0.5 - cx[k], y + 0.5 - cy[k], r))
           for (int ch = 0; ch < 3; ++ch) sc.image[static_cast<size_t>((y * size_ + x) * 3 + ch)] = kRgb[c[k]][ch];
-  const int first = draw(2);  // which shape the caption starts with
+  // The caption starts with the shape whose colour comes first (red, green, blue, yellow; then
+  // circle, square, triangle): a function of the image, so the caption is unambiguous.
+  const int first = std::make_pair(c[0], s[0]) < std::make_pair(c[1], s[1]) ? 0 : 1;
   const char* rel = horizontal ? (first == 0 ? "left of" : "right of") : (first == 0 ? "above" : "below");
   const int a = first, b = 1 - first;
   sc.caption = std::string("a ") + kColors[c[a]] + " " + kShapes[s[a]] + " " + rel + " a " + kColors[c[b]] + " " +

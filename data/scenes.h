@@ -1,6 +1,7 @@
 // The embedded image-text task (no download): synthetic scenes of two coloured shapes, captioned
 // by where one lies relative to the other ("a red circle left of a blue square"), with a word
-// tokenizer. Scenes are a pure function of (seed, split, index); validation scenes come from their
+// tokenizer. The caption names first the shape whose colour comes first in red, green, blue,
+// yellow (then circle, square, triangle), so each image has exactly one caption. Scenes are a pure function of (seed, split, index); validation scenes come from their
 // own stream, so held-out images never appear in training. For configs/quickstart-vl.toml; the
 // trainer scores held-out captions by exact match of greedy decoding (app/evaluate.h).
 #pragma once
