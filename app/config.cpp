@@ -626,7 +626,9 @@ std::string show(const std::string& full, const T& value, const Origins* origins
 // suffix, which means nothing to someone editing a config file.
 void check_model(const Config& c) {
   try {
-    to_model_config(c, c.model.vocab_size > 0 ? c.model.vocab_size : 1);
+    // vocab_size = 0 takes the data's, unknown here: the largest allowed stands in (the trainer
+    // checks vision.placeholder_id against the data's vocabulary and placeholder).
+    to_model_config(c, c.model.vocab_size > 0 ? c.model.vocab_size : static_cast<int64_t>(kMaxVocab));
   } catch (const Error& e) {
     std::string m = e.what();
     const size_t at = m.rfind(" [");
