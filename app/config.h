@@ -149,8 +149,10 @@ struct DataConfig {
   template <class V>
   void visit(V& v) {
     v.field("task", task, "dataset: addition = the built-in synthetic task \"a+b=c\"; tokens = token files "
-            "listed in [[data.train]]; scenes = the built-in synthetic image-text task (model.kind = \"vlm\")",
-            Allowed::one_of({"addition", "tokens", "scenes"}));
+            "listed in [[data.train]]; scenes = the built-in synthetic image-text task (model.kind = \"vlm\"); "
+            "image_text = an image-text HDF5 file (docs/data.md), the first [[data.train]] path, with data.valid "
+            "for validation (model.kind = \"vlm\")",
+            Allowed::one_of({"addition", "tokens", "scenes", "image_text"}));
     v.field("digits", digits, "addition: digits per operand", Allowed::closed(1, 9));
     v.field("val_examples", val_examples, "addition: held-out problems whose greedy answers are scored",
             Allowed::at_least(1).at_most(kMaxValExamples));

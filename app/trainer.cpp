@@ -613,7 +613,7 @@ void Trainer::print_header() {
   std::vector<double> numel = {static_cast<double>(params_->global_numel())};
   if (grid_.pp_size() > 1) sum_over_group(numel, comms_->pp.get());
   std::ostringstream os;
-  os << "model " << model_->config().preset << ": " << static_cast<int64_t>(numel[0]) << " parameters, "
+  os << "model " << (model_->config().is_vlm() ? "vlm " : "") << model_->config().preset << ": " << static_cast<int64_t>(numel[0]) << " parameters, "
      << model_->config().n_layer << " layers, C=" << model_->config().n_embd << " | batch "
      << cfg_.train.global_batch << " x " << cfg_.train.seq_len << " tokens (micro "
      << (auto_micro_batch_ ? "auto = " : "") << cfg_.train.micro_batch

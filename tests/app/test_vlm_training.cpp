@@ -7,6 +7,8 @@
 #include <fstream>
 
 #include "app/trainer.h"
+#include "data/image_text.h"
+#include "data/scenes.h"
 #include "error_testing.h"
 #include "layout_testing.h"
 
@@ -80,6 +82,56 @@ TEST(VlmTraining, RefusesWhatIsNotBuilt) {
   EXPECT_TRUE(testing::throws_with(
       [&] { Trainer t(parse_config_string(kTinyVlm, "tiny-vlm.toml", {"train.seq_len=10"}), "", MPI_COMM_NULL); },
       {"train.seq_len = 10 cannot hold an image's 4 placeholder tokens"}));
+}
+
+// data.task = "image_text": an HDF5 file (docs/data.md) of 48 scenes, every third sample text only
+// (its caption without the image), trains in process and its validation file is scored.
+TEST(VlmTraining, TrainsFromAnImageTextFile) {
+  const fs::path dir = testing::temp_dir("vlm_file");
+  const SceneTask task(8, 3);
+  const SceneTokenizer& tok = task.tokenizer();
+  auto write = [&](const fs::path& path, bool validation) {
+    ImageTextData d;
+    d.image_shape = {8, 8, 3};
+    d.tokenizer = "scene-words";
+    d.vocab_size = tok.vocab_size();
+    d.placeholder_id = tok.placeholder_id();
+    d.pad_id = tok.eos_id();
+    d.offsets = {0};
+    for (int64_t i = 0; i < 48; ++i) {
+      const Scene sc = task.scene(static_cast<uint64_t>(i), validation);
+      const bool text_only = i % 3 == 2;
+      if (!text_only) {
+        d.image_index.push_back(d.num_images());
+        d.images.insert(d.images.end(), sc.image.begin(), sc.image.end());
+        d.tokens.insert(d.tokens.end(), 4, tok.placeholder_id());
+      } else {
+        d.image_index.push_back(-1);
+      }
+      for (int32_t id : tok.encode(sc.caption)) d.tokens.push_back(id);
+      d.tokens.push_back(tok.eos_id());
+      d.offsets.push_back(static_cast<int64_t>(d.tokens.size()));
+    }
+    write_image_text(path.string(), d);
+  };
+  write(dir / "train.h5", false);
+  write(dir / "valid.h5", true);
+  const Config cfg = parse_config_string(
+      kTinyVlm, "tiny-vlm.toml",
+      {"data.task=\"image_text\"", "data.train=[{path=\"" + (dir / "train.h5").string() + "\"}]",
+       "data.valid=\"" + (dir / "valid.h5").string() + "\"", "train.steps=20"});
+  Trainer t(cfg, "", MPI_COMM_NULL);
+  std::vector<double> losses;
+  for (int64_t s = 0; s < cfg.train.steps; ++s) losses.push_back(t.step(s).loss);
+  EXPECT_LT(losses.back(), 0.8 * losses.front());
+  EXPECT_TRUE(testing::throws_with(
+      [&] {
+        Trainer bad(parse_config_string(kTinyVlm, "tiny-vlm.toml",
+                                        {"data.task=\"image_text\"", "data.train=[{path=\"" + (dir / "none.h5").string() + "\"}]"}),
+                    "", MPI_COMM_NULL);
+      },
+      {"none.h5"}));
+  fs::remove_all(dir);
 }
 
 TEST(VlmTrainingSlow, DataParallelEqualsTheOneRankRun) {
