@@ -647,7 +647,9 @@ std::string show(const std::string& full, const T& value, const Origins* origins
 // suffix, which means nothing to someone editing a config file.
 void check_model(const Config& c) {
   try {
-    to_model_config(c, c.model.vocab_size > 0 ? c.model.vocab_size : 1);
+    // vocab_size = 0 takes the data's, unknown here: the largest allowed stands in (the trainer
+    // checks vision.placeholder_id against the data's vocabulary and placeholder).
+    to_model_config(c, c.model.vocab_size > 0 ? c.model.vocab_size : static_cast<int64_t>(kMaxVocab));
   } catch (const Error& e) {
     std::string m = e.what();
     const size_t at = m.rfind(" [");
@@ -950,6 +952,7 @@ ModelConfig to_model_config(const Config& c, int64_t data_vocab_size) {
          std::to_string(data_vocab_size) + " tokens)");
   }
   ModelConfig m = s;  // the architecture fields; recompute is the trainer's
+  m.vision = c.vision;
   m.vocab_size = s.vocab_size > 0 ? s.vocab_size : data_vocab_size;
   m.max_seq_len = s.max_seq_len > 0 ? s.max_seq_len : c.train.seq_len;
   return resolve(m);

@@ -73,6 +73,9 @@ struct ModelSection : ModelConfig {
 
   template <class V>
   void visit(V& v) {
+    v.field("kind", kind, "gpt = a language model; vlm = a vision-language model: the [vision] encoder and a "
+            "projector feed image patches to the GPT in place of image placeholder tokens (docs/multimodal.md)",
+            Allowed::one_of({"gpt", "vlm"}));
     v.field("preset", preset, "architecture family: gpt2 (LayerNorm, GELU, learned positions, tied "
             "embeddings, biases) or llama (RMSNorm, SwiGLU, RoPE, untied, no biases)",
             Allowed::one_of({"gpt2", "llama"}));
@@ -103,6 +106,28 @@ struct ModelSection : ModelConfig {
   bool operator==(const ModelSection&) const = default;
 };
 
+// [vision]: the vision encoder of model.kind = "vlm" (model/config.h VisionConfig, declared once
+// there); ignored for model.kind = "gpt".
+struct VisionSection : VisionConfig {
+  template <class V>
+  void visit(V& v) {
+    v.field("image_size", image_size, "vlm: image height and width in pixels (images are square)",
+            Allowed::at_least(1).at_most(65536));
+    v.field("patch_size", patch_size, "vlm: patch height and width in pixels; divides image_size",
+            Allowed::at_least(1).at_most(65536));
+    v.field("channels", channels, "vlm: colour channels per pixel (3 = RGB)", Allowed::at_least(1).at_most(64));
+    v.field("n_layer", n_layer, "vlm: encoder blocks (bidirectional attention)", Allowed::at_least(1).at_most(kMaxLayers));
+    v.field("n_head", n_head, "vlm: encoder attention heads", Allowed::at_least(1).at_most(kMaxHeads));
+    v.field("n_embd", n_embd, "vlm: encoder width, a multiple of n_head", Allowed::at_least(1).at_most(kMaxWidth));
+    v.field("ffn_hidden", ffn_hidden, "vlm: encoder MLP hidden size; 0 = 4 x n_embd",
+            Allowed::at_least(0).at_most(4 * kMaxWidth));
+    v.field("placeholder_id", placeholder_id, "vlm: the image placeholder token id, (image_size / patch_size)^2 of "
+            "them per image; -1 = the last id of the vocabulary (the scenes tokenizer's <image>)",
+            Allowed::at_least(0).at_most(kMaxVocab).or_value(-1));
+  }
+  bool operator==(const VisionSection&) const = default;
+};
+
 // One training dataset of a blend: [[data.train]] path = "data/shakespeare", weight = 1.0
 struct DataSource {
   std::string path;     // a Megatron indexed dataset (PREFIX, PREFIX.bin or PREFIX.idx) or llm.c shards (a glob)
@@ -125,7 +150,10 @@ struct DataConfig {
   template <class V>
   void visit(V& v) {
     v.field("task", task, "dataset: addition = the built-in synthetic task \"a+b=c\"; tokens = token files "
-            "listed in [[data.train]]", Allowed::one_of({"addition", "tokens"}));
+            "listed in [[data.train]]; scenes = the built-in synthetic image-text task (model.kind = \"vlm\"); "
+            "image_text = an image-text HDF5 file (docs/data.md), the first [[data.train]] path, with data.valid "
+            "for validation (model.kind = \"vlm\")",
+            Allowed::one_of({"addition", "tokens", "scenes", "image_text"}));
     v.field("digits", digits, "addition: digits per operand", Allowed::closed(1, 9));
     v.field("val_examples", val_examples, "addition: held-out problems whose greedy answers are scored",
             Allowed::at_least(1).at_most(kMaxValExamples));
@@ -383,6 +411,7 @@ struct LogConfig {
 
 struct Config {
   ModelSection model;
+  VisionSection vision;
   DataConfig data;
   TrainConfig train;
   OptimConfig optim;
@@ -394,6 +423,7 @@ struct Config {
   template <class V>
   void visit(V& v) {
     v.section("model", "the network architecture", model);
+    v.section("vision", "the vision encoder of a vision-language model (model.kind = \"vlm\")", vision);
     v.section("data", "what to train on", data);
     v.section("train", "how long, on what batches, and when to evaluate", train);
     v.section("optim", "AdamW and the learning-rate schedule", optim);

@@ -76,7 +76,8 @@ std::vector<const Gpt*> chunks_of(const Gpt& model, const PipelineLink& link) {
 // at_head(chunk, ctx) instead. On a whole model (no link.pp) that is the model's forward.
 void pipeline_forward(const Exec& ex, const Gpt& model, Allocator& alloc, const PipelineLink& link,
                       std::vector<int32_t>& ids, std::vector<int32_t>* targets, int64_t B, int64_t T,
-                      const SequenceLayout& seq, const std::function<void(const Gpt& head, GptCtx& ctx)>& at_head) {
+                      const SequenceLayout& seq, const std::function<void(const Gpt& head, GptCtx& ctx)>& at_head,
+                      const ImageInput* images = nullptr) {
   const std::vector<const Gpt*> chunks = chunks_of(model, link);
   const int64_t pp = link.pp ? link.pp->size() : 1, rank = link.pp ? link.pp->rank() : 0;
   const int64_t stages = pp * static_cast<int64_t>(chunks.size());
@@ -92,7 +93,8 @@ void pipeline_forward(const Exec& ex, const Gpt& model, Allocator& alloc, const 
     }
     if (stage.head && targets) target_ids = device_ids(ex, alloc, *targets, B, T);
     GptCtx ctx;
-    const Tensor out = chunk.forward(ex, ctx, alloc, stage.embedding ? tokens.tensor() : input.tensor(), target_ids, seq);
+    const Tensor out = chunk.forward(ex, ctx, alloc, stage.embedding ? tokens.tensor() : input.tensor(), target_ids, seq,
+                                     stage.embedding ? images : nullptr);
     if (stage.head)
       at_head(chunk, ctx);
     else
@@ -100,6 +102,33 @@ void pipeline_forward(const Exec& ex, const Gpt& model, Allocator& alloc, const 
   }
 }
 }  // namespace
+
+DeviceImages upload_images(const Exec& ex, Allocator& alloc, const Batch& b, const ModelConfig& cfg, DType dt) {
+  DeviceImages d;
+  if (b.num_images() == 0) return d;
+  TESSERA_CHECK(cfg.is_vlm(), "the batch holds ", b.num_images(), " images but model.kind = \"", cfg.kind,
+                "\" has no vision encoder; set model.kind = \"vlm\"");
+  const VisionConfig& v = cfg.vision;
+  TESSERA_CHECK(b.image_shape == (ImageShape{v.image_size, v.image_size, v.channels}), "the data's images are ",
+                b.image_shape.height, "x", b.image_shape.width, "x", b.image_shape.channels, " but the vision encoder reads ",
+                v.image_size, "x", v.image_size, "x", v.channels, " (vision.image_size, vision.channels)");
+  TESSERA_CHECK(b.image_tokens == v.num_patches(), "the data gives each image ", b.image_tokens,
+                " placeholder tokens but the vision encoder makes ", v.num_patches(),
+                " patch embeddings ((vision.image_size / vision.patch_size)^2)");
+  const int64_t N = b.num_images(), P = v.num_patches(), K = v.patch_dim();
+  const Shape shape{N, P, K};
+  if (dt == DType::F64) {
+    std::vector<double> host(static_cast<size_t>(N * P * K));
+    patchify(b.images.data(), N, b.image_shape, v.patch_size, host.data());
+    d.patches = upload(ex, alloc, Tensor(host.data(), DType::F64, shape), MemCategory::Activations);
+  } else {
+    std::vector<float> host(static_cast<size_t>(N * P * K));
+    patchify(b.images.data(), N, b.image_shape, v.patch_size, host.data());
+    d.patches = upload(ex, alloc, Tensor(host.data(), DType::F32, shape), MemCategory::Activations);
+  }
+  d.input = ImageInput{d.patches, b.image_sample, b.image_start};
+  return d;
+}
 
 std::optional<double> validation_loss(const Exec& ex, const Gpt& model, Allocator& alloc, const Dataset& val,
                                       int64_t batches, int64_t micro_batch, const EvalGate& gate,
@@ -113,13 +142,15 @@ std::optional<double> validation_loss(const Exec& ex, const Gpt& model, Allocato
     std::optional<Batch> gated = gated_batch(val, idx, gate);
     if (!gated) return std::nullopt;
     if (document_eot >= 0) mark_documents(*gated, document_eot);
+    const DeviceImages images = gated->num_images() > 0 ? upload_images(ex, alloc, *gated, model.config(),
+                                                                         model.dtype()) : DeviceImages{};
     Batch batch = cp_share(*gated, link.cp);
     const SequenceLayout seq = share_layout(batch, link.cp, gated->T);  // this cp rank's positions
     pipeline_forward(ex, model, alloc, link, batch.tokens, &batch.targets, batch.B, batch.T, seq,
                      [&](const Gpt&, GptCtx& ctx) {
                        accumulate(ex, sums, ctx.loss_sums);
                        head = true;
-                     });
+                     }, images.get());
   }
   if (!link.pp && !link.cp.active()) return read_loss_sums(ex, sums).mean();
   const LossSums mine = head ? read_loss_sums(ex, sums) : LossSums{};
@@ -189,6 +220,66 @@ std::optional<AccuracyResult> addition_accuracy(const Exec& ex, const Gpt& model
       ++r.total;
       if (r.examples.size() < 3)
         r.examples.push_back(problems[i].prompt() + answer + (ok ? "" : " (expected " + problems[i].answer() + ")"));
+    }
+  }
+  return r;
+}
+
+}  // namespace tessera
+
+namespace tessera {
+
+std::optional<AccuracyResult> caption_accuracy(const Exec& ex, const Gpt& model, Allocator& alloc,
+                                               const SceneTask& task, int64_t examples, int64_t micro_batch,
+                                               const EvalGate& gate) {
+  const ModelConfig& cfg = model.config();
+  const SceneTokenizer& tok = task.tokenizer();
+  const int64_t P = cfg.vision.num_patches(), T = P + SceneTask::kMaxCaptionTokens, V = cfg.vocab_size;
+  const DType dt = model.dtype();
+  AccuracyResult r;
+  for (int64_t first = 0; first < examples; first += micro_batch) {
+    const int64_t B = std::min(micro_batch, examples - first);
+    Batch b;
+    b.B = B;
+    b.T = T;
+    b.image_shape = {task.image_size(), task.image_size(), 3};
+    b.image_tokens = P;
+    b.tokens.assign(static_cast<size_t>(B * T), tok.eos_id());
+    std::vector<std::string> want;
+    for (int64_t i = 0; i < B; ++i) {
+      const Scene sc = task.scene(static_cast<uint64_t>(first + i), /*validation=*/true);
+      want.push_back(sc.caption);
+      b.images.insert(b.images.end(), sc.image.begin(), sc.image.end());
+      b.image_sample.push_back(i);
+      b.image_start.push_back(0);
+      std::fill(b.tokens.begin() + i * T, b.tokens.begin() + i * T + P, tok.placeholder_id());
+    }
+    const DeviceImages images = upload_images(ex, alloc, b, cfg, dt);
+    std::vector<bool> done(static_cast<size_t>(B), false);
+    for (int64_t k = 0; k < SceneTask::kMaxCaptionTokens; ++k) {
+      if (gate && !gate("")) return std::nullopt;
+      Buffer ids = device_ids(ex, alloc, b.tokens, B, T);
+      GptCtx ctx;
+      model.forward(ex, ctx, alloc, ids, Tensor(), {}, images.get());
+      Buffer logits(alloc, dt, {B, V}, MemCategory::Workspace);
+      model.logits_at(ex, ctx, alloc, P - 1 + k, logits);
+      const std::vector<int32_t> next = argmax_rows(ex, logits);
+      bool all = true;
+      for (int64_t i = 0; i < B; ++i) {
+        if (done[static_cast<size_t>(i)]) continue;
+        b.tokens[static_cast<size_t>(i * T + P + k)] = next[static_cast<size_t>(i)];
+        done[static_cast<size_t>(i)] = next[static_cast<size_t>(i)] == tok.eos_id();
+        all = all && done[static_cast<size_t>(i)];
+      }
+      if (all) break;
+    }
+    for (int64_t i = 0; i < B; ++i) {
+      const std::vector<int32_t> gen(b.tokens.begin() + i * T + P, b.tokens.begin() + (i + 1) * T);
+      const std::string got = tok.decode(gen);
+      const bool ok = done[static_cast<size_t>(i)] && got == want[static_cast<size_t>(i)];
+      r.correct += ok ? 1 : 0;
+      ++r.total;
+      if (r.examples.size() < 2) r.examples.push_back(got + (ok ? "" : " (" + want[static_cast<size_t>(i)] + ")"));
     }
   }
   return r;

@@ -10,6 +10,7 @@
 
 #include "data/addition.h"
 #include "data/dataset.h"
+#include "data/scenes.h"
 #include "kernels/allocator.h"
 #include "kernels/exec.h"
 #include "model/gpt.h"
@@ -36,6 +37,16 @@ struct PipelineLink {
   int64_t sequence_shards = 1;
   ContextParallel cp;
 };
+
+// A batch's images on the model's device (model.kind = "vlm"): the patches (N, P, K) in dtype and
+// where each image goes; none for a text-only batch. An Error when the model has no vision encoder
+// or the batch's placeholder runs are not the encoder's num_patches long.
+struct DeviceImages {
+  Buffer patches;
+  ImageInput input;
+  const ImageInput* get() const { return input.count() > 0 ? &input : nullptr; }
+};
+DeviceImages upload_images(const Exec& ex, Allocator& alloc, const Batch& b, const ModelConfig& cfg, DType dt);
 
 // Mean loss over samples [0, batches * micro_batch) of the validation dataset (one device read);
 // nothing when the gate gave up. Under a pipeline (link.pp) every stage runs its forward on each
@@ -66,5 +77,12 @@ struct AccuracyResult {
 std::optional<AccuracyResult> addition_accuracy(const Exec& ex, const Gpt& model, Allocator& alloc,
                                                 const AdditionTask& task, int64_t examples, const EvalGate& gate = {},
                                                 const PipelineLink& link = {});
+
+// Exact match of greedily decoded captions of the first `examples` held-out scenes (a model of
+// kind "vlm"; the whole model, no pipeline), micro_batch scenes per forward; nothing when the gate
+// gave up. Decoding re-runs the full forward per token and stops at <eos> or the longest caption.
+std::optional<AccuracyResult> caption_accuracy(const Exec& ex, const Gpt& model, Allocator& alloc,
+                                               const SceneTask& task, int64_t examples, int64_t micro_batch,
+                                               const EvalGate& gate = {});
 
 }  // namespace tessera

@@ -136,6 +136,9 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
                 "on CUDA and the trainer's device wiring (parameter init, checkpoints, batch uploads) do not; set "
                 "train.device = \"cpu\"");
   const ModelConfig mc = resolve(to_model_config(cfg_, data_.vocab_size));
+  TESSERA_CHECK(!mc.is_vlm() || mc.vision.placeholder_id == data_.train->placeholder_id(),
+                "vision.placeholder_id = ", mc.vision.placeholder_id, " but the data marks images with token id ",
+                data_.train->placeholder_id(), "; set vision.placeholder_id = ", data_.train->placeholder_id());
   validate_layout(cfg_, mc, grid_.world_size());
   if (grid_.pp_size() > 1) validate_pipeline(cfg_, grid_.dp_size());  // micro-batches per step against pp
   const std::string ckpt_dir = checkpoint_dir(cfg_, run_dir_);
@@ -428,6 +431,7 @@ std::optional<Trainer::Reduced> Trainer::forward_backward(int64_t s) {
   // through the allocator; backward reads the tokens again) and the model's context.
   struct InFlight {
     Buffer tokens, targets;
+    DeviceImages images;  // model.kind = "vlm": the patches, kept until the backward
     GptCtx ctx;
   };
   std::map<int64_t, InFlight> in_flight;
@@ -439,7 +443,8 @@ std::optional<Trainer::Reduced> Trainer::forward_backward(int64_t s) {
                       MemCategory::Activations);
     f.targets = upload(ex_, alloc_, Tensor(const_cast<int32_t*>(b.targets.data()), DType::I32, {b.B, b.T}),
                        MemCategory::Activations);
-    model_->forward(ex_, f.ctx, alloc_, f.tokens, f.targets, share_layout(b, cp_, cfg_.train.seq_len));
+    if (b.num_images() > 0) f.images = upload_images(ex_, alloc_, b, model_->config(), model_->dtype());
+    model_->forward(ex_, f.ctx, alloc_, f.tokens, f.targets, share_layout(b, cp_, cfg_.train.seq_len), f.images.get());
     accumulate(ex_, step_sums, f.ctx.loss_sums);
   };
   run.backward = [&](int64_t m, bool last) {
@@ -720,7 +725,7 @@ void Trainer::log_step(int64_t s, const StepResult& r, double step_seconds, doub
 }
 
 bool Trainer::evaluate(int64_t s, TrainSummary& summary) {
-  if (!data_.valid && !data_.task) return true;
+  if (!data_.valid && !data_.task && !data_.scenes) return true;
   const auto t0 = Clock::now();
   // Every rank asks before each forward: a stop anywhere abandons the evaluation on all ranks at
   // the same batch (tensor-parallel forwards are collective), and the stop vote that follows
@@ -756,6 +761,14 @@ bool Trainer::evaluate(int64_t s, TrainSummary& summary) {
     for (const auto& e : acc->examples) os << " | " << e;
     record.add("val_accuracy", acc->accuracy());
   }
+  if (data_.scenes) {
+    acc = caption_accuracy(ex_, *model_, alloc_, *data_.scenes, cfg_.data.val_examples, cfg_.train.micro_batch, gate);
+    if (!acc) return false;
+    os.precision(1);
+    os << ", caption accuracy " << 100.0 * acc->accuracy() << "% (" << acc->correct << "/" << acc->total << ")";
+    for (const auto& e : acc->examples) os << " | " << e;
+    record.add("val_accuracy", acc->accuracy());
+  }
   if (val_loss) summary.val_loss = *val_loss;
   if (acc) summary.val_accuracy = acc->accuracy();
   os.precision(1);
@@ -773,7 +786,7 @@ void Trainer::print_header() {
   std::vector<double> numel = {static_cast<double>(params_->global_numel())};
   if (grid_.pp_size() > 1) sum_over_group(numel, comms_->pp.get());
   std::ostringstream os;
-  os << "model " << model_->config().preset << ": " << static_cast<int64_t>(numel[0]) << " parameters, "
+  os << "model " << (model_->config().is_vlm() ? "vlm " : "") << model_->config().preset << ": " << static_cast<int64_t>(numel[0]) << " parameters, "
      << model_->config().n_layer << " layers, C=" << model_->config().n_embd << " | batch "
      << cfg_.train.global_batch << " x " << cfg_.train.seq_len << " tokens (micro "
      << (auto_micro_batch_ ? "auto = " : "") << cfg_.train.micro_batch
@@ -987,6 +1000,13 @@ void check_supported(const Config& cfg) {
   grid_degrees(p);
   TESSERA_CHECK(p.zero == 0 || p.zero == 1, "parallel.zero = ", p.zero,
                 " is not supported: 0 (replicated optimizer state) or 1 (ZeRO-1, sharded over dp)");
+  if (cfg.model.kind == "vlm") {
+    // The vision tower runs on whole sequences of one tp rank, on the stage with the embedding;
+    // the trainer passes images through the one-stage path only (docs/multimodal.md, "Not yet").
+    TESSERA_CHECK(p.tp == 1 && p.cp == 1 && p.pp == 1, "model.kind = \"vlm\" trains under data parallelism only "
+                  "for now; set parallel.tp = 1, parallel.cp = 1 and parallel.pp = 1 (got ", p.tp, ", ", p.cp, ", ",
+                  p.pp, ")");
+  }
 }
 
 namespace {

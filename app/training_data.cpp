@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "data/blend.h"
+#include "data/image_text.h"
 #include "data/indexed_dataset.h"
 #include "data/token_dataset.h"
 #include "kernels/check.h"
@@ -27,10 +28,44 @@ TrainingData open_addition(const Config& cfg) {
   d.task = task;
   return d;
 }
+
+// Synthetic scenes (model.kind = "vlm"): each image takes (image_size / patch_size)^2 placeholders.
+TrainingData open_scenes(const Config& cfg) {
+  TrainingData d;
+  auto task = std::make_shared<SceneTask>(cfg.vision.image_size, static_cast<uint64_t>(cfg.data.seed));
+  const int64_t P = cfg.vision.num_patches();
+  d.train = std::make_shared<SceneDataset>(*task, false, cfg.train.seq_len, kSyntheticTrainSamples, P);
+  d.valid = std::make_shared<SceneDataset>(*task, true, cfg.train.seq_len,
+                                           cfg.train.eval_batches * cfg.train.micro_batch, P);
+  d.vocab_size = task->tokenizer().vocab_size();
+  d.scenes = task;
+  return d;
+}
+
+// An image-text HDF5 file (data/image_text.h), read whole; data.valid another one.
+TrainingData open_image_text(const Config& cfg) {
+  const auto& sources = cfg.data.train;
+  TESSERA_CHECK(sources.size() == 1, "data.task = \"image_text\" reads one file: give exactly one [[data.train]] "
+                "table with its path (got ", sources.size(), ")");
+  TrainingData d;
+  auto train = std::make_shared<ImageTextDataset>(read_image_text(sources[0].path), cfg.train.seq_len, sources[0].path);
+  d.vocab_size = train->vocab_size();
+  d.train = train;
+  if (!cfg.data.valid.empty()) {
+    auto valid = std::make_shared<ImageTextDataset>(read_image_text(cfg.data.valid), cfg.train.seq_len, cfg.data.valid);
+    TESSERA_CHECK(valid->placeholder_id() == train->placeholder_id() && valid->vocab_size() == train->vocab_size() &&
+                      valid->data().tokenizer == train->data().tokenizer,
+                  cfg.data.valid, ": its tokenizer, vocab_size or placeholder_id differ from ", sources[0].path, "'s");
+    d.valid = valid;
+  }
+  return d;
+}
 }  // namespace
 
 int64_t data_vocab_size(const Config& cfg) {
   if (cfg.data.task == "addition") return CharTokenizer().vocab_size();
+  if (cfg.data.task == "scenes") return SceneTokenizer().vocab_size();
+  if (cfg.data.task == "image_text" && cfg.data.train.size() == 1) return read_image_text(cfg.data.train[0].path).vocab_size;
   return cfg.data.tokenizer == "gpt2" ? kGpt2VocabSize : ByteTokenizer().vocab_size();
 }
 
@@ -107,7 +142,16 @@ void delay_samples_if_asked(TrainingData& d) {
 TrainingData open_training_data(const Config& cfg) {
   TESSERA_CHECK(!cfg.data.document_mask || cfg.data.task == "tokens", "data.document_mask = true needs documents: "
                 "data.task = \"", cfg.data.task, "\" has no end-of-text ids");
-  TrainingData d = cfg.data.task == "addition" ? open_addition(cfg) : open_tokens(cfg);
+  const bool image_text = cfg.data.task == "scenes" || cfg.data.task == "image_text";
+  TESSERA_CHECK(image_text == (cfg.model.kind == "vlm"), "data.task = \"", cfg.data.task, "\" with model.kind = \"",
+                cfg.model.kind, "\": ",
+                cfg.model.kind == "vlm"
+                    ? "a vision-language model trains on image-text data (data.task = \"scenes\" or \"image_text\")"
+                    : "image-text data needs model.kind = \"vlm\"");
+  TrainingData d = cfg.data.task == "addition"     ? open_addition(cfg)
+                   : cfg.data.task == "scenes"     ? open_scenes(cfg)
+                   : cfg.data.task == "image_text" ? open_image_text(cfg)
+                                                   : open_tokens(cfg);
   delay_samples_if_asked(d);
   return d;
 }

@@ -8,6 +8,7 @@
 #include "app/config.h"
 #include "data/addition.h"
 #include "data/dataset.h"
+#include "data/scenes.h"
 #include "data/tokenizer.h"
 
 namespace tessera {
@@ -16,6 +17,7 @@ struct TrainingData {
   std::shared_ptr<const Dataset> train;
   std::shared_ptr<const Dataset> valid;    // null: no validation loss
   std::shared_ptr<const AdditionTask> task;  // addition only: scored by greedy accuracy
+  std::shared_ptr<const SceneTask> scenes;   // scenes only: scored by greedy caption accuracy
   int64_t vocab_size = 0;                  // of the data (the model may pad beyond it)
   // data.document_mask: the end-of-text id that ends each packed document (the tokenizer's:
   // gpt2 50256, byte 256); -1: no document mask.

@@ -9,6 +9,8 @@
 // of consecutive positions, so the query's start is all the mask needs. Key tiles that lie wholly
 // before a query tile's earliest document start are skipped, not computed and discarded (the CPU
 // kernel; CUDA refuses document masking).
+// Bidirectional (non-causal) attention over S keys is the same kernel with q_offset = S - 1 and
+// k_offset = 0: every query then sits after every key (model/gpt.h Attention, causal = false).
 #pragma once
 
 #include <cstdint>

@@ -45,7 +45,41 @@ ModelConfig resolve(ModelConfig cfg) {
   TESSERA_CHECK(cfg.max_seq_len > 0, "model.max_seq_len must be positive, got ", cfg.max_seq_len);
   TESSERA_CHECK(cfg.ffn_hidden > 0, "model.ffn_hidden must be positive, got ", cfg.ffn_hidden);
   TESSERA_CHECK(cfg.norm_eps > 0, "model.norm_eps must be positive, got ", cfg.norm_eps);
+  TESSERA_CHECK(cfg.kind == "gpt" || cfg.kind == "vlm", "model.kind = \"", cfg.kind,
+                "\" is unknown; expected \"gpt\" or \"vlm\"");
+  if (cfg.is_vlm()) {
+    VisionConfig& v = cfg.vision;
+    TESSERA_CHECK(v.image_size > 0, "vision.image_size must be positive, got ", v.image_size);
+    TESSERA_CHECK(v.patch_size > 0 && v.image_size % v.patch_size == 0, "vision.patch_size = ", v.patch_size,
+                  " must divide vision.image_size = ", v.image_size);
+    TESSERA_CHECK(v.channels > 0, "vision.channels must be positive, got ", v.channels);
+    TESSERA_CHECK(v.n_layer > 0, "vision.n_layer must be positive, got ", v.n_layer);
+    TESSERA_CHECK(v.n_head > 0 && v.n_embd > 0 && v.n_embd % v.n_head == 0, "vision.n_embd = ", v.n_embd,
+                  " must be a positive multiple of vision.n_head = ", v.n_head);
+    if (v.ffn_hidden == 0) v.ffn_hidden = 4 * v.n_embd;
+    TESSERA_CHECK(v.ffn_hidden > 0, "vision.ffn_hidden must be positive, got ", v.ffn_hidden);
+    if (v.placeholder_id == -1) v.placeholder_id = cfg.vocab_size - 1;
+    TESSERA_CHECK(v.placeholder_id >= 0 && v.placeholder_id < cfg.vocab_size, "vision.placeholder_id = ",
+                  v.placeholder_id, " is outside the vocabulary [0, ", cfg.vocab_size, ")");
+    TESSERA_CHECK(v.num_patches() <= cfg.max_seq_len, "an image's ", v.num_patches(),
+                  " placeholder tokens ((vision.image_size / vision.patch_size)^2) exceed model.max_seq_len = ",
+                  cfg.max_seq_len);
+  }
   return cfg;
+}
+
+ModelConfig vision_block_config(const ModelConfig& cfg) {
+  ModelConfig v;
+  v.preset = "gpt2";
+  v.vocab_size = 1;
+  v.n_layer = cfg.vision.n_layer;
+  v.n_head = cfg.vision.n_head;
+  v.n_embd = cfg.vision.n_embd;
+  v.ffn_hidden = cfg.vision.ffn_hidden > 0 ? cfg.vision.ffn_hidden : 4 * cfg.vision.n_embd;
+  v.max_seq_len = cfg.vision.num_patches();
+  v.norm_eps = cfg.norm_eps;
+  v.init_std = cfg.init_std;
+  return resolve(v);
 }
 
 double flops_per_token(const ModelConfig& cfg, int64_t seq_len) {

@@ -11,7 +11,28 @@ enum class NormKind { LayerNorm, RmsNorm };
 enum class MlpKind { Gelu, SwiGlu };
 enum class PositionKind { Learned, Rope };
 
+// The vision encoder of a vision-language model (model.kind = "vlm", model/vision.h): a ViT over
+// patch_size x patch_size patches of image_size x image_size images with `channels` channels,
+// n_layer pre-norm blocks of width n_embd (gpt2-style: LayerNorm, GELU, biases) with bidirectional
+// attention, then a projector (Linear, GELU, Linear) to the language model's width. A sample's
+// image takes the place of its num_patches() placeholder tokens (placeholder_id) in the sequence.
+struct VisionConfig {
+  int64_t image_size = 32;
+  int64_t patch_size = 4;
+  int64_t channels = 3;
+  int64_t n_layer = 2;
+  int64_t n_head = 4;
+  int64_t n_embd = 64;
+  int64_t ffn_hidden = 0;        // 0 = 4 n_embd
+  int64_t placeholder_id = -1;   // the image placeholder token id; -1 = vocab_size - 1
+  int64_t patches_per_side() const { return image_size / patch_size; }
+  int64_t num_patches() const { return patches_per_side() * patches_per_side(); }
+  int64_t patch_dim() const { return patch_size * patch_size * channels; }
+  bool operator==(const VisionConfig&) const = default;
+};
+
 struct ModelConfig {
+  std::string kind = "gpt";     // gpt | vlm (a vision encoder and projector feed the GPT)
   std::string preset = "gpt2";  // gpt2 | llama
   int64_t vocab_size = 50257;
   int64_t n_layer = 12;
@@ -31,6 +52,9 @@ struct ModelConfig {
   bool bias = true;
   bool tied_embeddings = true;
 
+  VisionConfig vision;  // kind = "vlm" only
+
+  bool is_vlm() const { return kind == "vlm"; }
   int64_t head_dim() const { return n_embd / n_head; }
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   bool operator==(const ModelConfig&) const = default;
@@ -39,6 +63,10 @@ struct ModelConfig {
 // Fills the architecture fields and defaults from the preset and validates the sizes; throws
 // tessera::Error naming the offending field.
 ModelConfig resolve(ModelConfig cfg);
+
+// The vision encoder's blocks as a ModelConfig for Block (gpt2 preset: LayerNorm, GELU, biases;
+// n_layer, n_head, n_embd, ffn_hidden from cfg.vision; norm_eps and init_std from cfg), resolved.
+ModelConfig vision_block_config(const ModelConfig& cfg);
 
 // Matmul FLOPs per trained token (forward + backward = 3x forward), for MFU. See docs/architecture.md.
 double flops_per_token(const ModelConfig& cfg, int64_t seq_len);

@@ -12,6 +12,7 @@
 #include "kernels/gelu.h"
 #include "kernels/swiglu.h"
 #include "parallel/context_attention.h"
+#include "model/vision.h"
 
 namespace tessera {
 
@@ -38,7 +39,7 @@ bool attends_over_cp(const SequenceLayout& seq, const ContextParallel& cp) {
 // ---- Attention ----
 
 Attention::Attention(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, const TensorParallel& tp,
-                     const ContextParallel& cp)
+                     const ContextParallel& cp, bool causal)
     : tp_(tp),
       cp_(cp),
       n_head_(cfg.n_head),
@@ -46,7 +47,10 @@ Attention::Attention(ParameterStore& ps, const std::string& name, const ModelCon
       head_dim_(cfg.head_dim()),
       kv_replicated_(n_kv_head_ % tp.size() != 0),
       rope_(cfg.position == PositionKind::Rope),
+      causal_(causal),
       rotary_(cfg.rope_theta) {
+  TESSERA_CHECK(causal || !cp.active(), "bidirectional attention (", name, ") under context parallelism is not "
+                "built; set parallel.cp = 1");
   TESSERA_CHECK(n_head_ % tp.size() == 0, "model.n_head = ", n_head_, " is not divisible by parallel.tp = ", tp.size());
   if (kv_replicated_) {
     TESSERA_CHECK(tp.size() % n_kv_head_ == 0, "parallel.tp = ", tp.size(), " is not a multiple of model.n_kv_head = ",
@@ -127,7 +131,7 @@ void Attention::forward(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, con
   if (over_cp)
     context_attention_forward(ex, cp_, alloc, ctx.out, ctx.lse, ctx.q, ctx.k, ctx.v, seq);
   else
-    attention_forward(ex, ctx.out, ctx.lse, ctx.q, ctx.k, ctx.v, 0, 0, seq.doc_starts());
+    attention_forward(ex, ctx.out, ctx.lse, ctx.q, ctx.k, ctx.v, query_offset(T), 0, seq.doc_starts());
   project_out(ex, ctx, alloc, y);
 }
 
@@ -135,6 +139,7 @@ void Attention::forward_cached(const Exec& ex, AttentionCtx& ctx, Allocator& all
                                Buffer& cache_k, Buffer& cache_v, int64_t pos) const {
   ProfileScope scope(prof_, OpFamily::Attention);
   TESSERA_CHECK(!tp_.active(), "cached decoding runs on one rank (tp = 1)");
+  TESSERA_CHECK(causal_, "cached decoding is causal; this attention is bidirectional");
   TESSERA_CHECK(x.ndim() == 3 && x.dim(0) == 1, "cached decoding takes one sequence (1, T, C), got ", x.shape.str());
   const int64_t T = x.dim(1);
   project_qkv(ex, ctx, alloc, x, SequenceLayout::contiguous(T, pos));
@@ -166,7 +171,8 @@ void Attention::backward(const Exec& ex, const AttentionCtx& ctx, Allocator& all
   if (attends_over_cp(seq, cp_))
     context_attention_backward(ex, cp_, alloc, dq, dk, dv, dout, ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse, seq);
   else
-    attention_backward(ex, dq, dk, dv, dout, ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse, 0, 0, seq.doc_starts());
+    attention_backward(ex, dq, dk, dv, dout, ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse, query_offset(T), 0,
+                       seq.doc_starts());
   dout.release();
   if (rope_) {
     ProfileScope rope(prof_, OpFamily::Rope);
@@ -270,6 +276,15 @@ Block::Block(ParameterStore& ps, int index, const ModelConfig& cfg, Recompute re
   mlp_ = Mlp(ps, p + ".mlp", cfg, tp);
 }
 
+Block::Block(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, Recompute recompute,
+             const TensorParallel& tp, bool causal)
+    : recompute_(recompute) {
+  ln1_ = Norm(ps, name + ".ln1", cfg, tp.sequence_sharded());
+  attn_ = Attention(ps, name + ".attn", cfg, tp, {}, causal);
+  ln2_ = Norm(ps, name + ".ln2", cfg, tp.sequence_sharded());
+  mlp_ = Mlp(ps, name + ".mlp", cfg, tp);
+}
+
 template <class Attend>
 void Block::forward_saved(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
                           const SequenceLayout& seq, Attend&& attend) const {
@@ -356,6 +371,7 @@ void Block::set_profiler(Profiler* p) {
 void Gpt::set_profiler(Profiler* p) {
   prof_ = p;
   embed_.set_profiler(p);
+  if (vision_) vision_->set_profiler(p);
   for (Block& b : blocks_) b.set_profiler(p);
   ln_f_.set_profiler(p);
   lm_head_.set_profiler(p);
@@ -413,6 +429,15 @@ Gpt::Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> reco
     make();
     return IdRange{first, ps.size()};
   };
+  if (cfg_.is_vlm()) {
+    TESSERA_CHECK(!tp_.active(), "model.kind = \"vlm\" under tensor parallelism (parallel.tp = ", tp_.size(),
+                  ") is not built yet; set parallel.tp = 1");
+    TESSERA_CHECK(!cp.active(), "model.kind = \"vlm\" under context parallelism is not built yet; set parallel.cp = 1");
+  }
+  // The vision tower (kind = "vlm") goes with the embedding; its ids come first.
+  vision_ids_ = registered([&] {
+    if (cfg_.is_vlm() && stage_.embedding) vision_ = std::make_shared<VisionTower>(ps, cfg_);
+  });
   // A tied LM head on a later stage than the embedding reads its own copy of the token table.
   const bool tied_across_stages = cfg_.tied_embeddings && stage_.embedding != stage_.head;
   embed_ids_ = registered([&] {
@@ -446,7 +471,7 @@ Tensor Gpt::block_input(const GptCtx& ctx, int64_t l) const {
 }
 
 void Gpt::forward_layers(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& input,
-                         const SequenceLayout& layout, KvCache* cache) const {
+                         const SequenceLayout& layout, KvCache* cache, const ImageInput* images) const {
   ProfileScope scope(prof_, OpFamily::Other);
   SequenceLayout seq = layout;
   if (stage_.embedding) {
@@ -464,6 +489,8 @@ void Gpt::forward_layers(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Te
     TESSERA_CHECK(input.ndim() == 3, "Gpt::forward: input activations must be (B, T_local, C), got ",
                   input.shape.str());
   }
+  TESSERA_CHECK(!images || images->count() == 0 || vision_, "Gpt::forward: images given to ",
+                cfg_.is_vlm() ? "a pipeline stage without the embedding" : "a model without a vision encoder (model.kind = \"gpt\")");
   const int64_t B = input.dim(0), T = seq.length(), C = cfg_.n_embd;
   const int64_t L = stage_.layers();
   TESSERA_CHECK(seq.end_position() <= cfg_.max_seq_len, "sequence positions ", seq.str(),
@@ -485,6 +512,7 @@ void Gpt::forward_layers(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Te
   if (stage_.embedding) {
     ctx.tokens = input;
     embed_.forward(ex, alloc, ctx.resid[0], input, seq);
+    if (images && images->count() > 0) images_forward(ex, ctx, alloc, *images);
   } else {
     ctx.input = input;
   }
@@ -528,8 +556,49 @@ void Gpt::loss_forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tens
   cross_entropy_combine(ex, ctx.losses, ctx.lse, lse_parts, target_logit, flat_targets);
 }
 
+void Gpt::images_forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const ImageInput& images) const {
+  const int64_t N = images.count(), P = vision_->num_patches(), B = ctx.B, T = ctx.T, C = cfg_.n_embd;
+  TESSERA_CHECK(images.start.size() == images.sample.size(), "Gpt::forward: images have ", images.sample.size(),
+                " samples but ", images.start.size(), " start positions");
+  TESSERA_CHECK(images.patches.ndim() == 3 && images.patches.dim(0) == N, "Gpt::forward: patches ",
+                images.patches.shape.str(), " for ", N, " images");
+  std::vector<bool> taken(static_cast<size_t>(B), false);
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t b = images.sample[i], t0 = images.start[i];
+    TESSERA_CHECK(b >= 0 && b < B, "Gpt::forward: image ", i, " belongs to sample ", b, " outside the batch [0, ", B,
+                  ")");
+    TESSERA_CHECK(!taken[static_cast<size_t>(b)], "Gpt::forward: sample ", b, " has more than one image");
+    taken[static_cast<size_t>(b)] = true;
+    TESSERA_CHECK(t0 >= 0 && t0 + P <= T, "Gpt::forward: image ", i, "'s ", P, " placeholder positions from ", t0,
+                  " do not fit the sequence of ", T);
+  }
+  ctx.vision = std::make_shared<VisionCtx>();
+  vision_->forward(ex, *ctx.vision, alloc, images.patches);
+  const Tensor out = ctx.vision->out.tensor().view({N * P, C});
+  const Tensor x0 = ctx.resid[0].tensor().view({B * T, C});
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t row = images.sample[i] * T + images.start[i];
+    copy(ex, x0.slice_rows(row, row + P), out.slice_rows(i * P, (i + 1) * P));
+  }
+  ctx.image_sample = images.sample;
+  ctx.image_start = images.start;
+}
+
+void Gpt::images_backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& dres) const {
+  const int64_t N = static_cast<int64_t>(ctx.image_sample.size()), P = vision_->num_patches(), T = ctx.T;
+  const int64_t C = cfg_.n_embd;
+  Buffer dout = workspace(alloc, ps_->dtype(), {N, P, C});
+  const Tensor d = dres.view({ctx.B * T, C}), dflat = dout.tensor().view({N * P, C});
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t row = ctx.image_sample[static_cast<size_t>(i)] * T + ctx.image_start[static_cast<size_t>(i)];
+    copy(ex, dflat.slice_rows(i * P, (i + 1) * P), d.slice_rows(row, row + P));
+    fill_zero(ex, d.slice_rows(row, row + P));
+  }
+  vision_->backward(ex, *ctx.vision, alloc, dout);
+}
+
 Tensor Gpt::forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& input, const Tensor& targets,
-                    const SequenceLayout& seq) const {
+                    const SequenceLayout& seq, const ImageInput* images) const {
   if (targets.defined()) {
     TESSERA_CHECK(stage_.head, "Gpt::forward: targets given to the pipeline stage with layers [", stage_.first_layer,
                   ", ", stage_.end_layer, "), which has no head (the loss is the last stage's)");
@@ -537,7 +606,7 @@ Tensor Gpt::forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor&
     const int64_t T = stage_.embedding && seq.empty() ? input.dim(1) : seq.length();
     check_shape("Gpt::forward", "targets", targets, Shape{input.dim(0), T});
   }
-  forward_layers(ex, ctx, alloc, input, seq, nullptr);
+  forward_layers(ex, ctx, alloc, input, seq, nullptr, images);
   if (!stage_.head) return ctx.resid.back();
   ctx.targets = targets;
   if (!targets.defined()) return Tensor();
@@ -686,8 +755,10 @@ void Gpt::backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const OutputGr
     ready(block_ids_[static_cast<size_t>(l)]);
   }
   if (stage_.embedding) {
+    if (ctx.vision) images_backward(ex, ctx, alloc, dres);
     embed_.backward(ex, alloc, dres, ctx.tokens, ctx.seq);
     ready(embed_ids_);
+    ready(vision_ids_);
   }
   ctx = GptCtx{};
 }

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "kernels/allocator.h"
@@ -55,8 +56,10 @@ class Attention {
  public:
   Attention() = default;
   // cp: the context-parallel group (parallel/context_attention.h); inactive: cp = 1.
+  // causal = false: every query attends to every key of its sequence (a vision encoder's
+  // bidirectional attention); the kernel's query offset makes every key visible (kernels/attention.h).
   Attention(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, const TensorParallel& tp,
-            const ContextParallel& cp = {});
+            const ContextParallel& cp = {}, bool causal = true);
   // y (B, T_local, C) = proj(attention(q(x), k(x), v(x))), x (B, T_local, C); seq: the positions
   // of the tp group's sequence (T = seq.length(); T_local = T / tp under sequence parallelism,
   // else T): a whole sequence [0, T), or under cp this cp rank's load-balanced chunks, whose
@@ -81,6 +84,9 @@ class Attention {
                    const SequenceLayout& seq) const;
   // Its second half: y from ctx.out through the row-parallel projection, leaving the region.
   void project_out(const Exec& ex, const AttentionCtx& ctx, Allocator& alloc, const Tensor& y) const;
+  // The kernel's query offset over S keys: 0 (causal), or S - 1 (bidirectional: query i sits at
+  // position S - 1 + i, after every key, so every key is visible).
+  int64_t query_offset(int64_t S) const { return causal_ ? 0 : S - 1; }
   // k or v of this rank's KV heads (B, T, KV_local, D) from x (B, T, C).
   void project_kv(const Exec& ex, const Linear& proj, Allocator& alloc, const Tensor& out, const Tensor& x) const;
   // dx (B, T, C) += the gradient through k or v, from d (B, T, KV_local, D).
@@ -93,6 +99,7 @@ class Attention {
   bool kv_replicated_ = false;  // fewer KV heads than tp ranks
   int64_t kv_head_ = 0;         // when replicated: the KV head this rank's queries read
   bool rope_ = false;
+  bool causal_ = true;
   Rope rotary_;
   Linear q_, k_, v_, proj_;
 };
@@ -145,6 +152,10 @@ class Block {
   Block() = default;
   Block(ParameterStore& ps, int index, const ModelConfig& cfg, Recompute recompute, const TensorParallel& tp,
         const ContextParallel& cp = {});
+  // A block under another name prefix ("vision.blocks.0"); causal = false for bidirectional
+  // attention (the vision encoder).
+  Block(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, Recompute recompute,
+        const TensorParallel& tp, bool causal);
   // y (B, T_local, C) from x (B, T_local, C); seq as Attention::forward. Under full
   // recomputation ctx keeps nothing; under selective it drops ln1.y, ln2.y and mlp.act.
   void forward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
@@ -193,6 +204,19 @@ struct StageSpec {
 // not starting at layer 0, ...).
 StageSpec resolve_stage(const StageSpec& stage, int64_t n_layer);
 
+class VisionTower;  // model/vision.h
+struct VisionCtx;
+
+// A micro-batch's images for a vision-language model (model.kind = "vlm"): patches (N, P, K) in
+// the model's dtype on its device (data/image_text.h patchify), and for image i the sample
+// sample[i] of the batch whose placeholder tokens start at position start[i] (host numbers; its P
+// placeholders are the positions [start[i], start[i] + P)). Samples with no image are text only.
+struct ImageInput {
+  Tensor patches;
+  std::vector<int64_t> sample, start;
+  int64_t count() const { return static_cast<int64_t>(sample.size()); }
+};
+
 struct GptCtx {
   int64_t B = 0, T = 0;
   SequenceLayout seq;         // the positions of the tp group's T; a rank's rows between regions
@@ -213,6 +237,9 @@ struct GptCtx {
   // (2) F64 on the model's device, with targets: {sum of the token losses, non-ignored targets}.
   // Left there: the trainer adds each micro-batch's into its step's sums and reads those once.
   Buffer loss_sums;
+  // kind = "vlm" with images: the vision tower's context and where its outputs went.
+  std::shared_ptr<VisionCtx> vision;
+  std::vector<int64_t> image_sample, image_start;
 };
 
 // The host numbers of loss sums like GptCtx::loss_sums: a device read (synchronizes ex), so once
@@ -251,8 +278,11 @@ class Gpt {
   // sequence [0, T) of the tokens. A stage without the embedding requires it.
   // Returns the stage's output activations (B, T_local, C), owned by ctx, to send to the next
   // stage; undefined for the stage with the head.
+  // images (kind = "vlm", the stage with the embedding): each image's projected patches replace
+  // the input embeddings (token and learned position) at its P placeholder positions; null or
+  // empty: text only.
   Tensor forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& input, const Tensor& targets,
-                 const SequenceLayout& seq = {}) const;
+                 const SequenceLayout& seq = {}, const ImageInput* images = nullptr) const;
   // Inference with a KV cache (the whole model, tp = 1): tokens (1, T) are the positions
   // [cache.length, cache.length + T); fills ctx.logits (T, V) and advances the cache, which
   // make_cache sized.
@@ -304,13 +334,20 @@ class Gpt {
   // Block i of this stage's blocks (its first layer's is 0).
   const Block& block(int64_t i) const { return blocks_.at(static_cast<size_t>(i)); }
   const StageSpec& stage() const { return stage_; }
+  DType dtype() const { return ps_->dtype(); }  // of the parameters and activations
   // Times every op family of forward and backward into p (owned by the caller; null: off).
   void set_profiler(Profiler* p);
 
  private:
   // The forward shared by training and cached inference.
   void forward_layers(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& input, const SequenceLayout& seq,
-                      KvCache* cache) const;
+                      KvCache* cache, const ImageInput* images = nullptr) const;
+  // kind = "vlm": runs the vision tower on images and writes its outputs over ctx.resid[0] at the
+  // placeholder positions.
+  void images_forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const ImageInput& images) const;
+  // Its backward: the placeholder rows of dres (B, T, C) go to the vision tower, and are zeroed so
+  // that the embedding's backward gives their token and position rows nothing.
+  void images_backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& dres) const;
   // Where the residual stream's gradient (B, T_local, C) is kept during backward: dx (a stage
   // without the embedding: its final value is the input gradient), else a workspace in storage.
   Tensor residual_grad(const GptCtx& ctx, Allocator& alloc, Buffer& storage, const Tensor& dx) const;
@@ -330,6 +367,7 @@ class Gpt {
   VocabShard vocab_shard_;  // the vocabulary ids this rank's embedding table and LM head hold
   Profiler* prof_ = nullptr;
   Embedding embed_;          // a stage with the embedding
+  std::shared_ptr<VisionTower> vision_;  // kind = "vlm", the stage with the embedding
   std::vector<Block> blocks_;  // the stage's, first_layer first
   Norm ln_f_;                // a stage with the head
   Linear lm_head_;
@@ -338,7 +376,7 @@ class Gpt {
   struct IdRange {
     int first = 0, end = 0;
   };
-  IdRange embed_ids_, ln_f_ids_, head_ids_;
+  IdRange vision_ids_, embed_ids_, ln_f_ids_, head_ids_;
   std::vector<IdRange> block_ids_;
 };
 

@@ -31,8 +31,36 @@ ModelConfig golden_config(const H5Reader& f, const std::string& preset) {
   c.max_seq_len = f.attr_int(preset, "max_seq_len");
   c.norm_eps = f.attr_double(preset, "norm_eps");
   c.rope_theta = f.attr_double(preset, "rope_theta");
+  if (f.exists(preset + "/patches")) {  // a vision-language model (make_golden.py's vlm_*)
+    c.kind = "vlm";
+    c.vision.image_size = f.attr_int(preset, "vision_image_size");
+    c.vision.patch_size = f.attr_int(preset, "vision_patch_size");
+    c.vision.channels = f.attr_int(preset, "vision_channels");
+    c.vision.n_layer = f.attr_int(preset, "vision_n_layer");
+    c.vision.n_head = f.attr_int(preset, "vision_n_head");
+    c.vision.n_embd = f.attr_int(preset, "vision_n_embd");
+    c.vision.ffn_hidden = f.attr_int(preset, "vision_ffn_hidden");
+    c.vision.placeholder_id = f.attr_int(preset, "vision_placeholder_id");
+  }
   return c;
 }
+
+// A vlm fixture's images: the patches (N, P, K) as T and where each image goes.
+template <typename T>
+struct GoldenImages {
+  HostTensor<T> patches{Shape{0}};
+  ImageInput input;
+  GoldenImages(const H5Reader& f, const std::string& preset) {
+    if (!f.exists(preset + "/patches")) return;
+    auto a = f.read<double>(preset + "/patches");
+    patches = HostTensor<T>(Shape{a.shape[0], a.shape[1], a.shape[2]});
+    for (size_t i = 0; i < a.values.size(); ++i) patches.vec()[i] = static_cast<T>(a.values[i]);
+    input.patches = patches.t();
+    for (double v : f.read<double>(preset + "/image_sample").values) input.sample.push_back(static_cast<int64_t>(v));
+    for (double v : f.read<double>(preset + "/image_start").values) input.start.push_back(static_cast<int64_t>(v));
+  }
+  const ImageInput* get() const { return input.count() > 0 ? &input : nullptr; }
+};
 
 HostTensor<int32_t> read_ids(const H5Reader& f, const std::string& name) {
   auto a = f.read<int32_t>(name);
@@ -104,9 +132,10 @@ void check_golden(const std::string& preset, const Tolerances& tol, bool bf16 = 
   ps.refresh_compute_copy(kCpu);
   auto tokens = read_ids(f, preset + "/tokens");
   auto targets = read_ids(f, preset + "/targets");
+  const GoldenImages<T> images(f, preset);
 
   GptCtx ctx;
-  gpt.forward(kCpu, ctx, alloc, tokens.t(), targets.t());
+  gpt.forward(kCpu, ctx, alloc, tokens.t(), targets.t(), {}, images.get());
   const LossSums sums = read_loss_sums(kCpu, ctx.loss_sums);
   const double loss = sums.mean();
   EXPECT_LT(rel_error<T>(ctx.logits, f.read<double>(preset + "/logits").values), tol.logits) << preset;
@@ -143,7 +172,7 @@ void check_golden(const std::string& preset, const Tolerances& tol, bool bf16 = 
   ASSERT_EQ(static_cast<int64_t>(want.size()), steps);
   for (int64_t step = 1; step <= steps; ++step) {
     ps.zero_grads(kCpu);
-    gpt.forward(kCpu, ctx, alloc, tokens.t(), targets.t());
+    gpt.forward(kCpu, ctx, alloc, tokens.t(), targets.t(), {}, images.get());
     const double l = read_loss_sums(kCpu, ctx.loss_sums).mean();
     EXPECT_NEAR(l, want[step - 1], tol.adamw_losses * want[step - 1]) << preset << " AdamW step " << step;
     gpt.backward(kCpu, ctx, alloc, 1.0 / static_cast<double>(n_targets));
@@ -165,6 +194,12 @@ TEST(GptGolden, Gpt2MatchesPyTorchF64) { check_golden<double>("gpt2", kF64Tol); 
 TEST(GptGolden, LlamaMatchesPyTorchF64) { check_golden<double>("llama", kF64Tol); }
 TEST(GptGolden, Gpt2MatchesPyTorchF32) { check_golden<float>("gpt2", kF32Tol); }
 TEST(GptGolden, LlamaMatchesPyTorchF32) { check_golden<float>("llama", kF32Tol); }
+// Vision-language models (model.kind = "vlm"): the tiny VLM of make_golden.py (a ViT encoder and
+// projector feeding either preset, one text-only sample), same fixtures and tolerances.
+TEST(GptGolden, VlmGpt2MatchesPyTorchF64) { check_golden<double>("vlm_gpt2", kF64Tol); }
+TEST(GptGolden, VlmLlamaMatchesPyTorchF64) { check_golden<double>("vlm_llama", kF64Tol); }
+TEST(GptGolden, VlmGpt2MatchesPyTorchF32) { check_golden<float>("vlm_gpt2", kF32Tol); }
+TEST(GptGolden, VlmLlamaMatchesPyTorchF32) { check_golden<float>("vlm_llama", kF32Tol); }
 TEST(GptGolden, Gpt2Bf16WithinBf16Tolerance) { check_golden<float>("gpt2", kBf16Tol, true); }
 TEST(GptGolden, LlamaBf16WithinBf16Tolerance) { check_golden<float>("llama", kBf16Tol, true); }
 

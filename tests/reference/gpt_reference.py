@@ -7,6 +7,13 @@ vocab_size, n_layer, n_head, n_kv_head, n_embd, ffn_hidden, max_seq_len, norm_ep
 gpt2: LayerNorm, GELU (tanh), learned positions, biases, LM head tied to wte.
 llama: RMSNorm, SwiGLU, rotary embedding (rotate-half), no biases, untied LM head, grouped-query
 attention when n_kv_head < n_head. Both are pre-norm with a final norm before the head.
+
+Vision-language models (model.kind = "vlm", model/vision.h): a config with kind "vlm" and a
+"vision" dict (image_size, patch_size, channels, n_layer, n_head, n_embd, ffn_hidden,
+placeholder_id). The encoder embeds flattened patches with one linear layer, adds learned positions
+(vision.pos.weight), runs gpt2-style blocks with bidirectional attention and a final LayerNorm; the
+projector is fc1, GELU (tanh), fc2 to the language model's width. Each image's outputs replace the
+input embeddings (token and position) of its placeholder positions.
 """
 import math
 
@@ -62,7 +69,56 @@ def param_shapes(cfg):
         shapes["ln_f.bias"] = (C,)
     else:
         shapes["lm_head.weight"] = (V, C)
+    if cfg.get("kind") == "vlm":
+        shapes.update(vision_param_shapes(cfg))
     return shapes
+
+
+def vision_block_config(cfg):
+    """The encoder's blocks as a gpt2 config (model/config.cpp vision_block_config)."""
+    v = cfg["vision"]
+    return dict(preset="gpt2", vocab_size=1, n_layer=v["n_layer"], n_head=v["n_head"], n_kv_head=v["n_head"],
+                n_embd=v["n_embd"], ffn_hidden=v["ffn_hidden"] or 4 * v["n_embd"],
+                max_seq_len=num_patches(cfg), norm_eps=cfg["norm_eps"])
+
+
+def num_patches(cfg):
+    v = cfg["vision"]
+    return (v["image_size"] // v["patch_size"]) ** 2
+
+
+def vision_param_shapes(cfg):
+    v, C = cfg["vision"], cfg["n_embd"]
+    W, K, P = v["n_embd"], v["patch_size"] ** 2 * v["channels"], num_patches(cfg)
+    vc = vision_block_config(cfg)
+    shapes = {"vision.patch.weight": (W, K), "vision.patch.bias": (W,), "vision.pos.weight": (P, W)}
+    for name, s in param_shapes(vc).items():
+        if name.startswith(("blocks.", "ln_f.")):
+            shapes["vision." + name] = s
+    shapes.update({"projector.fc1.weight": (C, W), "projector.fc1.bias": (C,),
+                   "projector.fc2.weight": (C, C), "projector.fc2.bias": (C,)})
+    return shapes
+
+
+def patchify(images, patch_size):
+    """images (N, H, W, Ch) -> patches (N, P, p*p*Ch): patches in row-major order, each patch
+    row-major over (y, x, channel) (data/image_text.h patchify), pixel values as given."""
+    N, H, W_, Ch = images.shape
+    p = patch_size
+    x = images.reshape(N, H // p, p, W_ // p, p, Ch).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(N, (H // p) * (W_ // p), p * p * Ch)
+
+
+def vision_forward(p, patches, cfg):
+    """The projected patches (N, P, C) for patches (N, P, K)."""
+    vc = vision_block_config(cfg)
+    x = F.linear(patches, p["vision.patch.weight"], p["vision.patch.bias"]) + p["vision.pos.weight"][None]
+    vp = {k[len("vision."):]: t for k, t in p.items() if k.startswith("vision.")}
+    for l in range(vc["n_layer"]):
+        x = block(x, vp, f"blocks.{l}", vc, causal=False)
+    x = norm(x, vp, "ln_f", vc)
+    h = F.gelu(linear(x, p, "projector.fc1"), approximate="tanh")
+    return linear(h, p, "projector.fc2")
 
 
 def tessera_init(cfg, gen, dtype=torch.float32, init_std=0.02):
@@ -110,48 +166,63 @@ def linear(x, p, name):
     return F.linear(x, p[name + ".weight"], p.get(name + ".bias"))
 
 
-def causal_attention(q, k, v, method):
+def causal_attention(q, k, v, method, causal=True):
     """q, k, v (B, H, T, D) -> (B, H, T, D). "explicit": softmax of masked scores, written out
     (the golden fixtures' oracle); "sdpa": torch's fused scaled_dot_product_attention (torch >= 2.0),
     the same function computed by PyTorch's fastest CPU path."""
     if method == "sdpa":
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     Tn, D = q.shape[-2], q.shape[-1]
-    mask = torch.ones(Tn, Tn, dtype=torch.bool).tril()
     s = (q @ k.transpose(-1, -2)) / math.sqrt(D)
-    s = s.masked_fill(~mask, float("-inf"))
+    if causal:
+        mask = torch.ones(Tn, Tn, dtype=torch.bool).tril()
+        s = s.masked_fill(~mask, float("-inf"))
     return torch.softmax(s, dim=-1) @ v
 
 
-def forward(p, tokens, cfg, attention="explicit"):
-    """Logits (B*T, V) for tokens (B, T)."""
+def block(x, p, pre, cfg, causal=True, attention="explicit"):
+    """One pre-norm block: x + attn(norm(x)), then + mlp(norm(.))."""
     gpt2 = cfg["preset"] == "gpt2"
-    Bn, Tn = tokens.shape
+    Bn, Tn = x.shape[0], x.shape[1]
     H, KVH = cfg["n_head"], cfg["n_kv_head"]
     D = cfg["n_embd"] // H
+    h = norm(x, p, pre + ".ln1", cfg)
+    q = linear(h, p, pre + ".attn.q").view(Bn, Tn, H, D)
+    k = linear(h, p, pre + ".attn.k").view(Bn, Tn, KVH, D)
+    v = linear(h, p, pre + ".attn.v").view(Bn, Tn, KVH, D)
+    if not gpt2:
+        q, k = rope(q, cfg["rope_theta"]), rope(k, cfg["rope_theta"])
+    if KVH != H:
+        k = k.repeat_interleave(H // KVH, dim=2)
+        v = v.repeat_interleave(H // KVH, dim=2)
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
+    a = causal_attention(q, k, v, attention, causal).transpose(1, 2).reshape(Bn, Tn, H * D)
+    x = x + linear(a, p, pre + ".attn.proj")
+    h = norm(x, p, pre + ".ln2", cfg)
+    if gpt2:
+        m = linear(F.gelu(linear(h, p, pre + ".mlp.fc"), approximate="tanh"), p, pre + ".mlp.proj")
+    else:
+        m = linear(F.silu(linear(h, p, pre + ".mlp.gate")) * linear(h, p, pre + ".mlp.up"), p, pre + ".mlp.down")
+    return x + m
+
+
+def forward(p, tokens, cfg, attention="explicit", images=None):
+    """Logits (B*T, V) for tokens (B, T); images (kind "vlm"): (patches (N, P, K), sample, start),
+    image i replacing the embeddings of sample[i]'s positions [start[i], start[i] + P)."""
+    gpt2 = cfg["preset"] == "gpt2"
+    Bn, Tn = tokens.shape
     x = p["wte.weight"][tokens]
     if gpt2:
         x = x + p["wpe.weight"][:Tn][None]
+    if images is not None:
+        patches, sample, start = images
+        out = vision_forward(p, patches, cfg)
+        x = x.clone()
+        P = out.shape[1]
+        for i, (b, t0) in enumerate(zip(sample, start)):
+            x[b, t0:t0 + P] = out[i]
     for l in range(cfg["n_layer"]):
-        pre = f"blocks.{l}"
-        h = norm(x, p, pre + ".ln1", cfg)
-        q = linear(h, p, pre + ".attn.q").view(Bn, Tn, H, D)
-        k = linear(h, p, pre + ".attn.k").view(Bn, Tn, KVH, D)
-        v = linear(h, p, pre + ".attn.v").view(Bn, Tn, KVH, D)
-        if not gpt2:
-            q, k = rope(q, cfg["rope_theta"]), rope(k, cfg["rope_theta"])
-        if KVH != H:
-            k = k.repeat_interleave(H // KVH, dim=2)
-            v = v.repeat_interleave(H // KVH, dim=2)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
-        a = causal_attention(q, k, v, attention).transpose(1, 2).reshape(Bn, Tn, H * D)
-        x = x + linear(a, p, pre + ".attn.proj")
-        h = norm(x, p, pre + ".ln2", cfg)
-        if gpt2:
-            m = linear(F.gelu(linear(h, p, pre + ".mlp.fc"), approximate="tanh"), p, pre + ".mlp.proj")
-        else:
-            m = linear(F.silu(linear(h, p, pre + ".mlp.gate")) * linear(h, p, pre + ".mlp.up"), p, pre + ".mlp.down")
-        x = x + m
+        x = block(x, p, f"blocks.{l}", cfg, attention=attention)
     x = norm(x, p, "ln_f", cfg)
     head = p["wte.weight"] if gpt2 else p["lm_head.weight"]
     return F.linear(x, head).view(Bn * Tn, -1)
@@ -159,7 +230,8 @@ def forward(p, tokens, cfg, attention="explicit"):
 
 def decays(name):
     """Default optimizer groups: weight decay on matrices only (not norms, biases, embeddings)."""
-    return name.endswith(".weight") and not name.startswith(("wte", "wpe", "ln_f")) and ".ln" not in name
+    return (name.endswith(".weight") and not name.startswith(("wte", "wpe", "ln_f", "vision.pos"))
+            and ".ln" not in name)
 
 
 def adamw_groups(params, weight_decay):

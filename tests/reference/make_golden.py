@@ -9,6 +9,11 @@ precisions start equal), and stores in tests/reference/golden.h5, per preset:
   params/<name>        weights (float64 values of float32 numbers)
   logits (B*T, V), loss, grads/<name>       computed in float64
   adamw_losses (10)    loss before each of 10 AdamW steps on the same batch (float64)
+Vision-language models (vlm_gpt2, vlm_llama: model.kind = "vlm", B = 3, T = 20) add
+  attrs      the [vision] sizes (vision_image_size, ...)
+  images (N, H, W, Ch) uint8, patches (N, P, K) = images / 255 patchified (float64)
+  image_sample, image_start (N) int64: image i replaces sample image_sample[i]'s positions
+             [image_start[i], image_start[i] + P), which hold the placeholder token
 
 Run with Debian's interpreter (python3-torch): /usr/bin/python3 tests/reference/make_golden.py
 The C++ test suite only reads the HDF5 file; it never needs PyTorch.
@@ -20,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from gpt_reference import adamw_groups, forward, param_shapes
+from gpt_reference import adamw_groups, forward, num_patches, param_shapes, patchify
 
 torch.set_default_dtype(torch.float64)
 
@@ -33,6 +38,10 @@ CONFIGS = {
     "llama": dict(preset="llama", vocab_size=97, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=48,
                   max_seq_len=32, norm_eps=1e-5, rope_theta=10000.0),
 }
+VISION = dict(image_size=8, patch_size=2, channels=3, n_layer=2, n_head=2, n_embd=16, ffn_hidden=32, placeholder_id=96)
+VLM_BATCH = dict(B=3, T=20, sample=[0, 2], start=[0, 3])  # sample 1 is text only
+CONFIGS["vlm_gpt2"] = dict(CONFIGS["gpt2"], kind="vlm", vision=VISION)
+CONFIGS["vlm_llama"] = dict(CONFIGS["llama"], kind="vlm", vision=VISION)
 
 
 def init_params(cfg, gen):
@@ -52,14 +61,32 @@ def make(cfg, seed):
     gen = torch.Generator().manual_seed(seed)
     params = init_params(cfg, gen)
     V = cfg["vocab_size"]
-    tokens = torch.randint(0, V, (B, T), generator=gen)
-    targets = torch.randint(0, V, (B, T), generator=gen)
+    vlm = cfg.get("kind") == "vlm"
+    Bn, Tn = (VLM_BATCH["B"], VLM_BATCH["T"]) if vlm else (B, T)
+    tokens = torch.randint(0, V, (Bn, Tn), generator=gen)
+    targets = torch.randint(0, V, (Bn, Tn), generator=gen)
     targets[0, :3] = -1  # ignored positions
     targets[1, -1] = -1
-    out = {"tokens": tokens.to(torch.int32).numpy(), "targets": targets.to(torch.int32).numpy()}
+    images = None
+    out = {}
+    if vlm:
+        v, P = cfg["vision"], num_patches(cfg)
+        tokens[tokens == v["placeholder_id"]] = 0
+        for b, t0 in zip(VLM_BATCH["sample"], VLM_BATCH["start"]):
+            tokens[b, t0:t0 + P] = v["placeholder_id"]
+            targets[b, max(t0 - 1, 0):t0 + P - 1] = -1  # no loss on predicting placeholders
+        n = len(VLM_BATCH["sample"])
+        pixels = torch.randint(0, 256, (n, v["image_size"], v["image_size"], v["channels"]), generator=gen)
+        patches = patchify(pixels.to(torch.float64) / 255.0, v["patch_size"])
+        images = (patches, VLM_BATCH["sample"], VLM_BATCH["start"])
+        out["images"] = pixels.to(torch.uint8).numpy()
+        out["patches"] = patches.numpy()
+        out["image_sample"] = np.array(VLM_BATCH["sample"], dtype=np.int64)
+        out["image_start"] = np.array(VLM_BATCH["start"], dtype=np.int64)
+    out.update({"tokens": tokens.to(torch.int32).numpy(), "targets": targets.to(torch.int32).numpy()})
     out["params"] = {n: t.detach().numpy().copy() for n, t in params.items()}
 
-    logits = forward(params, tokens, cfg)
+    logits = forward(params, tokens, cfg, images=images)
     loss = F.cross_entropy(logits, targets.view(-1), ignore_index=-1)
     loss.backward()
     out["logits"] = logits.detach().numpy()
@@ -71,7 +98,7 @@ def make(cfg, seed):
     losses = []
     for _ in range(STEPS):
         opt.zero_grad()
-        l = F.cross_entropy(forward(params, tokens, cfg), targets.view(-1), ignore_index=-1)
+        l = F.cross_entropy(forward(params, tokens, cfg, images=images), targets.view(-1), ignore_index=-1)
         l.backward()
         opt.step()
         losses.append(l.item())
@@ -85,11 +112,17 @@ def main():
         f.attrs["generator"] = f"tests/reference/make_golden.py, torch {torch.__version__}"
         for i, (preset, cfg) in enumerate(CONFIGS.items()):
             g = f.create_group(preset)
-            for k, v in {**cfg, **ADAMW, "batch": B, "seq_len": T, "steps": STEPS}.items():
+            vlm = cfg.get("kind") == "vlm"
+            shape = {"batch": VLM_BATCH["B"], "seq_len": VLM_BATCH["T"]} if vlm else {"batch": B, "seq_len": T}
+            attrs = {k: v for k, v in cfg.items() if k != "vision"}
+            attrs.update({"vision_" + k: v for k, v in cfg.get("vision", {}).items()})
+            for k, v in {**attrs, **ADAMW, **shape, "steps": STEPS}.items():
                 g.attrs[k] = v
             data = make(cfg, seed=1234 + i)
-            for k in ("tokens", "targets", "logits", "loss", "adamw_losses"):
-                g.create_dataset(k, data=data[k])
+            for k in ("tokens", "targets", "logits", "loss", "adamw_losses", "images", "patches", "image_sample",
+                      "image_start"):
+                if k in data:
+                    g.create_dataset(k, data=data[k])
             for k in ("params", "grads"):
                 sub = g.create_group(k)
                 for n, a in data[k].items():
