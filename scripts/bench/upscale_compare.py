@@ -7,13 +7,16 @@ and a table (markdown) of the final validation losses.
     scripts/bench/upscale_compare.py                                   # quickstart, 4 -> 6 layers
     scripts/bench/upscale_compare.py --config configs/shakespeare-gpt2.toml --small-layers 2 --deep-layers 4
     scripts/bench/upscale_compare.py --steps 60 --eval-every 20        # a short check of the script
+    scripts/bench/upscale_compare.py --steps 200 --rewarm-steps 10 --in-run "expand"
 
 FLOPs per step use tessera's count (docs/architecture.md): per token 3 x forward, forward =
 2 (L (2 C^2 + 2 C kv + m C F) + C V) + 4 L T C, times global_batch x seq_len tokens per step.
 A method that cannot give the deep depth from the shallow one is listed with tessera's refusal.
-Not covered: growth inside a run (the in-run [upscale] section does not exist yet). The grown run
-continues the shallow run's step count and learning-rate schedule (train.steps = the whole run;
-there is no re-warm-up yet). Standard library only, plus matplotlib for the PNG (skipped without it).
+(c) "in-run <method>": one run of the shallow model whose [upscale] section grows it by that method
+at the same step (`--in-run "ot top"`; "" skips it). The grown runs continue the shallow run's step
+count; `--rewarm-steps N` restarts their learning-rate schedule at the growth with N warm-up steps
+([upscale] rewarm_steps; 0 = the schedule continues). Standard library only, plus matplotlib for
+the PNG (skipped without it).
 """
 import argparse
 import json
@@ -137,9 +140,25 @@ def compare(a, config):
         run_dir = os.path.join(out, label.replace(" ", "_"))
         train(a.tessera, config, run_dir, common[:-2] + [
             f"model.n_layer={a.deep_layers}", f"train.steps={small_steps + grown_steps}",
-            f"checkpoint.resume={os.path.abspath(grown)}"], log)
+            f"checkpoint.resume={os.path.abspath(grown)}", f"upscale.rewarm_steps={a.rewarm_steps}"], log)
         t, v = curve(run_dir, small_steps * fps_small, small_steps, fps_deep)
         runs[label] = (t, v)
+    if a.in_run:
+        args = dict(METHODS)[a.in_run]
+        sets = [f"upscale.method={json.dumps(args[1])}", f"upscale.at_step={small_steps}",
+                f"upscale.layers={a.deep_layers}", f"upscale.rewarm_steps={a.rewarm_steps}"]
+        if "--position" in args:
+            sets.append(f"upscale.position={json.dumps(args[args.index('--position') + 1])}")
+        print(f"{name}: in-run growth ({a.in_run}) at step {small_steps}")
+        run_dir = os.path.join(out, "in_run")
+        train(a.tessera, config, run_dir, common + [f"model.n_layer={a.small_layers}",
+                                                    f"train.steps={small_steps + grown_steps}"] + sets, log)
+        before = [r for r in records(os.path.join(run_dir, "metrics.jsonl")) if r.get("step", 0) <= small_steps]
+        after_t, after_v = curve(run_dir, small_steps * fps_small, small_steps, fps_deep)
+        pts_t = [(r["step"] * fps_small, r["loss"]) for r in before if "loss" in r]
+        pts_v = [(r["step"] * fps_small, r["val_loss"]) for r in before if "val_loss" in r]
+        runs["in-run " + a.in_run] = (pts_t + [p for p in after_t if p[0] > small_steps * fps_small],
+                                      pts_v + [p for p in after_v if p[0] > small_steps * fps_small])
     return name, runs, skipped, budget
 
 
@@ -189,6 +208,8 @@ def main():
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--out-dir", default="runs/upscale_compare")
+    p.add_argument("--in-run", default="ot top", help="method label of the in-run growth run; \"\" = none")
+    p.add_argument("--rewarm-steps", type=int, default=0, help="[upscale] rewarm_steps of every grown run")
     a = p.parse_args()
     results = [compare(a, c) for c in (a.config or ["configs/quickstart.toml"])]
     os.makedirs(a.out_dir, exist_ok=True)
