@@ -142,9 +142,9 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
   validate_layout(cfg_, mc, grid_.world_size());
   if (grid_.pp_size() > 1) validate_pipeline(cfg_, grid_.dp_size());  // micro-batches per step against pp
   const std::string ckpt_dir = checkpoint_dir(cfg_, run_dir_);
-  // Before anything is allocated: a run that cannot fit is refused now, on every rank.
-  memory_line_ = check_training_memory(
-      cfg_, data_.vocab_size, {grid_.tp_size(), grid_.dp_size(), !ckpt_dir.empty() && comm != MPI_COMM_NULL}, comm);
+  // Before anything is allocated: a run that cannot fit is refused now, on every rank. With an
+  // in-run growth the grown model is the one checked (it holds more of everything).
+  memory_line_ = check_memory(ckpt_dir, mc, comm);
   if (comm != MPI_COMM_NULL && grid_.world_size() > 1) comms_ = std::make_unique<GridComms>(mpi_grid_comms(grid_, comm));
   if (watchdog && comms_) comms_->watch(*watchdog, grid_, cfg_.parallel.timeout_s);
   cp_ = context_parallel_of(cfg_.parallel, comms_.get());
@@ -222,6 +222,22 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
 // The model of config mc on this rank's layout: its chunks, their parameters in one store (the
 // frozen ones first: ParameterStore::finalize), initialized from train.seed, and the optimizer over
 // the trainable ones.
+std::string Trainer::check_memory(const std::string& ckpt_dir, const ModelConfig& mc, MPI_Comm comm) const {
+  const MemoryLayout layout{grid_.tp_size(), grid_.dp_size(), !ckpt_dir.empty() && comm != MPI_COMM_NULL};
+  if (cfg_.upscale.method.empty()) return check_training_memory(cfg_, data_.vocab_size, layout, comm);
+  Config grown = cfg_;
+  grown.model.n_layer = static_cast<int64_t>(layer_mapping(mc.n_layer, upscale_options(cfg_.upscale)).size());
+  grown.parallel.pp_layers.clear();  // the stages are re-cut for the grown depth
+  const std::string growth = "the model grown in this run ([upscale] method = \"" + cfg_.upscale.method + "\" at step " +
+                             std::to_string(cfg_.upscale.at_step) + ": " + std::to_string(mc.n_layer) + " -> " +
+                             std::to_string(grown.model.n_layer) + " layers)";
+  try {
+    return check_training_memory(grown, data_.vocab_size, layout, comm) + ", for " + growth;
+  } catch (const Error& e) {  // thrown on every rank together
+    throw Error("does not fit: " + growth + ": " + e.what());
+  }
+}
+
 void Trainer::build_model(const ModelConfig& mc, const std::set<std::string>& frozen) {
   opt_.reset();
   chunks_.clear();

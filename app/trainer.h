@@ -126,6 +126,9 @@ class Trainer {
   bool vote_stop(const std::string& read_error);
   bool stop_requested() const { return signals_ && signals_->requested(); }
   std::vector<ParamSegment> segments() const;
+  // The memory check (app/memory_check.h) of this run's model, or of the grown one when an
+  // [upscale] section grows it in this run; its header line.
+  std::string check_memory(const std::string& ckpt_dir, const ModelConfig& mc, MPI_Comm comm) const;
   void build_model(const ModelConfig& mc, const std::set<std::string>& frozen);
   Gpt::GradsReady grads_hook();
   void apply_rewarm();

@@ -16,6 +16,7 @@
 #include "model/memory.h"
 #include "model/stage_cut.h"
 #include "cli_testing.h"
+#include "error_testing.h"
 #include "mpi_testing.h"
 
 namespace tessera {
@@ -147,6 +148,26 @@ TEST(MemoryCheckLayouts, ZeroBubbleEstimateIsWithinFivePercentAboveEachRanksPeak
       EXPECT_GE(estimate, peak) << preset << ", " << recompute << " on rank " << rank;
       EXPECT_LE(estimate, 1.05 * peak) << preset << ", " << recompute << " on rank " << rank;
     }
+}
+
+// An in-run growth ([upscale]) is checked at the grown depth before anything is allocated: with
+// memory for the 2-layer model but not for the 4 layers it grows into, the run is refused, naming
+// the growth; without the growth the same config starts.
+TEST(MemoryCheck, AnInRunGrowthIsCheckedAtTheGrownDepth) {
+  const std::vector<std::string> growth = {"train.steps=4", "upscale.method=\"stack\"", "upscale.at_step=2"};
+  Config grows = tiny(growth);
+  Config deep = tiny({"train.steps=4", "model.n_layer=4"});
+  Config plain = tiny({"train.steps=4"});
+  const MemoryLayout one{1, 1, false};
+  const int64_t small = estimate_training_memory(plain, 13, one).total();
+  const int64_t large = estimate_training_memory(deep, 13, one).total();
+  ASSERT_LT(small, large);
+  ::setenv("TESSERA_TEST_MEMORY_AVAILABLE", std::to_string((small + large) / 2).c_str(), 1);
+  EXPECT_TRUE(testing::throws_with([&] { Trainer t(grows, "", MPI_COMM_NULL); },
+                          {"does not fit", "[upscale] method = \"stack\" at step 2: 2 -> 4 layers",
+                           "not enough memory"}));
+  EXPECT_NO_THROW({ Trainer t(plain, "", MPI_COMM_NULL); });
+  ::unsetenv("TESSERA_TEST_MEMORY_AVAILABLE");
 }
 
 // train.micro_batch = 0: the largest divisor of global_batch / dp whose estimate fits what is
