@@ -143,7 +143,9 @@ def compare(a, config):
             f"checkpoint.resume={os.path.abspath(grown)}", f"upscale.rewarm_steps={a.rewarm_steps}"], log)
         t, v = curve(run_dir, small_steps * fps_small, small_steps, fps_deep)
         runs[label] = (t, v)
-    if a.in_run:
+    if a.in_run in skipped:
+        skipped["in-run " + a.in_run] = skipped[a.in_run]
+    elif a.in_run:
         args = dict(METHODS)[a.in_run]
         sets = [f"upscale.method={json.dumps(args[1])}", f"upscale.at_step={small_steps}",
                 f"upscale.layers={a.deep_layers}", f"upscale.rewarm_steps={a.rewarm_steps}"]
