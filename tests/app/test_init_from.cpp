@@ -253,6 +253,8 @@ TEST(InitFromSlow, DataAndTensorParallelEqualTheOneRankRun) {
   EXPECT_NE(r.output.find("initialized from " + gpt), std::string::npos) << r.output;
   r = testing::train_run(dir, "tiny-vlm.toml", "vlm_dp2", 2, vlm);
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("tp 1 x dp 2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("initialized from " + gpt), std::string::npos) << r.output;
   testing::expect_losses_near(testing::losses(dir / "vlm_dp2" / "metrics.jsonl"),
                               testing::losses(dir / "vlm1" / "metrics.jsonl"), 1e-5, "dp2");
   testing::expect_checkpoints_near(dir / "vlm_dp2" / "checkpoints" / "step_00000004.h5",
@@ -264,6 +266,8 @@ TEST(InitFromSlow, DataAndTensorParallelEqualTheOneRankRun) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   r = testing::train_run(dir, "tiny-vlm.toml", "gpt_tp2", 2, testing::with(gpt2, {"--set", "parallel.tp=2"}));
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("tp 2 x dp 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(weights only, step 0): 20 tensors loaded"), std::string::npos) << r.output;
   testing::expect_losses_near(testing::losses(dir / "gpt_tp2" / "metrics.jsonl"),
                               testing::losses(dir / "gpt1" / "metrics.jsonl"), 1e-5, "tp2");
   testing::expect_checkpoints_near(dir / "gpt_tp2" / "checkpoints" / "step_00000004.h5",
