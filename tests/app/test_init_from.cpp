@@ -6,8 +6,8 @@
 // head split, prefixes that match nothing). The two-stage recipe on the scenes task: stage 1 trains
 // the projector alone from the GPT's weights (every frozen tensor in its checkpoint is bit for bit
 // what it started as), stage 2 starts from stage 1's file with the LLM unfrozen (or resumes it).
-// InitFromSlow: the same start under `mpiexec -n 2` data parallelism, and a GPT into tp 2, equal
-// the 1-rank run.
+// InitFromSlow: the same start under `mpiexec -n 2` data parallelism, and a GPT into tp 2 and
+// pp 2, equal the 1-rank run.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -235,9 +235,9 @@ TEST(InitFrom, TwoStageRecipe) {
 }
 
 // `mpiexec -n 2`: a VLM started from the GPT's file under data parallelism, and the GPT's file
-// into a GPT under tensor parallelism, each equal to its 1-rank run (losses and every tensor of
+// into a GPT under tensor and pipeline parallelism, each equal to its 1-rank run (losses and every tensor of
 // the final checkpoint).
-TEST(InitFromSlow, DataAndTensorParallelEqualTheOneRankRun) {
+TEST(InitFromSlow, ParallelLayoutsEqualTheOneRankRun) {
   const fs::path dir = testing::temp_dir("init_from_layouts");
   std::ofstream(dir / "tiny-vlm.toml") << kTinyVlm;
   std::vector<std::string> gpt_settings;
@@ -272,6 +272,19 @@ TEST(InitFromSlow, DataAndTensorParallelEqualTheOneRankRun) {
                               testing::losses(dir / "gpt1" / "metrics.jsonl"), 1e-5, "tp2");
   testing::expect_checkpoints_near(dir / "gpt_tp2" / "checkpoints" / "step_00000004.h5",
                                    dir / "gpt1" / "checkpoints" / "step_00000004.h5", 1e-5, "tp2");
+  // pp 2 (two layers: the file's one block fills blocks.0, blocks.1 keeps its initialization; the
+  // last stage's copy of the tied wte.weight is read from the same stored tensor).
+  const std::vector<std::string> deeper = testing::with(gpt2, {"--set", "model.n_layer=2"});
+  r = testing::train_run(dir, "tiny-vlm.toml", "gpt1_deeper", 1, deeper);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("kept their initialization (blocks.1."), std::string::npos) << r.output;
+  r = testing::train_run(dir, "tiny-vlm.toml", "gpt_pp2", 2, testing::with(deeper, {"--set", "parallel.pp=2"}));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("pp 2"), std::string::npos) << r.output;
+  testing::expect_losses_near(testing::losses(dir / "gpt_pp2" / "metrics.jsonl"),
+                              testing::losses(dir / "gpt1_deeper" / "metrics.jsonl"), 1e-5, "pp2");
+  testing::expect_checkpoints_near(dir / "gpt_pp2" / "checkpoints" / "step_00000004.h5",
+                                   dir / "gpt1_deeper" / "checkpoints" / "step_00000004.h5", 1e-5, "pp2");
   fs::remove_all(dir);
 }
 
