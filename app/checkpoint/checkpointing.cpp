@@ -549,9 +549,15 @@ InitFromResult init_weights_from(const std::string& path, ParameterStore& params
       if (t.path.compare(0, model_group.size() + p.size(), model_group + p) == 0) in_file = true;
     TESSERA_CHECK(in_model, asked.str(), ": \"", p, "\" matches no parameter of this model (global names such as "
                   "\"wte.weight\", \"blocks.0.attn.q.weight\", \"vision.patch.weight\", \"projector.fc1.weight\")");
-    TESSERA_CHECK(in_file, asked.str(), ": \"", p, "\" matches no tensor of ", path, " (its /model group holds ",
-                  r.tensors().empty() ? std::string("nothing") : r.tensors().front().path, r.tensors().size() > 1 ? ", ..." : "",
-                  ")");
+    if (!in_file) {
+      std::string held;  // the file's first few parameter names, to show what it does hold
+      int n = 0;
+      for (const TensorInfo& t : r.tensors())
+        if (t.path.compare(0, model_group.size(), model_group) == 0 && n++ < 3)
+          held += (held.empty() ? "" : ", ") + t.path.substr(model_group.size());
+      throw Error(asked.str() + ": \"" + p + "\" matches no tensor of " + path + " (it holds " +
+                  (held.empty() ? std::string("no /model tensors") : held + (n > 3 ? ", ..." : "")) + ")");
+    }
   }
   InitFromResult out;
   std::vector<std::string> mismatches;

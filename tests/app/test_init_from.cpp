@@ -168,7 +168,7 @@ TEST(InitFrom, RefusesWhatDoesNotFit) {
   EXPECT_TRUE(testing::throws_with([&] { start({"checkpoint.init_prefixes=[\"nope.\"]"}); },
                                    {"checkpoint.init_prefixes = [\"nope.\"]", "matches no parameter of this model"}));
   EXPECT_TRUE(testing::throws_with([&] { start({"checkpoint.init_prefixes=[\"vision.\"]"}); },
-                                   {"\"vision.\" matches no tensor of " + gpt}));
+                                   {"\"vision.\" matches no tensor of " + gpt + " (it holds blocks.0."}));
   // Config checks.
   EXPECT_TRUE(testing::throws_with([] { config({"checkpoint.init_prefixes=[\"blocks.\"]"}); },
                                    {"checkpoint.init_prefixes = [\"blocks.\"]", "checkpoint.init_from, which is not set"}));
