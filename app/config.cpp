@@ -773,6 +773,18 @@ void validate(const Config& c, const Origins* origins) {
   if (c.checkpoint.resume.empty()) {
     fail(show("checkpoint.resume", c.checkpoint.resume, origins) + " is empty: use \"auto\", \"none\" or a path");
   }
+  if (!c.checkpoint.init_prefixes.empty() && c.checkpoint.init_from.empty()) {
+    fail(show("checkpoint.init_prefixes", c.checkpoint.init_prefixes, origins) +
+         " selects tensors of checkpoint.init_from, which is not set: set checkpoint.init_from = \"FILE.h5\"");
+  }
+  if (!c.checkpoint.init_from.empty() && c.checkpoint.resume != "auto" && c.checkpoint.resume != "none") {
+    fail(show("checkpoint.init_from", c.checkpoint.init_from, origins) + " starts a fresh run, but " +
+         show("checkpoint.resume", c.checkpoint.resume, origins) + " resumes that file's run: set one of them");
+  }
+  for (const std::string& p : c.checkpoint.init_prefixes)
+    if (p.empty())
+      fail(show("checkpoint.init_prefixes", c.checkpoint.init_prefixes, origins) + " holds an empty prefix (it would "
+           "match every tensor): use [] for all of them");
   if (c.model.recompute_layers > c.model.n_layer) {
     fail(show("model.recompute_layers", c.model.recompute_layers, origins) + " blocks per chunk recompute fully, but " +
          show("model.n_layer", c.model.n_layer, origins) + " has fewer; use at most model.n_layer");

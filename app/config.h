@@ -337,6 +337,8 @@ struct CheckpointConfig {
   int64_t keep_last = 3;
   std::string resume = "auto";
   bool overwrite = false;
+  std::string init_from;
+  std::vector<std::string> init_prefixes;
 
   template <class V>
   void visit(V& v) {
@@ -350,6 +352,14 @@ struct CheckpointConfig {
             "fresh; anything else = the path of a checkpoint to resume from", Allowed::any());
     v.field("overwrite", overwrite, "start fresh even where dir holds another run's checkpoints (refused "
             "otherwise); they stay, never pruned, and a save at the same step replaces its file", Allowed::any());
+    v.field("init_from", init_from, "a checkpoint whose parameters start a fresh run (weights only: no optimizer "
+            "state, step or data position): every tensor of this model the file has, at the same shape; the others "
+            "keep their initialization (a text-only GPT's file into a vlm: the encoder and projector start fresh). "
+            "Another shape, or another model.preset / n_embd / n_head, is refused. Ignored when the run resumes "
+            "its own checkpoint (checkpoint.resume = \"auto\"); \"\" = off (docs/checkpoints.md)", Allowed::any());
+    v.field("init_prefixes", init_prefixes, "with init_from: load only the parameters whose global names start "
+            "with one of these (\"wte.\", \"blocks.\", \"vision.\"); each must match a tensor of both the model "
+            "and the file; [] = every tensor the file shares with the model", Allowed::any());
   }
   bool operator==(const CheckpointConfig&) const = default;
 };

@@ -207,6 +207,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
       consumed_at_start_ = st.consumed_samples;
     }
   }
+  if (!cfg_.checkpoint.init_from.empty() && !(start && start->resume_from)) init_weights(model, comm);
   apply_rewarm();
   params_->refresh_compute_copy(ex_);  // from the initialized or resumed masters (bf16 only)
   if (cfg_.train.profile) {
@@ -217,6 +218,66 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
   }
   step_at_record_ = start_step_;
   if (!run_dir_.empty() && lead_) metrics_ = MetricsWriter(run_dir_ + "/metrics.jsonl", /*append=*/start_step_ > 0);
+}
+
+namespace {
+// What makes a file's tensors mean something else in this model although their shapes agree: the
+// architecture family and the head split (n_embd too, for a clearer message than the shapes').
+// One line per difference; none when the file carries no config.
+std::vector<std::string> model_differences(const std::string& file_toml, const Config& now) {
+  std::vector<std::string> out;
+  if (file_toml.empty()) return out;
+  Config was;
+  try {
+    was = parse_config_string(file_toml, "the checkpoint's config");
+  } catch (const Error&) {
+    return out;  // a config this build cannot read: the shapes are still checked one by one
+  }
+  auto differ = [&](const std::string& key, const auto& a, const auto& b) {
+    std::ostringstream os;
+    if (a == b) return;
+    os << key << " = " << a << " in the file, " << b << " in this run";
+    out.push_back(os.str());
+  };
+  auto kv = [](const ModelSection& m) { return m.n_kv_head > 0 ? m.n_kv_head : m.n_head; };
+  differ("model.preset", was.model.preset, now.model.preset);
+  differ("model.n_embd", was.model.n_embd, now.model.n_embd);
+  differ("model.n_head", was.model.n_head, now.model.n_head);
+  differ("model.n_kv_head (0 = n_head)", kv(was.model), kv(now.model));
+  if (was.model.kind == "vlm" && now.model.kind == "vlm") {
+    differ("vision.n_embd", was.vision.n_embd, now.vision.n_embd);
+    differ("vision.n_head", was.vision.n_head, now.vision.n_head);
+    differ("vision.patch_size", was.vision.patch_size, now.vision.patch_size);
+  }
+  return out;
+}
+}  // namespace
+
+void Trainer::init_weights(const ModelConfig& model, MPI_Comm comm) {
+  const std::string& path = cfg_.checkpoint.init_from;
+  const MPI_Comm c = comm == MPI_COMM_NULL ? MPI_COMM_SELF : comm;
+  {
+    const CheckpointReader r(path, c);
+    const std::vector<std::string> diff = model_differences(r.meta().config_toml, cfg_);
+    if (!diff.empty()) {
+      std::string m = "checkpoint.init_from = \"" + path + "\" holds another model's weights:";
+      for (const std::string& d : diff) m += "\n  " + d;
+      throw Error(m + "\n(its tensors would mean something else here; start from a checkpoint of this model's "
+                      "preset and width)");
+    }
+  }
+  const InitFromResult got =
+      init_weights_from(path, *params_, model_tensor_shapes(model), cfg_.checkpoint.init_prefixes, c);
+  throw_if_any_failed(c, nonfinite_tensor_in(path, *params_, opt_->state_buffers().state));
+  check_tied_copies("after checkpoint.init_from " + path);
+  std::ostringstream os;
+  os << "initialized from " << path << " (weights only, step 0): " << got.loaded.size() << " tensors loaded";
+  if (!got.kept.empty()) {
+    os << ", " << got.kept.size() << " kept their initialization (";
+    for (size_t i = 0; i < got.kept.size() && i < 3; ++i) os << (i ? ", " : "") << got.kept[i];
+    os << (got.kept.size() > 3 ? ", ...)" : ")");
+  }
+  initialized_from_ = os.str();
 }
 
 // The model of config mc on this rank's layout: its chunks, their parameters in one store (the
@@ -825,6 +886,7 @@ void Trainer::print_header() {
   if (!resumed_from_.empty())
     progress_.message("resumed from " + resumed_from_ + " at step " + std::to_string(start_step_));
   for (const std::string& w : resume_warnings_) progress_.message("warning: " + w);
+  if (!initialized_from_.empty()) progress_.message(initialized_from_);
 }
 
 void Trainer::save_checkpoint(int64_t steps_done) {

@@ -132,6 +132,9 @@ class Trainer {
   void build_model(const ModelConfig& mc, const std::set<std::string>& frozen);
   Gpt::GradsReady grads_hook();
   void apply_rewarm();
+  // checkpoint.init_from: the fresh run's parameters from that file (collective over comm, or this
+  // process alone when null); the line run() prints.
+  void init_weights(const ModelConfig& model, MPI_Comm comm);
   // [upscale]: grows the model after `done` steps, in place (collective over every rank).
   void grow(int64_t done);
 
@@ -176,6 +179,7 @@ class Trainer {
   std::unique_ptr<CheckpointWriter> ckpt_;
   WaitSlot* ckpt_wait_ = nullptr;  // the main thread waiting for the writer; null: not watched
   std::string resumed_from_;
+  std::string initialized_from_;  // checkpoint.init_from's report: what was loaded and what was kept
   std::string memory_line_;                   // the memory estimate, for the header
   std::vector<std::string> resume_warnings_;  // keys changed since the checkpoint that change the data order
   int64_t start_step_ = 0, consumed_at_start_ = 0;

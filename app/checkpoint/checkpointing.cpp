@@ -526,4 +526,77 @@ RestoredState restore_training_state(const std::string& path, ParameterStore& pa
   return s;
 }
 
+InitFromResult init_weights_from(const std::string& path, ParameterStore& params,
+                                 const std::vector<std::pair<std::string, Shape>>& model_tensors,
+                                 const std::vector<std::string>& prefixes, MPI_Comm comm) {
+  CheckpointReader r(path, comm);
+  const std::string model_group = "/model/";
+  auto selected = [&](const std::string& name) {
+    if (prefixes.empty()) return true;
+    for (const std::string& p : prefixes)
+      if (name.compare(0, p.size(), p) == 0) return true;
+    return false;
+  };
+  std::ostringstream asked;  // the prefixes as the config writes them
+  asked << "checkpoint.init_prefixes = [";
+  for (size_t i = 0; i < prefixes.size(); ++i) asked << (i ? ", " : "") << '"' << prefixes[i] << '"';
+  asked << "]";
+  for (const std::string& p : prefixes) {
+    bool in_model = false, in_file = false;
+    for (const auto& [tensor, shape] : model_tensors)
+      if (tensor.compare(0, model_group.size() + p.size(), model_group + p) == 0) in_model = true;
+    for (const TensorInfo& t : r.tensors())
+      if (t.path.compare(0, model_group.size() + p.size(), model_group + p) == 0) in_file = true;
+    TESSERA_CHECK(in_model, asked.str(), ": \"", p, "\" matches no parameter of this model (global names such as "
+                  "\"wte.weight\", \"blocks.0.attn.q.weight\", \"vision.patch.weight\", \"projector.fc1.weight\")");
+    if (!in_file) {
+      std::string held;  // the file's first few parameter names, to show what it does hold
+      int n = 0;
+      for (const TensorInfo& t : r.tensors())
+        if (t.path.compare(0, model_group.size(), model_group) == 0 && n++ < 3)
+          held += (held.empty() ? "" : ", ") + t.path.substr(model_group.size());
+      throw Error(asked.str() + ": \"" + p + "\" matches no tensor of " + path + " (it holds " +
+                  (held.empty() ? std::string("no /model tensors") : held + (n > 3 ? ", ..." : "")) + ")");
+    }
+  }
+  InitFromResult out;
+  std::vector<std::string> mismatches;
+  for (const auto& [tensor, shape] : model_tensors) {
+    const std::string name = tensor.substr(model_group.size());
+    if (!selected(name) || !r.has(tensor)) {
+      out.kept.push_back(name);
+      continue;
+    }
+    const Shape stored = r.shape(tensor);
+    if (stored != shape)
+      mismatches.push_back(name + " is " + stored.str() + " in the file, " + shape.str() + " in this model");
+    else
+      out.loaded.push_back(name);
+  }
+  if (!mismatches.empty()) {
+    std::string m = "checkpoint.init_from = \"" + path + "\" does not fit this model: " +
+                    std::to_string(mismatches.size()) + " tensor(s) at another shape:";
+    for (const std::string& line : mismatches) m += "\n  " + line;
+    throw Error(m + "\n(select the tensors that fit with checkpoint.init_prefixes, or change the model to the file's)");
+  }
+  TESSERA_CHECK(!out.loaded.empty(), "checkpoint.init_from = \"", path, "\" holds none of this model's",
+                prefixes.empty() ? std::string() : " selected (" + asked.str() + ")", " parameters");
+  const std::set<std::string> load(out.loaded.begin(), out.loaded.end());
+  std::string local_error;
+  try {
+    float* base = params.flat_params().ptr<float>();
+    for (const ParamEntry& e : params.entries()) {
+      if (!load.count(e.spec.name)) continue;
+      const bool sharded = e.sharded();
+      r.read(model_group + e.spec.name, sharded ? e.spec.shard.dim : TensorSlice::kWhole, sharded ? e.shard_start : 0,
+             sharded ? e.stored_shape() : e.local_shape, base + e.offset);
+    }
+  } catch (const Error& e) {
+    local_error = e.what();
+  }
+  throw_if_any_failed(comm, local_error);
+  out.config_toml = r.meta().config_toml;
+  return out;
+}
+
 }  // namespace tessera

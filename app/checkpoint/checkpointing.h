@@ -143,4 +143,22 @@ RestoredState restore_training_state(const std::string& path, ParameterStore& pa
 RestoredState restore_training_state(const std::string& path, ParameterStore& params, AdamW& optimizer,
                                      MPI_Comm comm);
 
+// checkpoint.init_from: a fresh run's parameters taken from another checkpoint's /model tensors,
+// weights only (no moments, step or data position are read). model_tensors is the whole model's
+// (every pipeline stage's) global tensors, "/model/<name>" with its shape (model_tensor_shapes).
+// Selected: the names starting with one of prefixes ([] = every one). A selected tensor the file
+// has is read into this rank's shard (its stage's; a stage_copy from the tensor of its name); one
+// the file lacks keeps its initialization. Refused, before anything is read, naming the file: a
+// selected tensor stored at another shape (every one listed, both shapes), a prefix matching no
+// tensor of the model or none of the file, and a file sharing no selected tensor with the model.
+// Collective over comm (a read error on any rank is thrown on every rank).
+struct InitFromResult {
+  std::vector<std::string> loaded;  // global names read from the file, sorted
+  std::vector<std::string> kept;    // selected or not, the model's names left at their initialization
+  std::string config_toml;          // the config of the run that saved the file ("" if none)
+};
+InitFromResult init_weights_from(const std::string& path, ParameterStore& params,
+                                 const std::vector<std::pair<std::string, Shape>>& model_tensors,
+                                 const std::vector<std::string>& prefixes, MPI_Comm comm);
+
 }  // namespace tessera
