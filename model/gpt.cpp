@@ -430,13 +430,13 @@ Gpt::Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> reco
     return IdRange{first, ps.size()};
   };
   if (cfg_.is_vlm()) {
-    TESSERA_CHECK(!tp_.active(), "model.kind = \"vlm\" under tensor parallelism (parallel.tp = ", tp_.size(),
-                  ") is not built yet; set parallel.tp = 1");
+    TESSERA_CHECK(!tp_.sequence_sharded(), "model.kind = \"vlm\" under sequence parallelism is not built yet; set "
+                  "parallel.sequence_parallel = false (parallel.tp = ", tp_.size(), " works without it)");
     TESSERA_CHECK(!cp.active(), "model.kind = \"vlm\" under context parallelism is not built yet; set parallel.cp = 1");
   }
   // The vision tower (kind = "vlm") goes with the embedding; its ids come first.
   vision_ids_ = registered([&] {
-    if (cfg_.is_vlm() && stage_.embedding) vision_ = std::make_shared<VisionTower>(ps, cfg_);
+    if (cfg_.is_vlm() && stage_.embedding) vision_ = std::make_shared<VisionTower>(ps, cfg_, tp_);
   });
   // A tied LM head on a later stage than the embedding reads its own copy of the token table.
   const bool tied_across_stages = cfg_.tied_embeddings && stage_.embedding != stage_.head;
