@@ -56,11 +56,15 @@ peak_gflops = 100.0
 
 // 6 steps of the tiny VLM on one rank, then under each layout: the losses and every tensor of the
 // final checkpoint (vision.* and projector.* included) equal the 1-rank run's within 1e-5.
+// 2x2 patches (16 placeholders, then up to 9 caption tokens) in train.seq_len = 26: under
+// sequence parallelism over tp = 2 each rank holds 13 positions, so an image's rows straddle the
+// two ranks (13 on rank 0, 3 on rank 1).
 void expect_layouts_equal_one_rank(const std::string& name, int ranks,
                                    const std::vector<std::pair<std::string, std::vector<std::string>>>& layouts) {
   const fs::path dir = testing::temp_dir(name);
   std::ofstream(dir / "tiny-vlm.toml") << kTinyVlm;
-  const std::vector<std::string> settings = {"--set", "train.steps=6", "--set", "train.micro_batch=2"};
+  const std::vector<std::string> settings = {"--set", "train.steps=6", "--set", "train.micro_batch=2", "--set",
+                                             "vision.patch_size=2", "--set", "train.seq_len=26"};
   auto r = testing::train_run(dir, "tiny-vlm.toml", "one", 1, settings);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto want = testing::losses(dir / "one" / "metrics.jsonl");
@@ -94,13 +98,8 @@ TEST(VlmTraining, RefusesWhatIsNotBuilt) {
   EXPECT_TRUE(testing::throws_with(
       [&] { check_supported(parse_config_string(kTinyVlm, "tiny-vlm.toml", {"parallel.cp=2"})); },
       {"model.kind = \"vlm\" trains under data and tensor parallelism only", "parallel.cp = 1"}));
-  EXPECT_TRUE(testing::throws_with(
-      [&] {
-        check_supported(
-            parse_config_string(kTinyVlm, "tiny-vlm.toml", {"parallel.tp=2", "parallel.sequence_parallel=true"}));
-      },
-      {"parallel.sequence_parallel = true is not built yet", "set parallel.sequence_parallel = false"}));
-  check_supported(parse_config_string(kTinyVlm, "tiny-vlm.toml", {"parallel.tp=2"}));  // plain tp trains
+  // tp trains, with sequence parallelism too.
+  check_supported(parse_config_string(kTinyVlm, "tiny-vlm.toml", {"parallel.tp=2", "parallel.sequence_parallel=true"}));
   EXPECT_TRUE(testing::throws_with(
       [&] { Trainer t(parse_config_string(kTinyVlm, "tiny-vlm.toml", {"data.task=\"addition\""}), "", MPI_COMM_NULL); },
       {"data.task = \"addition\" with model.kind = \"vlm\""}));
@@ -185,15 +184,19 @@ TEST(VlmTrainingSlow, DataParallelEqualsTheOneRankRun) {
 
 // Tensor parallelism: the encoder's blocks (vision.n_head = 2, vision.ffn_hidden = 64) and the
 // language model's split over 2 ranks; patch embedding, positions, final norm and projector
-// replicated.
+// replicated. With sequence parallelism an image's rows straddle the two ranks.
 TEST(VlmTrainingSlow, TensorParallelEqualsTheOneRankRun) {
-  expect_layouts_equal_one_rank("vlm_tp", 2, {{"tp2", {"--set", "parallel.tp=2"}}});
+  expect_layouts_equal_one_rank(
+      "vlm_tp", 2,
+      {{"tp2", {"--set", "parallel.tp=2"}},
+       {"tp2sp", {"--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=true"}}});
 }
 
-// dp 2 x tp 2 on four ranks: each dp rank's tp pair sees its own images. Four processes on two
+// dp 2 x tp 2 with sequence parallelism on four ranks: each dp rank's tp pair sees its own images. Four processes on two
 // cores: about a minute.
 TEST(VlmTrainingSlow, DataTimesTensorParallelEqualsTheOneRankRun) {
-  expect_layouts_equal_one_rank("vlm_dptp", 4, {{"dp2tp2", {"--set", "parallel.tp=2"}}});
+  expect_layouts_equal_one_rank(
+      "vlm_dptp", 4, {{"dp2tp2sp", {"--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=true"}}});
 }
 
 TEST(VlmTraining, RefusesAnEncoderThatDoesNotSplit) {
