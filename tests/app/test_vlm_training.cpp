@@ -193,7 +193,7 @@ TEST(VlmTrainingSlow, TensorParallelEqualsTheOneRankRun) {
 }
 
 // dp 2 x tp 2 with sequence parallelism on four ranks: each dp rank's tp pair sees its own images. Four processes on two
-// cores: about a minute.
+// cores: 23-45 s.
 TEST(VlmTrainingSlow, DataTimesTensorParallelEqualsTheOneRankRun) {
   expect_layouts_equal_one_rank(
       "vlm_dptp", 4, {{"dp2tp2sp", {"--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=true"}}});
