@@ -234,7 +234,11 @@ std::optional<AccuracyResult> caption_accuracy(const Exec& ex, const Gpt& model,
                                                const EvalGate& gate) {
   const ModelConfig& cfg = model.config();
   const SceneTokenizer& tok = task.tokenizer();
-  const int64_t P = cfg.vision.num_patches(), T = P + SceneTask::kMaxCaptionTokens, V = cfg.vocab_size;
+  // Sequence parallelism needs a length divisible by tp: the padding (end-of-text ids) comes after
+  // every position read, which causal attention hides it from. train.seq_len (a multiple of tp
+  // there, at least P + kMaxCaptionTokens) bounds the padded length.
+  const int64_t P = cfg.vision.num_patches(), Tc = P + SceneTask::kMaxCaptionTokens, V = cfg.vocab_size;
+  const int64_t T = round_up(Tc, model.seq_multiple());
   const DType dt = model.dtype();
   AccuracyResult r;
   for (int64_t first = 0; first < examples; first += micro_batch) {
@@ -274,7 +278,7 @@ std::optional<AccuracyResult> caption_accuracy(const Exec& ex, const Gpt& model,
       if (all) break;
     }
     for (int64_t i = 0; i < B; ++i) {
-      const std::vector<int32_t> gen(b.tokens.begin() + i * T + P, b.tokens.begin() + (i + 1) * T);
+      const std::vector<int32_t> gen(b.tokens.begin() + i * T + P, b.tokens.begin() + i * T + Tc);
       const std::string got = tok.decode(gen);
       const bool ok = done[static_cast<size_t>(i)] && got == want[static_cast<size_t>(i)];
       r.correct += ok ? 1 : 0;

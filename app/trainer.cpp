@@ -1079,11 +1079,11 @@ void check_supported(const Config& cfg) {
   TESSERA_CHECK(p.zero == 0 || p.zero == 1, "parallel.zero = ", p.zero,
                 " is not supported: 0 (replicated optimizer state) or 1 (ZeRO-1, sharded over dp)");
   if (cfg.model.kind == "vlm") {
-    // The vision tower runs on whole sequences of one tp rank, on the stage with the embedding;
+    // The vision tower runs on the stage with the embedding, its blocks split over tp (plain tp,
+    // also under sequence parallelism: each rank writes the image rows it holds);
     // the trainer passes images through the one-stage path only (docs/multimodal.md, "Not yet").
-    TESSERA_CHECK(p.tp == 1 && p.cp == 1 && p.pp == 1, "model.kind = \"vlm\" trains under data parallelism only "
-                  "for now; set parallel.tp = 1, parallel.cp = 1 and parallel.pp = 1 (got ", p.tp, ", ", p.cp, ", ",
-                  p.pp, ")");
+    TESSERA_CHECK(p.cp == 1 && p.pp == 1, "model.kind = \"vlm\" trains under data and tensor parallelism only "
+                  "for now; set parallel.cp = 1 and parallel.pp = 1 (got ", p.cp, ", ", p.pp, ")");
   }
 }
 

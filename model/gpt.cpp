@@ -430,13 +430,11 @@ Gpt::Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> reco
     return IdRange{first, ps.size()};
   };
   if (cfg_.is_vlm()) {
-    TESSERA_CHECK(!tp_.active(), "model.kind = \"vlm\" under tensor parallelism (parallel.tp = ", tp_.size(),
-                  ") is not built yet; set parallel.tp = 1");
     TESSERA_CHECK(!cp.active(), "model.kind = \"vlm\" under context parallelism is not built yet; set parallel.cp = 1");
   }
   // The vision tower (kind = "vlm") goes with the embedding; its ids come first.
   vision_ids_ = registered([&] {
-    if (cfg_.is_vlm() && stage_.embedding) vision_ = std::make_shared<VisionTower>(ps, cfg_);
+    if (cfg_.is_vlm() && stage_.embedding) vision_ = std::make_shared<VisionTower>(ps, cfg_, tp_);
   });
   // A tied LM head on a later stage than the embedding reads its own copy of the token table.
   const bool tied_across_stages = cfg_.tied_embeddings && stage_.embedding != stage_.head;
@@ -556,6 +554,15 @@ void Gpt::loss_forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tens
   cross_entropy_combine(ex, ctx.losses, ctx.lse, lse_parts, target_logit, flat_targets);
 }
 
+Gpt::ImageRows Gpt::image_rows(int64_t start, int64_t P, int64_t Tl) const {
+  // This rank's rows [first, first + Tl) of each sequence (all of them without sequence
+  // parallelism; rank r's r-th part under it, tensor_parallel.h).
+  const int64_t first = tp_.sequence_sharded() ? tp_.rank() * Tl : 0;
+  const int64_t lo = std::max(start, first), hi = std::min(start + P, first + Tl);
+  if (lo >= hi) return {};
+  return {lo - first, lo - start, hi - lo};
+}
+
 void Gpt::images_forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const ImageInput& images) const {
   const int64_t N = images.count(), P = vision_->num_patches(), B = ctx.B, T = ctx.T, C = cfg_.n_embd;
   TESSERA_CHECK(images.start.size() == images.sample.size(), "Gpt::forward: images have ", images.sample.size(),
@@ -572,28 +579,39 @@ void Gpt::images_forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Im
     TESSERA_CHECK(t0 >= 0 && t0 + P <= T, "Gpt::forward: image ", i, "'s ", P, " placeholder positions from ", t0,
                   " do not fit the sequence of ", T);
   }
+  // Every tp rank runs the whole encoder (its blocks split over tp) and gets every image's rows.
   ctx.vision = std::make_shared<VisionCtx>();
   vision_->forward(ex, *ctx.vision, alloc, images.patches);
   const Tensor out = ctx.vision->out.tensor().view({N * P, C});
-  const Tensor x0 = ctx.resid[0].tensor().view({B * T, C});
+  const int64_t Tl = ctx.resid[0].tensor().dim(1);
+  const Tensor x0 = ctx.resid[0].tensor().view({B * Tl, C});
   for (int64_t i = 0; i < N; ++i) {
-    const int64_t row = images.sample[i] * T + images.start[i];
-    copy(ex, x0.slice_rows(row, row + P), out.slice_rows(i * P, (i + 1) * P));
+    const ImageRows r = image_rows(images.start[i], P, Tl);
+    if (r.count == 0) continue;
+    const int64_t row = images.sample[i] * Tl + r.local, src = i * P + r.patch;
+    copy(ex, x0.slice_rows(row, row + r.count), out.slice_rows(src, src + r.count));
   }
   ctx.image_sample = images.sample;
   ctx.image_start = images.start;
 }
 
 void Gpt::images_backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& dres) const {
-  const int64_t N = static_cast<int64_t>(ctx.image_sample.size()), P = vision_->num_patches(), T = ctx.T;
+  const int64_t N = static_cast<int64_t>(ctx.image_sample.size()), P = vision_->num_patches();
   const int64_t C = cfg_.n_embd;
   Buffer dout = workspace(alloc, ps_->dtype(), {N, P, C});
-  const Tensor d = dres.view({ctx.B * T, C}), dflat = dout.tensor().view({N * P, C});
+  // Under sequence parallelism each rank holds some of the image rows' gradient: the rest are
+  // zero here, and the sum over tp gives every rank the whole (N, P, C) the encoder needs.
+  if (tp_.sequence_sharded()) fill_zero(ex, dout);
+  const int64_t Tl = dres.dim(1);
+  const Tensor d = dres.view({ctx.B * Tl, C}), dflat = dout.tensor().view({N * P, C});
   for (int64_t i = 0; i < N; ++i) {
-    const int64_t row = ctx.image_sample[static_cast<size_t>(i)] * T + ctx.image_start[static_cast<size_t>(i)];
-    copy(ex, dflat.slice_rows(i * P, (i + 1) * P), d.slice_rows(row, row + P));
-    fill_zero(ex, d.slice_rows(row, row + P));
+    const ImageRows r = image_rows(ctx.image_start[static_cast<size_t>(i)], P, Tl);
+    if (r.count == 0) continue;
+    const int64_t row = ctx.image_sample[static_cast<size_t>(i)] * Tl + r.local, src = i * P + r.patch;
+    copy(ex, dflat.slice_rows(src, src + r.count), d.slice_rows(row, row + r.count));
+    fill_zero(ex, d.slice_rows(row, row + r.count));
   }
+  if (tp_.sequence_sharded()) all_reduce_tp(tp_, dout);
   vision_->backward(ex, *ctx.vision, alloc, dout);
 }
 

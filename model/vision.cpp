@@ -14,8 +14,14 @@ Buffer activation(Allocator& alloc, DType dt, Shape s) { return Buffer(alloc, dt
 Buffer workspace(Allocator& alloc, DType dt, Shape s) { return Buffer(alloc, dt, s, MemCategory::Workspace); }
 }  // namespace
 
-VisionTower::VisionTower(ParameterStore& ps, const ModelConfig& cfg) : ps_(&ps) {
+VisionTower::VisionTower(ParameterStore& ps, const ModelConfig& cfg, TensorParallel tp) : ps_(&ps) {
   const ModelConfig vc = vision_block_config(cfg);
+  // The blocks' own checks would name model.n_head and model.ffn_hidden: name the vision keys.
+  TESSERA_CHECK(vc.n_head % tp.size() == 0, "vision.n_head = ", vc.n_head, " is not divisible by parallel.tp = ",
+                tp.size());
+  TESSERA_CHECK(vc.ffn_hidden % tp.size() == 0, "vision.ffn_hidden = ", vc.ffn_hidden,
+                " is not divisible by parallel.tp = ", tp.size());
+  tp.sequence_parallel = false;  // the encoder's stream stays whole on every tp rank
   P_ = cfg.vision.num_patches();
   K_ = cfg.vision.patch_dim();
   W_ = vc.n_embd;
@@ -24,7 +30,7 @@ VisionTower::VisionTower(ParameterStore& ps, const ModelConfig& cfg) : ps_(&ps) 
   pos_ = ps.add({"vision.pos.weight", {P_, W_}, ShardSpec::replicated(), ParamKind::Embedding, InitKind::Normal,
                  cfg.init_std / 2});
   for (int64_t l = 0; l < vc.n_layer; ++l)
-    blocks_.emplace_back(ps, "vision.blocks." + std::to_string(l), vc, Recompute::None, TensorParallel{},
+    blocks_.emplace_back(ps, "vision.blocks." + std::to_string(l), vc, Recompute::None, tp,
                          /*causal=*/false);
   ln_f_ = Norm(ps, "vision.ln_f", vc);
   fc1_ = Linear(ps, "projector.fc1", W_, C_, true, ShardSpec::replicated(), cfg.init_std);

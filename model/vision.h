@@ -34,17 +34,22 @@ struct VisionCtx {
 // learned), n_layer pre-norm blocks with bidirectional attention, a final LayerNorm. Projector:
 // out = fc2(GELU(fc1(x))), W -> C -> C. Parameters (global names): vision.patch.{weight,bias},
 // vision.pos.weight, vision.blocks.L.* (as the GPT's gpt2 blocks), vision.ln_f.{weight,bias},
-// projector.fc1.{weight,bias}, projector.fc2.{weight,bias}. Runs on one tensor-parallel rank
-// (the Gpt refuses tp > 1 for a vlm).
+// projector.fc1.{weight,bias}, projector.fc2.{weight,bias}. Under tensor parallelism the blocks
+// split their heads and MLP over tp as the GPT's do (plain tp, never sequence parallel: the
+// encoder's (N, P, W) stream is whole on every tp rank); the patch embedding, positions, final
+// norm and projector are replicated and every tp rank computes their whole gradient (its input
+// and output gradients are whole there too), so they need no tp sum.
 class VisionTower {
  public:
   VisionTower() = default;
-  // Registers the parameters in ps; cfg is the whole model's (cfg.vision sizes, cfg.n_embd = C).
-  VisionTower(ParameterStore& ps, const ModelConfig& cfg);
+  // Registers the parameters in ps; cfg is the whole model's (cfg.vision sizes, cfg.n_embd = C);
+  // tp: the model's tensor-parallel group (its sequence_parallel is ignored here).
+  VisionTower(ParameterStore& ps, const ModelConfig& cfg, TensorParallel tp = {});
   // ctx.out (N, P, C) from patches (N, P, K) in the model's dtype (data/image_text.h patchify:
   // pixel / 255, patches in row-major order, each patch row-major (y, x, channel)).
   void forward(const Exec& ex, VisionCtx& ctx, Allocator& alloc, const Tensor& patches) const;
-  // Accumulates the parameter gradients from dout (N, P, C), the gradient of ctx.out; releases ctx.
+  // Accumulates the parameter gradients from dout (N, P, C), the gradient of ctx.out (whole and
+  // equal on every tp rank); releases ctx.
   void backward(const Exec& ex, VisionCtx& ctx, Allocator& alloc, const Tensor& dout) const;
   void set_profiler(Profiler* p);
   int64_t num_patches() const { return P_; }

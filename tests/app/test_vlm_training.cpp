@@ -1,7 +1,7 @@
 // Vision-language training (model.kind = "vlm", data.task = "scenes"): the Trainer learns on one
 // rank and scores held-out captions; unsupported layouts are refused; `mpiexec -n 2` data
-// parallelism equals the 1-rank run (losses and every tensor of the checkpoint, vision.* and
-// projector.* included), and its checkpoint resumes on 1 rank.
+// parallelism, tp 2 and dp 2 x tp 2 equal the 1-rank run (losses and every tensor of the
+// checkpoint, vision.* and projector.* included), and the dp checkpoint resumes on 1 rank.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -54,6 +54,31 @@ progress = "lines"
 peak_gflops = 100.0
 )";
 
+// 6 steps of the tiny VLM on one rank, then under each layout: the losses and every tensor of the
+// final checkpoint (vision.* and projector.* included) equal the 1-rank run's within 1e-5.
+// 2x2 patches (16 placeholders, then up to 9 caption tokens) in train.seq_len = 26: under
+// sequence parallelism over tp = 2 each rank holds 13 positions, so an image's rows straddle the
+// two ranks (13 on rank 0, 3 on rank 1).
+void expect_layouts_equal_one_rank(const std::string& name, int ranks,
+                                   const std::vector<std::pair<std::string, std::vector<std::string>>>& layouts) {
+  const fs::path dir = testing::temp_dir(name);
+  std::ofstream(dir / "tiny-vlm.toml") << kTinyVlm;
+  const std::vector<std::string> settings = {"--set", "train.steps=6", "--set", "train.micro_batch=2", "--set",
+                                             "vision.patch_size=2", "--set", "train.seq_len=26"};
+  auto r = testing::train_run(dir, "tiny-vlm.toml", "one", 1, settings);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto want = testing::losses(dir / "one" / "metrics.jsonl");
+  ASSERT_EQ(want.size(), 6u);
+  for (const auto& [layout, sets] : layouts) {
+    r = testing::train_run(dir, "tiny-vlm.toml", layout, ranks, testing::with(settings, sets));
+    ASSERT_EQ(r.exit_code, 0) << layout << ": " << r.output;
+    testing::expect_losses_near(testing::losses(dir / layout / "metrics.jsonl"), want, 1e-5, layout);
+    testing::expect_checkpoints_near(dir / layout / "checkpoints" / "step_00000006.h5",
+                                     dir / "one" / "checkpoints" / "step_00000006.h5", 1e-5, layout);
+  }
+  fs::remove_all(dir);
+}
+
 }  // namespace
 
 // 30 steps on one rank in process: the loss falls from ln(15) = 2.71 (measured: to 1.74), and the
@@ -71,8 +96,10 @@ TEST(VlmTraining, LearnsOnOneRank) {
 
 TEST(VlmTraining, RefusesWhatIsNotBuilt) {
   EXPECT_TRUE(testing::throws_with(
-      [&] { check_supported(parse_config_string(kTinyVlm, "tiny-vlm.toml", {"parallel.tp=2"})); },
-      {"model.kind = \"vlm\" trains under data parallelism only", "parallel.tp = 1"}));
+      [&] { check_supported(parse_config_string(kTinyVlm, "tiny-vlm.toml", {"parallel.cp=2"})); },
+      {"model.kind = \"vlm\" trains under data and tensor parallelism only", "parallel.cp = 1"}));
+  // tp trains, with sequence parallelism too.
+  check_supported(parse_config_string(kTinyVlm, "tiny-vlm.toml", {"parallel.tp=2", "parallel.sequence_parallel=true"}));
   EXPECT_TRUE(testing::throws_with(
       [&] { Trainer t(parse_config_string(kTinyVlm, "tiny-vlm.toml", {"data.task=\"addition\""}), "", MPI_COMM_NULL); },
       {"data.task = \"addition\" with model.kind = \"vlm\""}));
@@ -152,6 +179,33 @@ TEST(VlmTrainingSlow, DataParallelEqualsTheOneRankRun) {
   r = testing::train_run(dir, "tiny-vlm.toml", "resumed", 1, testing::with(settings, {"--set", "train.steps=8"}));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("at step 6"), std::string::npos) << r.output;
+  fs::remove_all(dir);
+}
+
+// Tensor parallelism: the encoder's blocks (vision.n_head = 2, vision.ffn_hidden = 64) and the
+// language model's split over 2 ranks; patch embedding, positions, final norm and projector
+// replicated. With sequence parallelism an image's rows straddle the two ranks.
+TEST(VlmTrainingSlow, TensorParallelEqualsTheOneRankRun) {
+  expect_layouts_equal_one_rank(
+      "vlm_tp", 2,
+      {{"tp2", {"--set", "parallel.tp=2"}},
+       {"tp2sp", {"--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=true"}}});
+}
+
+// dp 2 x tp 2 with sequence parallelism on four ranks: each dp rank's tp pair sees its own images. Four processes on two
+// cores: 23-45 s.
+TEST(VlmTrainingSlow, DataTimesTensorParallelEqualsTheOneRankRun) {
+  expect_layouts_equal_one_rank(
+      "vlm_dptp", 4, {{"dp2tp2sp", {"--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=true"}}});
+}
+
+TEST(VlmTraining, RefusesAnEncoderThatDoesNotSplit) {
+  const fs::path dir = testing::temp_dir("vlm_tp_heads");
+  std::ofstream(dir / "tiny-vlm.toml") << kTinyVlm;
+  const auto r = testing::train_run(dir, "tiny-vlm.toml", "heads", 2,
+                                    {"--set", "train.steps=1", "--set", "parallel.tp=2", "--set", "vision.n_head=1"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("vision.n_head = 1 is not divisible by parallel.tp = 2"), std::string::npos) << r.output;
   fs::remove_all(dir);
 }
 
