@@ -9,8 +9,10 @@
 #include "app/checkpoint/ckpt_commands.h"
 #include "app/generate.h"
 #include "app/prepare.h"
+#include "app/prepare_images.h"
 #include "app/trainer.h"
 #include "app/upscale.h"
+#include "kernels/check.h"
 #include "parallel/mpi.h"
 
 namespace tessera {
@@ -45,20 +47,47 @@ void register_train(CLI::App& app, int& exit_code) {
 
 void register_prepare(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<PrepareArgs>();
-  auto* cmd = app.add_subcommand("prepare", "Tokenize text (.txt, .jsonl) into an indexed dataset (.bin + .idx)");
-  cmd->add_option("--input", args->inputs, "Input files: .jsonl (one JSON object per line, its \"text\") or plain text")
-      ->required();
+  auto images = std::make_shared<PrepareImagesArgs>();
+  auto* cmd = app.add_subcommand("prepare", "Tokenize text (.txt, .jsonl) into an indexed dataset (.bin + .idx), or "
+                                            "images and captions into an image-text file (.h5)");
+  cmd->add_option("--input", args->inputs, "Input files: .jsonl (one JSON object per line, its \"text\") or plain text");
   cmd->add_option("--tokenizer", args->tokenizer, "Tokenizer: gpt2 or byte")->required();
   cmd->add_option("--vocab", args->vocab_dir,
                   "gpt2: directory holding encoder.json and vocab.bpe (default: data/gpt2, scripts/get_data.sh)");
-  cmd->add_option("--out", args->out, "Output prefix: writes PREFIX.bin and PREFIX.idx")->required();
+  cmd->add_option("--out", args->out, "Output prefix: writes PREFIX.bin and PREFIX.idx (with --images: the .h5 file)")
+      ->required();
   cmd->add_option("--val-fraction", args->val_fraction, "Hold out the last fraction of documents as PREFIX_val")
       ->capture_default_str();
   cmd->add_option("--separator", args->separator,
                   "Plain text: split documents on this string (\\n allowed, e.g. '\\n\\n'); default one per file");
   cmd->add_option("--append-eot", args->append_eot, "Append the end-of-document token to each document (true/false)")
       ->default_str("true");
-  cmd->callback(on_one_process("prepare", [args, &exit_code] { exit_code = run_prepare_command(*args); }));
+  auto* img = cmd->add_option("--images", images->images_dir,
+                              "Image-text: the directory of the images (PNG, JPEG) named in --captions");
+  cmd->add_option("--captions", images->captions,
+                  "Image-text: a .jsonl file, one {\"image\": \"name.png\", \"text\": \"caption\"} per line");
+  cmd->add_option("--config", images->config, "Image-text: take vision.image_size and vision.patch_size from this config");
+  cmd->add_option("--image-size", images->image_size, "Image-text: resize images to N x N (overrides --config)");
+  cmd->add_option("--patch-size", images->patch_size,
+                  "Image-text: the encoder's patch side, setting the placeholders per image (overrides --config; "
+                  "default 4)");
+  cmd->add_option("--on-error", images->on_error,
+                  "Image-text: a bad line or image (missing, truncated, not an image) refuses the run, or is skipped "
+                  "and counted")
+      ->check(CLI::IsMember({"refuse", "skip"}))
+      ->capture_default_str();
+  img->excludes(cmd->get_option("--input"));
+  cmd->callback(on_one_process("prepare", [args, images, &exit_code] {
+    if (!images->images_dir.empty()) {
+      images->tokenizer = args->tokenizer;
+      images->vocab_dir = args->vocab_dir;
+      images->out = args->out;
+      exit_code = run_prepare_images(*images, std::cout);
+    } else {
+      TESSERA_CHECK(images->captions.empty(), "prepare: --captions goes with --images DIR (the images' directory)");
+      exit_code = run_prepare_command(*args);
+    }
+  }));
 }
 
 void register_ckpt(CLI::App& app, int& exit_code) {
@@ -84,10 +113,14 @@ void register_ckpt(CLI::App& app, int& exit_code) {
 }
 void register_generate(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<GenerateArgs>();
-  auto* cmd = app.add_subcommand("generate", "Continue a prompt with a trained checkpoint (KV cache; greedy or sampled)");
-  cmd->add_option("--ckpt", args->ckpt, "Checkpoint file (.h5)")->required();
-  cmd->add_option("--prompt", args->prompt, "Text to continue")->required();
-  cmd->add_option("--max-tokens", args->max_tokens, "Tokens to generate")->capture_default_str();
+  auto* cmd = app.add_subcommand("generate", "Continue a prompt, or caption an image (--image), with a trained checkpoint (greedy or sampled)");
+  cmd->add_option("--ckpt,--checkpoint", args->ckpt, "Checkpoint file (.h5)")->required();
+  cmd->add_option("--prompt", args->prompt, "Text to continue (after the image's placeholders with --image)");
+  cmd->add_option("--image", args->image,
+                  "A PNG or JPEG to caption (vision-language checkpoints): resized to vision.image_size, its "
+                  "placeholder tokens before the prompt; stops at the end of the caption");
+  auto* max_tokens = cmd->add_option("--max-tokens", args->max_tokens,
+                                     "Tokens to generate (default 32, or what the context leaves room for)");
   cmd->add_option("--temperature", args->temperature, "0 = greedy; else sample from softmax(logits / T)")
       ->capture_default_str();
   cmd->add_option("--top-k", args->top_k, "Sample among the k most likely tokens (0 = all)")->capture_default_str();
@@ -96,7 +129,10 @@ void register_generate(CLI::App& app, int& exit_code) {
                   "GPT-2 tokenizer directory (encoder.json, vocab.bpe; default: data.vocab_dir, then data/gpt2)");
   cmd->add_flag("--no-cache", args->no_cache, "Re-run the whole sequence for every token (for comparison)");
   cmd->add_flag("--stop-at-newline", args->stop_at_newline, "Stop after the first newline (addition answers)");
-  cmd->callback(on_one_process("generate", [args, &exit_code] { exit_code = run_generate_command(*args); }));
+  cmd->callback(on_one_process("generate", [args, max_tokens, &exit_code] {
+    args->max_tokens_given = max_tokens->count() > 0;
+    exit_code = run_generate_command(*args);
+  }));
 }
 
 void register_upscale(CLI::App& app, int& exit_code) {

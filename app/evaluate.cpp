@@ -2,7 +2,9 @@
 // as one batch.
 #include "app/evaluate.h"
 
+#include <algorithm>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <numeric>
 
@@ -284,6 +286,94 @@ std::optional<AccuracyResult> caption_accuracy(const Exec& ex, const Gpt& model,
       r.correct += ok ? 1 : 0;
       ++r.total;
       if (r.examples.size() < 2) r.examples.push_back(got + (ok ? "" : " (" + want[static_cast<size_t>(i)] + ")"));
+    }
+  }
+  return r;
+}
+
+std::optional<AccuracyResult> image_text_caption_accuracy(
+    const Exec& ex, const Gpt& model, Allocator& alloc, const ImageTextDataset& val, int64_t examples,
+    int64_t micro_batch, const std::function<std::string(const std::vector<int32_t>&)>& decode,
+    const EvalGate& gate) {
+  const ImageTextData& d = val.data();
+  const ModelConfig& cfg = model.config();
+  const int64_t P = cfg.vision.num_patches(), V = cfg.vocab_size, window = val.seq_len() + 1;
+  const DType dt = model.dtype();
+  // Each scored sample: its prompt (up to its last placeholder) and the caption ids after it
+  // (without the closing pad id), grouped by prompt length.
+  struct Item {
+    int64_t sample;
+    std::vector<int32_t> prompt, want;
+  };
+  std::map<size_t, std::vector<Item>> by_length;
+  for (int64_t s = 0, taken = 0; s < d.num_samples() && taken < examples; ++s) {
+    if (d.image_index[s] < 0) continue;
+    const auto begin = d.tokens.begin() + d.offsets[s], end = d.tokens.begin() + d.offsets[s + 1];
+    const auto last = std::find(std::make_reverse_iterator(end), std::make_reverse_iterator(begin), d.placeholder_id).base();
+    Item it{s, std::vector<int32_t>(begin, last), std::vector<int32_t>(last, end)};
+    if (!it.want.empty() && it.want.back() == d.pad_id) it.want.pop_back();
+    by_length[it.prompt.size()].push_back(std::move(it));
+    ++taken;
+  }
+  auto text = [&](const std::vector<int32_t>& ids) {
+    if (decode) return decode(ids);
+    std::string s;
+    for (int32_t id : ids) s += (s.empty() ? "" : " ") + std::to_string(id);
+    return s;
+  };
+  AccuracyResult r;
+  for (const auto& [L, items] : by_length) {
+    const int64_t len = static_cast<int64_t>(L), max_new = window - len;
+    if (max_new <= 0) continue;
+    const int64_t T = round_up(window - 1, model.seq_multiple());  // the last position read is window - 2
+    for (size_t first = 0; first < items.size(); first += static_cast<size_t>(micro_batch)) {
+      const int64_t B = std::min<int64_t>(micro_batch, static_cast<int64_t>(items.size() - first));
+      Batch b;
+      b.B = B;
+      b.T = T;
+      b.image_shape = d.image_shape;
+      b.image_tokens = P;
+      b.tokens.assign(static_cast<size_t>(B * T), d.pad_id);
+      for (int64_t i = 0; i < B; ++i) {
+        const Item& it = items[first + static_cast<size_t>(i)];
+        std::copy(it.prompt.begin(), it.prompt.end(), b.tokens.begin() + i * T);
+        b.images.resize(static_cast<size_t>((i + 1) * d.image_shape.numel()));
+        val.get_image(it.sample, b.images.data() + i * d.image_shape.numel());
+        b.image_sample.push_back(i);
+        b.image_start.push_back(std::find(it.prompt.begin(), it.prompt.end(), d.placeholder_id) - it.prompt.begin());
+      }
+      const DeviceImages images = upload_images(ex, alloc, b, cfg, dt);
+      std::vector<bool> done(static_cast<size_t>(B), false);
+      std::vector<std::vector<int32_t>> got(static_cast<size_t>(B));
+      for (int64_t k = 0; k < max_new; ++k) {
+        if (gate && !gate("")) return std::nullopt;
+        Buffer ids = device_ids(ex, alloc, b.tokens, B, T);
+        GptCtx ctx;
+        model.forward(ex, ctx, alloc, ids, Tensor(), {}, images.get());
+        Buffer logits(alloc, dt, {B, V}, MemCategory::Workspace);
+        model.logits_at(ex, ctx, alloc, len - 1 + k, logits);
+        const std::vector<int32_t> next = argmax_rows(ex, logits);
+        bool all = true;
+        for (int64_t i = 0; i < B; ++i) {
+          const size_t u = static_cast<size_t>(i);
+          if (done[u]) continue;
+          done[u] = next[u] == d.pad_id;
+          if (!done[u]) {
+            got[u].push_back(next[u]);
+            if (len + k < T) b.tokens[static_cast<size_t>(i * T + len + k)] = next[u];
+          }
+          all = all && done[u];
+        }
+        if (all) break;
+      }
+      for (int64_t i = 0; i < B; ++i) {
+        const Item& it = items[first + static_cast<size_t>(i)];
+        const bool ok = done[static_cast<size_t>(i)] && got[static_cast<size_t>(i)] == it.want;
+        r.correct += ok ? 1 : 0;
+        ++r.total;
+        if (r.examples.size() < 2)
+          r.examples.push_back(text(got[static_cast<size_t>(i)]) + (ok ? "" : " (" + text(it.want) + ")"));
+      }
     }
   }
   return r;

@@ -10,6 +10,7 @@
 
 #include "data/addition.h"
 #include "data/dataset.h"
+#include "data/image_text.h"
 #include "data/scenes.h"
 #include "kernels/allocator.h"
 #include "kernels/exec.h"
@@ -84,5 +85,16 @@ std::optional<AccuracyResult> addition_accuracy(const Exec& ex, const Gpt& model
 std::optional<AccuracyResult> caption_accuracy(const Exec& ex, const Gpt& model, Allocator& alloc,
                                                const SceneTask& task, int64_t examples, int64_t micro_batch,
                                                const EvalGate& gate = {});
+
+// Exact match of greedily decoded captions on an image-text validation file (data.task =
+// "image_text"): its first `examples` samples that have an image, each prompted with its tokens up
+// to the end of its placeholder run and decoded (full forward per token) until the file's pad id
+// (the end-of-text of `tessera prepare --images`) or the sample's window ends; right when the ids
+// before that end equal the sample's own, and the end came. micro_batch samples of one prompt
+// length per forward. decode (may be empty) writes the examples' text; nothing when the gate gave up.
+std::optional<AccuracyResult> image_text_caption_accuracy(
+    const Exec& ex, const Gpt& model, Allocator& alloc, const ImageTextDataset& val, int64_t examples,
+    int64_t micro_batch, const std::function<std::string(const std::vector<int32_t>&)>& decode,
+    const EvalGate& gate = {});
 
 }  // namespace tessera

@@ -14,7 +14,10 @@
 #include "app/checkpoint/checkpoint_io.h"
 #include "app/config.h"
 #include "app/checkpoint/hf_export.h"
+#include "app/evaluate.h"
 #include "data/addition.h"
+#include "data/image_decode.h"
+#include "data/scenes.h"
 #include "data/tokenizer.h"
 #include "kernels/allocator.h"
 #include "kernels/elementwise.h"
@@ -37,8 +40,22 @@ class CharTokenizerAdapter : public Tokenizer {
   CharTokenizer tok_;
 };
 
+// The scenes task's words as a Tokenizer; its end-of-text is <eos>.
+class SceneTokenizerAdapter : public Tokenizer {
+ public:
+  std::vector<int32_t> encode(std::string_view text, bool) const override { return tok_.encode(std::string(text)); }
+  std::string decode(const std::vector<int32_t>& ids) const override { return tok_.decode(ids); }
+  int64_t vocab_size() const override { return tok_.vocab_size(); }
+  int32_t eot_id() const override { return tok_.eos_id(); }
+  std::string name() const override { return "scene words"; }
+
+ private:
+  SceneTokenizer tok_;
+};
+
 std::unique_ptr<Tokenizer> tokenizer_for(const Config& cfg, const std::string& vocab_dir_arg) {
   if (cfg.data.task == "addition") return std::make_unique<CharTokenizerAdapter>();
+  if (cfg.data.task == "scenes") return std::make_unique<SceneTokenizerAdapter>();
   // No directory: make_tokenizer looks in the default one (the repository's data/gpt2).
   return make_tokenizer(cfg.data.tokenizer, !vocab_dir_arg.empty() ? vocab_dir_arg : cfg.data.vocab_dir);
 }
@@ -51,8 +68,14 @@ struct LoadedModel {
   std::unique_ptr<Gpt> model;
 };
 
-void load_model(LoadedModel& m, const CheckpointReader& r) {
-  const ModelConfig mc = model_config_of(r);
+// cfg: the stored config, whose model.kind and [vision] make a vision-language model's encoder.
+void load_model(LoadedModel& m, const CheckpointReader& r, const Config& cfg) {
+  ModelConfig mc = model_config_of(r);
+  if (cfg.model.kind == "vlm") {
+    mc.kind = cfg.model.kind;
+    mc.vision = cfg.vision;
+    mc = resolve(mc);
+  }
   m.params = std::make_unique<ParameterStore>(m.alloc, DType::F32);
   m.model = std::make_unique<Gpt>(mc, *m.params);
   m.params->finalize();
@@ -106,50 +129,117 @@ void check_generate_args(const GenerateArgs& a) {
   TESSERA_CHECK(a.top_k >= 0, "generate: --top-k must be >= 0 (0 = the whole vocabulary), got ", a.top_k);
 }
 
+namespace {
+
+// The ids of a caption decoded for printing: the placeholder (never in a tokenizer's vocabulary)
+// as "<image>", the rest through the tokenizer.
+std::string decode_ids(const Tokenizer& tok, const std::vector<int32_t>& ids, int32_t placeholder) {
+  std::string out;
+  std::vector<int32_t> run;
+  for (int32_t id : ids) {
+    if (id != placeholder) {
+      run.push_back(id);
+      continue;
+    }
+    out += tok.decode(run) + "<image>";
+    run.clear();
+  }
+  return out + tok.decode(run);
+}
+
+// The image file as the model reads it: decoded, resized to vision.image_size, as the trainer's
+// batches hold it ((1, S, S, 3) uint8, its P placeholders at positions [0, P) of sample 0).
+DeviceImages load_image(LoadedModel& m, const std::string& path) {
+  const ModelConfig& mc = m.model->config();
+  TESSERA_CHECK(mc.vision.channels == 3, "generate --image: the checkpoint's encoder reads ", mc.vision.channels,
+                "-channel images (vision.channels); image files decode to RGB (3)");
+  Batch b;
+  b.image_shape = {mc.vision.image_size, mc.vision.image_size, 3};
+  b.image_tokens = mc.vision.num_patches();
+  b.images = resize_rgb(decode_image_file(path), mc.vision.image_size);
+  b.image_sample = {0};
+  b.image_start = {0};
+  return upload_images(m.ex, m.alloc, b, mc, m.model->dtype());
+}
+
+}  // namespace
+
 int run_generate_command(const GenerateArgs& a) {
   check_generate_args(a);
   CheckpointReader reader(a.ckpt, MPI_COMM_SELF);
   const Config cfg = parse_config_string(reader.meta().config_toml, a.ckpt + " (stored config)");
+  const bool vlm = cfg.model.kind == "vlm";
+  TESSERA_CHECK(a.image.empty() || vlm, "generate: --image needs a vision-language checkpoint; ", a.ckpt,
+                " holds a text-only model (model.kind = \"", cfg.model.kind, "\")");
   const auto tok = tokenizer_for(cfg, a.vocab_dir);
   LoadedModel m;
-  load_model(m, reader);
+  load_model(m, reader, cfg);
   const Gpt& gpt = *m.model;
+  const int64_t context = gpt.config().max_seq_len;
+  const int32_t placeholder = vlm ? static_cast<int32_t>(gpt.config().vision.placeholder_id >= 0
+                                                             ? gpt.config().vision.placeholder_id
+                                                             : gpt.config().vocab_size - 1)
+                                  : -1;
 
-  std::vector<int32_t> ids = tok->encode(a.prompt, false);
-  TESSERA_CHECK(!ids.empty(), "the prompt is empty");
-  const int64_t capacity = std::min<int64_t>(gpt.config().max_seq_len, static_cast<int64_t>(ids.size()) + a.max_tokens);
-  TESSERA_CHECK(static_cast<int64_t>(ids.size()) < gpt.config().max_seq_len, "the prompt has ", ids.size(),
-                " tokens; the model's context is ", gpt.config().max_seq_len);
-  const int64_t room = gpt.config().max_seq_len - static_cast<int64_t>(ids.size());
-  TESSERA_CHECK(a.max_tokens <= room, "generate: --max-tokens ", a.max_tokens, " does not fit: the prompt has ", ids.size(),
-                " tokens and the model's context is ", gpt.config().max_seq_len, ", so at most ", room,
-                " new tokens fit; lower --max-tokens");
-  std::cout << a.prompt << std::flush;
+  // With an image: its P placeholders, then the prompt (possibly empty), as the training samples.
+  const DeviceImages images = a.image.empty() ? DeviceImages{} : load_image(m, a.image);
+  std::vector<int32_t> ids;
+  if (!a.image.empty()) ids.assign(static_cast<size_t>(gpt.config().vision.num_patches()), placeholder);
+  const std::vector<int32_t> prompt_ids = tok->encode(a.prompt, false);
+  ids.insert(ids.end(), prompt_ids.begin(), prompt_ids.end());
+  TESSERA_CHECK(!ids.empty(), "the prompt is empty", vlm ? " (give --image FILE to caption an image)" : "");
+  const int64_t prompt_length = static_cast<int64_t>(ids.size());
+  TESSERA_CHECK(prompt_length < context, "the prompt has ", prompt_length, " tokens",
+                a.image.empty() ? "" : " (the image's placeholders included)", "; the model's context is ", context);
+  const int64_t room = context - prompt_length;
+  TESSERA_CHECK(a.max_tokens <= room || !a.max_tokens_given, "generate: --max-tokens ", a.max_tokens,
+                " does not fit: the prompt has ", prompt_length, " tokens and the model's context is ", context,
+                ", so at most ", room, " new tokens fit; lower --max-tokens");
+  const int64_t max_tokens = std::min(a.max_tokens, room);
+  const int64_t capacity = prompt_length + max_tokens;
+  // A caption ends at the end-of-text id (the samples' last token); the text models' output runs on.
+  const bool stop_at_eot = vlm;
+  const bool full_forward = a.no_cache || !a.image.empty();  // no KV-cached decoding with an image yet
+  // Printed as it comes: the new end of the decoded text (a word tokenizer's words need their
+  // spaces, so the whole text after the placeholders is decoded each time; it is short).
+  const size_t text_start = a.image.empty() ? 0 : static_cast<size_t>(gpt.config().vision.num_patches());
+  auto text_of = [&] { return decode_ids(*tok, std::vector<int32_t>(ids.begin() + text_start, ids.end()), placeholder); };
+  std::string printed = text_of();
+  std::cout << printed << std::flush;
 
   std::mt19937_64 rng(a.seed);
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   KvCache cache = gpt.make_cache(m.alloc, capacity);
   std::vector<int32_t> pending = ids;  // positions not yet in the cache
-  int64_t generated = 0;
+  std::vector<int32_t> generated_ids;
   const auto t0 = std::chrono::steady_clock::now();
-  while (generated < a.max_tokens && static_cast<int64_t>(ids.size()) < capacity) {
-    const Buffer tokens = device_ids(m, a.no_cache ? ids : pending);
+  while (static_cast<int64_t>(generated_ids.size()) < max_tokens) {
+    const Buffer tokens = device_ids(m, full_forward ? ids : pending);
     GptCtx ctx;
-    if (a.no_cache)
-      gpt.forward(m.ex, ctx, m.alloc, tokens, Tensor());
+    if (full_forward)
+      gpt.forward(m.ex, ctx, m.alloc, tokens, Tensor(), {}, images.get());
     else
       gpt.forward_cached(m.ex, ctx, m.alloc, tokens, cache);
     const int32_t next = sample_token(last_row(m.ex, ctx.logits), a.temperature, a.top_k, uniform(rng));
+    if (stop_at_eot && next == tok->eot_id()) break;
     ids.push_back(next);
+    generated_ids.push_back(next);
     pending = {next};
-    ++generated;
-    std::cout << tok->decode({next}) << std::flush;
+    const std::string text = text_of();
+    std::cout << (text.compare(0, printed.size(), printed) == 0 ? text.substr(printed.size())
+                                                                 : decode_ids(*tok, {next}, placeholder))
+              << std::flush;
+    printed = text;
     if (a.stop_at_newline && tok->decode({next}) == "\n") break;
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!a.stop_at_newline || ids.empty() || tok->decode({ids.back()}) != "\n") std::cout << "\n";
+  const int64_t generated = static_cast<int64_t>(generated_ids.size());
+  if (!a.stop_at_newline || generated == 0 || tok->decode({ids.back()}) != "\n") {
+    std::cout << "\n";
+  }
   std::fprintf(stderr, "%ld tokens in %.3f s: %.1f tokens/s (%s)\n", static_cast<long>(generated), s,
-               s > 0 ? generated / s : 0.0, a.no_cache ? "no cache" : "KV cache");
+               s > 0 ? generated / s : 0.0, full_forward ? (a.no_cache ? "no cache" : "full forward per token: an image")
+                                                         : "KV cache");
   return 0;
 }
 

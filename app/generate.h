@@ -1,5 +1,8 @@
 // `tessera generate`: loads a checkpoint's model and continues a prompt, with a KV cache (or,
-// for comparison, re-running the whole sequence per token), greedy or sampled.
+// for comparison, re-running the whole sequence per token), greedy or sampled. With --image (a
+// vision-language checkpoint) the image is decoded and resized as `tessera prepare --images`
+// does, its placeholder tokens come before the prompt as in the training samples, and the
+// caption is generated with the full forward per token, up to the end-of-text id.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +14,9 @@ namespace tessera {
 struct GenerateArgs {
   std::string ckpt;
   std::string prompt;
+  std::string image;         // PNG or JPEG: caption it (model.kind = "vlm" checkpoints only)
   int64_t max_tokens = 32;
+  bool max_tokens_given = true;  // false: 32, or fewer when the context has less room
   double temperature = 0.0;  // 0 = greedy
   int64_t top_k = 0;         // 0 = whole vocabulary
   uint64_t seed = 0;

@@ -214,7 +214,7 @@ class DocumentWriter {
 // ---- the command ----
 
 void check_args(const PrepareArgs& a) {
-  TESSERA_CHECK(!a.inputs.empty(), "prepare: give at least one --input file");
+  TESSERA_CHECK(!a.inputs.empty(), "prepare: give at least one --input file (or --images DIR --captions FILE.jsonl for image-text data)");
   TESSERA_CHECK(!a.out.empty(), "prepare: give an output prefix with --out");
   // The prefix gets ".bin"/".idx" appended: "data/" would write the hidden files data/.bin, a
   // directory's name would write beside it.

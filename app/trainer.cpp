@@ -802,7 +802,7 @@ void Trainer::log_step(int64_t s, const StepResult& r, double step_seconds, doub
 }
 
 bool Trainer::evaluate(int64_t s, TrainSummary& summary) {
-  if (!data_.valid && !data_.task && !data_.scenes) return true;
+  if (!data_.valid && !data_.task && !data_.scenes && !data_.captions) return true;
   const auto t0 = Clock::now();
   // Every rank asks before each forward: a stop anywhere abandons the evaluation on all ranks at
   // the same batch (tensor-parallel forwards are collective), and the stop vote that follows
@@ -840,6 +840,24 @@ bool Trainer::evaluate(int64_t s, TrainSummary& summary) {
   }
   if (data_.scenes) {
     acc = caption_accuracy(ex_, *model_, alloc_, *data_.scenes, cfg_.data.val_examples, cfg_.train.micro_batch, gate);
+    if (!acc) return false;
+    os.precision(1);
+    os << ", caption accuracy " << 100.0 * acc->accuracy() << "% (" << acc->correct << "/" << acc->total << ")";
+    for (const auto& e : acc->examples) os << " | " << e;
+    record.add("val_accuracy", acc->accuracy());
+  }
+  if (data_.captions) {
+    // The examples' text: ids outside the tokenizer's vocabulary (the placeholder) are left out.
+    std::function<std::string(const std::vector<int32_t>&)> decode;
+    if (const auto tok = data_.caption_tokenizer)
+      decode = [tok](const std::vector<int32_t>& ids) {
+        std::vector<int32_t> known;
+        for (int32_t id : ids)
+          if (id >= 0 && id < tok->vocab_size()) known.push_back(id);
+        return tok->decode(known);
+      };
+    acc = image_text_caption_accuracy(ex_, *model_, alloc_, *data_.captions, cfg_.data.val_examples,
+                                      cfg_.train.micro_batch, decode, gate);
     if (!acc) return false;
     os.precision(1);
     os << ", caption accuracy " << 100.0 * acc->accuracy() << "% (" << acc->correct << "/" << acc->total << ")";

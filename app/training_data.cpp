@@ -49,6 +49,13 @@ TrainingData open_image_text(const Config& cfg) {
                 "table with its path (got ", sources.size(), ")");
   TrainingData d;
   auto train = std::make_shared<ImageTextDataset>(read_image_text(sources[0].path), cfg.train.seq_len, sources[0].path);
+  // A file from `tessera prepare --images` names the tokenizer of data.tokenizer's list; the
+  // config's must be the same (`tessera generate` decodes with it). Other names (files written
+  // by code, e.g. the scenes' words) are not checked.
+  const std::string& file_tok = train->data().tokenizer;
+  TESSERA_CHECK((file_tok != "byte" && file_tok != "gpt2") || file_tok == cfg.data.tokenizer, sources[0].path,
+                " was tokenized with the ", file_tok, " tokenizer but data.tokenizer = \"", cfg.data.tokenizer,
+                "\"; set data.tokenizer = \"", file_tok, "\"");
   d.vocab_size = train->vocab_size();
   d.train = train;
   if (!cfg.data.valid.empty()) {
@@ -57,6 +64,8 @@ TrainingData open_image_text(const Config& cfg) {
                       valid->data().tokenizer == train->data().tokenizer,
                   cfg.data.valid, ": its tokenizer, vocab_size or placeholder_id differ from ", sources[0].path, "'s");
     d.valid = valid;
+    d.captions = valid;
+    if (file_tok == "byte" || file_tok == "gpt2") d.caption_tokenizer = make_tokenizer(file_tok, cfg.data.vocab_dir);
   }
   return d;
 }

@@ -8,6 +8,7 @@
 #include "app/config.h"
 #include "data/addition.h"
 #include "data/dataset.h"
+#include "data/image_text.h"
 #include "data/scenes.h"
 #include "data/tokenizer.h"
 
@@ -18,6 +19,10 @@ struct TrainingData {
   std::shared_ptr<const Dataset> valid;    // null: no validation loss
   std::shared_ptr<const AdditionTask> task;  // addition only: scored by greedy accuracy
   std::shared_ptr<const SceneTask> scenes;   // scenes only: scored by greedy caption accuracy
+  // image_text with data.valid: the validation file, scored by greedy caption accuracy, and its
+  // captions' decoder for the examples printed (null when the file's tokenizer is not one tessera has)
+  std::shared_ptr<const ImageTextDataset> captions;
+  std::shared_ptr<const Tokenizer> caption_tokenizer;
   int64_t vocab_size = 0;                  // of the data (the model may pad beyond it)
   // data.document_mask: the end-of-text id that ends each packed document (the tokenizer's:
   // gpt2 50256, byte 256); -1: no document mask.

@@ -12,6 +12,7 @@ packages=(
   libgtest-dev                      # tests
   libopenblas-openmp-dev libblis-dev  # CPU GEMM: OpenBLAS (OpenMP build) is used; BLIS for comparison
   libdnnl-dev                       # bf16 GEMM (train.dtype = "bf16"): oneDNN's matmul
+  libpng-dev libjpeg62-turbo-dev    # image files (tessera prepare --images, generate --image)
   python3-numpy python3-h5py python3-matplotlib  # scripts (plots, fixture checks)
   slurm-wlm munge                   # the `slurm` tests start a one-node cluster of their own
 )
