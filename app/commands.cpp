@@ -121,6 +121,11 @@ void register_generate(CLI::App& app, int& exit_code) {
                   "placeholder tokens before the prompt; stops at the end of the caption");
   auto* max_tokens = cmd->add_option("--max-tokens", args->max_tokens,
                                      "Tokens to generate (default 32, or what the context leaves room for)");
+  cmd->add_option("--held-out", args->held_out,
+                  "Vision-language checkpoints: caption the first N held-out images (--data, else the checkpoint's "
+                  "own validation data) and print each with the exact-match accuracy");
+  cmd->add_option("--data", args->data, "With --held-out: the image-text file (.h5) to caption");
+  cmd->add_option("--dump", args->dump, "With --held-out: write the captioned samples to this image-text file (.h5)");
   cmd->add_option("--temperature", args->temperature, "0 = greedy; else sample from softmax(logits / T)")
       ->capture_default_str();
   cmd->add_option("--top-k", args->top_k, "Sample among the k most likely tokens (0 = all)")->capture_default_str();

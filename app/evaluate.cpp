@@ -371,11 +371,14 @@ std::optional<AccuracyResult> image_text_caption_accuracy(
         const bool ok = done[static_cast<size_t>(i)] && got[static_cast<size_t>(i)] == it.want;
         r.correct += ok ? 1 : 0;
         ++r.total;
+        r.outcomes.push_back({it.sample, text(got[static_cast<size_t>(i)]), text(it.want), ok});
         if (r.examples.size() < 2)
-          r.examples.push_back(text(got[static_cast<size_t>(i)]) + (ok ? "" : " (" + text(it.want) + ")"));
+          r.examples.push_back(r.outcomes.back().generated + (ok ? "" : " (" + r.outcomes.back().expected + ")"));
       }
     }
   }
+  std::sort(r.outcomes.begin(), r.outcomes.end(),
+            [](const CaptionOutcome& x, const CaptionOutcome& y) { return x.sample < y.sample; });
   return r;
 }
 

@@ -67,9 +67,18 @@ std::optional<std::vector<std::vector<int32_t>>> greedy_generate(const Exec& ex,
                                                                  int64_t max_new, const EvalGate& gate = {},
                                                                  const PipelineLink& link = {});
 
+// One scored caption (image_text_caption_accuracy): the sample, what was generated, what the
+// sample holds, whether they match.
+struct CaptionOutcome {
+  int64_t sample = 0;
+  std::string generated, expected;
+  bool right = false;
+};
+
 struct AccuracyResult {
   int64_t correct = 0, total = 0;
   std::vector<std::string> examples;  // a few "prompt -> answer (expected)" lines
+  std::vector<CaptionOutcome> outcomes;  // image_text_caption_accuracy: every sample scored
   double accuracy() const { return total ? static_cast<double>(correct) / static_cast<double>(total) : 0.0; }
 };
 

@@ -17,6 +17,7 @@
 #include "app/evaluate.h"
 #include "data/addition.h"
 #include "data/image_decode.h"
+#include "data/image_text.h"
 #include "data/scenes.h"
 #include "data/tokenizer.h"
 #include "kernels/allocator.h"
@@ -162,6 +163,61 @@ DeviceImages load_image(LoadedModel& m, const std::string& path) {
   return upload_images(m.ex, m.alloc, b, mc, m.model->dtype());
 }
 
+
+// --held-out: the samples scored, from --data or the checkpoint's own held-out data.
+ImageTextData held_out_data(const GenerateArgs& a, const Config& cfg, const ModelConfig& mc) {
+  if (!a.data.empty()) return read_image_text(a.data);
+  if (cfg.data.task == "scenes") {
+    const SceneTask task(cfg.vision.image_size, static_cast<uint64_t>(cfg.data.seed));
+    return scenes_as_image_text(task, /*validation=*/true, a.held_out, mc.vision.num_patches());
+  }
+  TESSERA_CHECK(!cfg.data.valid.empty(), "generate --held-out: the checkpoint's run had no data.valid; give the "
+                "image-text file to score with --data FILE.h5");
+  return read_image_text(cfg.data.valid);
+}
+
+int run_held_out(const GenerateArgs& a, const Config& cfg, LoadedModel& m, const Tokenizer& tok) {
+  const Gpt& gpt = *m.model;
+  ImageTextData data = held_out_data(a, cfg, gpt.config());
+  const std::string name = a.data.empty() && cfg.data.task == "scenes" ? "held-out scenes" : (a.data.empty() ? cfg.data.valid : a.data);
+  const ImageTextDataset ds(data, gpt.config().max_seq_len, name);
+  const auto decode = [&tok](const std::vector<int32_t>& ids) {
+    std::vector<int32_t> known;
+    for (int32_t id : ids)
+      if (id >= 0 && id < tok.vocab_size()) known.push_back(id);
+    return tok.decode(known);
+  };
+  const AccuracyResult r = *image_text_caption_accuracy(m.ex, gpt, m.alloc, ds, a.held_out, 32, decode);
+  std::cout << "sample\tresult\tgenerated\texpected\n";
+  for (const CaptionOutcome& o : r.outcomes)
+    std::cout << o.sample << "\t" << (o.right ? "right" : "wrong") << "\t" << o.generated << "\t" << o.expected << "\n";
+  char buf[128];
+  std::snprintf(buf, sizeof buf, "caption accuracy %.1f%% (%lld/%lld) on %s\n", 100.0 * r.accuracy(),
+                static_cast<long long>(r.correct), static_cast<long long>(r.total), name.c_str());
+  std::cout << buf;
+  if (!a.dump.empty()) {
+    // The scored samples as an image-text file: their images as the model saw them, their tokens.
+    ImageTextData d;
+    d.image_shape = data.image_shape;
+    d.tokenizer = data.tokenizer;
+    d.vocab_size = data.vocab_size;
+    d.placeholder_id = data.placeholder_id;
+    d.pad_id = data.pad_id;
+    d.offsets = {0};
+    const int64_t n = data.image_shape.numel();
+    for (const CaptionOutcome& o : r.outcomes) {
+      const int64_t img = data.image_index[o.sample];
+      d.images.insert(d.images.end(), data.images.begin() + img * n, data.images.begin() + (img + 1) * n);
+      d.tokens.insert(d.tokens.end(), data.tokens.begin() + data.offsets[o.sample],
+                      data.tokens.begin() + data.offsets[o.sample + 1]);
+      d.offsets.push_back(static_cast<int64_t>(d.tokens.size()));
+      d.image_index.push_back(d.num_samples());
+    }
+    write_image_text(a.dump, d);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int run_generate_command(const GenerateArgs& a) {
@@ -171,9 +227,15 @@ int run_generate_command(const GenerateArgs& a) {
   const bool vlm = cfg.model.kind == "vlm";
   TESSERA_CHECK(a.image.empty() || vlm, "generate: --image needs a vision-language checkpoint; ", a.ckpt,
                 " holds a text-only model (model.kind = \"", cfg.model.kind, "\")");
+  TESSERA_CHECK(a.held_out == 0 || vlm, "generate: --held-out scores captions of a vision-language checkpoint; ",
+                a.ckpt, " holds a text-only model (model.kind = \"", cfg.model.kind, "\")");
+  TESSERA_CHECK(a.held_out == 0 || (a.image.empty() && a.prompt.empty()),
+                "generate: --held-out captions the held-out images; it takes no --image or --prompt");
+  TESSERA_CHECK(a.held_out > 0 || (a.data.empty() && a.dump.empty()), "generate: --data and --dump go with --held-out N");
   const auto tok = tokenizer_for(cfg, a.vocab_dir);
   LoadedModel m;
   load_model(m, reader, cfg);
+  if (a.held_out > 0) return run_held_out(a, cfg, m, *tok);
   const Gpt& gpt = *m.model;
   const int64_t context = gpt.config().max_seq_len;
   const int32_t placeholder = vlm ? static_cast<int32_t>(gpt.config().vision.placeholder_id >= 0

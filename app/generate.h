@@ -17,6 +17,13 @@ struct GenerateArgs {
   std::string image;         // PNG or JPEG: caption it (model.kind = "vlm" checkpoints only)
   int64_t max_tokens = 32;
   bool max_tokens_given = true;  // false: 32, or fewer when the context has less room
+  // Caption scoring instead of one prompt (vision-language checkpoints): the first held_out image
+  // samples of `data` (an image-text file; "" = the checkpoint's own held-out data: the scenes
+  // task's validation scenes, or the image_text run's data.valid) captioned greedily, one line
+  // each and the exact-match accuracy; `dump` (optional) gets those samples as an image-text file.
+  int64_t held_out = 0;
+  std::string data;
+  std::string dump;
   double temperature = 0.0;  // 0 = greedy
   int64_t top_k = 0;         // 0 = whole vocabulary
   uint64_t seed = 0;

@@ -6,6 +6,7 @@
 #include <sstream>
 #include <utility>
 
+#include "data/image_text.h"
 #include "kernels/check.h"
 
 namespace tessera {
@@ -132,6 +133,27 @@ bool SceneDataset::get_image(int64_t index, uint8_t* out) const {
 std::string SceneDataset::describe() const {
   return std::string("synthetic scenes (") + (validation_ ? "validation" : "training") + ", " +
          std::to_string(task_.image_size()) + "x" + std::to_string(task_.image_size()) + " images)";
+}
+
+ImageTextData scenes_as_image_text(const SceneTask& task, bool validation, int64_t n, int64_t image_tokens) {
+  const SceneTokenizer& tok = task.tokenizer();
+  ImageTextData d;
+  d.image_shape = {task.image_size(), task.image_size(), 3};
+  d.tokenizer = "scene-words";
+  d.vocab_size = tok.vocab_size();
+  d.placeholder_id = tok.placeholder_id();
+  d.pad_id = tok.eos_id();
+  d.offsets = {0};
+  for (int64_t i = 0; i < n; ++i) {
+    const Scene sc = task.scene(static_cast<uint64_t>(i), validation);
+    d.images.insert(d.images.end(), sc.image.begin(), sc.image.end());
+    d.tokens.insert(d.tokens.end(), static_cast<size_t>(image_tokens), tok.placeholder_id());
+    for (int32_t id : tok.encode(sc.caption)) d.tokens.push_back(id);
+    d.tokens.push_back(tok.eos_id());
+    d.offsets.push_back(static_cast<int64_t>(d.tokens.size()));
+    d.image_index.push_back(i);
+  }
+  return d;
 }
 
 }  // namespace tessera

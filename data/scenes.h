@@ -70,6 +70,12 @@ class SceneDataset : public Dataset {
   int64_t seq_len_, num_samples_, image_tokens_;
 };
 
+// Scenes [0, n) of a split as an image-text file's contents (data/image_text.h): each sample
+// image_tokens placeholders, the caption, <eos>; tokenizer "scene-words", pad <eos>. For scoring a
+// checkpoint on held-out scenes as on a file (`tessera generate --held-out`).
+struct ImageTextData;
+ImageTextData scenes_as_image_text(const SceneTask& task, bool validation, int64_t n, int64_t image_tokens);
+
 // Cuts images (n, H, W, C) uint8 into patch x patch patches as the vision encoder reads them
 // (model/vision.h): out (n, (H / patch) (W / patch), patch patch C), patches in row-major order,
 // each patch row-major over (y, x, channel), values pixel / 255.

@@ -14,6 +14,7 @@
 
 #include "cli_testing.h"
 #include "data/image_files.h"
+#include "data/image_text.h"
 #include "data/scenes.h"
 #include "layout_testing.h"
 #include "kernels/check.h"
@@ -209,7 +210,7 @@ peak_gflops = 100.0
   auto r = testing::run_tessera({"train", (dir / "vlm.toml").string(), "--run-dir", (dir / "run").string()}, dir);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::string ckpt = (dir / "run" / "checkpoints" / "step_00000020.h5").string();
-  const SceneTask task(8, 1), big(16, 1);
+  const SceneTask task(8, 1234), big(16, 1234);  // data.seed's default: the run's own validation scenes
   const Scene sc = task.scene(3, /*validation=*/true), sc16 = big.scene(3, /*validation=*/true);
   testing::write_png((dir / "scene.png").string(), 8, 8, PNG_COLOR_TYPE_RGB, 8, sc.image);
   testing::write_png((dir / "scene16.png").string(), 16, 16, PNG_COLOR_TYPE_RGB, 8, sc16.image);
@@ -236,6 +237,25 @@ peak_gflops = 100.0
       EXPECT_EQ(caption(r2.output), first) << image;
     }
   }
+  // --held-out: the first 5 validation scenes captioned in batches (the trainer's scoring), one line
+  // each; scene 3's caption is the one --image gave for its PNG (a different path: one image, the
+  // generate loop). --dump writes the 5 samples.
+  r = generate({"--held-out", "5", "--dump", (dir / "dump.h5").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("sample\tresult\tgenerated\texpected\n"), std::string::npos) << r.output;
+  const std::string line3 = r.output.substr(r.output.find("\n3\t") + 1);
+  const std::string want3 = "\t" + caption(generate({"--image", (dir / "scene.png").string()}).output) + "\t" +
+                            sc.caption + "\n";
+  EXPECT_NE(line3.find(want3), std::string::npos) << r.output << "\nwant " << want3;
+  EXPECT_NE(r.output.find("caption accuracy "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("/5) on held-out scenes"), std::string::npos) << r.output;
+  const ImageTextData dumped = read_image_text((dir / "dump.h5").string());
+  ASSERT_EQ(dumped.num_samples(), 5);
+  EXPECT_EQ(std::vector<uint8_t>(dumped.images.begin() + 3 * 192, dumped.images.begin() + 4 * 192), sc.image);
+  r = generate({"--held-out", "5", "--image", (dir / "scene.png").string()});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--held-out captions the held-out images; it takes no --image or --prompt"), std::string::npos)
+      << r.output;
   // A prompt after the image: printed, then continued.
   r = generate({"--image", (dir / "scene.png").string(), "--prompt", "a red", "--max-tokens", "3"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
