@@ -155,17 +155,19 @@ struct DataConfig {
             "for validation (model.kind = \"vlm\")",
             Allowed::one_of({"addition", "tokens", "scenes", "image_text"}));
     v.field("digits", digits, "addition: digits per operand", Allowed::closed(1, 9));
-    v.field("val_examples", val_examples, "addition: held-out problems whose greedy answers are scored",
+    v.field("val_examples", val_examples, "addition, scenes, image_text (with data.valid): held-out problems or images whose "
+            "greedy answers or captions are scored",
             Allowed::at_least(1).at_most(kMaxValExamples));
     v.field("seed", seed, "seed of the data generator and sampler", Allowed::at_least(0));
     v.field("train", train, "tokens: the training datasets, blended by weight; each [[data.train]] table has "
             "path (indexed dataset prefix or llm.c shard glob) and weight", Allowed::any());
     v.field("valid", valid, "tokens: validation dataset path; empty = hold out data.val_fraction of the "
-            "first training dataset's documents", Allowed::any());
+            "first training dataset's documents; image_text: a validation image-text file (.h5)", Allowed::any());
     v.field("val_fraction", val_fraction, "tokens: fraction of documents held out for validation when "
             "data.valid is empty (0 = no validation)", Allowed::half_open(0.0, 1.0));
     v.field("tokenizer", tokenizer, "tokens: the tokenizer the files were prepared with; sets the vocabulary "
-            "when model.vocab_size = 0 (gpt2: 50257, byte: 257)", Allowed::one_of({"gpt2", "byte"}));
+            "when model.vocab_size = 0 (gpt2: 50257, byte: 257); image_text: the tokenizer of the file "
+            "(tessera prepare --images), which decodes captions", Allowed::one_of({"gpt2", "byte"}));
     v.field("vocab_dir", vocab_dir, "directory with GPT-2's encoder.json and vocab.bpe, to decode samples "
             "(optional)", Allowed::any());
     v.field("document_mask", document_mask, "tokens: packed windows hold documents ending in the tokenizer's "

@@ -62,21 +62,24 @@ def main():
 
     n, cols = len(rows), min(args.cols, len(rows))
     nrows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(nrows, cols, figsize=(1.75 * cols, 2.05 * nrows), squeeze=False)
+    # Each cell: the image (about 1.55 in) and up to six lines of caption under it (about 0.85 in).
+    height = 2.45 * nrows + 0.3
+    fig, axes = plt.subplots(nrows, cols, figsize=(1.8 * cols, height), squeeze=False)
+    fig.subplots_adjust(left=0.02, right=0.98, top=1 - 0.3 / height, bottom=0.85 / height, wspace=0.12, hspace=0.62)
     for ax in axes.flat:
         ax.axis("off")
     for i, (right, got, want) in enumerate(rows):
         ax = axes.flat[i]
         ax.imshow(images[i], interpolation="nearest")
-        text = "\n".join(textwrap.wrap(got or "(nothing)", 20))
+        text = "\n".join(textwrap.wrap(got or "(nothing)", 22))
         if not right:
-            text += "\n[" + "\n".join(textwrap.wrap(want, 20)) + "]"
-        ax.set_title(text, fontsize=6.5, color="#1a7f37" if right else "#cf222e", y=-0.02, va="top")
+            text += "\n[" + "\n".join(textwrap.wrap(want, 22)) + "]"
+        ax.text(0.5, -0.04, text, transform=ax.transAxes, ha="center", va="top", fontsize=7.5,
+                color="#1a7f37" if right else "#cf222e")
     right_count = sum(1 for r_ in rows if r_[0])
     head = (args.title + ": " if args.title else "") + "%d/%d captions right" % (right_count, n)
-    fig.suptitle(head, fontsize=9)
-    fig.tight_layout(rect=(0, 0, 1, 0.97))
-    fig.savefig(args.out, dpi=90)
+    fig.suptitle(head, fontsize=9, y=1 - 0.06 / height)
+    fig.savefig(args.out, dpi=80)
     print(accuracy)
     print("wrote %s (%d bytes)" % (args.out, os.path.getsize(args.out)))
 
