@@ -79,6 +79,9 @@ void register_prepare(CLI::App& app, int& exit_code) {
   img->excludes(cmd->get_option("--input"));
   cmd->callback(on_one_process("prepare", [args, images, &exit_code] {
     if (!images->images_dir.empty()) {
+      TESSERA_CHECK(args->val_fraction == 0 && args->separator.empty(),
+                    "prepare --images: --val-fraction and --separator are for text; hold out images with a second "
+                    "captions file (scripts/data/prepare_digits.py does)");
       images->tokenizer = args->tokenizer;
       images->vocab_dir = args->vocab_dir;
       images->out = args->out;

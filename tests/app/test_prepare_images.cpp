@@ -225,6 +225,10 @@ TEST(PrepareImages, BadEntriesAreRefusedOrSkipped) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("no samples to write (1 entry was skipped)"), std::string::npos) << r.output;
   EXPECT_NE(set.prepare({"--on-error", "maybe"}).exit_code, 0);
+  const auto split = set.prepare({"--val-fraction", "0.1"});
+  EXPECT_EQ(split.exit_code, 1);
+  EXPECT_NE(split.output.find("prepare --images: --val-fraction and --separator are for text"), std::string::npos)
+      << split.output;
 }
 
 }  // namespace
