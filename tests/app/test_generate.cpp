@@ -16,6 +16,7 @@
 #include "data/image_files.h"
 #include "data/image_text.h"
 #include "data/scenes.h"
+#include "vlm_testing.h"
 #include "layout_testing.h"
 #include "kernels/check.h"
 
@@ -171,42 +172,7 @@ TEST(GenerateCommand, OutOfRangeOptionsAreRefused) {
 // file is refused naming it.
 TEST(GenerateCommand, CaptionsAnImageFromAVlmCheckpoint) {
   const fs::path dir = testing::temp_dir("generate_vlm");
-  std::ofstream(dir / "vlm.toml") << R"(
-[model]
-kind = "vlm"
-preset = "gpt2"
-n_layer = 1
-n_head = 2
-n_embd = 32
-
-[vision]
-image_size = 8
-patch_size = 4
-n_layer = 1
-n_head = 2
-n_embd = 16
-
-[data]
-task = "scenes"
-val_examples = 8
-
-[train]
-steps = 20
-global_batch = 8
-micro_batch = 8
-seq_len = 13
-eval_every = 0
-eval_batches = 1
-
-[optim]
-lr = 3e-3
-warmup_steps = 5
-
-[log]
-every = 10
-progress = "lines"
-peak_gflops = 100.0
-)";
+  std::ofstream(dir / "vlm.toml") << testing::tiny_vlm_toml(/*steps=*/20, /*warmup_steps=*/5);
   auto r = testing::run_tessera({"train", (dir / "vlm.toml").string(), "--run-dir", (dir / "run").string()}, dir);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::string ckpt = (dir / "run" / "checkpoints" / "step_00000020.h5").string();

@@ -14,49 +14,30 @@
 #include "data/image_files.h"
 #include "data/image_text.h"
 #include "error_testing.h"
+#include "vlm_testing.h"
 
 namespace tessera {
 namespace {
 
 namespace fs = std::filesystem;
 
-// 8x8 images in 4x4 patches: 4 placeholders per image.
-constexpr const char* kTinyVlm = R"(
-[model]
-kind = "vlm"
-preset = "gpt2"
-n_layer = 1
-n_head = 2
-n_embd = 32
+// The tests' tiny VLM (8x8 images in 4x4 patches: 4 placeholders per image) on an image-text file
+// with byte captions: up to 4 + 5 + 1 tokens per sample.
+const std::vector<std::string> kImageText = {"data.task=\"image_text\"", "data.tokenizer=\"byte\"",
+                                             "train.seq_len=16", "train.global_batch=4", "optim.lr=1e-2"};
+const std::string kTinyVlm = testing::tiny_vlm_toml(/*steps=*/25, /*warmup_steps=*/2);
 
-[vision]
-image_size = 8
-patch_size = 4
-n_layer = 1
-n_head = 2
-n_embd = 16
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
 
-[data]
-task = "image_text"
-tokenizer = "byte"
-
-[train]
-steps = 25
-global_batch = 4
-micro_batch = 4
-seq_len = 16
-eval_every = 0
-eval_batches = 1
-
-[optim]
-lr = 1e-2
-warmup_steps = 2
-
-[log]
-every = 1
-progress = "lines"
-peak_gflops = 100.0
-)";
+// The settings as `tessera train` arguments.
+std::vector<std::string> as_sets(const std::vector<std::string>& settings) {
+  std::vector<std::string> args;
+  for (const auto& s : settings) args.insert(args.end(), {"--set", s});
+  return args;
+}
 
 std::vector<uint8_t> pattern(size_t n, int mul) {
   std::vector<uint8_t> v(n);
@@ -133,8 +114,8 @@ TEST(PrepareImages, WritesTheImagesAndCaptionsAndTrains) {
     for (int c = 0; c < 3; ++c) EXPECT_NEAR(d.images[2 * n + p * 3 + c], c == 0 ? 200 : c == 1 ? 40 : 90, 3) << p;
 
   // The file trains: the image-text task reads it back, the loss falls.
-  const Config cfg = parse_config_string(
-      kTinyVlm, "tiny.toml", {"data.train=[{path=\"" + (set.dir / "out.h5").string() + "\"}]"});
+  const std::string train = "data.train=[{path=\"" + (set.dir / "out.h5").string() + "\"}]";
+  const Config cfg = parse_config_string(kTinyVlm, "tiny.toml", with(kImageText, {train}));
   Trainer t(cfg, "", MPI_COMM_NULL);
   std::vector<double> losses;
   for (int64_t s = 0; s < cfg.train.steps; ++s) losses.push_back(t.step(s).loss);
@@ -143,9 +124,9 @@ TEST(PrepareImages, WritesTheImagesAndCaptionsAndTrains) {
   // examples print as text (25 steps: 0/4 measured, "aaai (red)"; the scoring is what is tested).
   std::ofstream(set.dir / "vl.toml") << kTinyVlm;
   const auto run = testing::run_tessera(
-      {"train", (set.dir / "vl.toml").string(), "--run-dir", (set.dir / "run").string(), "--set",
-       "data.train=[{path=\"" + (set.dir / "out.h5").string() + "\"}]", "--set",
-       "data.valid=\"" + (set.dir / "out.h5").string() + "\"", "--set", "train.eval_every=25"},
+      with({"train", (set.dir / "vl.toml").string(), "--run-dir", (set.dir / "run").string()},
+           as_sets(with(kImageText, {train, "data.valid=\"" + (set.dir / "out.h5").string() + "\"",
+                                     "train.eval_every=25"}))),
       set.dir);
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find("caption accuracy"), std::string::npos) << run.output;
@@ -153,9 +134,7 @@ TEST(PrepareImages, WritesTheImagesAndCaptionsAndTrains) {
   // The config's data.tokenizer must be the file's.
   EXPECT_TRUE(testing::throws_with(
       [&] {
-        Trainer bad(parse_config_string(kTinyVlm, "tiny.toml",
-                                        {"data.train=[{path=\"" + (set.dir / "out.h5").string() + "\"}]",
-                                         "data.tokenizer=\"gpt2\""}),
+        Trainer bad(parse_config_string(kTinyVlm, "tiny.toml", with(kImageText, {train, "data.tokenizer=\"gpt2\""})),
                     "", MPI_COMM_NULL);
       },
       {"out.h5 was tokenized with the byte tokenizer but data.tokenizer = \"gpt2\""}));
