@@ -14,6 +14,7 @@ packages=(
   libdnnl-dev                       # bf16 GEMM (train.dtype = "bf16"): oneDNN's matmul
   libpng-dev libjpeg62-turbo-dev    # image files (tessera prepare --images, generate --image)
   python3-numpy python3-h5py python3-matplotlib  # scripts (plots, fixture checks)
+  python3-pil python3-sklearn       # the image tests' PIL oracle; the digits set (scripts/data/prepare_digits.py)
   slurm-wlm munge                   # the `slurm` tests start a one-node cluster of their own
 )
 if [ "${TESSERA_SETUP_TORCH:-0}" = 1 ]; then
