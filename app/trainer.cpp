@@ -1080,10 +1080,10 @@ void check_supported(const Config& cfg) {
                 " is not supported: 0 (replicated optimizer state) or 1 (ZeRO-1, sharded over dp)");
   if (cfg.model.kind == "vlm") {
     // The vision tower runs on the stage with the embedding, its blocks split over tp (plain tp,
-    // also under sequence parallelism: each rank writes the image rows it holds);
+    // also under sequence and context parallelism: each rank writes the image rows it holds);
     // the trainer passes images through the one-stage path only (docs/multimodal.md, "Not yet").
-    TESSERA_CHECK(p.cp == 1 && p.pp == 1, "model.kind = \"vlm\" trains under data and tensor parallelism only "
-                  "for now; set parallel.cp = 1 and parallel.pp = 1 (got ", p.cp, ", ", p.pp, ")");
+    TESSERA_CHECK(p.pp == 1, "model.kind = \"vlm\" trains under data, tensor and context parallelism only "
+                  "for now; set parallel.pp = 1 (got ", p.pp, ")");
   }
 }
 

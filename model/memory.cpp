@@ -195,6 +195,10 @@ struct VisionCost {
 
 VisionCost vision_cost(const ModelConfig& c, const ModelMemoryLayout& lay, int64_t images) {
   const ModelConfig vc = vision_block_config(c);
+  // As the VisionTower's own checks word them.
+  TESSERA_CHECK(vc.n_head % lay.tp == 0, "vision.n_head = ", vc.n_head, " is not divisible by parallel.tp = ", lay.tp);
+  TESSERA_CHECK(vc.ffn_hidden % lay.tp == 0, "vision.ffn_hidden = ", vc.ffn_hidden,
+                " is not divisible by parallel.tp = ", lay.tp);
   ModelMemoryLayout vl;
   vl.batch = std::max<int64_t>(images, 1);
   vl.seq_len = c.vision.num_patches();

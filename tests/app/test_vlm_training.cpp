@@ -59,12 +59,15 @@ peak_gflops = 100.0
 // 2x2 patches (16 placeholders, then up to 9 caption tokens) in train.seq_len = 26: under
 // sequence parallelism over tp = 2 each rank holds 13 positions, so an image's rows straddle the
 // two ranks (13 on rank 0, 3 on rank 1).
+// seq_len 28 (context parallelism needs a multiple of 2 cp): under cp 2 rank 0 holds positions
+// [0, 7) and [21, 28), rank 1 [7, 21), so an image at [0, 16) falls on both.
 void expect_layouts_equal_one_rank(const std::string& name, int ranks,
-                                   const std::vector<std::pair<std::string, std::vector<std::string>>>& layouts) {
+                                   const std::vector<std::pair<std::string, std::vector<std::string>>>& layouts,
+                                   int64_t seq_len = 26) {
   const fs::path dir = testing::temp_dir(name);
   std::ofstream(dir / "tiny-vlm.toml") << kTinyVlm;
   const std::vector<std::string> settings = {"--set", "train.steps=6", "--set", "train.micro_batch=2", "--set",
-                                             "vision.patch_size=2", "--set", "train.seq_len=26"};
+                                             "vision.patch_size=2", "--set", "train.seq_len=" + std::to_string(seq_len)};
   auto r = testing::train_run(dir, "tiny-vlm.toml", "one", 1, settings);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto want = testing::losses(dir / "one" / "metrics.jsonl");
@@ -133,8 +136,9 @@ TEST(VlmTraining, LearnsOnOneRank) {
 
 TEST(VlmTraining, RefusesWhatIsNotBuilt) {
   EXPECT_TRUE(testing::throws_with(
-      [&] { check_supported(parse_config_string(kTinyVlm, "tiny-vlm.toml", {"parallel.cp=2"})); },
-      {"model.kind = \"vlm\" trains under data and tensor parallelism only", "parallel.cp = 1"}));
+      [&] { check_supported(parse_config_string(kTinyVlm, "tiny-vlm.toml", {"parallel.pp=2", "model.n_layer=2"})); },
+      {"model.kind = \"vlm\" trains under data, tensor and context parallelism only", "parallel.pp = 1"}));
+  check_supported(parse_config_string(kTinyVlm, "tiny-vlm.toml", {"parallel.cp=2"}));
   // tp trains, with sequence parallelism too.
   check_supported(parse_config_string(kTinyVlm, "tiny-vlm.toml", {"parallel.tp=2", "parallel.sequence_parallel=true"}));
   EXPECT_TRUE(testing::throws_with(
@@ -234,6 +238,27 @@ TEST(VlmTrainingSlow, TensorParallelEqualsTheOneRankRun) {
 TEST(VlmTrainingSlow, DataTimesTensorParallelEqualsTheOneRankRun) {
   expect_layouts_equal_one_rank(
       "vlm_dptp", 4, {{"dp2tp2sp", {"--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=true"}}});
+}
+
+// Context parallelism: each cp rank runs the encoder on every image of its samples and writes the
+// rows its two load-balanced chunks hold (a scene's image at [0, 16) of 28 positions: rows [0, 7)
+// on rank 0, [7, 16) on rank 1); the encoder's gradients, each cp
+// rank's from its own rows, add up in the reduction over dp x cp. cp 2 with the ring and with the
+// all-gather exchange.
+TEST(VlmTrainingSlow, ContextParallelEqualsTheOneRankRun) {
+  expect_layouts_equal_one_rank("vlm_cp", 2,
+                                {{"cp2", {"--set", "parallel.cp=2"}},
+                                 {"cp2allgather", {"--set", "parallel.cp=2", "--set", "parallel.cp_comm=\"allgather\""}}},
+                                28);
+}
+
+// cp 2 x tp 2 with sequence parallelism, and dp 2 x cp 2, on four ranks.
+TEST(VlmTrainingSlow, ContextTimesTensorAndDataParallelEqualTheOneRankRun) {
+  expect_layouts_equal_one_rank(
+      "vlm_cp4", 4,
+      {{"cp2tp2sp", {"--set", "parallel.cp=2", "--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=true"}},
+       {"dp2cp2", {"--set", "parallel.cp=2"}}},
+      28);
 }
 
 TEST(VlmTraining, RefusesAnEncoderThatDoesNotSplit) {
