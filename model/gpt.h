@@ -210,7 +210,8 @@ struct VisionCtx;
 // A micro-batch's images for a vision-language model (model.kind = "vlm"): patches (N, P, K) in
 // the model's dtype on its device (data/image_text.h patchify), and for image i the sample
 // sample[i] of the batch whose placeholder tokens start at position start[i] (host numbers; its P
-// placeholders are the positions [start[i], start[i] + P)). Samples with no image are text only.
+// placeholders are the global positions [start[i], start[i] + P), of which a rank under context or
+// sequence parallelism holds some or none). Samples with no image are text only.
 struct ImageInput {
   Tensor patches;
   std::vector<int64_t> sample, start;

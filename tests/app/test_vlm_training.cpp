@@ -276,6 +276,24 @@ TEST(VlmTrainingSlow, PipelineParallelEqualsTheOneRankRun) {
                                 26, {"--set", "model.n_layer=2"});
 }
 
+// Interleaved 1f1b (vpp 2: rank 0 holds chunks 0 and 2 of a 4-block model, the tower on chunk 0).
+TEST(VlmTrainingSlow, InterleavedPipelineEqualsTheOneRankRun) {
+  expect_layouts_equal_one_rank(
+      "vlm_vpp", 2, {{"pp2vpp2", {"--set", "parallel.pp=2", "--set", "parallel.vpp=2", "--set",
+                                  "parallel.pp_schedule=\"interleaved\""}}},
+      26, {"--set", "model.n_layer=4"});
+}
+
+// Four ranks: tp 2 + sp x pp 2 (the first stage's tp pair splits the encoder's blocks), and
+// cp 2 x pp 2 (the first stage's cp pair each runs the encoder and writes its chunks' rows).
+TEST(VlmTrainingSlow, PipelineTimesTensorAndContextParallelEqualTheOneRankRun) {
+  expect_layouts_equal_one_rank(
+      "vlm_pp4", 4,
+      {{"tp2sppp2", {"--set", "parallel.pp=2", "--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=true"}},
+       {"cp2pp2", {"--set", "parallel.pp=2", "--set", "parallel.cp=2"}}},
+      28, {"--set", "model.n_layer=2"});
+}
+
 TEST(VlmTraining, RefusesAnEncoderThatDoesNotSplit) {
   const fs::path dir = testing::temp_dir("vlm_tp_heads");
   std::ofstream(dir / "tiny-vlm.toml") << kTinyVlm;
