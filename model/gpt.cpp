@@ -557,7 +557,8 @@ std::vector<Gpt::ImageRows> Gpt::image_rows(const SequenceLayout& seq, int64_t s
   // them (tensor_parallel.h shard_sequence), in local row order.
   std::vector<ImageRows> runs;
   int64_t local = 0;
-  for (const SequenceChunk& c : tp_.shard_sequence(seq).chunks()) {
+  const SequenceLayout mine = tp_.shard_sequence(seq);  // kept: the loop reads its chunks
+  for (const SequenceChunk& c : mine.chunks()) {
     const int64_t lo = std::max(start, c.start), hi = std::min(start + P, c.end());
     if (lo < hi) runs.push_back({local + lo - c.start, lo - start, hi - lo});
     local += c.length;
