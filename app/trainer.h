@@ -157,7 +157,9 @@ class Trainer {
   BatchLayout layout_;
   std::unique_ptr<DataLoader> loader_;  // created at the first step, positioned at it
   Allocator alloc_;
-  Exec ex_;  // where the model and optimizer run: alloc_'s device (CPU: the trivial context)
+  // Where the model and optimizer run: alloc_'s device; on the CPU, alloc_ also serves the ops'
+  // short-lived buffers (Exec::workspace).
+  Exec ex_{Device::cpu(), nullptr, &alloc_};
   std::unique_ptr<ParameterStore> params_;
   std::vector<std::unique_ptr<Gpt>> chunks_;  // this rank's model chunks: one, or vpp (interleaved)
   const Gpt* model_ = nullptr;                // chunks_.front(): the model's config, evaluation

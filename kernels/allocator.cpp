@@ -55,7 +55,7 @@ void Allocator::free_block(void* p) noexcept {
 #endif
 }
 
-void* Allocator::allocate(size_t bytes, MemCategory cat) {
+void* Allocator::allocate(size_t bytes, MemCategory cat, bool zero_fill) {
   if (bytes == 0) return nullptr;
   const size_t rounded = round_up(bytes, device_);
   void* p = nullptr;
@@ -74,7 +74,7 @@ void* Allocator::allocate(size_t bytes, MemCategory cat) {
                   format_bytes(bytes), " for ", mem_category_name(cat), " (in use: ", summary(), ")");
   }
   if (device_.is_cpu()) {
-    std::memset(p, 0, rounded);
+    if (zero_fill) std::memset(p, 0, rounded);
   } else {
 #ifdef TESSERA_WITH_CUDA
     cuda::device_zero(device_.index, p, rounded, stream_);
@@ -149,6 +149,19 @@ void Buffer::release() {
   alloc_ = nullptr;
   tensor_ = Tensor();
   bytes_ = 0;
+}
+
+Scratch::Scratch(Allocator* alloc, size_t bytes) : alloc_(alloc), bytes_(bytes) {
+  TESSERA_CHECK(!alloc || alloc->device().is_cpu(), "Scratch is host memory; the workspace allocator is on ",
+                alloc->device().str());
+  data_ = alloc ? alloc->allocate(bytes, MemCategory::Workspace, false) : ::operator new(bytes == 0 ? 1 : bytes);
+}
+
+Scratch::~Scratch() {
+  if (alloc_)
+    alloc_->deallocate(data_, bytes_, MemCategory::Workspace);
+  else
+    ::operator delete(data_);
 }
 
 std::string format_bytes(size_t bytes) {

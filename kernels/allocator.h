@@ -41,7 +41,10 @@ class Allocator {
   // Aligned (64 bytes on the host, 256 on a device), zero-filled (on a device: queued on the
   // allocator's stream). A device allocation beyond the free memory is an Error naming the bytes,
   // the category and the device, after the cache was given back.
-  void* allocate(size_t bytes, MemCategory cat);
+  void* allocate(size_t bytes, MemCategory cat) { return allocate(bytes, cat, true); }
+  // zero_fill false: the bytes are whatever the block held (host only; a device block is always
+  // zero-filled): for scratch every element of which is written before it is read.
+  void* allocate(size_t bytes, MemCategory cat, bool zero_fill);
   void deallocate(void* p, size_t bytes, MemCategory cat);
 
   const MemCounter& counter(MemCategory cat) const { return counters_[static_cast<int>(cat)]; }
@@ -88,6 +91,23 @@ class Buffer {
   Tensor tensor_;
   size_t bytes_ = 0;
   MemCategory cat_ = MemCategory::Workspace;
+};
+
+// Short-lived, uninitialized host bytes for one op (RAII): from `alloc` as Workspace when given
+// (Exec::workspace: cached by size, no page faults once a step's shapes have been seen), else the
+// heap. Every byte must be written before it is read.
+class Scratch {
+ public:
+  Scratch(Allocator* alloc, size_t bytes);
+  ~Scratch();
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  template <typename T> T* as() const { return static_cast<T*>(data_); }
+
+ private:
+  Allocator* alloc_;
+  size_t bytes_;
+  void* data_ = nullptr;
 };
 
 std::string format_bytes(size_t bytes);  // "1.50 MiB"

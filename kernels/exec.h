@@ -11,11 +11,17 @@ struct CUstream_st;
 
 namespace tessera {
 
+class Allocator;
+
 struct Exec {
   Device device = Device::cpu();
   // CUDA only: the stream every op of this context is queued on, in call order (null: the
   // device's default stream). Ops return before they finish; synchronize() waits.
   CUstream_st* stream = nullptr;
+  // CPU only: where ops take their short-lived buffers (the bf16 GEMM's rounded operands), counted
+  // as Workspace and cached by size, so a step's repeated shapes reuse their blocks instead of
+  // taking fresh pages from the OS every call (the trainer's allocator). Null: the heap.
+  Allocator* workspace = nullptr;
 
   static constexpr Exec cpu() { return {}; }
   static constexpr Exec cuda(int index, CUstream_st* s = nullptr) { return {Device::cuda(index), s}; }

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -263,31 +264,32 @@ void gemm_portable(const char* op, int64_t m, int64_t n, int64_t k, float alpha,
 }
 
 #ifdef TESSERA_WITH_DNNL
-// The operand as bf16 in its own layout: a BF16 operand as it is, an F32 one rounded into `scratch`
-// (row stride = its stored columns). Returns the data and its row stride.
+// The operand as bf16 in its own layout: a BF16 operand as it is, an F32 one rounded into
+// `scratch` (taken from `workspace`; row stride = its stored columns). Returns the data and its row
+// stride.
 std::pair<const uint16_t*, int64_t> bf16_operand(const GemmOperand& x, int64_t rows, int64_t cols,
-                                                 std::unique_ptr<uint16_t[]>& scratch) {
+                                                 Allocator* workspace, std::optional<Scratch>& scratch) {
   if (x.dtype == DType::BF16) return {static_cast<const uint16_t*>(x.data), x.ld};
   const int64_t srows = x.trans ? cols : rows, scols = x.trans ? rows : cols;
-  scratch.reset(new uint16_t[static_cast<size_t>(srows * scols)]);  // not zero-filled: every element is written
+  uint16_t* dst = scratch.emplace(workspace, static_cast<size_t>(srows * scols) * sizeof(uint16_t)).as<uint16_t>();
   const float* src = static_cast<const float*>(x.data);
   if (x.ld == scols) {
-    f32_to_bf16(scratch.get(), src, srows * scols);
+    f32_to_bf16(dst, src, srows * scols);
   } else {
 #pragma omp parallel for schedule(static) if (!omp_in_parallel())
-    for (int64_t i = 0; i < srows; ++i) f32_to_bf16(scratch.get() + i * scols, src + i * x.ld, scols);
+    for (int64_t i = 0; i < srows; ++i) f32_to_bf16(dst + i * scols, src + i * x.ld, scols);
   }
-  return {scratch.get(), scols};
+  return {dst, scols};
 }
 
 // oneDNN's matmul on bf16 operands with an f32 destination: alpha as the output scale, beta as a
 // sum post-op. The primitive is looked up in oneDNN's own primitive cache after the first call of a
 // shape.
 void gemm_onednn(int64_t m, int64_t n, int64_t k, float alpha, const GemmOperand& a, const GemmOperand& b,
-                 float beta, float* c, int64_t ldc) {
-  std::unique_ptr<uint16_t[]> as, bs;
-  const auto [ah, lda] = bf16_operand(a, m, k, as);
-  const auto [bh, ldb] = bf16_operand(b, k, n, bs);
+                 float beta, float* c, int64_t ldc, Allocator* workspace) {
+  std::optional<Scratch> as, bs;
+  const auto [ah, lda] = bf16_operand(a, m, k, workspace, as);
+  const auto [bh, ldb] = bf16_operand(b, k, n, workspace, bs);
   using dt = dnnl::memory::data_type;
   using dims = dnnl::memory::dims;
   const dnnl::memory::desc ad({m, k}, dt::bf16, a.trans ? dims{1, lda} : dims{lda, 1});
@@ -312,7 +314,7 @@ void gemm_onednn(int64_t m, int64_t n, int64_t k, float alpha, const GemmOperand
 }  // namespace
 
 void gemm_bf16(const char* op, int64_t m, int64_t n, int64_t k, float alpha, const GemmOperand& a,
-               const GemmOperand& b, float beta, float* c, int64_t ldc, Bf16Kernel kernel) {
+               const GemmOperand& b, float beta, float* c, int64_t ldc, Bf16Kernel kernel, Allocator* workspace) {
   if (m == 0 || n == 0) return;
   if (k == 0) {  // C = beta C
     for (int64_t i = 0; i < m; ++i)
@@ -323,7 +325,7 @@ void gemm_bf16(const char* op, int64_t m, int64_t n, int64_t k, float alpha, con
   switch (resolve_bf16_kernel(kernel)) {
     case Bf16Kernel::Avx512Bf16: return gemm_avx512_bf16(m, n, k, alpha, a, b, beta, c, ldc);
 #ifdef TESSERA_WITH_DNNL
-    case Bf16Kernel::OneDnn: return gemm_onednn(m, n, k, alpha, a, b, beta, c, ldc);
+    case Bf16Kernel::OneDnn: return gemm_onednn(m, n, k, alpha, a, b, beta, c, ldc, workspace);
 #endif
     default: return gemm_portable(op, m, n, k, alpha, a, b, beta, c, ldc);
   }

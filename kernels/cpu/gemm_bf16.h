@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "kernels/allocator.h"
 #include "kernels/tensor.h"
 
 namespace tessera::cpu {
@@ -39,8 +40,10 @@ const char* bf16_kernel_name(Bf16Kernel k);
 // C (m, n) = alpha op(A) op(B) + beta C, op(A) (m, k), op(B) (k, n), ldc C's row stride; beta == 0
 // does not read C. Inputs are rounded to bf16 (round to nearest even; NaN stays NaN), products
 // summed in fp32. From inside an active OpenMP parallel region it runs on the calling thread.
+// workspace: where the oneDNN path rounds its F32 operands (Exec::workspace; null: the heap).
 void gemm_bf16(const char* op, int64_t m, int64_t n, int64_t k, float alpha, const GemmOperand& a,
-               const GemmOperand& b, float beta, float* c, int64_t ldc, Bf16Kernel kernel = Bf16Kernel::Auto);
+               const GemmOperand& b, float beta, float* c, int64_t ldc, Bf16Kernel kernel = Bf16Kernel::Auto,
+               Allocator* workspace = nullptr);
 
 // Round to nearest even, as the hardware's vcvtneps2bf16 does (NaN -> a quiet NaN).
 uint16_t f32_to_bf16(float f);

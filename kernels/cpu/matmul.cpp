@@ -6,6 +6,7 @@
 
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/allocator.h"
 #include "kernels/cpu/gemm_bf16.h"
 
 namespace tessera {
@@ -125,64 +126,66 @@ void linear_backward_typed(const Tensor& dx, const Tensor& dw, const Tensor& dbi
 namespace mixed {
 cpu::GemmOperand operand(const Tensor& t, int64_t ld, bool trans) { return {t.data, t.dtype, ld, trans}; }
 
-void gemm(const char* op, const GemmDims& d, double alpha, const Tensor& a, const Tensor& b, double beta, float* c) {
+void gemm(const Exec& ex, const char* op, const GemmDims& d, double alpha, const Tensor& a, const Tensor& b,
+          double beta, float* c) {
   cpu::gemm_bf16(op, d.m, d.n, d.k, static_cast<float>(alpha), operand(a, d.trans_a ? d.m : d.k, d.trans_a),
-                 operand(b, d.trans_b ? d.k : d.n, d.trans_b), static_cast<float>(beta), c, d.n);
+                 operand(b, d.trans_b ? d.k : d.n, d.trans_b), static_cast<float>(beta), c, d.n,
+                 cpu::Bf16Kernel::Auto, ex.workspace);
 }
 
-void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& bias, GemmDims d) {
+void linear_forward(const Exec& ex, const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& bias, GemmDims d) {
   d.trans_b = true;
   double beta = 0.0;
   if (bias.defined()) {
     broadcast_rows(y.ptr<float>(), bias.ptr<float>(), d.m, d.n);
     beta = 1.0;
   }
-  gemm("linear_forward", d, 1.0, x, w, beta, y.ptr<float>());
+  gemm(ex, "linear_forward", d, 1.0, x, w, beta, y.ptr<float>());
 }
 
-void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& dbias, const Tensor& dy, const Tensor& x,
+void linear_backward(const Exec& ex, const Tensor& dx, const Tensor& dw, const Tensor& dbias, const Tensor& dy, const Tensor& x,
                      const Tensor& w, const GemmDims& d) {
   const char* op = "linear_backward";
   const int64_t n = d.m, in = d.k, out = d.n;
   // dy feeds both GEMMs: rounded to bf16 once (the LM head's is N x V), not once per GEMM.
-  std::unique_ptr<uint16_t[]> dy_bf16(new uint16_t[static_cast<size_t>(dy.numel())]);
-  cpu::f32_to_bf16(dy_bf16.get(), dy.ptr<float>(), dy.numel());
-  const Tensor dyh(dy_bf16.get(), DType::BF16, dy.shape, dy.device);
-  if (dx.defined()) gemm(op, GemmDims{n, in, out, false, false}, 1.0, dyh, w, 0.0, dx.ptr<float>());
-  gemm(op, GemmDims{out, in, n, true, false}, 1.0, dyh, x, 1.0, dw.ptr<float>());
+  const Scratch dy_bf16(ex.workspace, static_cast<size_t>(dy.numel()) * sizeof(uint16_t));
+  cpu::f32_to_bf16(dy_bf16.as<uint16_t>(), dy.ptr<float>(), dy.numel());
+  const Tensor dyh(dy_bf16.as<uint16_t>(), DType::BF16, dy.shape, dy.device);
+  if (dx.defined()) gemm(ex, op, GemmDims{n, in, out, false, false}, 1.0, dyh, w, 0.0, dx.ptr<float>());
+  gemm(ex, op, GemmDims{out, in, n, true, false}, 1.0, dyh, x, 1.0, dw.ptr<float>());
   if (dbias.defined()) accumulate_column_sums(dbias.ptr<float>(), dy.ptr<float>(), n, out);
 }
 }  // namespace mixed
 
 }  // namespace
 
-void cpu::matmul(const Exec&, const Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
+void cpu::matmul(const Exec& ex, const Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
                  double alpha, double beta) {
   const char* op = "matmul";
   const GemmDims d{c.dim(0), c.dim(1), trans_a ? a.dim(0) : a.dim(1), trans_a, trans_b};
   if (a.dtype == DType::BF16 || b.dtype == DType::BF16)
-    mixed::gemm(op, d, alpha, a, b, beta, c.ptr<float>());
+    mixed::gemm(ex, op, d, alpha, a, b, beta, c.ptr<float>());
   else if (c.dtype == DType::F64)
     gemm(op, d, alpha, a.ptr<double>(), b.ptr<double>(), beta, c.ptr<double>());
   else
     gemm(op, d, alpha, a.ptr<float>(), b.ptr<float>(), beta, c.ptr<float>());
 }
 
-void cpu::linear_forward(const Exec&, const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& bias) {
+void cpu::linear_forward(const Exec& ex, const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& bias) {
   const GemmDims d = linear_dims(x, w);
   if (w.dtype == DType::BF16)
-    mixed::linear_forward(y, x, w, bias, d);
+    mixed::linear_forward(ex, y, x, w, bias, d);
   else if (x.dtype == DType::F64)
     linear_forward_typed<double>(y, x, w, bias, d);
   else
     linear_forward_typed<float>(y, x, w, bias, d);
 }
 
-void cpu::linear_backward(const Exec&, const Tensor& dx, const Tensor& dw, const Tensor& dbias, const Tensor& dy,
+void cpu::linear_backward(const Exec& ex, const Tensor& dx, const Tensor& dw, const Tensor& dbias, const Tensor& dy,
                           const Tensor& x, const Tensor& w) {
   const GemmDims d = linear_dims(x, w);
   if (w.dtype == DType::BF16)
-    mixed::linear_backward(dx, dw, dbias, dy, x, w, d);
+    mixed::linear_backward(ex, dx, dw, dbias, dy, x, w, d);
   else if (x.dtype == DType::F64)
     linear_backward_typed<double>(dx, dw, dbias, dy, x, w, d);
   else

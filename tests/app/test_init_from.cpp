@@ -20,48 +20,14 @@
 #include "error_testing.h"
 #include "layout_testing.h"
 #include "trainer_testing.h"
+#include "vlm_testing.h"
 
 namespace tessera {
 namespace {
 namespace fs = std::filesystem;
 
-// The VLM of tests/app/test_vlm_training.cpp: 8x8 scenes in 4x4 patches, vocabulary 15.
-constexpr const char* kTinyVlm = R"(
-[model]
-kind = "vlm"
-preset = "gpt2"
-n_layer = 1
-n_head = 2
-n_embd = 32
-
-[vision]
-image_size = 8
-patch_size = 4
-n_layer = 1
-n_head = 2
-n_embd = 16
-
-[data]
-task = "scenes"
-val_examples = 8
-
-[train]
-steps = 10
-global_batch = 8
-micro_batch = 4
-seq_len = 13
-eval_every = 0
-eval_batches = 1
-
-[optim]
-lr = 3e-3
-warmup_steps = 2
-
-[log]
-every = 1
-progress = "lines"
-peak_gflops = 100.0
-)";
+// The VLM of tests/app/vlm_testing.h, 10 steps.
+const std::string kTinyVlm = testing::tiny_vlm_toml(10, 2);
 
 // Its language model alone, trained on text (the addition task) at the VLM's vocabulary size.
 const std::vector<std::string> kTextGpt = {"model.kind=\"gpt\"", "data.task=\"addition\"", "model.vocab_size=15",

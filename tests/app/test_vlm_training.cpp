@@ -11,48 +11,14 @@
 #include "data/scenes.h"
 #include "error_testing.h"
 #include "layout_testing.h"
+#include "vlm_testing.h"
 
 namespace tessera {
 namespace {
 namespace fs = std::filesystem;
 
-// 8x8 scenes in 4x4 patches: 4 placeholders + up to 9 caption tokens.
-constexpr const char* kTinyVlm = R"(
-[model]
-kind = "vlm"
-preset = "gpt2"
-n_layer = 1
-n_head = 2
-n_embd = 32
-
-[vision]
-image_size = 8
-patch_size = 4
-n_layer = 1
-n_head = 2
-n_embd = 16
-
-[data]
-task = "scenes"
-val_examples = 8
-
-[train]
-steps = 30
-global_batch = 8
-micro_batch = 4
-seq_len = 13
-eval_every = 0
-eval_batches = 1
-
-[optim]
-lr = 3e-3
-warmup_steps = 5
-
-[log]
-every = 1
-progress = "lines"
-peak_gflops = 100.0
-)";
+// The VLM of tests/app/vlm_testing.h, 30 steps.
+const std::string kTinyVlm = testing::tiny_vlm_toml(30, 5);
 
 // 6 steps of the tiny VLM on one rank, then under each layout: the losses and every tensor of the
 // final checkpoint (vision.* and projector.* included) equal the 1-rank run's within 1e-5.

@@ -1,6 +1,8 @@
 // Tests kernels/allocator.h: per-category accounting, peaks, zero-fill and block reuse.
 #include "kernels/allocator.h"
 
+#include <cstring>
+
 #include "testing.h"
 
 namespace tessera {
@@ -46,6 +48,33 @@ TEST(Allocator, BufferMovesOwnership) {
   EXPECT_TRUE(b.defined());
   b.release();
   EXPECT_EQ(alloc.total_current(), 0u);
+}
+
+// Scratch (an op's short-lived buffer): from an allocator it is Workspace while it lives, comes back
+// to the cache at its end, and the next one of the same size gets the same block as it was (not
+// zero-filled: every byte is the op's to write); without an allocator it is heap memory.
+TEST(Allocator, ScratchIsCachedWorkspaceNotZeroFilled) {
+  Allocator alloc;
+  void* first = nullptr;
+  {
+    Scratch s(&alloc, 100);
+    first = s.as<void>();
+    EXPECT_EQ(alloc.counter(MemCategory::Workspace).current, 100u);
+    std::memset(s.as<unsigned char>(), 0xab, 100);
+  }
+  EXPECT_EQ(alloc.counter(MemCategory::Workspace).current, 0u);
+  EXPECT_EQ(alloc.counter(MemCategory::Workspace).peak, 100u);
+  {
+    Scratch again(&alloc, 100);
+    EXPECT_EQ(again.as<void>(), first);
+    EXPECT_EQ(again.as<unsigned char>()[99], 0xab);
+  }
+  Buffer zeroed(alloc, DType::F32, {25}, MemCategory::Activations);  // a Buffer is still zero-filled
+  EXPECT_EQ(zeroed.tensor().data, first);
+  EXPECT_EQ(static_cast<unsigned char*>(zeroed.tensor().data)[99], 0);
+  Scratch heap(nullptr, 100);
+  std::memset(heap.as<unsigned char>(), 1, 100);
+  EXPECT_EQ(alloc.counter(MemCategory::Workspace).current, 0u);
 }
 
 // A CUDA allocator where it cannot work says why: without the backend at construction; in a CUDA

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "error_testing.h"
+#include "kernels/matmul.h"
 
 namespace tessera::cpu {
 namespace {
@@ -188,6 +189,48 @@ TEST(GemmBf16, AutoPicksByCpuAndBuild) {
 TEST(GemmBf16, AskingForMissingInstructionsIsAnError) {
   if (cpu_has_avx512_bf16()) GTEST_SKIP() << "this CPU has AVX512_BF16";
   EXPECT_TRUE(testing::throws_with([] { resolve_bf16_kernel(Bf16Kernel::Avx512Bf16); }, {"without AVX512_BF16"}));
+}
+
+// A bf16 Linear (w a bf16 copy) with Exec::workspace set takes its rounded operands from that
+// allocator (Workspace while the op runs, none left after) and computes the same bits as with the
+// heap; the second call of the same shapes allocates nothing new.
+TEST(GemmBf16, LinearWithAWorkspaceEqualsTheHeapPath) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  const int64_t n = 37, in = 48, out = 80;
+  std::vector<float> x(n * in), dy(n * out);
+  std::vector<uint16_t> w(out * in);
+  for (float& v : x) v = nd(rng);
+  for (float& v : dy) v = nd(rng);
+  for (uint16_t& v : w) v = f32_to_bf16(nd(rng));
+  const Tensor xt(x.data(), DType::F32, {n, in}), dyt(dy.data(), DType::F32, {n, out});
+  const Tensor wt(w.data(), DType::BF16, {out, in});
+  struct Out { std::vector<float> y, dx, dw; };
+  auto run = [&](const Exec& ex) {
+    Out o{std::vector<float>(n * out), std::vector<float>(n * in), std::vector<float>(out * in, 0.5f)};
+    linear_forward(ex, Tensor(o.y.data(), DType::F32, {n, out}), xt, wt, Tensor());
+    linear_backward(ex, Tensor(o.dx.data(), DType::F32, {n, in}), Tensor(o.dw.data(), DType::F32, {out, in}),
+                    Tensor(), dyt, xt, wt);
+    return o;
+  };
+  const Out heap = run(Exec::cpu());
+  Allocator alloc;
+  const Exec ex{Device::cpu(), nullptr, &alloc};
+  const Out first = run(ex);
+  const size_t cached = alloc.cached_bytes();
+  const Out second = run(ex);
+  for (const Out* o : {&first, &second}) {
+    EXPECT_EQ(std::memcmp(o->y.data(), heap.y.data(), heap.y.size() * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(o->dx.data(), heap.dx.data(), heap.dx.size() * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(o->dw.data(), heap.dw.data(), heap.dw.size() * sizeof(float)), 0);
+  }
+  EXPECT_EQ(alloc.counter(MemCategory::Workspace).current, 0u);
+  if (resolve_bf16_kernel(Bf16Kernel::Auto) == Bf16Kernel::OneDnn) {
+    EXPECT_GE(alloc.counter(MemCategory::Workspace).peak, static_cast<size_t>(n * out * 2));  // dy in bf16
+  } else {
+    EXPECT_EQ(alloc.counter(MemCategory::Workspace).peak, static_cast<size_t>(n * out * 2));  // only dy's rounding
+  }
+  EXPECT_EQ(alloc.cached_bytes(), cached);  // the same shapes again: every block came from the cache
 }
 
 }  // namespace
