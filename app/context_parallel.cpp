@@ -28,6 +28,12 @@ Batch cp_share(const Batch& b, const ContextParallel& cp) {
         out.targets.push_back(b.targets[static_cast<size_t>(s * b.T + p)]);
         if (docs) out.doc_start.push_back(b.doc_start[static_cast<size_t>(s * b.T + p)]);
       }
+  // Every image of the batch, at its global start: the model writes the rows this rank holds.
+  out.image_shape = b.image_shape;
+  out.image_tokens = b.image_tokens;
+  out.images = b.images;
+  out.image_sample = b.image_sample;
+  out.image_start = b.image_start;
   return out;
 }
 

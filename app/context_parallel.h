@@ -16,7 +16,9 @@ namespace tessera {
 ContextParallel context_parallel_of(const ParallelConfig& p, const GridComms* comms);
 
 // The rows of b (B, T) that this cp rank holds, in the layout's order: a (B, L) batch,
-// L = T / cp (document starts, when b has them, taken along: global positions). cp = 1: b as it is.
+// L = T / cp (document starts, when b has them, taken along: global positions). Images (kind =
+// "vlm") are all kept, with their global start positions: every cp rank runs the encoder on each
+// and writes the rows it holds (model/gpt.h). cp = 1: b as it is.
 Batch cp_share(const Batch& b, const ContextParallel& cp);
 
 // The positions the model is told for share, this rank's cp_share of sequences of T: cp.layout(T),

@@ -233,7 +233,7 @@ namespace tessera {
 
 std::optional<AccuracyResult> caption_accuracy(const Exec& ex, const Gpt& model, Allocator& alloc,
                                                const SceneTask& task, int64_t examples, int64_t micro_batch,
-                                               const EvalGate& gate) {
+                                               const EvalGate& gate, const PipelineLink& link) {
   const ModelConfig& cfg = model.config();
   const SceneTokenizer& tok = task.tokenizer();
   // Sequence parallelism needs a length divisible by tp: the padding (end-of-text ids) comes after
@@ -260,20 +260,29 @@ std::optional<AccuracyResult> caption_accuracy(const Exec& ex, const Gpt& model,
       b.image_start.push_back(0);
       std::fill(b.tokens.begin() + i * T, b.tokens.begin() + i * T + P, tok.placeholder_id());
     }
-    const DeviceImages images = upload_images(ex, alloc, b, cfg, dt);
+    // The patches go to the rank whose chunks hold the embedding (the encoder's).
+    const std::vector<const Gpt*> chunks = chunks_of(model, link);
+    const bool encoder = std::any_of(chunks.begin(), chunks.end(), [](const Gpt* c) { return c->stage().embedding; });
+    const DeviceImages images = encoder ? upload_images(ex, alloc, b, cfg, dt) : DeviceImages{};
     std::vector<bool> done(static_cast<size_t>(B), false);
     for (int64_t k = 0; k < SceneTask::kMaxCaptionTokens; ++k) {
       if (gate && !gate("")) return std::nullopt;
-      Buffer ids = device_ids(ex, alloc, b.tokens, B, T);
-      GptCtx ctx;
-      model.forward(ex, ctx, alloc, ids, Tensor(), {}, images.get());
-      Buffer logits(alloc, dt, {B, V}, MemCategory::Workspace);
-      model.logits_at(ex, ctx, alloc, P - 1 + k, logits);
-      const std::vector<int32_t> next = argmax_rows(ex, logits);
+      // The stage with the head picks the next ids; under a pipeline they reach every stage as a
+      // sum over the pipeline group (as greedy_generate).
+      std::vector<double> next(static_cast<size_t>(B), 0.0);
+      pipeline_forward(ex, model, alloc, link, b.tokens, nullptr, B, T, SequenceLayout::contiguous(T),
+                       [&](const Gpt& head, GptCtx& ctx) {
+                         Buffer logits(alloc, dt, {B, V}, MemCategory::Workspace);
+                         head.logits_at(ex, ctx, alloc, P - 1 + k, logits);
+                         const std::vector<int32_t> best = argmax_rows(ex, logits);
+                         for (int64_t i = 0; i < B; ++i) next[static_cast<size_t>(i)] = best[static_cast<size_t>(i)];
+                       },
+                       images.get());
+      sum_over_group(next, link.pp);
       bool all = true;
       for (int64_t i = 0; i < B; ++i) {
         if (done[static_cast<size_t>(i)]) continue;
-        b.tokens[static_cast<size_t>(i * T + P + k)] = next[static_cast<size_t>(i)];
+        b.tokens[static_cast<size_t>(i * T + P + k)] = static_cast<int32_t>(next[static_cast<size_t>(i)]);
         done[static_cast<size_t>(i)] = next[static_cast<size_t>(i)] == tok.eos_id();
         all = all && done[static_cast<size_t>(i)];
       }

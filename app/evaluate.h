@@ -89,11 +89,13 @@ std::optional<AccuracyResult> addition_accuracy(const Exec& ex, const Gpt& model
                                                 const PipelineLink& link = {});
 
 // Exact match of greedily decoded captions of the first `examples` held-out scenes (a model of
-// kind "vlm"; the whole model, no pipeline), micro_batch scenes per forward; nothing when the gate
-// gave up. Decoding re-runs the full forward per token and stops at <eos> or the longest caption.
+// kind "vlm"), micro_batch scenes per forward; nothing when the gate gave up. Decoding re-runs the
+// full forward per token and stops at <eos> or the longest caption. Under a pipeline (link) every
+// stage runs its part of each forward (the images go to the chunk with the embedding) and every
+// stage returns the same result; under cp every rank decodes whole sequences.
 std::optional<AccuracyResult> caption_accuracy(const Exec& ex, const Gpt& model, Allocator& alloc,
                                                const SceneTask& task, int64_t examples, int64_t micro_batch,
-                                               const EvalGate& gate = {});
+                                               const EvalGate& gate = {}, const PipelineLink& link = {});
 
 // Exact match of greedily decoded captions on an image-text validation file (data.task =
 // "image_text"): its first `examples` samples that have an image, each prompted with its tokens up

@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "kernels/allocator.h"
+#include "data/scenes.h"
 #include "model/memory.h"
 #include "model/stage_cut.h"
 #include "parallel/mpi.h"
@@ -74,11 +75,13 @@ struct ChunkBytes {
   int64_t deferred = 0;
 };
 
-// m: the chunk's counts; split: the same under a split backward (ModelMemoryLayout::split_backward).
+// m: the chunk's counts; split: the same under a split backward (ModelMemoryLayout::split_backward);
+// patches: the bytes of a micro-batch's image patches (kind = "vlm"), uploaded for the chunk with
+// the embedding and kept until its backward.
 ChunkBytes chunk_bytes(const ModelMemory& m, const ModelMemory& split, const StageSpec& st, int64_t B, int64_t T,
-                       int64_t Tl, int64_t C) {
+                       int64_t Tl, int64_t C, int64_t patches) {
   const int64_t ids = mul(mul(mul(B, T), kIdBytes), (st.embedding ? 1 : 0) + (st.head ? 1 : 0));
-  const int64_t beside = add(ids, st.head ? ModelMemory::kLossSumsBytes : 0);
+  const int64_t beside = add(add(ids, st.head ? ModelMemory::kLossSumsBytes : 0), st.embedding ? patches : 0);
   ChunkBytes c{st, mul(mul(mul(B, Tl), C), kFloatBytes), add(mul(m.activations, kFloatBytes), beside),
                add(mul(m.forward_peak, kFloatBytes), beside), add(mul(m.backward_peak, kFloatBytes), beside)};
   c.split_backward = add(mul(split.backward_peak, kFloatBytes), beside);
@@ -215,16 +218,36 @@ int64_t logits_at_elements(const ModelConfig& mc, int64_t B, int64_t tp) {
 const char* kActivationKeys =
     "train.micro_batch, train.seq_len, model.recompute = \"selective\" or \"full\", model.recompute_layers, parallel.tp";
 
-// model.recompute and model.recompute_layers, as model_memory takes them.
+// model.recompute and model.recompute_layers, as model_memory takes them; vlm: every sequence
+// carries an image (the most a micro-batch holds).
 struct Policy {
   Recompute kind = Recompute::None;
   int64_t full_layers = 0;
+  bool vlm = false;
   // A pipeline chunk without the head: the trainer keeps its output, sent, past its backward.
   ModelMemoryLayout layout(int64_t B, int64_t T, int64_t tp, bool sp, const StageSpec& stage = {},
                            bool split_backward = false) const {
-    return {B, T, tp, sp, kind, stage, full_layers, !stage.head, split_backward};
+    return {B, T, tp, sp, kind, stage, full_layers, !stage.head, split_backward, vlm ? B : 0};
   }
 };
+
+// kind = "vlm": the patches (B, P, K) of a micro-batch of B images, uploaded through the allocator
+// (app/evaluate.h upload_images) for the forward and kept until its backward.
+int64_t patch_bytes(const ModelConfig& mc, int64_t B) {
+  if (!mc.is_vlm()) return 0;
+  return mul(mul(mul(B, mc.vision.num_patches()), mc.vision.patch_dim()), kFloatBytes);
+}
+
+// The scenes task's caption evaluation (app/evaluate.h caption_accuracy): micro_batch scenes per
+// forward without targets over P placeholders and the longest caption (padded to a multiple of tp
+// under sequence parallelism), the patches and ids uploaded, the last position's logits gathered.
+// Returns (B, T).
+std::pair<int64_t, int64_t> caption_batch(const Config& cfg, const ModelConfig& mc, int64_t tp, bool sp) {
+  const int64_t B = std::min(cfg.train.micro_batch, cfg.data.val_examples);
+  int64_t T = mc.vision.num_patches() + SceneTask::kMaxCaptionTokens;
+  if (sp) T = (T + tp - 1) / tp * tp;
+  return {B, T};
+}
 
 RankModel whole_model(const Config& cfg, const ModelConfig& mc, int64_t tp, bool sp, const Policy& policy) {
   const TrainConfig& t = cfg.train;
@@ -235,8 +258,9 @@ RankModel whole_model(const Config& cfg, const ModelConfig& mc, int64_t tp, bool
                      std::to_string(t.seq_len) + " tokens)",
                  // the model's peak, its loss sums, the step's sum of them, and the
                  // micro-batch's token and target ids uploaded through the allocator
-                 add(add(mul(step.training_peak, kFloatBytes), 2 * ModelMemory::kLossSumsBytes),
-                     mul(mul(2, mul(t.micro_batch, t.seq_len)), kIdBytes)),
+                 add(add(add(mul(step.training_peak, kFloatBytes), 2 * ModelMemory::kLossSumsBytes),
+                         mul(mul(2, mul(t.micro_batch, t.seq_len)), kIdBytes)),
+                     patch_bytes(mc, t.micro_batch)),
                  true, kActivationKeys};
   if (cfg.data.task == "addition") {
     const auto [B, T] = eval_batch(cfg, mc, tp, sp);
@@ -246,6 +270,15 @@ RankModel whole_model(const Config& cfg, const ModelConfig& mc, int64_t tp, bool
                            kFloatBytes),
                        mul(mul(B, T), kIdBytes));
     r.eval_what = "evaluation forward (" + std::to_string(B) + " problems x " + std::to_string(T) + " tokens)";
+  }
+  if (cfg.data.task == "scenes" && cfg.data.val_examples > 0) {
+    const auto [B, T] = caption_batch(cfg, mc, tp, sp);
+    const ModelMemory eval = model_memory(mc, policy.layout(B, T, tp, sp));
+    r.eval_bytes = add(add(mul(std::max(eval.inference_peak, add(eval.inference_kept, logits_at_elements(mc, B, tp))),
+                               kFloatBytes),
+                           mul(mul(B, T), kIdBytes)),
+                       patch_bytes(mc, B));
+    r.eval_what = "caption evaluation forward (" + std::to_string(B) + " scenes x " + std::to_string(T) + " tokens)";
   }
   return r;
 }
@@ -265,7 +298,7 @@ RankModel pipeline_rank(const Config& cfg, const ModelConfig& mc, const std::vec
     const ModelMemory mm = model_memory(mc, policy.layout(t.micro_batch, t.seq_len, tp, sp, c));
     const ModelMemory split = model_memory(mc, policy.layout(t.micro_batch, t.seq_len, tp, sp, c, true));
     r.parameters = add(r.parameters, mm.parameters);
-    bytes.push_back(chunk_bytes(mm, split, c, t.micro_batch, t.seq_len, Tl, mc.n_embd));
+    bytes.push_back(chunk_bytes(mm, split, c, t.micro_batch, t.seq_len, Tl, mc.n_embd, patch_bytes(mc, t.micro_batch)));
   }
   r.what = "pipeline stage " + std::to_string(rank) + " of " + std::to_string(p.pp) + ": " + describe_chunks(chunks);
   const InFlight peak = pipeline_peak(bytes, p, m, rank);
@@ -364,7 +397,7 @@ MemoryEstimate estimate_training_memory(const Config& cfg, int64_t data_vocab_si
   const ModelConfig mc = resolve(to_model_config(cfg, data_vocab_size));
   const int64_t tp = layout.tp;
   const bool sp = cfg.parallel.sequence_parallel && tp > 1;
-  const Policy policy{recompute_kind(cfg.model.recompute), cfg.model.recompute_layers};
+  const Policy policy{recompute_kind(cfg.model.recompute), cfg.model.recompute_layers, mc.is_vlm()};
   const ParallelConfig& p = cfg.parallel;
   // Context parallelism: a cp rank holds seq_len / cp positions of every sequence, so each
   // activation of the model (and the evaluation's) is that of the shorter sequence; parameters,

@@ -591,6 +591,7 @@ void Trainer::run_pipeline(const std::vector<Batch>& batches, double loss_scale,
   const int64_t T_local = sp ? seq.length() / grid_.tp_size() : seq.length();
   struct InFlight {
     Buffer tokens, targets;  // ids on the model's device: tokens for the embedding, targets for the head
+    DeviceImages images;     // model.kind = "vlm", the chunk with the embedding: the patches, kept until its backward
     Buffer input;            // the received activations (B, T_local, C) of a chunk without the embedding
     Buffer grad;             // received output gradient (and, written in place, the input gradient sent)
     Tensor output;           // the forward's output, owned by ctx until its backward
@@ -615,10 +616,11 @@ void Trainer::run_pipeline(const std::vector<Batch>& batches, double loss_scale,
     const StageSpec& stage = chunk(c).stage();
     InFlight& f = in_flight[{m, c}];
     if (stage.embedding) f.tokens = ids(b.tokens, b);
+    if (stage.embedding && b.num_images() > 0) f.images = upload_images(ex_, alloc_, b, chunk(c).config(), chunk(c).dtype());
     if (stage.head) f.targets = ids(b.targets, b);
     // A chunk without the embedding gets activations, not ids: it is told the positions they hold.
     f.output = chunk(c).forward(ex_, f.ctx, alloc_, stage.embedding ? f.tokens.tensor() : f.input.tensor(),
-                                stage.head ? f.targets.tensor() : Tensor(), share_layout(b, cp_, T));
+                                stage.head ? f.targets.tensor() : Tensor(), share_layout(b, cp_, T), f.images.get());
     if (stage.head) accumulate(ex_, step_sums, f.ctx.loss_sums);
   };
   run.backward = [&](const BackwardCall& call) {
@@ -839,7 +841,8 @@ bool Trainer::evaluate(int64_t s, TrainSummary& summary) {
     record.add("val_accuracy", acc->accuracy());
   }
   if (data_.scenes) {
-    acc = caption_accuracy(ex_, *model_, alloc_, *data_.scenes, cfg_.data.val_examples, cfg_.train.micro_batch, gate);
+    acc = caption_accuracy(ex_, *model_, alloc_, *data_.scenes, cfg_.data.val_examples, cfg_.train.micro_batch, gate,
+                           link);
     if (!acc) return false;
     os.precision(1);
     os << ", caption accuracy " << 100.0 * acc->accuracy() << "% (" << acc->correct << "/" << acc->total << ")";
@@ -1096,13 +1099,9 @@ void check_supported(const Config& cfg) {
   grid_degrees(p);
   TESSERA_CHECK(p.zero == 0 || p.zero == 1, "parallel.zero = ", p.zero,
                 " is not supported: 0 (replicated optimizer state) or 1 (ZeRO-1, sharded over dp)");
-  if (cfg.model.kind == "vlm") {
-    // The vision tower runs on the stage with the embedding, its blocks split over tp (plain tp,
-    // also under sequence parallelism: each rank writes the image rows it holds);
-    // the trainer passes images through the one-stage path only (docs/multimodal.md, "Not yet").
-    TESSERA_CHECK(p.cp == 1 && p.pp == 1, "model.kind = \"vlm\" trains under data and tensor parallelism only "
-                  "for now; set parallel.cp = 1 and parallel.pp = 1 (got ", p.cp, ", ", p.pp, ")");
-  }
+  // model.kind = "vlm" trains on every layout: the vision tower runs on the stage with the
+  // embedding (under pp chunk 0 of the first stage), its blocks split over tp; under sequence and
+  // context parallelism each rank writes the image rows it holds (docs/multimodal.md).
 }
 
 namespace {

@@ -93,7 +93,22 @@ double flops_per_token(const ModelConfig& cfg, int64_t seq_len) {
   // not halved for the causal mask, as in the PaLM/Megatron convention).
   double attention = cfg.n_layer * 2.0 * static_cast<double>(seq_len) * C;
   double forward = 2.0 * matmul_params + 2.0 * attention;
-  return 3.0 * forward;  // backward costs twice the forward
+  // backward costs twice the forward
+  return 3.0 * forward + vision_flops_per_image(cfg) / static_cast<double>(seq_len);
+}
+
+double vision_flops_per_image(const ModelConfig& cfg) {
+  if (!cfg.is_vlm()) return 0.0;
+  const ModelConfig v = vision_block_config(cfg);
+  const double P = static_cast<double>(cfg.vision.num_patches()), K = static_cast<double>(cfg.vision.patch_dim());
+  const double W = static_cast<double>(v.n_embd), F = static_cast<double>(v.ffn_hidden);
+  const double C = static_cast<double>(cfg.n_embd), Lv = static_cast<double>(v.n_layer);
+  // Per patch: the patch embedding, each block's q, k, v, proj and MLP (gpt2 blocks), the projector.
+  const double patch = K * W, blocks = Lv * (4.0 * W * W + 2.0 * W * F), projector = W * C + C * C;
+  // Bidirectional attention over the image's P patches: q k^T and p v, the full P x P square.
+  const double attention = Lv * 2.0 * P * P * W;
+  const double forward = 2.0 * P * (patch + blocks + projector) + 2.0 * attention;
+  return 3.0 * forward - 2.0 * P * patch;  // no gradient for the patches themselves
 }
 
 }  // namespace tessera

@@ -69,6 +69,14 @@ ModelConfig resolve(ModelConfig cfg);
 ModelConfig vision_block_config(const ModelConfig& cfg);
 
 // Matmul FLOPs per trained token (forward + backward = 3x forward), for MFU. See docs/architecture.md.
+// kind = "vlm": plus one image's vision_flops_per_image spread over the seq_len tokens of its
+// sequence (one image per sequence, as LLaVA-style samples and the scenes task have; text-only
+// samples, which skip the encoder, are counted as if they had one).
 double flops_per_token(const ModelConfig& cfg, int64_t seq_len);
+
+// Matmul FLOPs of one image's trip through the vision tower and projector, forward and backward:
+// 3x the forward, less the patch embedding's input gradient (the patches are data, never
+// differentiated). 0 for kind = "gpt".
+double vision_flops_per_image(const ModelConfig& cfg);
 
 }  // namespace tessera

@@ -429,9 +429,6 @@ Gpt::Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> reco
     make();
     return IdRange{first, ps.size()};
   };
-  if (cfg_.is_vlm()) {
-    TESSERA_CHECK(!cp.active(), "model.kind = \"vlm\" under context parallelism is not built yet; set parallel.cp = 1");
-  }
   // The vision tower (kind = "vlm") goes with the embedding; its ids come first.
   vision_ids_ = registered([&] {
     if (cfg_.is_vlm() && stage_.embedding) vision_ = std::make_shared<VisionTower>(ps, cfg_, tp_);
@@ -554,13 +551,19 @@ void Gpt::loss_forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tens
   cross_entropy_combine(ex, ctx.losses, ctx.lse, lse_parts, target_logit, flat_targets);
 }
 
-Gpt::ImageRows Gpt::image_rows(int64_t start, int64_t P, int64_t Tl) const {
-  // This rank's rows [first, first + Tl) of each sequence (all of them without sequence
-  // parallelism; rank r's r-th part under it, tensor_parallel.h).
-  const int64_t first = tp_.sequence_sharded() ? tp_.rank() * Tl : 0;
-  const int64_t lo = std::max(start, first), hi = std::min(start + P, first + Tl);
-  if (lo >= hi) return {};
-  return {lo - first, lo - start, hi - lo};
+std::vector<Gpt::ImageRows> Gpt::image_rows(const SequenceLayout& seq, int64_t start, int64_t P) const {
+  // This rank's rows of each sequence: the chunks of the tp group's positions (all of [0, T), or
+  // under cp this cp rank's load-balanced chunks) and, under sequence parallelism, its part of
+  // them (tensor_parallel.h shard_sequence), in local row order.
+  std::vector<ImageRows> runs;
+  int64_t local = 0;
+  const SequenceLayout mine = tp_.shard_sequence(seq);  // kept: the loop reads its chunks
+  for (const SequenceChunk& c : mine.chunks()) {
+    const int64_t lo = std::max(start, c.start), hi = std::min(start + P, c.end());
+    if (lo < hi) runs.push_back({local + lo - c.start, lo - start, hi - lo});
+    local += c.length;
+  }
+  return runs;
 }
 
 void Gpt::images_forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const ImageInput& images) const {
@@ -576,21 +579,23 @@ void Gpt::images_forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Im
                   ")");
     TESSERA_CHECK(!taken[static_cast<size_t>(b)], "Gpt::forward: sample ", b, " has more than one image");
     taken[static_cast<size_t>(b)] = true;
-    TESSERA_CHECK(t0 >= 0 && t0 + P <= T, "Gpt::forward: image ", i, "'s ", P, " placeholder positions from ", t0,
-                  " do not fit the sequence of ", T);
+    // Start positions are global: under cp this rank's chunks hold only some of the sequence.
+    const int64_t end = whole_sequence(ctx.seq) ? T : cfg_.max_seq_len;
+    TESSERA_CHECK(t0 >= 0 && t0 + P <= end, "Gpt::forward: image ", i, "'s ", P, " placeholder positions from ", t0,
+                  " do not fit the sequence of ", end);
   }
-  // Every tp rank runs the whole encoder (its blocks split over tp) and gets every image's rows.
+  // Every tp and cp rank runs the whole encoder (its blocks split over tp) on every image of its
+  // samples, and writes the image rows it holds.
   ctx.vision = std::make_shared<VisionCtx>();
   vision_->forward(ex, *ctx.vision, alloc, images.patches);
   const Tensor out = ctx.vision->out.tensor().view({N * P, C});
   const int64_t Tl = ctx.resid[0].tensor().dim(1);
   const Tensor x0 = ctx.resid[0].tensor().view({B * Tl, C});
-  for (int64_t i = 0; i < N; ++i) {
-    const ImageRows r = image_rows(images.start[i], P, Tl);
-    if (r.count == 0) continue;
-    const int64_t row = images.sample[i] * Tl + r.local, src = i * P + r.patch;
-    copy(ex, x0.slice_rows(row, row + r.count), out.slice_rows(src, src + r.count));
-  }
+  for (int64_t i = 0; i < N; ++i)
+    for (const ImageRows& r : image_rows(ctx.seq, images.start[i], P)) {
+      const int64_t row = images.sample[i] * Tl + r.local, src = i * P + r.patch;
+      copy(ex, x0.slice_rows(row, row + r.count), out.slice_rows(src, src + r.count));
+    }
   ctx.image_sample = images.sample;
   ctx.image_start = images.start;
 }
@@ -599,18 +604,21 @@ void Gpt::images_backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const T
   const int64_t N = static_cast<int64_t>(ctx.image_sample.size()), P = vision_->num_patches();
   const int64_t C = cfg_.n_embd;
   Buffer dout = workspace(alloc, ps_->dtype(), {N, P, C});
-  // Under sequence parallelism each rank holds some of the image rows' gradient: the rest are
-  // zero here, and the sum over tp gives every rank the whole (N, P, C) the encoder needs.
-  if (tp_.sequence_sharded()) fill_zero(ex, dout);
+  // Each rank copies out the gradient of the image rows it holds; the rest are zero here. Under
+  // sequence parallelism the sum over tp gives every rank of the tp group the whole gradient of its
+  // rows, which the encoder's tp-split backward needs on every tp rank. Under context parallelism
+  // it is not summed: each cp rank's encoder backward gives the parameter gradients from its own
+  // rows, and the gradient reduction over dp x cp (a sum, as for every parameter: the loss scale
+  // is 1 / the targets of the whole dp x cp batch) adds the cp ranks' parts into the whole.
+  fill_zero(ex, dout);
   const int64_t Tl = dres.dim(1);
   const Tensor d = dres.view({ctx.B * Tl, C}), dflat = dout.tensor().view({N * P, C});
-  for (int64_t i = 0; i < N; ++i) {
-    const ImageRows r = image_rows(ctx.image_start[static_cast<size_t>(i)], P, Tl);
-    if (r.count == 0) continue;
-    const int64_t row = ctx.image_sample[static_cast<size_t>(i)] * Tl + r.local, src = i * P + r.patch;
-    copy(ex, dflat.slice_rows(src, src + r.count), d.slice_rows(row, row + r.count));
-    fill_zero(ex, d.slice_rows(row, row + r.count));
-  }
+  for (int64_t i = 0; i < N; ++i)
+    for (const ImageRows& r : image_rows(ctx.seq, ctx.image_start[static_cast<size_t>(i)], P)) {
+      const int64_t row = ctx.image_sample[static_cast<size_t>(i)] * Tl + r.local, src = i * P + r.patch;
+      copy(ex, dflat.slice_rows(src, src + r.count), d.slice_rows(row, row + r.count));
+      fill_zero(ex, d.slice_rows(row, row + r.count));
+    }
   if (tp_.sequence_sharded()) all_reduce_tp(tp_, dout);
   vision_->backward(ex, *ctx.vision, alloc, dout);
 }

@@ -210,7 +210,8 @@ struct VisionCtx;
 // A micro-batch's images for a vision-language model (model.kind = "vlm"): patches (N, P, K) in
 // the model's dtype on its device (data/image_text.h patchify), and for image i the sample
 // sample[i] of the batch whose placeholder tokens start at position start[i] (host numbers; its P
-// placeholders are the positions [start[i], start[i] + P)). Samples with no image are text only.
+// placeholders are the global positions [start[i], start[i] + P), of which a rank under context or
+// sequence parallelism holds some or none). Samples with no image are text only.
 struct ImageInput {
   Tensor patches;
   std::vector<int64_t> sample, start;
@@ -348,12 +349,14 @@ class Gpt {
   // Its backward: the placeholder rows of dres (B, T, C) go to the vision tower, and are zeroed so
   // that the embedding's backward gives their token and position rows nothing.
   void images_backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& dres) const;
-  // The rows of an image at sequence rows [start, start + P) that this tp rank holds: `count`
-  // rows from local row `local` of its (B, Tl, C) stream, patches from `patch` (count 0: none).
+  // The rows of an image at global positions [start, start + P) that this rank holds under seq
+  // (the tp group's positions: under cp its chunks) and, under sequence parallelism, its tp part:
+  // runs of `count` rows from local row `local` of its (B, Tl, C) stream, patches from `patch`
+  // (none: the image lies elsewhere; under cp it may fall in both of a rank's chunks).
   struct ImageRows {
     int64_t local = 0, patch = 0, count = 0;
   };
-  ImageRows image_rows(int64_t start, int64_t P, int64_t Tl) const;
+  std::vector<ImageRows> image_rows(const SequenceLayout& seq, int64_t start, int64_t P) const;
   // Where the residual stream's gradient (B, T_local, C) is kept during backward: dx (a stage
   // without the embedding: its final value is the input gradient), else a workspace in storage.
   Tensor residual_grad(const GptCtx& ctx, Allocator& alloc, Buffer& storage, const Tensor& dx) const;

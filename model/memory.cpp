@@ -182,6 +182,60 @@ Deferred deferred_copies(const Dims& d) {
   return {rows * (attention + mlp), rows * (d.C + d.Vl)};
 }
 
+// The vision tower (kind = "vlm", model/vision.cpp) on the stage with the embedding, for n images of
+// P patches: NPW = (n, P, W) and NPC = (n, P, C). Its blocks are gpt2 blocks over (n, P, W) under
+// plain tp (never sequence parallel) with no recomputation.
+struct VisionCost {
+  N parameters;
+  N kept;      // what its forward keeps until the backward: resid (Lv + 1) NPW, the blocks' contexts,
+               // ln_f, the projector's h, act and out (3 NPC)
+  N forward;   // its forward at its highest (what it keeps included)
+  N backward;  // its backward at its highest beside nothing else (what its forward kept included)
+};
+
+VisionCost vision_cost(const ModelConfig& c, const ModelMemoryLayout& lay, int64_t images) {
+  const ModelConfig vc = vision_block_config(c);
+  // As the VisionTower's own checks word them.
+  TESSERA_CHECK(vc.n_head % lay.tp == 0, "vision.n_head = ", vc.n_head, " is not divisible by parallel.tp = ", lay.tp);
+  TESSERA_CHECK(vc.ffn_hidden % lay.tp == 0, "vision.ffn_hidden = ", vc.ffn_hidden,
+                " is not divisible by parallel.tp = ", lay.tp);
+  ModelMemoryLayout vl;
+  vl.batch = std::max<int64_t>(images, 1);
+  vl.seq_len = c.vision.num_patches();
+  vl.tp = lay.tp;
+  const Dims dv = dims_of(vc, vl);
+  const N one{1};
+  const N W = dv.C, C{c.n_embd}, K{c.vision.patch_dim()}, P{c.vision.num_patches()};
+  VisionCost v;
+  v.parameters = parameters(vc, dv, StageSpec{0, vc.n_layer, false, false}) /* blocks */ + (K * W + W) /* patch */ +
+                 P * W /* pos */ + N{2} * W /* ln_f */ + (W * C + C) /* fc1 */ + (C * C + C) /* fc2 */;
+  if (images == 0) return v;  // text only: the tower does not run
+  const Acts a = activations(dv);
+  const BlockWork w = block_workspace(dv);
+  const N Lv = dv.L, NPW = dv.B * dv.T * W, NPC = dv.B * dv.T * C;
+  // Forward: the residual stream, then each block (its context and temporaries), ln_f, fc1, GELU, fc2.
+  const N resid = (Lv + one) * NPW;
+  N kept = resid, forward = resid;
+  for (int64_t l = 0; l < Lv.v; ++l) {
+    forward = max(forward, kept + a.block + w.forward);
+    kept = kept + a.block;
+  }
+  kept = kept + a.norm + N{3} * NPC;
+  v.kept = kept;
+  v.forward = max(forward, kept);
+  // Backward: dout (the image rows' gradient) beside d(act) and d(ln) at fc1's backward; then d(ln)
+  // and the stream's gradient dres at ln_f's; then each block from the last beside dres, its
+  // context and output released after it.
+  N backward = max(kept + NPC + NPC + NPW, kept + NPC + NPW + NPW);
+  N live = kept;
+  for (int64_t l = Lv.v - 1; l >= 0; --l) {
+    backward = max(backward, live + NPC + NPW + w.backward);
+    live = N{live.v - a.block.v - NPW.v};
+  }
+  v.backward = backward;
+  return v;
+}
+
 }  // namespace
 
 ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
@@ -199,17 +253,24 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
   // The stage's residual stream: its blocks' outputs and, with the embedding, the embedding's
   // (without it, the first block reads the caller's input), all allocated before the first block.
   const N resid = (N{L} + N{st.embedding ? 1 : 0}) * Xl;
+  // kind = "vlm": the vision tower runs after the embedding (the residual stream allocated) and
+  // keeps its context until the embedding's backward.
+  TESSERA_CHECK(lay.images >= 0 && lay.images <= lay.batch, "model_memory: ", lay.images, " images for ", lay.batch,
+                " sequences (at most one each)");
+  const bool vlm = c.is_vlm() && st.embedding;
+  const VisionCost vis = vlm ? vision_cost(c, lay, lay.images) : VisionCost{};
+  const N base = resid + vis.kept;
   // Forward: every block allocates its whole context and its temporaries (a recomputing one then
   // drops what it does not keep), beside the residual stream and the earlier blocks' contexts.
-  N kept_blocks{}, blocks_forward{};
+  N kept_blocks{}, blocks_forward = resid + vis.forward;
   for (const BlockCost& b : blocks) {
-    blocks_forward = max(blocks_forward, resid + kept_blocks + a.block + w.forward);
+    blocks_forward = max(blocks_forward, base + kept_blocks + a.block + w.forward);
     kept_blocks = kept_blocks + b.kept;
   }
   const N head_acts = st.head ? a.head + a.loss : N{};
-  const N acts = resid + kept_blocks + head_acts;
+  const N acts = base + kept_blocks + head_acts;
   ModelMemory m;
-  m.parameters = parameters(c, d, st).v;
+  m.parameters = (parameters(c, d, st) + vis.parameters).v;
   m.activations = acts.v;
   // Then the loss (vocabulary-parallel: each rank's lse and target logit, and all ranks' lse).
   const N R{lay.tp};
@@ -235,13 +296,15 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
     // Its context and output (Gpt::backward releases both); its copies stay.
     live = N{live.v - b.kept.v - (output_kept ? 0 : Xl.v)} + block_copies;
   }
+  // The images' backward (Gpt::images_backward): the vision tower's, beside dres and what is left.
+  if (vlm && lay.images > 0) backward = max(backward, N{live.v - vis.kept.v} + dres + vis.backward);
   m.weight_grads = (head_copies + N{L} * block_copies).v;
   m.forward_peak = forward.v;
   m.backward_peak = backward.v;
   m.training_peak = max(forward, backward).v;
   // Without targets: no losses; the blocks as in training, then the head's kept tensors (the
   // block temporaries are gone before the head allocates).
-  const N blocks_done = resid + kept_blocks;
+  const N blocks_done = base + kept_blocks;
   const N head_kept = st.head ? a.head : N{};
   m.inference_peak = max(blocks_forward, blocks_done + head_kept).v;
   m.inference_kept = (blocks_done + head_kept).v;
@@ -254,7 +317,8 @@ ActivationParts activation_parts(const ModelConfig& cfg, const ModelMemoryLayout
   const Acts a = activations(d);
   const BlockWork w = block_workspace(d);
   const N Xl = d.B * d.Tl * d.C;
-  return {Xl.v, (block_cost(lay.recompute, a, w, Xl).kept + Xl).v, (a.head + a.loss).v};
+  const VisionCost vis = c.is_vlm() ? vision_cost(c, lay, lay.images) : VisionCost{};
+  return {Xl.v, (block_cost(lay.recompute, a, w, Xl).kept + Xl).v, (a.head + a.loss).v, vis.kept.v};
 }
 
 }  // namespace tessera

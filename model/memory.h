@@ -46,6 +46,12 @@ struct ModelMemoryLayout {
   // keeps copies of every Linear's input and output gradient for the micro-batch's W
   // (model/weight_grads.h); they stay allocated after B, in place of the context B released.
   bool split_backward = false;
+  // kind = "vlm", a stage with the embedding: the images of the micro-batch (at most one per
+  // sequence, so at most `batch`; the estimate of a run takes `batch`). The vision tower's
+  // parameters are counted whatever this is; its activations and temporaries for these images
+  // (the encoder keeps everything: model.recompute applies to the language model's blocks). The
+  // patches (images, P, K) are the caller's (app/memory_check.cpp counts them).
+  int64_t images = 0;
 };
 
 // Element counts (of the parameter dtype) on one rank.
@@ -76,6 +82,7 @@ struct ActivationParts {
   int64_t block = 0;      // one block's context under layout.recompute (none under full recomputation)
                           // and its output (B, T_local, C)
   int64_t head = 0;       // final norm, (sequence parallel: its gathered output,) logits, losses and lse
+  int64_t vision = 0;     // kind = "vlm": the vision tower's context for layout.images images
 };
 ActivationParts activation_parts(const ModelConfig& cfg, const ModelMemoryLayout& layout);
 

@@ -37,7 +37,7 @@ std::vector<StageSpec> specs_of(const std::vector<int64_t>& blocks, int64_t n_la
 std::vector<int64_t> balanced_blocks(const LayerCosts& costs, int64_t n_layer, int64_t chunks) {
   const double block = costs.weight(costs.block);
   std::vector<double> base(static_cast<size_t>(chunks), 0.0);
-  base.front() += costs.weight(costs.embedding);
+  base.front() += costs.weight(costs.embedding) + costs.weight(costs.vision);
   base.back() += costs.weight(costs.head);
   std::vector<int64_t> blocks(static_cast<size_t>(chunks), 1);
   using Next = std::pair<double, int64_t>;  // (weight after one more block, chunk)
@@ -75,7 +75,7 @@ double LayerCosts::weight(const PartCost& p) const {
 }
 
 double LayerCosts::weight(const StageSpec& chunk) const {
-  return static_cast<double>(chunk.layers()) * weight(block) + (chunk.embedding ? weight(embedding) : 0.0) +
+  return static_cast<double>(chunk.layers()) * weight(block) + (chunk.embedding ? weight(embedding) + weight(vision) : 0.0) +
          (chunk.head ? weight(head) : 0.0);
 }
 
@@ -93,6 +93,12 @@ LayerCosts layer_costs(const ModelConfig& cfg, int64_t seq_len) {
   costs.embedding = {0.0, kFloatBytes * static_cast<double>(acts.embedding)};
   costs.block = {3.0 * block_forward, kFloatBytes * static_cast<double>(acts.block)};
   costs.head = {3.0 * head_forward, kFloatBytes * static_cast<double>(acts.head)};
+  if (c.is_vlm()) {
+    ModelMemoryLayout one_image{1, seq_len, 1, false};
+    one_image.images = 1;
+    costs.vision = {vision_flops_per_image(c),
+                    kFloatBytes * static_cast<double>(activation_parts(c, one_image).vision)};
+  }
   return costs;
 }
 

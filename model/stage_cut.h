@@ -23,11 +23,16 @@ struct LayerCosts {
   PartCost embedding;  // token (and learned position) embedding: no matmul, one (T, C) output
   PartCost block;      // one transformer block
   PartCost head;       // final norm, LM head and loss: the LM head's matmul and the (T, V) logits
+  // kind = "vlm": the vision tower and projector, on the chunk with the embedding, for the
+  // sequence's one image (vision_flops_per_image; its context as model_memory counts it). Zero for
+  // kind = "gpt".
+  PartCost vision;
   // A part's weight in blocks: the mean of its FLOPs and its activation bytes, each relative to a
   // block's, so a block weighs 1; at T = 1024 GPT-2 124M's head weighs 4.3 blocks and its embedding
   // 0.03 (printed by tests/model/test_stage_cut.cpp).
   double weight(const PartCost& p) const;
-  // A chunk's weight: its blocks, plus the embedding and the head where it holds them.
+  // A chunk's weight: its blocks, plus the embedding (and the vision tower) and the head where it
+  // holds them.
   double weight(const StageSpec& chunk) const;
 };
 

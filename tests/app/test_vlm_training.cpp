@@ -25,12 +25,26 @@ const std::string kTinyVlm = testing::tiny_vlm_toml(30, 5);
 // 2x2 patches (16 placeholders, then up to 9 caption tokens) in train.seq_len = 26: under
 // sequence parallelism over tp = 2 each rank holds 13 positions, so an image's rows straddle the
 // two ranks (13 on rank 0, 3 on rank 1).
+// seq_len 28 (context parallelism needs a multiple of 2 cp): under cp 2 rank 0 holds positions
+// [0, 7) and [21, 28), rank 1 [7, 21), so an image at [0, 16) falls on both.
+// base: settings of both runs (pipeline stages need model.n_layer >= pp). kQuietKeyBias: the
+// attention key biases' exact gradient is zero (a key bias adds the same q.b to every score of a
+// query), so theirs is rounding noise (about 1e-9), which AdamW with eps 1e-8 turns into lr-sized
+// steps of random sign, different on each layout: measured 1.1-1.2e-5 of the largest parameter
+// apart under cp 2 x tp 2 + sp and dp 2 x cp 2 after 6 steps, every other tensor within 1e-5.
+// optim.eps = 1e-6 in both runs leaves the real gradients' steps as they are and the noise's at
+// 1e-3 of lr.
+const std::vector<std::string> kQuietKeyBias = {"--set", "optim.eps=1e-6"};
+
 void expect_layouts_equal_one_rank(const std::string& name, int ranks,
-                                   const std::vector<std::pair<std::string, std::vector<std::string>>>& layouts) {
+                                   const std::vector<std::pair<std::string, std::vector<std::string>>>& layouts,
+                                   int64_t seq_len = 26, const std::vector<std::string>& base = {}) {
   const fs::path dir = testing::temp_dir(name);
   std::ofstream(dir / "tiny-vlm.toml") << kTinyVlm;
-  const std::vector<std::string> settings = {"--set", "train.steps=6", "--set", "train.micro_batch=2", "--set",
-                                             "vision.patch_size=2", "--set", "train.seq_len=26"};
+  const std::vector<std::string> settings = testing::with(
+      {"--set", "train.steps=6", "--set", "train.micro_batch=2", "--set", "vision.patch_size=2", "--set",
+       "train.seq_len=" + std::to_string(seq_len)},
+      base);
   auto r = testing::train_run(dir, "tiny-vlm.toml", "one", 1, settings);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto want = testing::losses(dir / "one" / "metrics.jsonl");
@@ -41,6 +55,44 @@ void expect_layouts_equal_one_rank(const std::string& name, int ranks,
     testing::expect_losses_near(testing::losses(dir / layout / "metrics.jsonl"), want, 1e-5, layout);
     testing::expect_checkpoints_near(dir / layout / "checkpoints" / "step_00000006.h5",
                                      dir / "one" / "checkpoints" / "step_00000006.h5", 1e-5, layout);
+  }
+  fs::remove_all(dir);
+}
+
+// A checkpoint of the tiny VLM (2x2 patches, seq_len 26) written after 6 of 8 steps under one layout
+// continues under another: the last two losses and every tensor of the step-8 checkpoint (vision.*
+// and projector.* with their AdamW moments) equal the uninterrupted 1-rank run's within 1e-5.
+struct Hop {
+  std::string name;
+  int ranks_before;
+  std::vector<std::string> before;
+  int ranks_after;
+  std::vector<std::string> after;
+};
+
+void expect_resumes_across_layouts(const std::string& name, const std::vector<Hop>& hops,
+                                   const std::vector<std::string>& base = {"--set", "train.seq_len=26"}) {
+  const fs::path dir = testing::temp_dir(name);
+  std::ofstream(dir / "tiny-vlm.toml") << kTinyVlm;
+  const std::vector<std::string> settings = testing::with(
+      {"--set", "train.steps=8", "--set", "train.micro_batch=2", "--set", "vision.patch_size=2"}, base);
+  auto r = testing::train_run(dir, "tiny-vlm.toml", "one", 1, settings);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto want = testing::losses(dir / "one" / "metrics.jsonl");
+  ASSERT_EQ(want.size(), 8u);
+  const std::vector<double> last_two(want.end() - 2, want.end());
+  for (const Hop& h : hops) {
+    r = testing::train_run(dir, "tiny-vlm.toml", h.name, h.ranks_before,
+                           testing::with(settings, testing::with(h.before, {"--set", "train.exit_after_steps=6"})));
+    ASSERT_EQ(r.exit_code, 0) << h.name << ": " << r.output;
+    r = testing::train_run(dir, "tiny-vlm.toml", h.name, h.ranks_after, testing::with(settings, h.after));
+    ASSERT_EQ(r.exit_code, 0) << h.name << ": " << r.output;
+    EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
+    const auto got = testing::losses(dir / h.name / "metrics.jsonl");
+    ASSERT_EQ(got.size(), 8u) << h.name;
+    testing::expect_losses_near(std::vector<double>(got.end() - 2, got.end()), last_two, 1e-5, h.name);
+    testing::expect_checkpoints_near(dir / h.name / "checkpoints" / "step_00000008.h5",
+                                     dir / "one" / "checkpoints" / "step_00000008.h5", 1e-5, h.name);
   }
   fs::remove_all(dir);
 }
@@ -61,9 +113,8 @@ TEST(VlmTraining, LearnsOnOneRank) {
 }
 
 TEST(VlmTraining, RefusesWhatIsNotBuilt) {
-  EXPECT_TRUE(testing::throws_with(
-      [&] { check_supported(parse_config_string(kTinyVlm, "tiny-vlm.toml", {"parallel.cp=2"})); },
-      {"model.kind = \"vlm\" trains under data and tensor parallelism only", "parallel.cp = 1"}));
+  check_supported(parse_config_string(kTinyVlm, "tiny-vlm.toml", {"parallel.pp=2", "model.n_layer=2"}));
+  check_supported(parse_config_string(kTinyVlm, "tiny-vlm.toml", {"parallel.cp=2"}));
   // tp trains, with sequence parallelism too.
   check_supported(parse_config_string(kTinyVlm, "tiny-vlm.toml", {"parallel.tp=2", "parallel.sequence_parallel=true"}));
   EXPECT_TRUE(testing::throws_with(
@@ -165,6 +216,58 @@ TEST(VlmTrainingSlow, DataTimesTensorParallelEqualsTheOneRankRun) {
       "vlm_dptp", 4, {{"dp2tp2sp", {"--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=true"}}});
 }
 
+// Context parallelism: each cp rank runs the encoder on every image of its samples and writes the
+// rows its two load-balanced chunks hold (a scene's image at [0, 16) of 28 positions: rows [0, 7)
+// on rank 0, [7, 16) on rank 1); the encoder's gradients, each cp
+// rank's from its own rows, add up in the reduction over dp x cp. cp 2 with the ring and with the
+// all-gather exchange.
+TEST(VlmTrainingSlow, ContextParallelEqualsTheOneRankRun) {
+  expect_layouts_equal_one_rank("vlm_cp", 2,
+                                {{"cp2", {"--set", "parallel.cp=2"}},
+                                 {"cp2allgather", {"--set", "parallel.cp=2", "--set", "parallel.cp_comm=\"allgather\""}}},
+                                28, kQuietKeyBias);
+}
+
+// cp 2 x tp 2 with sequence parallelism, and dp 2 x cp 2, on four ranks.
+TEST(VlmTrainingSlow, ContextTimesTensorAndDataParallelEqualTheOneRankRun) {
+  expect_layouts_equal_one_rank(
+      "vlm_cp4", 4,
+      {{"cp2tp2sp", {"--set", "parallel.cp=2", "--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=true"}},
+       {"dp2cp2", {"--set", "parallel.cp=2"}}},
+      28, kQuietKeyBias);
+}
+
+// Pipeline parallelism: the encoder and projector live on the first stage with the embedding (the
+// cut weighs them there, model/stage_cut.h); the images go to its forward and the patches stay
+// until its backward. 2 stages of a 2-block language model, under the default schedule (1f1b),
+// zero-bubble's zb-h1 (the encoder's backward runs inside B, its gradients final with the
+// embedding's) and gpipe; the end-of-run caption evaluation runs through the stages.
+TEST(VlmTrainingSlow, PipelineParallelEqualsTheOneRankRun) {
+  expect_layouts_equal_one_rank("vlm_pp", 2,
+                                {{"pp2", {"--set", "parallel.pp=2"}},
+                                 {"pp2zb", {"--set", "parallel.pp=2", "--set", "parallel.pp_schedule=\"zb-h1\""}},
+                                 {"pp2gpipe", {"--set", "parallel.pp=2", "--set", "parallel.pp_schedule=\"gpipe\""}}},
+                                26, {"--set", "model.n_layer=2"});
+}
+
+// Interleaved 1f1b (vpp 2: rank 0 holds chunks 0 and 2 of a 4-block model, the tower on chunk 0).
+TEST(VlmTrainingSlow, InterleavedPipelineEqualsTheOneRankRun) {
+  expect_layouts_equal_one_rank(
+      "vlm_vpp", 2, {{"pp2vpp2", {"--set", "parallel.pp=2", "--set", "parallel.vpp=2", "--set",
+                                  "parallel.pp_schedule=\"interleaved\""}}},
+      26, {"--set", "model.n_layer=4"});
+}
+
+// Four ranks: tp 2 + sp x pp 2 (the first stage's tp pair splits the encoder's blocks), and
+// cp 2 x pp 2 (the first stage's cp pair each runs the encoder and writes its chunks' rows).
+TEST(VlmTrainingSlow, PipelineTimesTensorAndContextParallelEqualTheOneRankRun) {
+  expect_layouts_equal_one_rank(
+      "vlm_pp4", 4,
+      {{"tp2sppp2", {"--set", "parallel.pp=2", "--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=true"}},
+       {"cp2pp2", {"--set", "parallel.pp=2", "--set", "parallel.cp=2"}}},
+      28, testing::with({"--set", "model.n_layer=2"}, kQuietKeyBias));
+}
+
 TEST(VlmTraining, RefusesAnEncoderThatDoesNotSplit) {
   const fs::path dir = testing::temp_dir("vlm_tp_heads");
   std::ofstream(dir / "tiny-vlm.toml") << kTinyVlm;
@@ -173,6 +276,23 @@ TEST(VlmTraining, RefusesAnEncoderThatDoesNotSplit) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("vision.n_head = 1 is not divisible by parallel.tp = 2"), std::string::npos) << r.output;
   fs::remove_all(dir);
+}
+
+// Checkpoints across layouts: one rank to tp 2 and back (with sequence parallelism one way), one
+// rank to dp 2 and back; with two blocks and seq_len 28, one rank to pp 2, pp 2 to cp 2 and cp 2
+// to one rank (the encoder's tensors move between the first stage and every rank), with
+// kQuietKeyBias (measured without it: blocks.1.attn.k.bias 1.004e-5 apart after cp2 -> one rank).
+TEST(VlmTrainingSlow, CheckpointsResumeAcrossLayouts) {
+  const std::vector<std::string> tp2 = {"--set", "parallel.tp=2"};
+  const std::vector<std::string> tp2sp = testing::with(tp2, {"--set", "parallel.sequence_parallel=true"});
+  expect_resumes_across_layouts("vlm_resume", {{"one_to_tp2", 1, {}, 2, tp2},
+                                               {"tp2sp_to_one", 2, tp2sp, 1, {}},
+                                               {"one_to_dp2", 1, {}, 2, {}},
+                                               {"dp2_to_one", 2, {}, 1, {}}});
+  const std::vector<std::string> pp2 = {"--set", "parallel.pp=2"}, cp2 = {"--set", "parallel.cp=2"};
+  expect_resumes_across_layouts("vlm_resume_pp_cp",
+                                {{"one_to_pp2", 1, {}, 2, pp2}, {"pp2_to_cp2", 2, pp2, 2, cp2}, {"cp2_to_one", 2, cp2, 1, {}}},
+                                testing::with({"--set", "train.seq_len=28", "--set", "model.n_layer=2"}, kQuietKeyBias));
 }
 
 }  // namespace tessera

@@ -48,4 +48,32 @@ TEST(ModelConfig, FlopsPerTokenMatchesSixNPlusAttention) {
   EXPECT_DOUBLE_EQ(flops_per_token(c, 1024), 6 * N + 12.0 * 12 * 1024 * 768);
 }
 
+// The quickstart VLM's encoder (configs/quickstart-vl.toml: 16x16 images in 4x4 patches, so P = 16
+// patches of K = 48 values; 2 blocks of width W = 64, MLP F = 256; the language model's C = 96),
+// counted by hand: per patch the patch embedding K W = 3,072, the blocks 2 (4 W^2 + 2 W F) = 98,304,
+// the projector W C + C^2 = 15,360, so 2 P (116,736) = 3,735,552 FLOPs, plus attention
+// 2 x 2 blocks x P^2 W = 131,072: a forward of 3,866,624; training 3 x that less the patches' own
+// gradient 2 P K W = 98,304: 11,501,568. flops_per_token adds it over a sequence of 25 tokens.
+TEST(ModelConfig, VisionFlopsPerImageEqualTheHandCount) {
+  ModelConfig c;
+  c.kind = "vlm";
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_embd = 96;
+  c.vocab_size = 15;
+  c.max_seq_len = 25;
+  c.vision.image_size = 16;
+  c.vision.patch_size = 4;
+  c.vision.channels = 3;
+  c.vision.n_layer = 2;
+  c.vision.n_head = 4;
+  c.vision.n_embd = 64;
+  c = resolve(c);
+  EXPECT_DOUBLE_EQ(vision_flops_per_image(c), 11501568.0);
+  ModelConfig text = c;
+  text.kind = "gpt";
+  EXPECT_DOUBLE_EQ(vision_flops_per_image(text), 0.0);
+  EXPECT_DOUBLE_EQ(flops_per_token(c, 25), flops_per_token(text, 25) + 11501568.0 / 25);
+}
+
 }  // namespace tessera

@@ -180,6 +180,73 @@ TEST_P(ModelMemoryTest, RecomputeLayersEqualTheAllocatorsCounts) {
       }
 }
 
+// kind = "vlm": the vision tower's parameters, its context (kept from the embedding's forward to its
+// backward) and its backward's temporaries are counted exactly too: both presets, each
+// recomputation policy of the language model's blocks (the encoder keeps everything), with no,
+// some and all samples carrying an image, for a narrow encoder (the language model's backward is
+// the peak) and a wide one (the encoder's backward is), the whole model and the first of two stages.
+TEST_P(ModelMemoryTest, VisionLanguageModelEqualsTheAllocatorsCounts) {
+  const Case k = GetParam();
+  const int64_t L = 2, B = 3, T = 12;
+  for (int64_t width : {8, 48}) {
+    ModelConfig base = small_config(k.preset, L);
+    base.kind = "vlm";
+    base.vision.image_size = 6;
+    base.vision.patch_size = 2;  // P = 9 placeholders, K = 12
+    base.vision.channels = 3;
+    base.vision.n_layer = 2;
+    base.vision.n_head = 2;
+    base.vision.n_embd = width;
+    base.vision.ffn_hidden = 2 * width;
+    const ModelConfig cfg = resolve(base);
+    const int64_t P = cfg.vision.num_patches(), K = cfg.vision.patch_dim();
+    for (int64_t images : {0, 1, 3})
+      for (int64_t stages : {1, 2}) {
+        const StageSpec spec = StageSpec::split(L, stages, 0);
+        const std::string what = "width " + std::to_string(width) + ", " + std::to_string(images) + " images, " +
+                                 std::to_string(stages) + " stages";
+        ModelMemoryLayout lay{B, T, 1, false, k.recompute, spec};
+        lay.images = images;
+        const ModelMemory m = model_memory(cfg, lay);
+        Allocator alloc, caller;
+        ParameterStore ps(alloc, DType::F32);
+        Gpt gpt(cfg, ps, std::vector<Recompute>(static_cast<size_t>(L), k.recompute), {}, spec);
+        ps.finalize();
+        ps.initialize(testing::kCpu, 3);
+        EXPECT_EQ(m.parameters, ps.numel()) << what;
+        const size_t state = alloc.total_current();
+        auto tokens = testing::random_ids({B, T}, cfg.vocab_size, 1);
+        auto targets = testing::random_ids({B, T}, cfg.vocab_size, 2);
+        Buffer patches(caller, DType::F32, {std::max<int64_t>(images, 1), P, K}, MemCategory::Activations);
+        Buffer dy(caller, DType::F32, {B, T, cfg.n_embd}, MemCategory::Workspace);
+        fill_zero(testing::kCpu, patches);
+        fill_zero(testing::kCpu, dy);
+        ImageInput im{patches.tensor().slice_rows(0, images), {}, {}};
+        for (int64_t i = 0; i < images; ++i) {
+          im.sample.push_back(i);
+          im.start.push_back(i);  // P + i <= T
+        }
+        GptCtx ctx;
+        gpt.forward(testing::kCpu, ctx, alloc, tokens.t(), spec.head ? targets.t() : Tensor(), {}, &im);
+        EXPECT_EQ(alloc.counter(MemCategory::Activations).current, 4u * static_cast<size_t>(m.activations)) << what;
+        const size_t loss = spec.head ? ModelMemory::kLossSumsBytes : 0;
+        const size_t forward = alloc.total_peak() - state, counted = 4u * static_cast<size_t>(m.forward_peak);
+        EXPECT_TRUE(forward == counted || forward == counted + loss)
+            << what << ": measured " << forward << " bytes, counted " << counted;
+        gpt.backward(testing::kCpu, ctx, alloc, spec.head ? Gpt::OutputGrad::loss(0.01) : Gpt::OutputGrad::output(dy),
+                     Tensor());
+        const size_t peak = alloc.total_peak() - state, total = 4u * static_cast<size_t>(m.training_peak);
+        EXPECT_TRUE(peak == total || peak == total + loss) << what << ": measured " << peak << " bytes, counted " << total;
+
+        alloc.reset_peaks();
+        GptCtx infer;
+        gpt.forward(testing::kCpu, infer, alloc, tokens.t(), Tensor(), {}, &im);
+        EXPECT_EQ(alloc.total_peak() - state, 4u * static_cast<size_t>(m.inference_peak)) << what;
+        EXPECT_EQ(alloc.total_current() - state, 4u * static_cast<size_t>(m.inference_kept)) << what;
+      }
+  }
+}
+
 TEST(ModelMemory, CheckedArithmeticThrowsInsteadOfWrapping) {
   const int64_t big = std::numeric_limits<int64_t>::max();
   EXPECT_EQ(checked_mul(1 << 20, 1 << 20), int64_t{1} << 40);

@@ -141,6 +141,43 @@ TEST(StageCut, PartCostsAddUpToTheModelsCounts) {
   }
 }
 
+// kind = "vlm": the vision tower (a ViT-B/16 at 224 x 224: 196 patches, 12 blocks of 768, before
+// GPT-2 124M, LLaVA-style) weighs on the chunk with the embedding: its parts add up to the model's
+// counts with one image per sequence, and the cut gives stage 0 fewer blocks than it gives the
+// same GPT without the encoder, still the best possible cut.
+TEST(StageCut, VisionTowerWeighsOnTheFirstStage) {
+  ModelConfig vlm = gpt2_124m();
+  vlm.kind = "vlm";
+  vlm.vision.image_size = 224;
+  vlm.vision.patch_size = 16;
+  vlm.vision.n_layer = 12;
+  vlm.vision.n_head = 12;
+  vlm.vision.n_embd = 768;
+  vlm = resolve(vlm);
+  const int64_t T = 1024;
+  const LayerCosts c = layer_costs(vlm, T);
+  const double L = static_cast<double>(vlm.n_layer);
+  const double flops = c.embedding.flops + c.vision.flops + L * c.block.flops + c.head.flops;
+  EXPECT_NEAR(flops, flops_per_token(vlm, T) * T, 1e-12 * flops);
+  ModelMemoryLayout one_image{1, T, 1, false};
+  one_image.images = 1;
+  const double bytes =
+      c.embedding.activation_bytes + c.vision.activation_bytes + L * c.block.activation_bytes + c.head.activation_bytes;
+  EXPECT_EQ(bytes, 4.0 * static_cast<double>(model_memory(vlm, one_image).activations));
+  std::printf("ViT-B/16 at 224 before GPT-2 124M, T = %ld: the vision tower weighs %.2f blocks\n",
+              static_cast<long>(T), c.weight(c.vision));
+  EXPECT_GT(c.weight(c.vision), 1.0);
+  EXPECT_EQ(layer_costs(gpt2_124m(), T).weight(layer_costs(gpt2_124m(), T).vision), 0.0);
+  for (int64_t pp : {2, 4}) {
+    const std::vector<StageSpec> with = cut_stages(vlm, T, pp), without = cut_stages(gpt2_124m(), T, pp);
+    expect_valid_cut(with, vlm.n_layer);
+    std::printf("  %ld stages: %s (the GPT alone: %s)\n", static_cast<long>(pp), show(blocks_of(with)).c_str(),
+                show(blocks_of(without)).c_str());
+    EXPECT_LT(with.front().layers(), without.front().layers()) << pp << " stages";
+    EXPECT_NEAR(heaviest(c, with), best_possible(c, vlm.n_layer, pp), 1e-12 * heaviest(c, with)) << pp << " stages";
+  }
+}
+
 TEST(StageCut, Gpt2_124mOverFourStagesIsTheBestCut) {
   check_cut("GPT-2 124M", gpt2_124m(), 1024, 4);
   check_cut("GPT-2 124M", gpt2_124m(), 1024, 3);
