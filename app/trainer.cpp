@@ -121,6 +121,12 @@ ParallelConfig parallel_after_growth(const Config& c, int64_t world_size) {
   return p;
 }
 
+// Whether `next` lays the world's ranks out otherwise than `grid` (tp, pp or dp).
+bool another_layout(const ProcessGrid& grid, const ParallelConfig& next) {
+  const ProcessGrid g(grid_degrees(next), grid.world_size(), grid.rank());
+  return g.tp_size() != grid.tp_size() || g.pp_size() != grid.pp_size() || g.dp_size() != grid.dp_size();
+}
+
 DpOptimizerOptions dp_optimizer_options(const ParallelConfig& p) {
   return {p.zero == 1, p.bucket_mb, p.overlap_grad_reduce};
 }
@@ -202,9 +208,13 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
     after.model.n_layer = grown.n_layer;
     after.parallel = parallel_after_growth(cfg_, grid_.world_size());
     validate_layout(after, grown, grid_.world_size());
-    if (after.parallel.pp > 1)
-      validate_pipeline(after, ProcessGrid(grid_degrees(after.parallel), grid_.world_size(), 0).dp_size());
-    if (!grows_later) model = grown;
+    const int64_t dp_after = ProcessGrid(grid_degrees(after.parallel), grid_.world_size(), 0).dp_size();
+    tessera::grad_accum_steps(after, dp_after);  // the global batch over the new dp: refused now, not mid-run
+    if (after.parallel.pp > 1) validate_pipeline(after, dp_after);
+    if (!grows_later) {  // resumed past the growth: the grown model, on the layout after it
+      model = grown;
+      settle_growth(grown.n_layer);
+    }
   }
   const std::set<std::string> frozen = frozen_parameters(cfg_.train.freeze, global_parameter_names(model), model.n_layer,
                                                          {upscale_record_, freeze_where_}, !grows_later);
@@ -331,11 +341,10 @@ std::string Trainer::check_memory(const std::string& ckpt_dir, const ModelConfig
     const ProcessGrid g(grid_degrees(grown.parallel), grid_.world_size(), grid_.rank());
     after.tp = g.tp_size();
     after.dp = g.dp_size();
-  }
-  if (grows_later) {  // train.freeze again after the growth: "original" then means what it carried over
-    ModelConfig g = mc;
-    g.n_layer = grown.model.n_layer;
-    after.frozen = frozen_parameters(cfg_.train.freeze, global_parameter_names(g), g.n_layer,
+    // train.freeze again after the growth: "original" then means what it carried over.
+    ModelConfig grown_model = mc;
+    grown_model.n_layer = grown.model.n_layer;
+    after.frozen = frozen_parameters(cfg_.train.freeze, global_parameter_names(grown_model), grown_model.n_layer,
                                      {AttrMap{{"mapping", describe_mapping(mapping)}}, "this run's growth"});
     // The model before the growth holds more when freezing after it saves more than the new layers
     // add (the embeddings frozen by "original"): then that one is checked.
@@ -455,17 +464,8 @@ void Trainer::grow(int64_t done) {
   upscale_record_["source_layers"] = before;
   upscale_record_["layers"] = up.target().n_layer;
   upscale_record_["mapping"] = mapping;
-  cfg_.model.n_layer = up.target().n_layer;
-  cfg_.parallel.pp_layers.clear();  // cut again for the new depth
-  const ParallelConfig next = parallel_after_growth(cfg_, grid_.world_size());
-  const bool relayout = grid_degrees(next).tp != grid_.tp_size() || grid_degrees(next).pp != grid_.pp_size() ||
-                        ProcessGrid(grid_degrees(next), grid_.world_size(), grid_.rank()).dp_size() != grid_.dp_size();
   const std::string layout_before = layout_text();
-  cfg_.upscale.method.clear();  // done: the config a save stores is the grown model's, on its layout
-  cfg_.upscale.at_step = 0;
-  cfg_.upscale.align_data = 0;  // ot's alone: the saved config, without a method, must validate
-  cfg_.upscale.tp = cfg_.upscale.pp = cfg_.upscale.dp = 0;
-  if (relayout) switch_layout(next);
+  const bool relayout = settle_growth(up.target().n_layer);
   const std::set<std::string> frozen =
       frozen_parameters(cfg_.train.freeze, global_parameter_names(up.target()), up.target().n_layer,
                         {upscale_record_, "this run's growth at step " + std::to_string(done)});
@@ -505,6 +505,21 @@ void Trainer::grow(int64_t done) {
       .add("mapping", mapping);
   if (relayout) rec.add("layout_before", layout_before).add("layout", layout_text());
   metrics_.write(rec);
+}
+
+// The config from a growth on: the grown depth, the stages cut again (pp_layers cleared), no growth
+// pending (the config a save stores is the grown model's, and it validates: align_data is ot's
+// alone), and the layout of [upscale] tp, pp, dp, switched to when it is another. True when it was.
+bool Trainer::settle_growth(int64_t layers) {
+  const ParallelConfig next = parallel_after_growth(cfg_, grid_.world_size());
+  cfg_.model.n_layer = layers;
+  cfg_.parallel.pp_layers.clear();
+  UpscaleConfig& u = cfg_.upscale;
+  u.method.clear();
+  u.at_step = u.align_data = u.tp = u.pp = u.dp = 0;
+  if (!another_layout(grid_, next)) return false;
+  switch_layout(next);
+  return true;
 }
 
 // "tp 2 x dp 1 x pp 1" (and cp when > 1): the layout, for the growth's messages and metrics.

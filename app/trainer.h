@@ -141,6 +141,7 @@ class Trainer {
   // [upscale]: grows the model after `done` steps, in place (collective over every rank), onto
   // the layout of [upscale] tp, pp, dp when they change it.
   void grow(int64_t done);
+  bool settle_growth(int64_t layers);
   void switch_layout(const ParallelConfig& next);
   std::string layout_text() const;
 

@@ -337,6 +337,14 @@ TEST(UpscaleRelayout, GrowingIntoAnotherLayoutEqualsTheCheckpointPath) {
     EXPECT_EQ(saved.parallel.tp, resumed.parallel.tp) << sw.name;
     EXPECT_EQ(saved.parallel.pp, resumed.parallel.pp) << sw.name;
     EXPECT_EQ(saved.upscale.tp + saved.upscale.pp + saved.upscale.dp, 0) << sw.name;
+    // Resumed with the run's own config (the shallow depth, the [upscale] section) past the growth:
+    // the grown model on the layout after it, each rank holding what it holds in the offline run.
+    const Trainer again(config(kBase + sw.before + in_run(sw.growth) + sw.keys), (run_dir / "inrun").string(), comm.comm());
+    const Trainer offline_layout(config(kBase + sw.before + sw.after +
+                                        std::vector<std::string>{"model.n_layer=" + std::to_string(sw.growth.layers)}),
+                                 "", comm.comm());
+    EXPECT_EQ(again.start_step(), 6) << sw.name;
+    EXPECT_EQ(again.params().numel(), offline_layout.params().numel()) << sw.name << " on rank " << world.rank();
   }
   MPI_Barrier(world.comm());
   if (world.rank() == 0) fs::remove_all(dir);
