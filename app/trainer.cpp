@@ -207,10 +207,18 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
     Config after = cfg_;
     after.model.n_layer = grown.n_layer;
     after.parallel = parallel_after_growth(cfg_, grid_.world_size());
-    validate_layout(after, grown, grid_.world_size());
-    const int64_t dp_after = ProcessGrid(grid_degrees(after.parallel), grid_.world_size(), 0).dp_size();
-    tessera::grad_accum_steps(after, dp_after);  // the global batch over the new dp: refused now, not mid-run
-    if (after.parallel.pp > 1) validate_pipeline(after, dp_after);
+    try {
+      validate_layout(after, grown, grid_.world_size());
+      const int64_t dp_after = ProcessGrid(grid_degrees(after.parallel), grid_.world_size(), 0).dp_size();
+      tessera::grad_accum_steps(after, dp_after);  // the global batch over the new dp: refused now, not mid-run
+      if (after.parallel.pp > 1) validate_pipeline(after, dp_after);
+    } catch (const Error& e) {
+      if (after.parallel == cfg_.parallel) throw;
+      throw Error("the layout after the growth (upscale.tp = " + std::to_string(cfg_.upscale.tp) + ", upscale.pp = " +
+                  std::to_string(cfg_.upscale.pp) + ", upscale.dp = " + std::to_string(cfg_.upscale.dp) +
+                  "; 0 = as before) does not fit the grown model (" + std::to_string(grown.n_layer) + " layers): " +
+                  e.what());
+    }
     if (!grows_later) {  // resumed past the growth: the grown model, on the layout after it
       model = grown;
       settle_growth(grown.n_layer);
@@ -323,9 +331,6 @@ void Trainer::init_weights(const ModelConfig& model, MPI_Comm comm) {
   initialized_from_ = os.str();
 }
 
-// The model of config mc on this rank's layout: its chunks, their parameters in one store (the
-// frozen ones first: ParameterStore::finalize), initialized from train.seed, and the optimizer over
-// the trainable ones.
 std::string Trainer::check_memory(const std::string& ckpt_dir, const ModelConfig& mc, const std::set<std::string>& frozen,
                                   bool grows_later, MPI_Comm comm) const {
   MemoryLayout layout{grid_.tp_size(), grid_.dp_size(), !ckpt_dir.empty() && comm != MPI_COMM_NULL};
@@ -365,6 +370,9 @@ std::string Trainer::check_memory(const std::string& ckpt_dir, const ModelConfig
   }
 }
 
+// The model of config mc on this rank's layout: its chunks, their parameters in one store (the
+// frozen ones first: ParameterStore::finalize), initialized from train.seed, and the optimizer over
+// the trainable ones.
 void Trainer::build_model(const ModelConfig& mc, const std::set<std::string>& frozen) {
   opt_.reset();
   chunks_.clear();

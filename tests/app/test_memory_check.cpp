@@ -1,7 +1,9 @@
 // Tests app/memory_check.h: the estimate against the allocator's measured peak of real training
 // runs (one rank here; tensor-parallel and ZeRO-1 layouts under `mpiexec -n 2`, MemoryCheckLayouts),
 // the refusal message, the absurd configs refused in a second, naming the keys; pipeline
-// stages (the schedules' micro-batches in flight) against each rank's peak under mpiexec -n 2.
+// stages (the schedules' micro-batches in flight) against each rank's peak under mpiexec -n 2;
+// train.freeze (no moments for the frozen parameters) on one rank, on each layout, and with an
+// in-run growth.
 #include "app/memory_check.h"
 
 #include <gtest/gtest.h>

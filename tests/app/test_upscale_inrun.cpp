@@ -299,8 +299,8 @@ TEST(UpscaleInRunLayouts, DataAndTensorParallelEqualTheOfflinePath) {
 // layout) equals the path through a checkpoint (3 steps on the first layout and save, `tessera
 // upscale`, resume on the second) bit for bit: both run the same operations in the same order on
 // each layout, and a checkpoint holds global tensors as the gather does. dp 2 -> tp 2, pp 2 -> dp 2,
-// tp 2 -> pp 2 (ot with align_data once, and solar with carried moments once). Label slow: 40 s on
-// two cores shared with one build, 5 minutes with three.
+// tp 2 -> pp 2 (ot with align_data once, and solar with carried moments once). Label slow: 3 s on
+// two idle cores, 1 to 5 minutes beside other builds.
 TEST(UpscaleRelayout, GrowingIntoAnotherLayoutEqualsTheCheckpointPath) {
   MpiCommunicator world = MpiCommunicator::duplicate(testing::test_world());
   ASSERT_EQ(world.size(), 2);
