@@ -183,15 +183,19 @@ struct RankModel {
 // The elements of the frozen parameters a rank holds: its chunks' parameters registered on a store
 // that is never finalized (nothing is allocated), each frozen one's tp shard as ParameterStore lays
 // it out (ceil(global / tp) along its split dimension), k and v whole when the kv heads do not
-// divide over tp (Attention replicates them then; registered at tp = 1 they show as split).
+// divide over tp (Attention replicates them then; registered at tp = 1 they show as split). Of the
+// language model only, as model_memory counts the parameters: a vlm's vision tower and projector
+// are in neither count (a frozen tower is not discounted).
 int64_t frozen_elements(const ModelConfig& mc, const std::vector<StageSpec>& chunks, int64_t tp,
                         const std::set<std::string>& frozen) {
   if (frozen.empty()) return 0;
+  ModelConfig text = mc;
+  text.kind = "gpt";
   Allocator alloc;
   ParameterStore ps(alloc, DType::F32);
   std::vector<std::unique_ptr<Gpt>> models;
   for (const StageSpec& c : chunks)
-    models.push_back(std::make_unique<Gpt>(mc, ps, std::vector<Recompute>{}, TensorParallel{}, c));
+    models.push_back(std::make_unique<Gpt>(text, ps, std::vector<Recompute>{}, TensorParallel{}, c));
   const bool kv_whole = mc.kv_heads() % tp != 0;
   int64_t n = 0;
   for (const ParamEntry& e : ps.entries()) {
