@@ -802,6 +802,16 @@ void validate(const Config& c, const Origins* origins) {
     fail(show("upscale.at_step", c.upscale.at_step, origins) + " must be in [1, train.steps - 1] for " +
          show("upscale.method", c.upscale.method, origins) + " (" + show("train.steps", c.train.steps, origins) + ")");
   }
+  if (c.upscale.align_data > 0 && c.upscale.method != "ot") {
+    fail(show("upscale.align_data", c.upscale.align_data, origins) + " aligns the units of neighbouring layers by " +
+         "their activations, which only upscale.method = \"ot\" does, but " +
+         show("upscale.method", c.upscale.method, origins) + ": set upscale.align_data = 0 or upscale.method = \"ot\"");
+  }
+  if (c.upscale.method.empty() && (c.upscale.tp > 0 || c.upscale.pp > 0 || c.upscale.dp > 0)) {
+    fail(show("upscale.tp", c.upscale.tp, origins) + ", " + show("upscale.pp", c.upscale.pp, origins) + ", " +
+         show("upscale.dp", c.upscale.dp, origins) + ": the layout after a growth needs upscale.method (which "
+         "method grows the model)");
+  }
   if (c.upscale.method.empty() && c.upscale.at_step != 0) {
     fail(show("upscale.at_step", c.upscale.at_step, origins) + " needs upscale.method (which method grows the model)");
   }

@@ -376,8 +376,12 @@ struct UpscaleConfig {
   int64_t every = 0;
   std::string position;
   double sinkhorn_eps = 0.0;
+  int64_t align_data = 0;
   bool carry_optimizer = false;
   int64_t rewarm_steps = 0;
+  int64_t tp = 0;
+  int64_t pp = 0;
+  int64_t dp = 0;
 
   template <class V>
   void visit(V& v) {
@@ -393,12 +397,22 @@ struct UpscaleConfig {
     v.field("position", position, "inserting methods with upscale.layers: as --position",
             Allowed::one_of({"", "top", "bottom", "uniform"}));
     v.field("sinkhorn_eps", sinkhorn_eps, "ot: as --sinkhorn-eps; 0 = exact assignment", Allowed::at_least(0.0));
+    v.field("align_data", align_data, "ot: align the units by their activations on this many micro-batches, as "
+            "--align-data --align-batches N: the first ones of the validation data (the training data when there is "
+            "none) in the order of a run from step 0, read apart from the run's own data position; 0 = by the "
+            "weights", Allowed::at_least(0));
     v.field("carry_optimizer", carry_optimizer, "as --carry-optimizer: the AdamW moments and step follow their "
             "parameters; false = fresh moments and AdamW step count", Allowed::any());
     v.field("rewarm_steps", rewarm_steps, "after a growth (in this run, or the one that made the checkpoint this "
             "run resumes) the learning-rate schedule restarts at the growth step: a linear warm-up of this many "
             "steps to optim.lr, then the optim.decay over the steps left; 0 = the schedule continues unchanged",
             Allowed::at_least(0));
+    v.field("tp", tp, "the tensor-parallel degree after the growth: the grown model is re-sharded onto another "
+            "layout of the same ranks inside the run (docs/upscaling.md); 0 = parallel.tp", Allowed::at_least(0));
+    v.field("pp", pp, "the pipeline-parallel degree after the growth (the stages cut for the grown depth); 0 = "
+            "parallel.pp", Allowed::at_least(0));
+    v.field("dp", dp, "the data-parallel degree after the growth; 0 = what the world size leaves (world / (tp x pp "
+            "x cp)); tp x pp x dp x cp must stay the world size", Allowed::at_least(0));
   }
   bool operator==(const UpscaleConfig&) const = default;
 };

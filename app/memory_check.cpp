@@ -1,7 +1,8 @@
 // The memory estimate of a training run and the check against /proc/meminfo and the cgroup limit.
 // What the trainer allocates and when (app/trainer.cpp, parallel/dp_optimizer.cpp, checkpointing.cpp):
-// parameters and gradients in flat buffers (padded to a multiple of dp under ZeRO-1), AdamW's two
-// moments (whole, or this rank's 1/dp under ZeRO-1, which also keeps a gradient shard), then per
+// parameters and gradients in flat buffers (the trainable part padded to a multiple of dp under
+// ZeRO-1), AdamW's two moments of the trainable parameters (whole, or this rank's 1/dp under ZeRO-1,
+// which also keeps a gradient shard; train.freeze's parameters have none), then per
 // step one micro-batch's activations and temporaries at a time; evaluation runs a forward without
 // targets; a checkpoint save gathers the ZeRO-1 moments (between steps) and keeps a host copy of
 // parameters and moments while a background thread writes it (beside the next steps). Under
@@ -13,11 +14,13 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <sstream>
 
 #include "kernels/allocator.h"
 #include "data/scenes.h"
+#include "model/gpt.h"
 #include "model/memory.h"
 #include "model/stage_cut.h"
 #include "parallel/mpi.h"
@@ -173,11 +176,43 @@ std::string describe_chunks(const std::vector<StageSpec>& chunks) {
 // transient of a step (training micro-batches, or the evaluation forward).
 struct RankModel {
   int64_t parameters = 0;
+  int64_t frozen = 0;     // of them, train.freeze's (frozen_elements)
   std::string what;       // "" for the whole model, else the pipeline stage and its chunks
   MemoryItem transient;   // the training step's activations and temporaries
   int64_t eval_bytes = 0; // the evaluation forward (addition task), 0 when none
   std::string eval_what;
 };
+
+// The elements of the frozen parameters a rank holds: its chunks' parameters registered on a store
+// that is never finalized (nothing is allocated), each frozen one's tp shard as ParameterStore lays
+// it out (ceil(global / tp) along its split dimension), k and v whole when the kv heads do not
+// divide over tp (Attention replicates them then; registered at tp = 1 they show as split). A vlm's
+// vision tower and projector count too (on the chunk that holds them), as model_memory counts them.
+int64_t frozen_elements(const ModelConfig& mc, const std::vector<StageSpec>& chunks, int64_t tp,
+                        const std::set<std::string>& frozen) {
+  if (frozen.empty()) return 0;
+  Allocator alloc;
+  ParameterStore ps(alloc, DType::F32);
+  std::vector<std::unique_ptr<Gpt>> models;
+  for (const StageSpec& c : chunks)
+    models.push_back(std::make_unique<Gpt>(mc, ps, std::vector<Recompute>{}, TensorParallel{}, c));
+  const bool kv_whole = mc.kv_heads() % tp != 0;
+  int64_t n = 0;
+  for (const ParamEntry& e : ps.entries()) {
+    if (!frozen.count(e.spec.name)) continue;
+    const Shape& g = e.spec.global_shape;
+    const std::string& name = e.spec.name;
+    const bool kv = name.rfind("blocks.", 0) == 0 &&
+                    (name.find(".attn.k.") != std::string::npos || name.find(".attn.v.") != std::string::npos);
+    int64_t elements = g.numel();
+    if (e.spec.shard.axis == GridAxis::Tp && !(kv && kv_whole)) {
+      const int64_t extent = g[e.spec.shard.dim];
+      elements = mul(elements / extent, (extent + tp - 1) / tp);
+    }
+    n = add(n, elements);
+  }
+  return n;
+}
 
 // Context parallelism's own temporaries during one layer's attention (parallel/context_attention.cpp),
 // on top of the model's: chunk-major copies of q and out (and, backward, of dout and dq), lse, and
@@ -332,25 +367,31 @@ MemoryEstimate estimate_for(const Config& cfg, const MemoryLayout& layout, const
   // ZeRO-1 shards the optimizer state over the dp x cp group (every rank holding the same parameters).
   const int64_t shards = mul(dp, std::max<int64_t>(1, cfg.parallel.cp));
   const bool zero = cfg.parallel.zero == 1 && shards > 1;
-  const int64_t P = rm.parameters, pad = zero ? shards : 1;
-  const int64_t padded = mul(P / pad + (P % pad != 0 ? 1 : 0), pad);
-  const int64_t shard = padded / pad;  // ZeRO-1: this rank's part of the optimizer state
+  // The frozen parameters come first in the flat buffers, unpadded; the trainable rest is padded.
+  const int64_t P = rm.parameters, F = rm.frozen, Tr = P - F, pad = zero ? shards : 1;
+  const int64_t padded_trainable = mul(Tr / pad + (Tr % pad != 0 ? 1 : 0), pad);
+  const int64_t padded = add(F, padded_trainable);
+  const int64_t shard = padded_trainable / pad;  // ZeRO-1: this rank's part of the optimizer state
   MemoryEstimate e;
   auto item = [&](std::string what, int64_t elements, bool allocator, std::string keys, int64_t bytes_each) {
     e.items.push_back({std::move(what), mul(elements, bytes_each), allocator, std::move(keys)});
   };
   const std::string model_keys = std::string(kModelKeys) + (cfg.parallel.pp > 1 ? ", parallel.pp" : "");
-  item("parameters (" + std::to_string(P) + " on this rank" + (rm.what.empty() ? "" : ": " + rm.what) + ")", padded,
-       true, model_keys, kFloatBytes);
+  item("parameters (" + std::to_string(P) + " on this rank" + (rm.what.empty() ? "" : ": " + rm.what) +
+           (F > 0 ? ", " + std::to_string(F) + " of them frozen" : "") + ")",
+       padded, true, model_keys, kFloatBytes);
   item("gradients", zero ? add(padded, shard) : padded, true, model_keys, kFloatBytes);
-  item(zero ? "AdamW moments (ZeRO-1: 1/" + std::to_string(shards) + " of them)" : "AdamW moments", mul(2, zero ? shard : P),
-       true, model_keys + ", parallel.zero = 1", kFloatBytes);
+  item(std::string(zero ? "AdamW moments (ZeRO-1: 1/" + std::to_string(shards) + " of them)" : "AdamW moments") +
+           (F > 0 ? " of the trainable parameters" : ""),
+       mul(2, zero ? shard : Tr), true, model_keys + ", parallel.zero = 1" + (F > 0 ? ", train.freeze" : ""),
+       kFloatBytes);
 
   // The largest transient: a training step's, the evaluation forward, or the ZeRO-1 gather.
   MemoryItem transient = rm.transient;
   if (rm.eval_bytes > transient.bytes) transient = {rm.eval_what, rm.eval_bytes, true, "data.val_examples"};
-  if (zero && layout.checkpoints && mul(mul(2, padded), kFloatBytes) > transient.bytes)
-    transient = {"AdamW moments gathered for a checkpoint (ZeRO-1)", mul(mul(2, padded), kFloatBytes), true, model_keys};
+  if (zero && layout.checkpoints && mul(mul(2, padded_trainable), kFloatBytes) > transient.bytes)
+    transient = {"AdamW moments gathered for a checkpoint (ZeRO-1)", mul(mul(2, padded_trainable), kFloatBytes), true,
+                 model_keys};
   e.items.push_back(transient);
 
   // Host memory the allocator does not see.
@@ -360,7 +401,8 @@ MemoryEstimate estimate_for(const Config& cfg, const MemoryLayout& layout, const
        mul(mul(add(accum, kLoaderDepth + 1), mul(t.micro_batch, t.seq_len)), 2), false,
        "train.global_batch, train.micro_batch, train.seq_len", 4 /* int32 tokens and targets */);
   if (layout.checkpoints)
-    item("host copy of a checkpoint while it is written (parameters and moments)", add(P, mul(2, zero ? padded : P)),
+    item("host copy of a checkpoint while it is written (parameters and moments)",
+         add(P, mul(2, zero ? padded_trainable : Tr)),
          false, model_keys, kFloatBytes);
   e.items.push_back({"runtime (code, MPI, HDF5, BLAS, threads)", kRuntimeBytes, false, ""});
   return e;
@@ -412,16 +454,24 @@ MemoryEstimate estimate_training_memory(const Config& cfg, int64_t data_vocab_si
                         ", " + p.cp_comm + ")";
     return r;
   };
-  if (p.pp == 1) return estimate_for(cfg, layout, with_cp(whole_model(local, mc, tp, sp, policy)));
+  const auto with_frozen = [&](RankModel r, const std::vector<StageSpec>& chunks) {
+    r.frozen = frozen_elements(mc, chunks, tp, layout.frozen);
+    return r;
+  };
+  if (p.pp == 1)
+    return estimate_for(cfg, layout, with_cp(with_frozen(whole_model(local, mc, tp, sp, policy), {StageSpec{}})));
   const std::vector<StageSpec> cut = cut_stages(mc, cfg.train.seq_len, p.pp, p.vpp, p.pp_layers);
   const int64_t m = std::max<int64_t>(1, cfg.train.global_batch / std::max<int64_t>(1, mul(cfg.train.micro_batch, layout.dp)));
   if (layout.pp_rank >= 0) {
     TESSERA_CHECK(layout.pp_rank < p.pp, "estimate_training_memory: pipeline rank ", layout.pp_rank, " of ", p.pp);
-    return estimate_for(cfg, layout, with_cp(pipeline_rank(local, mc, cut, layout.pp_rank, m, tp, sp, policy)));
+    return estimate_for(cfg, layout,
+                        with_cp(with_frozen(pipeline_rank(local, mc, cut, layout.pp_rank, m, tp, sp, policy),
+                                            rank_chunks(cut, p.pp, layout.pp_rank))));
   }
   MemoryEstimate most;
   for (int64_t r : candidate_ranks(p.pp)) {
-    MemoryEstimate e = estimate_for(cfg, layout, with_cp(pipeline_rank(local, mc, cut, r, m, tp, sp, policy)));
+    MemoryEstimate e = estimate_for(
+        cfg, layout, with_cp(with_frozen(pipeline_rank(local, mc, cut, r, m, tp, sp, policy), rank_chunks(cut, p.pp, r))));
     if (most.items.empty() || e.total() > most.total()) most = std::move(e);
   }
   return most;

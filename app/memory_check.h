@@ -8,6 +8,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,11 @@ struct MemoryLayout {
   // parallel.pp > 1: the pipeline rank whose memory is estimated; -1: the one that needs the most
   // (ranks sharing a node are then each counted at that rank's size).
   int64_t pp_rank = -1;
+  // train.freeze resolved (app/freeze.h frozen_parameters): the global names of the parameters the
+  // run does not train. They keep their parameter and gradient buffers (the store's flat buffers
+  // hold every parameter) but get no AdamW moments, no ZeRO-1 gradient shard and no padding, and a
+  // checkpoint copies no moments of theirs; empty: every parameter trains.
+  std::set<std::string> frozen{};
 };
 
 // data_vocab_size: the data's vocabulary (model.vocab_size = 0 takes it). Checked arithmetic:

@@ -97,6 +97,36 @@ std::vector<StageSpec> chunks_of(const Config& c, const ModelConfig& mc, const P
   return rank_chunks(cut, grid.pp_size(), grid.pp_rank());
 }
 
+// [upscale] tp, pp, dp: the layout after an in-run growth, on the same world_size ranks; unchanged
+// when none is given. dp 0 is what the world size leaves. Throws naming the keys when the degrees
+// do not multiply to the world size.
+ParallelConfig parallel_after_growth(const Config& c, int64_t world_size) {
+  const UpscaleConfig& u = c.upscale;
+  ParallelConfig p = c.parallel;
+  if (u.tp == 0 && u.pp == 0 && u.dp == 0) return p;
+  p.tp = u.tp > 0 ? u.tp : p.tp;
+  p.pp = u.pp > 0 ? u.pp : p.pp;
+  p.dp = u.dp > 0 ? u.dp : -1;
+  p.pp_layers.clear();  // cut again for the grown depth
+  const int64_t others = p.tp * p.pp * p.cp;
+  const auto key = [](const char* k, int64_t given, const char* fallback, int64_t value) {
+    return std::string(k) + " = " + std::to_string(value) + (given > 0 ? "" : std::string(" (") + fallback + ")");
+  };
+  const std::string sizes = key("upscale.tp", u.tp, "parallel.tp", p.tp) + " x " + key("upscale.pp", u.pp, "parallel.pp", p.pp) +
+                            " x parallel.cp = " + std::to_string(p.cp);
+  TESSERA_CHECK(world_size % others == 0 && (u.dp == 0 || others * u.dp == world_size), "the layout after the growth (",
+                sizes, u.dp > 0 ? " x upscale.dp = " + std::to_string(u.dp) : std::string(), ") needs ",
+                u.dp > 0 ? std::to_string(others * u.dp) : "a multiple of " + std::to_string(others),
+                " ranks, but the run has ", world_size, ": a growth keeps the ranks it has (only their layout changes)");
+  return p;
+}
+
+// Whether `next` lays the world's ranks out otherwise than `grid` (tp, pp or dp).
+bool another_layout(const ProcessGrid& grid, const ParallelConfig& next) {
+  const ProcessGrid g(grid_degrees(next), grid.world_size(), grid.rank());
+  return g.tp_size() != grid.tp_size() || g.pp_size() != grid.pp_size() || g.dp_size() != grid.dp_size();
+}
+
 DpOptimizerOptions dp_optimizer_options(const ParallelConfig& p) {
   return {p.zero == 1, p.bucket_mb, p.overlap_grad_reduce};
 }
@@ -142,10 +172,8 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
   validate_layout(cfg_, mc, grid_.world_size());
   if (grid_.pp_size() > 1) validate_pipeline(cfg_, grid_.dp_size());  // micro-batches per step against pp
   const std::string ckpt_dir = checkpoint_dir(cfg_, run_dir_);
-  // Before anything is allocated: a run that cannot fit is refused now, on every rank. With an
-  // in-run growth the grown model is the one checked (it holds more of everything).
-  memory_line_ = check_memory(ckpt_dir, mc, comm);
   if (comm != MPI_COMM_NULL && grid_.world_size() > 1) comms_ = std::make_unique<GridComms>(mpi_grid_comms(grid_, comm));
+  watchdog_ = watchdog;
   if (watchdog && comms_) comms_->watch(*watchdog, grid_, cfg_.parallel.timeout_s);
   cp_ = context_parallel_of(cfg_.parallel, comms_.get());
   // The tp ranks of a dp replica hold one model between them and read the same batches.
@@ -175,11 +203,34 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
   if (in_run_growth) {
     ModelConfig grown = mc;
     grown.n_layer = static_cast<int64_t>(layer_mapping(mc.n_layer, upscale_options(cfg_.upscale)).size());
-    validate_layout(cfg_, grown, grid_.world_size());  // the grown model must fit the layout too
-    if (!grows_later) model = grown;
+    // The grown model must fit the layout after the growth too ([upscale] tp, pp, dp, or this one).
+    Config after = cfg_;
+    after.model.n_layer = grown.n_layer;
+    after.parallel = parallel_after_growth(cfg_, grid_.world_size());
+    try {
+      validate_layout(after, grown, grid_.world_size());
+      const int64_t dp_after = ProcessGrid(grid_degrees(after.parallel), grid_.world_size(), 0).dp_size();
+      tessera::grad_accum_steps(after, dp_after);  // the global batch over the new dp: refused now, not mid-run
+      if (after.parallel.pp > 1) validate_pipeline(after, dp_after);
+    } catch (const Error& e) {
+      if (after.parallel == cfg_.parallel) throw;
+      throw Error("the layout after the growth (upscale.tp = " + std::to_string(cfg_.upscale.tp) + ", upscale.pp = " +
+                  std::to_string(cfg_.upscale.pp) + ", upscale.dp = " + std::to_string(cfg_.upscale.dp) +
+                  "; 0 = as before) does not fit the grown model (" + std::to_string(grown.n_layer) + " layers): " +
+                  e.what());
+    }
+    if (!grows_later) {  // resumed past the growth: the grown model, on the layout after it
+      model = grown;
+      settle_growth(grown.n_layer);
+    }
   }
-  build_model(model, frozen_parameters(cfg_.train.freeze, global_parameter_names(model), model.n_layer,
-                                       {upscale_record_, freeze_where_}, !grows_later));
+  const std::set<std::string> frozen = frozen_parameters(cfg_.train.freeze, global_parameter_names(model), model.n_layer,
+                                                         {upscale_record_, freeze_where_}, !grows_later);
+  // Before anything is allocated: a run that cannot fit is refused now, on every rank, its frozen
+  // parameters counted without moments. With an in-run growth the model before it and the grown
+  // one are both estimated, and the larger checked.
+  memory_line_ = check_memory(ckpt_dir, mc, frozen, grows_later, comm);
+  build_model(model, frozen);
   schedule_ = LrSchedule{cfg_.optim.lr, cfg_.optim.min_lr, cfg_.optim.warmup_steps, cfg_.train.steps,
                          parse_lr_decay(cfg_.optim.decay)};
   flops_per_token_ = flops_per_token(model, cfg_.train.seq_len);
@@ -280,25 +331,48 @@ void Trainer::init_weights(const ModelConfig& model, MPI_Comm comm) {
   initialized_from_ = os.str();
 }
 
-// The model of config mc on this rank's layout: its chunks, their parameters in one store (the
-// frozen ones first: ParameterStore::finalize), initialized from train.seed, and the optimizer over
-// the trainable ones.
-std::string Trainer::check_memory(const std::string& ckpt_dir, const ModelConfig& mc, MPI_Comm comm) const {
-  const MemoryLayout layout{grid_.tp_size(), grid_.dp_size(), !ckpt_dir.empty() && comm != MPI_COMM_NULL};
+std::string Trainer::check_memory(const std::string& ckpt_dir, const ModelConfig& mc, const std::set<std::string>& frozen,
+                                  bool grows_later, MPI_Comm comm) const {
+  MemoryLayout layout{grid_.tp_size(), grid_.dp_size(), !ckpt_dir.empty() && comm != MPI_COMM_NULL};
+  layout.frozen = frozen;
   if (cfg_.upscale.method.empty()) return check_training_memory(cfg_, data_.vocab_size, layout, comm);
+  const std::vector<LayerSource> mapping = layer_mapping(mc.n_layer, upscale_options(cfg_.upscale));
   Config grown = cfg_;
-  grown.model.n_layer = static_cast<int64_t>(layer_mapping(mc.n_layer, upscale_options(cfg_.upscale)).size());
+  grown.model.n_layer = static_cast<int64_t>(mapping.size());
   grown.parallel.pp_layers.clear();  // the stages are re-cut for the grown depth
+  MemoryLayout after = layout;
+  if (grows_later) {  // on the layout after the growth ([upscale] tp, pp, dp)
+    grown.parallel = parallel_after_growth(cfg_, grid_.world_size());
+    const ProcessGrid g(grid_degrees(grown.parallel), grid_.world_size(), grid_.rank());
+    after.tp = g.tp_size();
+    after.dp = g.dp_size();
+    // train.freeze again after the growth: "original" then means what it carried over.
+    ModelConfig grown_model = mc;
+    grown_model.n_layer = grown.model.n_layer;
+    after.frozen = frozen_parameters(cfg_.train.freeze, global_parameter_names(grown_model), grown_model.n_layer,
+                                     {AttrMap{{"mapping", describe_mapping(mapping)}}, "this run's growth"});
+    // The model before the growth holds more when freezing after it saves more than the new layers
+    // add (the embeddings frozen by "original"): then that one is checked.
+    try {
+      if (estimate_training_memory(cfg_, data_.vocab_size, layout).total() >
+          estimate_training_memory(grown, data_.vocab_size, after).total())
+        return check_training_memory(cfg_, data_.vocab_size, layout, comm);
+    } catch (const Error&) {  // sizes beyond 64 bits: the checks below say so, on every rank together
+    }
+  }
   const std::string growth = "the model grown in this run ([upscale] method = \"" + cfg_.upscale.method + "\" at step " +
                              std::to_string(cfg_.upscale.at_step) + ": " + std::to_string(mc.n_layer) + " -> " +
                              std::to_string(grown.model.n_layer) + " layers)";
   try {
-    return check_training_memory(grown, data_.vocab_size, layout, comm) + ", for " + growth;
+    return check_training_memory(grown, data_.vocab_size, after, comm) + ", for " + growth;
   } catch (const Error& e) {  // thrown on every rank together
     throw Error("does not fit: " + growth + ": " + e.what());
   }
 }
 
+// The model of config mc on this rank's layout: its chunks, their parameters in one store (the
+// frozen ones first: ParameterStore::finalize), initialized from train.seed, and the optimizer over
+// the trainable ones.
 void Trainer::build_model(const ModelConfig& mc, const std::set<std::string>& frozen) {
   opt_.reset();
   chunks_.clear();
@@ -379,6 +453,14 @@ void Trainer::grow(int64_t done) {
       return it != moments[k].end() ? it->second : std::vector<float>(source_params(name).size(), 0.0f);
     };
   };
+  // ot with align_data: the units compared by their activations on the offline path's batches
+  // (alignment_batches: the validation data from the start, a loader of their own), every rank
+  // running the whole source model on them, so that every rank aligns alike.
+  if (cfg_.upscale.align_data > 0) {
+    int64_t B = 0, T = 0;
+    const auto batches = alignment_batches(cfg_, data_, cfg_.upscale.align_data, B, T);
+    up.set_features(activation_features(mc_, source_params, up.mapping(), batches, B, T));
+  }
   const int64_t before = mc_.n_layer;
   const std::string mapping = describe_mapping(up.mapping());
   // The record a grown checkpoint carries (app/upscale.h), so that a save after this step resumes
@@ -390,10 +472,8 @@ void Trainer::grow(int64_t done) {
   upscale_record_["source_layers"] = before;
   upscale_record_["layers"] = up.target().n_layer;
   upscale_record_["mapping"] = mapping;
-  cfg_.model.n_layer = up.target().n_layer;
-  cfg_.parallel.pp_layers.clear();  // cut again for the new depth
-  cfg_.upscale.method.clear();      // done: the config a save stores is the grown model's
-  cfg_.upscale.at_step = 0;
+  const std::string layout_before = layout_text();
+  const bool relayout = settle_growth(up.target().n_layer);
   const std::set<std::string> frozen =
       frozen_parameters(cfg_.train.freeze, global_parameter_names(up.target()), up.target().n_layer,
                         {upscale_record_, "this run's growth at step " + std::to_string(done)});
@@ -422,6 +502,7 @@ void Trainer::grow(int64_t done) {
   progress_.message("upscale at step " + std::to_string(done) + ": " + options.method + " grew " +
                     std::to_string(before) + " layers to " + std::to_string(up.target().n_layer) + " (" + mapping +
                     "), optimizer moments " + (carry ? "carried" : "fresh") +
+                    (relayout ? ", layout " + layout_before + " -> " + layout_text() : "") +
                     (frozen.empty() ? "" : ", " + std::to_string(frozen.size()) + " parameters frozen"));
   JsonRecord rec;
   rec.add("step", done)
@@ -430,7 +511,58 @@ void Trainer::grow(int64_t done) {
       .add("layers_before", before)
       .add("layers", up.target().n_layer)
       .add("mapping", mapping);
+  if (relayout) rec.add("layout_before", layout_before).add("layout", layout_text());
   metrics_.write(rec);
+}
+
+// The config from a growth on: the grown depth, the stages cut again (pp_layers cleared), no growth
+// pending (the config a save stores is the grown model's, and it validates: align_data is ot's
+// alone), and the layout of [upscale] tp, pp, dp, switched to when it is another. True when it was.
+bool Trainer::settle_growth(int64_t layers) {
+  const ParallelConfig next = parallel_after_growth(cfg_, grid_.world_size());
+  cfg_.model.n_layer = layers;
+  cfg_.parallel.pp_layers.clear();
+  UpscaleConfig& u = cfg_.upscale;
+  u.method.clear();
+  u.at_step = u.align_data = u.tp = u.pp = u.dp = 0;
+  if (!another_layout(grid_, next)) return false;
+  switch_layout(next);
+  return true;
+}
+
+// "tp 2 x dp 1 x pp 1" (and cp when > 1): the layout, for the growth's messages and metrics.
+std::string Trainer::layout_text() const {
+  return "tp " + std::to_string(grid_.tp_size()) + " x dp " + std::to_string(grid_.dp_size()) + " x pp " +
+         std::to_string(grid_.pp_size()) + (grid_.cp_size() > 1 ? " x cp " + std::to_string(grid_.cp_size()) : "");
+}
+
+// [upscale] tp, pp, dp: the same ranks laid out again (collective over every rank). The model and
+// the optimizer, which hold the old communicators, go first; then the grid, its communicators
+// (watched as at the start), the tp and cp groups, the batch layout and accumulation for the new
+// dp, and a data loader re-positioned at the next step for this rank's new dp shard. The caller
+// builds the model on it.
+void Trainer::switch_layout(const ParallelConfig& next) {
+  opt_.reset();
+  chunks_.clear();
+  model_ = nullptr;
+  groups_ = GradGroups{};
+  loader_.reset();  // made again at the next step, at its position, for the new dp rank
+  tp_ = TensorParallel{};
+  cp_ = ContextParallel{};
+  comms_.reset();
+  cfg_.parallel = next;
+  const int64_t world = grid_.world_size();
+  grid_ = ProcessGrid(grid_degrees(cfg_.parallel), world, world_rank_of(world_));
+  if (world_ != MPI_COMM_NULL && world > 1) comms_ = std::make_unique<GridComms>(mpi_grid_comms(grid_, world_));
+  if (watchdog_ && comms_) comms_->watch(*watchdog_, grid_, cfg_.parallel.timeout_s);
+  cp_ = context_parallel_of(cfg_.parallel, comms_.get());
+  if (grid_.tp_size() > 1) tp_ = TensorParallel{comms_->tp.get(), cfg_.parallel.sequence_parallel};
+  accum_ = tessera::grad_accum_steps(cfg_, grid_.dp_size());
+  layout_ = BatchLayout{cfg_.train.global_batch, cfg_.train.micro_batch, grid_.dp_size(), grid_.dp_rank()};
+  dp_bytes_at_record_ = tp_bytes_at_record_ = pp_bytes_at_record_ = cp_bytes_at_record_ = 0;  // new counters
+  pipeline_timer_ = PipelineTimer{};
+  if (profiling_ && comms_)
+    for (Communicator* c : comms_->all()) c->set_profiler(&profiler_);
 }
 
 // [upscale] rewarm_steps after a growth at growth_step_ (the resumed file's, or this run's).
@@ -1102,6 +1234,10 @@ void check_supported(const Config& cfg) {
   // model.kind = "vlm" trains on every layout: the vision tower runs on the stage with the
   // embedding (under pp chunk 0 of the first stage), its blocks split over tp; under sequence and
   // context parallelism each rank writes the image rows it holds (docs/multimodal.md).
+  if (cfg.model.kind == "vlm")
+    TESSERA_CHECK(cfg.upscale.pp <= 1, "model.kind = \"vlm\": growing onto pipeline stages in the run is not "
+                  "built for a vision-language model; upscale.pp = ", cfg.upscale.pp,
+                  ": leave upscale.pp at 0 or 1 (or grow through a checkpoint and resume under parallel.pp)");
 }
 
 namespace {

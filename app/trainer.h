@@ -126,17 +126,24 @@ class Trainer {
   bool vote_stop(const std::string& read_error);
   bool stop_requested() const { return signals_ && signals_->requested(); }
   std::vector<ParamSegment> segments() const;
-  // The memory check (app/memory_check.h) of this run's model, or of the grown one when an
-  // [upscale] section grows it in this run; its header line.
-  std::string check_memory(const std::string& ckpt_dir, const ModelConfig& mc, MPI_Comm comm) const;
+  // The memory check (app/memory_check.h) of this run's model (mc: its config before any in-run
+  // growth; frozen: train.freeze resolved for the model the run builds now), or with an [upscale]
+  // section that grows it in this run (grows_later) of the larger of the model before the growth
+  // and the grown one, train.freeze resolved for each; its header line.
+  std::string check_memory(const std::string& ckpt_dir, const ModelConfig& mc, const std::set<std::string>& frozen,
+                           bool grows_later, MPI_Comm comm) const;
   void build_model(const ModelConfig& mc, const std::set<std::string>& frozen);
   Gpt::GradsReady grads_hook();
   void apply_rewarm();
   // checkpoint.init_from: the fresh run's parameters from that file (collective over comm, or this
   // process alone when null); the line run() prints.
   void init_weights(const ModelConfig& model, MPI_Comm comm);
-  // [upscale]: grows the model after `done` steps, in place (collective over every rank).
+  // [upscale]: grows the model after `done` steps, in place (collective over every rank), onto
+  // the layout of [upscale] tp, pp, dp when they change it.
   void grow(int64_t done);
+  bool settle_growth(int64_t layers);
+  void switch_layout(const ParallelConfig& next);
+  std::string layout_text() const;
 
   Profiler* prof() { return profiling_ ? &profiler_ : nullptr; }
   // The gradient-reduction group, dp x cp (null on one rank); see the definition.
@@ -145,6 +152,7 @@ class Trainer {
   Config cfg_;
   std::string run_dir_;
   MPI_Comm world_ = MPI_COMM_NULL;
+  Watchdog* watchdog_ = nullptr;  // null: none; every communicator is watched by it
   const StopSignals* signals_ = nullptr;  // while run() runs
   ProcessGrid grid_;                  // tp x dp: the tp ranks of a replica share the model
   std::unique_ptr<GridComms> comms_;

@@ -41,21 +41,6 @@ std::string options_text(const UpscaleOptions& o, bool carry) {
 
 const std::string kModel = "/model/", kOptim = "/optim/";
 
-// ot --align-data: the first `n` micro-batches (train.micro_batch, or 4 when automatic, x
-// train.seq_len) of the stored config's validation data, or its training data when it has none,
-// in the order of a run from step 0 (seeded by train.seed): the same batches every time.
-std::vector<std::vector<int32_t>> alignment_batches(const Config& c, int64_t n, int64_t& B, int64_t& T) {
-  const TrainingData data = open_training_data(c);
-  const Dataset& ds = data.valid ? *data.valid : *data.train;
-  B = c.train.micro_batch > 0 ? c.train.micro_batch : 4;
-  T = c.train.seq_len;
-  const Sampler sampler(ds.num_samples(), static_cast<uint64_t>(c.train.seed));
-  DataLoader loader(ds, sampler, BatchLayout{B, B, 1, 0}, 0);
-  std::vector<std::vector<int32_t>> out;
-  for (int64_t i = 0; i < n; ++i) out.push_back(loader.next().tokens);
-  return out;
-}
-
 }  // namespace
 
 namespace {
@@ -142,6 +127,18 @@ void copy_local_part(const ParamEntry& e, const std::vector<float>& global, floa
                 static_cast<size_t>(valid * v.inner) * sizeof(float));
 }
 
+std::vector<std::vector<int32_t>> alignment_batches(const Config& c, const TrainingData& data, int64_t n, int64_t& B,
+                                                   int64_t& T) {
+  const Dataset& ds = data.valid ? *data.valid : *data.train;
+  B = c.train.micro_batch > 0 ? c.train.micro_batch : 4;
+  T = c.train.seq_len;
+  const Sampler sampler(ds.num_samples(), static_cast<uint64_t>(c.train.seed));
+  DataLoader loader(ds, sampler, BatchLayout{B, B, 1, 0}, 0);
+  std::vector<std::vector<int32_t>> out;
+  for (int64_t i = 0; i < n; ++i) out.push_back(loader.next().tokens);
+  return out;
+}
+
 UpscaleOptions upscale_options(const UpscaleConfig& c) {
   UpscaleOptions o;
   o.method = c.method;
@@ -151,6 +148,8 @@ UpscaleOptions upscale_options(const UpscaleConfig& c) {
   o.every = c.every;
   o.position = c.position;
   o.sinkhorn_eps = c.sinkhorn_eps;
+  o.align_data = c.align_data > 0;
+  o.align_batches = c.align_data;
   return o;
 }
 
@@ -175,7 +174,8 @@ int run_upscale_command(const UpscaleArgs& args, std::ostream& out) {
   if (args.options.align_data) {
     int64_t B = 0, T = 0;
     const Config stored = parse_config_string(reader.meta().config_toml, args.from + ":/meta/config");
-    const auto batches = alignment_batches(stored, args.options.align_batches > 0 ? args.options.align_batches : 4, B, T);
+    const auto batches = alignment_batches(stored, open_training_data(stored),
+                                           args.options.align_batches > 0 ? args.options.align_batches : 4, B, T);
     up.set_features(activation_features(source, params, mapping, batches, B, T));
   }
   // A parameter the source run froze (listed in /optim@frozen) has no moments: zero, as fresh ones.

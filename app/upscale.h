@@ -11,6 +11,7 @@
 #include <string>
 
 #include "app/config.h"
+#include "app/training_data.h"
 #include "model/parameters.h"
 #include "model/upscale.h"
 
@@ -43,6 +44,14 @@ void copy_local_part(const ParamEntry& e, const std::vector<float>& global, floa
 
 // The [upscale] section's method and options as `tessera upscale` takes them.
 UpscaleOptions upscale_options(const UpscaleConfig& c);
+
+// ot --align-data (and the in-run [upscale] align_data): the first `n` micro-batches (B =
+// train.micro_batch, or 4 when automatic, x T = train.seq_len) of the validation data, or of the
+// training data when there is none, in the order of a run from step 0 (seeded by train.seed), read
+// by a loader of their own: the same batches every time, whatever the layout or the step, and a run
+// that grows in itself does not move its own data position.
+std::vector<std::vector<int32_t>> alignment_batches(const Config& c, const TrainingData& data, int64_t n, int64_t& B,
+                                                   int64_t& T);
 
 // Writes args.out; returns the exit code. Throws tessera::Error for a bad request (naming it) or a
 // source that does not match its stored config.

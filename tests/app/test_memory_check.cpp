@@ -1,17 +1,22 @@
 // Tests app/memory_check.h: the estimate against the allocator's measured peak of real training
 // runs (one rank here; tensor-parallel and ZeRO-1 layouts under `mpiexec -n 2`, MemoryCheckLayouts),
 // the refusal message, the absurd configs refused in a second, naming the keys; pipeline
-// stages (the schedules' micro-batches in flight) against each rank's peak under mpiexec -n 2.
+// stages (the schedules' micro-batches in flight) against each rank's peak under mpiexec -n 2;
+// train.freeze (no moments for the frozen parameters) on one rank, on each layout, and with an
+// in-run growth.
 #include "app/memory_check.h"
 
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 
+#include "app/checkpoint/hf_export.h"
+#include "app/freeze.h"
 #include "app/trainer.h"
 #include "model/memory.h"
 #include "model/stage_cut.h"
@@ -113,6 +118,105 @@ TEST(MemoryCheck, VisionLanguageEstimateEqualsTheAllocatorsPeakOnOneRank) {
   }
 }
 
+// train.freeze resolved for cfg's model (patterns; "original" from an up-scaling record's mapping).
+std::set<std::string> frozen_of(const Config& cfg, const std::string& mapping = "") {
+  const ModelConfig mc = resolve(to_model_config(cfg, 13));
+  std::vector<std::string> names;
+  for (const auto& [path, shape] : model_tensor_shapes(mc)) names.push_back(path.substr(std::strlen("/model/")));
+  AttrMap record;
+  if (!mapping.empty()) record["mapping"] = mapping;
+  return frozen_parameters(cfg.train.freeze, names, mc.n_layer, {record, "the test"});
+}
+
+// The frozen tensors' global elements, from the checkpoint's tensor list (one rank holds them whole).
+int64_t global_elements(const Config& cfg, const std::set<std::string>& names) {
+  int64_t n = 0;
+  for (const auto& [path, shape] : model_tensor_shapes(resolve(to_model_config(cfg, 13))))
+    if (names.count(path.substr(std::strlen("/model/")))) n += shape.numel();
+  return n;
+}
+
+// train.freeze: the frozen parameters keep their parameter and gradient buffers but get no AdamW
+// moments. On one rank the estimate is the allocator's peak exactly (as without freezing), and it
+// is the unfrozen estimate less the frozen parameters' moments, 2 x 4 bytes per element (checkpoints
+// off here: with them, their host copy too).
+TEST(MemoryCheck, FrozenParametersAreEstimatedWithoutTheirMoments) {
+  const std::vector<std::vector<std::string>> cases = {
+      {"train.freeze=[\"blocks.0.*\", \"wte.weight\"]"},
+      {"model.preset=\"llama\"", "model.recompute=\"full\"", "train.micro_batch=2", "train.freeze=[\"blocks.1.mlp.*\"]"},
+  };
+  for (const auto& overrides : cases) {
+    const Config cfg = tiny(overrides);
+    MemoryLayout frozen{1, 1, false};
+    frozen.frozen = frozen_of(cfg);
+    const int64_t elements = global_elements(cfg, frozen.frozen);
+    ASSERT_GT(elements, 0);
+    const MemoryEstimate e = estimate_training_memory(cfg, 13, frozen);
+    const MemoryEstimate all = estimate_training_memory(cfg, 13, MemoryLayout{1, 1, false});
+    EXPECT_EQ(all.allocator_bytes() - e.allocator_bytes(), 8 * elements) << ::testing::PrintToString(overrides);
+    EXPECT_EQ(all.total() - e.total(), 8 * elements) << ::testing::PrintToString(overrides);
+    EXPECT_EQ(static_cast<size_t>(e.allocator_bytes()), measured_peak(cfg, MPI_COMM_NULL))
+        << ::testing::PrintToString(overrides);
+    MemoryLayout saving = frozen;  // with checkpoints, their host copy holds no moments of the frozen ones either
+    saving.checkpoints = true;
+    MemoryLayout saving_all{1, 1, true};
+    EXPECT_EQ(estimate_training_memory(cfg, 13, saving_all).total() - estimate_training_memory(cfg, 13, saving).total(),
+              16 * elements);
+  }
+}
+
+// A vision-language model with its tower frozen (stage 1 of docs/multimodal.md's recipe freezes the
+// language model; freezing the encoder is the other common choice) and with its language model
+// frozen: the tower's and the projector's elements are discounted like the language model's, and the
+// estimate is the allocator's peak exactly.
+TEST(MemoryCheck, AFrozenVisionTowerIsEstimatedWithoutItsMoments) {
+  for (const std::string& freeze : {"train.freeze=[\"vision.*\", \"projector.*\"]",
+                                    "train.freeze=[\"wte.*\", \"wpe.*\", \"blocks.*\", \"ln_f.*\"]"}) {
+    const Config cfg = tiny_vlm({freeze});
+    const ModelConfig mc = resolve(to_model_config(cfg, 15));
+    std::vector<std::string> names;
+    for (const auto& [path, shape] : model_tensor_shapes(mc)) names.push_back(path.substr(std::strlen("/model/")));
+    MemoryLayout frozen{1, 1, false};
+    frozen.frozen = frozen_parameters(cfg.train.freeze, names, mc.n_layer, {AttrMap{}, "the test"});
+    int64_t elements = 0;
+    for (const auto& [path, shape] : model_tensor_shapes(mc))
+      if (frozen.frozen.count(path.substr(std::strlen("/model/")))) elements += shape.numel();
+    ASSERT_GT(elements, 0) << freeze;
+    const MemoryEstimate e = estimate_training_memory(cfg, 15, frozen);
+    const MemoryEstimate all = estimate_training_memory(cfg, 15, MemoryLayout{1, 1, false});
+    EXPECT_EQ(all.allocator_bytes() - e.allocator_bytes(), 8 * elements) << freeze;
+    EXPECT_EQ(static_cast<size_t>(e.allocator_bytes()), measured_peak(cfg, MPI_COMM_NULL)) << freeze;
+  }
+}
+
+// An in-run growth with train.freeze = ["original"]: before the growth nothing is frozen, after it
+// the carried-over layers and the embeddings are. The run's allocator peak is the larger of the two
+// models' estimates exactly; the check refuses the unfrozen run and starts the frozen one when the
+// memory lies between their grown estimates.
+TEST(MemoryCheck, AnInRunGrowthWithFreezeIsCheckedWithoutTheFrozenMoments) {
+  const std::vector<std::string> growth = {"train.steps=4", "upscale.method=\"stack\"", "upscale.at_step=2"};
+  std::vector<std::string> frozen_growth = growth;
+  frozen_growth.push_back("train.freeze=[\"original\"]");
+  const Config grows = tiny(growth), grows_frozen = tiny(frozen_growth);
+  const Config deep = tiny({"train.steps=4", "model.n_layer=4", "train.freeze=[\"original\"]"});
+  const Config plain = tiny({"train.steps=4"});
+  MemoryLayout after{1, 1, false};
+  after.frozen = frozen_of(deep, "0 1 0 1");  // stack: the first copy is original
+  ASSERT_GT(global_elements(deep, after.frozen), 0);
+  const MemoryEstimate before = estimate_training_memory(plain, 13, MemoryLayout{1, 1, false});
+  const MemoryEstimate grown_frozen = estimate_training_memory(deep, 13, after);
+  const MemoryEstimate grown_all = estimate_training_memory(deep, 13, MemoryLayout{1, 1, false});
+  EXPECT_EQ(grown_all.total() - grown_frozen.total(), 8 * global_elements(deep, after.frozen));
+  EXPECT_EQ(measured_peak(grows_frozen, MPI_COMM_NULL),
+            static_cast<size_t>(std::max(before.allocator_bytes(), grown_frozen.allocator_bytes())));
+  ::setenv("TESSERA_TEST_MEMORY_AVAILABLE",
+           std::to_string((std::max(before.total(), grown_frozen.total()) + grown_all.total()) / 2).c_str(), 1);
+  EXPECT_TRUE(testing::throws_with([&] { Trainer t(grows, "", MPI_COMM_NULL); },
+                                   {"does not fit", "2 -> 4 layers", "not enough memory"}));
+  EXPECT_NO_THROW({ Trainer t(grows_frozen, "", MPI_COMM_NULL); });
+  ::unsetenv("TESSERA_TEST_MEMORY_AVAILABLE");
+}
+
 // Under mpiexec -n 2 (tests/CMakeLists.txt): each rank's estimate against its own allocator peak,
 // for tensor parallelism with sequence parallelism, and for data parallelism replicated and ZeRO-1.
 // Exact as on one rank except the tp-partial gradient sum (sequence-parallel norm gradients
@@ -169,6 +273,57 @@ TEST(MemoryCheckLayouts, VisionLanguageEstimateEqualsEachRanksPeak) {
       EXPECT_EQ(static_cast<size_t>(e.allocator_bytes()), measured) << schedule << " on rank " << rank;
     }
   }
+}
+
+// Under mpiexec -n 2, train.freeze on each layout's own terms: tp 2 (the frozen token table padded
+// to 7 rows of 13 per rank; llama's one kv head replicated, k and v whole on both ranks), ZeRO-1 over
+// dp 2 (only the trainable part padded and sharded), and two pipeline stages (each its own frozen
+// part, the last stage's copy of the tied table included). Each rank's estimate is its peak exactly.
+TEST(MemoryCheckLayouts, FrozenEstimateEqualsEachRanksPeak) {
+  const MPI_Comm world = test_world();
+  if (comm_size(world) != 2) GTEST_SKIP() << "runs under mpiexec -n 2 (MemoryCheck.two_ranks)";
+  const int64_t rank = comm_rank(world);
+  struct Layout {
+    std::vector<std::string> overrides;
+    int64_t tp, dp, pp_rank;
+  };
+  for (const Layout& l :
+       {Layout{{"parallel.tp=2", "parallel.sequence_parallel=true", "train.freeze=[\"wte.weight\", \"blocks.1.*\"]"}, 2, 1, -1},
+        Layout{{"parallel.tp=2", "model.preset=\"llama\"", "model.n_kv_head=1", "train.freeze=[\"blocks.0.attn.*\"]"},
+               2, 1, -1},
+        Layout{{"train.micro_batch=4", "parallel.zero=1", "train.freeze=[\"blocks.0.ln*\", \"ln_f.*\"]"}, 1, 2, -1},
+        Layout{{"model.n_layer=4", "train.micro_batch=2", "parallel.pp=2", "data.val_examples=1",
+                "train.freeze=[\"wte.weight\", \"blocks.3.mlp.*\"]"},
+               1, 1, rank}}) {
+    const Config cfg = tiny(l.overrides);
+    MemoryLayout layout{l.tp, l.dp, false, l.pp_rank};
+    layout.frozen = frozen_of(cfg);
+    const MemoryEstimate e = estimate_training_memory(cfg, 13, layout);
+    const MemoryEstimate all = estimate_training_memory(cfg, 13, MemoryLayout{l.tp, l.dp, false, l.pp_rank});
+    EXPECT_LT(e.total(), all.total()) << ::testing::PrintToString(l.overrides) << " on rank " << rank;
+    EXPECT_EQ(static_cast<size_t>(e.allocator_bytes()), measured_peak(cfg, world))
+        << ::testing::PrintToString(l.overrides) << " on rank " << rank;
+  }
+}
+
+// An in-run growth onto another layout (dp 2 -> tp 2: [upscale] tp = 2) with train.freeze =
+// ["original"]: each rank's allocator peak is the larger of the model before the growth on dp 2
+// (nothing frozen yet) and the grown one on tp 2 (its carried-over layers frozen), exactly.
+TEST(MemoryCheckLayouts, AGrowthOntoAnotherLayoutIsEstimatedThere) {
+  const MPI_Comm world = test_world();
+  if (comm_size(world) != 2) GTEST_SKIP() << "runs under mpiexec -n 2 (MemoryCheck.two_ranks)";
+  const std::vector<std::string> run = {"train.steps=4", "train.micro_batch=4"};
+  std::vector<std::string> grows = run;
+  for (const std::string s : {"upscale.method=\"stack\"", "upscale.at_step=2", "upscale.tp=2", "train.freeze=[\"original\"]"})
+    grows.push_back(s);
+  std::vector<std::string> grown = run;
+  for (const std::string s : {"model.n_layer=4", "parallel.tp=2", "train.freeze=[\"original\"]"}) grown.push_back(s);
+  MemoryLayout after{2, 1, false};
+  after.frozen = frozen_of(tiny(grown), "0 1 0 1");  // stack: the first copy is original
+  const int64_t before_bytes = estimate_training_memory(tiny(run), 13, MemoryLayout{1, 2, false}).allocator_bytes();
+  const int64_t after_bytes = estimate_training_memory(tiny(grown), 13, after).allocator_bytes();
+  EXPECT_EQ(measured_peak(tiny(grows), world), static_cast<size_t>(std::max(before_bytes, after_bytes)))
+      << "before " << before_bytes << ", after " << after_bytes << " on rank " << comm_rank(world);
 }
 
 // Context parallelism: the activations are those of seq_len / cp positions, plus the context

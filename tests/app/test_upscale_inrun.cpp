@@ -4,7 +4,8 @@
 // (UpscaleInRunLayouts, mpiexec -n 2); the
 // metrics mark the growth; [upscale] rewarm_steps restarts the learning rate at the growth step,
 // in the run that grows and in a run resumed from a grown file; train.freeze = "original" after an
-// in-run expand keeps the carried-over tensors and gives them no moments.
+// in-run expand keeps the carried-over tensors and gives them no moments; upscale.align_data (ot)
+// equals --align-data, and is refused for other methods.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -56,6 +57,11 @@ const std::vector<Growth> kGrowths = {
     {"expand", {}, {.method = "expand"}, 4},
     {"ot", {"upscale.layers=3"}, {.method = "ot", .layers = 3}, 3},
     {"solar", {"upscale.overlap=0", "upscale.carry_optimizer=true"}, {.method = "solar", .overlap = 0}, 4},
+    // ot aligned by activations on 2 micro-batches of the validation data, as --align-data
+    // --align-batches 2: the same batches in both paths, and the in-run run's own data position
+    // unmoved (its later steps read what the resumed offline run reads).
+    {"ot_align", {"upscale.layers=3", "upscale.align_data=2"},
+     {.method = "ot", .layers = 3, .align_data = true, .align_batches = 2}, 3},
 };
 
 std::vector<std::string> in_run(const Growth& g) {
@@ -116,6 +122,7 @@ std::map<int64_t, double> by_step(const fs::path& metrics, const std::string& ke
 
 TEST(UpscaleInRun, EqualsTheOfflinePathBitForBit) {
   testing::test_world();
+  std::map<std::string, std::vector<float>> fused;  // the fused layer's MLP weights at the end, ot and ot_align
   for (const Growth& g : kGrowths) {
     const fs::path dir = testing::temp_dir("grow_" + g.name);
     run(kBase + in_run(g), dir / "inrun", MPI_COMM_SELF);
@@ -131,8 +138,11 @@ TEST(UpscaleInRun, EqualsTheOfflinePathBitForBit) {
     CheckpointReader r((dir / "inrun" / "checkpoints" / "step_00000006.h5").string(), MPI_COMM_SELF);
     EXPECT_EQ(std::get<int64_t>(r.group_attributes().at("/upscale").at("source_step")), 3);
     EXPECT_EQ(model_config_of(r).n_layer, g.layers) << g.name;
+    if (g.options.method == "ot") fused[g.name] = r.read_all("/model/blocks.1.mlp.fc.weight");
     fs::remove_all(dir);
   }
+  // The activations aligned the units otherwise than the weights did.
+  EXPECT_NE(fused.at("ot"), fused.at("ot_align"));
 }
 
 // rewarm_steps = 2 from the growth at step 3 of 10: steps 4, 5 warm up to optim.lr, then the cosine
@@ -217,6 +227,33 @@ TEST(UpscaleInRun, OtAlignDataGrowsFromTheStoredConfigsData) {
   fs::remove_all(dir);
 }
 
+// upscale.align_data is ot's alone: another method, or none, is refused naming the key.
+TEST(UpscaleInRun, AlignDataIsRefusedForOtherMethods) {
+  for (const std::string method : {"expand", "average", "solar"})
+    EXPECT_TRUE(testing::throws_with(
+        [&] { config(kBase + std::vector<std::string>{"upscale.method=\"" + method + "\"", "upscale.at_step=3",
+                                                      "upscale.align_data=2"}); },
+        {"upscale.align_data = 2", "only upscale.method = \"ot\"", "upscale.method = \"" + method + "\""}))
+        << method;
+  EXPECT_TRUE(testing::throws_with([&] { config(kBase + std::vector<std::string>{"upscale.align_data=2"}); },
+                                   {"upscale.align_data = 2", "upscale.method = \"\""}));
+}
+
+// [upscale] tp, pp, dp keep the ranks the run has: another count is refused naming the keys and
+// sizes; without upscale.method they mean nothing and are refused too.
+TEST(UpscaleInRun, AnotherLayoutKeepsTheWorldSize) {
+  testing::test_world();
+  EXPECT_TRUE(testing::throws_with(
+      [&] { Trainer t(config(kBase + in_run(kGrowths[0]) + std::vector<std::string>{"upscale.tp=2"}), "", MPI_COMM_NULL); },
+      {"the layout after the growth (upscale.tp = 2 x upscale.pp = 1 (parallel.pp) x parallel.cp = 1)",
+       "needs a multiple of 2 ranks, but the run has 1"}));
+  EXPECT_TRUE(testing::throws_with(
+      [&] { Trainer t(config(kBase + in_run(kGrowths[0]) + std::vector<std::string>{"upscale.dp=3"}), "", MPI_COMM_NULL); },
+      {"upscale.dp = 3", "needs 3 ranks, but the run has 1"}));
+  EXPECT_TRUE(testing::throws_with([&] { config(kBase + std::vector<std::string>{"upscale.tp=2"}); },
+                                   {"upscale.tp = 2", "needs upscale.method"}));
+}
+
 // mpiexec -n 2: in-run growth on dp 2, tp 2 and pp 2 (the stages cut again for the new depth)
 // equals the offline path on the same layout bit
 // for bit (gathering, mapping and re-sharding lose nothing), and the offline path on one rank to
@@ -252,6 +289,62 @@ TEST(UpscaleInRunLayouts, DataAndTensorParallelEqualTheOfflinePath) {
       testing::expect_losses_near({got.begin() + 3, got.end()}, testing::losses(one / "offline" / "metrics.jsonl"), 1e-5,
                                   what);
     }
+  }
+  MPI_Barrier(world.comm());
+  if (world.rank() == 0) fs::remove_all(dir);
+}
+
+// mpiexec -n 2: growing into another layout inside the run ([upscale] tp, pp, dp: the global tensors
+// gathered, the grid and its communicators made again, the grown model cut and sharded for the new
+// layout) equals the path through a checkpoint (3 steps on the first layout and save, `tessera
+// upscale`, resume on the second) bit for bit: both run the same operations in the same order on
+// each layout, and a checkpoint holds global tensors as the gather does. dp 2 -> tp 2, pp 2 -> dp 2,
+// tp 2 -> pp 2 (ot with align_data once, and solar with carried moments once). Label slow: 3 s on
+// two idle cores, 1 to 5 minutes beside other builds.
+TEST(UpscaleRelayout, GrowingIntoAnotherLayoutEqualsTheCheckpointPath) {
+  MpiCommunicator world = MpiCommunicator::duplicate(testing::test_world());
+  ASSERT_EQ(world.size(), 2);
+  const std::string dir =
+      broadcast_bytes(world.comm(), world.rank() == 0 ? testing::temp_dir("grow_relayout").string() : "", 0);
+  struct Switch {
+    std::string name;
+    const Growth& growth;
+    std::vector<std::string> before, keys, after;  // parallel.* before; upscale.*; parallel.* of the resumed run
+  };
+  const std::vector<Switch> switches = {
+      {"dp2_tp2", kGrowths[0], {}, {"upscale.tp=2"}, {"parallel.tp=2"}},
+      {"pp2_dp2", kGrowths[3], {"parallel.pp=2"}, {"upscale.pp=1"}, {"parallel.pp=1"}},
+      {"tp2_pp2", kGrowths[2], {"parallel.tp=2"}, {"upscale.tp=1", "upscale.pp=2"}, {"parallel.tp=1", "parallel.pp=2"}},
+  };
+  for (const Switch& sw : switches) {
+    MpiCommunicator comm = MpiCommunicator::duplicate(world.comm());
+    const fs::path run_dir = fs::path(dir) / sw.name;
+    run(kBase + sw.before + in_run(sw.growth) + sw.keys, run_dir / "inrun", comm.comm());
+    const fs::path want = offline(sw.growth, run_dir, sw.before, comm.comm(), sw.after);
+    MPI_Barrier(world.comm());
+    expect_files_equal(run_dir / "inrun" / "checkpoints" / "step_00000006.h5", want, sw.name);
+    const std::vector<double> got = testing::losses(run_dir / "inrun" / "metrics.jsonl"),
+                              path = testing::losses(run_dir / "offline" / "metrics.jsonl");
+    ASSERT_EQ(got.size(), 6u) << sw.name;
+    ASSERT_EQ(path.size(), 3u) << sw.name;
+    for (size_t i = 0; i < 3; ++i) EXPECT_EQ(got[3 + i], path[i]) << sw.name << " step " << 4 + i;
+    const std::string metrics = testing::read_file(run_dir / "inrun" / "metrics.jsonl");
+    EXPECT_NE(metrics.find("\"layout\": "), std::string::npos) << metrics;
+    // The saved config is the new layout's: resuming it needs no [upscale] keys.
+    CheckpointReader r((run_dir / "inrun" / "checkpoints" / "step_00000006.h5").string(), MPI_COMM_SELF);
+    const Config saved = parse_config_string(r.meta().config_toml, "saved");
+    const Config resumed = config(kBase + sw.after);
+    EXPECT_EQ(saved.parallel.tp, resumed.parallel.tp) << sw.name;
+    EXPECT_EQ(saved.parallel.pp, resumed.parallel.pp) << sw.name;
+    EXPECT_EQ(saved.upscale.tp + saved.upscale.pp + saved.upscale.dp, 0) << sw.name;
+    // Resumed with the run's own config (the shallow depth, the [upscale] section) past the growth:
+    // the grown model on the layout after it, each rank holding what it holds in the offline run.
+    const Trainer again(config(kBase + sw.before + in_run(sw.growth) + sw.keys), (run_dir / "inrun").string(), comm.comm());
+    const Trainer offline_layout(config(kBase + sw.before + sw.after +
+                                        std::vector<std::string>{"model.n_layer=" + std::to_string(sw.growth.layers)}),
+                                 "", comm.comm());
+    EXPECT_EQ(again.start_step(), 6) << sw.name;
+    EXPECT_EQ(again.params().numel(), offline_layout.params().numel()) << sw.name << " on rank " << world.rank();
   }
   MPI_Barrier(world.comm());
   if (world.rank() == 0) fs::remove_all(dir);
