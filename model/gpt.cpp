@@ -408,7 +408,8 @@ StageSpec resolve_stage(const StageSpec& stage, const ModelConfig& cfg) {
                 cfg.is_vlm() ? " (only a vision-language model's first stage may hold none: the vision tower, "
                                "projector and embedding alone)"
                              : "");
-  // After a VLM's encoder stage the next stage starts at layer 0 too, without the embedding.
+  // After a VLM's encoder stage the next stage starts at layer 0 too, without the embedding
+  // (which stage holds the embedding is then the cut's to say: model/stage_cut.h).
   TESSERA_CHECK(s.embedding ? s.first_layer == 0 : s.first_layer > 0 || cfg.is_vlm(), "the ", what,
                 s.embedding ? " cannot hold the embedding: only the stage starting at layer 0 does"
                             : " must hold the embedding: the first block's input is the token embedding");

@@ -184,9 +184,9 @@ class Block {
 
 // Which part of the model a Gpt instance is: one pipeline stage, in the manner of Megatron's
 // pre_process / post_process. The default is the whole model (the one-stage case). A stage holds
-// the blocks [first_layer, end_layer) (at least one, except a vision-language model's first stage:
-// resolve_stage), the embedding if and only if it starts at layer 0, and the final norm, LM head
-// and loss if and only if it ends at the last layer.
+// the blocks [first_layer, end_layer) (at least one; a VLM's first may hold none, resolve_stage), the
+// embedding if and only if it starts at layer 0 (but after a VLM's empty first stage), and the
+// final norm, LM head and loss if and only if it ends at the last layer.
 struct StageSpec {
   int64_t first_layer = 0;
   int64_t end_layer = -1;  // one past the stage's last block; -1: the model's n_layer

@@ -14,8 +14,6 @@ namespace {
 
 constexpr double kFloatBytes = 4;
 
-// The chunk's StageSpec: blocks [first, end) of n_layer, with the embedding and the head where
-// they fall.
 // Block counts in model order -> specs: the embedding on chunk 0 (a VLM's may hold no block: the
 // next chunk starts at layer 0 too), the head on the last.
 std::vector<StageSpec> specs_of(const std::vector<int64_t>& blocks, const ModelConfig& cfg) {
