@@ -728,6 +728,16 @@ void check_pipeline(const Config& c, int64_t dp_size, const Origins* origins) {
     for (int64_t n : p.pp_layers) sum += n;
     if (sum != c.model.n_layer)
       fail(layers + " sums to " + std::to_string(sum) + " blocks, but " + n_layer + ": every block goes to one stage");
+    for (size_t i = 0; i < p.pp_layers.size(); ++i) {
+      if (p.pp_layers[i] != 0) continue;
+      if (i > 0 || !c.model.is_vlm())
+        fail(layers + ": stage " + std::to_string(i) + " holds 0 blocks; every stage needs at least one" +
+             (c.model.is_vlm() ? " but the first (a vision-language model's stage 0 may hold the vision encoder alone)"
+                               : " (only a vision-language model's stage 0, model.kind = \"vlm\", may hold none)"));
+      if (p.vpp > 1)
+        fail(layers + ": stage 0 holds 0 blocks (the vision encoder's own stage), which needs parallel.vpp = 1, not " +
+             vpp + ": its virtual chunks would hold no block");
+    }
     for (size_t i = 0; i < p.pp_layers.size(); ++i)
       if (p.pp_layers[i] % p.vpp != 0)
         fail(layers + ": stage " + std::to_string(i) + " holds " + std::to_string(p.pp_layers[i]) +

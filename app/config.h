@@ -301,9 +301,10 @@ struct ParallelConfig {
     v.field("tp", tp, "tensor-parallel degree", Allowed::at_least(1));
     v.field("pp", pp, "pipeline-parallel degree (stages)", Allowed::at_least(1));
     v.field("pp_layers", pp_layers, "blocks per pipeline stage, first stage first: one entry per stage, summing "
-            "to model.n_layer, each a multiple of parallel.vpp; [] = cut by a per-layer cost estimate that "
-            "weighs the embedding and the LM head + loss as what they are (docs/parallel.md)",
-            Allowed::at_least(1).at_most(kMaxLayers));
+            "to model.n_layer, each a positive multiple of parallel.vpp (a vision-language model's stage 0 may "
+            "hold 0 with vpp = 1: the vision encoder's own stage); [] = cut by a per-layer cost estimate that "
+            "weighs the embedding, the vision tower and the LM head + loss as what they are (docs/parallel.md)",
+            Allowed::at_least(0).at_most(kMaxLayers));
     v.field("vpp", vpp, "virtual pipeline chunks per stage (parallel.pp_schedule = \"interleaved\"): the model "
             "is cut into pp x vpp chunks and rank r holds chunks r, r + pp, ...", Allowed::at_least(1).at_most(kMaxLayers));
     v.field("pp_schedule", pp_schedule, "pipeline schedule: gpipe (all forwards, then all backwards), 1f1b, "

@@ -167,6 +167,7 @@ std::string describe_chunks(const std::vector<StageSpec>& chunks) {
   std::string s = "blocks";
   for (const StageSpec& c : chunks)
     s += " [" + std::to_string(c.first_layer) + ", " + std::to_string(c.end_layer) + ")";
+  if (chunks.size() == 1 && chunks.front().layers() == 0) s = "no block";  // a VLM's encoder stage
   if (chunks.front().embedding) s += ", the embedding";
   if (chunks.back().head) s += ", the head";
   return s;

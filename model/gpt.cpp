@@ -392,15 +392,25 @@ StageSpec StageSpec::split(int64_t n_layer, int64_t stages, int64_t index) {
   return s;
 }
 
-StageSpec resolve_stage(const StageSpec& stage, int64_t n_layer) {
+StageSpec resolve_stage(const StageSpec& stage, const ModelConfig& cfg) {
+  const int64_t n_layer = cfg.n_layer;
   StageSpec s = stage;
   if (s.end_layer == -1) s.end_layer = n_layer;
   const std::string what =
       "pipeline stage with layers [" + std::to_string(s.first_layer) + ", " + std::to_string(s.end_layer) + ")";
   TESSERA_CHECK(s.first_layer >= 0 && s.end_layer >= 0 && s.end_layer <= n_layer, "the ", what,
                 " lies outside the model's layers [0, ", n_layer, ") (model.n_layer = ", n_layer, ")");
-  TESSERA_CHECK(s.end_layer > s.first_layer, "the ", what, " holds no block; every stage needs at least one");
-  TESSERA_CHECK(s.embedding == (s.first_layer == 0), "the ", what,
+  // A vision-language model's first stage may hold the vision tower, the projector and the
+  // embedding alone (the image rows are merged into the embedded sequence there).
+  const bool encoder_stage = cfg.is_vlm() && s.first_layer == 0 && s.end_layer == 0 && s.embedding && !s.head;
+  TESSERA_CHECK(s.end_layer > s.first_layer || encoder_stage, "the ", what,
+                " holds no block; every stage needs at least one",
+                cfg.is_vlm() ? " (only a vision-language model's first stage may hold none: the vision tower, "
+                               "projector and embedding alone)"
+                             : "");
+  // After a VLM's encoder stage the next stage starts at layer 0 too, without the embedding
+  // (which stage holds the embedding is then the cut's to say: model/stage_cut.h).
+  TESSERA_CHECK(s.embedding ? s.first_layer == 0 : s.first_layer > 0 || cfg.is_vlm(), "the ", what,
                 s.embedding ? " cannot hold the embedding: only the stage starting at layer 0 does"
                             : " must hold the embedding: the first block's input is the token embedding");
   TESSERA_CHECK(s.head == (s.end_layer == n_layer), "the ", what,
@@ -415,7 +425,7 @@ StageSpec resolve_stage(const StageSpec& stage, int64_t n_layer) {
 Gpt::Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> recompute, TensorParallel tp,
          StageSpec stage, ContextParallel cp)
     : cfg_(resolve(cfg)),
-      stage_(resolve_stage(stage, cfg_.n_layer)),
+      stage_(resolve_stage(stage, cfg_)),
       ps_(&ps),
       tp_(tp),
       vocab_shard_(VocabShard::of(cfg_.vocab_size, tp.size(), tp.rank())) {

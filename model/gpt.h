@@ -184,8 +184,9 @@ class Block {
 
 // Which part of the model a Gpt instance is: one pipeline stage, in the manner of Megatron's
 // pre_process / post_process. The default is the whole model (the one-stage case). A stage holds
-// the blocks [first_layer, end_layer) (at least one), the embedding if and only if it starts at
-// layer 0, and the final norm, LM head and loss if and only if it ends at the last layer.
+// the blocks [first_layer, end_layer) (at least one; a VLM's first may hold none, resolve_stage), the
+// embedding if and only if it starts at layer 0 (but after a VLM's empty first stage), and the
+// final norm, LM head and loss if and only if it ends at the last layer.
 struct StageSpec {
   int64_t first_layer = 0;
   int64_t end_layer = -1;  // one past the stage's last block; -1: the model's n_layer
@@ -199,10 +200,12 @@ struct StageSpec {
   bool whole(int64_t n_layer) const { return first_layer == 0 && end_layer == n_layer && embedding && head; }
 };
 
-// The spec with end_layer resolved (-1 -> n_layer), checked against the model: an Error names
+// The spec with end_layer resolved (-1 -> cfg.n_layer), checked against the model: an Error names
 // the stage and what is wrong (no blocks, a range outside [0, n_layer), the embedding on a stage
-// not starting at layer 0, ...).
-StageSpec resolve_stage(const StageSpec& stage, int64_t n_layer);
+// not starting at layer 0, ...). A vision-language model's (cfg.kind = "vlm") first stage may hold
+// no block, {0, 0, true, false}: the vision tower, the projector and the embedding (the encoder
+// as a stage of its own; its output is the embedded sequence with the image rows merged in).
+StageSpec resolve_stage(const StageSpec& stage, const ModelConfig& cfg);
 
 class VisionTower;  // model/vision.h
 struct VisionCtx;

@@ -241,7 +241,7 @@ VisionCost vision_cost(const ModelConfig& c, const ModelMemoryLayout& lay, int64
 ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
   const ModelConfig c = resolve(cfg);
   const Dims d = dims_of(c, lay);
-  const StageSpec st = resolve_stage(lay.stage, c.n_layer);
+  const StageSpec st = resolve_stage(lay.stage, c);
   TESSERA_CHECK(lay.full_layers >= 0, "model_memory: full_layers = ", lay.full_layers, " must be >= 0");
   const Acts a = activations(d);
   const BlockWork w = block_workspace(d);

@@ -14,36 +14,39 @@ namespace {
 
 constexpr double kFloatBytes = 4;
 
-// The chunk's StageSpec: blocks [first, end) of n_layer, with the embedding and the head where
-// they fall.
-StageSpec chunk_spec(int64_t first, int64_t end, int64_t n_layer) {
-  return resolve_stage(StageSpec{first, end, first == 0, end == n_layer}, n_layer);
-}
-
-// Block counts in model order -> specs.
-std::vector<StageSpec> specs_of(const std::vector<int64_t>& blocks, int64_t n_layer) {
+// Block counts in model order -> specs: the embedding on chunk 0 (a VLM's may hold no block: the
+// next chunk starts at layer 0 too), the head on the last.
+std::vector<StageSpec> specs_of(const std::vector<int64_t>& blocks, const ModelConfig& cfg) {
   std::vector<StageSpec> out;
   int64_t first = 0;
-  for (int64_t n : blocks) {
-    out.push_back(chunk_spec(first, first + n, n_layer));
-    first += n;
+  for (size_t c = 0; c < blocks.size(); ++c) {
+    const int64_t end = first + blocks[c];
+    out.push_back(resolve_stage(StageSpec{first, end, c == 0, c + 1 == blocks.size()}, cfg));
+    first = end;
   }
   return out;
 }
 
-// Water-filling: one block per chunk, then each further block to the chunk whose weight after
-// taking it is least (the lowest index on ties). With identical blocks this minimises the largest
-// chunk weight: a chunk stops receiving blocks only when every other one would end up heavier.
-std::vector<int64_t> balanced_blocks(const LayerCosts& costs, int64_t n_layer, int64_t chunks) {
+// Water-filling: one block per chunk (none for chunk 0 when encoder_stage: a vision-language
+// model's first stage may hold the vision tower, projector and embedding alone), then each further
+// block to the chunk whose weight after taking it is least (the lowest index on ties). With
+// identical blocks this minimises the largest chunk weight: a chunk stops receiving blocks only
+// when every other one would end up heavier.
+std::vector<int64_t> balanced_blocks(const LayerCosts& costs, int64_t n_layer, int64_t chunks, bool encoder_stage) {
   const double block = costs.weight(costs.block);
   std::vector<double> base(static_cast<size_t>(chunks), 0.0);
   base.front() += costs.weight(costs.embedding) + costs.weight(costs.vision);
   base.back() += costs.weight(costs.head);
   std::vector<int64_t> blocks(static_cast<size_t>(chunks), 1);
+  if (encoder_stage) blocks.front() = 0;
+  int64_t placed = 0;
   using Next = std::pair<double, int64_t>;  // (weight after one more block, chunk)
   std::priority_queue<Next, std::vector<Next>, std::greater<>> heap;
-  for (int64_t c = 0; c < chunks; ++c) heap.push({base[c] + 2 * block, c});
-  for (int64_t left = n_layer - chunks; left > 0; --left) {
+  for (int64_t c = 0; c < chunks; ++c) {
+    heap.push({base[c] + static_cast<double>(blocks[c] + 1) * block, c});
+    placed += blocks[c];
+  }
+  for (int64_t left = n_layer - placed; left > 0; --left) {
     const int64_t c = heap.top().second;
     heap.pop();
     ++blocks[c];
@@ -53,13 +56,21 @@ std::vector<int64_t> balanced_blocks(const LayerCosts& costs, int64_t n_layer, i
 }
 
 // parallel.pp_layers: stage r's blocks split into vpp equal chunks, chunk v pp + r holding one.
-std::vector<int64_t> blocks_by_hand(const std::vector<int64_t>& pp_layers, int64_t n_layer, int64_t pp, int64_t vpp) {
+// vlm: stage 0 may hold none (the encoder's stage), with vpp = 1.
+std::vector<int64_t> blocks_by_hand(const std::vector<int64_t>& pp_layers, int64_t n_layer, int64_t pp, int64_t vpp,
+                                    bool vlm) {
   TESSERA_CHECK(static_cast<int64_t>(pp_layers.size()) == pp, "parallel.pp_layers has ", pp_layers.size(),
                 " entries, but parallel.pp = ", pp, ": give one block count per stage");
   int64_t sum = 0;
   for (size_t r = 0; r < pp_layers.size(); ++r) {
+    if (r == 0 && pp_layers[r] == 0 && vlm && pp > 1) {
+      TESSERA_CHECK(vpp == 1, "parallel.pp_layers: stage 0 holds 0 blocks (the vision encoder's own stage), which "
+                    "needs parallel.vpp = 1, not ", vpp, ": its virtual chunks would hold no block");
+      continue;
+    }
     TESSERA_CHECK(pp_layers[r] >= 1 && pp_layers[r] % vpp == 0, "parallel.pp_layers: stage ", r, " holds ",
-                  pp_layers[r], " blocks; each stage needs a positive multiple of parallel.vpp = ", vpp);
+                  pp_layers[r], " blocks; each stage needs a positive multiple of parallel.vpp = ", vpp,
+                  vlm && r > 0 && pp_layers[r] == 0 ? " (only stage 0, the vision encoder's, may hold none)" : "");
     sum += pp_layers[r];
   }
   TESSERA_CHECK(sum == n_layer, "parallel.pp_layers sums to ", sum, " blocks, but model.n_layer = ", n_layer);
@@ -108,10 +119,13 @@ std::vector<StageSpec> cut_stages(const ModelConfig& cfg, int64_t seq_len, int64
   TESSERA_CHECK(pp >= 1 && vpp >= 1, "parallel.pp = ", pp, " and parallel.vpp = ", vpp, " must be at least 1");
   TESSERA_CHECK(pp * vpp <= c.n_layer, "parallel.pp x parallel.vpp = ", pp, " x ", vpp, " = ", pp * vpp,
                 " model chunks need at least one block each, but model.n_layer = ", c.n_layer);
+  // A vision-language model's first stage may hold the vision tower, projector and embedding alone
+  // (one chunk per rank: with vpp > 1 its other chunks would hold no block).
+  const bool encoder_stage = c.is_vlm() && pp > 1 && vpp == 1;
   const std::vector<int64_t> blocks = pp_layers.empty()
-                                          ? balanced_blocks(layer_costs(c, seq_len), c.n_layer, pp * vpp)
-                                          : blocks_by_hand(pp_layers, c.n_layer, pp, vpp);
-  return specs_of(blocks, c.n_layer);
+                                          ? balanced_blocks(layer_costs(c, seq_len), c.n_layer, pp * vpp, encoder_stage)
+                                          : blocks_by_hand(pp_layers, c.n_layer, pp, vpp, c.is_vlm());
+  return specs_of(blocks, c);
 }
 
 std::vector<StageSpec> rank_chunks(const std::vector<StageSpec>& chunks, int64_t pp, int64_t rank) {

@@ -44,9 +44,13 @@ LayerCosts layer_costs(const ModelConfig& cfg, int64_t seq_len);
 // stage r).
 //   pp_layers empty: cut by cost: every chunk gets one block, then each further block goes to the
 //     chunk whose weight it raises least (water-filling), which minimises the heaviest chunk's
-//     weight (tested against every possible cut) and fills the lighter ones evenly.
+//     weight (tested against every possible cut) and fills the lighter ones evenly. A
+//     vision-language model's (kind = "vlm") chunk 0 starts with none when vpp = 1 and pp > 1: with
+//     a tower heavy enough it keeps none, the encoder's own stage (the tower, projector and
+//     embedding).
 //   pp_layers given (parallel.pp_layers): pp entries, stage r's blocks, summing to n_layer, each a
-//     multiple of vpp; rank r's vpp chunks hold pp_layers[r] / vpp blocks each.
+//     multiple of vpp; rank r's vpp chunks hold pp_layers[r] / vpp blocks each. Each entry is at
+//     least 1, except a vision-language model's stage 0 with vpp = 1, which may hold 0.
 // Throws tessera::Error naming parallel.pp, parallel.vpp, parallel.pp_layers and model.n_layer when
 // the split is impossible (fewer blocks than chunks, ...).
 std::vector<StageSpec> cut_stages(const ModelConfig& cfg, int64_t seq_len, int64_t pp, int64_t vpp = 1,

@@ -451,7 +451,21 @@ TEST(ConfigPipeline, MalformedValuesNameTheKey) {
                   {"wrong type for parallel.pp_layers", "configs/x.toml:2", "an array of integers", "integer 3"});
   expect_contains(parse_error("[parallel]\npp_layers = [6, 6.5]\n"), {"wrong type for parallel.pp_layers"});
   expect_contains(parse_error("[parallel]\npp = 2\npp_layers = [12, 0]\n"),
-                  {"parallel.pp_layers[1] = 0", "configs/x.toml:3", "must be in [1, 65536]"});
+                  {"parallel.pp_layers = [12, 0] (configs/x.toml:3): stage 1 holds 0 blocks; every stage needs at "
+                   "least one (only a vision-language model's stage 0, model.kind = \"vlm\", may hold none)"});
+  expect_contains(parse_error("[parallel]\npp = 2\npp_layers = [0, 12]\n"),
+                  {"parallel.pp_layers = [0, 12] (configs/x.toml:3): stage 0 holds 0 blocks",
+                   "model.kind = \"vlm\""});
+  // A vision-language model's stage 0 may hold none (the encoder's own stage), with vpp = 1 only.
+  const std::string vlm = "[model]\nkind = \"vlm\"\n[data]\ntask = \"scenes\"\n[parallel]\npp = 2\n";
+  EXPECT_EQ(parse(vlm + "pp_layers = [0, 12]\n").parallel.pp_layers, (std::vector<int64_t>{0, 12}));
+  expect_contains(parse_error(vlm + "pp_layers = [12, 0]\n"),
+                  {"stage 1 holds 0 blocks; every stage needs at least one but the first"});
+  expect_contains(parse_error(vlm + "vpp = 2\npp_schedule = \"interleaved\"\npp_layers = [0, 12]\n"),
+                  {"stage 0 holds 0 blocks (the vision encoder's own stage), which needs parallel.vpp = 1, not "
+                   "parallel.vpp = 2"});
+  expect_contains(parse_error("[parallel]\npp = 2\npp_layers = [-1, 13]\n"),
+                  {"parallel.pp_layers[0] = -1", "configs/x.toml:3", "must be in [0, 65536]"});
   expect_contains(parse_error("[parallel]\nvpp = 0\n"), {"parallel.vpp = 0", "must be in [1, 65536]"});
   expect_contains(parse_error("[parallel]\npp_schedule = \"1F1B\"\n"),
                   {"parallel.pp_schedule = \"1F1B\"", "one of \"gpipe\", \"1f1b\", \"interleaved\", \"zb-h1\""});

@@ -250,6 +250,18 @@ TEST(VlmTrainingSlow, PipelineParallelEqualsTheOneRankRun) {
                                 26, {"--set", "model.n_layer=2"});
 }
 
+// The encoder as a pipeline stage of its own: parallel.pp_layers = [0, 2] puts the vision tower,
+// the projector and the embedding alone on the first stage (its output the embedded sequence with
+// the image rows merged in, its backward the reverse) and both blocks on the second, under 1f1b and
+// zb-h1.
+TEST(VlmTrainingSlow, PipelineWithTheEncoderAloneOnTheFirstStageEqualsTheOneRankRun) {
+  const std::vector<std::string> encoder_stage = {"--set", "parallel.pp=2", "--set", "parallel.pp_layers=[0, 2]"};
+  expect_layouts_equal_one_rank("vlm_pp_encoder", 2,
+                                {{"pp2enc", encoder_stage},
+                                 {"pp2enczb", testing::with(encoder_stage, {"--set", "parallel.pp_schedule=\"zb-h1\""})}},
+                                26, {"--set", "model.n_layer=2"});
+}
+
 // Interleaved 1f1b (vpp 2: rank 0 holds chunks 0 and 2 of a 4-block model, the tower on chunk 0).
 TEST(VlmTrainingSlow, InterleavedPipelineEqualsTheOneRankRun) {
   expect_layouts_equal_one_rank(

@@ -51,13 +51,14 @@ double heaviest(const LayerCosts& costs, const std::vector<StageSpec>& chunks) {
   return w;
 }
 
-// The chunks are consecutive, cover [0, n_layer), and hold the embedding first and the head last.
-void expect_valid_cut(const std::vector<StageSpec>& chunks, int64_t n_layer) {
+// The chunks are consecutive, cover [0, n_layer), and hold the embedding first and the head last;
+// every chunk holds a block (but chunk 0 with first_empty: a VLM's encoder stage).
+void expect_valid_cut(const std::vector<StageSpec>& chunks, int64_t n_layer, bool first_empty = false) {
   ASSERT_FALSE(chunks.empty());
   int64_t next = 0;
   for (size_t c = 0; c < chunks.size(); ++c) {
     EXPECT_EQ(chunks[c].first_layer, next) << "chunk " << c;
-    EXPECT_GE(chunks[c].layers(), 1) << "chunk " << c;
+    EXPECT_GE(chunks[c].layers(), c == 0 && first_empty ? 0 : 1) << "chunk " << c;
     EXPECT_EQ(chunks[c].embedding, c == 0) << "chunk " << c;
     EXPECT_EQ(chunks[c].head, c + 1 == chunks.size()) << "chunk " << c;
     next = chunks[c].end_layer;
@@ -65,8 +66,9 @@ void expect_valid_cut(const std::vector<StageSpec>& chunks, int64_t n_layer) {
   EXPECT_EQ(next, n_layer);
 }
 
-// The lightest heaviest-chunk weight over every cut of n_layer blocks into `chunks` chunks.
-double best_possible(const LayerCosts& costs, int64_t n_layer, int64_t chunks) {
+// The lightest heaviest-chunk weight over every cut of n_layer blocks into `chunks` chunks (with
+// first_empty, also those whose chunk 0 holds no block).
+double best_possible(const LayerCosts& costs, int64_t n_layer, int64_t chunks, bool first_empty = false) {
   double best = 1e300;
   std::vector<int64_t> blocks;
   std::function<void(int64_t)> place = [&](int64_t left) {
@@ -75,15 +77,16 @@ double best_possible(const LayerCosts& costs, int64_t n_layer, int64_t chunks) {
       blocks.push_back(left);
       std::vector<StageSpec> specs;
       int64_t first = 0;
-      for (int64_t n : blocks) {
-        specs.push_back({first, first + n, first == 0, first + n == n_layer});
-        first += n;
+      for (size_t c = 0; c < blocks.size(); ++c) {
+        specs.push_back({first, first + blocks[c], c == 0, c + 1 == blocks.size()});
+        first += blocks[c];
       }
       best = std::min(best, heaviest(costs, specs));
       blocks.pop_back();
       return;
     }
-    for (int64_t n = 1; n <= left - (chunks - 1 - static_cast<int64_t>(blocks.size())); ++n) {
+    for (int64_t n = blocks.empty() && first_empty ? 0 : 1;
+         n <= left - (chunks - 1 - static_cast<int64_t>(blocks.size())); ++n) {
       blocks.push_back(n);
       place(left - n);
       blocks.pop_back();
@@ -176,6 +179,80 @@ TEST(StageCut, VisionTowerWeighsOnTheFirstStage) {
     EXPECT_LT(with.front().layers(), without.front().layers()) << pp << " stages";
     EXPECT_NEAR(heaviest(c, with), best_possible(c, vlm.n_layer, pp), 1e-12 * heaviest(c, with)) << pp << " stages";
   }
+}
+
+// A ViT-B/16 like the above, parameterised by its image size, before GPT-2 124M.
+ModelConfig vit_b16_before_gpt2(int64_t image_size) {
+  ModelConfig vlm = gpt2_124m();
+  vlm.kind = "vlm";
+  vlm.vision.image_size = image_size;
+  vlm.vision.patch_size = 16;
+  vlm.vision.n_layer = 12;
+  vlm.vision.n_head = 12;
+  vlm.vision.n_embd = 768;
+  return resolve(vlm);
+}
+
+// The encoder as a stage of its own: a VLM's stage 0 may hold no block (the tower, projector and
+// embedding alone), and the cut gives it none exactly when that is the best balance. At 384 x 384
+// (576 patches) the tower weighs more than a quarter of the model: over 4 stages its stage keeps
+// no block; at 224 x 224 (196 patches) over 2 or 4 stages, or over 2 stages at 384, it is better
+// off with some. Each cut is the best over every cut, those with an empty stage 0 included; with
+// vpp > 1 (rank 0's other chunks would be empty) and for a text GPT every chunk keeps a block.
+TEST(StageCut, HeavyVisionTowerGetsAStageOfItsOwn) {
+  const int64_t T = 1024;
+  struct Case {
+    int64_t image_size, pp;
+    bool empty;  // stage 0 holds no block
+  };
+  for (const Case& k : {Case{384, 4, true}, Case{384, 2, false}, Case{224, 4, false}, Case{224, 2, false}}) {
+    const ModelConfig vlm = vit_b16_before_gpt2(k.image_size);
+    const LayerCosts c = layer_costs(vlm, T);
+    const std::vector<StageSpec> cut = cut_stages(vlm, T, k.pp);
+    std::printf("ViT-B/16 at %ld (tower %.2f blocks) before GPT-2 124M, T = %ld, %ld stages: %s, weights",
+                static_cast<long>(k.image_size), c.weight(c.vision), static_cast<long>(T), static_cast<long>(k.pp),
+                show(blocks_of(cut)).c_str());
+    for (const StageSpec& s : cut) std::printf(" %.2f", c.weight(s));
+    std::printf("\n");
+    expect_valid_cut(cut, vlm.n_layer, true);
+    EXPECT_EQ(cut.front().layers() == 0, k.empty) << k.image_size << " over " << k.pp;
+    EXPECT_NEAR(heaviest(c, cut), best_possible(c, vlm.n_layer, k.pp, true), 1e-12 * heaviest(c, cut))
+        << k.image_size << " over " << k.pp;
+    if (k.empty)  // strictly better than any cut that gives stage 0 a block
+      EXPECT_LT(heaviest(c, cut), best_possible(c, vlm.n_layer, k.pp) - 0.5);
+  }
+  const ModelConfig heavy = vit_b16_before_gpt2(384);
+  const std::vector<StageSpec> interleaved = cut_stages(heavy, T, 2, 2);
+  expect_valid_cut(interleaved, heavy.n_layer);
+  EXPECT_NEAR(heaviest(layer_costs(heavy, T), interleaved), best_possible(layer_costs(heavy, T), heavy.n_layer, 4),
+              1e-9);
+  expect_valid_cut(cut_stages(gpt2_124m(), T, 12), 12);
+}
+
+// parallel.pp_layers: [0, ...] for a VLM (stage 0 the encoder's), refused for a text GPT, for a
+// zero anywhere else and with vpp > 1.
+TEST(StageCut, PpLayersMayGiveTheEncoderAStageOfItsOwn) {
+  const ModelConfig vlm = vit_b16_before_gpt2(224);
+  const std::vector<StageSpec> cut = cut_stages(vlm, 1024, 2, 1, {0, 12});
+  EXPECT_EQ(blocks_of(cut), (std::vector<int64_t>{0, 12}));
+  expect_valid_cut(cut, 12, true);
+  EXPECT_TRUE(cut[0].embedding && !cut[0].head && cut[1].head && !cut[1].embedding);
+  EXPECT_EQ(blocks_of(cut_stages(vlm, 1024, 3, 1, {0, 7, 5})), (std::vector<int64_t>{0, 7, 5}));
+  EXPECT_EQ(error_of([&] { cut_stages(gpt2_124m(), 1024, 2, 1, {0, 12}); }),
+            "parallel.pp_layers: stage 0 holds 0 blocks; each stage needs a positive multiple of parallel.vpp = 1");
+  EXPECT_EQ(error_of([&] { cut_stages(vlm, 1024, 3, 1, {6, 0, 6}); }),
+            "parallel.pp_layers: stage 1 holds 0 blocks; each stage needs a positive multiple of parallel.vpp = 1 "
+            "(only stage 0, the vision encoder's, may hold none)");
+  EXPECT_EQ(error_of([&] { cut_stages(vlm, 1024, 2, 2, {0, 12}); }),
+            "parallel.pp_layers: stage 0 holds 0 blocks (the vision encoder's own stage), which needs "
+            "parallel.vpp = 1, not 2: its virtual chunks would hold no block");
+  // The stage itself: a text GPT's empty stage is refused by the model too.
+  EXPECT_NO_THROW(resolve_stage({0, 0, true, false}, vlm));
+  EXPECT_EQ(error_of([&] { resolve_stage({0, 0, true, false}, gpt2_124m()); }),
+            "the pipeline stage with layers [0, 0) holds no block; every stage needs at least one");
+  EXPECT_EQ(error_of([&] { resolve_stage({3, 3, false, false}, vlm); }),
+            "the pipeline stage with layers [3, 3) holds no block; every stage needs at least one (only a "
+            "vision-language model's first stage may hold none: the vision tower, projector and embedding alone)");
 }
 
 TEST(StageCut, Gpt2_124mOverFourStagesIsTheBestCut) {
