@@ -163,6 +163,7 @@ std::string grown_config_toml(const std::string& source_toml, const std::string&
 
 int run_upscale_command(const UpscaleArgs& args, std::ostream& out) {
   CheckpointReader reader(args.from, MPI_COMM_SELF);
+  require_text_model(reader, "tessera upscale");
   const ModelConfig source = model_config_of(reader);
   check_shapes(reader, model_tensor_shapes(source));  // the tensors are the stored config's model
   LayerUpscaler up(source, args.options);

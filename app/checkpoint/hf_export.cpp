@@ -91,6 +91,14 @@ ModelConfig model_config_of(const CheckpointReader& reader) {
   return resolve(m);
 }
 
+void require_text_model(const CheckpointReader& reader, const std::string& what) {
+  const toml::table config = parse_stored_config(reader);
+  std::string kind = "gpt";
+  if (const toml::table* model = config["model"].as_table()) read_key(*model, "kind", kind, reader.path());
+  TESSERA_CHECK(kind != "vlm", reader.path(), " holds a vision-language model (model.kind = \"vlm\" in its stored "
+                "config): ", what, " takes text-only GPT checkpoints for now (docs/multimodal.md, \"Not yet\")");
+}
+
 std::vector<std::pair<std::string, Shape>> model_tensor_shapes(const ModelConfig& cfg) {
   Allocator alloc;
   ParameterStore ps(alloc, DType::F32);
@@ -471,6 +479,7 @@ void write_text_file(const std::string& dir, const std::string& name, const std:
 
 HfExportSummary export_hf_safetensors(const CheckpointReader& reader, const std::string& out_dir,
                                       const std::string& vocab_dir) {
+  require_text_model(reader, "tessera ckpt export");
   const ModelConfig cfg = model_config_of(reader);
   check_shapes(reader, model_tensor_shapes(cfg));
   const HfTokenizer tok = hf_tokenizer_of(reader, vocab_dir);  // before anything is written

@@ -19,6 +19,10 @@ namespace tessera {
 // vocab_size / max_seq_len = 0 taken from the tensors (wte.weight rows, wpe.weight rows; llama:
 // train.seq_len), resolved as the trainer resolves it.
 ModelConfig model_config_of(const CheckpointReader& reader);
+// A command that takes text-only GPT checkpoints (`what`, e.g. "tessera upscale") refuses a
+// vision-language model's (model.kind = "vlm" in the stored config) with a message saying so,
+// before any tensor is compared.
+void require_text_model(const CheckpointReader& reader, const std::string& what);
 
 // Every model parameter's dataset path and global shape for cfg: "/model/<name>".
 std::vector<std::pair<std::string, Shape>> model_tensor_shapes(const ModelConfig& cfg);

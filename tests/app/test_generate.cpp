@@ -243,6 +243,21 @@ TEST(GenerateCommand, CaptionsAnImageFromAVlmCheckpoint) {
   EXPECT_NE(r.output.find("the prompt has 4 tokens and the model's context is 13, so at most 9 new tokens fit"),
             std::string::npos)
       << r.output;
+  // The commands that take text-only GPT checkpoints refuse this one saying why, before they
+  // compare a tensor.
+  for (const std::vector<std::string>& cmd :
+       {std::vector<std::string>{"upscale", "--from", ckpt, "--method", "stack", "--factor", "2", "--out",
+                                 (dir / "grown.h5").string()},
+        std::vector<std::string>{"ckpt", "export", ckpt, "--out", (dir / "hf").string()}}) {
+    r = testing::run_tessera(cmd, dir);
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find(ckpt + " holds a vision-language model (model.kind = \"vlm\" in its stored config): tessera " +
+                            cmd[0] + (cmd[0] == "ckpt" ? " export" : "") + " takes text-only GPT checkpoints"),
+              std::string::npos)
+        << r.output;
+  }
+  EXPECT_FALSE(fs::exists(dir / "grown.h5"));
+  EXPECT_FALSE(fs::exists(dir / "hf"));
   fs::remove_all(dir);
 }
 
