@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "app/context_parallel.h"
+#include "data/tokenizer.h"
 #include "kernels/check.h"
 #include "kernels/elementwise.h"
 #include "kernels/tensor.h"
@@ -300,10 +301,10 @@ std::optional<AccuracyResult> caption_accuracy(const Exec& ex, const Gpt& model,
   return r;
 }
 
-std::optional<AccuracyResult> image_text_caption_accuracy(
-    const Exec& ex, const Gpt& model, Allocator& alloc, const ImageTextDataset& val, int64_t examples,
-    int64_t micro_batch, const std::function<std::string(const std::vector<int32_t>&)>& decode,
-    const EvalGate& gate) {
+std::optional<AccuracyResult> image_text_caption_accuracy(const Exec& ex, const Gpt& model, Allocator& alloc,
+                                                          const ImageTextDataset& val, int64_t examples,
+                                                          int64_t micro_batch, const CaptionDecoder& decode,
+                                                          const EvalGate& gate) {
   const ImageTextData& d = val.data();
   const ModelConfig& cfg = model.config();
   const int64_t P = cfg.vision.num_patches(), V = cfg.vocab_size, window = val.seq_len() + 1;
@@ -389,6 +390,15 @@ std::optional<AccuracyResult> image_text_caption_accuracy(
   std::sort(r.outcomes.begin(), r.outcomes.end(),
             [](const CaptionOutcome& x, const CaptionOutcome& y) { return x.sample < y.sample; });
   return r;
+}
+
+CaptionDecoder known_ids_decoder(const Tokenizer& tok) {
+  return [&tok](const std::vector<int32_t>& ids) {
+    std::vector<int32_t> known;
+    for (int32_t id : ids)
+      if (id >= 0 && id < tok.vocab_size()) known.push_back(id);
+    return tok.decode(known);
+  };
 }
 
 }  // namespace tessera

@@ -12,6 +12,7 @@
 #include "data/dataset.h"
 #include "data/image_text.h"
 #include "data/scenes.h"
+#include "data/tokenizer.h"
 #include "kernels/allocator.h"
 #include "kernels/exec.h"
 #include "model/gpt.h"
@@ -103,9 +104,13 @@ std::optional<AccuracyResult> caption_accuracy(const Exec& ex, const Gpt& model,
 // (the end-of-text of `tessera prepare --images`) or the sample's window ends; right when the ids
 // before that end equal the sample's own, and the end came. micro_batch samples of one prompt
 // length per forward. decode (may be empty) writes the examples' text; nothing when the gate gave up.
-std::optional<AccuracyResult> image_text_caption_accuracy(
-    const Exec& ex, const Gpt& model, Allocator& alloc, const ImageTextDataset& val, int64_t examples,
-    int64_t micro_batch, const std::function<std::string(const std::vector<int32_t>&)>& decode,
-    const EvalGate& gate = {});
+using CaptionDecoder = std::function<std::string(const std::vector<int32_t>&)>;
+std::optional<AccuracyResult> image_text_caption_accuracy(const Exec& ex, const Gpt& model, Allocator& alloc,
+                                                          const ImageTextDataset& val, int64_t examples,
+                                                          int64_t micro_batch, const CaptionDecoder& decode,
+                                                          const EvalGate& gate = {});
+// A decode for it: tok's text of the ids it knows, the others (the image placeholder, an id after
+// its vocabulary) left out. tok must outlive the function.
+CaptionDecoder known_ids_decoder(const Tokenizer& tok);
 
 }  // namespace tessera

@@ -181,13 +181,8 @@ int run_held_out(const GenerateArgs& a, const Config& cfg, LoadedModel& m, const
   ImageTextData data = held_out_data(a, cfg, gpt.config());
   const std::string name = a.data.empty() && cfg.data.task == "scenes" ? "held-out scenes" : (a.data.empty() ? cfg.data.valid : a.data);
   const ImageTextDataset ds(data, gpt.config().max_seq_len, name);
-  const auto decode = [&tok](const std::vector<int32_t>& ids) {
-    std::vector<int32_t> known;
-    for (int32_t id : ids)
-      if (id >= 0 && id < tok.vocab_size()) known.push_back(id);
-    return tok.decode(known);
-  };
-  const AccuracyResult r = *image_text_caption_accuracy(m.ex, gpt, m.alloc, ds, a.held_out, 32, decode);
+  const AccuracyResult r =
+      *image_text_caption_accuracy(m.ex, gpt, m.alloc, ds, a.held_out, 32, known_ids_decoder(tok));
   std::cout << "sample\tresult\tgenerated\texpected\n";
   for (const CaptionOutcome& o : r.outcomes)
     std::cout << o.sample << "\t" << (o.right ? "right" : "wrong") << "\t" << o.generated << "\t" << o.expected << "\n";

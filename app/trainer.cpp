@@ -964,40 +964,30 @@ bool Trainer::evaluate(int64_t s, TrainSummary& summary) {
     os << " val_loss " << *val_loss;
     record.add("val_loss", *val_loss);
   }
+  // An accuracy's part of the progress line and of the metrics record.
+  const auto report = [&](const char* label, const AccuracyResult& a) {
+    os.precision(1);
+    os << ", " << label << " " << 100.0 * a.accuracy() << "% (" << a.correct << "/" << a.total << ")";
+    for (const auto& e : a.examples) os << " | " << e;
+    record.add("val_accuracy", a.accuracy());
+  };
   if (data_.task) {
     acc = addition_accuracy(ex_, *model_, alloc_, *data_.task, cfg_.data.val_examples, gate, link);
     if (!acc) return false;
-    os.precision(1);
-    os << ", accuracy " << 100.0 * acc->accuracy() << "% (" << acc->correct << "/" << acc->total << ")";
-    for (const auto& e : acc->examples) os << " | " << e;
-    record.add("val_accuracy", acc->accuracy());
+    report("accuracy", *acc);
   }
   if (data_.scenes) {
     acc = caption_accuracy(ex_, *model_, alloc_, *data_.scenes, cfg_.data.val_examples, cfg_.train.micro_batch, gate,
                            link);
     if (!acc) return false;
-    os.precision(1);
-    os << ", caption accuracy " << 100.0 * acc->accuracy() << "% (" << acc->correct << "/" << acc->total << ")";
-    for (const auto& e : acc->examples) os << " | " << e;
-    record.add("val_accuracy", acc->accuracy());
+    report("caption accuracy", *acc);
   }
   if (data_.captions) {
-    // The examples' text: ids outside the tokenizer's vocabulary (the placeholder) are left out.
-    std::function<std::string(const std::vector<int32_t>&)> decode;
-    if (const auto tok = data_.caption_tokenizer)
-      decode = [tok](const std::vector<int32_t>& ids) {
-        std::vector<int32_t> known;
-        for (int32_t id : ids)
-          if (id >= 0 && id < tok->vocab_size()) known.push_back(id);
-        return tok->decode(known);
-      };
-    acc = image_text_caption_accuracy(ex_, *model_, alloc_, *data_.captions, cfg_.data.val_examples,
-                                      cfg_.train.micro_batch, decode, gate);
+    acc = image_text_caption_accuracy(
+        ex_, *model_, alloc_, *data_.captions, cfg_.data.val_examples, cfg_.train.micro_batch,
+        data_.caption_tokenizer ? known_ids_decoder(*data_.caption_tokenizer) : CaptionDecoder{}, gate);
     if (!acc) return false;
-    os.precision(1);
-    os << ", caption accuracy " << 100.0 * acc->accuracy() << "% (" << acc->correct << "/" << acc->total << ")";
-    for (const auto& e : acc->examples) os << " | " << e;
-    record.add("val_accuracy", acc->accuracy());
+    report("caption accuracy", *acc);
   }
   if (val_loss) summary.val_loss = *val_loss;
   if (acc) summary.val_accuracy = acc->accuracy();

@@ -81,4 +81,40 @@ inline void expect_checkpoints_near(const fs::path& got, const fs::path& want, d
   }
 }
 
+// A checkpoint written under one layout continues under another: `name`, `ranks_before` ranks with
+// `before` for the first 6 of 8 steps, then resumed on `ranks_after` with `after`.
+struct LayoutHop {
+  std::string name;
+  int ranks_before;
+  std::vector<std::string> before;
+  int ranks_after;
+  std::vector<std::string> after;
+};
+
+// dir/config trained 8 steps on one rank ("one", with `settings`; it must write a checkpoint at
+// step 6), then each hop: its resumed last two losses equal the 1-rank run's within 1e-5, and with
+// `tensors` every tensor of its step-8 checkpoint too.
+inline void expect_resumes_across_layouts(const fs::path& dir, const std::string& config,
+                                          const std::vector<std::string>& settings, const std::vector<LayoutHop>& hops,
+                                          bool tensors) {
+  auto r = train_run(dir, config, "one", 1, settings);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto want = losses(dir / "one" / "metrics.jsonl");
+  ASSERT_EQ(want.size(), 8u);
+  const std::vector<double> last_two(want.end() - 2, want.end());
+  for (const LayoutHop& h : hops) {
+    r = train_run(dir, config, h.name, h.ranks_before, with(settings, with(h.before, {"--set", "train.exit_after_steps=6"})));
+    ASSERT_EQ(r.exit_code, 0) << h.name << ": " << r.output;
+    r = train_run(dir, config, h.name, h.ranks_after, with(settings, h.after));
+    ASSERT_EQ(r.exit_code, 0) << h.name << ": " << r.output;
+    EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
+    const auto got = losses(dir / h.name / "metrics.jsonl");
+    ASSERT_EQ(got.size(), 8u) << h.name;
+    expect_losses_near(std::vector<double>(got.end() - 2, got.end()), last_two, 1e-5, h.name);
+    if (tensors)
+      expect_checkpoints_near(dir / h.name / "checkpoints" / "step_00000008.h5",
+                              dir / "one" / "checkpoints" / "step_00000008.h5", 1e-5, h.name);
+  }
+}
+
 }  // namespace tessera::testing

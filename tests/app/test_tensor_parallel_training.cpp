@@ -69,34 +69,12 @@ TEST(TensorParallelTrainingSlow, Gpt2TwoRankLayoutsEqualTheOneRankRun) {
 TEST(TensorParallelTrainingSlow, CheckpointsResumeAcrossLayouts) {
   const fs::path dir = testing::temp_dir("tp_resume");
   std::ofstream(dir / "tiny.toml") << config("gpt2");
-  auto r = testing::train_run(dir, "tiny.toml", "one", 1, settings(8));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const auto want = testing::losses(dir / "one" / "metrics.jsonl");
-  ASSERT_EQ(want.size(), 8u);
-  const std::vector<double> last_two(want.end() - 2, want.end());
-  struct Hop {
-    std::string name;
-    int ranks_before;
-    std::vector<std::string> before;
-    int ranks_after;
-    std::vector<std::string> after;
-  };
-  const std::vector<Hop> hops = {
+  const std::vector<testing::LayoutHop> hops = {
       {"tp2_to_one", 2, tp_sets(2, false), 1, {}},
       {"one_to_tp2sp", 1, {}, 2, tp_sets(2, true)},
       {"tp4_to_dp2tp2sp_zero", 4, tp_sets(4, false), 4, with(tp_sets(2, true), kZero)},
   };
-  for (const Hop& h : hops) {
-    r = testing::train_run(dir, "tiny.toml", h.name, h.ranks_before,
-                           settings(8, with(h.before, {"--set", "train.exit_after_steps=6"})));
-    ASSERT_EQ(r.exit_code, 0) << h.name << ": " << r.output;
-    r = testing::train_run(dir, "tiny.toml", h.name, h.ranks_after, settings(8, h.after));
-    ASSERT_EQ(r.exit_code, 0) << h.name << ": " << r.output;
-    EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
-    const auto got = testing::losses(dir / h.name / "metrics.jsonl");
-    ASSERT_EQ(got.size(), 8u) << h.name;
-    testing::expect_losses_near(std::vector<double>(got.end() - 2, got.end()), last_two, 1e-5, h.name);
-  }
+  testing::expect_resumes_across_layouts(dir, "tiny.toml", settings(8), hops, false);
   fs::remove_all(dir);
 }
 

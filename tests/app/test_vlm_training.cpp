@@ -62,38 +62,13 @@ void expect_layouts_equal_one_rank(const std::string& name, int ranks,
 // A checkpoint of the tiny VLM (2x2 patches, seq_len 26) written after 6 of 8 steps under one layout
 // continues under another: the last two losses and every tensor of the step-8 checkpoint (vision.*
 // and projector.* with their AdamW moments) equal the uninterrupted 1-rank run's within 1e-5.
-struct Hop {
-  std::string name;
-  int ranks_before;
-  std::vector<std::string> before;
-  int ranks_after;
-  std::vector<std::string> after;
-};
-
-void expect_resumes_across_layouts(const std::string& name, const std::vector<Hop>& hops,
+void expect_vlm_resumes_across_layouts(const std::string& name, const std::vector<testing::LayoutHop>& hops,
                                    const std::vector<std::string>& base = {"--set", "train.seq_len=26"}) {
   const fs::path dir = testing::temp_dir(name);
   std::ofstream(dir / "tiny-vlm.toml") << kTinyVlm;
   const std::vector<std::string> settings = testing::with(
       {"--set", "train.steps=8", "--set", "train.micro_batch=2", "--set", "vision.patch_size=2"}, base);
-  auto r = testing::train_run(dir, "tiny-vlm.toml", "one", 1, settings);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const auto want = testing::losses(dir / "one" / "metrics.jsonl");
-  ASSERT_EQ(want.size(), 8u);
-  const std::vector<double> last_two(want.end() - 2, want.end());
-  for (const Hop& h : hops) {
-    r = testing::train_run(dir, "tiny-vlm.toml", h.name, h.ranks_before,
-                           testing::with(settings, testing::with(h.before, {"--set", "train.exit_after_steps=6"})));
-    ASSERT_EQ(r.exit_code, 0) << h.name << ": " << r.output;
-    r = testing::train_run(dir, "tiny-vlm.toml", h.name, h.ranks_after, testing::with(settings, h.after));
-    ASSERT_EQ(r.exit_code, 0) << h.name << ": " << r.output;
-    EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
-    const auto got = testing::losses(dir / h.name / "metrics.jsonl");
-    ASSERT_EQ(got.size(), 8u) << h.name;
-    testing::expect_losses_near(std::vector<double>(got.end() - 2, got.end()), last_two, 1e-5, h.name);
-    testing::expect_checkpoints_near(dir / h.name / "checkpoints" / "step_00000008.h5",
-                                     dir / "one" / "checkpoints" / "step_00000008.h5", 1e-5, h.name);
-  }
+  testing::expect_resumes_across_layouts(dir, "tiny-vlm.toml", settings, hops, true);
   fs::remove_all(dir);
 }
 
@@ -297,12 +272,12 @@ TEST(VlmTraining, RefusesAnEncoderThatDoesNotSplit) {
 TEST(VlmTrainingSlow, CheckpointsResumeAcrossLayouts) {
   const std::vector<std::string> tp2 = {"--set", "parallel.tp=2"};
   const std::vector<std::string> tp2sp = testing::with(tp2, {"--set", "parallel.sequence_parallel=true"});
-  expect_resumes_across_layouts("vlm_resume", {{"one_to_tp2", 1, {}, 2, tp2},
+  expect_vlm_resumes_across_layouts("vlm_resume", {{"one_to_tp2", 1, {}, 2, tp2},
                                                {"tp2sp_to_one", 2, tp2sp, 1, {}},
                                                {"one_to_dp2", 1, {}, 2, {}},
                                                {"dp2_to_one", 2, {}, 1, {}}});
   const std::vector<std::string> pp2 = {"--set", "parallel.pp=2"}, cp2 = {"--set", "parallel.cp=2"};
-  expect_resumes_across_layouts("vlm_resume_pp_cp",
+  expect_vlm_resumes_across_layouts("vlm_resume_pp_cp",
                                 {{"one_to_pp2", 1, {}, 2, pp2}, {"pp2_to_cp2", 2, pp2, 2, cp2}, {"cp2_to_one", 2, cp2, 1, {}}},
                                 testing::with({"--set", "train.seq_len=28", "--set", "model.n_layer=2"}, kQuietKeyBias));
 }
