@@ -87,7 +87,8 @@ TEST(VlmTraining, LearnsOnOneRank) {
     EXPECT_GE(t.params().find(name), 0) << name;
 }
 
-TEST(VlmTraining, RefusesWhatIsNotBuilt) {
+// Every layout is accepted (pp, cp, tp with sp); data that does not fit the model is refused naming why.
+TEST(VlmTraining, AcceptsTheLayoutsAndRefusesDataThatDoesNotFit) {
   check_supported(parse_config_string(kTinyVlm, "tiny-vlm.toml", {"parallel.pp=2", "model.n_layer=2"}));
   check_supported(parse_config_string(kTinyVlm, "tiny-vlm.toml", {"parallel.cp=2"}));
   // tp trains, with sequence parallelism too.
