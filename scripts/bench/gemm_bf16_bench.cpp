@@ -7,7 +7,10 @@
 // (kernels/cpu/gemm_bf16.h, AVX512_BF16 and the portable fallback), and, where the build found
 // oneDNN (Debian's libdnnl-dev), oneDNN's bf16 matmul with both inputs already bf16 and its
 // primitive created outside the timing (its best case: training would add a conversion pass of
-// the fp32 operand). GFLOP/s = 2 M N K / median CPU time per thread.
+// the fp32 operand), and tessera's default kernel as training calls it (it rounds the fp32 operand
+// itself, here into a heap buffer: "training"). GFLOP/s = 2 M N K / median CPU time per thread
+// (--clock cpu, the default: for one thread on a shared machine) or median wall time (--clock wall:
+// several threads on a quiet machine; CPU time would count OpenMP's spinning, not its sleeping).
 //
 //   build/bench/gemm_bf16_bench --embd 384 --tokens 1024     # the 6-layer configuration
 //   build/bench/gemm_bf16_bench --embd 768 --tokens 256      # GPT-2 124M, B 4 x T 64
@@ -43,13 +46,23 @@ double cpu_seconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
+double wall_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// --clock wall: wall time (for several threads on a quiet machine: CPU time would count OpenMP's
+// spinning and not its sleeping); --clock cpu (default): CPU time per thread.
+bool use_wall = false;
+
 double median_seconds(const std::function<void()>& f, int reps) {
   f();  // warm-up
   std::vector<double> t;
   for (int r = 0; r < reps; ++r) {
-    const double t0 = cpu_seconds();
+    const double t0 = use_wall ? wall_seconds() : cpu_seconds();
     f();
-    t.push_back((cpu_seconds() - t0) / omp_get_max_threads());
+    t.push_back(use_wall ? wall_seconds() - t0 : (cpu_seconds() - t0) / omp_get_max_threads());
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
@@ -137,9 +150,12 @@ void bench(const char* layer, const Gemm& g, int reps) {
       },
       reps))));
 #endif
-  std::printf("%-10s %-4s %6ld %6ld %6ld  %8d  %10s  %8d  %8s  %10s\n", layer, g.name.c_str(), static_cast<long>(g.m),
+  // As training calls it (kernels/cpu/matmul.cpp): the default kernel, rounding its fp32 operand.
+  const std::string train = std::to_string(static_cast<int>(gf(median_seconds(
+      [&] { cpu::gemm_bf16("bench", g.m, g.n, g.k, 1.0f, oa, ob, g.beta, c.data(), g.n); }, reps))));
+  std::printf("%-10s %-4s %6ld %6ld %6ld  %8d  %10s  %8d  %8s  %10s  %8s\n", layer, g.name.c_str(), static_cast<long>(g.m),
               static_cast<long>(g.n), static_cast<long>(g.k), static_cast<int>(gf(t32)), avx.c_str(),
-              static_cast<int>(gf(tp)), dnnl.c_str(), dnnl_cvt.c_str());
+              static_cast<int>(gf(tp)), dnnl.c_str(), dnnl_cvt.c_str(), train.c_str());
 }
 
 }  // namespace
@@ -154,8 +170,10 @@ int main(int argc, char** argv) {
     else if (k == "--tokens") tokens = v;
     else if (k == "--vocab") vocab = v;
     else if (k == "--reps") reps = static_cast<int>(v);
+    else if (k == "--clock" && (std::string(argv[i + 1]) == "wall" || std::string(argv[i + 1]) == "cpu"))
+      use_wall = std::string(argv[i + 1]) == "wall";
     else {
-      std::fprintf(stderr, "usage: %s [--embd C] [--tokens N] [--vocab V] [--reps R]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--embd C] [--tokens N] [--vocab V] [--reps R] [--clock cpu|wall]\n", argv[0]);
       return 2;
     }
   }
@@ -164,8 +182,8 @@ int main(int argc, char** argv) {
   std::printf("blas: %s\n", cpu::describe(blas).c_str());
   std::printf("bf16 GEMM at a GPT-2 step's Linear shapes: C %ld, N %ld tokens, V %ld; %d OpenMP threads; GFLOP/s\n",
               static_cast<long>(embd), static_cast<long>(tokens), static_cast<long>(vocab), omp_get_max_threads());
-  std::printf("%-10s %-4s %6s %6s %6s  %8s  %10s  %8s  %8s  %10s\n", "layer", "gemm", "M", "N", "K", "fp32",
-              "avx512bf16", "portable", "onednn", "onednn+cvt");
+  std::printf("%-10s %-4s %6s %6s %6s  %8s  %10s  %8s  %8s  %10s  %8s\n", "layer", "gemm", "M", "N", "K", "fp32",
+              "avx512bf16", "portable", "onednn", "onednn+cvt", "training");
   struct Layer {
     const char* name;
     int64_t in, out;

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <vector>
@@ -43,6 +44,31 @@ TEST(Bf16Rounding, NearestEvenAndSpecials) {
   std::vector<uint16_t> dst(3);
   f32_to_bf16(dst.data(), src.data(), 3);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(dst[i], f32_to_bf16(src[i]));
+}
+
+// The array conversion (vectorized with AVX-512 where the CPU has it, threaded over long arrays)
+// gives the scalar function's bits for every input: random bit patterns (all exponents, NaNs with
+// any payload, subnormals, which vcvtneps2bf16 would flush), exact ties, and lengths that end in a
+// partial vector and cross the serial/threaded boundary (2^17) and a thread chunk (2^14).
+TEST(Bf16Rounding, ArrayConversionEqualsTheScalarBitForBit) {
+  std::mt19937 rng(7);
+  for (const int64_t n : {int64_t(1), int64_t(15), int64_t(17), int64_t(1000), (int64_t(1) << 17) + 3,
+                          int64_t(3) * (int64_t(1) << 16) + 5}) {
+    std::vector<uint32_t> bits(static_cast<size_t>(n));
+    for (uint32_t& b : bits) b = rng();
+    const uint32_t specials[] = {0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x00408000u, 0x3f808000u,
+                                 0x3f818000u, 0x7f7fffffu, 0x7f800000u, 0xff800000u, 0x7f800001u, 0xffc00000u,
+                                 0x7fffffffu, 0x3f80ffffu, 0x477fe000u};
+    for (size_t i = 0; i < std::size(specials) && i < bits.size(); ++i) bits[bits.size() - 1 - i] = specials[i];
+    std::vector<float> src(bits.size());
+    std::memcpy(src.data(), bits.data(), bits.size() * 4);
+    std::vector<uint16_t> dst(bits.size() + 1, 0xabcd);
+    f32_to_bf16(dst.data(), src.data(), n);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(dst[static_cast<size_t>(i)], f32_to_bf16(src[static_cast<size_t>(i)]))
+          << "n " << n << ", element " << i << ", bits 0x" << std::hex << bits[static_cast<size_t>(i)];
+    EXPECT_EQ(dst.back(), 0xabcd) << "wrote past the end, n " << n;
+  }
 }
 
 struct Case {
