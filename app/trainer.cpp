@@ -137,7 +137,7 @@ DpOptimizerOptions dp_optimizer_options(const ParallelConfig& p) {
 // Only the trainable region: frozen parameters are neither reduced nor stepped, nor in the norm.
 FlatParams flat_params_of(const ParameterStore& ps) {
   FlatParams f{ps.trainable_flat_params(), ps.trainable_flat_grads(), ps.padded_trainable_flat_params(),
-               ps.padded_trainable_flat_grads(), {}};
+               ps.padded_trainable_flat_grads(), {}, ps.trainable_flat_compute()};
   for (const ParamEntry& e : ps.entries())
     if (!e.frozen)
       f.entries.push_back({e.offset - ps.frozen_numel(), e.local_shape.numel(), e.sharded(), e.spec.sum_grad_over_tp,
@@ -876,7 +876,9 @@ Trainer::StepResult Trainer::step(int64_t s) {
     return r;
   }
   opt_->step(ex_, r.lr, clip_factor(r.grad_norm, cfg_.optim.grad_clip));
-  params_->refresh_compute_copy(ex_);
+  // bf16: the replicated optimizer rounds the trainable masters into the copy in its own pass (the
+  // frozen ones never change); ZeRO-1's shards are converted after their all-gather.
+  if (!opt_->refreshes_compute_copy()) params_->refresh_compute_copy(ex_);
   return r;
 }
 

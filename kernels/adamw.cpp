@@ -24,9 +24,11 @@ void check_step(const char* op, const AdamWStep& s) {
 }  // namespace
 
 void adamw_update(const Exec& ex, const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
-                  const AdamWStep& s) {
+                  const AdamWStep& s, const Tensor& compute) {
   const char* op = "adamw_update";
-  const Device d = front::device_of(op, ex, {{"params", params}, {"grads", grads}, {"m", m}, {"v", v}});
+  const Device d = compute.defined() ? front::device_of(op, ex, {{"params", params}, {"grads", grads}, {"m", m}, {"v", v},
+                                                                 {"compute", compute}})
+                                     : front::device_of(op, ex, {{"params", params}, {"grads", grads}, {"m", m}, {"v", v}});
   check_args(op, "params", params, params);
   TESSERA_CHECK(params.dtype == DType::F32 || params.dtype == DType::F64, op, ": unsupported dtype ",
                 dtype_name(params.dtype), " (F32 or F64)");
@@ -34,8 +36,15 @@ void adamw_update(const Exec& ex, const Tensor& params, const Tensor& grads, con
   check_args(op, "m", m, params);
   check_args(op, "v", v, params);
   check_step(op, s);
-  if (d.is_cpu()) return cpu::adamw_update(ex, params, grads, m, v, s);
-  TESSERA_CUDA_CALL(op, cuda::adamw_update(ex, params, grads, m, v, s));
+  if (compute.defined()) {
+    check_dtype(op, "compute", compute, DType::BF16);
+    TESSERA_CHECK(params.dtype == DType::F32, op, ": a bf16 compute copy of ", dtype_name(params.dtype),
+                  " params (bf16 of f32 only)");
+    TESSERA_CHECK(compute.numel() == params.numel(), op, ": compute has ", compute.numel(), " elements, params has ",
+                  params.numel());
+  }
+  if (d.is_cpu()) return cpu::adamw_update(ex, params, grads, m, v, s, compute);
+  TESSERA_CUDA_CALL(op, cuda::adamw_update(ex, params, grads, m, v, s, compute));
 }
 
 }  // namespace tessera

@@ -23,7 +23,10 @@ struct AdamWStep {
 //   m = beta1 m + (1 - beta1) g;   v = beta2 v + (1 - beta2) g^2
 //   p -= (lr / (1 - beta1^step)) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
 // params, grads, m, v: (N) same dtype (F32 or F64).
+// compute: optional (N) BF16, on the same device, F32 params only: receives the updated params
+// rounded to bf16 (round to nearest even, as convert does) in the same pass: mixed precision's copy
+// of the weights for the GEMMs, refreshed without a second pass over the masters.
 void adamw_update(const Exec& ex, const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
-                  const AdamWStep& s);
+                  const AdamWStep& s, const Tensor& compute = Tensor());
 
 }  // namespace tessera

@@ -63,6 +63,11 @@ void ParameterStore::finalize(int64_t pad_multiple) {
   finalized_ = true;
 }
 
+Tensor ParameterStore::trainable_flat_compute() const {
+  if (!compute_.defined()) return Tensor();
+  return compute_.tensor().slice_rows(frozen_total_, total_);
+}
+
 Tensor ParameterStore::padded_trainable_flat_params() const {
   return params_.tensor().slice_rows(frozen_total_, params_.tensor().numel());
 }

@@ -134,6 +134,9 @@ class ParameterStore {
   int64_t frozen_numel() const { return frozen_total_; }
   Tensor trainable_flat_params() const { return flat_params_.slice_rows(frozen_total_, total_); }
   Tensor trainable_flat_grads() const { return flat_grads_.slice_rows(frozen_total_, total_); }
+  // The compute copy's trainable region (the layout of trainable_flat_params()); undefined without
+  // a copy. The optimizer may write it in its update's pass (kernels/adamw.h).
+  Tensor trainable_flat_compute() const;
   Tensor padded_trainable_flat_params() const;  // with the padding
   Tensor padded_trainable_flat_grads() const;
   bool any_frozen() const { return frozen_total_ > 0; }

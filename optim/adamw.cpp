@@ -9,9 +9,10 @@
 namespace tessera {
 
 AdamW::AdamW(const Tensor& params, const Tensor& grads, std::vector<ParamSegment> segments, Allocator& alloc,
-             const AdamWOptions& opt)
+             const AdamWOptions& opt, const Tensor& compute)
     : params_(params.view({params.numel()})),
       grads_(grads.view({grads.numel()})),
+      compute_(compute.defined() ? compute.view({compute.numel()}) : Tensor()),
       segments_(std::move(segments)),
       opt_(opt),
       m_(alloc, params.dtype, {params.numel()}, MemCategory::OptimizerState),
@@ -25,6 +26,8 @@ AdamW::AdamW(const Tensor& params, const Tensor& grads, std::vector<ParamSegment
     expect += s.numel;
   }
   TESSERA_CHECK(expect == params.numel(), "AdamW: segments cover ", expect, " of ", params.numel(), " elements");
+  TESSERA_CHECK(!compute.defined() || compute.numel() == params.numel(), "AdamW: a compute copy of ",
+                compute.numel(), " elements for ", params.numel(), " parameters");
 }
 
 void AdamW::step(const Exec& ex, double lr, double grad_scale) {
@@ -40,7 +43,8 @@ void AdamW::step(const Exec& ex, double lr, double grad_scale) {
     const int64_t begin = seg.offset, end = seg.offset + seg.numel;
     s.weight_decay = seg.decay ? opt_.weight_decay : 0.0;
     adamw_update(ex, params_.slice_rows(begin, end), grads_.slice_rows(begin, end), m_.tensor().slice_rows(begin, end),
-                 v_.tensor().slice_rows(begin, end), s);
+                 v_.tensor().slice_rows(begin, end), s,
+                 compute_.defined() ? compute_.slice_rows(begin, end) : Tensor());
   }
 }
 

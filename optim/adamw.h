@@ -29,12 +29,15 @@ struct ParamSegment {
 
 class AdamW {
  public:
-  // params, grads: (N) flat buffers; segments cover [0, N) in order without gaps.
+  // params, grads: (N) flat buffers; segments cover [0, N) in order without gaps. compute: optional
+  // (N) BF16 copy of params (mixed precision), rewritten by every step from the updated params.
   AdamW(const Tensor& params, const Tensor& grads, std::vector<ParamSegment> segments, Allocator& alloc,
-        const AdamWOptions& opt);
+        const AdamWOptions& opt, const Tensor& compute = Tensor());
 
   // One update with learning rate lr; gradients are multiplied by grad_scale first (clipping).
   void step(const Exec& ex, double lr, double grad_scale = 1.0);
+  // Whether step() also refreshes a compute copy (constructed with one).
+  bool writes_compute_copy() const { return compute_.defined(); }
 
   int64_t steps_taken() const { return steps_; }
   // After loading the moments from a checkpoint: the bias corrections continue from `steps`.
@@ -43,7 +46,7 @@ class AdamW {
   const Tensor& exp_avg_sq() const { return v_.tensor(); }
 
  private:
-  Tensor params_, grads_;
+  Tensor params_, grads_, compute_;
   std::vector<ParamSegment> segments_;
   AdamWOptions opt_;
   Buffer m_, v_;

@@ -29,7 +29,7 @@ DataParallelOptimizer::DataParallelOptimizer(const FlatParams& flat, std::vector
     zero_ = std::make_unique<ZeroAdamW>(flat.padded_params, flat.padded_grads, segments, *group, alloc, opt);
     return;
   }
-  adamw_ = std::make_unique<AdamW>(flat.params, flat.grads, std::move(segments), alloc, opt);
+  adamw_ = std::make_unique<AdamW>(flat.params, flat.grads, std::move(segments), alloc, opt, flat.compute);
   if (group_size > 1) {
     std::vector<int64_t> offsets;
     for (const FlatParam& e : flat.entries) offsets.push_back(e.offset);

@@ -61,6 +61,10 @@ class DataParallelOptimizer {
   Communicator* group() const { return group_; }
   // Collective under ZeRO-1 (the all-gather of the parameters).
   void step(const Exec& ex, double lr, double grad_scale);
+  // Whether step() also rewrote flat.compute (the replicated AdamW rounds its update into it in the
+  // same pass); false under ZeRO-1, whose ranks update a shard each: the caller converts after the
+  // all-gather (ParameterStore::refresh_compute_copy).
+  bool refreshes_compute_copy() const { return !zero_ && adamw_->writes_compute_copy(); }
 
   // Checkpoints. The moments at the full layout and the steps (ZeRO-1: gathered; collective).
   FullOptimizerState gather_state();

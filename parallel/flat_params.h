@@ -28,6 +28,9 @@ struct FlatParams {
   Tensor params, grads;                // (N), the parameters in `entries` order
   Tensor padded_params, padded_grads;  // (P >= N): the same buffers with their zero tail (ZeRO-1's padding)
   std::vector<FlatParam> entries;      // in buffer order, tiling [0, N)
+  // (N) BF16: mixed precision's copy of params for the GEMMs, or undefined. A replicated optimizer
+  // rounds its update into it (DataParallelOptimizer::refreshes_compute_copy).
+  Tensor compute;
   int64_t numel() const { return params.numel(); }
   int size() const { return static_cast<int>(entries.size()); }
 };

@@ -1,9 +1,11 @@
 // CPU AdamW (PyTorch's formula): a templated reference for F64 and an OpenMP SIMD float path.
 // Both take the step's scalars (bias corrections, decay factor) computed once in double.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/gemm_bf16.h"
 
 namespace tessera {
 namespace {
@@ -55,13 +57,30 @@ void update(float* p, const float* g, float* m, float* v, int64_t n, const AdamW
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) adamw_element(p[i], g[i], m[i], v[i], k);
 }
+
+// The update, and the updated params rounded into the bf16 copy c while they are still in cache:
+// blocks of kBlock elements (4 x 16 KiB of fp32 state), each updated then rounded by one thread.
+void update_and_round(float* p, const float* g, float* m, float* v, uint16_t* c, int64_t n,
+                      const AdamWScalars<float>& k) {
+  constexpr int64_t kBlock = 4096;
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < (n + kBlock - 1) / kBlock; ++b) {
+    const int64_t lo = b * kBlock, hi = std::min(n, lo + kBlock);
+#pragma omp simd
+    for (int64_t i = lo; i < hi; ++i) adamw_element(p[i], g[i], m[i], v[i], k);
+    cpu::f32_to_bf16(c + lo, p + lo, hi - lo);  // inside the parallel region: on this thread
+  }
+}
 }  // namespace simd
 
 }  // namespace
 
 void cpu::adamw_update(const Exec&, const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
-                       const AdamWStep& s) {
-  if (params.dtype == DType::F64)
+                       const AdamWStep& s, const Tensor& compute) {
+  if (compute.defined())
+    simd::update_and_round(params.ptr<float>(), grads.ptr<float>(), m.ptr<float>(), v.ptr<float>(),
+                           static_cast<uint16_t*>(compute.data), params.numel(), AdamWScalars<float>(s));
+  else if (params.dtype == DType::F64)
     reference::update(params.ptr<double>(), grads.ptr<double>(), m.ptr<double>(), v.ptr<double>(), params.numel(),
                       AdamWScalars<double>(s));
   else

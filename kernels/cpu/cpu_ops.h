@@ -79,6 +79,6 @@ void squared_norm(const Exec& ex, const Tensor& out, const Tensor& t);
 
 // adamw.h
 void adamw_update(const Exec& ex, const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
-                  const AdamWStep& s);
+                  const AdamWStep& s, const Tensor& compute);
 
 }  // namespace tessera::cpu

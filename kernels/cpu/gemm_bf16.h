@@ -48,7 +48,8 @@ void gemm_bf16(const char* op, int64_t m, int64_t n, int64_t k, float alpha, con
 // Round to nearest even, as the hardware's vcvtneps2bf16 does (NaN -> a quiet NaN).
 uint16_t f32_to_bf16(float f);
 float bf16_to_f32(uint16_t h);
-// dst[i] = f32_to_bf16(src[i]) (OpenMP over n).
+// dst[i] = f32_to_bf16(src[i]): AVX-512 where the CPU has it; threaded (OpenMP) above 2^17
+// elements, on the calling thread below that or inside a parallel region.
 void f32_to_bf16(uint16_t* dst, const float* src, int64_t n);
 
 }  // namespace tessera::cpu

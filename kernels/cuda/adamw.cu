@@ -25,8 +25,18 @@ Scalars scalars_of(const AdamWStep& s) {
           static_cast<float>(s.grad_scale)};
 }
 
-// The CPU's adamw_element, per i.
-__global__ void adamw_kernel(float* p, const float* grads, float* m, float* v, int64_t n, Scalars k) {
+// The CPU's f32_to_bf16 (kernels/cpu/gemm_bf16.h), bit for bit: round to nearest even in integer
+// arithmetic, a NaN kept quiet (__float2bfloat16_rn would give a canonical NaN instead).
+__device__ uint16_t bf16_bits(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// The CPU's adamw_element, per i; compute (optional): the updated p rounded to bf16.
+__global__ void adamw_kernel(float* p, const float* grads, float* m, float* v, uint16_t* compute, int64_t n,
+                             Scalars k) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const float g = k.grad_scale * grads[i];
     float pi = p[i] * k.decay;
@@ -34,6 +44,7 @@ __global__ void adamw_kernel(float* p, const float* grads, float* m, float* v, i
     const float vi = k.beta2 * v[i] + k.one_minus_beta2 * g * g;
     pi -= k.step_size * mi / (sqrtf(vi) * k.inv_bc2_sqrt + k.eps);
     p[i] = pi;
+    if (compute) compute[i] = bf16_bits(pi);
     m[i] = mi;
     v[i] = vi;
   }
@@ -42,14 +53,15 @@ __global__ void adamw_kernel(float* p, const float* grads, float* m, float* v, i
 }  // namespace
 
 void adamw_update(const Exec& ex, const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
-                  const AdamWStep& s) {
+                  const AdamWStep& s, const Tensor& compute) {
   const char* op = "adamw_update";
   require_f32(op, params);
   use_device(op, ex);
   const int64_t n = params.numel();
   if (n == 0) return;
   adamw_kernel<<<blocks_for(n), kThreads, 0, stream_of(ex)>>>(params.ptr<float>(), grads.ptr<float>(),
-                                                              m.ptr<float>(), v.ptr<float>(), n, scalars_of(s));
+                                                              m.ptr<float>(), v.ptr<float>(),
+                                                              static_cast<uint16_t*>(compute.data), n, scalars_of(s));
   check_launch(op);
 }
 

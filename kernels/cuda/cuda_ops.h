@@ -89,7 +89,7 @@ void squared_norm(const Exec& ex, const Tensor& out, const Tensor& t);  // the g
 
 // adamw.h (fp32 master weights, gradients and moments)
 void adamw_update(const Exec& ex, const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
-                  const AdamWStep& s);
+                  const AdamWStep& s, const Tensor& compute);
 
 // attention.h (kernels/cuda/attention.cu): F32 (simple, exact exp) or BF16 (tensor cores, lse F32,
 // head dims 64 and 128, 16-byte aligned tensors).

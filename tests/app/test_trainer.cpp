@@ -2,6 +2,8 @@
 // command end to end (loss falls, files written, config errors, divergence, Ctrl-C).
 #include "app/trainer.h"
 
+#include "kernels/cpu/gemm_bf16.h"
+
 #include "cli_testing.h"
 #include "error_testing.h"
 
@@ -69,6 +71,29 @@ TEST(Trainer, Bf16TracksFp32) {
   const Config fp32 = parse_config_string(kTinyConfig, "tiny.toml", {"train.steps=30"});
   const Config bf16 = parse_config_string(kTinyConfig, "tiny.toml", {"train.steps=30", "train.dtype=\"bf16\""});
   expect_tracks(losses_of(bf16), losses_of(fp32), 2e-2);
+}
+
+// Under bf16 the GEMMs read a bf16 copy of the weights. With a replicated optimizer AdamW rounds
+// the trainable masters into it in its own pass (kernels/adamw.h), and nothing rewrites the frozen
+// part after the start: after every step each parameter's copy must be its master rounded
+// (f32_to_bf16), frozen (wpe.*) and trained alike, or the next forward would read stale weights.
+TEST(Trainer, Bf16CopyIsTheRoundedMastersAfterEveryStep) {
+  const Config cfg = parse_config_string(kTinyConfig, "tiny.toml",
+                                         {"train.steps=3", "train.dtype=\"bf16\"", "train.freeze=[\"wpe.*\"]"});
+  Trainer t(cfg, "", MPI_COMM_NULL);
+  EXPECT_TRUE(t.optimizer().refreshes_compute_copy());
+  const ParameterStore& ps = t.params();
+  ASSERT_TRUE(ps.any_frozen());
+  for (int64_t s = 0; s < 3; ++s) {
+    ASSERT_FALSE(t.step(s).skipped);
+    for (int id = 0; id < ps.size(); ++id) {
+      const Tensor master = ps.param(id), copy = ps.compute_param(id);
+      ASSERT_EQ(copy.dtype, DType::BF16);
+      for (int64_t i = 0; i < master.numel(); ++i)
+        ASSERT_EQ(static_cast<const uint16_t*>(copy.data)[i], cpu::f32_to_bf16(master.ptr<float>()[i]))
+            << ps.entry(id).spec.name << " element " << i << " after step " << s;
+    }
+  }
 }
 
 // The quickstart (configs/quickstart.toml) for 200 steps in both dtypes: the mean loss of every 50

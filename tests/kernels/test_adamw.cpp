@@ -3,8 +3,12 @@
 #include "kernels/adamw.h"
 
 #include <cmath>
+#include <cstdint>
 #include <string>
+#include <vector>
 
+#include "error_testing.h"
+#include "kernels/elementwise.h"
 #include "testing.h"
 
 namespace tessera {
@@ -104,6 +108,45 @@ TEST(AdamW, FloatMatchesDouble) {
   EXPECT_LT(testing::max_rel_error(s32.p, s64.p), 2e-6);
   EXPECT_LT(testing::max_rel_error(s32.m, s64.m), 2e-6);
   EXPECT_LT(testing::max_rel_error(s32.v, s64.v), 2e-6);
+}
+
+// Mixed precision: the bf16 copy written in the update's own pass (blocks of 4096 elements, each
+// updated then rounded on one thread) equals the update followed by a separate conversion, and the
+// fp32 state is the same bits as without a copy. n crosses several blocks and ends in a partial one.
+TEST(AdamW, Bf16CopyInTheSamePassEqualsUpdateThenConvert) {
+  const int64_t n = 3 * 4096 + 77;
+  State<double> s64 = initial_state(n, 3);
+  State<float> plain{s64.p.cast<float>(), s64.m.cast<float>(), s64.v.cast<float>()};
+  State<float> fused{s64.p.cast<float>(), s64.m.cast<float>(), s64.v.cast<float>()};
+  HostTensor<float> from_masters({n});
+  std::vector<uint16_t> expected(static_cast<size_t>(n)), copy(static_cast<size_t>(n), 0xabcd);
+  const Tensor copy_t(copy.data(), DType::BF16, {n}, Device::cpu());
+  for (int64_t step = 1; step <= 3; ++step) {
+    const auto g = grads_for_step(n, step).cast<float>();
+    adamw_update(kCpu, plain.p.t(), g.t(), plain.m.t(), plain.v.t(), hyper(step));
+    adamw_update(kCpu, fused.p.t(), g.t(), fused.m.t(), fused.v.t(), hyper(step), copy_t);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(fused.p[i], plain.p[i]) << "step " << step << ", element " << i;
+      ASSERT_EQ(fused.m[i], plain.m[i]) << "step " << step << ", element " << i;
+      ASSERT_EQ(fused.v[i], plain.v[i]) << "step " << step << ", element " << i;
+    }
+    convert(kCpu, Tensor(expected.data(), DType::BF16, {n}, Device::cpu()), plain.p.t());
+    ASSERT_EQ(copy, expected) << "step " << step;
+  }
+}
+
+TEST(AdamW, RefusesABadBf16Copy) {
+  HostTensor<float> p({4}), g({4}), m({4}), v({4}), f32_copy({4});
+  HostTensor<double> p64({4}), g64({4}), m64({4}), v64({4});
+  std::vector<uint16_t> bits(4), short_bits(3);
+  const Tensor copy(bits.data(), DType::BF16, {4}, Device::cpu());
+  const Tensor short_copy(short_bits.data(), DType::BF16, {3}, Device::cpu());
+  EXPECT_TRUE(testing::throws_with([&] { adamw_update(kCpu, p.t(), g.t(), m.t(), v.t(), AdamWStep{}, f32_copy.t()); },
+                                   {"compute has dtype f32, expected bf16"}));
+  EXPECT_TRUE(testing::throws_with([&] { adamw_update(kCpu, p.t(), g.t(), m.t(), v.t(), AdamWStep{}, short_copy); },
+                                   {"compute has 3 elements"}));
+  EXPECT_TRUE(testing::throws_with([&] { adamw_update(kCpu, p64.t(), g64.t(), m64.t(), v64.t(), AdamWStep{}, copy); },
+                                   {"bf16 of f32 only"}));
 }
 
 TEST(AdamW, RejectsBadArguments) {
