@@ -31,6 +31,7 @@ namespace tessera {
 namespace {
 
 constexpr int64_t kFloatBytes = 4;   // the trainer's parameters and activations are f32
+constexpr int64_t kBf16Bytes = 2;    // train.dtype = "bf16": the parameters' compute copy
 constexpr int64_t kIdBytes = 4;      // token and target ids (int32)
 constexpr int64_t kLoaderDepth = 4;  // DataLoader's default prefetch depth (data/loader.h), as the trainer uses it
 // What the process holds besides: code, MPI, HDF5 and BLAS buffers, thread stacks. Measured: the peak
@@ -260,10 +261,11 @@ struct Policy {
   Recompute kind = Recompute::None;
   int64_t full_layers = 0;
   bool vlm = false;
+  bool bf16 = false;  // train.dtype = "bf16": the GEMMs' rounded operands
   // A pipeline chunk without the head: the trainer keeps its output, sent, past its backward.
   ModelMemoryLayout layout(int64_t B, int64_t T, int64_t tp, bool sp, const StageSpec& stage = {},
                            bool split_backward = false) const {
-    return {B, T, tp, sp, kind, stage, full_layers, !stage.head, split_backward, vlm ? B : 0};
+    return {B, T, tp, sp, kind, stage, full_layers, !stage.head, split_backward, vlm ? B : 0, bf16};
   }
 };
 
@@ -381,6 +383,9 @@ MemoryEstimate estimate_for(const Config& cfg, const MemoryLayout& layout, const
   item("parameters (" + std::to_string(P) + " on this rank" + (rm.what.empty() ? "" : ": " + rm.what) +
            (F > 0 ? ", " + std::to_string(F) + " of them frozen" : "") + ")",
        padded, true, model_keys, kFloatBytes);
+  if (t.dtype == "bf16")  // ParameterStore::enable_compute_copy: every parameter, padding included
+    item("bf16 copy of the parameters (the GEMMs' weights)", padded, true, model_keys + ", train.dtype",
+         kBf16Bytes);
   item("gradients", zero ? add(padded, shard) : padded, true, model_keys, kFloatBytes);
   item(std::string(zero ? "AdamW moments (ZeRO-1: 1/" + std::to_string(shards) + " of them)" : "AdamW moments") +
            (F > 0 ? " of the trainable parameters" : ""),
@@ -440,7 +445,8 @@ MemoryEstimate estimate_training_memory(const Config& cfg, int64_t data_vocab_si
   const ModelConfig mc = resolve(to_model_config(cfg, data_vocab_size));
   const int64_t tp = layout.tp;
   const bool sp = cfg.parallel.sequence_parallel && tp > 1;
-  const Policy policy{recompute_kind(cfg.model.recompute), cfg.model.recompute_layers, mc.is_vlm()};
+  const Policy policy{recompute_kind(cfg.model.recompute), cfg.model.recompute_layers, mc.is_vlm(),
+                      cfg.train.dtype == "bf16"};
   const ParallelConfig& p = cfg.parallel;
   // Context parallelism: a cp rank holds seq_len / cp positions of every sequence, so each
   // activation of the model (and the evaluation's) is that of the shorter sequence; parameters,

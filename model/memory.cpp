@@ -96,6 +96,29 @@ struct Acts {
   N norm, block, block_selective, resid, head, loss;
 };
 
+// n bf16 values (2 bytes each) in fp32 elements, rounded up.
+N bf16_elements(N n) { return {n.v / 2 + n.v % 2}; }
+
+// The bf16 GEMMs' rounded operands (ModelMemoryLayout::bf16) at their highest within a block: the
+// forward's largest Linear input, and the backward's largest output gradient and input together.
+// Full-sequence rows: under sequence parallelism the Linears read the gathered input.
+struct Bf16Scratch {
+  N block_forward, block_backward, head_forward, head_backward;
+};
+
+Bf16Scratch bf16_scratch(const Dims& d) {
+  const N rows = d.B * d.T, Cl = d.Hl * d.D, kv = (d.kv_replicated ? d.KVh : d.KVl) * d.D;
+  Bf16Scratch s;
+  // Inputs: q/k/v and the MLP's first layer(s) read (rows, C), the projection (rows, Cl), the MLP's
+  // last layer (rows, Fl).
+  s.block_forward = bf16_elements(rows * max(max(d.C, Cl), d.Fl));
+  // (dy, x) of each Linear: q (Cl, C), k and v (kv, C), proj (C, Cl), fc/gate/up (Fl, C), fc2 (C, Fl).
+  s.block_backward = bf16_elements(rows * max(max(Cl + d.C, kv + d.C), d.Fl + d.C));
+  s.head_forward = bf16_elements(rows * d.C);
+  s.head_backward = bf16_elements(rows * d.Vl) + bf16_elements(rows * d.C);
+  return s;
+}
+
 Acts activations(const Dims& d) {
   const N rows = d.B * d.Tl;
   Acts a;
@@ -211,7 +234,12 @@ VisionCost vision_cost(const ModelConfig& c, const ModelMemoryLayout& lay, int64
                  P * W /* pos */ + N{2} * W /* ln_f */ + (W * C + C) /* fc1 */ + (C * C + C) /* fc2 */;
   if (images == 0) return v;  // text only: the tower does not run
   const Acts a = activations(dv);
-  const BlockWork w = block_workspace(dv);
+  BlockWork w = block_workspace(dv);
+  if (lay.bf16) {  // its blocks' Linears round as the language model's do
+    const Bf16Scratch bf = bf16_scratch(dv);
+    w.forward = w.forward + bf.block_forward;
+    w.backward = w.backward + bf.block_backward;
+  }
   const N Lv = dv.L, NPW = dv.B * dv.T * W, NPC = dv.B * dv.T * C;
   // Forward: the residual stream, then each block (its context and temporaries), ln_f, fc1, GELU, fc2.
   const N resid = (Lv + one) * NPW;
@@ -244,7 +272,11 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
   const StageSpec st = resolve_stage(lay.stage, c);
   TESSERA_CHECK(lay.full_layers >= 0, "model_memory: full_layers = ", lay.full_layers, " must be >= 0");
   const Acts a = activations(d);
-  const BlockWork w = block_workspace(d);
+  BlockWork w = block_workspace(d);
+  const Bf16Scratch bf = lay.bf16 ? bf16_scratch(d) : Bf16Scratch{};
+  w.forward = w.forward + bf.block_forward;
+  w.backward = w.backward + bf.block_backward;
+  w.backward_selective = w.backward_selective + bf.block_backward;
   const N X = d.B * d.T * d.C, Xl = d.B * d.Tl * d.C;
   const int64_t L = st.layers();
   std::vector<BlockCost> blocks;
@@ -275,7 +307,8 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
   // Then the loss (vocabulary-parallel: each rank's lse and target logit, and all ranks' lse).
   const N R{lay.tp};
   const N ce = st.head && R.v > 1 ? (N{2} + R) * d.B * d.T : N{};
-  const N forward = st.head ? max(blocks_forward, acts + ce) : blocks_forward;
+  // bf16: the LM head's rounded input beside the logits (the losses not yet allocated: an upper bound).
+  const N forward = st.head ? max(max(blocks_forward, acts + ce), acts + bf.head_forward) : blocks_forward;
   // Backward: the head (dln, and under sequence parallelism dln_local and the reduce-scatter
   // staging), then the blocks from the last, each beside the contexts of those before it (a
   // block's context and output are released when its backward ends) and dres. dres is a workspace only on the
@@ -288,7 +321,8 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
   const Deferred copies = deferred_copies(d);
   const N head_copies = st.head && lay.split_backward ? copies.head : N{};
   const N block_copies = lay.split_backward ? copies.block : N{};
-  N backward = acts + head + head_copies, live = acts + head_copies;
+  // bf16: the LM head's rounded output gradient and input beside dln.
+  N backward = acts + head + head_copies + (st.head ? bf.head_backward : N{}), live = acts + head_copies;
   for (int64_t l = L - 1; l >= 0; --l) {
     const BlockCost& b = blocks[static_cast<size_t>(l)];
     backward = max(backward, live + dres + b.backward + block_copies);
@@ -306,7 +340,7 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
   // block temporaries are gone before the head allocates).
   const N blocks_done = base + kept_blocks;
   const N head_kept = st.head ? a.head : N{};
-  m.inference_peak = max(blocks_forward, blocks_done + head_kept).v;
+  m.inference_peak = max(blocks_forward, blocks_done + head_kept + (st.head ? bf.head_forward : N{})).v;
   m.inference_kept = (blocks_done + head_kept).v;
   return m;
 }

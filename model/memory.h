@@ -52,6 +52,12 @@ struct ModelMemoryLayout {
   // (the encoder keeps everything: model.recompute applies to the language model's blocks). The
   // patches (images, P, K) are the caller's (app/memory_check.cpp counts them).
   int64_t images = 0;
+  // train.dtype = "bf16" (CPU mixed precision, kernels/cpu/matmul.cpp): each Linear rounds its fp32
+  // input into workspace while its forward GEMM runs, and its output gradient and input while its
+  // backward's weight-gradient GEMM runs (2 bytes an element, counted here as whole fp32 elements,
+  // rounded up). Exact for the LM head, whose N x V output gradient dominates; within a block, the
+  // largest Linear's rounding is added to the block's peak (an upper bound: the two need not meet).
+  bool bf16 = false;
 };
 
 // Element counts (of the parameter dtype) on one rank.
