@@ -45,6 +45,11 @@ left() { echo $(( budget - $(elapsed) )); }
 # TESSERA_GPU_TIME_SCALE multiplies the caps (a rehearsal on 2 cores: scripts/gpu_check_rehearse.sh).
 scale=${TESSERA_GPU_TIME_SCALE:-1}
 stage_limit() { local c=$(( $1 * scale )) l=$(( $(left) - $2 )); [ "$l" -lt 0 ] && l=0; [ "$l" -gt "$c" ] && l=$c; echo "$l"; }
+# CPU seconds (user + sys) of the finished child processes so far: a build's difference, divided by
+# the cores of another machine, estimates its build time there (docs/cuda.md, "gpu_check.sh").
+# (times runs in this shell, not a subshell, whose children would be none.)
+snap_cpu() { times >"$logs/.times"; }
+read_cpu() { tail -1 "$logs/.times" | awk '{ s = 0; for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); s += 60 * a[1] + a[2] } printf "%d", s }'; }
 declare -a summary=()
 add() { summary+=("$(printf '%-30s %s' "$1" "$2")"); }
 failed_any=0
@@ -184,13 +189,16 @@ if [ "${TESSERA_GPU_KERNELS_ONLY:-0}" != 1 ]; then
     done
     limit=$(stage_limit 300 150)
     say "gpu_check: building ${gpu_targets[*]} ($jobs jobs, at most $limit s)"
-    if timeout "$limit" cmake --build "$build" -j "$jobs" --target "${gpu_targets[@]}" >>"$log" 2>&1; then
+    snap_cpu; cpu0=$(read_cpu)
+    timeout "$limit" cmake --build "$build" -j "$jobs" --target "${gpu_targets[@]}" >>"$log" 2>&1
+    rc=$?
+    snap_cpu
+    if [ $rc -eq 0 ]; then
       full=1
       tessera_bin=$build/app/tessera
       [ -x "$tessera_bin" ] || tessera_bin=$(find "$build" -maxdepth 2 -name tessera -type f -perm -u+x | head -1)
-      add "build (full, gpu targets)" "ok ($(( $(date +%s) - t0 )) s, $jobs jobs: ${gpu_targets[*]})"
+      add "build (full, gpu targets)" "ok ($(( $(date +%s) - t0 )) s, $(( $(read_cpu) - cpu0 )) CPU s, $jobs jobs: ${gpu_targets[*]})"
     else
-      rc=$?
       grep -E "error|Error" "$log" | tail -20
       [ $rc -eq 124 ] && why="timed out after $limit s" || why="failed (see $log)"
       add "build (full, gpu targets)" "FAILED: $why; falling back to the kernels-only tree"
@@ -230,11 +238,13 @@ build_rest() {
   limit=$(stage_limit 240 0)
   if [ "$limit" -lt 20 ]; then add "build (full, everything)" "not run: time budget spent"; return 0; fi
   t0=$(date +%s)
+  snap_cpu; cpu0=$(read_cpu)
   timeout "$limit" cmake --build "$build" -j "$jobs" >>"$log" 2>&1
   rc=$?
+  snap_cpu
   if [ $rc -eq 0 ]; then
     n_gpu=$(cd "$build" && "${run_env[@]}" ctest -N -L gpu 2>/dev/null | sed -n 's/^Total Tests: //p')
-    add "build (full, everything)" "ok ($(( $(date +%s) - t0 )) s; the whole tree has ${n_gpu:-?} gpu tests)"
+    add "build (full, everything)" "ok ($(( $(date +%s) - t0 )) s, $(( $(read_cpu) - cpu0 )) CPU s; the whole tree has ${n_gpu:-?} gpu tests)"
   else
     add "build (full, everything)" "not finished: $([ $rc -eq 124 ] && echo "timed out after $limit s" || echo "FAILED (see $log)")"
     [ $rc -ne 124 ] && failed_any=1
