@@ -38,28 +38,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "reference"))
 sys.path.insert(0, HERE)
 import gpt_reference as ref  # noqa: E402
 from train_bench import BenchConfig, flops_per_token  # noqa: E402
-
-MODELS = {  # name: (n_layer, n_head, n_embd, vocab)
-    "gpt2-124m": (12, 12, 768, 50257),
-    "gpt2-350m": (24, 16, 1024, 50257),
-    "tiny": (2, 2, 64, 512),  # --tiny: the CPU rehearsal of this script's logic
-}
-
-
-def run_order(batches):
-    """(model, B) pairs, most wanted first: each model's middle micro-batch, then the others, so
-    that a deadline cuts the least useful runs."""
-    firsts, rest = [], []
-    for model, bs in batches:
-        mid = bs[len(bs) // 2]
-        firsts.append((model, mid))
-        rest += [(model, b) for b in bs if b != mid]
-    return firsts + rest
-
-
-def parse_batches(text):
-    return [int(b) for b in text.replace(",", " ").split()]
-
+from gpt2_bench_common import MODELS, parse_batches, run_order  # noqa: E402
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
