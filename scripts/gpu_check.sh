@@ -82,7 +82,7 @@ multiarch=x86_64-linux-gnu
 prefix=${TESSERA_GPU_PREFIX:-/tmp/tessera-gpu-prefix}
 kernel_args=()  # what the kernels-only tree needs: OpenBLAS, GoogleTest, cuDNN, NCCL
 full_args=()    # and what the full tree needs besides: MPI, HDF5 (toml++, CLI11, PNG, JPEG through the prefix path)
-prefix_ld=""    # the prefix's library folders (mpiexec.hydra and its children need them; the built programs have an RPATH)
+prefix_ld=""    # the prefix's library folders: only mpiexec.hydra needs them (through a wrapper); the built programs have an RPATH
 have_system_deps() {
   local f
   for f in /usr/include/$multiarch/openblas-openmp/cblas.h /usr/lib/$multiarch/cmake/GTest/GTestConfig.cmake \
@@ -124,12 +124,17 @@ else
                           -e "s#-L/usr/lib#-L$lib#g" "$w"
   done
   prefix_ld=$lib:$lib/openblas-openmp:$prefix/lib/$multiarch
+  # mpiexec.hydra and hydra_pmi_proxy have no RPATH: a wrapper gives them (and only them, and the
+  # ranks they start) the prefix's libraries, so that cmake, ctest and Python never load them.
+  printf '#!/bin/sh\nLD_LIBRARY_PATH=%s${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} exec %s "$@"\n' \
+    "$prefix_ld" "$prefix/usr/bin/mpiexec.hydra" >"$prefix/usr/bin/mpiexec"
+  chmod +x "$prefix/usr/bin/mpiexec"
   rpath="$lib:$lib/openblas-openmp:$prefix/lib/$multiarch"
   kernel_args+=(-DCMAKE_PREFIX_PATH="$prefix/usr;$prefix" -DCBLAS_INCLUDE_DIR="$prefix/usr/include/$multiarch/openblas-openmp"
                 -DBLAS_LIBRARY="$lib/openblas-openmp/libopenblas.so" -DTESSERA_DNNL=OFF
                 -DCMAKE_EXE_LINKER_FLAGS="-Wl,--disable-new-dtags -Wl,-rpath-link,$rpath -Wl,-rpath,$rpath")
   full_args+=(-DMPI_C_COMPILER="$prefix/usr/bin/mpicc.mpich" -DMPI_CXX_COMPILER="$prefix/usr/bin/mpicxx.mpich"
-              -DMPIEXEC_EXECUTABLE="$prefix/usr/bin/mpiexec.hydra"
+              -DMPIEXEC_EXECUTABLE="$prefix/usr/bin/mpiexec"
               -DHDF5_C_COMPILER_EXECUTABLE="$prefix/usr/bin/h5pcc.mpich")
   export PATH=$prefix/usr/bin:$PATH  # h5pcc calls mpicc.mpich; mpiexec.hydra finds hydra_pmi_proxy
   export HDF5_LDFLAGS="-Wl,-rpath-link,$rpath"  # FindHDF5 links a test program with h5pcc: libmpich's own needs
@@ -167,8 +172,9 @@ for libname in cudnn nccl; do
 done
 [ -n "$extra_includes" ] && kernel_args+=(-DCMAKE_CXX_FLAGS="$extra_includes" -DCMAKE_CUDA_FLAGS="$extra_includes")
 add "dependencies" "${deps_from}"
-# What the built programs (and mpiexec) run with: the prefix's folders first.
-run_env=(env LD_LIBRARY_PATH="${prefix_ld:+$prefix_ld:}${LD_LIBRARY_PATH:-}")
+# What the built programs run with: the caller's library path and cuDNN/NCCL's folders (the
+# prefix's libraries come through the programs' RPATH and the mpiexec wrapper).
+run_env=(env)
 
 # ---- build: the full tree, else the kernels-only one ----
 arch=${TESSERA_CUDA_ARCH:-90}
@@ -311,7 +317,7 @@ gpt_out=""
 if [ $full -eq 1 ]; then
   limit=$(stage_limit 130 150)
   say "gpu_check: tessera train, GPT-2 124M and 350M bf16 on cuda (at most $limit s)"
-  out=$(timeout "$limit" "${run_env[@]}" "$python" "$root/scripts/bench/gpt2_tessera_cuda.py" --tessera "$tessera_bin" \
+  out=$(PYTHONUNBUFFERED=1 timeout "$limit" "$python" "$root/scripts/bench/gpt2_tessera_cuda.py" --tessera "$tessera_bin" \
         --workdir "$build/gpt2_bench" --deadline $(( limit - 10 )) "${gpt_args[@]}" 2>&1)
   rc=$?
   echo "$out" | tee -a "$log"
