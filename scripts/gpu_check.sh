@@ -184,6 +184,7 @@ arch=${TESSERA_CUDA_ARCH:-90}
 common_args=(-DCMAKE_BUILD_TYPE=Release -DTESSERA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch"
              -DCMAKE_CUDA_COMPILER="$(command -v nvcc)")
 full=0
+kernels_built=0
 tessera_bin=""
 if [ "${TESSERA_GPU_KERNELS_ONLY:-0}" != 1 ]; then
   t0=$(date +%s)
@@ -210,8 +211,17 @@ if [ "${TESSERA_GPU_KERNELS_ONLY:-0}" != 1 ]; then
     else
       grep -E "error|Error" "$log" | tail -20
       [ $rc -eq 124 ] && why="timed out after $limit s" || why="failed (see $log)"
-      add "build (full, gpu targets)" "FAILED: $why; falling back to the kernels-only tree"
+      add "build (full, gpu targets)" "FAILED: $why; falling back to the kernels' targets"
       failed_any=1
+      # The kernels' own targets in the same tree reuse what was compiled (a compile error in
+      # app/ or model/ does not stop them).
+      limit=$(stage_limit 200 60)
+      if [ "$limit" -ge 20 ] && timeout "$limit" cmake --build "$build" -j "$jobs" --target tests_gpu attention_cuda_bench >>"$log" 2>&1; then
+        kernels_built=1
+        add "build (kernels' targets)" "ok ($(( $(date +%s) - t0 )) s since configure)"
+      else
+        add "build (kernels' targets)" "FAILED or no time left: trying the kernels-only tree"
+      fi
     fi
   else
     tail -30 "$log"
@@ -219,7 +229,7 @@ if [ "${TESSERA_GPU_KERNELS_ONLY:-0}" != 1 ]; then
     failed_any=1
   fi
 fi
-if [ $full -eq 0 ]; then
+if [ $full -eq 0 ] && [ $kernels_built -eq 0 ]; then
   build=$build-kernels
   t0=$(date +%s)
   say "gpu_check: configuring $build (TESSERA_KERNELS_ONLY, CUDA arch $arch)"
