@@ -106,7 +106,11 @@ else
   fi
   t0=$(date +%s)
   rm -rf "$prefix" && mkdir -p "$prefix"
-  for d in "${debs[@]}"; do dpkg -x "$d" "$prefix" || { add "dependencies" "FAILED: dpkg -x $d"; finish 1; }; done
+  unpack() {  # dpkg -x, or where there is no dpkg, the .deb's data.tar.xz through ar and tar
+    if command -v dpkg >/dev/null; then dpkg -x "$1" "$prefix"
+    else ar p "$1" data.tar.xz | tar -xJ -C "$prefix"; fi
+  }
+  for d in "${debs[@]}"; do unpack "$d" || { add "dependencies" "FAILED: unpacking $d"; finish 1; }; done
   # Absolute links (libz.so -> /lib/...) point into the prefix instead; the -dev package's
   # libopenblas.so is an absolute link into /usr too.
   while IFS= read -r l; do
