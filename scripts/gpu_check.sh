@@ -85,6 +85,7 @@ multiarch=x86_64-linux-gnu
 prefix=${TESSERA_GPU_PREFIX:-/tmp/tessera-gpu-prefix}
 kernel_args=()  # what the kernels-only tree needs: OpenBLAS, GoogleTest, cuDNN, NCCL
 full_args=()    # and what the full tree needs besides: MPI, HDF5 (toml++, CLI11, PNG, JPEG through the prefix path)
+host_includes=""  # the prefix's multiarch include folder (jconfig.h), which the compiler searches only under /usr
 prefix_ld=""    # the prefix's library folders: only mpiexec.hydra needs them (through a wrapper); the built programs have an RPATH
 have_system_deps() {
   local f
@@ -131,6 +132,7 @@ else
                           -e "s#-L/usr/lib#-L$lib#g" "$w"
   done
   prefix_ld=$lib:$lib/openblas-openmp:$prefix/lib/$multiarch
+  host_includes="-isystem $prefix/usr/include/$multiarch"
   # mpiexec.hydra and hydra_pmi_proxy have no RPATH: a wrapper gives them (and only them, and the
   # ranks they start) the prefix's libraries, so that cmake, ctest and Python never load them.
   printf '#!/bin/sh\nLD_LIBRARY_PATH=%s${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} exec %s "$@"\n' \
@@ -177,7 +179,8 @@ for libname in cudnn nccl; do
   export LD_LIBRARY_PATH=$(dirname "$so")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   say "gpu_check: $libname from $(dirname "$so")"
 done
-[ -n "$extra_includes" ] && kernel_args+=(-DCMAKE_CXX_FLAGS="$extra_includes" -DCMAKE_CUDA_FLAGS="$extra_includes")
+[ -n "$extra_includes$host_includes" ] && kernel_args+=(-DCMAKE_CXX_FLAGS="$host_includes$extra_includes" -DCMAKE_C_FLAGS="$host_includes")
+[ -n "$extra_includes" ] && kernel_args+=(-DCMAKE_CUDA_FLAGS="$extra_includes")
 add "dependencies" "${deps_from}"
 # What the built programs run with: the caller's library path and cuDNN/NCCL's folders (the
 # prefix's libraries come through the programs' RPATH and the mpiexec wrapper).
