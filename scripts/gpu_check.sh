@@ -212,7 +212,7 @@ if [ "${TESSERA_GPU_KERNELS_ONLY:-0}" != 1 ]; then
     snap_cpu
     if [ $rc -eq 0 ]; then
       full=1
-      tessera_bin=$build/app/tessera
+      tessera_bin=$build/tessera  # app/CMakeLists.txt: RUNTIME_OUTPUT_DIRECTORY is the build root
       [ -x "$tessera_bin" ] || tessera_bin=$(find "$build" -maxdepth 2 -name tessera -type f -perm -u+x | head -1)
       add "build (full, gpu targets)" "ok ($(( $(date +%s) - t0 )) s, $(( $(read_cpu) - cpu0 )) CPU s, $jobs jobs: ${gpu_targets[*]})"
     else

@@ -66,7 +66,7 @@ unshare -m bash -c '
   bad=$(grep -E "^(MPI|HDF5|PNG|JPEG|ZLIB|CLI11|tomlplusplus|GTest|BLAS|CBLAS)[A-Za-z_]*:[A-Z]+=/usr/" "$build/CMakeCache.txt" 2>/dev/null |
         grep -vE "^HDF5_C_LIBRARY_(m|dl|rt|pthread):|^HDF5_DIFF_EXECUTABLE:")
   echo "== libraries of the built programs (ldd), prefix packages only =="
-  for exe in "$build/app/tessera" "$build/tests/tests_gpu" "$build/tests/tests_app" "$build/bench/attention_cuda_bench"; do
+  for exe in "$build/tessera" "$build/tests/tests_gpu" "$build/tests/tests_app" "$build/bench/attention_cuda_bench"; do
     [ -x "$exe" ] || continue
     echo "$exe:"
     ldd "$exe" | grep -E "mpich|hdf5|toml|png|jpeg|openblas|gfortran|libz\.|curl|hwloc|ucx|ucp|ucs|not found" | sed "s/^/  /"
