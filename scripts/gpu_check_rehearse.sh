@@ -8,7 +8,8 @@
 # programs load the prefix's copies anyway (their RPATH comes first). Then, in the namespace:
 #   TESSERA_GPU_DEPS=debs scripts/gpu_check.sh     (expected: exit 3, "nothing was verified")
 # and a check of what the build used: the dependency paths in CMakeCache.txt and `ldd` of the
-# built programs must name the prefix, never /usr.
+# built programs must name the prefix, never /usr; then the tessera side of the GPT-2 stage on the
+# CPU (a tiny model) and with train.device = "cuda" (reported not run).
 #   scripts/gpu_check_rehearse.sh       (needs root and unshare; runs scripts/gpu_deps.sh if .gpu-deps is missing)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -74,6 +75,14 @@ unshare -m bash -c '
   done
   if [ -n "$bad" ]; then echo "gpu_check_rehearse: SYSTEM PATHS OR MISSING LIBRARIES:"; echo "$bad"; exit 1; fi
   echo "gpu_check_rehearse: every dependency came from the prefix"
+  # The GPT-2 stage without a GPU, still in the namespace: the tessera driver on the CPU (tiny
+  # model: rows, MFU, memory, the profile table), then with train.device = "cuda" (NOTRUN row).
+  if [ -x "$build/tessera" ]; then
+    python3 scripts/bench/gpt2_tessera_cuda.py --tessera "$build/tessera" --workdir /tmp/gpu-rehearse-gpt2 \
+      --device cpu --tiny --steps 4 --warmup 1 --deadline 120 || rc=1
+    python3 scripts/bench/gpt2_tessera_cuda.py --tessera "$build/tessera" --workdir /tmp/gpu-rehearse-gpt2 \
+      --tiny --deadline 60 || rc=1
+  fi
   exit $rc
 '
 rc=$?
