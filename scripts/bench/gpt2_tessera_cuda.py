@@ -14,8 +14,9 @@ dataset needed), then reads the run's metrics.jsonl and stdout:
 tokens/s and ms/step are medians over the steps after --warmup; MFU is the trainer's own (its
 FLOPs count, docs/architecture.md, over log.peak_gflops); peak GiB is the trainer's allocator peak
 (memory_peak_bytes: every category, on the run's device). When the first run stops before its
-first step (today: the trainer refuses train.device = "cuda" until its CUDA wiring lands) it
-prints `NOTRUN tessera <the trainer's message>` and runs nothing else; the exit status is 0 then.
+first step because the trainer refuses the device (today: train.device = "cuda" until its CUDA
+wiring lands; or no GPU visible) it prints `NOTRUN tessera <the trainer's message>` and runs
+nothing else; the exit status is 0 then. Any other failure is that row's status.
 Runs in --deadline order: each model's middle micro-batch first.
 
     scripts/bench/gpt2_tessera_cuda.py --tessera build-gpu/app/tessera --workdir /tmp/gpt2 --deadline 120
@@ -36,6 +37,9 @@ sys.path.insert(0, HERE)
 from gpt2_bench_common import MODELS, parse_batches, run_order  # noqa: E402
 
 LLMC_MAGIC = 20240520
+# The trainer refusing the device at start (app/device.cpp, app/trainer.cpp): the whole stage is
+# then "not run". Any other failure is an error row, and the other runs still go.
+REFUSAL = re.compile(r"does not run on CUDA|without the CUDA backend|no CUDA device is visible|is not a device")
 
 
 def write_random_shard(path, n_tokens, vocab, seed=1337):
@@ -198,7 +202,7 @@ def main():
             continue
         t0 = time.monotonic()
         rc, text, steps = run_one(name, B, args, data_path, left)
-        if i == 0 and not steps and rc not in (0, "timeout"):
+        if i == 0 and not steps and rc not in (0, "timeout") and REFUSAL.search(text):
             print(f"NOTRUN tessera {trainer_message(text)}", flush=True)
             for n2, b2 in order:
                 print(f"RESULT tessera {n2} {b2} {args.seq} - - - - not-run", flush=True)
