@@ -96,8 +96,6 @@ class Trainer {
   int64_t start_step() const { return start_step_; }
   const std::string& resumed_from() const { return resumed_from_; }  // "" when it started fresh
   const Allocator& allocator() const { return alloc_; }
-  // Where the model's tensors are and its ops run (train.device): tests read them through it.
-  const Exec& exec() const { return ex_; }
   int64_t grad_accum_steps() const { return accum_; }
 
  private:
