@@ -91,6 +91,18 @@ Device train_device(const Config& cfg, MPI_Comm comm) {
   return device;
 }
 
+// The trainer's communicators (parallel.comm) for its layout, on its device. Test hook
+// (tests/app/test_staged_comms.cpp): TESSERA_TEST_STAGE_COMMS set makes every MPI communicator stage
+// host tensors through host copies too, the path device tensors take with train.device = "cuda",
+// so that the CPU suite trains through it.
+std::unique_ptr<GridComms> grid_comms_of(const ProcessGrid& grid, MPI_Comm world, const Exec& ex, const std::string& comm) {
+  auto comms = std::make_unique<GridComms>(make_grid_comms(grid, world, ex, comm));
+  if (std::getenv("TESSERA_TEST_STAGE_COMMS"))
+    for (Communicator* c : comms->all())
+      if (auto* m = dynamic_cast<MpiCommunicator*>(c)) m->stage_through_host(ex, /*always=*/true);
+  return comms;
+}
+
 // train.micro_batch = 0 (automatic) chosen for this layout and this node's memory, before anything
 // reads it (app/memory_check.h); a config that sets it is returned as it is.
 Config resolve_micro_batch(const Config& cfg, const std::string& run_dir, MPI_Comm comm) {
@@ -182,8 +194,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
   validate_layout(cfg_, mc, grid_.world_size());
   if (grid_.pp_size() > 1) validate_pipeline(cfg_, grid_.dp_size());  // micro-batches per step against pp
   const std::string ckpt_dir = checkpoint_dir(cfg_, run_dir_);
-  if (comm != MPI_COMM_NULL && grid_.world_size() > 1)
-    comms_ = std::make_unique<GridComms>(make_grid_comms(grid_, comm, ex_, cfg_.parallel.comm));
+  if (comm != MPI_COMM_NULL && grid_.world_size() > 1) comms_ = grid_comms_of(grid_, comm, ex_, cfg_.parallel.comm);
   watchdog_ = watchdog;
   if (watchdog && comms_) comms_->watch(*watchdog, grid_, cfg_.parallel.timeout_s);
   cp_ = context_parallel_of(cfg_.parallel, comms_.get());
@@ -564,8 +575,7 @@ void Trainer::switch_layout(const ParallelConfig& next) {
   cfg_.parallel = next;
   const int64_t world = grid_.world_size();
   grid_ = ProcessGrid(grid_degrees(cfg_.parallel), world, world_rank_of(world_));
-  if (world_ != MPI_COMM_NULL && world > 1)
-    comms_ = std::make_unique<GridComms>(make_grid_comms(grid_, world_, ex_, cfg_.parallel.comm));
+  if (world_ != MPI_COMM_NULL && world > 1) comms_ = grid_comms_of(grid_, world_, ex_, cfg_.parallel.comm);
   if (watchdog_ && comms_) comms_->watch(*watchdog_, grid_, cfg_.parallel.timeout_s);
   cp_ = context_parallel_of(cfg_.parallel, comms_.get());
   if (grid_.tp_size() > 1) tp_ = TensorParallel{comms_->tp.get(), cfg_.parallel.sequence_parallel};
