@@ -804,6 +804,11 @@ void validate(const Config& c, const Origins* origins) {
          show("data.task", c.data.task, origins) + " has none (its windows hold no end-of-text id): use data.task "
          "= \"tokens\" or data.document_mask = false");
   }
+  if (c.parallel.comm == "nccl" && c.train.device != "cuda") {
+    fail(show("parallel.comm", c.parallel.comm, origins) + " moves device tensors (NCCL), but " +
+         show("train.device", c.train.device, origins) + " keeps them in host memory: set train.device = \"cuda\" "
+         "or parallel.comm = \"mpi\"");
+  }
   if (c.data.document_mask && c.train.device != "cpu") {
     fail(show("data.document_mask", c.data.document_mask, origins) + " runs on the CPU only (the CUDA attention "
          "kernel has no document mask), but " + show("train.device", c.train.device, origins));
@@ -966,9 +971,6 @@ int64_t auto_micro_batch(int64_t global_batch, int64_t dp_size, const std::funct
 }
 
 GridDegrees grid_degrees(const ParallelConfig& p) {
-  TESSERA_CHECK(p.comm == "mpi", "[parallel] asks for comm = \"", p.comm,
-                "\", but the NCCL communicator (parallel/nccl_communicator.h) works on device tensors and the trainer "
-                "does not train on a GPU yet (docs/cuda.md); leave parallel.comm = \"mpi\"");
   return GridDegrees{p.tp, p.cp, p.pp, p.dp};
 }
 

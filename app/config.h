@@ -327,8 +327,10 @@ struct ParallelConfig {
             "dead peer) names the collective, its group and ranks, and aborts the job (exit 124); waits for a "
             "checkpoint save and the setup are allowed 4x; 0 = wait forever; production: 600-1800 "
             "(docs/parallel.md)", Allowed::half_open(0.0, std::numeric_limits<double>::infinity()));
-    v.field("comm", comm, "communication backend: mpi (host buffers) or nccl (device buffers, "
-            "parallel/nccl_communicator.h; needs train.device = \"cuda\", not wired yet)", Allowed::one_of({"mpi", "nccl"}));
+    v.field("comm", comm, "communication backend: mpi (host buffers; with train.device = \"cuda\" device tensors "
+            "are staged through pinned host buffers, so several ranks may share one GPU) or nccl (device buffers, "
+            "parallel/nccl_communicator.h; needs train.device = \"cuda\" and one GPU per rank)",
+            Allowed::one_of({"mpi", "nccl"}));
   }
   bool operator==(const ParallelConfig&) const = default;
 };

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdlib>
 
+#include "app/config.h"
 #include "kernels/check.h"
 #include "kernels/exec.h"
 #include "parallel/mpi.h"
@@ -69,6 +70,25 @@ Device resolve_train_device(const std::string& device, MPI_Comm comm) {
   TESSERA_CHECK(first_failed == comm_size(comm), "train.device = \"", device, "\" cannot be used on rank ",
                 first_failed, " (its message says why); every rank stops");
   return d;
+}
+
+std::string unsupported_on_cuda(const Config& cfg) {
+  const std::string on = "train.device = \"cuda\": ";
+  if (cfg.model.kind == "vlm")
+    return on + "model.kind = \"vlm\" has no CUDA path yet (the vision tower's bidirectional attention has no CUDA "
+                "kernel); train it with train.device = \"cpu\"";
+  if (cfg.data.document_mask)
+    return on + "data.document_mask = true has no CUDA kernel (attention's document masking runs on the CPU); set "
+                "data.document_mask = false or train.device = \"cpu\"";
+  if (cfg.parallel.cp > 1)
+    return on + "parallel.cp = " + std::to_string(cfg.parallel.cp) +
+           " has no CUDA path yet (the ring's attention merge has no CUDA kernel); set parallel.cp = 1 or "
+           "train.device = \"cpu\"";
+  if (!cfg.upscale.method.empty())
+    return on + "[upscale] method = \"" + cfg.upscale.method +
+           "\" (a growth in the run) gathers the model on the host and is not wired for a device; grow through a "
+           "checkpoint (tessera upscale) and resume, or train on the CPU";
+  return "";
 }
 
 }  // namespace tessera

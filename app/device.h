@@ -12,6 +12,8 @@
 
 namespace tessera {
 
+struct Config;
+
 // The environment, as std::getenv (null: unset); a parameter so that tests can give their own.
 using EnvLookup = std::function<const char*(const char*)>;
 
@@ -32,5 +34,12 @@ Device select_device(const std::string& device, int local, int visible, bool bui
 // comm (null: this process alone): when any rank cannot use its device, every rank throws, the
 // failing ones with their reason, the others naming the first failing rank. Collective.
 Device resolve_train_device(const std::string& device, MPI_Comm comm);
+
+// What a run on a CUDA device cannot do yet, as the refusal the trainer raises at start (every
+// rank alike: it depends on the config and the world size only), or "" when cfg trains there. Each
+// names the key: what has no CUDA kernel (the vision tower's bidirectional attention, document
+// masking, context parallelism's attention merge) or is wired on the host only (an in-run
+// growth).
+std::string unsupported_on_cuda(const Config& cfg);
 
 }  // namespace tessera

@@ -287,6 +287,10 @@ std::pair<int64_t, int64_t> caption_batch(const Config& cfg, const ModelConfig& 
   return {B, T};
 }
 
+// What a training step reads back to the host at its end, in one F64 buffer (Trainer::finish_step):
+// the micro-batches' loss sum and target count added up, and the squared gradient norm.
+constexpr int64_t kStepReadsBytes = 3 * 8;
+
 RankModel whole_model(const Config& cfg, const ModelConfig& mc, int64_t tp, bool sp, const Policy& policy) {
   const TrainConfig& t = cfg.train;
   const ModelMemory step = model_memory(mc, policy.layout(t.micro_batch, t.seq_len, tp, sp));
@@ -294,9 +298,10 @@ RankModel whole_model(const Config& cfg, const ModelConfig& mc, int64_t tp, bool
   r.parameters = step.parameters;
   r.transient = {"activations and temporaries of one micro-batch (" + std::to_string(t.micro_batch) + " x " +
                      std::to_string(t.seq_len) + " tokens)",
-                 // the model's peak, its loss sums, the step's sum of them, and the
-                 // micro-batch's token and target ids uploaded through the allocator
-                 add(add(add(mul(step.training_peak, kFloatBytes), 2 * ModelMemory::kLossSumsBytes),
+                 // the model's peak, its loss sums, the step's reads (the sum of them and the
+                 // gradient norm), and the micro-batch's token and target ids uploaded through the
+                 // allocator
+                 add(add(add(mul(step.training_peak, kFloatBytes), ModelMemory::kLossSumsBytes + kStepReadsBytes),
                          mul(mul(2, mul(t.micro_batch, t.seq_len)), kIdBytes)),
                      patch_bytes(mc, t.micro_batch)),
                  true, kActivationKeys};
@@ -345,8 +350,9 @@ RankModel pipeline_rank(const Config& cfg, const ModelConfig& mc, const std::vec
                       " (parallel.pp_schedule = \"" + p.pp_schedule + "\", " + r.what +
                      "), one's temporaries and the tensors sent, kept until the step's transfers end (" +
                      std::to_string(t.micro_batch) + " x " + std::to_string(t.seq_len) + " tokens each)",
-                 // and the step's sum of the loss sums (every rank allocates it)
-                 add(peak.bytes, ModelMemory::kLossSumsBytes), true,
+                 // and the step's reads (the sum of the loss sums, the gradient norm: every rank
+                 // allocates them)
+                 add(peak.bytes, kStepReadsBytes), true,
                  std::string(kActivationKeys) + ", parallel.pp_schedule, parallel.pp"};
   if (cfg.data.task == "addition") {
     const auto [B, T] = eval_batch(cfg, mc, tp, sp);

@@ -49,22 +49,27 @@ void check_writable_directories(const std::string& run_dir, const Config& cfg, b
                                      : "the checkpoint directory (checkpoint.dir)");
 }
 
-std::string nonfinite_tensor_in(const std::string& checkpoint, const ParameterStore& params,
-                                const OptimizerState& moments) {
-  std::vector<std::string> bad;
-  auto check = [&](const Tensor& t, const std::string& name) {
-    // A sum of squares in double is finite exactly when every float is (FLT_MAX^2 x 2^63 < DBL_MAX).
-    double sq = 0;  // the restored state is in host memory
-    squared_norm(Exec::cpu(), Tensor(&sq, DType::F64, {1}), t);
-    if (!std::isfinite(sq)) bad.push_back(name);
-  };
+std::string nonfinite_tensor_in(const Exec& ex, Allocator& alloc, const std::string& checkpoint,
+                                const ParameterStore& params, const OptimizerState& moments) {
+  // Every tensor's sum of squares on the state's device, read at once. A sum of squares in double
+  // is finite exactly when every float is (FLT_MAX^2 x 2^63 < DBL_MAX).
+  std::vector<std::pair<Tensor, std::string>> tensors;
   for (const ParamEntry& e : params.entries()) {
     const int64_t n = e.local_shape.numel();
-    check(params.flat_params().view({params.numel()}).slice_rows(e.offset, e.offset + n), e.spec.name);
+    tensors.emplace_back(params.flat_params().view({params.numel()}).slice_rows(e.offset, e.offset + n), e.spec.name);
     if (e.frozen) continue;  // no moments; the trainable ones lie at the layout of the trainable region
     const int64_t at = e.offset - params.frozen_numel();
     for (const auto& [m, suffix] : {std::pair{&moments.exp_avg, "/exp_avg"}, std::pair{&moments.exp_avg_sq, "/exp_avg_sq"}})
-      if (m->defined()) check(m->view({m->numel()}).slice_rows(at, at + n), "optim/" + e.spec.name + suffix);
+      if (m->defined()) tensors.emplace_back(m->view({m->numel()}).slice_rows(at, at + n), "optim/" + e.spec.name + suffix);
+  }
+  std::vector<std::string> bad;
+  if (!tensors.empty()) {
+    const Buffer sq(alloc, DType::F64, {static_cast<int64_t>(tensors.size())}, MemCategory::Workspace);
+    for (size_t i = 0; i < tensors.size(); ++i)
+      squared_norm(ex, sq.tensor().slice_rows(static_cast<int64_t>(i), static_cast<int64_t>(i) + 1), tensors[i].first);
+    const std::vector<double> sqs = read_values(ex, sq);
+    for (size_t i = 0; i < tensors.size(); ++i)
+      if (!std::isfinite(sqs[i])) bad.push_back(tensors[i].second);
   }
   if (bad.empty()) return "";
   std::string names;

@@ -24,8 +24,9 @@ void check_writable_directory(const std::string& dir, const std::string& what);
 
 // "" when every parameter and both AdamW moments of this rank are finite; otherwise the refusal,
 // naming the tensors (global names) that hold NaN or inf and the checkpoint they came from.
-std::string nonfinite_tensor_in(const std::string& checkpoint, const ParameterStore& params,
-                                const OptimizerState& moments);
+// The tensors are on ex's device (alloc: the same device's, for the sums read back once).
+std::string nonfinite_tensor_in(const Exec& ex, Allocator& alloc, const std::string& checkpoint,
+                                const ParameterStore& params, const OptimizerState& moments);
 
 // One warning per key that differs between the config stored in a checkpoint and this run's, among
 // those that decide which samples each step sees (train.global_batch, train.seed, data.*): old ->

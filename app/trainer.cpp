@@ -80,6 +80,29 @@ std::vector<int64_t> all_ranks(int64_t world) {
   return ranks;
 }
 
+// train.device for this rank (resolve_train_device: collective), and on CUDA what the trainer does
+// not run there yet, refused naming the key (the same verdict on every rank: the config decides).
+Device train_device(const Config& cfg, MPI_Comm comm) {
+  const Device device = resolve_train_device(cfg.train.device, comm);
+  if (!device.is_cpu()) {
+    const std::string why = unsupported_on_cuda(cfg);
+    TESSERA_CHECK(why.empty(), why);
+  }
+  return device;
+}
+
+// The trainer's communicators (parallel.comm) for its layout, on its device. Test hook
+// (tests/app/test_staged_comms.cpp): TESSERA_TEST_STAGE_COMMS set makes every MPI communicator stage
+// host tensors through host copies too, the path device tensors take with train.device = "cuda",
+// so that the CPU suite trains through it.
+std::unique_ptr<GridComms> grid_comms_of(const ProcessGrid& grid, MPI_Comm world, const Exec& ex, const std::string& comm) {
+  auto comms = std::make_unique<GridComms>(make_grid_comms(grid, world, ex, comm));
+  if (std::getenv("TESSERA_TEST_STAGE_COMMS"))
+    for (Communicator* c : comms->all())
+      if (auto* m = dynamic_cast<MpiCommunicator*>(c)) m->stage_through_host(ex, /*always=*/true);
+  return comms;
+}
+
 // train.micro_batch = 0 (automatic) chosen for this layout and this node's memory, before anything
 // reads it (app/memory_check.h); a config that sets it is returned as it is.
 Config resolve_micro_batch(const Config& cfg, const std::string& run_dir, MPI_Comm comm) {
@@ -157,14 +180,13 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
       data_(open_training_data(cfg_)),
       sampler_(data_.train->num_samples(), static_cast<uint64_t>(cfg_.train.seed)),
       layout_{cfg_.train.global_batch, cfg_.train.micro_batch, grid_.dp_size(), grid_.dp_rank()},
+      // train.device, agreed by every rank before anything is allocated (collective); what a CUDA
+      // run cannot do yet is refused before its stream exists.
+      device_(train_device(cfg_, comm)),
+      stream_(device_),
+      alloc_(device_, stream_.stream()),
+      ex_{device_, stream_.stream(), device_.is_cpu() ? &alloc_ : nullptr},
       progress_(cfg.log.progress, grid_.rank() == 0) {
-  // train.device, agreed by every rank before anything is allocated. A usable GPU is refused too,
-  // for now: the kernels run on CUDA (docs/cuda.md), the trainer does not yet.
-  const Device device = resolve_train_device(cfg_.train.device, comm);
-  TESSERA_CHECK(device.is_cpu(), "train.device = \"cuda\" would train on ", device.str(),
-                ", but the trainer does not run on CUDA yet: the CUDA kernels exist (docs/cuda.md), causal attention "
-                "on CUDA and the trainer's device wiring (parameter init, checkpoints, batch uploads) do not; set "
-                "train.device = \"cpu\"");
   const ModelConfig mc = resolve(to_model_config(cfg_, data_.vocab_size));
   TESSERA_CHECK(!mc.is_vlm() || mc.vision.placeholder_id == data_.train->placeholder_id(),
                 "vision.placeholder_id = ", mc.vision.placeholder_id, " but the data marks images with token id ",
@@ -172,7 +194,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
   validate_layout(cfg_, mc, grid_.world_size());
   if (grid_.pp_size() > 1) validate_pipeline(cfg_, grid_.dp_size());  // micro-batches per step against pp
   const std::string ckpt_dir = checkpoint_dir(cfg_, run_dir_);
-  if (comm != MPI_COMM_NULL && grid_.world_size() > 1) comms_ = std::make_unique<GridComms>(mpi_grid_comms(grid_, comm));
+  if (comm != MPI_COMM_NULL && grid_.world_size() > 1) comms_ = grid_comms_of(grid_, comm, ex_, cfg_.parallel.comm);
   watchdog_ = watchdog;
   if (watchdog && comms_) comms_->watch(*watchdog, grid_, cfg_.parallel.timeout_s);
   cp_ = context_parallel_of(cfg_.parallel, comms_.get());
@@ -243,9 +265,9 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
                                        kRegionTimeoutFactor * cfg_.parallel.timeout_s);
     if (const auto& path = start->resume_from) {
       const FullOptimizerState moments = opt_->state_buffers();
-      const RestoredState st = restore_training_state(*path, *params_, moments.state, comm);
+      const RestoredState st = restore_training_state(*path, *params_, moments.state, comm, ex_);
       // A diverged run's checkpoint would "train" on NaN and report a loss of 0 (collective).
-      throw_if_any_failed(comm, nonfinite_tensor_in(*path, *params_, moments.state));
+      throw_if_any_failed(comm, nonfinite_tensor_in(ex_, alloc_, *path, *params_, moments.state));
       if (lead_) resume_warnings_ = data_order_changes(st.config_toml, cfg_);
       if (lead_ && !st.fresh_moments.empty())
         resume_warnings_.push_back(std::to_string(st.fresh_moments.size()) + " parameters frozen when " + *path +
@@ -318,8 +340,8 @@ void Trainer::init_weights(const ModelConfig& model, MPI_Comm comm) {
     }
   }
   const InitFromResult got =
-      init_weights_from(path, *params_, model_tensor_shapes(model), cfg_.checkpoint.init_prefixes, c);
-  throw_if_any_failed(c, nonfinite_tensor_in(path, *params_, opt_->state_buffers().state));
+      init_weights_from(path, *params_, model_tensor_shapes(model), cfg_.checkpoint.init_prefixes, c, ex_);
+  throw_if_any_failed(c, nonfinite_tensor_in(ex_, alloc_, path, *params_, opt_->state_buffers().state));
   check_tied_copies("after checkpoint.init_from " + path);
   std::ostringstream os;
   os << "initialized from " << path << " (weights only, step 0): " << got.loaded.size() << " tensors loaded";
@@ -553,7 +575,7 @@ void Trainer::switch_layout(const ParallelConfig& next) {
   cfg_.parallel = next;
   const int64_t world = grid_.world_size();
   grid_ = ProcessGrid(grid_degrees(cfg_.parallel), world, world_rank_of(world_));
-  if (world_ != MPI_COMM_NULL && world > 1) comms_ = std::make_unique<GridComms>(mpi_grid_comms(grid_, world_));
+  if (world_ != MPI_COMM_NULL && world > 1) comms_ = grid_comms_of(grid_, world_, ex_, cfg_.parallel.comm);
   if (watchdog_ && comms_) comms_->watch(*watchdog_, grid_, cfg_.parallel.timeout_s);
   cp_ = context_parallel_of(cfg_.parallel, comms_.get());
   if (grid_.tp_size() > 1) tp_ = TensorParallel{comms_->tp.get(), cfg_.parallel.sequence_parallel};
@@ -630,11 +652,13 @@ std::optional<Trainer::Reduced> Trainer::forward_backward(int64_t s) {
   std::vector<double> targets = {my_targets};
   sum_over_group(targets, dp_cp_group());
   const double loss_scale = targets[0] > 0 ? 1.0 / targets[0] : 0.0;
-  // The micro-batches' loss sums are added up on the model's device and read once, after the step.
-  const Buffer step_sums(alloc_, DType::F64, {2}, MemCategory::Workspace);
+  // What the step reads back to the host, once, after the backward: the micro-batches' loss sums
+  // (loss, targets; added up on the model's device) and the squared gradient norm.
+  const Buffer step_reads(alloc_, DType::F64, {3}, MemCategory::Workspace);
+  const Tensor step_sums = step_reads.tensor().slice_rows(0, 2);
   if (grid_.pp_size() > 1) {
     run_pipeline(batches, loss_scale, step_sums);
-    return finish_step(step_sums, targets[0], chunks_.back()->stage().head);
+    return finish_step(step_reads, targets[0], chunks_.back()->stage().head);
   }
   // What a micro-batch's forward keeps for its backward: its ids on the model's device (uploaded
   // through the allocator; backward reads the tokens again) and the model's context.
@@ -662,23 +686,24 @@ std::optional<Trainer::Reduced> Trainer::forward_backward(int64_t s) {
     in_flight.erase(m);
   };
   run_schedule(one_stage_schedule(static_cast<int64_t>(batches.size())).actions_of(grid_.pp_rank()), run);
-  return finish_step(step_sums, targets[0], true);
+  return finish_step(step_reads, targets[0], true);
 }
 
 // After the step's backwards: finalize_grads (the sums over the groups and the global norm), and
 // the step's mean loss from the loss sums of the stage with the head (has_loss; summed over the
 // pipeline so that every stage reports it) and of every data-parallel replica.
-Trainer::Reduced Trainer::finish_step(const Buffer& step_sums, double targets, bool has_loss) {
-  const Buffer grad_sq_norm(alloc_, DType::F64, {1}, MemCategory::Workspace);
+// step_reads: (loss sum, target count, squared gradient norm), read to the host at once (the step's
+// one device synchronization for numbers).
+Trainer::Reduced Trainer::finish_step(const Tensor& step_reads, double targets, bool has_loss) {
   {
     ProfileScope scope(prof(), OpFamily::Communication);  // the dp reduction's waits
-    finalize_grads(ex_, flat_, *opt_, groups_, alloc_, grad_sq_norm);
+    finalize_grads(ex_, flat_, *opt_, groups_, alloc_, step_reads.slice_rows(2, 3));
   }
-  std::vector<double> loss = {has_loss ? read_loss_sums(ex_, step_sums).loss_sum : 0.0};  // the step's loss read
+  const std::vector<double> read = read_values(ex_, step_reads);  // the step's loss and norm read
+  std::vector<double> loss = {has_loss ? read[0] : 0.0};
   if (grid_.pp_size() > 1) sum_over_group(loss, comms_->pp.get());
   sum_over_group(loss, dp_cp_group());
-  return Reduced{targets > 0 ? loss[0] / targets : 0.0,
-                 std::sqrt(read_scalar(ex_, grad_sq_norm))};  // the step's gradient norm read
+  return Reduced{targets > 0 ? loss[0] / targets : 0.0, std::sqrt(read[2])};
 }
 
 // The pipeline's first and last stage each hold the tied token embedding (the last a copy for the
@@ -715,7 +740,7 @@ void Trainer::check_tied_copies(const std::string& when) {
 // comms_->pp (pp group rank = stage; chunk c of rank r is virtual stage c pp + r). Every tensor sent
 // (a forward's output, a backward's input gradient) is kept until run_schedule returns, as the
 // executor requires; a micro-batch's context and received input go with its backward.
-void Trainer::run_pipeline(const std::vector<Batch>& batches, double loss_scale, const Buffer& step_sums) {
+void Trainer::run_pipeline(const std::vector<Batch>& batches, double loss_scale, const Tensor& step_sums) {
   const int64_t pp = grid_.pp_size(), rank = grid_.pp_rank(), vpp = static_cast<int64_t>(chunks_.size());
   const int64_t T = cfg_.train.seq_len, C = model_->config().n_embd;
   const bool sp = grid_.tp_size() > 1 && cfg_.parallel.sequence_parallel;
@@ -1001,9 +1026,10 @@ bool Trainer::evaluate(int64_t s, TrainSummary& summary) {
 }
 
 void Trainer::print_header() {
-  // Every rank runs on its own cores: the job's peak is the world's.
-  peak_flops_ = (cfg_.log.peak_gflops > 0 ? cfg_.log.peak_gflops : cpu_peak_gflops()) * 1e9 *
-                static_cast<double>(grid_.world_size());
+  // Every rank runs on its own cores: the job's peak is the world's. On a GPU only log.peak_gflops
+  // gives one (this build knows no GPU's peak): without it MFU is not reported (0).
+  const double rank_peak = cfg_.log.peak_gflops > 0 ? cfg_.log.peak_gflops : device_.is_cpu() ? cpu_peak_gflops() : 0.0;
+  peak_flops_ = rank_peak * 1e9 * static_cast<double>(grid_.world_size());
   // The model's parameters: under pp each stage counts its own (the tied copy not), summed (collective).
   std::vector<double> numel = {static_cast<double>(params_->global_numel())};
   if (grid_.pp_size() > 1) sum_over_group(numel, comms_->pp.get());
@@ -1013,8 +1039,11 @@ void Trainer::print_header() {
      << cfg_.train.global_batch << " x " << cfg_.train.seq_len << " tokens (micro "
      << (auto_micro_batch_ ? "auto = " : "") << cfg_.train.micro_batch
      << ", accumulation " << accum_ << ") | " << cfg_.train.steps << " steps | MFU vs "
-     << (cfg_.log.peak_gflops > 0 ? "log.peak_gflops " : "CPU peak ") << static_cast<int64_t>(peak_flops_ / 1e9)
+     << (cfg_.log.peak_gflops > 0 ? "log.peak_gflops " : device_.is_cpu() ? "CPU peak " : "no peak ") << static_cast<int64_t>(peak_flops_ / 1e9)
      << " GFLOP/s";
+  if (!device_.is_cpu())
+    os << "\ndevice: " << device_.str() << " per rank (train.device = \"cuda\")"
+       << (cfg_.log.peak_gflops > 0 ? "" : "; MFU not reported: set log.peak_gflops to the GPU's peak");
   if (grid_.world_size() > 1)
     os << "\nlayout: " << grid_.world_size() << " ranks = tp " << grid_.tp_size() << " x dp " << grid_.dp_size()
        << (grid_.cp_size() > 1 ? " x cp " + std::to_string(grid_.cp_size()) + " (" + cfg_.parallel.cp_comm + ")" : "")
@@ -1037,6 +1066,7 @@ void Trainer::print_header() {
 void Trainer::save_checkpoint(int64_t steps_done) {
   if (!ckpt_) return;  // no run directory and no checkpoint.dir: nothing is written
   TrainingState st;
+  st.exec = ex_;  // downloaded through it: the file is the same from any device
   st.params = params_.get();
   const FullOptimizerState optimizer = opt_->gather_state();  // ZeRO-1: gathered over dp (collective)
   st.optimizer = optimizer.state;

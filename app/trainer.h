@@ -107,8 +107,8 @@ class Trainer {
   };
   std::optional<Reduced> forward_backward(int64_t s);
   // Under parallel.pp > 1: this stage's part of the step's micro-batches, by the pipeline schedule.
-  void run_pipeline(const std::vector<Batch>& batches, double loss_scale, const Buffer& step_sums);
-  Reduced finish_step(const Buffer& step_sums, double targets, bool has_loss);
+  void run_pipeline(const std::vector<Batch>& batches, double loss_scale, const Tensor& step_sums);
+  Reduced finish_step(const Tensor& step_reads, double targets, bool has_loss);
   // Throws on every rank when the pipeline's copies of the tied embedding differ (`when`: where).
   void check_tied_copies(const std::string& when);
   std::string nonfinite_report(double loss, double norm);
@@ -164,10 +164,12 @@ class Trainer {
   Sampler sampler_;
   BatchLayout layout_;
   std::unique_ptr<DataLoader> loader_;  // created at the first step, positioned at it
-  Allocator alloc_;
-  // Where the model and optimizer run: alloc_'s device; on the CPU, alloc_ also serves the ops'
-  // short-lived buffers (Exec::workspace).
-  Exec ex_{Device::cpu(), nullptr, &alloc_};
+  Device device_;          // train.device, resolved and agreed by every rank at start
+  ComputeStream stream_;   // CUDA: the stream every op of the step and alloc_ use; CPU: none
+  Allocator alloc_;        // on device_: the model, its gradients, the optimizer state, activations
+  // Where the model and optimizer run: alloc_'s device and stream; on the CPU, alloc_ also serves
+  // the ops' short-lived buffers (Exec::workspace).
+  Exec ex_;
   std::unique_ptr<ParameterStore> params_;
   std::vector<std::unique_ptr<Gpt>> chunks_;  // this rank's model chunks: one, or vpp (interleaved)
   const Gpt* model_ = nullptr;                // chunks_.front(): the model's config, evaluation

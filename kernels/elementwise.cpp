@@ -68,7 +68,7 @@ void convert(const Exec& ex, const Tensor& dst, const Tensor& src) {
   check_dtype(op, "src", src, DType::F32);
   TESSERA_CHECK(dst.numel() == src.numel(), op, ": dst has ", dst.numel(), " elements, src ", src.numel());
   if (d.is_cpu()) return cpu::convert(ex, dst, src);
-  front::no_cuda_implementation(op);
+  TESSERA_CUDA_CALL(op, cuda::convert(ex, dst, src));
 }
 
 void copy_columns(const Exec& ex, const Tensor& dst, const Tensor& src, int64_t col0) {

@@ -3,6 +3,8 @@
 // The CPU's is trivial (Exec::cpu(), or a default-constructed one); no CUDA header is needed here.
 #pragma once
 
+#include <cstddef>
+
 #include "kernels/tensor.h"
 
 // CUDA's stream type: cudaStream_t is `CUstream_st*`. Declared, not defined, so that this public
@@ -30,6 +32,33 @@ struct Exec {
 // Waits until every op queued on ex has finished (CPU: they already have). read_scalar and the
 // other host reads (kernels/elementwise.h) call it; model code never needs to.
 void synchronize(const Exec& ex);
+
+// The stream a trainer's ops and its allocator share (RAII). On a CUDA device: a stream of its
+// own, created non-blocking (it never waits for the legacy default stream), synchronized and
+// destroyed with this object; on the CPU: nothing (stream() is null). A CUDA device in a build
+// without the backend is an Error naming it. Movable, not copyable.
+class ComputeStream {
+ public:
+  explicit ComputeStream(Device device = Device::cpu());
+  ~ComputeStream();
+  ComputeStream(ComputeStream&& o) noexcept;
+  ComputeStream& operator=(ComputeStream&& o) noexcept;
+  ComputeStream(const ComputeStream&) = delete;
+  ComputeStream& operator=(const ComputeStream&) = delete;
+  Device device() const { return device_; }
+  CUstream_st* stream() const { return stream_; }
+
+ private:
+  Device device_;
+  CUstream_st* stream_ = nullptr;
+};
+
+// Host memory for staging a device's tensors (the MPI communicator on device tensors): for a CUDA
+// device page-locked (cudaHostAlloc), so copies to and from it run at the link's speed; for the CPU
+// plain 64-byte aligned heap memory (the same staging path, exercised by CPU tests). Freed with
+// host_staging_free for the same device. bytes > 0.
+void* host_staging_alloc(Device device, size_t bytes);
+void host_staging_free(Device device, void* p) noexcept;
 
 // Whether this build has the CUDA backend (kernels/cuda/ compiled and linked: TESSERA_CUDA=ON).
 bool cuda_backend_built();

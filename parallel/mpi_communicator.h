@@ -5,6 +5,9 @@
 
 #include <mpi.h>
 
+#include <functional>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "parallel/communicator.h"
@@ -30,9 +33,10 @@ class MpiComm {
   MPI_Comm comm_ = MPI_COMM_NULL;
 };
 
-// Communicator over an MPI communicator, on host (CPU) tensors. Owns its MPI_Comm, so its traffic
-// never mixes with the parent's. Starting an op is not thread-safe: one thread per communicator.
-// Its handles complete on the host: CommHandle::wait_on waits there (for any Exec).
+// Communicator over an MPI communicator, on host (CPU) tensors, and on device tensors once
+// stage_through_host is set. Owns its MPI_Comm, so its traffic never mixes with the parent's.
+// Starting an op is not thread-safe: one thread per communicator. Its handles complete on the
+// host: CommHandle::wait_on waits there (for any Exec).
 class MpiCommunicator : public Communicator {
  public:
   // Collective over parent: MPI_Comm_dup.
@@ -46,6 +50,15 @@ class MpiCommunicator : public Communicator {
   // For MPI helpers such as throw_if_any_failed (parallel/mpi.h).
   MPI_Comm comm() const { return comm_.get(); }
 
+  // Device tensors (train.device = "cuda" with parallel.comm = "mpi": several ranks may share one
+  // GPU), on compute's device: every op copies its device inputs to host buffers (page-locked,
+  // cached by size, kept by the communicator) on compute's stream and waits for that stream (so it
+  // reads what the kernels queued before it wrote), runs MPI on the host copies, and when it
+  // completes (wait, test, wait_on, the average's division done on the host) copies the results back
+  // on compute's stream and waits for the copy. Host tensors still go to MPI directly, unless
+  // `always` (tests: the staging path run on CPU tensors, compute being the CPU's).
+  void stage_through_host(const Exec& compute, bool always = false);
+
  protected:
   CommHandle start_all_reduce(Tensor t, ReduceOp op) override;
   CommHandle start_reduce_scatter(Tensor input, Tensor output, ReduceOp op) override;
@@ -57,8 +70,19 @@ class MpiCommunicator : public Communicator {
 
  private:
   explicit MpiCommunicator(MpiComm comm);
+  struct Staging;
+  class StagingPool;
+  // What MPI reads or writes for t: t itself, or a host copy taken from staging (read: filled from
+  // t now; write: copied back to t when the op completes).
+  Tensor host_side(const char* op, const Tensor& t, bool read, bool write, Staging& s);
+  // After host_side's reads are queued: waits for them when any was (the op may read its buffers).
+  std::shared_ptr<Staging> started(std::unique_ptr<Staging> s) const;
+  static std::function<void()> finishing(std::function<void()> host_step, std::shared_ptr<Staging> s);
   MpiComm comm_;
   int size_ = 1, rank_ = 0;
+  Exec compute_;        // stage_through_host's context; the CPU's until then
+  bool staging_ = false, stage_all_ = false;
+  std::shared_ptr<StagingPool> pool_;  // shared with the staged ops in flight
 };
 
 // Collective over world (every rank calls it, in the same order as other collectives): one
@@ -66,6 +90,14 @@ class MpiCommunicator : public Communicator {
 // the group's lowest world rank and keyed by world rank, so that the ranks inside a communicator
 // follow the grid's group order: tp->rank() == grid.tp_rank(), dp_cp->rank() == cp_rank + cp x
 // dp_rank, world->rank() == grid.rank(). Throws tessera::Error when grid is not world's.
-GridComms mpi_grid_comms(const ProcessGrid& grid, MPI_Comm world);
+// compute: the context of the trainer's tensors; on a device, every communicator stages them
+// through host buffers (MpiCommunicator::stage_through_host).
+GridComms mpi_grid_comms(const ProcessGrid& grid, MPI_Comm world, const Exec& compute = Exec::cpu());
+
+// The trainer's communicators for parallel.comm = `backend`: "mpi" (mpi_grid_comms, staging device
+// tensors through host buffers), or "nccl" (nccl_grid_comms, parallel/nccl_communicator.h: device
+// tensors on compute's CUDA device; a build without the CUDA backend, or a CPU compute context, is
+// an Error naming the key). Collective over world.
+GridComms make_grid_comms(const ProcessGrid& grid, MPI_Comm world, const Exec& compute, const std::string& backend);
 
 }  // namespace tessera

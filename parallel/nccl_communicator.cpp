@@ -150,9 +150,30 @@ CommHandle NcclCommunicator::start(const char* op, std::initializer_list<const T
 }
 
 CommHandle NcclCommunicator::start_all_reduce(Tensor t, ReduceOp op) {
+  if (t.device.is_cpu() && t.numel() > 0) return host_all_reduce(t, op);
   return start("all_reduce", {&t}, [&](ncclComm_t c, cudaStream_t s) {
     check_nccl(ncclAllReduce(t.data, t.data, size_t(t.numel()), nccl_type(t.dtype), nccl_op(op), c, s), "ncclAllReduce");
   });
+}
+
+// A few host numbers (parallel/host_sums.h: the stop votes, a step's loss sums): through device
+// scratch on this communicator's stream, in order with its other ops, complete on return. It does
+// not wait for the compute stream: host values depend on nothing queued there.
+CommHandle NcclCommunicator::host_all_reduce(const Tensor& t, ReduceOp op) {
+  check_cuda(cudaSetDevice(compute_.device.index), "cudaSetDevice");
+  const size_t bytes = t.nbytes();
+  void* d = nullptr;
+  check_cuda(cudaMallocAsync(&d, bytes, stream_), "cudaMallocAsync");
+  cudaError_t e = cudaMemcpyAsync(d, t.data, bytes, cudaMemcpyHostToDevice, stream_);
+  const ncclResult_t r = e == cudaSuccess ? ncclAllReduce(d, d, size_t(t.numel()), nccl_type(t.dtype), nccl_op(op), comm_, stream_)
+                                          : ncclSuccess;
+  if (e == cudaSuccess && r == ncclSuccess) e = cudaMemcpyAsync(t.data, d, bytes, cudaMemcpyDeviceToHost, stream_);
+  cudaFreeAsync(d, stream_);
+  const cudaError_t sync = cudaStreamSynchronize(stream_);
+  check_cuda(e, "all_reduce of host values (copies)");
+  check_nccl(r, "ncclAllReduce");
+  check_cuda(sync, "all_reduce of host values (cudaStreamSynchronize)");
+  return CommHandle();
 }
 
 CommHandle NcclCommunicator::start_reduce_scatter(Tensor input, Tensor output, ReduceOp op) {

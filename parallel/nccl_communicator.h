@@ -54,6 +54,8 @@ class NcclCommunicator : public Communicator {
   CommHandle start_batch_send_recv(const std::vector<P2POp>& ops) override;
 
  private:
+  // all_reduce of a host tensor (the trainer's host sums): staged through the device, blocking.
+  CommHandle host_all_reduce(const Tensor& t, ReduceOp op);
   NcclCommunicator(const Exec& compute, CUstream_st* stream, int size, int rank);
   // Checks the tensors' device, orders the stream after compute's queued work, runs enqueue (the
   // NCCL calls), records the completion event and wraps it in a handle.

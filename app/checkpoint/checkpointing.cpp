@@ -22,6 +22,7 @@
 #include "app/checkpoint/atomic_file.h"
 #include "app/checkpoint/checkpoint_plan.h"
 #include "kernels/check.h"
+#include "kernels/elementwise.h"
 #include "parallel/mpi.h"
 
 namespace tessera {
@@ -39,9 +40,21 @@ struct CheckpointWriter::Snapshot {
 
 namespace {
 
-std::vector<float> copy_flat(const Tensor& t) {
-  const float* p = t.ptr<float>();
-  return std::vector<float>(p, p + t.numel());
+// A host copy of an F32 tensor on ex's device: what a save writes, or what a load reads into
+// before upload_flat. On the CPU the same path copies host to host (the same bits).
+std::vector<float> download_flat(const Exec& ex, const Tensor& t) {
+  std::vector<float> host(static_cast<size_t>(t.numel()));
+  if (host.empty()) return host;  // nothing trainable: no moments
+  copy(ex, Tensor(host.data(), DType::F32, t.shape), t);
+  synchronize(ex);
+  return host;
+}
+
+// t (F32, on ex's device) = host, whole.
+void upload_flat(const Exec& ex, const Tensor& t, std::vector<float>& host) {
+  if (host.empty()) return;
+  copy(ex, t, Tensor(host.data(), DType::F32, t.shape));
+  synchronize(ex);
 }
 
 // This rank's slice of each parameter-shaped tensor, under prefix + name + suffix. A padded
@@ -223,9 +236,9 @@ void CheckpointWriter::save(const TrainingState& st) {
   }
   for (const auto& [group, attrs] : st.extra_groups) snap->groups[group] = attrs;
   // The only part the training step waits for: copying the state to host memory.
-  snap->params = copy_flat(st.params->flat_params());
-  snap->exp_avg = copy_flat(st.optimizer.exp_avg);
-  snap->exp_avg_sq = copy_flat(st.optimizer.exp_avg_sq);
+  snap->params = download_flat(st.exec, st.params->flat_params());
+  snap->exp_avg = download_flat(st.exec, st.optimizer.exp_avg);
+  snap->exp_avg_sq = download_flat(st.exec, st.optimizer.exp_avg_sq);
   add_slices(snap->slices, *st.params, snap->params, "/model/", "", st);
   add_slices(snap->slices, *st.params, snap->exp_avg, "/optim/", "/exp_avg", st, true);
   add_slices(snap->slices, *st.params, snap->exp_avg_sq, "/optim/", "/exp_avg_sq", st, true);
@@ -420,9 +433,9 @@ RunStart start_run(const std::string& dir, const std::string& resume, bool overw
 namespace {
 // Moments (moments = true): at the layout of the trainable region; a frozen parameter's are not
 // read, and a trainable one's missing from the file (frozen when it was saved) are zero.
-void read_into(const CheckpointReader& r, const ParameterStore& ps, const Tensor& flat, const std::string& prefix,
-               const std::string& suffix, bool moments = false) {
-  float* base = flat.ptr<float>() - (moments ? ps.frozen_numel() : 0);
+void read_entries(const CheckpointReader& r, const ParameterStore& ps, float* flat, const std::string& prefix,
+                  const std::string& suffix, bool moments) {
+  float* base = flat - (moments ? ps.frozen_numel() : 0);
   for (const ParamEntry& e : ps.entries()) {
     if (moments && e.frozen) continue;
     if (moments && !r.has(prefix + e.spec.name + suffix)) {
@@ -433,6 +446,15 @@ void read_into(const CheckpointReader& r, const ParameterStore& ps, const Tensor
     r.read(prefix + e.spec.name + suffix, sharded ? e.spec.shard.dim : TensorSlice::kWhole,
            sharded ? e.shard_start : 0, sharded ? e.stored_shape() : e.local_shape, base + e.offset);
   }
+}
+
+// flat (on ex's device) is read through a host copy of it: what no entry covers (padding) keeps
+// its values.
+void read_into(const Exec& ex, const CheckpointReader& r, const ParameterStore& ps, const Tensor& flat,
+               const std::string& prefix, const std::string& suffix, bool moments = false) {
+  std::vector<float> host = download_flat(ex, flat);
+  read_entries(r, ps, host.data(), prefix, suffix, moments);
+  upload_flat(ex, flat, host);
 }
 
 // The tensors a checkpoint of this model holds, with their global shapes: every rank's parameters
@@ -490,27 +512,27 @@ int64_t int_attr(const GroupAttributes& g, const std::string& group, const std::
 }  // namespace
 
 RestoredState restore_training_state(const std::string& path, ParameterStore& params, AdamW& optimizer,
-                                     MPI_Comm comm) {
-  const RestoredState s = restore_training_state(path, params, optimizer_state(optimizer), comm);
+                                     MPI_Comm comm, const Exec& ex) {
+  const RestoredState s = restore_training_state(path, params, optimizer_state(optimizer), comm, ex);
   optimizer.set_steps_taken(s.optimizer_steps);
   return s;
 }
 
 RestoredState restore_training_state(const std::string& path, ParameterStore& params, const OptimizerState& optimizer,
-                                     MPI_Comm comm) {
+                                     MPI_Comm comm, const Exec& ex) {
   CheckpointReader r(path, comm);
   const std::set<std::string> frozen_before = frozen_in(r);
   check_shapes(r, expected_tensors(params, comm, frozen_before));
   std::string local_error;
   RestoredState s;
   try {
-    read_into(r, params, params.flat_params(), "/model/", "");
+    read_into(ex, r, params, params.flat_params(), "/model/", "");
     const int64_t trainable = params.numel() - params.frozen_numel();
     TESSERA_CHECK(optimizer.exp_avg.numel() >= trainable && optimizer.exp_avg_sq.numel() >= trainable,
                   "restore_training_state: the moments' buffers are smaller than the ", trainable,
                   " trainable parameters");
-    read_into(r, params, optimizer.exp_avg, "/optim/", "/exp_avg", true);
-    read_into(r, params, optimizer.exp_avg_sq, "/optim/", "/exp_avg_sq", true);
+    read_into(ex, r, params, optimizer.exp_avg, "/optim/", "/exp_avg", true);
+    read_into(ex, r, params, optimizer.exp_avg_sq, "/optim/", "/exp_avg_sq", true);
     for (const ParamEntry& e : params.entries())
       if (!e.frozen && frozen_before.count(e.spec.name)) s.fresh_moments.push_back(e.spec.name);
   } catch (const Error& e) {
@@ -528,7 +550,7 @@ RestoredState restore_training_state(const std::string& path, ParameterStore& pa
 
 InitFromResult init_weights_from(const std::string& path, ParameterStore& params,
                                  const std::vector<std::pair<std::string, Shape>>& model_tensors,
-                                 const std::vector<std::string>& prefixes, MPI_Comm comm) {
+                                 const std::vector<std::string>& prefixes, MPI_Comm comm, const Exec& ex) {
   CheckpointReader r(path, comm);
   const std::string model_group = "/model/";
   auto selected = [&](const std::string& name) {
@@ -584,13 +606,15 @@ InitFromResult init_weights_from(const std::string& path, ParameterStore& params
   const std::set<std::string> load(out.loaded.begin(), out.loaded.end());
   std::string local_error;
   try {
-    float* base = params.flat_params().ptr<float>();
+    // Through a host copy of the flat buffer (on params' device): the tensors not loaded keep theirs.
+    std::vector<float> host = download_flat(ex, params.flat_params());
     for (const ParamEntry& e : params.entries()) {
       if (!load.count(e.spec.name)) continue;
       const bool sharded = e.sharded();
       r.read(model_group + e.spec.name, sharded ? e.spec.shard.dim : TensorSlice::kWhole, sharded ? e.shard_start : 0,
-             sharded ? e.stored_shape() : e.local_shape, base + e.offset);
+             sharded ? e.stored_shape() : e.local_shape, host.data() + e.offset);
     }
+    upload_flat(ex, params.flat_params(), host);
   } catch (const Error& e) {
     local_error = e.what();
   }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "app/checkpoint/checkpoint_io.h"
+#include "kernels/exec.h"
 #include "model/parameters.h"
 #include "optim/adamw.h"
 
@@ -27,6 +28,9 @@ namespace tessera {
 
 // The live state a checkpoint captures (views; copied by CheckpointWriter::save).
 struct TrainingState {
+  // The device context of params' and the optimizer's tensors (train.device): save() downloads them
+  // through it, so the file is the same whatever device trained.
+  Exec exec;
   const ParameterStore* params = nullptr;
   // The moments at the layout of params' trainable region [frozen_numel(), numel()) (the whole
   // buffer when nothing is frozen): frozen parameters have none, and none are written.
@@ -137,11 +141,13 @@ inline constexpr const char* kFrozenKey = "frozen";
 // mismatches listed in one error). Collective over comm, whose ranks together hold the model: a
 // pipeline stage loads its own parameters (the others' tensors are expected, not its own), and a
 // stage_copy (the last stage's tied "wte.weight") is filled from the stored tensor of its name.
+// The tensors may be on a device (ex: their context): each flat buffer is read through a host copy
+// and uploaded (on the CPU the same path, host to host), so a file resumes on any device.
 RestoredState restore_training_state(const std::string& path, ParameterStore& params, const OptimizerState& optimizer,
-                                     MPI_Comm comm);
+                                     MPI_Comm comm, const Exec& ex = Exec::cpu());
 // The same into a replicated AdamW, whose step count is set too.
 RestoredState restore_training_state(const std::string& path, ParameterStore& params, AdamW& optimizer,
-                                     MPI_Comm comm);
+                                     MPI_Comm comm, const Exec& ex = Exec::cpu());
 
 // checkpoint.init_from: a fresh run's parameters taken from another checkpoint's /model tensors,
 // weights only (no moments, step or data position are read). model_tensors is the whole model's
@@ -159,6 +165,7 @@ struct InitFromResult {
 };
 InitFromResult init_weights_from(const std::string& path, ParameterStore& params,
                                  const std::vector<std::pair<std::string, Shape>>& model_tensors,
-                                 const std::vector<std::string>& prefixes, MPI_Comm comm);
+                                 const std::vector<std::string>& prefixes, MPI_Comm comm,
+                                 const Exec& ex = Exec::cpu());  // params' device context, as restore_training_state
 
 }  // namespace tessera

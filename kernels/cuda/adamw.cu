@@ -25,15 +25,6 @@ Scalars scalars_of(const AdamWStep& s) {
           static_cast<float>(s.grad_scale)};
 }
 
-// The CPU's f32_to_bf16 (kernels/cpu/gemm_bf16.h), bit for bit: round to nearest even in integer
-// arithmetic, a NaN kept quiet (__float2bfloat16_rn would give a canonical NaN instead).
-__device__ uint16_t bf16_bits(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
 // The CPU's adamw_element, per i; compute (optional): the updated p rounded to bf16.
 __global__ void adamw_kernel(float* p, const float* grads, float* m, float* v, uint16_t* compute, int64_t n,
                              Scalars k) {

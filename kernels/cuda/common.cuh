@@ -97,6 +97,16 @@ struct BadId {
 BadId first_bad_id(const char* op, const Exec& ex, const Tensor& ids, int64_t limit, bool allow_ignore,
                    int32_t ignore);
 
+// ---- bf16 rounding ----
+// The CPU's f32_to_bf16 (kernels/cpu/gemm_bf16.h), bit for bit: round to nearest even in integer
+// arithmetic, a NaN kept quiet (__float2bfloat16_rn would give a canonical NaN instead).
+__device__ inline uint16_t bf16_bits(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
 }  // namespace tessera::cuda
 
 namespace tessera::cuda {

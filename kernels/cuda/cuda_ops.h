@@ -77,6 +77,7 @@ void cross_entropy_combine(const Exec& ex, const Tensor& losses, const Tensor& l
 // elementwise.h (residual_backward is two accumulates, composed in the front)
 void fill_zero(const Exec& ex, const Tensor& t);                  // cudaMemsetAsync
 void copy(const Exec& ex, const Tensor& dst, const Tensor& src);  // cudaMemcpyAsync, any direction
+void convert(const Exec& ex, const Tensor& dst, const Tensor& src);  // F32 -> BF16, nearest even
 void copy_columns(const Exec& ex, const Tensor& dst, const Tensor& src, int64_t col0);   // cudaMemcpy2DAsync
 void paste_columns(const Exec& ex, const Tensor& dst, const Tensor& src, int64_t col0);  // cudaMemcpy2DAsync
 void residual_forward(const Exec& ex, const Tensor& y, const Tensor& a, const Tensor& b);

@@ -12,9 +12,16 @@ namespace tessera::cuda {
 namespace {
 
 // y[i] = a[i] + b[i]; y may alias a or b (each element read before it is written, by one thread).
-__global__ void add_kernel(float* y, const float* a, const float* b, int64_t n) {
+template <typename T>
+__global__ void add_kernel(T* y, const T* a, const T* b, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     y[i] = a[i] + b[i];
+}
+
+// y[i] = x[i] rounded to bf16, nearest even (NaN stays NaN): the CPU's f32_to_bf16, bit for bit.
+__global__ void to_bf16_kernel(uint16_t* y, const float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = bf16_bits(x[i]);
 }
 
 __global__ void scale_kernel(float* t, float s, int64_t n) {
@@ -23,8 +30,9 @@ __global__ void scale_kernel(float* t, float s, int64_t n) {
 }
 
 // The per-element terms of the reductions, summed in double.
+template <typename T>
 struct SumOf {
-  const float* x;
+  const T* x;
   __device__ double operator()(int64_t i) const { return double(x[i]); }
 };
 struct SquareOf {
@@ -102,6 +110,15 @@ void copy(const Exec& ex, const Tensor& dst, const Tensor& src) {
   check_cuda("copy", cudaMemcpyAsync(dst.data, src.data, dst.nbytes(), cudaMemcpyDefault, stream_of(ex)));
 }
 
+void convert(const Exec& ex, const Tensor& dst, const Tensor& src) {
+  const char* op = "convert";
+  use_device(op, ex);
+  const int64_t n = src.numel();
+  if (n == 0) return;
+  to_bf16_kernel<<<blocks_for(n), kThreads, 0, stream_of(ex)>>>(static_cast<uint16_t*>(dst.data), src.ptr<float>(), n);
+  check_launch(op);
+}
+
 // A strided 2-D copy: rows of w elements between (N, w) and (N, W) at column col0.
 void copy_columns(const Exec& ex, const Tensor& dst, const Tensor& src, int64_t col0) {
   use_device("copy_columns", ex);
@@ -130,12 +147,18 @@ void residual_forward(const Exec& ex, const Tensor& y, const Tensor& a, const Te
   check_launch(op);
 }
 
+// F32, and F64 for the reductions' results (a step's loss sums added up over its micro-batches).
 void accumulate(const Exec& ex, const Tensor& dst, const Tensor& src) {
   const char* op = "accumulate";
-  require_f32(op, dst);
   use_device(op, ex);
   const int64_t n = dst.numel();
-  add_kernel<<<blocks_for(n), kThreads, 0, stream_of(ex)>>>(dst.ptr<float>(), dst.ptr<float>(), src.ptr<float>(), n);
+  if (dst.dtype == DType::F64) {
+    add_kernel<<<blocks_for(n), kThreads, 0, stream_of(ex)>>>(dst.ptr<double>(), dst.ptr<double>(),
+                                                               src.ptr<double>(), n);
+  } else {
+    require_f32(op, dst);
+    add_kernel<<<blocks_for(n), kThreads, 0, stream_of(ex)>>>(dst.ptr<float>(), dst.ptr<float>(), src.ptr<float>(), n);
+  }
   check_launch(op);
 }
 
@@ -148,9 +171,11 @@ void scale(const Exec& ex, const Tensor& t, double s) {
   check_launch(op);
 }
 
+// F32, and F64 for the reductions' results (the gradient norm's per-run sums of squares).
 void sum(const Exec& ex, const Tensor& out, const Tensor& t) {
+  if (t.dtype == DType::F64) return reduce("sum", ex, out, SumOf<double>{t.ptr<double>()}, t.numel());
   require_f32("sum", t);
-  reduce("sum", ex, out, SumOf{t.ptr<float>()}, t.numel());
+  reduce("sum", ex, out, SumOf<float>{t.ptr<float>()}, t.numel());
 }
 
 void count_not_equal(const Exec& ex, const Tensor& out, const Tensor& ids, int32_t value) {

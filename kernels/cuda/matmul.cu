@@ -9,6 +9,7 @@
 #include <cublasLt.h>
 
 #include <map>
+#include <memory>
 #include <mutex>
 #include <sstream>
 #include <utility>
@@ -170,9 +171,28 @@ void gemm(const char* op, const Exec& ex, const GemmArgs& g) {
            "matmul");
 }
 
+namespace {
+// Mixed precision (train.dtype = "bf16": a weight's bf16 copy beside f32 activations): an f32
+// operand of a GEMM with a bf16 one rounded to bf16 (nearest even) in scratch, as the CPU's bf16
+// GEMM rounds it; the products are exact in f32 and accumulate in f32 (cuBLASLt, CUBLAS_COMPUTE_32F).
+Tensor as_bf16(const char* op, const Exec& ex, const Tensor& t, std::unique_ptr<Scratch>& scratch) {
+  if (t.dtype == DType::BF16) return t;
+  require_f32(op, t);
+  scratch = std::make_unique<Scratch>(op, ex, static_cast<size_t>(t.numel()) * 2);
+  const Tensor r(scratch->as<void>(), DType::BF16, t.shape, t.device);
+  cuda::convert(ex, r, t);
+  return r;
+}
+}  // namespace
+
 void matmul(const Exec& ex, const Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha,
             double beta) {
   require_f32("matmul", c);
+  if (a.dtype != b.dtype) {  // one bf16 operand: both in bf16
+    std::unique_ptr<Scratch> sa, sb;
+    const Tensor a16 = as_bf16("matmul", ex, a, sa), b16 = as_bf16("matmul", ex, b, sb);
+    return gemm("matmul", ex, GemmArgs{c, a16, b16, trans_a, trans_b, alpha, beta, Tensor(), GemmEpilogue::None});
+  }
   gemm("matmul", ex, GemmArgs{c, a, b, trans_a, trans_b, alpha, beta, Tensor(), GemmEpilogue::None});
 }
 
@@ -191,7 +211,9 @@ struct Rows {
 void linear_forward(const Exec& ex, const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& bias) {
   const char* op = "linear_forward";
   require_f32(op, x);
-  gemm(op, ex, GemmArgs{as_2d(y), as_2d(x), w, false, true, 1.0, 0.0, bias,
+  std::unique_ptr<Scratch> xs;
+  const Tensor xin = w.dtype == DType::BF16 ? as_bf16(op, ex, x, xs) : x;
+  gemm(op, ex, GemmArgs{as_2d(y), as_2d(xin), w, false, true, 1.0, 0.0, bias,
                         bias.defined() ? GemmEpilogue::Bias : GemmEpilogue::None});
 }
 
@@ -199,12 +221,16 @@ void linear_backward(const Exec& ex, const Tensor& dx, const Tensor& dw, const T
                      const Tensor& x, const Tensor& w) {
   const char* op = "linear_backward";
   require_f32(op, x);
-  const Tensor dy2 = as_2d(dy), x2 = as_2d(x);
+  // With a bf16 weight copy dy is rounded once for both GEMMs (the CPU's order), and x for dw.
+  std::unique_ptr<Scratch> dys, xs;
+  const bool mixed = w.dtype == DType::BF16;
+  const Tensor dy2 = as_2d(mixed ? as_bf16(op, ex, dy, dys) : dy), x2 = as_2d(mixed ? as_bf16(op, ex, x, xs) : x);
   if (dx.defined()) gemm(op, ex, GemmArgs{as_2d(dx), dy2, w, false, false, 1.0, 0.0, Tensor(), GemmEpilogue::None});  // dx = dy w
   gemm(op, ex, GemmArgs{dw, dy2, x2, true, false, 1.0, 1.0, Tensor(), GemmEpilogue::None});  // dw += dy^T x
   if (dbias.defined()) {
     use_device(op, ex);
-    column_sums(op, ex, dbias.ptr<float>(), Rows{dy2.ptr<float>(), dy2.dim(1)}, dy2.dim(0), dy2.dim(1));
+    const Tensor dyf = as_2d(dy);  // the f32 gradient, as the CPU sums it
+    column_sums(op, ex, dbias.ptr<float>(), Rows{dyf.ptr<float>(), dyf.dim(1)}, dyf.dim(0), dyf.dim(1));
   }
 }
 

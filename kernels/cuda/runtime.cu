@@ -68,4 +68,33 @@ void device_zero(int device, void* p, size_t bytes, CUstream_st* stream) {
   check_cuda("device_zero", cudaMemsetAsync(p, 0, bytes, stream));
 }
 
+CUstream_st* create_stream(int device) {
+  check_cuda("create_stream", cudaSetDevice(device));
+  cudaStream_t s = nullptr;
+  check_cuda("create_stream", cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
+}
+
+void destroy_stream(int device, CUstream_st* stream) noexcept {
+  if (!stream) return;
+  cudaError_t e = cudaSetDevice(device);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+  const cudaError_t d = cudaStreamDestroy(stream);
+  if (e == cudaSuccess) e = d;
+  if (e != cudaSuccess)
+    std::fprintf(stderr, "tessera: destroying a stream on cuda:%d failed: %s\n", device, cudaGetErrorString(e));
+}
+
+void* pinned_alloc(size_t bytes) {
+  void* p = nullptr;
+  check_cuda("pinned_alloc", cudaHostAlloc(&p, bytes, cudaHostAllocPortable));
+  return p;
+}
+
+void pinned_free(void* p) noexcept {
+  if (!p) return;
+  const cudaError_t e = cudaFreeHost(p);
+  if (e != cudaSuccess) std::fprintf(stderr, "tessera: cudaFreeHost failed: %s\n", cudaGetErrorString(e));
+}
+
 }  // namespace tessera::cuda

@@ -26,4 +26,17 @@ void device_free(int device, void* p) noexcept;
 // Zeroes bytes at p, queued on stream (null: the default stream), in order with the ops there.
 void device_zero(int device, void* p, size_t bytes, CUstream_st* stream);
 
+// ---- Streams (kernels/exec.h: ComputeStream) ----
+// A new non-blocking stream on `device` (it does not wait for the legacy default stream); throws
+// naming the device when CUDA refuses.
+CUstream_st* create_stream(int device);
+// Waits for the stream's work, then destroys it. Never throws (called from destructors).
+void destroy_stream(int device, CUstream_st* stream) noexcept;
+
+// ---- Page-locked host memory (kernels/exec.h: host_staging_alloc) ----
+// bytes of pinned host memory (cudaHostAlloc), for copies that overlap; throws when refused.
+void* pinned_alloc(size_t bytes);
+// Never throws (destructors); a failure is printed.
+void pinned_free(void* p) noexcept;
+
 }  // namespace tessera::cuda

@@ -99,8 +99,15 @@ TEST(Config, GridDegreesFromTheParallelSection) {
   p.pp = 1;
   p.cp = 4;  // context parallelism runs in the trainer
   EXPECT_EQ(grid_degrees(p).cp, 4);
-  p.comm = "nccl";  // a valid value, refused by name until the trainer runs on a GPU
-  EXPECT_TRUE(testing::throws_with([&] { grid_degrees(p); }, {"[parallel] asks for comm = \"nccl\"", "leave parallel.comm = \"mpi\""}));
+}
+
+// parallel.comm = "nccl" moves device tensors: refused with train.device = "cpu", naming both keys.
+TEST(Config, NcclNeedsCuda) {
+  EXPECT_TRUE(testing::throws_with([] { parse_config_string("", "t.toml", {"parallel.comm=\"nccl\""}); },
+                                   {"parallel.comm = \"nccl\" (--set parallel.comm=\"nccl\")",
+                                    "train.device = \"cpu\" (default)", "set train.device = \"cuda\""}));
+  const Config ok = parse_config_string("", "t.toml", {"parallel.comm=\"nccl\"", "train.device=\"cuda\""});
+  EXPECT_EQ(ok.parallel.comm, "nccl");
 }
 
 // data.document_mask needs documents (token datasets) and the CPU's attention kernel.

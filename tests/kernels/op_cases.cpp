@@ -399,6 +399,22 @@ std::vector<OpCase> make_cases() {
                                  {"squared_norm", r.read(out.slice_rows(1, 2))},
                                  {"count_not_equal", r.read(out.slice_rows(2, 3))}};
   }});
+  // The reductions' F64 results added up on the device, as a training step does (its micro-batches'
+  // loss sums accumulated, the gradient norm's per-run sums of squares summed): double additions
+  // of a few float-rounded terms' sums. 1e-12, as above.
+  cases.push_back({"sum_accumulate_f64", 1e-12, [](OpRunner& r) {
+    const Tensor t = r.in(uniform({1000}, 190));
+    const Tensor parts = r.f64_zeros({3});
+    sum(r.ex(), parts.slice_rows(0, 1), t.slice_rows(0, 400));
+    squared_norm(r.ex(), parts.slice_rows(1, 2), t.slice_rows(400, 1000));
+    sum(r.ex(), parts.slice_rows(2, 3), t);
+    const Tensor total = r.f64_out({1});
+    sum(r.ex(), total, parts);
+    const Tensor acc = r.f64_zeros({3});
+    accumulate(r.ex(), acc, parts);
+    accumulate(r.ex(), acc, parts);
+    return std::vector<OpOutput>{{"total", r.read(total)}, {"acc", r.read(acc)}};
+  }});
 
   // ---- adamw.h ----
 

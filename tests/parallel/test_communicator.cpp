@@ -99,6 +99,56 @@ TEST(Communicator, SendRecvAroundARing) {
   EXPECT_TRUE(in.done());
 }
 
+// stage_through_host(compute, always = true): every op through host copies, on CPU tensors (the
+// path device tensors take with train.device = "cuda" and parallel.comm = "mpi"): the same results
+// as the direct path, in place and out of place, averaged on the host copy, with several ops in
+// flight at once and the copies' blocks reused across ops.
+TEST(Communicator, StagedThroughHostBuffersGivesTheSameResults) {
+  MpiCommunicator c = world_comm();
+  c.stage_through_host(Exec::cpu(), /*always=*/true);
+  const int p = c.size(), r = c.rank();
+  for (int round = 0; round < 2; ++round) {  // the second round reuses the first's staging blocks
+    std::vector<float> f(5);
+    for (size_t i = 0; i < f.size(); ++i) f[i] = static_cast<float>(r + 1) * static_cast<float>(i + 1);
+    std::vector<double> d = {static_cast<double>(r), 1.0};
+    CommHandle hf = c.all_reduce_async(view(f));
+    CommHandle hd = c.all_reduce_async(view(d), ReduceOp::Average);
+    hd.wait_on(Exec::cpu());
+    hf.wait();
+    for (size_t i = 0; i < f.size(); ++i) EXPECT_EQ(f[i], static_cast<float>(p * (p + 1) / 2) * static_cast<float>(i + 1));
+    EXPECT_DOUBLE_EQ(d[0], (p - 1) / 2.0);
+    EXPECT_DOUBLE_EQ(d[1], 1.0);
+
+    std::vector<double> din(static_cast<size_t>(2 * p)), dout(2, -1.0);
+    for (int k = 0; k < 2 * p; ++k) din[static_cast<size_t>(k)] = 100.0 * r + k;
+    c.reduce_scatter(view(din), view(dout), ReduceOp::Average);
+    for (int i = 0; i < 2; ++i) EXPECT_DOUBLE_EQ(dout[static_cast<size_t>(i)], 100.0 * (p - 1) / 2.0 + 2 * r + i);
+
+    std::vector<int32_t> in = {10 * r, 10 * r + 1}, out(static_cast<size_t>(2 * p), -1);
+    c.all_gather(view(in), view(out));
+    for (int k = 0; k < p; ++k) EXPECT_EQ(out[static_cast<size_t>(2 * k + 1)], 10 * k + 1);
+
+    std::vector<float> b(3, static_cast<float>(r));
+    c.broadcast(view(b), p - 1);
+    for (float x : b) EXPECT_EQ(x, static_cast<float>(p - 1));
+
+    std::vector<float> mine = {static_cast<float>(r), 0.5f}, theirs(2, -1.0f);
+    std::vector<int32_t> ids = {r, -r}, their_ids(2, 7);
+    c.batch_send_recv({P2POp::send(view(mine), (r + 1) % p, 3), P2POp::send(view(ids), (r + 1) % p, 4),
+                       P2POp::recv(view(theirs), (r + p - 1) % p, 3), P2POp::recv(view(their_ids), (r + p - 1) % p, 4)});
+    const int prev = (r + p - 1) % p;
+    EXPECT_EQ(theirs[0], static_cast<float>(prev));
+    EXPECT_EQ(theirs[1], 0.5f);
+    EXPECT_EQ(their_ids[1], -prev);
+
+    std::vector<float> ring(2, -1.0f);
+    CommHandle rin = c.recv_async(view(ring), prev, 9);
+    c.send(view(mine), (r + 1) % p, 9);
+    rin.wait();
+    EXPECT_EQ(ring[0], static_cast<float>(prev));
+  }
+}
+
 TEST(Communicator, AsyncOpsOverlapLocalWork) {
   MpiCommunicator c = world_comm();
   const int p = c.size();

@@ -194,13 +194,19 @@ TEST(NcclCommunicator, GridCommsFollowTheGrid) {
   cudaStreamDestroy(stream);
 }
 
-// A tensor on the wrong device is an error naming it, before anything is queued.
+// A tensor on the wrong device is an error naming it, before anything is queued; all_reduce alone
+// takes host values (the trainer's host sums: stop votes, loss sums), staged through the device.
 TEST(NcclCommunicator, RefusesHostTensors) {
   REQUIRE_GPU_PER_RANK(dev);
   Fixture f(dev);
+  std::vector<double> sums = {1.0, static_cast<double>(f.comm->rank())};
+  f.comm->all_reduce(Tensor(sums.data(), DType::F64, {2}));
+  const int p = f.comm->size();
+  EXPECT_EQ(sums[0], static_cast<double>(p));
+  EXPECT_EQ(sums[1], static_cast<double>(p * (p - 1) / 2));
   std::vector<float> host(8);
   try {
-    f.comm->all_reduce(Tensor(host.data(), DType::F32, {8}));
+    f.comm->broadcast(Tensor(host.data(), DType::F32, {8}), 0);
     FAIL() << "expected an Error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("f32(8) cpu is not on cuda:"), std::string::npos) << e.what();
