@@ -1,6 +1,5 @@
 // CPU AdamW (PyTorch's formula): a templated reference for F64 and an OpenMP SIMD float path.
 // Both take the step's scalars (bias corrections, decay factor) computed once in double.
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -58,17 +57,14 @@ void update(float* p, const float* g, float* m, float* v, int64_t n, const AdamW
   for (int64_t i = 0; i < n; ++i) adamw_element(p[i], g[i], m[i], v[i], k);
 }
 
-// The update, and the updated params rounded into the bf16 copy c while they are still in cache:
-// blocks of kBlock elements (4 x 16 KiB of fp32 state), each updated then rounded by one thread.
+// The update, and the updated param rounded into the bf16 copy c in the same vectorized loop (the
+// rounding is branch-free): one pass over the state, as fast as the update alone (memory-bound).
 void update_and_round(float* p, const float* g, float* m, float* v, uint16_t* c, int64_t n,
                       const AdamWScalars<float>& k) {
-  constexpr int64_t kBlock = 4096;
-#pragma omp parallel for schedule(static)
-  for (int64_t b = 0; b < (n + kBlock - 1) / kBlock; ++b) {
-    const int64_t lo = b * kBlock, hi = std::min(n, lo + kBlock);
-#pragma omp simd
-    for (int64_t i = lo; i < hi; ++i) adamw_element(p[i], g[i], m[i], v[i], k);
-    cpu::f32_to_bf16(c + lo, p + lo, hi - lo);  // inside the parallel region: on this thread
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    adamw_element(p[i], g[i], m[i], v[i], k);
+    c[i] = cpu::f32_to_bf16(p[i]);
   }
 }
 }  // namespace simd

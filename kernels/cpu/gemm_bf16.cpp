@@ -25,14 +25,6 @@
 
 namespace tessera::cpu {
 
-uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
 float bf16_to_f32(uint16_t h) {
   const uint32_t u = static_cast<uint32_t>(h) << 16;
   float f;

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/allocator.h"
 #include "kernels/tensor.h"
@@ -45,8 +46,15 @@ void gemm_bf16(const char* op, int64_t m, int64_t n, int64_t k, float alpha, con
                const GemmOperand& b, float beta, float* c, int64_t ldc, Bf16Kernel kernel = Bf16Kernel::Auto,
                Allocator* workspace = nullptr);
 
-// Round to nearest even, as the hardware's vcvtneps2bf16 does (NaN -> a quiet NaN).
-uint16_t f32_to_bf16(float f);
+// Round to nearest even, as the hardware's vcvtneps2bf16 does (NaN -> a quiet NaN), without a
+// branch, so that a loop calling it vectorizes (AdamW rounds its update into the bf16 copy so).
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (u >> 16) | 0x40u;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
 float bf16_to_f32(uint16_t h);
 // dst[i] = f32_to_bf16(src[i]): AVX-512 where the CPU has it; threaded (OpenMP) above 2^17
 // elements, on the calling thread below that or inside a parallel region.

@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -110,9 +112,9 @@ TEST(AdamW, FloatMatchesDouble) {
   EXPECT_LT(testing::max_rel_error(s32.v, s64.v), 2e-6);
 }
 
-// Mixed precision: the bf16 copy written in the update's own pass (blocks of 4096 elements, each
-// updated then rounded on one thread) equals the update followed by a separate conversion, and the
-// fp32 state is the same bits as without a copy. n crosses several blocks and ends in a partial one.
+// Mixed precision: the bf16 copy written in the update's own loop equals the update followed by a
+// separate conversion (convert: the AVX-512 rounding), and the fp32 state is the same bits as
+// without a copy. n is not a multiple of any vector width; a NaN gradient checks the NaN rounding.
 TEST(AdamW, Bf16CopyInTheSamePassEqualsUpdateThenConvert) {
   const int64_t n = 3 * 4096 + 77;
   State<double> s64 = initial_state(n, 3);
@@ -122,14 +124,21 @@ TEST(AdamW, Bf16CopyInTheSamePassEqualsUpdateThenConvert) {
   std::vector<uint16_t> expected(static_cast<size_t>(n)), copy(static_cast<size_t>(n), 0xabcd);
   const Tensor copy_t(copy.data(), DType::BF16, {n}, Device::cpu());
   for (int64_t step = 1; step <= 3; ++step) {
-    const auto g = grads_for_step(n, step).cast<float>();
+    auto g = grads_for_step(n, step).cast<float>();
+    g[5] = std::numeric_limits<float>::quiet_NaN();  // p[5] becomes NaN: rounded to a quiet NaN
     adamw_update(kCpu, plain.p.t(), g.t(), plain.m.t(), plain.v.t(), hyper(step));
     adamw_update(kCpu, fused.p.t(), g.t(), fused.m.t(), fused.v.t(), hyper(step), copy_t);
+    const auto bits = [](float f) {
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      return u;
+    };
     for (int64_t i = 0; i < n; ++i) {
-      ASSERT_EQ(fused.p[i], plain.p[i]) << "step " << step << ", element " << i;
-      ASSERT_EQ(fused.m[i], plain.m[i]) << "step " << step << ", element " << i;
-      ASSERT_EQ(fused.v[i], plain.v[i]) << "step " << step << ", element " << i;
+      ASSERT_EQ(bits(fused.p[i]), bits(plain.p[i])) << "step " << step << ", element " << i;
+      ASSERT_EQ(bits(fused.m[i]), bits(plain.m[i])) << "step " << step << ", element " << i;
+      ASSERT_EQ(bits(fused.v[i]), bits(plain.v[i])) << "step " << step << ", element " << i;
     }
+    ASSERT_TRUE(std::isnan(plain.p[5]));
     convert(kCpu, Tensor(expected.data(), DType::BF16, {n}, Device::cpu()), plain.p.t());
     ASSERT_EQ(copy, expected) << "step " << step;
   }
