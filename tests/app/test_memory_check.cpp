@@ -207,7 +207,7 @@ TEST(MemoryCheck, FrozenParametersAreEstimatedWithoutTheirMoments) {
 // frozen: the tower's and the projector's elements are discounted like the language model's, and the
 // estimate is the allocator's peak exactly.
 TEST(MemoryCheck, AFrozenVisionTowerIsEstimatedWithoutItsMoments) {
-  for (const std::string& freeze : {"train.freeze=[\"vision.*\", \"projector.*\"]",
+  for (const char* freeze : {"train.freeze=[\"vision.*\", \"projector.*\"]",
                                     "train.freeze=[\"wte.*\", \"wpe.*\", \"blocks.*\", \"ln_f.*\"]"}) {
     const Config cfg = tiny_vlm({freeze});
     const ModelConfig mc = resolve(to_model_config(cfg, 15));
@@ -618,7 +618,9 @@ TEST(MemoryCheckPipeline, MemoryPerRankFallsWithPp) {
     const Config cfg = tiny({"model.n_layer=8", "model.n_embd=64", "train.micro_batch=1", "parallel.pp=" +
                              std::to_string(pp)});
     const MemoryEstimate e = estimate_training_memory(cfg, 13, MemoryLayout{1, 1, false});
-    if (before >= 0) EXPECT_LT(e.total(), before) << "pp " << pp;
+    if (before >= 0) {
+      EXPECT_LT(e.total(), before) << "pp " << pp;
+    }
     before = e.total();
   }
 }

@@ -173,7 +173,9 @@ TEST(UpscaleInRun, RewarmRestartsTheScheduleAtTheGrowth) {
       MPI_COMM_SELF);
   const auto resumed = by_step(dir / "resumed" / "metrics.jsonl", "lr");
   for (const auto& [step, lr] : want)
-    if (step > 3) EXPECT_NEAR(resumed.at(step), lr, 1e-12) << "resumed, step " << step;
+    if (step > 3) {
+      EXPECT_NEAR(resumed.at(step), lr, 1e-12) << "resumed, step " << step;
+    }
   fs::remove_all(dir);
 }
 
