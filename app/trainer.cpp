@@ -285,6 +285,8 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
   params_->refresh_compute_copy(ex_);  // from the initialized or resumed masters (bf16 only)
   if (cfg_.train.profile) {
     profiling_ = true;
+    // A GPU queues its ops: each scope waits for its own (per-family times, slower steps).
+    if (!device_.is_cpu()) profiler_.set_fence([this] { synchronize(ex_); });
     for (const auto& chunk : chunks_) chunk->set_profiler(&profiler_);
     if (comms_)
       for (Communicator* c : comms_->all()) c->set_profiler(&profiler_);

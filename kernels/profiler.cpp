@@ -36,10 +36,14 @@ void Profiler::add(OpFamily f, double seconds, int64_t calls) {
   e.calls += calls;
 }
 
-void Profiler::open(OpFamily f) { stack_.push_back({f, clock_(), 0.0}); }
+void Profiler::open(OpFamily f) {
+  if (fence_) fence_();  // what was queued before this scope is charged to the scopes around it
+  stack_.push_back({f, clock_(), 0.0});
+}
 
 void Profiler::close() {
   TESSERA_CHECK(!stack_.empty(), "Profiler::close() without a matching open()");
+  if (fence_) fence_();  // the work this scope queued
   const double elapsed = clock_() - stack_.back().start;
   const Open top = stack_.back();
   stack_.pop_back();

@@ -18,6 +18,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,12 @@ class Profiler {
   static double steady_seconds();
 
   explicit Profiler(ClockFn clock = &steady_seconds) : clock_(clock) {}
+
+  // For a device that queues its ops (CUDA): called before every clock read of a scope, so that a
+  // scope's time includes the device work it queued, not the work of the scopes before it (the
+  // trainer passes the stream's synchronize under train.profile on a GPU: per-family times at
+  // the price of a synchronization per scope). Empty (the default): no fence.
+  void set_fence(std::function<void()> fence) { fence_ = std::move(fence); }
 
   struct Entry {
     double seconds = 0;  // exclusive wall time
@@ -87,6 +94,7 @@ class Profiler {
     double child_seconds;  // time of scopes nested inside this one
   };
   ClockFn clock_;
+  std::function<void()> fence_;
   std::array<Entry, kOpFamilyCount> entries_{};
   std::vector<Open> stack_;
   int64_t steps_ = 0;

@@ -381,7 +381,7 @@ table=$(echo "$gpt_out" | awk '$1 == "RESULT" {
 tables+=("$(printf '%s\n%s\n%s' "== GPT-2, bf16, T 1024, one GPU: tokens/s, MFU against $peak TFLOP/s, peak memory ==" \
   "| impl           | model     |   B |   tokens/s |  MFU % | peak GiB |  ms/step | status" "$table")")
 prof=$(echo "$gpt_out" | sed -n '/^PROFILE /,/^END PROFILE/p')
-[ -n "$prof" ] && tables+=("== tessera: time per op family (ms/step, rank 0's profiler, mean over the measured steps) ==
+[ -n "$prof" ] && tables+=("== tessera: time per op family (ms/step, rank 0's profiler; a separate train.profile run that synchronizes per family: read the shares) ==
 $prof")
 
 build_rest

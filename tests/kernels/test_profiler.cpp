@@ -96,6 +96,43 @@ TEST_F(ProfilerTest, NestedScopesChargeSelfTime) {
   EXPECT_EQ(prof.total_calls(), 4);
 }
 
+// A device that queues its ops: a scope returns at once and its work finishes later, at the next
+// synchronization. With the fence (the trainer's stream synchronize on a GPU) each scope is charged
+// its own queued work; without it the work lands wherever the host happens to wait.
+double queued = 0;  // seconds of device work queued and not yet finished
+void finish_queued() {
+  fake_now += queued;
+  queued = 0;
+}
+
+TEST_F(ProfilerTest, AFenceChargesQueuedDeviceWorkToTheScopeThatQueuedIt) {
+  for (const bool fenced : {true, false}) {
+    Profiler prof(&fake_clock);
+    if (fenced) prof.set_fence(&finish_queued);
+    queued = 0;
+    {
+      ProfileScope mm(&prof, OpFamily::Matmul);
+      queued += 3;  // a GEMM launched: 3 s of device work
+    }
+    {
+      ProfileScope n(&prof, OpFamily::Norm);
+      queued += 1;
+    }
+    {
+      ProfileScope c(&prof, OpFamily::Communication);  // a host wait for everything queued
+      finish_queued();
+    }
+    if (fenced) {
+      EXPECT_DOUBLE_EQ(prof.entry(OpFamily::Matmul).seconds, 3.0);
+      EXPECT_DOUBLE_EQ(prof.entry(OpFamily::Norm).seconds, 1.0);
+      EXPECT_DOUBLE_EQ(prof.entry(OpFamily::Communication).seconds, 0.0);
+    } else {
+      EXPECT_DOUBLE_EQ(prof.entry(OpFamily::Matmul).seconds, 0.0);
+      EXPECT_DOUBLE_EQ(prof.entry(OpFamily::Communication).seconds, 4.0);
+    }
+  }
+}
+
 TEST_F(ProfilerTest, PerStepAveragesAndReset) {
   Profiler prof(&fake_clock);
   for (int step = 0; step < 2; ++step) {
