@@ -246,10 +246,11 @@ TEST(ContextParallelLayouts, ALengthOneRankCannotHoldTrainsUnderCp) {
   ASSERT_LT(cp_rank, one_rank);
   const double cap_gib = (one_rank + cp_rank) / 2 / (1024.0 * 1024.0 * 1024.0);
   const std::vector<std::string> capped = {"train.max_memory_gib=" + std::to_string(cap_gib)};
-  if (world.rank() == 0)
+  if (world.rank() == 0) {
     EXPECT_TRUE(testing::throws_with(
         [&] { Trainer t(parse_config_string(config, "llama.toml", lengthy + capped), "", MPI_COMM_SELF); },
         {"train.max_memory_gib = ", "parallel.cp"}));
+  }
   MpiCommunicator comm = MpiCommunicator::duplicate(world.comm());
   Trained got = train(parse_config_string(config, "llama.toml", lengthy + cp(world.size()) + capped), comm.comm());
   ASSERT_EQ(got.losses.size(), 2u);

@@ -174,9 +174,11 @@ TEST(Freeze, CheckpointsHoldNoFrozenMomentsAndResume) {
   ASSERT_EQ(resumed.start_step(), 3);
   for (int64_t s = 3; s < 6; ++s) resumed.step(s);
   testing::expect_state_near(resumed, *whole.trainer, 1e-6, "resumed");
-  for (const ParamEntry& e : resumed.params().entries())
-    if (e.frozen)
+  for (const ParamEntry& e : resumed.params().entries()) {
+    if (e.frozen) {
       EXPECT_EQ(tensor_of(resumed.params(), e.spec.name), tensor_of(whole.trainer->params(), e.spec.name));
+    }
+  }
   // Resumed with nothing frozen: the formerly frozen ones train, from zero moments.
   Trainer thawed(config(kBase + six + std::vector<std::string>{"checkpoint.resume=" + file}), (dir / "thawed").string(),
                  MPI_COMM_SELF);

@@ -218,8 +218,9 @@ TEST(StageCut, HeavyVisionTowerGetsAStageOfItsOwn) {
     EXPECT_EQ(cut.front().layers() == 0, k.empty) << k.image_size << " over " << k.pp;
     EXPECT_NEAR(heaviest(c, cut), best_possible(c, vlm.n_layer, k.pp, true), 1e-12 * heaviest(c, cut))
         << k.image_size << " over " << k.pp;
-    if (k.empty)  // strictly better than any cut that gives stage 0 a block
+    if (k.empty) {  // strictly better than any cut that gives stage 0 a block
       EXPECT_LT(heaviest(c, cut), best_possible(c, vlm.n_layer, k.pp) - 0.5);
+    }
   }
   const ModelConfig heavy = vit_b16_before_gpt2(384);
   const std::vector<StageSpec> interleaved = cut_stages(heavy, T, 2, 2);

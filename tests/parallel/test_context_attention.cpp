@@ -226,7 +226,9 @@ TEST(ContextAttention, DocumentMaskSkipsMaskedChunks) {
     const int64_t chunks = static_cast<int64_t>(
         SequenceLayout::load_balanced(2 * comm.size() * n, comm.size(), comm.rank()).chunks().size());
     EXPECT_EQ(s.blocks, comm.size() > 1 ? chunks : 1) << cp_comm_name(mode) << " on rank " << comm.rank();
-    if (comm.size() > 1 && comm.rank() < comm.size() - 1) EXPECT_EQ(chunks, 2);
+    if (comm.size() > 1 && comm.rank() < comm.size() - 1) {
+      EXPECT_EQ(chunks, 2);
+    }
   }
 }
 

@@ -33,7 +33,7 @@ struct Model {
     params_buf = Buffer(alloc, DType::F32, {padded}, MemCategory::Parameters);
     grads_buf = Buffer(alloc, DType::F32, {padded}, MemCategory::Gradients);
     flat = {params_buf.tensor().slice_rows(0, n), grads_buf.tensor().slice_rows(0, n), params_buf.tensor(),
-            grads_buf.tensor(), {{0, 15}, {15, 7}, {22, 1}}};
+            grads_buf.tensor(), {{0, 15}, {15, 7}, {22, 1}}, Tensor()};
     // w and b from a fixed pattern, the norm weight g one (any values that every model shares).
     float* p = flat.params.ptr<float>();
     for (int64_t i = 0; i < 22; ++i) p[i] = static_cast<float>((i * 5) % 11 - 5) / 8.0f;

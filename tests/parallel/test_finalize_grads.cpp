@@ -51,7 +51,7 @@ struct Rank {
     params_buf = Buffer(alloc, DType::F32, {padded}, MemCategory::Parameters);
     grads_buf = Buffer(alloc, DType::F32, {padded}, MemCategory::Gradients);
     flat = {params_buf.tensor().slice_rows(0, n), grads_buf.tensor().slice_rows(0, n), params_buf.tensor(),
-            grads_buf.tensor(), std::move(entries)};
+            grads_buf.tensor(), std::move(entries), Tensor()};
     for (int64_t i = 0; i < n; ++i) flat.params.ptr<float>()[i] = static_cast<float>(value(7, i));
     opt = std::make_unique<DataParallelOptimizer>(flat, segs, AdamWOptions{}, opts, group, alloc);
   }

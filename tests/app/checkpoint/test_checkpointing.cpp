@@ -155,7 +155,9 @@ TEST(Checkpointing, Fp32CheckpointResumesIntoBf16AndBack) {
   bool moved = false;
   for (const auto& [step, loss] : a) {
     const double la = std::stod(loss.substr(8)), lb = std::stod(b.at(step).substr(8));
-    if (step <= 4) EXPECT_EQ(b.at(step), loss) << "step " << step;
+    if (step <= 4) {
+      EXPECT_EQ(b.at(step), loss) << "step " << step;
+    }
     EXPECT_NEAR(lb, la, 2e-2 * la) << "step " << step;
     moved = moved || (step > 4 && b.at(step) != loss);
   }
