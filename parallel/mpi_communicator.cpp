@@ -184,10 +184,10 @@ Tensor MpiCommunicator::host_side(const char* op, const Tensor& t, bool read, bo
   return host;
 }
 
-std::shared_ptr<MpiCommunicator::Staging> MpiCommunicator::started(std::unique_ptr<Staging> s) const {
-  if (s->blocks.empty()) return nullptr;
-  if (s->reads) synchronize(s->compute);  // the host copies hold the values before MPI reads them
-  return std::shared_ptr<Staging>(std::move(s));
+std::shared_ptr<MpiCommunicator::Staging> MpiCommunicator::started(Staging&& s) const {
+  if (s.blocks.empty()) return nullptr;
+  if (s.reads) synchronize(s.compute);  // the host copies hold the values before MPI reads them
+  return std::make_shared<Staging>(std::move(s));
 }
 
 // An op's completion: its host step (an average's division, on the host copy), then the staged
@@ -220,8 +220,8 @@ MpiCommunicator MpiCommunicator::split(MPI_Comm parent, int color, int key) {
 }
 
 CommHandle MpiCommunicator::start_all_reduce(Tensor t, ReduceOp op) {
-  auto staging = std::make_unique<Staging>();
-  const Tensor h = host_side("all_reduce", t, true, true, *staging);
+  Staging staging;  // empty (no heap) unless a tensor is staged
+  const Tensor h = host_side("all_reduce", t, true, true, staging);
   const int n = mpi_count("all_reduce", h);
   std::shared_ptr<Staging> s = started(std::move(staging));
   return start_request("MPI_Iallreduce", [&](MPI_Request* r) {
@@ -230,9 +230,9 @@ CommHandle MpiCommunicator::start_all_reduce(Tensor t, ReduceOp op) {
 }
 
 CommHandle MpiCommunicator::start_reduce_scatter(Tensor input, Tensor output, ReduceOp op) {
-  auto staging = std::make_unique<Staging>();
-  const Tensor in = host_side("reduce_scatter", input, true, false, *staging);
-  const Tensor out = host_side("reduce_scatter", output, false, true, *staging);
+  Staging staging;
+  const Tensor in = host_side("reduce_scatter", input, true, false, staging);
+  const Tensor out = host_side("reduce_scatter", output, false, true, staging);
   mpi_count("reduce_scatter", in);
   const int n = mpi_count("reduce_scatter", out);
   std::shared_ptr<Staging> s = started(std::move(staging));
@@ -242,9 +242,9 @@ CommHandle MpiCommunicator::start_reduce_scatter(Tensor input, Tensor output, Re
 }
 
 CommHandle MpiCommunicator::start_all_gather(Tensor input, Tensor output) {
-  auto staging = std::make_unique<Staging>();
-  const Tensor in = host_side("all_gather", input, true, false, *staging);
-  const Tensor out = host_side("all_gather", output, false, true, *staging);
+  Staging staging;
+  const Tensor in = host_side("all_gather", input, true, false, staging);
+  const Tensor out = host_side("all_gather", output, false, true, staging);
   const int n = mpi_count("all_gather", in);
   mpi_count("all_gather", out);
   const MPI_Datatype type = mpi_type(in.dtype);
@@ -255,9 +255,9 @@ CommHandle MpiCommunicator::start_all_gather(Tensor input, Tensor output) {
 }
 
 CommHandle MpiCommunicator::start_broadcast(Tensor t, int root) {
-  auto staging = std::make_unique<Staging>();
+  Staging staging;
   // The root's values go out, every other rank's come back: each rank reads and writes its own.
-  const Tensor h = host_side("broadcast", t, rank_ == root, rank_ != root, *staging);
+  const Tensor h = host_side("broadcast", t, rank_ == root, rank_ != root, staging);
   const int n = mpi_count("broadcast", h);
   std::shared_ptr<Staging> s = started(std::move(staging));
   return start_request("MPI_Ibcast", [&](MPI_Request* r) {
@@ -266,8 +266,8 @@ CommHandle MpiCommunicator::start_broadcast(Tensor t, int root) {
 }
 
 CommHandle MpiCommunicator::start_send(Tensor t, int dst, int tag) {
-  auto staging = std::make_unique<Staging>();
-  const Tensor h = host_side("send", t, true, false, *staging);
+  Staging staging;
+  const Tensor h = host_side("send", t, true, false, staging);
   const int n = mpi_count("send", h);
   std::shared_ptr<Staging> s = started(std::move(staging));
   return start_request("MPI_Isend", [&](MPI_Request* r) {
@@ -276,8 +276,8 @@ CommHandle MpiCommunicator::start_send(Tensor t, int dst, int tag) {
 }
 
 CommHandle MpiCommunicator::start_recv(Tensor t, int src, int tag) {
-  auto staging = std::make_unique<Staging>();
-  const Tensor h = host_side("recv", t, false, true, *staging);
+  Staging staging;
+  const Tensor h = host_side("recv", t, false, true, staging);
   const int n = mpi_count("recv", h);
   std::shared_ptr<Staging> s = started(std::move(staging));
   return start_request("MPI_Irecv", [&](MPI_Request* r) {
@@ -288,12 +288,12 @@ CommHandle MpiCommunicator::start_recv(Tensor t, int src, int tag) {
 // Every op posted before any is waited for: each rank's receives are up while its sends wait for
 // their peers' (a rendezvous-size send completes only once the receive is posted).
 CommHandle MpiCommunicator::start_batch_send_recv(const std::vector<P2POp>& ops) {
-  auto staging = std::make_unique<Staging>();
+  Staging staging;
   std::vector<Tensor> host;
   std::vector<int> counts;
   for (const P2POp& o : ops) {  // device checks first
     const bool send = o.kind == P2POp::Kind::Send;
-    host.push_back(host_side("batch_send_recv", o.t, send, !send, *staging));
+    host.push_back(host_side("batch_send_recv", o.t, send, !send, staging));
     counts.push_back(mpi_count("batch_send_recv", host.back()));
   }
   std::shared_ptr<Staging> s = started(std::move(staging));

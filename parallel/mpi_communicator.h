@@ -76,7 +76,7 @@ class MpiCommunicator : public Communicator {
   // t now; write: copied back to t when the op completes).
   Tensor host_side(const char* op, const Tensor& t, bool read, bool write, Staging& s);
   // After host_side's reads are queued: waits for them when any was (the op may read its buffers).
-  std::shared_ptr<Staging> started(std::unique_ptr<Staging> s) const;
+  std::shared_ptr<Staging> started(Staging&& s) const;
   static std::function<void()> finishing(std::function<void()> host_step, std::shared_ptr<Staging> s);
   MpiComm comm_;
   int size_ = 1, rank_ = 0;
