@@ -13,6 +13,14 @@ def parse_batches(text):
     return [int(b) for b in text.replace(",", " ").split()]
 
 
+def batches_of(args):
+    """The (model, [B, ...]) list of --batches-124m and --batches-350m, or --tiny's (T set to 64)."""
+    if args.tiny:
+        args.seq = 64
+        return [("tiny", [2, 4])]
+    return [("gpt2-124m", parse_batches(args.batches_124m)), ("gpt2-350m", parse_batches(args.batches_350m))]
+
+
 def run_order(batches):
     """(model, B) pairs, most wanted first: each model's middle micro-batch, then the others, so
     that a deadline cuts the least useful runs. batches: [(model, [B, ...]), ...]."""

@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "reference"))
 sys.path.insert(0, HERE)
 import gpt_reference as ref  # noqa: E402
 from train_bench import BenchConfig, flops_per_token  # noqa: E402
-from gpt2_bench_common import MODELS, parse_batches, run_order  # noqa: E402
+from gpt2_bench_common import MODELS, batches_of, run_order  # noqa: E402
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -140,11 +140,7 @@ def fmt(v, spec):
 def main():
     args = parse_args()
     deadline = Deadline(args.deadline)
-    if args.tiny:
-        args.seq = 64
-        batches = [("tiny", [2, 4])]
-    else:
-        batches = [("gpt2-124m", parse_batches(args.batches_124m)), ("gpt2-350m", parse_batches(args.batches_350m))]
+    batches = batches_of(args)
     order = run_order(batches)
     tag = f"torch-{args.mode}"
     if args.device == "cuda" and not torch.cuda.is_available():
