@@ -46,8 +46,9 @@ void gemm_bf16(const char* op, int64_t m, int64_t n, int64_t k, float alpha, con
                const GemmOperand& b, float beta, float* c, int64_t ldc, Bf16Kernel kernel = Bf16Kernel::Auto,
                Allocator* workspace = nullptr);
 
-// Round to nearest even, as the hardware's vcvtneps2bf16 does (NaN -> a quiet NaN), without a
-// branch, so that a loop calling it vectorizes (AdamW rounds its update into the bf16 copy so).
+// Round to nearest even (NaN -> a quiet NaN; subnormals rounded, where vcvtneps2bf16 treats them
+// as zero), without a branch, so that a loop calling it vectorizes (AdamW rounds its update into
+// the bf16 copy so).
 inline uint16_t f32_to_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
