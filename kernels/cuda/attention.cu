@@ -262,12 +262,18 @@ __device__ inline uint32_t ld32(const bf16* tile, int stride, int row, int col) 
 }
 
 // c (16 x 8 f32) += a (16 x 16 bf16) b (16 x 8 bf16).
+// Under the SIMT emulator (-DTESSERA_SIMT=ON) the instruction is emulated from the PTX ISA's
+// fragment layouts (kernels/simt/mma.cpp); the CUDA build compiles the inline PTX as before.
 __device__ inline void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#ifdef TESSERA_SIMT
+  ::tessera::simt::mma_sync_m16n8k16_bf16(c, a, b0, b1);
+#else
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 }
 
 // A fragment of rows r0 .. r0 + 15, columns k0 .. k0 + 15 of a row-major tile.

@@ -1,0 +1,107 @@
+// The SIMT emulator's executor: runs a kernel's grid on the CPU, one block after another, every
+// CUDA thread of a block as a context of its own (its own stack and registers), and gives the
+// block barrier, the warp collectives (shuffles, __syncwarp, mma.sync) and shared memory their
+// documented semantics. Built only with -DTESSERA_SIMT=ON (docs/cuda.md, "The SIMT emulator").
+//
+// Two ways to run the threads of a block, chosen when the emulator is built:
+// * fibers (the default): every CUDA thread is a fiber on the calling OS thread, switched only at
+//   a barrier, a warp collective or its exit, in thread order. Deterministic, fast (a switch is a
+//   few instructions), and what AddressSanitizer runs under (the switches are annotated).
+// * OS threads (TESSERA_SIMT_OS_THREADS, the ThreadSanitizer build): every CUDA thread of a block
+//   is a real thread, synchronised only where CUDA synchronises (the barrier, the collectives), so
+//   two threads that touch the same shared or global memory between two barriers, one writing,
+//   are a data race that ThreadSanitizer reports: a missing __syncthreads shows.
+// Either way a barrier that some threads of the block never reach (they exited, or wait at a
+// different barrier or collective) is an error naming the kernel, the block and the threads, not a
+// hang; so is a warp collective whose mask names a lane that exited or does not exist.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/simt/types.h"
+
+namespace tessera::simt {
+
+constexpr int kWarpSize = 32;
+constexpr int kMaxThreadsPerBlock = 1024;
+constexpr unsigned kMaxGridYZ = 65535;
+constexpr unsigned kMaxGridX = 2147483647u;
+constexpr size_t kDefaultDynamicSmem = 48 * 1024;  // above it a kernel needs its attribute set
+constexpr size_t kMaxSmemPerBlock = 232448;        // sm_90: 227 KB per block (opt-in)
+constexpr size_t kMaxStaticSmem = 48 * 1024;       // static __shared__ per block
+
+// A kernel's fault found by the emulator (divergent barrier, bad shuffle mask, a launch the GPU
+// would refuse): the message names the kernel and, where there is one, the block and threads.
+class KernelError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// What a kernel launch asks for.
+struct LaunchShape {
+  dim3 grid, block;
+  size_t dynamic_smem = 0;
+  size_t max_dynamic_smem = kDefaultDynamicSmem;  // the kernel's attribute (cudaFuncSetAttribute)
+};
+
+// Why a launch of this shape would be refused by an sm_90 GPU ("" when it would not).
+std::string launch_refusal(const LaunchShape& s);
+
+// Runs `body` once for every thread of every block of the grid, on the calling OS thread (and, in
+// the OS-thread build, the block's threads), blocks in order x, then y, then z. Returns when the
+// grid is done; throws KernelError naming `kernel` when a thread faults. Does not check the shape
+// (launch_refusal does, before a launch is queued).
+void run_grid(const char* kernel, const LaunchShape& s, const std::function<void()>& body);
+
+// The kinds of warp collective (all lanes of the mask meet, then each gets its result).
+enum class Collective : uint8_t { SyncWarp, Shuffle, Mma };
+
+// One emulated CUDA thread's view of where it is, and its mailbox for collectives.
+struct BlockState;
+struct ThreadCtx {
+  dim3 thread_idx;
+  int linear = 0;  // x + y X + z X Y: the thread's rank in the block, warp = linear / 32
+  BlockState* block = nullptr;
+  // A collective's arguments in (written by the lane before it waits) and its result out.
+  Collective kind = Collective::SyncWarp;
+  unsigned mask = 0;
+  int src_lane = 0;   // Shuffle: the lane this one reads (already resolved by the caller)
+  uint64_t in_bits = 0, out_bits = 0;  // Shuffle: the value, as bits
+  uint32_t mma_a[4] = {}, mma_b[2] = {};
+  float mma_c[4] = {}, mma_d[4] = {};
+};
+
+struct BlockView {
+  dim3 block_idx, block_dim, grid_dim;
+};
+
+// The emulated thread running on this OS thread (valid only inside a kernel body).
+ThreadCtx& current_thread();
+const BlockView& current_block();
+
+// The block barrier (__syncthreads).
+void barrier();
+// A warp collective with the calling lane's mailbox filled in; returns when every lane of the
+// mask has arrived and the results are in the mailboxes.
+void warp_collective(Collective kind, unsigned mask);
+
+// Shared memory of the current block: a static __shared__ array (one per `key`, the address of a
+// static object at the declaration) of `bytes`, allocated at exactly that size at its first use in
+// the block and filled with 0xff bytes (a float NaN: a read before any write shows); the dynamic
+// shared memory of the launch (exactly its size, 16-byte aligned; nullptr when the launch has none).
+void* static_shared(const void* key, size_t bytes, size_t align);
+void* dynamic_shared();
+
+// Names of the kernels launched in this process, for the coverage check ("kernels exercised: X of
+// Y", scripts/simt_check.sh): written one per line to $TESSERA_SIMT_COVERAGE (appended) at exit.
+void record_launch(const char* kernel);
+
+// The mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 of one warp, all 32 lanes' fragments
+// given: d[lane][i] from a[lane][4], b[lane][2], c[lane][4] (kernels/simt/mma.cpp).
+void mma_m16n8k16_bf16(const uint32_t (*a)[4], const uint32_t (*b)[2], const float (*c)[4], float (*d)[4]);
+
+}  // namespace tessera::simt
