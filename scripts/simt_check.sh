@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# The whole CUDA path on the CPU (docs/cuda.md, "The SIMT emulator"), in one command:
+#   build     build-simt/ (-DTESSERA_SIMT=ON): tessera and the emulator, GPU and twin tests
+#   emulator  the emulator's own tests (tests_simt) and the twins' (runtime, cuBLASLt, CUB; NCCL on 2 ranks)
+#   asan      build-simt-asan/ (kernels only, AddressSanitizer + UBSan): every op case, the CUDA
+#             attention and GEMM tests, and the coverage list ("kernels exercised: X of Y")
+#   tsan      build-simt-tsan/ (kernels only, ThreadSanitizer; emulated threads are OS threads):
+#             the op cases, and a deliberately missing __syncthreads that must be reported
+#   layouts   mpiexec -n 2 build-simt/tessera train configs/quickstart.toml on dp2, tp2+sp, pp2
+#             (1f1b) and cp2, train.device = "cuda" against "cpu", f32 and bf16, 20 steps; a
+#             checkpoint written on the emulated device resumed on the CPU and the reverse
+#   gpu-app   the `gpu` tests of tessera train on the emulated device (tests_gpu_app)
+# Prints one line per stage and a last line "simt_check: N passed, M failed"; exits non-zero on
+# any failure. Options: --ops (build, emulator and asan only: what a kernel edit needs),
+# --jobs N (build parallelism, default nproc), --keep-going.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+ops_only=0
+jobs=$(nproc)
+keep_going=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --ops) ops_only=1 ;;
+    --jobs) jobs="$2"; shift ;;
+    --keep-going) keep_going=1 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "simt_check: unknown argument '$1' (expected --ops, --jobs N, --keep-going)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+LOG_DIR=${SIMT_CHECK_LOGS:-$ROOT/build-simt/check-logs}
+mkdir -p "$LOG_DIR"
+passed=0
+failed=0
+summary=()
+t_all=$(date +%s)
+
+# stage NAME COMMAND...: runs it with its output in $LOG_DIR/NAME.log, records one line.
+stage() {
+  local name=$1
+  shift
+  local t0 log="$LOG_DIR/$1.log"
+  log="$LOG_DIR/$name.log"
+  t0=$(date +%s)
+  echo "simt_check: $name ..."
+  if "$@" >"$log" 2>&1; then
+    passed=$((passed + 1))
+    local extra
+    extra=$(grep -h "^simt_check-note:" "$log" | sed 's/^simt_check-note: //' | paste -sd ';' -)
+    summary+=("simt_check: $name passed in $(( $(date +%s) - t0 )) s${extra:+ ($extra)}")
+    echo "${summary[-1]}"
+    return 0
+  fi
+  failed=$((failed + 1))
+  summary+=("simt_check: $name FAILED in $(( $(date +%s) - t0 )) s (log: $log)")
+  echo "${summary[-1]}"
+  tail -n 40 "$log" | sed 's/^/  | /'
+  if [ "$keep_going" = 0 ]; then finish; fi
+  return 1
+}
+
+finish() {
+  echo
+  printf '%s\n' "${summary[@]}"
+  echo "simt_check: total $(( $(date +%s) - t_all )) s"
+  echo "simt_check: $passed passed, $failed failed"
+  [ "$failed" = 0 ]
+  exit $?
+}
+
+configure_build() {  # dir, cmake args..., then -- targets...
+  local dir=$1
+  shift
+  local args=()
+  while [ "$1" != "--" ]; do args+=("$1"); shift; done
+  shift
+  cmake -S "$ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DTESSERA_SIMT=ON "${args[@]}" &&
+    cmake --build "$dir" -j "$jobs" --target "$@"
+}
+
+build_main() {
+  if [ "$ops_only" = 1 ]; then
+    configure_build build-simt -DTESSERA_KERNELS_ONLY=ON -- tests_simt tests_gpu
+  else
+    configure_build build-simt -- tessera tests_simt tests_gpu tests_gpu_app tests_gpu_parallel
+  fi
+}
+
+emulator_tests() {
+  build-simt/tests/tests_simt --gtest_brief=1 || return 1
+  if [ -x build-simt/tests/tests_gpu_parallel ] && [ -x build-simt/tests/tests_simt_nccl ]; then
+    mpiexec -n 2 build-simt/tests/tests_simt_nccl --gtest_brief=1 || return 1
+  fi
+}
+
+# Every CUDA kernel test on the emulator (op cases, attention, GEMM, runtime), with the coverage of
+# __global__ kernels: each launched at least once.
+gpu_kernel_tests() {  # build dir
+  local dir=$1 cov
+  cov=$(mktemp)
+  TESSERA_SIMT_COVERAGE=$cov OMP_NUM_THREADS=1 "$dir/tests/tests_gpu" --gtest_brief=1 || { rm -f "$cov"; return 1; }
+  local list=$dir/kernels/simt_src/kernels.txt
+  local total exercised missing
+  total=$(wc -l <"$list")
+  exercised=$(sort -u "$cov" | grep -cxFf "$list")
+  missing=$(sort -u "$cov" | grep -vxFf - "$list" | paste -sd ' ' -)
+  rm -f "$cov"
+  echo "simt_check-note: kernels exercised: $exercised of $total"
+  if [ "$exercised" -lt "$total" ]; then
+    echo "kernels never launched by a test: $missing"
+    return 1
+  fi
+  # A test that skipped on the emulator would hide a kernel: none may skip.
+}
+
+asan_stage() {
+  configure_build build-simt-asan -DTESSERA_KERNELS_ONLY=ON -DTESSERA_SIMT_SANITIZE=address,undefined -DTESSERA_NATIVE=ON \
+    -- tests_gpu tests_simt || return 1
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    build-simt-asan/tests/tests_simt --gtest_brief=1 || return 1
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    gpu_kernel_tests build-simt-asan
+}
+
+tsan_stage() {
+  configure_build build-simt-tsan -DTESSERA_KERNELS_ONLY=ON -DTESSERA_SIMT_SANITIZE=thread -- tests_gpu tests_simt ||
+    return 1
+  TSAN_OPTIONS=halt_on_error=1 build-simt-tsan/tests/tests_simt --gtest_brief=1 || return 1
+  # The deliberate race must be reported (else the stage proves nothing).
+  local out
+  out=$(TESSERA_SIMT_RACE_DEMO=1 TSAN_OPTIONS=halt_on_error=0 build-simt-tsan/tests/tests_simt \
+    --gtest_filter=SimtRaceDemo.MissingBarrier 2>&1)
+  if ! grep -q "WARNING: ThreadSanitizer: data race" <<<"$out"; then
+    echo "ThreadSanitizer did not report the missing __syncthreads of SimtRaceDemo.MissingBarrier:"
+    echo "$out"
+    return 1
+  fi
+  echo "simt_check-note: a missing __syncthreads is reported"
+  TSAN_OPTIONS=halt_on_error=1 OMP_NUM_THREADS=1 build-simt-tsan/tests/tests_gpu --gtest_brief=1 \
+    --gtest_filter="${SIMT_TSAN_FILTER:-*}"
+}
+
+layouts_stage() {
+  /usr/bin/python3 scripts/simt_layouts.py --tessera build-simt/tessera --work "$LOG_DIR/layouts"
+}
+
+gpu_app_stage() {
+  OMP_NUM_THREADS=1 build-simt/tests/tests_gpu_app --gtest_brief=1
+}
+
+stage build build_main
+stage emulator emulator_tests
+stage asan asan_stage
+if [ "$ops_only" = 0 ]; then
+  stage tsan tsan_stage
+  stage layouts layouts_stage
+  stage gpu-app gpu_app_stage
+fi
+finish
