@@ -27,6 +27,9 @@
 #endif
 
 namespace tessera::simt {
+
+thread_local ThreadCtx* tls_thread = nullptr;
+
 namespace {
 
 enum class St : uint8_t { Ready, Barrier, Warp, Exited };
@@ -62,7 +65,6 @@ struct BlockState {
 
 namespace {
 
-thread_local ThreadCtx* t_ctx = nullptr;
 
 std::string dim_str(const dim3& d) {
   std::ostringstream os;
@@ -129,13 +131,14 @@ bool resolve_warps(BlockState& b, std::vector<int>* woken) {
     for (int l = 0; l < kWarpSize; ++l) {
       if (!(mask >> l & 1u)) continue;
       const int t = base + l;
-      std::ostringstream os;
       if (t >= b.nthreads) {
+        std::ostringstream os;
         os << where(b) << ": a warp collective's mask 0x" << std::hex << mask << std::dec << " names lane " << l
            << " of warp " << w << ", which does not exist (the block has " << b.nthreads << " threads)";
         throw KernelError(os.str());
       }
       if (b.state[t] == St::Exited) {
+        std::ostringstream os;
         os << where(b) << ": a warp collective's mask 0x" << std::hex << mask << std::dec << " names lane " << l
            << " of warp " << w << " (thread " << t << "), which has exited";
         throw KernelError(os.str());
@@ -146,6 +149,7 @@ bool resolve_warps(BlockState& b, std::vector<int>* woken) {
       }
       const ThreadCtx& tt = b.threads[t];
       if (tt.mask != mask || tt.kind != lt.kind) {
+        std::ostringstream os;
         os << where(b) << ": lanes of warp " << w << " meet at different warp collectives (thread " << leader
            << " mask 0x" << std::hex << mask << ", thread " << std::dec << t << " mask 0x" << std::hex << tt.mask
            << ")";
@@ -234,6 +238,7 @@ void init_block(BlockState& b, const char* kernel, const LaunchShape& s, const d
     t.linear = i;
     t.thread_idx = dim3(i % s.block.x, (i / s.block.x) % s.block.y, i / (s.block.x * s.block.y));
     t.block = &b;
+    t.view = &b.view;
   }
   b.dynamic_bytes = s.dynamic_smem;
   if (s.dynamic_smem > 0) {
@@ -249,8 +254,7 @@ void init_block(BlockState& b, const char* kernel, const LaunchShape& s, const d
 }  // namespace
 }  // namespace tessera::simt
 
-// The context switch (x86-64 System V): saves the callee-saved registers, MXCSR and the x87
-// control word on the current stack, stores the stack pointer in *save, loads `next` and restores
+// The context switch (x86-64 System V): saves the callee-saved registers on the current stack, stores the stack pointer in *save, loads `next` and restores
 // the same from it. A new fiber's stack is laid out so that the restore "returns" into the
 // trampoline, which calls r13(r12).
 extern "C" void tessera_simt_switch(void** save, void* next);
@@ -266,14 +270,8 @@ tessera_simt_switch:
   pushq %r13
   pushq %r14
   pushq %r15
-  subq $8, %rsp
-  stmxcsr (%rsp)
-  fnstcw 4(%rsp)
   movq %rsp, (%rdi)
   movq %rsi, %rsp
-  ldmxcsr (%rsp)
-  fldcw 4(%rsp)
-  addq $8, %rsp
   popq %r15
   popq %r14
   popq %r13
@@ -388,23 +386,24 @@ void start_fiber(Fiber& f) {
 #if defined(TESSERA_SIMT_ASAN)
   __asan_unpoison_memory_region(s.bottom(), kStackBytes);  // frames of an earlier block's fibers
 #endif
-  auto top = reinterpret_cast<uintptr_t>(s.top()) & ~uintptr_t(15);
-  auto* slots = reinterpret_cast<uint64_t*>(top - 16 - 64);
-  uint32_t ctl[2] = {0, 0};
-  asm volatile("stmxcsr %0" : "=m"(ctl[0]));
-  asm volatile("fnstcw %0" : "=m"(ctl[1]));
-  std::memcpy(&slots[0], ctl, 8);
-  slots[1] = slots[2] = 0;                                      // r15, r14
-  slots[3] = reinterpret_cast<uint64_t>(&fiber_entry);          // r13: the function
-  slots[4] = reinterpret_cast<uint64_t>(&f);                    // r12: its argument
-  slots[5] = slots[6] = 0;                                      // rbx, rbp
-  slots[7] = reinterpret_cast<uint64_t>(&tessera_simt_trampoline);  // the "return" address
+  // Stacks are page-aligned, so their tops would all fall in the same cache sets and evict each
+  // other at every switch; each fiber's top is offset by its own multiple of a cache line.
+  const uintptr_t color = (static_cast<uintptr_t>(f.ctx->linear) * 17 % 128) * 64;
+  auto top = (reinterpret_cast<uintptr_t>(s.top()) - color) & ~uintptr_t(15);
+  // Popped by the switch: r15, r14, r13 (the function), r12 (its argument), rbx, rbp, then the
+  // "return" into the trampoline, which leaves rsp 16-byte aligned for its call.
+  auto* slots = reinterpret_cast<uint64_t*>(top - 16 - 56);
+  slots[0] = slots[1] = 0;
+  slots[2] = reinterpret_cast<uint64_t>(&fiber_entry);
+  slots[3] = reinterpret_cast<uint64_t>(&f);
+  slots[4] = slots[5] = 0;
+  slots[6] = reinterpret_cast<uint64_t>(&tessera_simt_trampoline);
   f.sp = slots;
 }
 
 void resume(Scheduler& sched, Fiber& f) {
   t_fiber = &f;
-  t_ctx = f.ctx;
+  tls_thread = f.ctx;
 #if defined(TESSERA_SIMT_ASAN)
   __sanitizer_start_switch_fiber(&sched.fake, f.stack->bottom(), kStackBytes);
 #endif
@@ -413,7 +412,7 @@ void resume(Scheduler& sched, Fiber& f) {
   __sanitizer_finish_switch_fiber(sched.fake, nullptr, nullptr);
 #endif
   t_fiber = nullptr;
-  t_ctx = nullptr;
+  tls_thread = nullptr;
 }
 
 // A blocked fiber: back to the scheduler until released; unwinds when the block is abandoned.
@@ -491,7 +490,7 @@ void progress_locked(BlockState& b) {
 }
 
 void block_on(St s) {
-  ThreadCtx& t = *t_ctx;
+  ThreadCtx& t = *tls_thread;
   BlockState& b = *t.block;
   std::unique_lock<std::mutex> lock(b.mu);
   if (b.abandoned) throw Abandoned{};
@@ -507,7 +506,7 @@ void run_block(BlockState& b, const std::function<void()>& body) {
   threads.reserve(b.nthreads);
   for (int i = 0; i < b.nthreads; ++i) {
     threads.emplace_back([&b, &body, i] {
-      t_ctx = &b.threads[i];
+      tls_thread = &b.threads[i];
       try {
         body();
       } catch (const Abandoned&) {
@@ -519,7 +518,7 @@ void run_block(BlockState& b, const std::function<void()>& body) {
       std::lock_guard<std::mutex> lock(b.mu);
       b.state[i] = St::Exited;
       progress_locked(b);
-      t_ctx = nullptr;
+      tls_thread = nullptr;
     });
   }
   for (auto& th : threads) th.join();
@@ -588,13 +587,11 @@ void run_grid(const char* kernel, const LaunchShape& s, const std::function<void
       }
 }
 
-ThreadCtx& current_thread() { return *t_ctx; }
-const BlockView& current_block() { return t_ctx->block->view; }
 
 void barrier() { block_on(St::Barrier); }
 
 void warp_collective(Collective kind, unsigned mask) {
-  ThreadCtx& t = *t_ctx;
+  ThreadCtx& t = *tls_thread;
   const int lane = t.linear % kWarpSize;
   if (!(mask >> lane & 1u)) {
     std::ostringstream os;
@@ -608,7 +605,7 @@ void warp_collective(Collective kind, unsigned mask) {
 }
 
 void* static_shared(const void* key, size_t bytes, size_t align) {
-  BlockState& b = *t_ctx->block;
+  BlockState& b = *tls_thread->block;
 #if defined(TESSERA_SIMT_OS_THREADS)
   std::lock_guard<std::mutex> lock(b.mu);
 #endif
@@ -628,7 +625,7 @@ void* static_shared(const void* key, size_t bytes, size_t align) {
   return p;
 }
 
-void* dynamic_shared() { return t_ctx->block->dynamic; }
+void* dynamic_shared() { return tls_thread->block->dynamic; }
 
 void record_launch(const char* kernel) { Coverage::get().add(kernel); }
 

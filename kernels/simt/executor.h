@@ -62,8 +62,12 @@ enum class Collective : uint8_t { SyncWarp, Shuffle, Mma };
 
 // One emulated CUDA thread's view of where it is, and its mailbox for collectives.
 struct BlockState;
+struct BlockView {
+  dim3 block_idx, block_dim, grid_dim;
+};
 struct ThreadCtx {
   dim3 thread_idx;
+  const BlockView* view = nullptr;
   int linear = 0;  // x + y X + z X Y: the thread's rank in the block, warp = linear / 32
   BlockState* block = nullptr;
   // A collective's arguments in (written by the lane before it waits) and its result out.
@@ -75,13 +79,11 @@ struct ThreadCtx {
   float mma_c[4] = {}, mma_d[4] = {};
 };
 
-struct BlockView {
-  dim3 block_idx, block_dim, grid_dim;
-};
-
-// The emulated thread running on this OS thread (valid only inside a kernel body).
-ThreadCtx& current_thread();
-const BlockView& current_block();
+// The emulated thread running on this OS thread (valid only inside a kernel body): set by the
+// executor whenever it switches threads, read by every threadIdx and blockIdx (inline: hot).
+extern thread_local ThreadCtx* tls_thread;
+inline ThreadCtx& current_thread() { return *tls_thread; }
+inline const BlockView& current_block() { return *tls_thread->view; }
 
 // The block barrier (__syncthreads).
 void barrier();
