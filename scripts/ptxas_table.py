@@ -518,7 +518,7 @@ class Resolver:
                 blocks.add(self.value(l, l.block, env))
                 smems.add(self.value(l, l.smem, env))
             except EvalError as e:
-                warn(f"{fn.source}:{l.line}: {fn.name}: cannot evaluate the launch ({e})")
+                warn(f"{fn.source}:{l.line}: {fn.name}: cannot evaluate the launch ({e}): block size unknown")
                 blocks.add(None)
                 smems.add(None)
         if len(blocks) == 1 and None not in blocks:
@@ -531,7 +531,7 @@ class Resolver:
             fn.dyn_smem = smems.pop()
         elif not sites and fn.block_from == "bounds":
             fn.dyn_smem = 0  # a library kernel: CUB's kernels use static shared memory
-        if fn.block is None and fn.entry and not fn.name.startswith(LIBRARY_PREFIXES):
+        if fn.block is None and not sites and fn.entry and not fn.name.startswith(LIBRARY_PREFIXES):
             warn(f"{fn.name} ({fn.source}): no launch site found, block size unknown (occupancy '?')")
 
     @staticmethod
@@ -690,7 +690,7 @@ def report(funcs, archs, command, version):
                      f"memory (at most {lim.max_smem_per_block // 1024} KB per block), {lim.max_warps_per_sm} warps "
                      f"and {lim.max_blocks_per_sm} blocks per SM)\n\n" + table(funcs, a))
     notes = ("`*` block size from the kernel's `__launch_bounds__` (CUB launches its kernels itself, with that "
-             "size; their dynamic shared memory is 0). `?`: no launch site found in kernels/cuda/. "
+             "size; their dynamic shared memory is 0). `?`: no launch in kernels/cuda/ that the script could read. "
              "Spills are bytes per thread (ptxas's spill stores/loads). Shared memory per block counts 1 KB "
              "the system reserves; the occupancy assumes the largest shared-memory carveout. Limited by: the "
              "resources whose limit gives that many blocks (registers, shared memory, warps: the SM's 64, "
