@@ -670,11 +670,12 @@ def table(funcs, arch):
             o = f.occupancy
             blocks, warps = str(o.blocks), f"{o.warps} ({100 * o.warps // lim.max_warps_per_sm}%)"
             limit = "full" if o.warps == lim.max_warps_per_sm else ", ".join(o.limiters)
-            if occupancy(lim, f.regs + 1, f.block, f.smem, f.dyn_smem or 0).warps < o.warps:
-                limit += "; 1 more register: " + str(occupancy(lim, f.regs + 1, f.block, f.smem, f.dyn_smem or 0).warps)
+            one_more = occupancy(lim, f.regs + 1, f.block, f.smem, f.dyn_smem or 0).warps
+            if one_more < o.warps:
+                limit += f"; 1 more register: {one_more}"
         spill = f"**{f.spill_stores}/{f.spill_loads}**" if f.spills else "0/0"
-        out.append(f"| `{f.name}` | {os.path.basename(f.source)} | {block} | {f.regs} | {spill} | {f.stack} | {f.smem} | {dyn} "
-                   f"| {blocks} | {warps} | {limit} |")
+        out.append(f"| `{f.name}` | {os.path.basename(f.source)} | {block} | {f.regs} | {spill} | {f.stack} "
+                   f"| {f.smem} | {dyn} | {blocks} | {warps} | {limit} |")
     others = [f for f in funcs if f.arch == arch and not f.entry and (f.stack or f.spills)]
     for f in others:
         out.append(f"\nCalled function `{f.name}` ({f.source}): {f.stack} bytes stack frame, "
@@ -690,7 +691,8 @@ def report(funcs, archs, command, version):
                      f"memory (at most {lim.max_smem_per_block // 1024} KB per block), {lim.max_warps_per_sm} warps "
                      f"and {lim.max_blocks_per_sm} blocks per SM)\n\n" + table(funcs, a))
     notes = ("`*` block size from the kernel's `__launch_bounds__` (CUB launches its kernels itself, with that "
-             "size; their dynamic shared memory is 0). `?`: no launch in kernels/cuda/ that the script could read. "
+             "size; their dynamic shared memory is 0). `?`: no launch in kernels/cuda/ that the script could "
+             "read. "
              "Spills are bytes per thread (ptxas's spill stores/loads). Shared memory per block counts 1 KB "
              "the system reserves; the occupancy assumes the largest shared-memory carveout. Limited by: the "
              "resources whose limit gives that many blocks (registers, shared memory, warps: the SM's 64, "
