@@ -25,6 +25,7 @@
 
 #include "kernels/simt/runtime_api.h"
 #include "kernels/simt/stream.h"
+#include "kernels/simt/twin.h"
 #include "kernels/simt/types.h"
 
 namespace tessera::simt {
@@ -199,14 +200,17 @@ class Runtime {
     this_thread.last_error = e;
     if (!message.empty()) set_message(e, message);
   }
-  void set_message(cudaError_t e, const std::string& message) {
+  void set_message(cudaError_t e, const std::string& message) { set_message("cuda", e, message); }
+  const char* message(cudaError_t e) { return message("cuda", e); }
+  // The text of a library's status code (the runtime's own: "cuda").
+  void set_message(const std::string& library, int code, const std::string& message) {
     std::lock_guard<std::mutex> lock(messages_mu_);
     // Interned: a pointer cudaGetErrorString returned stays valid after the next error.
-    current_message_[e] = &*messages_.insert(message).first;
+    current_message_[{library, code}] = &*messages_.insert(message).first;
   }
-  const char* message(cudaError_t e) {
+  const char* message(const std::string& library, int code) {
     std::lock_guard<std::mutex> lock(messages_mu_);
-    auto it = current_message_.find(e);
+    auto it = current_message_.find({library, code});
     return it == current_message_.end() ? nullptr : it->second->c_str();
   }
   cudaError_t fail(cudaError_t e, const std::string& message) {
@@ -453,7 +457,7 @@ class Runtime {
 
   std::mutex messages_mu_;
   std::set<std::string> messages_;
-  std::map<int, const std::string*> current_message_;
+  std::map<std::pair<std::string, int>, const std::string*> current_message_;
 };
 
 // TESSERA_SIMT_DEVICES (default 1) devices of TESSERA_SIMT_DEVICE_MEMORY_GIB (default 16) GiB.
@@ -608,6 +612,17 @@ void enqueue(cudaStream_t s, std::string what, std::function<void()> work) {
 void set_last_error(cudaError_t e, const std::string& message) { runtime().set_last_error(e, message); }
 
 int current_device() { return this_thread.device; }
+
+// ---- kernels/simt/twin.h ----
+
+bool is_device_range(const void* p, size_t bytes) { return runtime().is_device_range(p, bytes); }
+
+void report(const char* library, int code, const std::string& message) {
+  std::fprintf(stderr, "tessera simt: %s\n", message.c_str());
+  runtime().set_message(library, code, message);
+}
+
+const char* reported(const char* library, int code) { return runtime().message(library, code); }
 
 }  // namespace tessera::simt
 
