@@ -25,6 +25,7 @@
 
 #include "kernels/simt/runtime_api.h"
 #include "kernels/simt/stream.h"
+#include "kernels/simt/twin.h"
 #include "kernels/simt/types.h"
 
 namespace tessera::simt {
@@ -199,14 +200,17 @@ class Runtime {
     this_thread.last_error = e;
     if (!message.empty()) set_message(e, message);
   }
-  void set_message(cudaError_t e, const std::string& message) {
+  void set_message(cudaError_t e, const std::string& message) { set_message("cuda", e, message); }
+  const char* message(cudaError_t e) { return message("cuda", e); }
+  // The text of a library's status code (the runtime's own: "cuda").
+  void set_message(const std::string& library, int code, const std::string& message) {
     std::lock_guard<std::mutex> lock(messages_mu_);
     // Interned: a pointer cudaGetErrorString returned stays valid after the next error.
-    current_message_[e] = &*messages_.insert(message).first;
+    current_message_[{library, code}] = &*messages_.insert(message).first;
   }
-  const char* message(cudaError_t e) {
+  const char* message(const std::string& library, int code) {
     std::lock_guard<std::mutex> lock(messages_mu_);
-    auto it = current_message_.find(e);
+    auto it = current_message_.find({library, code});
     return it == current_message_.end() ? nullptr : it->second->c_str();
   }
   cudaError_t fail(cudaError_t e, const std::string& message) {
@@ -453,7 +457,7 @@ class Runtime {
 
   std::mutex messages_mu_;
   std::set<std::string> messages_;
-  std::map<int, const std::string*> current_message_;
+  std::map<std::pair<std::string, int>, const std::string*> current_message_;
 };
 
 // TESSERA_SIMT_DEVICES (default 1) devices of TESSERA_SIMT_DEVICE_MEMORY_GIB (default 16) GiB.
@@ -564,7 +568,7 @@ cudaError_t check_copy(const char* call, void* dst, const void* src, size_t dst_
 cudaError_t queue_on(cudaStream_t s, const char* call, std::string what, std::function<void()> work, Ticket* t = nullptr) {
   Runtime& rt = runtime();
   CUstream_st* st = rt.resolve(s, call);
-  if (!st) return cudaGetLastError();
+  if (!st) return tessera::simt::this_thread.last_error;
   Device& d = *rt.device(st->device, call);
   if (const cudaError_t e = Runtime::sticky(d)) return rt.fail(e, "");
   const Ticket ticket = rt.enqueue(*st, std::move(what), std::move(work));
@@ -609,6 +613,17 @@ void set_last_error(cudaError_t e, const std::string& message) { runtime().set_l
 
 int current_device() { return this_thread.device; }
 
+// ---- kernels/simt/twin.h ----
+
+bool is_device_range(const void* p, size_t bytes) { return runtime().is_device_range(p, bytes); }
+
+void report(const char* library, int code, const std::string& message) {
+  std::fprintf(stderr, "tessera simt: %s\n", message.c_str());
+  runtime().set_message(library, code, message);
+}
+
+const char* reported(const char* library, int code) { return runtime().message(library, code); }
+
 }  // namespace tessera::simt
 
 using tessera::simt::Device;
@@ -628,7 +643,7 @@ cudaError_t cudaGetDeviceCount(int* count) {
 }
 
 cudaError_t cudaSetDevice(int device) {
-  if (!runtime().device(device, "cudaSetDevice")) return cudaGetLastError();
+  if (!runtime().device(device, "cudaSetDevice")) return tessera::simt::this_thread.last_error;
   tessera::simt::this_thread.device = device;
   return cudaSuccess;
 }
@@ -643,7 +658,7 @@ cudaError_t cudaGetDevice(int* device) {
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   Runtime& rt = runtime();
   if (!prop) return rt.fail(cudaErrorInvalidValue, "cudaGetDeviceProperties: prop is null");
-  if (!rt.device(device, "cudaGetDeviceProperties")) return cudaGetLastError();
+  if (!rt.device(device, "cudaGetDeviceProperties")) return tessera::simt::this_thread.last_error;
   cudaDeviceProp p{};
   std::snprintf(p.name, sizeof p.name, "tessera SIMT emulator (sm_90)");
   p.totalGlobalMem = rt.memory_limit();
@@ -685,13 +700,13 @@ cudaError_t cudaRuntimeGetVersion(int* runtimeVersion) {
 
 cudaError_t cudaDeviceSynchronize() {
   Device* d = tessera::simt::current("cudaDeviceSynchronize");
-  if (!d) return cudaGetLastError();
+  if (!d) return tessera::simt::this_thread.last_error;
   return tessera::simt::wait_all(*d, runtime().all_pending(*d));
 }
 
 cudaError_t cudaDeviceReset() {
   Device* d = tessera::simt::current("cudaDeviceReset");
-  if (!d) return cudaGetLastError();
+  if (!d) return tessera::simt::this_thread.last_error;
   runtime().synchronize(*d);
   std::lock_guard<std::mutex> lock(d->mu);
   d->faulted = false;
@@ -750,7 +765,7 @@ const char* cudaGetErrorName(cudaError_t error) {
 
 cudaError_t cudaMalloc(void** devPtr, size_t size) {
   Device* d = tessera::simt::current("cudaMalloc");
-  if (!d) return cudaGetLastError();
+  if (!d) return tessera::simt::this_thread.last_error;
   if (const cudaError_t e = Runtime::sticky(*d)) return runtime().fail(e, "");
   return runtime().allocate(*d, devPtr, size, "cudaMalloc");
 }
@@ -774,7 +789,7 @@ cudaError_t cudaFree(void* devPtr) {
 cudaError_t cudaMallocAsync(void** devPtr, size_t size, cudaStream_t stream) {
   Runtime& rt = runtime();
   CUstream_st* st = rt.resolve(stream, "cudaMallocAsync");
-  if (!st) return cudaGetLastError();
+  if (!st) return tessera::simt::this_thread.last_error;
   Device& d = *rt.device(st->device, "cudaMallocAsync");
   if (const cudaError_t e = Runtime::sticky(d)) return rt.fail(e, "");
   return rt.allocate(d, devPtr, size, "cudaMallocAsync");
@@ -791,7 +806,7 @@ cudaError_t cudaFreeAsync(void* devPtr, cudaStream_t stream) {
   CUstream_st* st = rt.resolve(stream, "cudaFreeAsync");
   if (!st) {  // no stream to free it on: free it now
     rt.release(devPtr, a);
-    return cudaGetLastError();
+    return tessera::simt::this_thread.last_error;
   }
   // Queued even on a faulted device, and run there: the host memory is released either way.
   rt.enqueue(*st, "cudaFreeAsync", [devPtr, a] { runtime().release(devPtr, a); }, true);
@@ -876,7 +891,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream, unsigned int flags)
   if (flags & ~unsigned(cudaStreamNonBlocking))
     return rt.fail(cudaErrorInvalidValue, "cudaStreamCreateWithFlags: unknown flags " + std::to_string(flags));
   Device* d = tessera::simt::current("cudaStreamCreate");
-  if (!d) return cudaGetLastError();
+  if (!d) return tessera::simt::this_thread.last_error;
   if (const cudaError_t e = Runtime::sticky(*d)) return rt.fail(e, "");
   *pStream = rt.create_stream(*d, (flags & cudaStreamNonBlocking) == 0);
   return cudaSuccess;
@@ -898,7 +913,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   Runtime& rt = runtime();
   CUstream_st* st = rt.resolve(stream, "cudaStreamSynchronize");
-  if (!st) return cudaGetLastError();
+  if (!st) return tessera::simt::this_thread.last_error;
   Device& d = *rt.device(st->device, "cudaStreamSynchronize");
   return tessera::simt::wait_all(d, rt.pending(d, *st));
 }
@@ -906,7 +921,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
   Runtime& rt = runtime();
   CUstream_st* st = rt.resolve(stream, "cudaStreamQuery");
-  if (!st) return cudaGetLastError();
+  if (!st) return tessera::simt::this_thread.last_error;
   Device& d = *rt.device(st->device, "cudaStreamQuery");
   if (const cudaError_t e = Runtime::sticky(d)) return rt.fail(e, "");
   for (const Ticket& t : rt.pending(d, *st))
@@ -964,7 +979,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (!marker) return cudaSuccess;
   tessera::simt::wait(marker->done);
   Device* d = tessera::simt::current("cudaEventSynchronize");
-  if (!d) return cudaGetLastError();
+  if (!d) return tessera::simt::this_thread.last_error;
   return Runtime::sticky(*d) ? runtime().fail(cudaErrorLaunchFailure, "") : cudaSuccess;
 }
 
@@ -972,7 +987,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   CUevent_st* e = tessera::simt::checked(event, "cudaEventQuery");
   if (!e) return cudaErrorInvalidResourceHandle;
   Device* d = tessera::simt::current("cudaEventQuery");
-  if (!d) return cudaGetLastError();
+  if (!d) return tessera::simt::this_thread.last_error;
   if (const cudaError_t err = Runtime::sticky(*d)) return runtime().fail(err, "");
   const auto marker = tessera::simt::latest(*e);
   if (!marker || tessera::simt::finished(marker->done)) return cudaSuccess;
