@@ -80,10 +80,6 @@ std::string unsupported_on_cuda(const Config& cfg) {
   if (cfg.data.document_mask)
     return on + "data.document_mask = true has no CUDA kernel (attention's document masking runs on the CPU); set "
                 "data.document_mask = false or train.device = \"cpu\"";
-  if (cfg.parallel.cp > 1)
-    return on + "parallel.cp = " + std::to_string(cfg.parallel.cp) +
-           " has no CUDA path yet (the ring's attention merge has no CUDA kernel); set parallel.cp = 1 or "
-           "train.device = \"cpu\"";
   if (!cfg.upscale.method.empty())
     return on + "[upscale] method = \"" + cfg.upscale.method +
            "\" (a growth in the run) gathers the model on the host and is not wired for a device; grow through a "

@@ -38,8 +38,7 @@ Device resolve_train_device(const std::string& device, MPI_Comm comm);
 // What a run on a CUDA device cannot do yet, as the refusal the trainer raises at start (every
 // rank alike: it depends on the config and the world size only), or "" when cfg trains there. Each
 // names the key: what has no CUDA kernel (the vision tower's bidirectional attention, document
-// masking, context parallelism's attention merge) or is wired on the host only (an in-run
-// growth).
+// masking) or is wired on the host only (an in-run growth).
 std::string unsupported_on_cuda(const Config& cfg);
 
 }  // namespace tessera

@@ -59,7 +59,12 @@ void attention_backward(const Exec& ex, const Tensor& dq, const Tensor& dk, cons
       op, ex,
       {{"dq", dq}, {"dk", dk}, {"dv", dv}, {"dout", dout}, {"q", q}, {"k", k}, {"v", v}, {"out", out}, {"lse", lse}});
   check_forward_args(op, d, out, lse, q, k, v);
-  for (const Tensor* t : {&dq, &dk, &dv, &dout}) check_same_dtype(op, *t, q);
+  check_same_dtype(op, dout, q);
+  // BF16: dq, dk, dv are F32 accumulators (repeated calls round in f32, not bf16); else q's dtype.
+  const DType grad = q.dtype == DType::BF16 ? DType::F32 : q.dtype;
+  check_dtype(op, "dq", dq, grad);
+  check_dtype(op, "dk", dk, grad);
+  check_dtype(op, "dv", dv, grad);
   check_shape(op, "dq", dq, q.shape);
   check_shape(op, "dout", dout, q.shape);
   check_shape(op, "dk", dk, k.shape);
@@ -81,7 +86,7 @@ void attention_merge(const Exec& ex, const Tensor& out, const Tensor& lse, const
   check_shape(op, "lse", lse, Shape{out.dim(0), out.dim(2), out.dim(1)});
   check_shape(op, "block_lse", block_lse, lse.shape);
   if (d.is_cpu()) return cpu::attention_merge(ex, out, lse, block_out, block_lse);
-  front::no_cuda_implementation(op);
+  TESSERA_CUDA_CALL(op, cuda::attention_merge(ex, out, lse, block_out, block_lse));
 }
 
 }  // namespace tessera

@@ -1,6 +1,8 @@
 // CUDA causal grouped-query attention (kernels/attention.h), two paths chosen by dtype:
 //
-// * BF16 (q, k, v, out, dout, dq, dk, dv bf16; lse f32): FlashAttention-2's scheme written by hand.
+// * BF16 (q, k, v, out, dout bf16; lse f32; dq, dk, dv f32): FlashAttention-2's scheme written by
+//   hand. The gradients are f32 accumulators: each call adds its f32 result to them, so repeated
+//   calls (the ring's key blocks) round once per addition in f32, never in bf16.
 //   Forward: a block of 4 warps owns 64 query rows of one (b, h); each warp 16 rows. Key tiles of
 //   64 pass through shared memory; S = Q K^T and O += P V run on the tensor cores with
 //   mma.sync.m16n8k16 (bf16 in, f32 accumulate), the online softmax in registers (base 2).
@@ -10,6 +12,11 @@
 //   first. The recomputation costs 7 tile products where FA2's atomic dq costs 5.
 // * F32: simple kernels, one warp per query row (forward, dq) or key row (dk, dv), keys visited
 //   one at a time with exact expf/logf: the path that checks against the CPU at 1e-5.
+// * attention_merge (F32; ring attention's merge of two key blocks' results): one warp per row,
+//   the CPU's formula in double.
+// Offsets into the tensors are 64-bit throughout (Geo's q_at, kv_at, lse_at; the row strides are
+// long long), so tensors of 2^31 elements and more are fine; the launch limits that remain are
+// the grids' (kernels/cuda/attention_limits.h).
 //
 // Why mma.sync and not WMMA: the FA2 scheme needs to know which thread holds which accumulator
 // element (row max and sum of the softmax, the causal mask, and reusing S's accumulator registers
@@ -34,8 +41,10 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <string>
 
 #include "kernels/check.h"
+#include "kernels/cuda/attention_limits.h"
 #include "kernels/cuda/cuda_ops.h"
 
 namespace tessera::cuda {
@@ -243,6 +252,37 @@ __global__ void dkdv_f32_kernel(float* dk, float* dv, const float* dout, const f
       dvj[d] += dv_acc[r];
     }
   }
+}
+
+// ======================== merge of two key blocks (ring attention) ========================
+
+// out, lse (B, T, H, D), (B, H, T) f32 merged with block_out, block_lse: the CPU's formula and
+// order (kernels/cpu/attention_merge.cpp), in double. One warp per (b, t, h) row, 4 per block, on
+// grid dimension x; lane 0 reads the row's two lse values and hands them to the others (every
+// lane has read them before lane 0 writes the merged one).
+__global__ void merge_f32_kernel(float* out, float* lse, const float* block_out, const float* block_lse, int T, int H,
+                                 int D, long long rows) {
+  const long long row = (long long)blockIdx.x * kRowWarps + threadIdx.x / 32;  // ((b T) + t) H + h
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;  // the whole warp: rows are per warp
+  const int h = static_cast<int>(row % H);
+  const long long bt = row / H;
+  const long long l = (bt / T * H + h) * T + bt % T;  // (B, H, T)
+  double a = 0, c = 0;
+  if (lane == 0) {
+    a = lse[l];
+    c = block_lse[l];
+  }
+  a = __shfl_sync(0xffffffffu, a, 0);
+  c = __shfl_sync(0xffffffffu, c, 0);
+  if (c == -INFINITY) return;  // the block saw no key: nothing changes
+  const double m = a < c ? c : a;  // std::max(a, c)
+  const double merged = m + log(exp(a - m) + exp(c - m));
+  const double wa = exp(a - merged), wc = exp(c - merged);  // wa = 0 when a = -inf
+  float* o = out + row * D;
+  const float* bo = block_out + row * D;
+  for (int i = lane; i < D; i += 32) o[i] = static_cast<float>(wa * o[i] + wc * bo[i]);
+  if (lane == 0) lse[l] = static_cast<float>(merged);
 }
 
 // ============================ BF16: tensor cores (mma.sync) ============================
@@ -468,9 +508,9 @@ struct DqTiles {
   static constexpr size_t kSmem = sizeof(bf16) * (2 * size_t(Br) * kLd + 2 * size_t(Bc) * kLd + size_t(D) * kLdT);
 };
 
-// dq (B, T, H, D) += scale dS K over the visible keys. Grid (B H, ceil(T / Br)), longest first.
+// dq (B, T, H, D) f32 += scale dS K over the visible keys. Grid (B H, ceil(T / Br)), longest first.
 template <int D>
-__global__ void __launch_bounds__(kThreads) dq_bf16_kernel(bf16* dq, const bf16* dout, const bf16* q, const bf16* k,
+__global__ void __launch_bounds__(kThreads) dq_bf16_kernel(float* dq, const bf16* dout, const bf16* q, const bf16* k,
                                                            const bf16* v, const float* lse, const float* delta,
                                                            Geo geo) {
   using F = DqTiles<D>;
@@ -555,13 +595,14 @@ __global__ void __launch_bounds__(kThreads) dq_bf16_kernel(bf16* dq, const bf16*
   for (int r = 0; r < 2; ++r) {
     const int i = row_i[r];
     if (i >= geo.T) continue;
-    bf16* dqi = dq + geo.q_at(b, i, h);
+    float* dqi = dq + geo.q_at(b, i, h);
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt) {
-      uint32_t* p = reinterpret_cast<uint32_t*>(dqi + dt * 8 + 2 * t);
-      const __nv_bfloat162 old = *reinterpret_cast<const __nv_bfloat162*>(p);
-      *p = pack_bf16(__bfloat162float(old.x) + geo.scale * acc[dt][2 * r],
-                     __bfloat162float(old.y) + geo.scale * acc[dt][2 * r + 1]);
+      float2* p = reinterpret_cast<float2*>(dqi + dt * 8 + 2 * t);  // 8-byte aligned: even column
+      float2 old = *p;
+      old.x += geo.scale * acc[dt][2 * r];
+      old.y += geo.scale * acc[dt][2 * r + 1];
+      *p = old;
     }
   }
 }
@@ -576,10 +617,10 @@ struct DkvTiles {
                                   2 * sizeof(float) * Br;
 };
 
-// dk, dv (B, S, KV, D) += the key tile's gradients, summed over the group's query heads and every
+// dk, dv (B, S, KV, D) f32 += the key tile's gradients, summed over the group's query heads and every
 // query tile that sees the key tile. Grid (B KV, ceil(S / Bc)); each block owns its dk/dv rows.
 template <int D>
-__global__ void __launch_bounds__(kThreads) dkdv_bf16_kernel(bf16* dk, bf16* dv, const bf16* dout, const bf16* q,
+__global__ void __launch_bounds__(kThreads) dkdv_bf16_kernel(float* dk, float* dv, const bf16* dout, const bf16* q,
                                                              const bf16* k, const bf16* v, const float* lse,
                                                              const float* delta, Geo geo) {
   using F = DkvTiles<D>;
@@ -682,17 +723,19 @@ __global__ void __launch_bounds__(kThreads) dkdv_bf16_kernel(bf16* dk, bf16* dv,
   for (int r = 0; r < 2; ++r) {
     const int j = row_j[r];
     if (j >= geo.S) continue;
-    bf16* dkj = dk + geo.kv_at(b, j, kvh);
-    bf16* dvj = dv + geo.kv_at(b, j, kvh);
+    float* dkj = dk + geo.kv_at(b, j, kvh);
+    float* dvj = dv + geo.kv_at(b, j, kvh);
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt) {
-      uint32_t* pk = reinterpret_cast<uint32_t*>(dkj + dt * 8 + 2 * t);
-      uint32_t* pv = reinterpret_cast<uint32_t*>(dvj + dt * 8 + 2 * t);
-      const __nv_bfloat162 ok = *reinterpret_cast<const __nv_bfloat162*>(pk);
-      const __nv_bfloat162 ov = *reinterpret_cast<const __nv_bfloat162*>(pv);
-      *pk = pack_bf16(__bfloat162float(ok.x) + geo.scale * dk_acc[dt][2 * r],
-                      __bfloat162float(ok.y) + geo.scale * dk_acc[dt][2 * r + 1]);
-      *pv = pack_bf16(__bfloat162float(ov.x) + dv_acc[dt][2 * r], __bfloat162float(ov.y) + dv_acc[dt][2 * r + 1]);
+      float2* pk = reinterpret_cast<float2*>(dkj + dt * 8 + 2 * t);  // 8-byte aligned: even column
+      float2* pv = reinterpret_cast<float2*>(dvj + dt * 8 + 2 * t);
+      float2 ok = *pk, ov = *pv;
+      ok.x += geo.scale * dk_acc[dt][2 * r];
+      ok.y += geo.scale * dk_acc[dt][2 * r + 1];
+      ov.x += dv_acc[dt][2 * r];
+      ov.y += dv_acc[dt][2 * r + 1];
+      *pk = ok;
+      *pv = ov;
     }
   }
 }
@@ -704,14 +747,12 @@ void check_launch(const char* op) { check_cuda_call(op, cudaGetLastError()); }
 
 unsigned ceil_div(long long n, long long d) { return static_cast<unsigned>((n + d - 1) / d); }
 
-// Geometry limits of the kernels' int indices and grid dimensions.
-void check_sizes(const char* op, const Geo& g) {
-  TESSERA_CHECK((long long)g.B * g.T * g.H * g.D < (1ll << 31) && (long long)g.B * g.S * g.KV * g.D < (1ll << 31), op,
-                ": the CUDA kernel indexes with 32-bit rows; tensor too large");
-  TESSERA_CHECK(ceil_div(g.T, 64) <= 65535 && ceil_div(g.S, 64) <= 65535, op, ": sequence too long for one launch");
-  // The row kernels (f32 path, delta) put (b, h) and (b, kv head) on the grid's y axis.
-  TESSERA_CHECK((long long)g.B * g.H <= 65535, op, ": B x H = ", (long long)g.B * g.H,
-                " exceeds the 65535 blocks of a grid's y axis");
+// The launch limits (kernels/cuda/attention_limits.h) of q (B, T, H, D), k (B, S, KV, D), on the
+// tensors' 64-bit sizes, before geometry() narrows them to int.
+void check_sizes(const char* op, const Tensor& q, const Tensor& k, bool backward) {
+  const std::string e = attention_launch_error({q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3)},
+                                               q.dtype == DType::BF16, backward);
+  TESSERA_CHECK(e.empty(), op, ": ", e);
 }
 
 // The bf16 kernels' requirements beyond the front's checks.
@@ -757,10 +798,10 @@ void backward_bf16(const char* op, cudaStream_t st, const Tensor& dq, const Tens
   allow_smem(op, dq_bf16_kernel<D>, Q::kSmem);
   allow_smem(op, dkdv_bf16_kernel<D>, KV::kSmem);
   dq_bf16_kernel<D><<<dim3(g.B * g.H, ceil_div(g.T, Q::Br)), kThreads, Q::kSmem, st>>>(
-      as<bf16>(dq), as<bf16>(dout), as<bf16>(q), as<bf16>(k), as<bf16>(v), as<float>(lse), delta, g);
+      as<float>(dq), as<bf16>(dout), as<bf16>(q), as<bf16>(k), as<bf16>(v), as<float>(lse), delta, g);
   check_launch(op);
   dkdv_bf16_kernel<D><<<dim3(g.B * g.KV, ceil_div(g.S, KV::Bc)), kThreads, KV::kSmem, st>>>(
-      as<bf16>(dk), as<bf16>(dv), as<bf16>(dout), as<bf16>(q), as<bf16>(k), as<bf16>(v), as<float>(lse), delta, g);
+      as<float>(dk), as<float>(dv), as<bf16>(dout), as<bf16>(q), as<bf16>(k), as<bf16>(v), as<float>(lse), delta, g);
   check_launch(op);
 }
 
@@ -785,9 +826,9 @@ class DeltaScratch {
 void attention_forward(const Exec& ex, const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
                        const Tensor& v, int64_t q_offset, int64_t k_offset) {
   const char* op = "attention_forward";
+  if (q.dim(0) * q.dim(1) * q.dim(2) == 0) return;
+  check_sizes(op, q, k, false);
   const Geo g = geometry(q, k, q_offset, k_offset);
-  if ((long long)g.B * g.T * g.H == 0) return;
-  check_sizes(op, g);
   use_device(op, ex);
   cudaStream_t st = ex.stream;
   if (q.dtype == DType::BF16) {
@@ -807,9 +848,9 @@ void attention_backward(const Exec& ex, const Tensor& dq, const Tensor& dk, cons
                         const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         int64_t q_offset, int64_t k_offset) {
   const char* op = "attention_backward";
+  if (q.dim(0) * q.dim(1) * q.dim(2) == 0 || k.dim(1) == 0) return;
+  check_sizes(op, q, k, true);
   const Geo g = geometry(q, k, q_offset, k_offset);
-  if ((long long)g.B * g.T * g.H == 0 || g.S == 0) return;
-  check_sizes(op, g);
   use_device(op, ex);
   cudaStream_t st = ex.stream;
   const bool bf = q.dtype == DType::BF16;
@@ -836,6 +877,22 @@ void attention_backward(const Exec& ex, const Tensor& dq, const Tensor& dk, cons
   dkdv_f32_kernel<<<dim3(ceil_div(g.S, kRowWarps), g.B * g.KV), 32 * kRowWarps, 0, st>>>(
       as<float>(dk), as<float>(dv), as<float>(dout), as<float>(q), as<float>(k), as<float>(v), as<float>(lse),
       delta.get(), g);
+  check_launch(op);
+}
+
+void attention_merge(const Exec& ex, const Tensor& out, const Tensor& lse, const Tensor& block_out,
+                     const Tensor& block_lse) {
+  const char* op = "attention_merge";
+  TESSERA_CHECK(out.dtype == DType::F32, op, ": the CUDA backend merges in f32, got ", dtype_name(out.dtype),
+                " (f64 is the CPU's reference path)");
+  const long long rows = out.dim(0) * out.dim(1) * out.dim(2);
+  if (rows == 0) return;
+  const std::string e = attention_merge_launch_error(out.dim(0), out.dim(1), out.dim(2), out.dim(3));
+  TESSERA_CHECK(e.empty(), op, ": ", e);
+  use_device(op, ex);
+  merge_f32_kernel<<<ceil_div(rows, kRowWarps), 32 * kRowWarps, 0, ex.stream>>>(
+      as<float>(out), as<float>(lse), as<float>(block_out), as<float>(block_lse), static_cast<int>(out.dim(1)),
+      static_cast<int>(out.dim(2)), static_cast<int>(out.dim(3)), rows);
   check_launch(op);
 }
 

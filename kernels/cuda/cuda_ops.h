@@ -4,7 +4,8 @@
 // what needs the data (ids in range) and its dtype (f32; the CPU's f64 reference path has no
 // CUDA twin). Every op is queued on ex.stream and returns before it finishes. Plain C++
 // declarations: the fronts include this without CUDA headers. Each family's kernels are
-// kernels/cuda/<family>.cu. Attention has no CUDA kernel here yet (its front says so).
+// kernels/cuda/<family>.cu. An op with no CUDA kernel is refused by its front
+// (front::no_cuda_implementation): attention's document masking is the one left.
 #pragma once
 
 #include <cstdint>
@@ -93,11 +94,14 @@ void adamw_update(const Exec& ex, const Tensor& params, const Tensor& grads, con
                   const AdamWStep& s, const Tensor& compute);
 
 // attention.h (kernels/cuda/attention.cu): F32 (simple, exact exp) or BF16 (tensor cores, lse F32,
-// head dims 64 and 128, 16-byte aligned tensors).
+// the backward's dq, dk, dv F32 accumulators, head dims 64 and 128, 16-byte aligned tensors); the
+// launch limits in kernels/cuda/attention_limits.h. attention_merge: F32, the CPU's formula in double.
 void attention_forward(const Exec& ex, const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
                        const Tensor& v, int64_t q_offset, int64_t k_offset);
 void attention_backward(const Exec& ex, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                         const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         int64_t q_offset, int64_t k_offset);
+void attention_merge(const Exec& ex, const Tensor& out, const Tensor& lse, const Tensor& block_out,
+                     const Tensor& block_lse);
 
 }  // namespace tessera::cuda

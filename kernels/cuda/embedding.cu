@@ -2,7 +2,10 @@
 // float atomics: the positions are sorted by token id (CUB's stable radix sort), and the first
 // position of each id's run adds the run's rows into the table row in position order, so each
 // table row has one writer and the sums come out as the CPU's (same order, bit for bit).
+// CUB's sort takes an int count and the positions are int32: B x T above INT_MAX is refused.
 #include <cub/device/device_radix_sort.cuh>
+
+#include <climits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -92,10 +95,14 @@ void embedding_backward(const Exec& ex, const Tensor& dwte, const Tensor& dwpe, 
                         const Tensor& tokens, int64_t pos_offset, const VocabShard& shard) {
   const char* op = "embedding_backward";
   require_f32(op, dwte);
+  const int64_t B = tokens.dim(0), T = tokens.dim(1), C = dwte.dim(1), BT = B * T;
+  // Before anything reads the tokens: CUB's radix sort counts items in an int and the sorted
+  // positions are int32 (splitting the sort would break the one-writer, position-order sums).
+  TESSERA_CHECK(BT <= INT_MAX, op, ": B x T = ", B, " x ", T, " = ", BT, " positions exceed the CUDA backward's limit of ",
+                INT_MAX, " (CUB's int item count and int32 positions); use smaller micro-batches");
   use_device(op, ex);
   const VocabShard s = shard.resolved(dwte.dim(0));
   check_token_ids(op, ex, tokens, s.vocab);
-  const int64_t B = tokens.dim(0), T = tokens.dim(1), C = dwte.dim(1), BT = B * T;
   if (BT == 0 || C == 0) return;
   cudaStream_t st = stream_of(ex);
 

@@ -125,12 +125,13 @@ int main(int argc, char** argv) {
     const int64_t H = c.H, D = c.D, KV = H;
     const size_t nq = size_t(B * T * H * D);
     DeviceBuf q(nq, 2, 1, true), k(nq, 2, 2, true), v(nq, 2, 3, true), dout(nq, 2, 4, true);
-    DeviceBuf out(nq, 2, 0, false), dq(nq, 2, 0, false), dk(nq, 2, 0, false), dv(nq, 2, 0, false);
+    DeviceBuf out(nq, 2, 0, false), dq(nq, 4, 0, false), dk(nq, 4, 0, false), dv(nq, 4, 0, false);  // f32 grads
     DeviceBuf lse(size_t(B * H * T), 4, 0, false);
     const Shape qs{B, T, H, D}, ks{B, T, KV, D};
     auto bf = [&](const DeviceBuf& b, const Shape& s) { return Tensor(b.p, DType::BF16, s, Device::cuda(0)); };
     const Tensor tq = bf(q, qs), tk = bf(k, ks), tv = bf(v, ks), tout = bf(out, qs), tdout = bf(dout, qs);
-    const Tensor tdq = bf(dq, qs), tdk = bf(dk, ks), tdv = bf(dv, ks);
+    auto f32 = [&](const DeviceBuf& b, const Shape& s) { return Tensor(b.p, DType::F32, s, Device::cuda(0)); };
+    const Tensor tdq = f32(dq, qs), tdk = f32(dk, ks), tdv = f32(dv, ks);
     const Tensor tlse(lse.p, DType::F32, {B, H, T}, Device::cuda(0));
     try {
       const double fwd = median_ms(

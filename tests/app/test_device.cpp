@@ -102,6 +102,9 @@ TEST(UnsupportedOnCuda, NamesTheKey) {
   c.parallel.pp = 2;
   c.train.dtype = "bf16";  // cuBLASLt's bf16 GEMMs, fp32 attention (docs/cuda.md)
   EXPECT_EQ(unsupported_on_cuda(c), "");
+  c.parallel.cp = 2;  // the ring's merge has a CUDA kernel (attention_merge)
+  c.parallel.cp_comm = "allgather";
+  EXPECT_EQ(unsupported_on_cuda(c), "");
   const auto refusal = [&](const std::function<void(Config&)>& set) {
     Config k;
     set(k);
@@ -110,7 +113,6 @@ TEST(UnsupportedOnCuda, NamesTheKey) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {refusal([](Config& k) { k.model.kind = "vlm"; }), "model.kind = \"vlm\""},
       {refusal([](Config& k) { k.data.document_mask = true; }), "data.document_mask = true"},
-      {refusal([](Config& k) { k.parallel.cp = 2; }), "parallel.cp = 2"},
       {refusal([](Config& k) { k.upscale.method = "solar"; }), "[upscale] method = \"solar\""},
   };
   for (const auto& [message, key] : cases) {

@@ -119,6 +119,38 @@ HostTensor<int32_t> targets_with_ignored(int64_t N, int32_t V, uint64_t seed, st
   return t;
 }
 
+}  // namespace
+
+// The merge's weights are two exps and a log of lse differences, computed in double on every
+// backend from the same float-rounded inputs; a float backend rounds each result once: 2^-24 =
+// 6e-8 of the row's magnitude. 1e-7. lse in [-20, 20): some rows dominated by one side (weights
+// down to e^-40), most mixed. Rows r with r % 5 == 1 have lse = -inf (and out = 0, as the forward
+// leaves a row that saw no key), rows with r % 7 == 2 block_lse = -inf (the block saw no key: the
+// row must stay as it is, whatever block_out holds), rows with both (r = 16, 51, ...) stay -inf.
+OpCase attention_merge_case(const std::string& name, Shape shape, uint64_t seed) {
+  return {name, 1e-7, [shape, seed](OpRunner& r) {
+    const int64_t B = shape[0], T = shape[1], H = shape[2], D = shape[3];
+    HostTensor<double> out = uniform(shape, seed), block_out = uniform(shape, seed + 1);
+    HostTensor<double> lse = uniform({B, H, T}, seed + 2, -20, 20), block_lse = uniform({B, H, T}, seed + 3, -20, 20);
+    const double inf = std::numeric_limits<double>::infinity();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t row = (b * T + t) * H + h, l = (b * H + h) * T + t;
+          if (row % 5 == 1) {
+            lse[l] = -inf;
+            for (int64_t d = 0; d < D; ++d) out[row * D + d] = 0;
+          }
+          if (row % 7 == 2) block_lse[l] = -inf;
+        }
+    const Tensor o = r.in(out), l = r.in(lse);
+    attention_merge(r.ex(), o, l, r.in(block_out), r.in(block_lse));
+    return std::vector<OpOutput>{{"out", r.read(o)}, {"lse", r.read(l)}};
+  }};
+}
+
+namespace {
+
 std::vector<OpCase> make_cases() {
   std::vector<OpCase> cases;
 
@@ -270,6 +302,8 @@ std::vector<OpCase> make_cases() {
     attention_backward(r.ex(), dq, dk, dv, dout, in.q, in.k, in.v, out, lse, 64, 0);
     return std::vector<OpOutput>{{"dq", r.read(dq)}, {"dk", r.read(dk)}, {"dv", r.read(dv)}};
   }});
+
+  cases.push_back(attention_merge_case("attention_merge", {2, 9, 3, 40}, 140));  // D > 32: lanes loop
 
   // ---- embedding.h ----
 

@@ -64,6 +64,10 @@ struct OpCase {
 // Every case, in a fixed order.
 const std::vector<OpCase>& op_cases();
 
+// attention_merge of a running out, lse (shape: (B, T, H, D)) with a further key block's, with rows
+// whose lse, block_lse or both are -inf: one of op_cases(), and the CUDA backend's larger one.
+OpCase attention_merge_case(const std::string& name, Shape shape, uint64_t seed);
+
 // A backend to hold to the reference: its device and the dtype it computes in.
 struct BackendUnderTest {
   std::string name;  // "cpu_f32"

@@ -146,7 +146,8 @@ TEST(CudaTraining, Bf16TracksFp32) {
 }
 
 // Several ranks on one GPU with parallel.comm = "mpi" (device tensors staged through pinned host
-// buffers): dp 2 (and ZeRO-1), tp 2 with sequence parallelism and pp 2 against the 1-rank CUDA run,
+// buffers): dp 2 (and ZeRO-1), tp 2 with sequence parallelism, pp 2 and cp 2 (ring and all-gather:
+// context attention on device tensors, the CUDA attention_merge) against the 1-rank CUDA run,
 // losses and checkpoints within the CPU layouts' 1e-5 (the same kernels on both sides; only the
 // reduction order differs). Registered by hand, labels gpu;mpi (tests/CMakeLists.txt).
 TEST(CudaTrainingLayouts, RanksSharingOneGpuMatchOneRank) {
@@ -164,7 +165,9 @@ TEST(CudaTrainingLayouts, RanksSharingOneGpuMatchOneRank) {
   for (const Layout& l : {Layout{"dp2", {"--set", "parallel.dp=2"}},
                           Layout{"dp2_zero", {"--set", "parallel.dp=2", "--set", "parallel.zero=1"}},
                           Layout{"tp2_sp", {"--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=true"}},
-                          Layout{"pp2", {"--set", "parallel.pp=2"}}}) {
+                          Layout{"pp2", {"--set", "parallel.pp=2"}},
+                          Layout{"cp2_ring", {"--set", "parallel.cp=2"}},
+                          Layout{"cp2_allgather", {"--set", "parallel.cp=2", "--set", "parallel.cp_comm=\"allgather\""}}}) {
     r = testing::train_run(dir, "tiny.toml", l.name, 2, settings(6, with(kCuda, l.sets)));
     ASSERT_EQ(r.exit_code, 0) << l.name << ": " << r.output;
     testing::expect_losses_near(testing::losses(dir / l.name / "metrics.jsonl"), want, 1e-5, l.name);

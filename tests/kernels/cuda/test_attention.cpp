@@ -8,15 +8,18 @@
 //   gradient sums over <= 600 query rows) with exact expf/logf, against an f64 reference; f32's
 //   unit roundoff is 6e-8, and sums of n terms lose about sqrt(n) of it: about 1e-6 here.
 // * BF16 1e-2: inputs are rounded to bf16 before both runs, so the difference is the GPU's own
-//   rounding: P (and dS) rounded to bf16 (unit roundoff 2^-9 = 2e-3) before the second tile
-//   product, and the result rounded to bf16 once more when stored (another 2e-3): about 4e-3 in
-//   the worst element, 1e-2 leaves a margin of 2.5 without hiding an indexing error (those are
-//   O(1)). The backward is fed the CPU forward's out (rounded to bf16) and lse on both sides.
+//   rounding: P (and dS) rounded to bf16 (unit roundoff 2^-8 = 3.9e-3 per element, averaging out
+//   in the sums that follow) before the second tile product, and the forward's out rounded to
+//   bf16 once more when stored (the backward adds into f32 dq, dk, dv): the tile model
+//   (scripts/attention_tile_model.py) shows 2e-3 to 3e-3 for out and about 1e-3 for the
+//   gradients; 1e-2 leaves a margin without hiding an indexing error (those are O(1)). The
+//   backward is fed the CPU forward's out (rounded to bf16) and lse on both sides.
 // Outputs of the forward are poisoned with NaN before each call; every output buffer has a guard
 // tail that must come back untouched (a write past the tensor fails the test).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -213,13 +216,15 @@ void run_backward(const Case& c, DType dt, double tol) {
   for (double& x : out) x = dt == DType::BF16 ? from_bf16(to_bf16(static_cast<float>(x))) : static_cast<float>(x);
   for (double& x : lse) x = static_cast<float>(x);
   const std::vector<double> dout = random_values({c.B, c.T, c.H, c.D}, 77, dt);
-  // dq, dk, dv are accumulated (+=): start from random values, the same on both sides.
-  std::vector<double> dq = random_values({c.B, c.T, c.H, c.D}, 78, dt), dk = random_values({c.B, c.S, c.KV, c.D}, 79, dt),
-                      dv = random_values({c.B, c.S, c.KV, c.D}, 80, dt);
+  // dq, dk, dv are accumulated (+=): start from random values, the same on both sides. They are
+  // F32 on both paths (the bf16 path's f32 accumulators).
+  const DType gt = DType::F32;
+  std::vector<double> dq = random_values({c.B, c.T, c.H, c.D}, 78, gt), dk = random_values({c.B, c.S, c.KV, c.D}, 79, gt),
+                      dv = random_values({c.B, c.S, c.KV, c.D}, 80, gt);
 
   DeviceTensor gq(dt, {c.B, c.T, c.H, c.D}), gk(dt, {c.B, c.S, c.KV, c.D}), gv(dt, {c.B, c.S, c.KV, c.D});
   DeviceTensor gout(dt, {c.B, c.T, c.H, c.D}), glse(DType::F32, {c.B, c.H, c.T}), gdout(dt, {c.B, c.T, c.H, c.D});
-  DeviceTensor gdq(dt, {c.B, c.T, c.H, c.D}), gdk(dt, {c.B, c.S, c.KV, c.D}), gdv(dt, {c.B, c.S, c.KV, c.D});
+  DeviceTensor gdq(gt, {c.B, c.T, c.H, c.D}), gdk(gt, {c.B, c.S, c.KV, c.D}), gdv(gt, {c.B, c.S, c.KV, c.D});
   gq.upload(in.q);
   gk.upload(in.k);
   gv.upload(in.v);
@@ -283,6 +288,134 @@ TEST(CudaAttention, BackwardF32MatchesCpu) {
 TEST(CudaAttention, BackwardBf16MatchesCpu) {
   REQUIRE_GPU();
   for (const Case& c : kCases) run_backward(c, DType::BF16, kTolBf16);
+}
+
+// ---- Ring-style accumulation: 8 bf16 backward calls adding into the same f32 dq, dk, dv ----
+//
+// What context parallelism does to the gradients (parallel/context_attention.cpp): one
+// attention_backward per key block, each adding into the same dq (and the key block's dk, dv
+// receive every query chunk's share). Here: 80 queries at positions 448..527 (H 4, KV 2), 8 key
+// blocks of 64 at k_offset 0, 64, ..., 448 (block 7 on the diagonal, masked in part), the merged
+// out and lse of all 512 keys (the CPU forward in f64, rounded to bf16 and f32 as the ring hands
+// them over), and all 8 calls adding into one dq (1, 80, 4, D) and one dk, dv (1, 64, 2, D). The
+// reference is the CPU's f64 backward of each call from zero (its contribution c_s), summed in
+// double. The gradients start at bf16 values of magnitude [4 R, 8 R), R = max |sum_s c_s| per
+// tensor: gradients that already hold earlier contributions (the later steps of a longer ring).
+//
+// Error: max |got - (start + sum_s c_s)| / Mtot, Mtot = sum_s max |c_s|. Bound 5e-3: each call's
+// error is its own rounding (P and dS to bf16 before the second products, unit roundoff
+// 2^-8 = 3.9e-3 per element and averaging out in the sums: the single-call bound), at most
+// 2^-8 max |c_s|; added over the calls, <= 3.9e-3 Mtot. The f32 accumulators add one rounding per
+// call of at most 2^-24 |acc| <= 2^-24 (8 R + Mtot), 8 in all: < 1e-5 Mtot (R <= Mtot). The tile
+// model (scripts/attention_tile_model.py, its last part) gives 3.5e-4 to 6e-4 here.
+// The old scheme (bf16 dq, dk, dv; each call rounding the running sum to bf16) fails this: each
+// call's store rounds a value of magnitude >= 4 R to bf16, an error uniform within half an ulp,
+// which is 2^-8 to 2^-9 of the value, so R / 128 to R / 32 per call; 8 such roundings compound to
+// R / 20 .. R / 8 in the worst of the ~10^4 elements, against Mtot of 2.5 R to 4.5 R here: 1e-2 to
+// 5e-2, and the tile model measures 3.3e-2 to 4.7e-2 (7 to 9 times the bound; from a zero start
+// the increments are large against the running sum and it measures 2e-3: compounding needs a
+// total that has grown, as in a long ring).
+void run_ring_accumulation(int64_t D) {
+  SCOPED_TRACE(::testing::Message() << "ring accumulation D " << D);
+  constexpr int64_t kBlocks = 8, kBlock = 64, T = 80, H = 4, KV = 2, q_offset = 448;
+  constexpr double kTol = 5e-3;
+  const Case all{1, T, kBlocks * kBlock, H, KV, D, q_offset, 0};  // every key: the merged forward
+  const Inputs in = make_inputs(all, DType::BF16, 3000 + uint64_t(D));
+  std::vector<double> out, lse;
+  cpu_forward(all, in, out, lse);
+  for (double& x : out) x = from_bf16(to_bf16(static_cast<float>(x)));
+  for (double& x : lse) x = static_cast<float>(x);
+  std::vector<double> dout = random_values({1, T, H, D}, 81, DType::BF16);
+  const Shape qs{1, T, H, D}, ks{1, kBlock, KV, D};
+  const size_t block_numel = size_t(kBlock * KV * D);
+
+  // The reference: each call's contribution from zero (f64), summed; Mtot per tensor.
+  std::vector<double> tot[3] = {std::vector<double>(size_t(qs.numel())), std::vector<double>(block_numel),
+                                std::vector<double>(block_numel)};
+  double mtot[3] = {0, 0, 0};
+  std::vector<double> q = in.q;
+  for (int64_t s = 0; s < kBlocks; ++s) {
+    std::vector<double> k(in.k.begin() + s * block_numel, in.k.begin() + (s + 1) * block_numel);
+    std::vector<double> v(in.v.begin() + s * block_numel, in.v.begin() + (s + 1) * block_numel);
+    std::vector<double> c[3] = {std::vector<double>(size_t(qs.numel())), std::vector<double>(block_numel),
+                                std::vector<double>(block_numel)};
+    attention_backward(testing::kCpu, Tensor(c[0].data(), DType::F64, qs), Tensor(c[1].data(), DType::F64, ks),
+                       Tensor(c[2].data(), DType::F64, ks), Tensor(dout.data(), DType::F64, qs),
+                       Tensor(q.data(), DType::F64, qs), Tensor(k.data(), DType::F64, ks),
+                       Tensor(v.data(), DType::F64, ks), Tensor(out.data(), DType::F64, qs),
+                       Tensor(lse.data(), DType::F64, {1, H, T}), q_offset, s * kBlock);
+    for (int x = 0; x < 3; ++x) {
+      double m = 0;
+      for (size_t i = 0; i < c[x].size(); ++i) {
+        tot[x][i] += c[x][i];
+        m = std::max(m, std::abs(c[x][i]));
+      }
+      mtot[x] += m;
+    }
+  }
+  // The start: bf16 values of magnitude [4 R, 8 R), random signs.
+  std::vector<double> start[3];
+  for (int x = 0; x < 3; ++x) {
+    double R = 0;
+    for (double t : tot[x]) R = std::max(R, std::abs(t));
+    start[x] = random_values({int64_t(tot[x].size())}, 90 + uint64_t(x), DType::F32);
+    for (double& y : start[x]) y = from_bf16(to_bf16(static_cast<float>((y < 0 ? -4 : 4) * R * (1 + std::abs(y)))));
+  }
+
+  DeviceTensor gq(DType::BF16, qs), gk(DType::BF16, {1, kBlocks * kBlock, KV, D}),
+      gv(DType::BF16, {1, kBlocks * kBlock, KV, D});
+  DeviceTensor gout(DType::BF16, qs), glse(DType::F32, {1, H, T}), gdout(DType::BF16, qs);
+  DeviceTensor gdq(DType::F32, qs), gdk(DType::F32, ks), gdv(DType::F32, ks);
+  gq.upload(in.q);
+  gk.upload(in.k);
+  gv.upload(in.v);
+  gout.upload(out);
+  glse.upload(lse);
+  gdout.upload(dout);
+  gdq.upload(start[0]);
+  gdk.upload(start[1]);
+  gdv.upload(start[2]);
+  const Exec ex = Exec::cuda(0);
+  const auto block = [&](const DeviceTensor& t, int64_t s) {  // rows [64 s, 64 s + 64) of (1, 512, KV, D)
+    return t.t().view({kBlocks * kBlock, KV * D}).slice_rows(s * kBlock, (s + 1) * kBlock).view(ks);
+  };
+  for (int64_t s = 0; s < kBlocks; ++s)
+    attention_backward(ex, gdq.t(), gdk.t(), gdv.t(), gdout.t(), gq.t(), block(gk, s), block(gv, s), gout.t(),
+                       glse.t(), q_offset, s * kBlock);
+  synchronize(ex);
+  check(cudaGetLastError());
+
+  const char* names[3] = {"dq", "dk", "dv"};
+  const std::vector<double> got[3] = {gdq.download(), gdk.download(), gdv.download()};
+  for (int x = 0; x < 3; ++x) {
+    ASSERT_EQ(got[x].size(), tot[x].size());
+    double err = 0;
+    for (size_t i = 0; i < got[x].size(); ++i) {
+      const double d = std::abs(got[x][i] - (start[x][i] + tot[x][i]));
+      err = std::isnan(d) ? std::numeric_limits<double>::infinity() : std::max(err, d);
+    }
+    EXPECT_LE(err / mtot[x], kTol) << names[x] << " (D " << D << "): error " << err << ", Mtot " << mtot[x];
+  }
+}
+
+TEST(CudaAttention, Bf16BackwardAccumulatesRingStepsInF32) {
+  REQUIRE_GPU();
+  run_ring_accumulation(64);
+  run_ring_accumulation(128);
+}
+
+// The bf16 backward's gradients are f32 accumulators: bf16 ones are refused, naming them.
+TEST(CudaAttention, Bf16BackwardNeedsF32Gradients) {
+  REQUIRE_GPU();
+  const Shape s{1, 8, 1, 64};
+  DeviceTensor q(DType::BF16, s), k(DType::BF16, s), v(DType::BF16, s), out(DType::BF16, s), dout(DType::BF16, s);
+  DeviceTensor lse(DType::F32, {1, 1, 8}), dq(DType::BF16, s), dk(DType::F32, s), dv(DType::F32, s);
+  try {
+    attention_backward(Exec::cuda(0), dq.t(), dk.t(), dv.t(), dout.t(), q.t(), k.t(), v.t(), out.t(), lse.t(), 0, 0);
+    FAIL() << "expected an Error for a bf16 dq";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dq"), std::string::npos) << e.what();
+  }
 }
 
 // The bf16 kernels' limits are errors naming the op and the value, not wrong results.

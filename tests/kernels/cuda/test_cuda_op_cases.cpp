@@ -28,7 +28,8 @@ HostTensor<double> uniform(Shape s, uint64_t seed, double lo = -1.0, double hi =
 // Shapes past the CUDA kernels' boundaries: rows longer than a block (256 threads), more rows
 // than one chunk of the column sums (64) and than a block of the elementwise grid, a vocabulary
 // of GPT-2's size, reductions over more than one grid's worth of elements, embeddings with long
-// runs of one id (the sorted backward), GEMMs with no dimension a multiple of a tile.
+// runs of one id (the sorted backward), GEMMs with no dimension a multiple of a tile, attention's
+// merge over rows longer than a warp.
 std::vector<OpCase> large_cases() {
   std::vector<OpCase> cases;
   // K = 519 products per element: ~sqrt(K) eps = 1.4e-6 typically, K eps = 3e-5 at worst; 2e-5
@@ -131,6 +132,9 @@ std::vector<OpCase> large_cases() {
     embedding_backward(r.ex(), dwte, dwpe, dout, tokens, 7);
     return std::vector<OpOutput>{{"out", r.read(out)}, {"dwte", r.read(dwte)}, {"dwpe", r.read(dwpe)}};
   }});
+  // attention_merge over 2 x 301 x 3 rows (451.5 blocks of 4: the last one partly filled) of
+  // D = 128 (each lane 4 elements), -inf rows as the small case: its tolerance (1e-7).
+  cases.push_back(attention_merge_case("attention_merge_large", {2, 301, 3, 128}, 141));
   // 1,000,003 float-rounded values summed in double over 1024 partials: reassociation only,
   // ~n 1e-16 = 1e-10 at worst. 1e-9. The count is exact.
   cases.push_back({"reductions_large", 1e-9, [](OpRunner& r) {
@@ -159,8 +163,8 @@ const std::vector<OpCase>& all_cases() {
 
 class OnCuda : public ::testing::TestWithParam<size_t> {};
 
-// The case on the CUDA backend; skips, naming the op, where an op of the case has no CUDA kernel
-// yet (attention, which another change brings), so such a case never reads as passed.
+// The case on the CUDA backend; skips, naming the op, where an op of the case has no CUDA kernel,
+// so such a case never reads as passed.
 #define RUN_ON_CUDA_OR_SKIP(outs, c)                                                        \
   std::vector<OpOutput> outs;                                                               \
   try {                                                                                     \

@@ -96,6 +96,19 @@ TEST(CudaErrors, TokenAndTargetIdsOutOfRangeAreErrorsNamingThem) {
                {"cross_entropy_forward", "target 11 at row 3"});
 }
 
+// B x T above INT_MAX (CUB's item count, int32 positions) is refused before any tensor is read:
+// the tensors here are views of a few bytes with the shapes of 2 x 2^30 positions.
+TEST(CudaErrors, EmbeddingBackwardRefusesMorePositionsThanAnInt) {
+  TESSERA_REQUIRE_GPU();
+  Allocator alloc(Device::cuda(0));
+  Buffer small(alloc, DType::F32, {64}, MemCategory::Workspace), wte(alloc, DType::F32, {11, 1}, MemCategory::Parameters);
+  const int64_t B = 2, T = int64_t(1) << 30;
+  const Tensor tokens(small.tensor().data, DType::I32, {B, T}, Device::cuda(0));
+  const Tensor dout(small.tensor().data, DType::F32, {B, T, 1}, Device::cuda(0));
+  expect_error([&] { embedding_backward(kGpu, wte, Tensor(), dout, tokens, 0); },
+               {"embedding_backward", "B x T = 2 x 1073741824 = 2147483648", "2147483647"});
+}
+
 TEST(CudaErrors, F64IsTheCpuReferenceOnly) {
   TESSERA_REQUIRE_GPU();
   Allocator alloc(Device::cuda(0));
