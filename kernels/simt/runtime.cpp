@@ -996,7 +996,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (const cudaError_t err = Runtime::sticky(*d)) return runtime().fail(err, "");
   const auto marker = tessera::simt::latest(*e);
   if (!marker || tessera::simt::finished(marker->done)) return cudaSuccess;
-  return runtime().fail(cudaErrorNotReady, "");
+  return cudaErrorNotReady;  // not an error: CUDA does not record it as the last error
 }
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
@@ -1009,8 +1009,7 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
     return rt.fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: an event created with cudaEventDisableTiming");
   const auto ma = tessera::simt::latest(*a), mb = tessera::simt::latest(*b);
   if (!ma || !mb) return rt.fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: an event never recorded");
-  if (!tessera::simt::finished(ma->done) || !tessera::simt::finished(mb->done))
-    return rt.fail(cudaErrorNotReady, "");
+  if (!tessera::simt::finished(ma->done) || !tessera::simt::finished(mb->done)) return cudaErrorNotReady;
   *ms = std::chrono::duration<float, std::milli>(mb->at - ma->at).count();
   return cudaSuccess;
 }
