@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cublasLt.h"
+#include "kernels/simt/host_bf16.h"
 #include "kernels/simt/stream.h"
 #include "kernels/simt/twin.h"
 
@@ -98,22 +99,6 @@ bool read_attribute(const void* buf, size_t size, T& out) {
   if (!buf || size != sizeof(T)) return false;
   std::memcpy(&out, buf, sizeof(T));
   return true;
-}
-
-// ---- bf16 ----
-float bf16_to_f32(uint16_t b) {
-  const uint32_t u = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-// Round to nearest even, a NaN kept quiet: kernels/cpu/gemm_bf16.h's f32_to_bf16, bit for bit.
-uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
 }
 
 float load(const void* p, int32_t type, size_t i) {

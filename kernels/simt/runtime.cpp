@@ -399,6 +399,8 @@ class Runtime {
     return true;
   }
 
+  uint64_t next_serial() { return ++serial_; }
+
   // ---- process exit ----
   // Joins every worker once their queues are drained. The Runtime itself stays: a static object
   // destroyed later may still call in (a device_free in a destructor); its work then runs inline.
@@ -449,6 +451,7 @@ class Runtime {
   std::string config_error_;
   size_t memory_limit_ = 0;
   std::atomic<bool> shut_down_{false};
+  std::atomic<uint64_t> serial_{0};
 
   std::mutex memory_mu_;
   std::map<uintptr_t, Allocation> allocations_;  // device memory by start address
@@ -623,6 +626,8 @@ void report(const char* library, int code, const std::string& message) {
 }
 
 const char* reported(const char* library, int code) { return runtime().message(library, code); }
+
+uint64_t next_serial() { return runtime().next_serial(); }
 
 }  // namespace tessera::simt
 
@@ -991,7 +996,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (const cudaError_t err = Runtime::sticky(*d)) return runtime().fail(err, "");
   const auto marker = tessera::simt::latest(*e);
   if (!marker || tessera::simt::finished(marker->done)) return cudaSuccess;
-  return runtime().fail(cudaErrorNotReady, "");
+  return cudaErrorNotReady;  // not an error: CUDA does not record it as the last error
 }
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
@@ -1004,8 +1009,7 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
     return rt.fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: an event created with cudaEventDisableTiming");
   const auto ma = tessera::simt::latest(*a), mb = tessera::simt::latest(*b);
   if (!ma || !mb) return rt.fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: an event never recorded");
-  if (!tessera::simt::finished(ma->done) || !tessera::simt::finished(mb->done))
-    return rt.fail(cudaErrorNotReady, "");
+  if (!tessera::simt::finished(ma->done) || !tessera::simt::finished(mb->done)) return cudaErrorNotReady;
   *ms = std::chrono::duration<float, std::milli>(mb->at - ma->at).count();
   return cudaSuccess;
 }
