@@ -371,12 +371,13 @@ class Runtime {
 
   // Whether [p, p + bytes) lies within one device allocation.
   bool is_device_range(const void* p, size_t bytes) {
-    const auto at = reinterpret_cast<uintptr_t>(p);
     std::lock_guard<std::mutex> lock(memory_mu_);
-    auto it = allocations_.upper_bound(at);
-    if (it == allocations_.begin()) return false;
-    --it;
-    return at >= it->first && at - it->first + bytes <= it->second.bytes;
+    return within(allocations_, p, bytes, [](const Allocation& a) { return a.bytes; });
+  }
+  // Whether p lies within memory from cudaHostAlloc/cudaMallocHost.
+  bool is_pinned(const void* p) {
+    std::lock_guard<std::mutex> lock(memory_mu_);
+    return within(pinned_, p, 1, [](size_t b) { return b; });
   }
 
   cudaError_t host_allocate(void** p, size_t bytes, const char* call) {
@@ -387,13 +388,13 @@ class Runtime {
       return fail(cudaErrorMemoryAllocation, std::string(call) + ": the host is out of memory for " +
                                                  std::to_string(bytes) + " bytes");
     std::lock_guard<std::mutex> lock(memory_mu_);
-    pinned_.insert(*p);
+    pinned_[reinterpret_cast<uintptr_t>(*p)] = bytes;
     return cudaSuccess;
   }
   bool host_release(void* p) {
     {
       std::lock_guard<std::mutex> lock(memory_mu_);
-      if (pinned_.erase(p) == 0) return false;
+      if (pinned_.erase(reinterpret_cast<uintptr_t>(p)) == 0) return false;
     }
     std::free(p);
     return true;
@@ -456,7 +457,16 @@ class Runtime {
   std::mutex memory_mu_;
   std::map<uintptr_t, Allocation> allocations_;  // device memory by start address
   std::map<int, size_t> in_use_;                 // device -> bytes allocated
-  std::set<void*> pinned_;                       // cudaHostAlloc's
+  std::map<uintptr_t, size_t> pinned_;           // cudaHostAlloc's, by start address
+
+  template <class Map, class Size>
+  static bool within(const Map& m, const void* p, size_t bytes, Size size) {
+    const auto at = reinterpret_cast<uintptr_t>(p);
+    auto it = m.upper_bound(at);
+    if (it == m.begin()) return false;
+    --it;
+    return at - it->first + bytes <= size(it->second);
+  }
 
   std::mutex messages_mu_;
   std::set<std::string> messages_;
@@ -586,6 +596,36 @@ cudaError_t queue_and_wait(const char* call, std::string what, std::function<voi
   wait(t);
   Device& d = *runtime().device(current_device(), call);
   return Runtime::sticky(d) ? runtime().fail(cudaErrorLaunchFailure, "") : cudaSuccess;
+}
+
+// An asynchronous copy of `height` rows of `width` bytes (pitches dpitch, spitch; src_span bytes
+// from src in all) with CUDA's rules for pageable host memory (not from cudaHostAlloc): from
+// pageable memory the source is staged before the call returns (the caller may reuse it at
+// once); into pageable memory, and host to host, the call returns once the copy is done. Only a
+// copy between device and pinned memory, or device and device, returns before it runs.
+cudaError_t queue_copy(const char* call, cudaStream_t stream, void* dst, const void* src, size_t width,
+                       cudaMemcpyKind kind, size_t src_span, size_t height, size_t dpitch, size_t spitch) {
+  Runtime& rt = runtime();
+  const bool src_host = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyHostToHost ||
+                        (kind == cudaMemcpyDefault && !rt.is_device_range(src, 1));
+  const bool dst_host = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyHostToHost ||
+                        (kind == cudaMemcpyDefault && !rt.is_device_range(dst, 1));
+  const bool wait_for_it = (src_host && dst_host) || (dst_host && !rt.is_pinned(dst));
+  std::shared_ptr<std::vector<char>> staged;
+  if (src_host && !dst_host && !rt.is_pinned(src)) {
+    staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + src_span);
+    src = staged->data();
+  }
+  auto copy = [=, keep = staged] {
+    for (size_t r = 0; r < height; ++r)
+      std::memcpy(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
+  };
+  Ticket t;
+  if (const cudaError_t e = queue_on(stream, call, call, copy, &t)) return e;
+  if (!wait_for_it) return cudaSuccess;
+  wait(t);
+  Device& d = *rt.device(current_device(), call);
+  return Runtime::sticky(d) ? rt.fail(cudaErrorLaunchFailure, "") : cudaSuccess;
 }
 
 cudaError_t wait_all(Device& d, const std::vector<Ticket>& tickets) {
@@ -841,8 +881,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpy
   if (const cudaError_t e = tessera::simt::check_copy("cudaMemcpyAsync", dst, src, count, count, kind)) return e;
   if (count == 0) return cudaSuccess;
   // memcpy, not memmove: overlapping ranges are undefined in CUDA, and AddressSanitizer says so.
-  return tessera::simt::queue_on(stream, "cudaMemcpyAsync", "cudaMemcpyAsync",
-                                 [dst, src, count] { std::memcpy(dst, src, count); });
+  return tessera::simt::queue_copy("cudaMemcpyAsync", stream, dst, src, count, kind, count, 1, count, count);
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
@@ -862,10 +901,7 @@ cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t 
   if (width == 0 || height == 0) return tessera::simt::check_copy("cudaMemcpy2DAsync", dst, src, 0, 0, kind);
   const size_t dst_span = dpitch * (height - 1) + width, src_span = spitch * (height - 1) + width;
   if (const cudaError_t e = tessera::simt::check_copy("cudaMemcpy2DAsync", dst, src, dst_span, src_span, kind)) return e;
-  return tessera::simt::queue_on(stream, "cudaMemcpy2DAsync", "cudaMemcpy2DAsync", [=] {
-    for (size_t r = 0; r < height; ++r)
-      std::memcpy(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
-  });
+  return tessera::simt::queue_copy("cudaMemcpy2DAsync", stream, dst, src, width, kind, src_span, height, dpitch, spitch);
 }
 
 cudaError_t cudaMemsetAsync(void* devPtr, int value, size_t count, cudaStream_t stream) {

@@ -88,25 +88,51 @@ TEST_F(RuntimeTwin, StreamWorkRunsOnAnotherThreadAfterTheHostReturns) {
   ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);
 }
 
+// Between device and pinned memory copies return at once and run in stream order.
 TEST_F(RuntimeTwin, AsyncCopiesAndMemsetRunInStreamOrder) {
   const size_t n = 1000;
   cudaStream_t s = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-  float* d = nullptr;
+  float *d = nullptr, *in = nullptr, *out = nullptr;
   ASSERT_EQ(cudaMallocAsync(&d, n * sizeof(float), s), cudaSuccess);
-  std::vector<float> in(n), out(n, -1.f);
-  for (size_t i = 0; i < n; ++i) in[i] = float(i);
+  ASSERT_EQ(cudaHostAlloc(&in, n * sizeof(float), cudaHostAllocDefault), cudaSuccess);
+  ASSERT_EQ(cudaMallocHost(&out, n * sizeof(float)), cudaSuccess);
+  for (size_t i = 0; i < n; ++i) in[i] = float(i), out[i] = -1.f;
   Gate gate;
   tessera::simt::enqueue(s, "gate", [&] { gate.wait(); });
   ASSERT_EQ(cudaMemsetAsync(d, 0, n * sizeof(float), s), cudaSuccess);
-  ASSERT_EQ(cudaMemcpyAsync(d, in.data(), n / 2 * sizeof(float), cudaMemcpyHostToDevice, s), cudaSuccess);
-  ASSERT_EQ(cudaMemcpyAsync(out.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost, s), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(d, in, n / 2 * sizeof(float), cudaMemcpyHostToDevice, s), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(out, d, n * sizeof(float), cudaMemcpyDeviceToHost, s), cudaSuccess);
   ASSERT_EQ(cudaFreeAsync(d, s), cudaSuccess);
-  EXPECT_EQ(out[0], -1.f);  // nothing ran yet: the gate is closed
+  EXPECT_EQ(cudaStreamQuery(s), cudaErrorNotReady);  // nothing ran yet: the gate is closed
   gate.open();
   ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(out[i], i < n / 2 ? float(i) : 0.f) << i;
   EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
+  EXPECT_EQ(cudaFreeHost(in), cudaSuccess);
+  EXPECT_EQ(cudaFreeHost(out), cudaSuccess);
+}
+
+// CUDA's rules for pageable host memory: the source of a copy to the device may be reused as soon
+// as the call returns (it was staged), and a copy into pageable memory is done when it returns.
+TEST_F(RuntimeTwin, PageableCopiesFollowCudasRules) {
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  int* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 2 * sizeof(int)), cudaSuccess);
+  Gate gate;
+  tessera::simt::enqueue(s, "gate", [&] { gate.wait(); });
+  std::vector<int> src = {1, 2};
+  ASSERT_EQ(cudaMemcpyAsync(d, src.data(), 2 * sizeof(int), cudaMemcpyHostToDevice, s), cudaSuccess);
+  src = {7, 8};  // after the call: not what the device gets
+  src.shrink_to_fit();
+  gate.open();
+  std::vector<int> back(2, 0);
+  ASSERT_EQ(cudaMemcpyAsync(back.data(), d, 2 * sizeof(int), cudaMemcpyDeviceToHost, s), cudaSuccess);
+  EXPECT_EQ(back, (std::vector<int>{1, 2}));  // complete on return: no synchronisation needed
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  EXPECT_EQ(cudaFree(d), cudaSuccess);
+  cudaStreamDestroy(s);
 }
 
 TEST_F(RuntimeTwin, SynchronousCopiesWaitForTheLegacyStream) {
@@ -146,7 +172,6 @@ TEST_F(RuntimeTwin, LegacyStreamOrdersWithBlockingStreamsOnly) {
     step = 2;
   });
   tessera::simt::enqueue(blocking, "later", [&] { seen_by_later = step.load(); });
-  Gate gate;
   std::atomic<bool> nonblocking_ran{false};
   tessera::simt::enqueue(nonblocking, "independent", [&] { nonblocking_ran = true; });
   ASSERT_EQ(cudaStreamSynchronize(nonblocking), cudaSuccess);  // returns while the others still run
@@ -222,9 +247,12 @@ TEST_F(RuntimeTwin, ThrowingWorkIsTheStickyError) {
   ASSERT_EQ(cudaEventCreate(&e), cudaSuccess);
   bool ran_after = false;
   testing::internal::CaptureStderr();
+  Gate gate;  // holds the fault back until everything is queued (a call after it would see it)
+  tessera::simt::enqueue(s, "gate", [&] { gate.wait(); });
   tessera::simt::enqueue(s, "kernel broken_kernel", [] { throw std::runtime_error("index 12 out of range [0, 8)"); });
   tessera::simt::enqueue(s, "after the fault", [&] { ran_after = true; });
   ASSERT_EQ(cudaEventRecord(e, s), cudaSuccess);
+  gate.open();
   EXPECT_EQ(cudaEventSynchronize(e), cudaErrorLaunchFailure);
   const std::string err = testing::internal::GetCapturedStderr();
   EXPECT_NE(err.find("tessera simt: kernel broken_kernel: index 12 out of range [0, 8)"), std::string::npos) << err;
