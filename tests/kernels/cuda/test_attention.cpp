@@ -263,6 +263,12 @@ const std::vector<Case> kCases = {
     {1, 50, 70, 2, 1, 64, 100, 60},   // ring-attention block: keys 60..129 for queries 100..149
     {1, 40, 40, 2, 2, 128, 0, 20},    // keys after the first queries: 20 rows see no key (lse -inf)
     {1, 33, 95, 4, 2, 64, 150, 0},    // every key before every query (no mask): a past block
+    // Sequence lengths around the 64-row tiles (the SIMT emulator's edge list, docs/cuda.md):
+    {3, 1, 1, 2, 1, 64, 0, 0},        // T = 1: one row, one key, B x H = 6 blocks
+    {2, 63, 63, 4, 4, 128, 0, 0},     // one short of a tile, D 128
+    {1, 65, 65, 6, 2, 64, 0, 0},      // one past a tile, GQA 3
+    {2, 129, 129, 2, 2, 128, 0, 0},   // two tiles and one row
+    {1, 65, 129, 2, 1, 64, 64, 0},    // a cp chunk pair: queries 64..128 over keys 0..128
 };
 
 constexpr double kTolF32 = 1e-5;
