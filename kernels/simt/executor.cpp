@@ -588,6 +588,11 @@ void run_grid(const char* kernel, const LaunchShape& s, const std::function<void
 }
 
 
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+ThreadCtx& current_thread() { return *tls_thread; }
+const BlockView& current_block() { return *tls_thread->view; }
+#endif
+
 void barrier() { block_on(St::Barrier); }
 
 void warp_collective(Collective kind, unsigned mask) {
