@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 namespace tessera::cuda {
@@ -26,16 +27,26 @@ inline constexpr int64_t kTileRows = 64;     // the bf16 kernels' query rows / k
 
 // "" when attention_forward (backward = false) or attention_backward on the bf16 or f32 path can
 // launch for s, else why not, naming the grid dimension (or the int field) that does not fit.
-inline std::string attention_launch_error(const AttentionSizes& s, bool bf16, bool backward) {
-  const int64_t int_max = 2147483647;
-  const struct {
-    const char* name;
-    int64_t v;
-  } dims[] = {{"B", s.B}, {"T", s.T}, {"S", s.S}, {"H", s.H}, {"KV", s.KV}, {"D", s.D}};
-  for (const auto& d : dims)
+// A named size the kernels take as an int.
+struct IntSize {
+  const char* name;
+  int64_t v;
+};
+
+// "" when every size fits an int, else which does not.
+inline std::string int_size_error(std::initializer_list<IntSize> sizes) {
+  constexpr int64_t int_max = 2147483647;
+  for (const IntSize& d : sizes)
     if (d.v > int_max)
       return std::string(d.name) + " = " + std::to_string(d.v) + " exceeds the kernels' int sizes (" +
              std::to_string(int_max) + ")";
+  return "";
+}
+
+inline std::string attention_launch_error(const AttentionSizes& s, bool bf16, bool backward) {
+  if (std::string e = int_size_error({{"B", s.B}, {"T", s.T}, {"S", s.S}, {"H", s.H}, {"KV", s.KV}, {"D", s.D}});
+      !e.empty())
+    return e;
   // The row kernels run on both paths in the backward (delta), on the f32 path in the forward.
   const auto ceil_div = [](int64_t n, int64_t d) { return (n + d - 1) / d; };
   if (!bf16 || backward) {
@@ -63,15 +74,7 @@ inline std::string attention_launch_error(const AttentionSizes& s, bool bf16, bo
 // attention_merge's launch for out (B, T, H, D): one warp per (b, t, h) row, 4 rows per block, on
 // grid dimension x; T, H and D are the kernel's int arguments.
 inline std::string attention_merge_launch_error(int64_t B, int64_t T, int64_t H, int64_t D) {
-  const int64_t int_max = 2147483647;
-  const struct {
-    const char* name;
-    int64_t v;
-  } dims[] = {{"T", T}, {"H", H}, {"D", D}};
-  for (const auto& d : dims)
-    if (d.v > int_max)
-      return std::string(d.name) + " = " + std::to_string(d.v) + " exceeds the kernel's int sizes (" +
-             std::to_string(int_max) + ")";
+  if (std::string e = int_size_error({{"T", T}, {"H", H}, {"D", D}}); !e.empty()) return e;
   const int64_t rows = B * T * H;
   if ((rows + kRowsPerBlock - 1) / kRowsPerBlock > kGridXMax)
     return "B x T x H = " + std::to_string(rows) + " rows need more than the " + std::to_string(kGridXMax) +

@@ -176,7 +176,9 @@ cublasStatus_t check_problem(const char* call, Problem& p) {
   const uint64_t a_rows = d.transa == CUBLAS_OP_N ? p.m : p.k, b_rows = d.transb == CUBLAS_OP_N ? p.k : p.n;
   const uint64_t b_cols = d.transb == CUBLAS_OP_N ? p.n : p.k;
   auto dims = [](const cublasLtMatrixLayoutOpaque_t& l) {
-    return "(" + std::to_string(l.rows) + ", " + std::to_string(l.cols) + ")";
+    std::string s = "(";  // appended, not "(" + string: GCC 12's -Wrestrict misfires on that
+    s += std::to_string(l.rows) + ", " + std::to_string(l.cols) + ")";
+    return s;
   };
   if (p.a.rows != a_rows || p.b.rows != b_rows || p.b.cols != b_cols || p.c.rows != p.m || p.c.cols != p.n)
     return refuse(CUBLAS_STATUS_INVALID_VALUE, std::string(call) + ": shapes do not agree: A " + dims(p.a) + ", B " +

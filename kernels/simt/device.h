@@ -9,13 +9,12 @@
 
 #include <atomic>
 #include <bit>
-#include <climits>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
-#include <sstream>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <unordered_map>

@@ -113,7 +113,7 @@ std::string describe_states(const BlockState& b) {
 // Ready). Returns whether any did; throws KernelError for a collective that never can (a lane of
 // its mask exited or does not exist, lanes disagree on the mask or the kind, a shuffle reads a
 // lane outside the mask, an mma without the whole warp).
-bool resolve_warps(BlockState& b, std::vector<int>* woken) {
+bool resolve_warps(BlockState& b) {
   bool any = false;
   const int warps = (b.nthreads + kWarpSize - 1) / kWarpSize;
   for (int w = 0; w < warps; ++w) {
@@ -191,7 +191,6 @@ bool resolve_warps(BlockState& b, std::vector<int>* woken) {
       if (mask >> l & 1u) {
         b.state[base + l] = St::Ready;
         ++b.released[base + l];
-        if (woken) woken->push_back(base + l);
       }
     any = true;
   }
@@ -452,7 +451,7 @@ void run_block(BlockState& b, const std::function<void()>& body) {
     for (St s : b.state) all_exited = all_exited && s == St::Exited;
     if (all_exited) return;
     try {
-      if (resolve_warps(b, nullptr)) continue;
+      if (resolve_warps(b)) continue;
       if (resolve_barrier(b)) continue;
       stuck(b);
     } catch (...) {
@@ -473,7 +472,7 @@ void progress_locked(BlockState& b) {
   try {
     bool changed = true;
     while (changed) {
-      changed = resolve_warps(b, nullptr);
+      changed = resolve_warps(b);
       if (!changed) changed = resolve_barrier(b);
     }
     bool running = false, all_exited = true;
@@ -528,6 +527,7 @@ void run_block(BlockState& b, const std::function<void()>& body) {
 
 // The launched kernels' names, written at exit when $TESSERA_SIMT_COVERAGE names a file. The one
 // process-wide record of the emulator: a launch anywhere in the process adds to it.
+// Inert (one test of a flag per launch) unless the variable is set when the first launch comes.
 class Coverage {
  public:
   static Coverage& get() {
@@ -535,17 +535,21 @@ class Coverage {
     return c;
   }
   void add(const char* kernel) {
+    if (path_.empty()) return;
     std::lock_guard<std::mutex> lock(mu_);
     names_.insert(kernel);
   }
   ~Coverage() {
-    const char* path = std::getenv("TESSERA_SIMT_COVERAGE");
-    if (!path || !*path) return;
-    std::ofstream out(path, std::ios::app);
+    if (path_.empty()) return;
+    std::ofstream out(path_, std::ios::app);
     for (const auto& n : names_) out << n << "\n";
   }
 
  private:
+  Coverage() {
+    if (const char* p = std::getenv("TESSERA_SIMT_COVERAGE")) path_ = p;
+  }
+  std::string path_;
   std::mutex mu_;
   std::set<std::string> names_;
 };

@@ -1,6 +1,7 @@
-// bf16 on the host side of the library twins (kernels/simt/cublaslt.cpp, nccl.cpp): widening is
-// exact; narrowing rounds to nearest even as kernels/cpu/gemm_bf16.h's f32_to_bf16, bit for bit
-// (kept separate so that the twins do not depend on the CPU backend's headers).
+// bf16 on the host side of the emulator and the library twins (mma.cpp, include/cuda_bf16.h,
+// cublaslt.cpp, nccl.cpp): widening is exact; narrowing rounds to nearest even as
+// kernels/cpu/gemm_bf16.h's f32_to_bf16, bit for bit (kept separate so that the twins do not
+// depend on the CPU backend's headers).
 #pragma once
 
 #include <cstdint>

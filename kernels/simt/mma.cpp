@@ -15,19 +15,13 @@
 #include <cstring>
 
 #include "kernels/simt/executor.h"
+#include "kernels/simt/host_bf16.h"
 
 namespace tessera::simt {
 namespace {
 
-float bf16_to_float(uint16_t h) {
-  const uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
 // Element i (0..7) of a lane's A registers, or of its B registers (0..3).
-float half_of(const uint32_t* regs, int i) { return bf16_to_float(static_cast<uint16_t>(regs[i / 2] >> (16 * (i & 1)))); }
+float half_of(const uint32_t* regs, int i) { return bf16_to_f32(static_cast<uint16_t>(regs[i / 2] >> (16 * (i & 1)))); }
 
 }  // namespace
 

@@ -325,7 +325,7 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
   return ncclSuccess;
 }
 
-// The ranks that share an id meet in MPI_Comm_split over a duplicate of MPI_COMM_WORLD, coloured
+// The ranks that share an id meet in MPI_Comm_split over MPI_COMM_WORLD, coloured
 // by the root's world rank (communicators created in the same round have distinct roots: they
 // are disjoint), ordered by their NCCL rank; then they check that they agree on the id.
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
@@ -346,10 +346,9 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId,
     return fail(ncclInvalidUsage, call + ": the NCCL twin calls MPI from stream threads: it needs MPI_THREAD_MULTIPLE");
 
   auto state = std::make_shared<CommState>();
-  MPI_Comm world = MPI_COMM_NULL;
-  if (MPI_Comm_dup(MPI_COMM_WORLD, &world) != MPI_SUCCESS) return fail(ncclSystemError, call + ": MPI_Comm_dup failed");
-  const int rc = MPI_Comm_split(world, id.root_world_rank, rank, &state->comm);
-  MPI_Comm_free(&world);
+  // The split's result is a communicator of its own (its own context): no traffic on it meets
+  // MPI_COMM_WORLD's.
+  const int rc = MPI_Comm_split(MPI_COMM_WORLD, id.root_world_rank, rank, &state->comm);
   if (rc != MPI_SUCCESS) return fail(ncclSystemError, call + ": MPI_Comm_split failed");
   MPI_Comm_set_errhandler(state->comm, MPI_ERRORS_RETURN);  // an MPI failure becomes a device fault, not an abort
   MPI_Comm_size(state->comm, &state->size);

@@ -173,10 +173,7 @@ def main():
             with open(f, encoding="utf-8") as fh:
                 text = fh.read()
             kernels.update(GLOBAL_DEF.findall(strip_comments(text)))
-            body = rewrite_shared(text, rel)
-            code = strip_comments(body)
-            if "<<<" in code:
-                body = rewrite_launches(body, rel, templates)
+            body = rewrite_launches(rewrite_shared(text, rel), rel, templates)
             out_rel = rel[:-3] + ".cpp" if rel.endswith(".cu") else rel
             out = os.path.join(args.out_root, out_rel)
             os.makedirs(os.path.dirname(out), exist_ok=True)
@@ -187,14 +184,8 @@ def main():
     except RewriteError as err:
         print(f"simt rewrite: {err}", file=sys.stderr)
         return 1
-    listing = "".join(k + "\n" for k in sorted(kernels))
-    old = None
-    if os.path.exists(args.kernel_list):
-        with open(args.kernel_list, encoding="utf-8") as fh:
-            old = fh.read()
-    if old != listing:
-        with open(args.kernel_list, "w", encoding="utf-8") as fh:
-            fh.write(listing)
+    with open(args.kernel_list, "w", encoding="utf-8") as fh:
+        fh.write("".join(k + "\n" for k in sorted(kernels)))
     return 0
 
 

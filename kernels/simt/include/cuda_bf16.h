@@ -7,22 +7,15 @@
 #include <cstring>
 
 #include "kernels/simt/device.h"
+#include "kernels/simt/host_bf16.h"
 
 namespace tessera::simt {
+// CUDA's rounding is the twins' (kernels/simt/host_bf16.h, the CPU's f32_to_bf16) but for a NaN,
+// which CUDA makes the canonical 0x7fff where the CPU keeps its sign and payload.
 inline uint16_t float_to_bf16_rn(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fffu;
-  const uint32_t rest = u << 16;  // the bits rounded away, at the top
-  uint16_t r = static_cast<uint16_t>(u >> 16);
-  if (rest > 0x80000000u || (rest == 0x80000000u && (r & 1u))) ++r;
-  return r;
-}
-inline float bf16_to_float(uint16_t h) {
-  const uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
+  return (u & 0x7fffffffu) > 0x7f800000u ? uint16_t(0x7fffu) : f32_to_bf16(f);
 }
 }  // namespace tessera::simt
 
@@ -31,7 +24,7 @@ struct __nv_bfloat16 {
   __nv_bfloat16() = default;
   __nv_bfloat16(float f) : __x(::tessera::simt::float_to_bf16_rn(f)) {}
   __nv_bfloat16(double d) : __nv_bfloat16(static_cast<float>(d)) {}
-  operator float() const { return ::tessera::simt::bf16_to_float(__x); }
+  operator float() const { return ::tessera::simt::bf16_to_f32(__x); }
 };
 static_assert(sizeof(__nv_bfloat16) == 2);
 
