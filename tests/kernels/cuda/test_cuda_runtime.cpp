@@ -1,6 +1,7 @@
 // The CUDA runtime pieces against what they promise: the device allocator's accounting, cache and
 // zero-fill, its out-of-memory Error; copies between host and device; the backend's errors
 // (ids out of range read on the device, f64 refused). Skipped where no GPU is visible.
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -79,6 +80,29 @@ TEST(CudaCopy, RoundTripsThroughTheDeviceOnAStream) {
   Buffer b(alloc, DType::F32, {1237}, MemCategory::Workspace);
   copy(kGpu, b, a);
   EXPECT_EQ(read_floats(b), host);
+}
+
+// convert (f32 -> bf16, the weights' bf16 copy in train.dtype = "bf16") on the device gives the
+// CPU's bits: round to nearest even, ties both ways, infinities, subnormals and NaNs (kept quiet,
+// sign and payload as the CPU's f32_to_bf16), over more elements than one grid-stride pass.
+TEST(CudaCopy, ConvertToBf16GivesTheCpusBits) {
+  TESSERA_REQUIRE_GPU();
+  Allocator alloc(Device::cuda(0));
+  std::vector<uint32_t> bits = {0x3f808000u, 0x3f818000u, 0x3f808001u, 0x7f7fffffu, 0x7f800000u, 0xff800000u,
+                                0x00008000u, 0x00018000u, 0x80000001u, 0x7fc00001u, 0xffa00000u, 0x00000000u};
+  uint32_t x = 12345;
+  while (bits.size() < 70001) bits.push_back(x = x * 1664525u + 1013904223u);  // every pattern, NaNs too
+  std::vector<float> host(bits.size());
+  std::memcpy(host.data(), bits.data(), bits.size() * 4);
+  const Shape shape{int64_t(host.size())};
+  std::vector<uint16_t> want(host.size()), got(host.size());
+  convert(kCpu, Tensor(want.data(), DType::BF16, shape), Tensor(host.data(), DType::F32, shape));
+  Buffer src = upload(kGpu, alloc, Tensor(host.data(), DType::F32, shape), MemCategory::Workspace);
+  Buffer dst(alloc, DType::BF16, shape, MemCategory::Workspace);
+  convert(kGpu, dst, src);
+  copy(kGpu, Tensor(got.data(), DType::BF16, shape), dst);
+  synchronize(kGpu);
+  for (size_t i = 0; i < host.size(); ++i) ASSERT_EQ(got[i], want[i]) << "element " << i << " bits 0x" << std::hex << bits[i];
 }
 
 TEST(CudaErrors, TokenAndTargetIdsOutOfRangeAreErrorsNamingThem) {
