@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -40,6 +42,17 @@ struct Abandoned {};
 
 }  // namespace
 
+// One static __shared__ array of a block: claimed by the first thread that reaches its
+// declaration (key), which allocates it and publishes ptr. Lock-free on purpose: a mutex here would
+// order every later thread after the first one's whole past, and ThreadSanitizer would then miss
+// the races between them that a missing __syncthreads leaves; the atomics order the others after
+// the allocation only.
+struct SharedSlot {
+  std::atomic<const void*> key{nullptr};
+  std::atomic<void*> ptr{nullptr};
+};
+constexpr size_t kMaxStaticArrays = 16;
+
 struct BlockState {
   const char* kernel = "";
   BlockView view;
@@ -49,16 +62,16 @@ struct BlockState {
   std::vector<uint64_t> released;  // per thread: how many times a wait of it completed (OS threads)
   bool abandoned = false;
   std::exception_ptr fault;  // the first error: a thread's exception or the stuck diagnosis
-  // Shared memory: static arrays by declaration, and the launch's dynamic block.
-  std::vector<std::pair<const void*, void*>> statics;
-  size_t static_bytes = 0;
+  // Shared memory: static arrays by declaration (static_shared), and the launch's dynamic block.
+  std::array<SharedSlot, kMaxStaticArrays> statics;
+  std::atomic<size_t> static_bytes{0};
   void* dynamic = nullptr;
   size_t dynamic_bytes = 0;
   std::mutex mu;  // OS threads: guards everything above once the block runs
   std::condition_variable cv;
 
   ~BlockState() {
-    for (auto& [key, p] : statics) std::free(p);
+    for (SharedSlot& slot : statics) std::free(slot.ptr.load());
     std::free(dynamic);
   }
 };
@@ -615,23 +628,32 @@ void warp_collective(Collective kind, unsigned mask) {
 
 void* static_shared(const void* key, size_t bytes, size_t align) {
   BlockState& b = *tls_thread->block;
-#if defined(TESSERA_SIMT_OS_THREADS)
-  std::lock_guard<std::mutex> lock(b.mu);
-#endif
-  for (auto& [k, p] : b.statics)
-    if (k == key) return p;
-  if (b.static_bytes + bytes > kMaxStaticSmem || b.static_bytes + bytes + b.dynamic_bytes > kMaxSmemPerBlock) {
-    std::ostringstream os;
-    os << where(b) << ": static shared memory of " << b.static_bytes + bytes << " bytes (with " << b.dynamic_bytes
-       << " dynamic) exceeds the limits (48 KB static, 227 KB in all)";
-    throw KernelError(os.str());
+  for (SharedSlot& slot : b.statics) {
+    const void* k = slot.key.load(std::memory_order_acquire);
+    if (k == nullptr && slot.key.compare_exchange_strong(k, key, std::memory_order_acq_rel)) {
+      // This thread claimed the slot: allocate at exactly the size, fill, publish. Over the
+      // limits it is still published (the others must not wait for ever) and the block fails.
+      const size_t total = b.static_bytes.fetch_add(bytes) + bytes;
+      void* p = nullptr;
+      if (posix_memalign(&p, std::max<size_t>(align, sizeof(void*)), bytes) != 0) throw std::bad_alloc();
+      std::memset(p, 0xff, bytes);
+      slot.ptr.store(p, std::memory_order_release);
+      if (total > kMaxStaticSmem || total + b.dynamic_bytes > kMaxSmemPerBlock) {
+        std::ostringstream os;
+        os << where(b) << ": static shared memory of " << total << " bytes (with " << b.dynamic_bytes
+           << " dynamic) exceeds the limits (48 KB static, 227 KB in all)";
+        throw KernelError(os.str());
+      }
+      return p;
+    }
+    if (k == key) {  // claimed by this or another thread: wait until it is published
+      void* p;
+      while (!(p = slot.ptr.load(std::memory_order_acquire))) std::this_thread::yield();
+      return p;
+    }
   }
-  void* p = nullptr;
-  if (posix_memalign(&p, std::max<size_t>(align, sizeof(void*)), bytes) != 0) throw std::bad_alloc();
-  std::memset(p, 0xff, bytes);
-  b.statics.emplace_back(key, p);
-  b.static_bytes += bytes;
-  return p;
+  throw KernelError(where(b) + ": more than " + std::to_string(kMaxStaticArrays) +
+                    " static __shared__ arrays in one kernel (kernels/simt/executor.cpp's kMaxStaticArrays)");
 }
 
 void* dynamic_shared() { return tls_thread->block->dynamic; }
