@@ -4,7 +4,7 @@
 #   emulator  the emulator's own tests (tests_simt) and the twins' (runtime, cuBLASLt, CUB; NCCL on 2 ranks)
 #   asan      build-simt-asan/ (kernels only, AddressSanitizer + UBSan): every op case, the CUDA
 #             attention and GEMM tests, and the coverage list ("kernels exercised: X of Y")
-#   tsan      build-simt-tsan/ (kernels only, ThreadSanitizer; emulated threads are OS threads):
+#   tsan      build-simt-tsan/ (kernels only, ThreadSanitizer; every emulated thread a TSan fiber):
 #             the op cases, and a deliberately missing __syncthreads that must be reported
 #   layouts   mpiexec -n 2 build-simt/tessera train configs/quickstart.toml on dp2, tp2+sp, pp2
 #             (1f1b) and cp2, train.device = "cuda" against "cpu", f32 and bf16, 20 steps; a
@@ -155,7 +155,7 @@ tsan_stage() (  # a subshell: its environment stays here
   fi
   echo "simt_check-note: a missing __syncthreads is reported"
   # The op-case list (tests/kernels/op_cases.h) at its small shapes: 28 cases, about 9 minutes on
-  # 2 cores (an OS thread per CUDA thread under TSan); the CUDA-only large cases and the attention
+  # 2 cores before the executor ran TSan fibers; now about 95 s); the large cases take minutes and the attention
   # tests take hours this way. SIMT_TSAN_FILTER=* runs everything.
   TSAN_OPTIONS=halt_on_error=1 OMP_NUM_THREADS=1 build-simt-tsan/tests/tests_gpu --gtest_brief=1 \
     --gtest_filter="${SIMT_TSAN_FILTER:-CudaOpCases/*:-*_large*:*gpt2_vocab*:*long_runs*:*head_dims*}"

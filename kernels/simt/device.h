@@ -41,9 +41,7 @@
 constexpr int warpSize = 32;
 
 inline void __syncthreads() { ::tessera::simt::barrier(); }
-inline void __syncwarp(unsigned mask = 0xffffffffu) {
-  ::tessera::simt::warp_collective(::tessera::simt::Collective::SyncWarp, mask);
-}
+inline void __syncwarp(unsigned mask = 0xffffffffu) { ::tessera::simt::warp_sync(mask); }
 
 namespace tessera::simt {
 
@@ -51,13 +49,11 @@ namespace tessera::simt {
 template <typename T>
 T shuffle(unsigned mask, T var, int src) {
   static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8, "a shuffle moves at most 64 bits");
-  ThreadCtx& t = current_thread();
-  t.in_bits = 0;
-  std::memcpy(&t.in_bits, &var, sizeof(T));
-  t.src_lane = src;
-  warp_collective(Collective::Shuffle, mask);
+  uint64_t in = 0;
+  std::memcpy(&in, &var, sizeof(T));
+  const uint64_t got = warp_shuffle(mask, src, in);
   T out;
-  std::memcpy(&out, &t.out_bits, sizeof(T));
+  std::memcpy(&out, &got, sizeof(T));
   return out;
 }
 
@@ -250,13 +246,7 @@ T* dynamic_shared_as() {
 // One warp's mma.sync m16n8k16 bf16 (kernels/simt/mma.cpp): c (16 x 8 f32, this lane's 4) +=
 // a (16 x 16 bf16, 4 registers) b (16 x 8 bf16, 2 registers); every lane of the warp must call it.
 inline void mma_sync_m16n8k16_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  ThreadCtx& t = current_thread();
-  std::memcpy(t.mma_a, a, sizeof t.mma_a);
-  t.mma_b[0] = b0;
-  t.mma_b[1] = b1;
-  std::memcpy(t.mma_c, c, sizeof t.mma_c);
-  warp_collective(Collective::Mma, 0xffffffffu);
-  std::memcpy(c, t.mma_d, sizeof t.mma_d);
+  warp_mma(c, a, b0, b1);
 }
 
 }  // namespace tessera::simt

@@ -1,6 +1,6 @@
-// The SIMT executor (kernels/simt/executor.h): blocks in order, the threads of a block as fibers
-// (default) or OS threads (TESSERA_SIMT_OS_THREADS, the ThreadSanitizer build), one rule set for
-// when a barrier or warp collective completes and when a block is stuck.
+// The SIMT executor (kernels/simt/executor.h): blocks in order, the threads of a block as fibers,
+// one rule set for when a barrier or warp collective completes and when a block is stuck. Under
+// ThreadSanitizer the fibers are TSan fibers with CUDA's synchronisation annotated (below).
 #include "kernels/simt/executor.h"
 
 #include <sys/mman.h>
@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <condition_variable>
+#include <bit>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -27,6 +27,15 @@
 #include <sanitizer/common_interface_defs.h>
 #define TESSERA_SIMT_ASAN 1
 #endif
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+#define TESSERA_SIMT_TSAN 1
+// ThreadSanitizer's dynamic annotations (libtsan exports them; no header declares them).
+extern "C" void AnnotateIgnoreReadsBegin(const char* file, int line);
+extern "C" void AnnotateIgnoreReadsEnd(const char* file, int line);
+extern "C" void AnnotateIgnoreWritesBegin(const char* file, int line);
+extern "C" void AnnotateIgnoreWritesEnd(const char* file, int line);
+#endif
 
 namespace tessera::simt {
 
@@ -39,6 +48,38 @@ enum class St : uint8_t { Ready, Barrier, Warp, Exited };
 // Thrown inside a blocked thread when its block is abandoned (another thread faulted, or the block
 // is stuck): unwinds the thread's stack to its entry, which swallows it.
 struct Abandoned {};
+
+// ThreadSanitizer sees every emulated thread as a fiber of its own, switched without implied
+// synchronisation, so that it checks the kernel's accesses against CUDA's rules only:
+// * happens-before exactly where CUDA gives it: a barrier among the block's threads, a warp
+//   collective among its lanes (release on arrival, acquire on release), the launch before every
+//   thread, every thread before whatever follows the grid;
+// * the executor's own bookkeeping (states, mailboxes, the current-thread pointer), which fibers of
+//   one OS thread share by construction, is not checked: its accesses run inside IgnoreAccesses.
+// Elsewhere all of this compiles to nothing.
+#if defined(TESSERA_SIMT_TSAN)
+struct IgnoreAccesses {
+  IgnoreAccesses() {
+    AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
+    AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
+  }
+  ~IgnoreAccesses() {
+    AnnotateIgnoreWritesEnd(__FILE__, __LINE__);
+    AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
+  }
+  IgnoreAccesses(const IgnoreAccesses&) = delete;
+  IgnoreAccesses& operator=(const IgnoreAccesses&) = delete;
+};
+inline void hb_release(void* sync) { __tsan_release(sync); }
+inline void hb_acquire(void* sync) { __tsan_acquire(sync); }
+#else
+struct IgnoreAccesses {
+  IgnoreAccesses() {}  // user-provided: a scope guard, not an unused variable
+  ~IgnoreAccesses() {}
+};
+inline void hb_release(void*) {}
+inline void hb_acquire(void*) {}
+#endif
 
 }  // namespace
 
@@ -53,13 +94,26 @@ struct SharedSlot {
 };
 constexpr size_t kMaxStaticArrays = 16;
 
+// The lanes of one warp waiting at a collective: while they all name one mask, `count` of them
+// (the collective completes when count reaches the mask's population); `mixed` once lanes wait
+// with different masks, which the general rule (resolve_warps) sorts out when nothing else runs.
+struct WarpWait {
+  unsigned mask = 0;
+  int count = 0;
+  bool mixed = false;
+  char sync = 0;  // ThreadSanitizer: the address its release/acquire name
+};
+
 struct BlockState {
   const char* kernel = "";
   BlockView view;
   int nthreads = 0;
   std::vector<ThreadCtx> threads;
   std::vector<St> state;
-  std::vector<uint64_t> released;  // per thread: how many times a wait of it completed (OS threads)
+  std::vector<WarpWait> warps;
+  int at_barrier = 0;  // threads waiting at __syncthreads
+  int exited = 0;
+  char barrier_sync = 0;  // ThreadSanitizer: the address the barrier's release/acquire name
   bool abandoned = false;
   std::exception_ptr fault;  // the first error: a thread's exception or the stuck diagnosis
   // Shared memory: static arrays by declaration (static_shared), and the launch's dynamic block.
@@ -67,8 +121,6 @@ struct BlockState {
   std::atomic<size_t> static_bytes{0};
   void* dynamic = nullptr;
   size_t dynamic_bytes = 0;
-  std::mutex mu;  // OS threads: guards everything above once the block runs
-  std::condition_variable cv;
 
   ~BlockState() {
     for (SharedSlot& slot : statics) std::free(slot.ptr.load());
@@ -77,7 +129,6 @@ struct BlockState {
 };
 
 namespace {
-
 
 std::string dim_str(const dim3& d) {
   std::ostringstream os;
@@ -122,120 +173,151 @@ std::string describe_states(const BlockState& b) {
   return os.str();
 }
 
-// The warp collectives that can complete, completed (results in the lanes' mailboxes, the lanes
-// Ready). Returns whether any did; throws KernelError for a collective that never can (a lane of
-// its mask exited or does not exist, lanes disagree on the mask or the kind, a shuffle reads a
-// lane outside the mask, an mma without the whole warp).
-bool resolve_warps(BlockState& b) {
-  bool any = false;
-  const int warps = (b.nthreads + kWarpSize - 1) / kWarpSize;
-  for (int w = 0; w < warps; ++w) {
-    const int base = w * kWarpSize;
-    int leader = -1;
-    for (int l = 0; l < kWarpSize && base + l < b.nthreads; ++l)
-      if (b.state[base + l] == St::Warp) {
-        leader = base + l;
-        break;
-      }
-    if (leader < 0) continue;
-    const ThreadCtx& lt = b.threads[leader];
-    const unsigned mask = lt.mask;
-    bool complete = true;
+// Warp w's lanes waiting at a collective, counted again (after the general rule changed them).
+void recount_warp(BlockState& b, int w) {
+  WarpWait& ww = b.warps[w];
+  ww = WarpWait{};
+  const int base = w * kWarpSize;
+  for (int l = 0; l < kWarpSize && base + l < b.nthreads; ++l) {
+    if (b.state[base + l] != St::Warp) continue;
+    const unsigned m = b.threads[base + l].mask;
+    if (ww.count == 0) ww.mask = m;
+    ww.mixed = ww.mixed || m != ww.mask;
+    ++ww.count;
+  }
+}
+
+// The collective of warp w named by `mask`, whose lanes have all arrived: checked (every lane of
+// the mask waits with the same mask and kind; a shuffle reads a lane inside it; an mma has the
+// whole warp), carried out (results in the lanes' mailboxes) and its lanes Ready. Returns false
+// when some lane of the mask has not arrived; throws KernelError for a collective that never can
+// complete (a lane of its mask exited or does not exist, lanes disagree on the mask or the kind).
+bool complete_warp(BlockState& b, int w, unsigned mask) {
+  const int base = w * kWarpSize;
+  Collective kind = Collective::SyncWarp;
+  bool first = true, complete = true;
+  for (int l = 0; l < kWarpSize; ++l) {
+    if (!(mask >> l & 1u)) continue;
+    const int t = base + l;
+    if (t >= b.nthreads) {
+      std::ostringstream os;
+      os << where(b) << ": a warp collective's mask 0x" << std::hex << mask << std::dec << " names lane " << l
+         << " of warp " << w << ", which does not exist (the block has " << b.nthreads << " threads)";
+      throw KernelError(os.str());
+    }
+    if (b.state[t] == St::Exited) {
+      std::ostringstream os;
+      os << where(b) << ": a warp collective's mask 0x" << std::hex << mask << std::dec << " names lane " << l
+         << " of warp " << w << " (thread " << t << "), which has exited";
+      throw KernelError(os.str());
+    }
+    if (b.state[t] != St::Warp) {
+      complete = false;
+      continue;
+    }
+    const ThreadCtx& tt = b.threads[t];
+    if (first) kind = tt.kind;
+    first = false;
+    if (tt.mask != mask || tt.kind != kind) {
+      std::ostringstream os;
+      os << where(b) << ": lanes of warp " << w << " meet at different warp collectives (mask 0x" << std::hex << mask
+         << ", thread " << std::dec << t << " mask 0x" << std::hex << tt.mask << ")";
+      throw KernelError(os.str());
+    }
+  }
+  if (!complete) return false;
+  if (kind == Collective::Shuffle) {
     for (int l = 0; l < kWarpSize; ++l) {
       if (!(mask >> l & 1u)) continue;
-      const int t = base + l;
-      if (t >= b.nthreads) {
+      ThreadCtx& t = b.threads[base + l];
+      if (!(mask >> t.src_lane & 1u)) {
         std::ostringstream os;
-        os << where(b) << ": a warp collective's mask 0x" << std::hex << mask << std::dec << " names lane " << l
-           << " of warp " << w << ", which does not exist (the block has " << b.nthreads << " threads)";
+        os << where(b) << ": lane " << l << " of warp " << w << " shuffles from lane " << t.src_lane
+           << ", outside the mask 0x" << std::hex << mask;
         throw KernelError(os.str());
       }
-      if (b.state[t] == St::Exited) {
-        std::ostringstream os;
-        os << where(b) << ": a warp collective's mask 0x" << std::hex << mask << std::dec << " names lane " << l
-           << " of warp " << w << " (thread " << t << "), which has exited";
-        throw KernelError(os.str());
-      }
-      if (b.state[t] != St::Warp) {
-        complete = false;
-        continue;
-      }
-      const ThreadCtx& tt = b.threads[t];
-      if (tt.mask != mask || tt.kind != lt.kind) {
-        std::ostringstream os;
-        os << where(b) << ": lanes of warp " << w << " meet at different warp collectives (thread " << leader
-           << " mask 0x" << std::hex << mask << ", thread " << std::dec << t << " mask 0x" << std::hex << tt.mask
-           << ")";
-        throw KernelError(os.str());
-      }
-    }
-    if (!complete) continue;
-    if (lt.kind == Collective::Shuffle) {
-      for (int l = 0; l < kWarpSize; ++l) {
-        if (!(mask >> l & 1u)) continue;
-        ThreadCtx& t = b.threads[base + l];
-        if (!(mask >> t.src_lane & 1u)) {
-          std::ostringstream os;
-          os << where(b) << ": lane " << l << " of warp " << w << " shuffles from lane " << t.src_lane
-             << ", outside the mask 0x" << std::hex << mask;
-          throw KernelError(os.str());
-        }
-        t.out_bits = b.threads[base + t.src_lane].in_bits;
-      }
-    } else if (lt.kind == Collective::Mma) {
-      if (mask != 0xffffffffu) {
-        std::ostringstream os;
-        os << where(b) << ": mma.sync.aligned needs all 32 lanes of warp " << w << ", the mask is 0x" << std::hex
-           << mask;
-        throw KernelError(os.str());
-      }
-      uint32_t a[kWarpSize][4], bb[kWarpSize][2];
-      float c[kWarpSize][4], d[kWarpSize][4];
-      for (int l = 0; l < kWarpSize; ++l) {
-        const ThreadCtx& t = b.threads[base + l];
-        std::memcpy(a[l], t.mma_a, sizeof a[l]);
-        std::memcpy(bb[l], t.mma_b, sizeof bb[l]);
-        std::memcpy(c[l], t.mma_c, sizeof c[l]);
-      }
-      mma_m16n8k16_bf16(a, bb, c, d);
-      for (int l = 0; l < kWarpSize; ++l) std::memcpy(b.threads[base + l].mma_d, d[l], sizeof d[l]);
     }
     for (int l = 0; l < kWarpSize; ++l)
-      if (mask >> l & 1u) {
-        b.state[base + l] = St::Ready;
-        ++b.released[base + l];
+      if (mask >> l & 1u) b.threads[base + l].out_bits = b.threads[base + b.threads[base + l].src_lane].in_bits;
+  } else if (kind == Collective::Mma) {
+    if (mask != 0xffffffffu) {
+      std::ostringstream os;
+      os << where(b) << ": mma.sync.aligned needs all 32 lanes of warp " << w << ", the mask is 0x" << std::hex
+         << mask;
+      throw KernelError(os.str());
+    }
+    uint32_t a[kWarpSize][4], bb[kWarpSize][2];
+    float c[kWarpSize][4], d[kWarpSize][4];
+    for (int l = 0; l < kWarpSize; ++l) {
+      const ThreadCtx& t = b.threads[base + l];
+      std::memcpy(a[l], t.mma_a, sizeof a[l]);
+      std::memcpy(bb[l], t.mma_b, sizeof bb[l]);
+      std::memcpy(c[l], t.mma_c, sizeof c[l]);
+    }
+    mma_m16n8k16_bf16(a, bb, c, d);
+    for (int l = 0; l < kWarpSize; ++l) std::memcpy(b.threads[base + l].mma_d, d[l], sizeof d[l]);
+  }
+  for (int l = 0; l < kWarpSize; ++l)
+    if (mask >> l & 1u) b.state[base + l] = St::Ready;
+  return true;
+}
+
+// The general rule, when no thread can run: every warp collective that can complete, completed.
+// Returns whether any did; throws KernelError for one that never can.
+bool resolve_warps(BlockState& b) {
+  bool any = false;
+  for (int w = 0; w < static_cast<int>(b.warps.size()); ++w) {
+    const int base = w * kWarpSize;
+    for (int l = 0; l < kWarpSize && base + l < b.nthreads; ++l)
+      if (b.state[base + l] == St::Warp) {
+        if (complete_warp(b, w, b.threads[base + l].mask)) {
+          any = true;
+          recount_warp(b, w);
+        }
+        break;
       }
-    any = true;
   }
   return any;
 }
 
-// Completes the barrier when every thread of the block waits there. Throws when some wait there
-// and others have exited (they can never arrive).
-bool resolve_barrier(BlockState& b) {
-  int at = 0, exited = 0;
-  for (St s : b.state) {
-    at += s == St::Barrier;
-    exited += s == St::Exited;
-  }
-  if (at == 0) return false;
-  if (exited > 0) {
-    std::ostringstream os;
-    os << where(b) << ": __syncthreads() reached by " << at << " of " << b.nthreads
-       << " threads; the others exited before it (a barrier in divergent code): " << describe_states(b);
-    throw KernelError(os.str());
-  }
-  if (at != b.nthreads) return false;
-  for (int i = 0; i < b.nthreads; ++i) {
-    b.state[i] = St::Ready;
-    ++b.released[i];
-  }
-  return true;
+// When no thread can run and some wait at the barrier: the others exited before it (a barrier in
+// divergent code) is an error; otherwise they wait at warp collectives (a deadlock, said by stuck).
+void check_barrier(BlockState& b) {
+  if (b.at_barrier == 0 || b.exited == 0) return;
+  std::ostringstream os;
+  os << where(b) << ": __syncthreads() reached by " << b.at_barrier << " of " << b.nthreads
+     << " threads; the others exited before it (a barrier in divergent code): " << describe_states(b);
+  throw KernelError(os.str());
 }
 
 // Every thread blocked or exited and nothing can complete.
 [[noreturn]] void stuck(BlockState& b) {
   throw KernelError(where(b) + ": deadlock: no barrier or warp collective can complete: " + describe_states(b));
+}
+
+// A thread arrives at the barrier: the last one releases them all.
+void arrive_barrier(BlockState& b, int me) {
+  b.state[me] = St::Barrier;
+  if (++b.at_barrier < b.nthreads) return;
+  std::fill(b.state.begin(), b.state.end(), St::Ready);
+  b.at_barrier = 0;
+}
+
+// A lane arrives at a warp collective (its mailbox filled): the last lane of the mask carries it
+// out. Lanes waiting with different masks are left to resolve_warps.
+void arrive_warp(BlockState& b, int me) {
+  b.state[me] = St::Warp;
+  const int w = me / kWarpSize;
+  WarpWait& ww = b.warps[w];
+  const unsigned mask = b.threads[me].mask;
+  if (ww.count == 0) {
+    ww.mask = mask;
+    ww.mixed = false;
+  } else if (ww.mask != mask) {
+    ww.mixed = true;
+  }
+  ++ww.count;
+  if (!ww.mixed && ww.count == std::popcount(mask) && complete_warp(b, w, mask)) ww.count = 0;
 }
 
 void init_block(BlockState& b, const char* kernel, const LaunchShape& s, const dim3& idx) {
@@ -244,7 +326,7 @@ void init_block(BlockState& b, const char* kernel, const LaunchShape& s, const d
   b.nthreads = static_cast<int>(s.block.x * s.block.y * s.block.z);
   b.threads.assign(b.nthreads, ThreadCtx{});
   b.state.assign(b.nthreads, St::Ready);
-  b.released.assign(b.nthreads, 0);
+  b.warps.assign((b.nthreads + kWarpSize - 1) / kWarpSize, WarpWait{});
   for (int i = 0; i < b.nthreads; ++i) {
     ThreadCtx& t = b.threads[i];
     t.linear = i;
@@ -260,15 +342,12 @@ void init_block(BlockState& b, const char* kernel, const LaunchShape& s, const d
   }
 }
 
-#if !defined(TESSERA_SIMT_OS_THREADS)
-// ================================ fibers ================================
-
 }  // namespace
 }  // namespace tessera::simt
 
-// The context switch (x86-64 System V): saves the callee-saved registers on the current stack, stores the stack pointer in *save, loads `next` and restores
-// the same from it. A new fiber's stack is laid out so that the restore "returns" into the
-// trampoline, which calls r13(r12).
+// The context switch (x86-64 System V): saves the callee-saved registers on the current stack,
+// stores the stack pointer in *save, loads `next` and restores the same from it. A new fiber's
+// stack is laid out so that the restore "returns" into the trampoline, which calls r13(r12).
 extern "C" void tessera_simt_switch(void** save, void* next);
 extern "C" void tessera_simt_trampoline();
 asm(R"(
@@ -307,16 +386,19 @@ tessera_simt_trampoline:
 namespace tessera::simt {
 namespace {
 
-#if defined(TESSERA_SIMT_ASAN)
-constexpr size_t kStackBytes = 256 * 1024;  // AddressSanitizer's frames are larger
+#if defined(TESSERA_SIMT_ASAN) || defined(TESSERA_SIMT_TSAN)
+constexpr size_t kStackBytes = 256 * 1024;  // the sanitizers' frames are larger
 #else
 constexpr size_t kStackBytes = 64 * 1024;
 #endif
 
-// One mmap'd stack with a guard page below it (an overflow faults instead of corrupting).
+// One mmap'd stack with a guard page below it (an overflow faults instead of corrupting), and
+// under ThreadSanitizer the TSan fiber that runs on it (one per stack: the stack's memory is then
+// always touched by the same TSan fiber).
 struct Stack {
   char* base = nullptr;  // the guard page
   size_t bytes = 0;
+  void* tsan_fiber = nullptr;
   Stack() {
     const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     bytes = kStackBytes + page;
@@ -324,8 +406,16 @@ struct Stack {
     if (p == MAP_FAILED) throw std::bad_alloc();
     base = static_cast<char*>(p);
     mprotect(base, page, PROT_NONE);
+#if defined(TESSERA_SIMT_TSAN)
+    tsan_fiber = __tsan_create_fiber(0);
+#endif
   }
-  ~Stack() { munmap(base, bytes); }
+  ~Stack() {
+#if defined(TESSERA_SIMT_TSAN)
+    __tsan_destroy_fiber(tsan_fiber);
+#endif
+    munmap(base, bytes);
+  }
   Stack(const Stack&) = delete;
   Stack& operator=(const Stack&) = delete;
   char* bottom() const { return base + (bytes - kStackBytes); }
@@ -340,67 +430,139 @@ std::vector<std::unique_ptr<Stack>>& stack_pool(size_t n) {
   return pool;
 }
 
+// A place execution can be switched to and from: the scheduler (the OS thread's own stack) or a
+// fiber. The sanitizers' bookkeeping of the switch lives here too.
+struct Context {
+  void* sp = nullptr;
+  const void* stack_bottom = nullptr;  // AddressSanitizer: the stack's extent
+  size_t stack_size = 0;
+  void* asan_fake = nullptr;
+  void* tsan_fiber = nullptr;
+};
+
 struct Fiber;
 struct Scheduler {
-  void* sp = nullptr;  // the scheduler's saved stack pointer while a fiber runs
-#if defined(TESSERA_SIMT_ASAN)
-  void* fake = nullptr;
-  const void* stack_bottom = nullptr;
-  size_t stack_size = 0;
-#endif
+  Context ctx;
+  BlockState* block = nullptr;
+  std::vector<Fiber>* fibers = nullptr;
 };
 
 struct Fiber {
-  void* sp = nullptr;
-  Stack* stack = nullptr;
+  Context ctx;
+  int index = 0;
   Scheduler* sched = nullptr;
-  ThreadCtx* ctx = nullptr;
+  ThreadCtx* thread = nullptr;
   const std::function<void()>* body = nullptr;
+  void* launch_sync = nullptr;  // ThreadSanitizer: released by the launch, acquired at start
+  void* done_sync = nullptr;    // released at exit, acquired after the grid
+  bool started = false;
   bool done = false;
-#if defined(TESSERA_SIMT_ASAN)
-  void* fake = nullptr;
-#endif
 };
 
 thread_local Fiber* t_fiber = nullptr;
 
-// Back to the scheduler; `final` when the fiber never runs again.
-void yield_to_scheduler(Fiber& f, bool final) {
+// From `from` (the running context) to `to`; `from_final` when `from` never runs again. Returns
+// when something switches back to `from`.
+// Every field is read under IgnoreAccesses: contexts are the executor's, often on the scheduler's
+// stack, which ThreadSanitizer would otherwise see reused by the host code after the grid.
+void switch_to(Context& from, Context& to, Fiber* to_fiber, bool from_final) {
+  void* to_sp;
+  [[maybe_unused]] void* to_tsan;
+  {
+    IgnoreAccesses ignore;
+    t_fiber = to_fiber;
+    tls_thread = to_fiber ? to_fiber->thread : nullptr;
+    to_sp = to.sp;
+    to_tsan = to.tsan_fiber;
 #if defined(TESSERA_SIMT_ASAN)
-  __sanitizer_start_switch_fiber(final ? nullptr : &f.fake, f.sched->stack_bottom, f.sched->stack_size);
+    __sanitizer_start_switch_fiber(from_final ? nullptr : &from.asan_fake, to.stack_bottom, to.stack_size);
 #endif
-  tessera_simt_switch(&f.sp, f.sched->sp);
+  }
+  (void)from_final;
+#if defined(TESSERA_SIMT_TSAN)
+  __tsan_switch_to_fiber(to_tsan, __tsan_switch_to_fiber_no_sync);  // outside: ignores are per fiber
+#endif
+  tessera_simt_switch(&from.sp, to_sp);  // assembly: not instrumented
 #if defined(TESSERA_SIMT_ASAN)
-  __sanitizer_finish_switch_fiber(f.fake, nullptr, nullptr);
+  __sanitizer_finish_switch_fiber(from.asan_fake, nullptr, nullptr);
 #endif
+}
+
+// The running fiber gives the OS thread away: to the next Ready fiber after it in this round (a
+// switch from fiber to fiber, half the cost of going through the scheduler), else the scheduler.
+void leave(Fiber& f, bool final) {
+  Fiber* next = nullptr;
+  Context* sched_ctx;
+  {
+    IgnoreAccesses ignore;
+    Scheduler& s = *f.sched;
+    sched_ctx = &s.ctx;
+    BlockState& b = *s.block;
+    if (!b.abandoned && !b.fault)
+      for (int i = f.index + 1; i < b.nthreads; ++i)
+        if (b.state[i] == St::Ready && !(*s.fibers)[i].done) {
+          next = &(*s.fibers)[i];
+          break;
+        }
+  }
+  if (next)
+    switch_to(f.ctx, next->ctx, next, final);
+  else
+    switch_to(f.ctx, *sched_ctx, nullptr, final);
 }
 
 extern "C" void fiber_entry(void* arg) {
   Fiber& f = *static_cast<Fiber*>(arg);
+  const std::function<void()>* body;
+  void *launch_sync, *done_sync;
+  {
+    IgnoreAccesses ignore;
 #if defined(TESSERA_SIMT_ASAN)
-  __sanitizer_finish_switch_fiber(nullptr, &f.sched->stack_bottom, &f.sched->stack_size);
+    // The first switch of a block comes from the scheduler: the extent of its stack.
+    const void* from_bottom = nullptr;
+    size_t from_size = 0;
+    __sanitizer_finish_switch_fiber(nullptr, &from_bottom, &from_size);
+    if (f.sched->ctx.stack_size == 0) {
+      f.sched->ctx.stack_bottom = from_bottom;
+      f.sched->ctx.stack_size = from_size;
+    }
 #endif
-  BlockState& b = *f.ctx->block;
+    f.started = true;
+    body = f.body;
+    launch_sync = f.launch_sync;
+    done_sync = f.done_sync;
+  }
+  hb_acquire(launch_sync);
+  std::exception_ptr fault;
   try {
-    (*f.body)();
+    (*body)();
   } catch (const Abandoned&) {
   } catch (...) {
-    if (!b.fault) b.fault = std::current_exception();
+    fault = std::current_exception();
   }
-  b.state[f.ctx->linear] = St::Exited;
-  f.done = true;
-  yield_to_scheduler(f, true);
+  hb_release(done_sync);
+  {
+    IgnoreAccesses ignore;
+    BlockState& b = *f.thread->block;
+    if (fault && !b.fault) b.fault = fault;
+    b.state[f.thread->linear] = St::Exited;
+    ++b.exited;
+    f.done = true;
+  }
+  leave(f, true);
   __builtin_trap();  // never resumed
 }
 
-void start_fiber(Fiber& f) {
-  Stack& s = *f.stack;
+void start_fiber(Fiber& f, Stack& s) {
 #if defined(TESSERA_SIMT_ASAN)
   __asan_unpoison_memory_region(s.bottom(), kStackBytes);  // frames of an earlier block's fibers
 #endif
+  f.ctx.stack_bottom = s.bottom();
+  f.ctx.stack_size = kStackBytes;
+  f.ctx.tsan_fiber = s.tsan_fiber;
   // Stacks are page-aligned, so their tops would all fall in the same cache sets and evict each
   // other at every switch; each fiber's top is offset by its own multiple of a cache line.
-  const uintptr_t color = (static_cast<uintptr_t>(f.ctx->linear) * 17 % 128) * 64;
+  const uintptr_t color = (static_cast<uintptr_t>(f.index) * 17 % 128) * 64;
   auto top = (reinterpret_cast<uintptr_t>(s.top()) - color) & ~uintptr_t(15);
   // Popped by the switch: r15, r14, r13 (the function), r12 (its argument), rbx, rbp, then the
   // "return" into the trampoline, which leaves rsp 16-byte aligned for its call.
@@ -410,133 +572,120 @@ void start_fiber(Fiber& f) {
   slots[3] = reinterpret_cast<uint64_t>(&f);
   slots[4] = slots[5] = 0;
   slots[6] = reinterpret_cast<uint64_t>(&tessera_simt_trampoline);
-  f.sp = slots;
+  f.ctx.sp = slots;
 }
 
-void resume(Scheduler& sched, Fiber& f) {
-  t_fiber = &f;
-  tls_thread = f.ctx;
-#if defined(TESSERA_SIMT_ASAN)
-  __sanitizer_start_switch_fiber(&sched.fake, f.stack->bottom(), kStackBytes);
-#endif
-  tessera_simt_switch(&sched.sp, f.sp);
-#if defined(TESSERA_SIMT_ASAN)
-  __sanitizer_finish_switch_fiber(sched.fake, nullptr, nullptr);
-#endif
-  t_fiber = nullptr;
-  tls_thread = nullptr;
+// The calling thread waits (state s, already arrived) until a barrier or collective releases it:
+// the OS thread goes on to the next Ready fiber. Unwinds when the block is abandoned.
+void wait_released(Fiber& f, void* sync) {
+  bool ready;
+  {
+    IgnoreAccesses ignore;
+    ready = f.sched->block->state[f.index] == St::Ready;  // this arrival completed it
+  }
+  if (!ready) leave(f, false);
+  bool abandoned;
+  {
+    IgnoreAccesses ignore;
+    abandoned = f.sched->block->abandoned;
+  }
+  if (abandoned) throw Abandoned{};
+  hb_acquire(sync);
 }
 
-// A blocked fiber: back to the scheduler until released; unwinds when the block is abandoned.
-void block_on(St s) {
-  Fiber& f = *t_fiber;
-  BlockState& b = *f.ctx->block;
-  b.state[f.ctx->linear] = s;
-  yield_to_scheduler(f, false);
-  if (b.abandoned) throw Abandoned{};
-}
-
-void run_block(BlockState& b, const std::function<void()>& body) {
+// Runs the block: rounds in thread order, each from the first Ready fiber, the fibers handing the
+// OS thread on to each other; between rounds, the general rules when nothing can run.
+void run_block(BlockState& b, const std::function<void()>& body, void* launch_sync, void* done_sync) {
   auto& pool = stack_pool(static_cast<size_t>(b.nthreads));
   Scheduler sched;
+  sched.block = &b;
+#if defined(TESSERA_SIMT_TSAN)
+  sched.ctx.tsan_fiber = __tsan_get_current_fiber();
+#endif
   std::vector<Fiber> fibers(b.nthreads);
+  sched.fibers = &fibers;
   for (int i = 0; i < b.nthreads; ++i) {
     Fiber& f = fibers[i];
-    f.stack = pool[i].get();
+    f.index = i;
     f.sched = &sched;
-    f.ctx = &b.threads[i];
+    f.thread = &b.threads[i];
     f.body = &body;
-    start_fiber(f);
+    f.launch_sync = launch_sync;
+    f.done_sync = done_sync;
+    start_fiber(f, *pool[i]);
   }
-  auto run_ready = [&] {
+  auto first_ready = [&]() -> Fiber* {
     for (int i = 0; i < b.nthreads; ++i)
-      if (b.state[i] == St::Ready && !fibers[i].done) resume(sched, fibers[i]);
-  };
-  auto abandon = [&] {  // unwind every blocked fiber so its stack is left clean
-    b.abandoned = true;
-    for (int i = 0; i < b.nthreads; ++i)
-      if (!fibers[i].done) resume(sched, fibers[i]);
+      if (b.state[i] == St::Ready && !fibers[i].done) return &fibers[i];
+    return nullptr;
   };
   for (;;) {
-    run_ready();
+    if (Fiber* f = first_ready()) switch_to(sched.ctx, f->ctx, f, false);
     if (b.fault) break;
-    bool all_exited = true;
-    for (St s : b.state) all_exited = all_exited && s == St::Exited;
-    if (all_exited) return;
+    if (b.exited == b.nthreads) return;
+    if (first_ready()) continue;  // released behind the round's end
     try {
       if (resolve_warps(b)) continue;
-      if (resolve_barrier(b)) continue;
+      check_barrier(b);
       stuck(b);
     } catch (...) {
       b.fault = std::current_exception();
       break;
     }
   }
-  abandon();
+  // Abandoned: unwind every blocked fiber (each back to the scheduler) so its stack is left clean;
+  // one that never started does not start.
+  b.abandoned = true;
+  for (Fiber& f : fibers)
+    if (f.started && !f.done) switch_to(sched.ctx, f.ctx, &f, false);
+  hb_acquire(done_sync);
   std::rethrow_exception(b.fault);
 }
 
-#else
-// ================================ OS threads ================================
-
-// Under the block's mutex, after a thread blocked or exited: completes what can complete, wakes
-// the released threads; when nothing runs and nothing can complete, records the diagnosis.
-void progress_locked(BlockState& b) {
-  try {
-    bool changed = true;
-    while (changed) {
-      changed = resolve_warps(b);
-      if (!changed) changed = resolve_barrier(b);
-    }
-    bool running = false, all_exited = true;
-    for (St s : b.state) {
-      running = running || s == St::Ready;
-      all_exited = all_exited && s == St::Exited;
-    }
-    if (!running && !all_exited) stuck(b);
-  } catch (...) {
-    if (!b.fault) b.fault = std::current_exception();
-    b.abandoned = true;
+// Where a blocked thread waits: the barrier's or its warp's synchronisation address.
+void block_at_barrier() {
+  Fiber* f;
+  void* sync;
+  {
+    IgnoreAccesses ignore;
+    f = t_fiber;
+    BlockState& b = *f->sched->block;
+    sync = &b.barrier_sync;
   }
-  b.cv.notify_all();
-}
-
-void block_on(St s) {
-  ThreadCtx& t = *tls_thread;
-  BlockState& b = *t.block;
-  std::unique_lock<std::mutex> lock(b.mu);
-  if (b.abandoned) throw Abandoned{};
-  const uint64_t seen = b.released[t.linear];
-  b.state[t.linear] = s;
-  progress_locked(b);
-  b.cv.wait(lock, [&] { return b.abandoned || b.released[t.linear] != seen; });
-  if (b.abandoned) throw Abandoned{};
-}
-
-void run_block(BlockState& b, const std::function<void()>& body) {
-  std::vector<std::thread> threads;
-  threads.reserve(b.nthreads);
-  for (int i = 0; i < b.nthreads; ++i) {
-    threads.emplace_back([&b, &body, i] {
-      tls_thread = &b.threads[i];
-      try {
-        body();
-      } catch (const Abandoned&) {
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(b.mu);
-        if (!b.fault) b.fault = std::current_exception();
-        b.abandoned = true;
-      }
-      std::lock_guard<std::mutex> lock(b.mu);
-      b.state[i] = St::Exited;
-      progress_locked(b);
-      tls_thread = nullptr;
-    });
+  hb_release(sync);
+  {
+    IgnoreAccesses ignore;
+    arrive_barrier(*f->sched->block, f->index);
   }
-  for (auto& th : threads) th.join();
-  if (b.fault) std::rethrow_exception(b.fault);
+  wait_released(*f, sync);
 }
-#endif
+
+void block_at_warp(Collective kind, unsigned mask) {
+  Fiber* f;
+  void* sync;
+  {
+    IgnoreAccesses ignore;
+    f = t_fiber;
+    BlockState& b = *f->sched->block;
+    ThreadCtx& t = *f->thread;
+    const int lane = t.linear % kWarpSize;
+    if (!(mask >> lane & 1u)) {
+      std::ostringstream os;
+      os << where(b) << ": thread " << t.linear << " (lane " << lane << ") calls a warp collective with mask 0x"
+         << std::hex << mask << ", which does not include its own lane";
+      throw KernelError(os.str());
+    }
+    t.kind = kind;
+    t.mask = mask;
+    sync = &b.warps[t.linear / kWarpSize].sync;
+  }
+  hb_release(sync);
+  {
+    IgnoreAccesses ignore;
+    arrive_warp(*f->sched->block, f->index);
+  }
+  wait_released(*f, sync);
+}
 
 // The launched kernels' names, written at exit when $TESSERA_SIMT_COVERAGE names a file. The one
 // process-wide record of the emulator: a launch anywhere in the process adds to it.
@@ -595,35 +744,56 @@ std::string launch_refusal(const LaunchShape& s) {
 }
 
 void run_grid(const char* kernel, const LaunchShape& s, const std::function<void()>& body) {
+  // ThreadSanitizer: the launch happens before every thread of the grid, every thread before what
+  // follows it; between blocks of the grid (which a GPU runs concurrently) there is nothing.
+  auto launch_sync = std::make_unique<char>(), done_sync = std::make_unique<char>();
+  hb_release(launch_sync.get());
   for (unsigned z = 0; z < s.grid.z; ++z)
     for (unsigned y = 0; y < s.grid.y; ++y)
       for (unsigned x = 0; x < s.grid.x; ++x) {
-        BlockState b;
-        init_block(b, kernel, s, dim3(x, y, z));
-        run_block(b, body);
+        // The block's bookkeeping, on the heap: what ThreadSanitizer attached to its addresses
+        // goes with it (a stack frame would be reused by the host code after the grid).
+        IgnoreAccesses ignore;
+        auto b = std::make_unique<BlockState>();
+        init_block(*b, kernel, s, dim3(x, y, z));
+        run_block(*b, body, launch_sync.get(), done_sync.get());
       }
+  hb_acquire(done_sync.get());
 }
-
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 ThreadCtx& current_thread() { return *tls_thread; }
 const BlockView& current_block() { return *tls_thread->view; }
 #endif
 
-void barrier() { block_on(St::Barrier); }
+void barrier() { block_at_barrier(); }
 
-void warp_collective(Collective kind, unsigned mask) {
-  ThreadCtx& t = *tls_thread;
-  const int lane = t.linear % kWarpSize;
-  if (!(mask >> lane & 1u)) {
-    std::ostringstream os;
-    os << where(*t.block) << ": thread " << t.linear << " (lane " << lane << ") calls a warp collective with mask 0x"
-       << std::hex << mask << ", which does not include its own lane";
-    throw KernelError(os.str());
+void warp_sync(unsigned mask) { block_at_warp(Collective::SyncWarp, mask); }
+
+uint64_t warp_shuffle(unsigned mask, int src_lane, uint64_t bits) {
+  {
+    IgnoreAccesses ignore;
+    ThreadCtx& t = *tls_thread;
+    t.in_bits = bits;
+    t.src_lane = src_lane;
   }
-  t.kind = kind;
-  t.mask = mask;
-  block_on(St::Warp);
+  block_at_warp(Collective::Shuffle, mask);
+  IgnoreAccesses ignore;
+  return tls_thread->out_bits;
+}
+
+void warp_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  {
+    IgnoreAccesses ignore;
+    ThreadCtx& t = *tls_thread;
+    std::memcpy(t.mma_a, a, sizeof t.mma_a);
+    t.mma_b[0] = b0;
+    t.mma_b[1] = b1;
+    std::memcpy(t.mma_c, c, sizeof t.mma_c);
+  }
+  block_at_warp(Collective::Mma, 0xffffffffu);
+  IgnoreAccesses ignore;
+  std::memcpy(c, tls_thread->mma_d, sizeof c);
 }
 
 void* static_shared(const void* key, size_t bytes, size_t align) {

@@ -1,19 +1,19 @@
 // The SIMT emulator's executor: runs a kernel's grid on the CPU, one block after another, every
-// CUDA thread of a block as a context of its own (its own stack and registers), and gives the
-// block barrier, the warp collectives (shuffles, __syncwarp, mma.sync) and shared memory their
-// documented semantics. Built only with -DTESSERA_SIMT=ON (docs/cuda.md, "The SIMT emulator").
+// CUDA thread of a block as a fiber of its own (its own stack and registers) on the calling OS
+// thread, and gives the block barrier, the warp collectives (shuffles, __syncwarp, mma.sync) and
+// shared memory their documented semantics. Built only with -DTESSERA_SIMT=ON (docs/cuda.md, "The
+// SIMT emulator").
 //
-// Two ways to run the threads of a block, chosen when the emulator is built:
-// * fibers (the default): every CUDA thread is a fiber on the calling OS thread, switched only at
-//   a barrier, a warp collective or its exit, in thread order. Deterministic, fast (a switch is a
-//   few instructions), and what AddressSanitizer runs under (the switches are annotated).
-// * OS threads (TESSERA_SIMT_OS_THREADS, the ThreadSanitizer build): every CUDA thread of a block
-//   is a real thread, synchronised only where CUDA synchronises (the barrier, the collectives), so
-//   two threads that touch the same shared or global memory between two barriers, one writing,
-//   are a data race that ThreadSanitizer reports: a missing __syncthreads shows.
-// Either way a barrier that some threads of the block never reach (they exited, or wait at a
-// different barrier or collective) is an error naming the kernel, the block and the threads, not a
-// hang; so is a warp collective whose mask names a lane that exited or does not exist.
+// Fibers are switched only at a barrier, a warp collective or a thread's exit, in thread order:
+// deterministic and fast (a switch is a few instructions; a blocked fiber hands the OS thread
+// straight to the next one that can run). The sanitizers follow the switches: AddressSanitizer
+// through its fiber annotations; ThreadSanitizer sees every emulated thread as a fiber of its own
+// with happens-before only where CUDA has it (the barrier, the collectives, the launch and the
+// grid's end), so two threads that touch the same shared or global memory between two barriers,
+// one writing, are a data race it reports: a missing __syncthreads shows.
+// A barrier that some threads of the block never reach (they exited, or wait at a different
+// barrier or collective) is an error naming the kernel, the block and the threads, not a hang; so
+// is a warp collective whose mask names a lane that exited or does not exist.
 #pragma once
 
 #include <cstddef>
@@ -51,8 +51,8 @@ struct LaunchShape {
 // Why a launch of this shape would be refused by an sm_90 GPU ("" when it would not).
 std::string launch_refusal(const LaunchShape& s);
 
-// Runs `body` once for every thread of every block of the grid, on the calling OS thread (and, in
-// the OS-thread build, the block's threads), blocks in order x, then y, then z. Returns when the
+// Runs `body` once for every thread of every block of the grid, on the calling OS thread, blocks
+// in order x, then y, then z. Returns when the
 // grid is done; throws KernelError naming `kernel` when a thread faults. Does not check the shape
 // (launch_refusal does, before a launch is queued).
 void run_grid(const char* kernel, const LaunchShape& s, const std::function<void()>& body);
@@ -70,7 +70,8 @@ struct ThreadCtx {
   const BlockView* view = nullptr;
   int linear = 0;  // x + y X + z X Y: the thread's rank in the block, warp = linear / 32
   BlockState* block = nullptr;
-  // A collective's arguments in (written by the lane before it waits) and its result out.
+  // A collective's arguments in (written by the lane before it waits) and its result out: the
+  // executor's own (warp_shuffle, warp_mma fill and read them).
   Collective kind = Collective::SyncWarp;
   unsigned mask = 0;
   int src_lane = 0;   // Shuffle: the lane this one reads (already resolved by the caller)
@@ -95,9 +96,12 @@ inline const BlockView& current_block() { return *tls_thread->view; }
 
 // The block barrier (__syncthreads).
 void barrier();
-// A warp collective with the calling lane's mailbox filled in; returns when every lane of the
-// mask has arrived and the results are in the mailboxes.
-void warp_collective(Collective kind, unsigned mask);
+// The warp collectives: each returns when every lane of the mask has arrived. __syncwarp; a
+// shuffle (this lane offers `bits`, gets lane src_lane's: a lane index 0..31 of its warp); the
+// mma.sync m16n8k16 bf16 of the whole warp (c += a b, this lane's fragments, kernels/simt/mma.cpp).
+void warp_sync(unsigned mask);
+uint64_t warp_shuffle(unsigned mask, int src_lane, uint64_t bits);
+void warp_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
 
 // Shared memory of the current block: a static __shared__ array (one per `key`, the address of a
 // static object at the declaration) of `bytes`, allocated at exactly that size at its first use in
