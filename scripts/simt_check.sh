@@ -5,7 +5,8 @@
 #   asan      build-simt-asan/ (kernels only, AddressSanitizer + UBSan): every op case, the CUDA
 #             attention and GEMM tests, and the coverage list ("kernels exercised: X of Y")
 #   tsan      build-simt-tsan/ (kernels only, ThreadSanitizer; every emulated thread a TSan fiber):
-#             the op cases, and a deliberately missing __syncthreads that must be reported
+#             the op cases, and a deliberately missing __syncthreads and a race between two blocks,
+#             which must be reported
 #   layouts   mpiexec -n 2 build-simt/tessera train configs/quickstart.toml on dp2, tp2+sp, pp2
 #             (1f1b) and cp2, train.device = "cuda" against "cpu", f32 and bf16, 20 steps; a
 #             checkpoint written on the emulated device resumed on the CPU and the reverse
@@ -144,19 +145,22 @@ tsan_stage() (  # a subshell: its environment stays here
   configure_build build-simt-tsan -DTESSERA_KERNELS_ONLY=ON -DTESSERA_SIMT_SANITIZE=thread -- tests_gpu tests_simt ||
     return 1
   TSAN_OPTIONS=halt_on_error=1 build-simt-tsan/tests/tests_simt --gtest_brief=1 || return 1
-  # The deliberate race must be reported (else the stage proves nothing).
-  local out
-  out=$(TESSERA_SIMT_RACE_DEMO=1 TSAN_OPTIONS=halt_on_error=0 build-simt-tsan/tests/tests_simt \
-    --gtest_filter=SimtRaceDemo.MissingBarrier 2>&1)
-  if ! grep -q "WARNING: ThreadSanitizer: data race" <<<"$out"; then
-    echo "ThreadSanitizer did not report the missing __syncthreads of SimtRaceDemo.MissingBarrier:"
-    echo "$out"
-    return 1
-  fi
-  echo "simt_check-note: a missing __syncthreads is reported"
-  # The op-case list (tests/kernels/op_cases.h) at its small shapes: 28 cases, about 9 minutes on
-  # 2 cores before the executor ran TSan fibers; now about 95 s); the large cases take minutes and the attention
-  # tests take hours this way. SIMT_TSAN_FILTER=* runs everything.
+  # The deliberate races must be reported (else the stage proves nothing): a missing
+  # __syncthreads, and two blocks of a grid writing one word.
+  local demo out
+  for demo in MissingBarrier TwoBlocksWriteOneWord; do
+    out=$(TESSERA_SIMT_RACE_DEMO=1 TSAN_OPTIONS=halt_on_error=0 build-simt-tsan/tests/tests_simt \
+      --gtest_filter=SimtRaceDemo.$demo 2>&1)
+    if ! grep -q "WARNING: ThreadSanitizer: data race" <<<"$out"; then
+      echo "ThreadSanitizer did not report the race of SimtRaceDemo.$demo:"
+      echo "$out"
+      return 1
+    fi
+  done
+  echo "simt_check-note: a missing __syncthreads and a race between blocks are reported"
+  # The op-case list (tests/kernels/op_cases.h) at its small shapes: 28 cases, about 95 s on 2
+  # cores. The large cases take minutes each under TSan (rmsnorm_large 111 s) and the attention
+  # tests longer: SIMT_TSAN_FILTER=* runs them.
   TSAN_OPTIONS=halt_on_error=1 OMP_NUM_THREADS=1 build-simt-tsan/tests/tests_gpu --gtest_brief=1 \
     --gtest_filter="${SIMT_TSAN_FILTER:-CudaOpCases/*:-*_large*:*gpt2_vocab*:*long_runs*:*head_dims*}"
 )

@@ -19,7 +19,6 @@
 #include <mutex>
 #include <set>
 #include <sstream>
-#include <thread>
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -84,10 +83,10 @@ inline void hb_acquire(void*) {}
 }  // namespace
 
 // One static __shared__ array of a block: claimed by the first thread that reaches its
-// declaration (key), which allocates it and publishes ptr. Lock-free on purpose: a mutex here would
-// order every later thread after the first one's whole past, and ThreadSanitizer would then miss
-// the races between them that a missing __syncthreads leaves; the atomics order the others after
-// the allocation only.
+// declaration (key), which allocates it and publishes ptr before any other fiber runs. Atomics, not
+// a mutex: ThreadSanitizer must see the allocation happen before the other threads' use of it, and
+// nothing more (a mutex would order every later thread after the first one's whole past, hiding
+// the races between them that a missing __syncthreads leaves).
 struct SharedSlot {
   std::atomic<const void*> key{nullptr};
   std::atomic<void*> ptr{nullptr};
@@ -440,23 +439,24 @@ struct Context {
   void* tsan_fiber = nullptr;
 };
 
+// One block's run: its fibers and what they all share.
 struct Fiber;
 struct Scheduler {
   Context ctx;
   BlockState* block = nullptr;
   std::vector<Fiber>* fibers = nullptr;
+  const std::function<void()>* body = nullptr;
+  void* launch_sync = nullptr;  // ThreadSanitizer: released by the launch, acquired at start
+  void* done_sync = nullptr;    // released at exit, acquired after the grid
 };
 
+// One emulated thread of the block (index = its ThreadCtx::linear); done when its state is Exited.
 struct Fiber {
   Context ctx;
   int index = 0;
   Scheduler* sched = nullptr;
   ThreadCtx* thread = nullptr;
-  const std::function<void()>* body = nullptr;
-  void* launch_sync = nullptr;  // ThreadSanitizer: released by the launch, acquired at start
-  void* done_sync = nullptr;    // released at exit, acquired after the grid
   bool started = false;
-  bool done = false;
 };
 
 thread_local Fiber* t_fiber = nullptr;
@@ -465,7 +465,7 @@ thread_local Fiber* t_fiber = nullptr;
 // when something switches back to `from`.
 // Every field is read under IgnoreAccesses: contexts are the executor's, often on the scheduler's
 // stack, which ThreadSanitizer would otherwise see reused by the host code after the grid.
-void switch_to(Context& from, Context& to, Fiber* to_fiber, bool from_final) {
+void switch_to(Context& from, Context& to, Fiber* to_fiber, [[maybe_unused]] bool from_final) {
   void* to_sp;
   [[maybe_unused]] void* to_tsan;
   {
@@ -478,7 +478,6 @@ void switch_to(Context& from, Context& to, Fiber* to_fiber, bool from_final) {
     __sanitizer_start_switch_fiber(from_final ? nullptr : &from.asan_fake, to.stack_bottom, to.stack_size);
 #endif
   }
-  (void)from_final;
 #if defined(TESSERA_SIMT_TSAN)
   __tsan_switch_to_fiber(to_tsan, __tsan_switch_to_fiber_no_sync);  // outside: ignores are per fiber
 #endif
@@ -500,7 +499,7 @@ void leave(Fiber& f, bool final) {
     BlockState& b = *s.block;
     if (!b.abandoned && !b.fault)
       for (int i = f.index + 1; i < b.nthreads; ++i)
-        if (b.state[i] == St::Ready && !(*s.fibers)[i].done) {
+        if (b.state[i] == St::Ready) {
           next = &(*s.fibers)[i];
           break;
         }
@@ -511,8 +510,9 @@ void leave(Fiber& f, bool final) {
     switch_to(f.ctx, *sched_ctx, nullptr, final);
 }
 
-extern "C" void fiber_entry(void* arg) {
-  Fiber& f = *static_cast<Fiber*>(arg);
+// A thread from its start to its exit (its fault, if any, recorded in the block). Returns before
+// the fiber's last switch, so that what this frame owns (an exception the body threw) is freed.
+void run_thread(Fiber& f) {
   const std::function<void()>* body;
   void *launch_sync, *done_sync;
   {
@@ -528,9 +528,9 @@ extern "C" void fiber_entry(void* arg) {
     }
 #endif
     f.started = true;
-    body = f.body;
-    launch_sync = f.launch_sync;
-    done_sync = f.done_sync;
+    body = f.sched->body;
+    launch_sync = f.sched->launch_sync;
+    done_sync = f.sched->done_sync;
   }
   hb_acquire(launch_sync);
   std::exception_ptr fault;
@@ -543,12 +543,16 @@ extern "C" void fiber_entry(void* arg) {
   hb_release(done_sync);
   {
     IgnoreAccesses ignore;
-    BlockState& b = *f.thread->block;
+    BlockState& b = *f.sched->block;
     if (fault && !b.fault) b.fault = fault;
-    b.state[f.thread->linear] = St::Exited;
+    b.state[f.index] = St::Exited;
     ++b.exited;
-    f.done = true;
   }
+}
+
+extern "C" void fiber_entry(void* arg) {
+  Fiber& f = *static_cast<Fiber*>(arg);
+  run_thread(f);
   leave(f, true);
   __builtin_trap();  // never resumed
 }
@@ -575,30 +579,15 @@ void start_fiber(Fiber& f, Stack& s) {
   f.ctx.sp = slots;
 }
 
-// The calling thread waits (state s, already arrived) until a barrier or collective releases it:
-// the OS thread goes on to the next Ready fiber. Unwinds when the block is abandoned.
-void wait_released(Fiber& f, void* sync) {
-  bool ready;
-  {
-    IgnoreAccesses ignore;
-    ready = f.sched->block->state[f.index] == St::Ready;  // this arrival completed it
-  }
-  if (!ready) leave(f, false);
-  bool abandoned;
-  {
-    IgnoreAccesses ignore;
-    abandoned = f.sched->block->abandoned;
-  }
-  if (abandoned) throw Abandoned{};
-  hb_acquire(sync);
-}
-
 // Runs the block: rounds in thread order, each from the first Ready fiber, the fibers handing the
 // OS thread on to each other; between rounds, the general rules when nothing can run.
 void run_block(BlockState& b, const std::function<void()>& body, void* launch_sync, void* done_sync) {
   auto& pool = stack_pool(static_cast<size_t>(b.nthreads));
   Scheduler sched;
   sched.block = &b;
+  sched.body = &body;
+  sched.launch_sync = launch_sync;
+  sched.done_sync = done_sync;
 #if defined(TESSERA_SIMT_TSAN)
   sched.ctx.tsan_fiber = __tsan_get_current_fiber();
 #endif
@@ -609,14 +598,11 @@ void run_block(BlockState& b, const std::function<void()>& body, void* launch_sy
     f.index = i;
     f.sched = &sched;
     f.thread = &b.threads[i];
-    f.body = &body;
-    f.launch_sync = launch_sync;
-    f.done_sync = done_sync;
     start_fiber(f, *pool[i]);
   }
   auto first_ready = [&]() -> Fiber* {
     for (int i = 0; i < b.nthreads; ++i)
-      if (b.state[i] == St::Ready && !fibers[i].done) return &fibers[i];
+      if (b.state[i] == St::Ready) return &fibers[i];
     return nullptr;
   };
   for (;;) {
@@ -637,27 +623,42 @@ void run_block(BlockState& b, const std::function<void()>& body, void* launch_sy
   // one that never started does not start.
   b.abandoned = true;
   for (Fiber& f : fibers)
-    if (f.started && !f.done) switch_to(sched.ctx, f.ctx, &f, false);
+    if (f.started && b.state[f.index] != St::Exited) switch_to(sched.ctx, f.ctx, &f, false);
   hb_acquire(done_sync);
   std::rethrow_exception(b.fault);
 }
 
-// Where a blocked thread waits: the barrier's or its warp's synchronisation address.
+// The running thread arrives at a barrier or warp collective (`sync`, the address its
+// happens-before names) and waits until it completes: the OS thread goes on to the next Ready
+// fiber meanwhile. Unwinds when the block is abandoned.
+void arrive_and_wait(Fiber& f, void* sync, void (*arrive)(BlockState&, int)) {
+  hb_release(sync);
+  bool ready;
+  {
+    IgnoreAccesses ignore;
+    BlockState& b = *f.sched->block;
+    arrive(b, f.index);
+    ready = b.state[f.index] == St::Ready;  // this arrival completed it
+  }
+  if (!ready) leave(f, false);
+  bool abandoned;
+  {
+    IgnoreAccesses ignore;
+    abandoned = f.sched->block->abandoned;
+  }
+  if (abandoned) throw Abandoned{};
+  hb_acquire(sync);
+}
+
 void block_at_barrier() {
   Fiber* f;
   void* sync;
   {
     IgnoreAccesses ignore;
     f = t_fiber;
-    BlockState& b = *f->sched->block;
-    sync = &b.barrier_sync;
+    sync = &f->sched->block->barrier_sync;
   }
-  hb_release(sync);
-  {
-    IgnoreAccesses ignore;
-    arrive_barrier(*f->sched->block, f->index);
-  }
-  wait_released(*f, sync);
+  arrive_and_wait(*f, sync, arrive_barrier);
 }
 
 void block_at_warp(Collective kind, unsigned mask) {
@@ -679,12 +680,7 @@ void block_at_warp(Collective kind, unsigned mask) {
     t.mask = mask;
     sync = &b.warps[t.linear / kWarpSize].sync;
   }
-  hb_release(sync);
-  {
-    IgnoreAccesses ignore;
-    arrive_warp(*f->sched->block, f->index);
-  }
-  wait_released(*f, sync);
+  arrive_and_wait(*f, sync, arrive_warp);
 }
 
 // The launched kernels' names, written at exit when $TESSERA_SIMT_COVERAGE names a file. The one
@@ -802,7 +798,7 @@ void* static_shared(const void* key, size_t bytes, size_t align) {
     const void* k = slot.key.load(std::memory_order_acquire);
     if (k == nullptr && slot.key.compare_exchange_strong(k, key, std::memory_order_acq_rel)) {
       // This thread claimed the slot: allocate at exactly the size, fill, publish. Over the
-      // limits it is still published (the others must not wait for ever) and the block fails.
+      // limits the block fails.
       const size_t total = b.static_bytes.fetch_add(bytes) + bytes;
       void* p = nullptr;
       if (posix_memalign(&p, std::max<size_t>(align, sizeof(void*)), bytes) != 0) throw std::bad_alloc();
@@ -816,11 +812,7 @@ void* static_shared(const void* key, size_t bytes, size_t align) {
       }
       return p;
     }
-    if (k == key) {  // claimed by this or another thread: wait until it is published
-      void* p;
-      while (!(p = slot.ptr.load(std::memory_order_acquire))) std::this_thread::yield();
-      return p;
-    }
+    if (k == key) return slot.ptr.load(std::memory_order_acquire);  // claimed and published
   }
   throw KernelError(where(b) + ": more than " + std::to_string(kMaxStaticArrays) +
                     " static __shared__ arrays in one kernel (kernels/simt/executor.cpp's kMaxStaticArrays)");

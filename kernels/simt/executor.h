@@ -52,9 +52,8 @@ struct LaunchShape {
 std::string launch_refusal(const LaunchShape& s);
 
 // Runs `body` once for every thread of every block of the grid, on the calling OS thread, blocks
-// in order x, then y, then z. Returns when the
-// grid is done; throws KernelError naming `kernel` when a thread faults. Does not check the shape
-// (launch_refusal does, before a launch is queued).
+// in order x, then y, then z. Returns when the grid is done; throws KernelError naming `kernel`
+// when a thread faults. Does not check the shape (launch_refusal does, before a launch is queued).
 void run_grid(const char* kernel, const LaunchShape& s, const std::function<void()>& body);
 
 // The kinds of warp collective (all lanes of the mask meet, then each gets its result).

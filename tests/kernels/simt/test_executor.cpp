@@ -301,6 +301,17 @@ TEST(SimtRaceDemo, MissingBarrier) {
   });
 }
 
+// Two blocks of one grid write one word without an atomic (thread 0 of block 0, thread 1 of block
+// 1): a GPU runs them concurrently, so ThreadSanitizer must report it though the emulator runs the
+// blocks one after the other. Run only when asked, as above.
+TEST(SimtRaceDemo, TwoBlocksWriteOneWord) {
+  if (!std::getenv("TESSERA_SIMT_RACE_DEMO")) GTEST_SKIP() << "set TESSERA_SIMT_RACE_DEMO=1 to run the race on purpose";
+  int word = 0;
+  run_grid("blocks_race_kernel", shape(2, 2), [&] {
+    if (threadIdx.x == blockIdx.x) word = int(blockIdx.x) + 1;
+  });
+}
+
 TEST(SimtBf16, RoundsToNearestEvenAsFloat2Bfloat16Rn) {
   auto f = [](uint32_t u) {
     float x;
