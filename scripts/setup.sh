@@ -9,6 +9,7 @@ packages=(
   mpich libmpich-dev                # MPI
   libhdf5-mpich-dev hdf5-tools      # parallel HDF5 (checkpoints, fixtures)
   libcli11-dev libtomlplusplus-dev  # command line, config
+  nlohmann-json3-dev                # JSON (encoder.json, .jsonl, Hugging Face config.json, safetensors headers)
   libgtest-dev                      # tests
   libopenblas-openmp-dev libblis-dev  # CPU GEMM: OpenBLAS (OpenMP build) is used; BLIS for comparison
   libdnnl-dev                       # bf16 GEMM (train.dtype = "bf16"): oneDNN's matmul
