@@ -17,6 +17,7 @@ packages=(
   python3-numpy python3-h5py python3-matplotlib  # scripts (plots, fixture checks)
   python3-pil python3-sklearn       # the image tests' PIL oracle; the digits set (scripts/data/prepare_digits.py)
   slurm-wlm munge                   # the `slurm` tests start a one-node cluster of their own
+  time                              # /usr/bin/time: the import test's peak-memory measure
 )
 if [ "${TESSERA_SETUP_TORCH:-0}" = 1 ]; then
   packages+=(python3-torch)  # only to regenerate golden fixtures / run the PyTorch benchmark

@@ -274,7 +274,12 @@ HfImportSummary import_hf_model(const CkptImportArgs& args) {
     const std::vector<int64_t>& hs = weights.tensor(name).shape;
     if (s.hf->transpose) hf_values = transpose(hf_values, hs[0], hs[1]);
     const int64_t row_size = static_cast<int64_t>(hf_values.size()) / (s.hf->transpose ? hs[1] : hs[0]);
-    std::vector<float> out(hf_values.begin() + s.row * row_size, hf_values.begin() + (s.row + s.rows) * row_size);
+    std::vector<float> out;
+    if (s.row == 0 && s.rows * row_size == static_cast<int64_t>(hf_values.size())) {
+      out = std::move(hf_values);  // the whole HF tensor: no copy
+    } else {
+      out.assign(hf_values.begin() + s.row * row_size, hf_values.begin() + (s.row + s.rows) * row_size);
+    }
     if (!args.allow_non_finite) {
       const int64_t bad = std::count_if(out.begin(), out.end(), [](float v) { return !std::isfinite(v); });
       TESSERA_CHECK(bad == 0, "ckpt import: ", name, " in ", weights.file_of(name), " holds ", bad,
