@@ -313,13 +313,15 @@ HfImportSummary import_hf_model(const CkptImportArgs& args) {
 
 int run_ckpt_import(const CkptImportArgs& args, std::ostream& out) {
   const HfImportSummary s = import_hf_model(args);
+  std::string params = std::to_string(s.parameters);  // 602880 -> 602,880
+  for (int i = static_cast<int>(params.size()) - 3; i > 0; i -= 3) params.insert(static_cast<size_t>(i), ",");
   std::string dtypes;
   for (const std::string& d : s.dtypes) dtypes += (dtypes.empty() ? "" : ", ") + d;
   const Config c = parse_config_string(s.config_toml, args.out + ":/meta/config");
   const ModelSection& m = c.model;
   out << "imported " << args.dir << " (" << s.architecture << ", " << s.files.size() << " safetensors file"
       << (s.files.size() == 1 ? "" : "s") << ", " << s.hf_tensors << " tensors in " << dtypes << ") into " << args.out
-      << ": " << s.tensors << " tensors, " << s.parameters << " parameters as float32, no optimizer state\n";
+      << ": " << s.tensors << " tensors, " << params << " parameters as float32, no optimizer state\n";
   out << "  model.preset = \"" << m.preset << "\", n_layer = " << m.n_layer << ", n_head = " << m.n_head
       << ", n_kv_head = " << (m.n_kv_head > 0 ? m.n_kv_head : m.n_head) << ", n_embd = " << m.n_embd
       << ", ffn_hidden = " << m.ffn_hidden << ", vocab_size = " << m.vocab_size << ", max_seq_len = " << m.max_seq_len
