@@ -14,6 +14,8 @@
 #include <sstream>
 
 #include "app/checkpoint/atomic_file.h"
+#include "app/checkpoint/hf_model.h"
+#include "app/checkpoint/safetensors.h"
 #include "app/config.h"
 #include "data/addition.h"
 #include "data/gpt2_tokenizer.h"

@@ -4,15 +4,11 @@
 // file format is app/checkpoint/safetensors.h's.
 #pragma once
 
-#include <functional>
-#include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "app/checkpoint/checkpoint_io.h"
-#include "app/checkpoint/hf_model.h"
-#include "app/checkpoint/safetensors.h"
 #include "model/config.h"
 
 namespace tessera {

@@ -4,8 +4,6 @@
 // writer asks for it.
 #include "app/checkpoint/hf_import.h"
 
-#include <mpi.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -30,12 +28,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const std::string kModel = "/model/";
-
-// Where a tessera tensor comes from: rows [row, row + rows) of HF tensor `hf`, viewed as tessera
-// lays it out (transposed back when the table transposes).
+// Where a tessera tensor comes from: rows [row, row + rows) of the table's HF tensor `hf`, viewed
+// as tessera lays it out (transposed back when the table transposes).
 struct Source {
-  const HfTensor* hf = nullptr;
+  size_t hf = 0;
   int64_t row = 0, rows = 0;
 };
 
@@ -158,60 +154,55 @@ std::string stored_config(const ModelConfig& m, const std::string& tokenizer, co
   return to_toml(c);
 }
 
-}  // namespace
-
-HfImportSummary import_hf_model(const CkptImportArgs& args) {
-  const fs::path dir(args.dir);
-  TESSERA_CHECK(fs::is_directory(dir), "ckpt import: ", args.dir, " is not a directory (a Hugging Face model folder)");
-  const std::string config_path = (dir / "config.json").string();
-  TESSERA_CHECK(fs::exists(config_path), "ckpt import: ", args.dir, " has no config.json");
-  const HfModelConfig hf = hf_model_config(read_json_file(config_path), config_path);
-  const ModelConfig& cfg = hf.model;
-  const SafetensorsSet weights(args.dir);
-  const std::string where = weights.sharded() ? (dir / "model.safetensors.index.json").string() : weights.files()[0];
-
-  HfImportSummary summary;
-  summary.architecture = hf.architecture;
-  summary.notes = hf.notes;
-  summary.files = weights.files();
-
-  // The table, inverted: each tessera tensor's HF tensor and rows.
-  const std::vector<HfTensor> table = hf_tensor_map(cfg);
-  const std::vector<std::pair<std::string, Shape>> tensors = model_tensor_shapes(cfg);
-  const std::map<std::string, Shape> shapes(tensors.begin(), tensors.end());
+// The export's table read backwards: for each tessera tensor, its HF tensor and rows.
+struct Inverted {
+  std::vector<HfTensor> table;
+  std::vector<std::pair<std::string, Shape>> tensors;  // "/model/<name>", in the writer's terms
+  std::map<std::string, Shape> shapes;
   std::map<std::string, Source> source_of;
-  for (const HfTensor& t : table) {
+};
+
+Inverted invert_table(const ModelConfig& cfg) {
+  Inverted inv;
+  inv.table = hf_tensor_map(cfg);
+  inv.tensors = model_tensor_shapes(cfg);
+  inv.shapes = std::map<std::string, Shape>(inv.tensors.begin(), inv.tensors.end());
+  for (size_t i = 0; i < inv.table.size(); ++i) {
     int64_t row = 0;
-    for (const std::string& s : t.sources) {
-      const int64_t rows = shapes.at(s)[0];
-      source_of[s] = {&t, row, rows};
+    for (const std::string& s : inv.table[i].sources) {
+      const int64_t rows = inv.shapes.at(s)[0];
+      inv.source_of[s] = {i, row, rows};
       row += rows;
     }
   }
-  for (const auto& [path, shape] : tensors)
-    TESSERA_CHECK(source_of.count(path), "internal: no Hugging Face tensor maps to ", path);
+  for (const auto& [path, shape] : inv.tensors)
+    TESSERA_CHECK(inv.source_of.count(path), "internal: no Hugging Face tensor maps to ", path);
+  return inv;
+}
 
-  // Every tensor of the folder is mapped, ignored (a buffer) or refused; every mapped one present,
-  // of a float dtype, at its shape. All problems are listed at once.
-  const std::string prefix = hf_base_prefix(cfg.preset);
-  const std::map<std::string, std::string> stored = canonical_names(weights, prefix);
-  auto stored_name = [&](const std::string& canonical) { return stored.at(canonical); };
-  std::set<std::string> expected;
+// Checks every tensor of the folder: mapped (present, a float dtype, its shape), a buffer to skip,
+// or refused; all problems in one error. Returns the stored names by canonical name (with the base
+// model's prefix); fills summary.skipped and summary.dtypes.
+std::map<std::string, std::string> check_tensors(const SafetensorsSet& w, const Inverted& inv, const HfModelConfig& hf,
+                                                 const std::string& dir, const std::string& config_path,
+                                                 HfImportSummary& summary) {
+  const ModelConfig& cfg = hf.model;
+  const std::map<std::string, std::string> stored = canonical_names(w, hf_base_prefix(cfg.preset));
+  std::set<std::string> expected, dtypes;
   std::vector<std::string> problems, unknown;
-  std::set<std::string> dtypes;
-  for (const HfTensor& t : table) {
+  for (const HfTensor& t : inv.table) {
     expected.insert(t.name);
     const auto it = stored.find(t.name);
+    const std::string want = safetensors_shape_str(hf_shape(t, inv.shapes));
     if (it == stored.end()) {
-      problems.push_back("missing " + t.name + " " + safetensors_shape_str(hf_shape(t, shapes)));
+      problems.push_back("missing " + t.name + " " + want);
       continue;
     }
-    const SafetensorsTensor& st = weights.tensor(it->second);
-    if (st.shape != hf_shape(t, shapes))
-      problems.push_back(it->second + " is " + st.shape_str() + " in " + weights.file_of(it->second) + ", expected " +
-                         safetensors_shape_str(hf_shape(t, shapes)));
+    const SafetensorsTensor& st = w.tensor(it->second);
+    const std::string where = " in " + w.file_of(it->second);
+    if (st.shape != hf_shape(t, inv.shapes)) problems.push_back(it->second + " is " + st.shape_str() + where + ", expected " + want);
     if (!safetensors_float_dtype(st.dtype))
-      problems.push_back(it->second + " is " + st.dtype + " in " + weights.file_of(it->second) +
+      problems.push_back(it->second + " is " + st.dtype + where +
                          ": tessera reads F32, F16 and BF16 weights (a quantized model? import its unquantized release)");
     dtypes.insert(st.dtype);
   }
@@ -223,7 +214,7 @@ HfImportSummary import_hf_model(const CkptImportArgs& args) {
     } else if (canonical == "lm_head.weight" && cfg.tied_embeddings) {
       tied_head_stored = true;
     } else {
-      unknown.push_back(name + " " + weights.tensor(name).shape_str() + " in " + weights.file_of(name));
+      unknown.push_back(name + " " + w.tensor(name).shape_str() + " in " + w.file_of(name));
     }
   }
   if (!unknown.empty()) {
@@ -235,25 +226,29 @@ HfImportSummary import_hf_model(const CkptImportArgs& args) {
                        "does not have" + (quantized ? " (a quantized model's: tessera imports unquantized weights)" : "") +
                        ":\n" + list(unknown));
   }
-  TESSERA_CHECK(problems.empty(), "ckpt import: ", args.dir, " does not hold the ", hf.architecture, " that ",
-                config_path, " describes (", problems.size(), " problem", problems.size() == 1 ? "" : "s", "; ", where,
-                "):\n", list(problems, 12));
+  const std::string files = w.sharded() ? (fs::path(dir) / "model.safetensors.index.json").string() : w.files()[0];
+  TESSERA_CHECK(problems.empty(), "ckpt import: ", dir, " does not hold the ", hf.architecture, " that ", config_path,
+                " describes (", problems.size(), " problem", problems.size() == 1 ? "" : "s", "; ", files, "):\n",
+                list(problems, 12));
   if (tied_head_stored) {
     // transformers ties the head to the embedding on load and ignores a stored one: it must be the same.
-    const std::string emb = stored_name(table.front().name), head = stored_name("lm_head.weight");
-    TESSERA_CHECK(weights.tensor(head).shape == weights.tensor(emb).shape && weights.read_f32(head) == weights.read_f32(emb),
-                  "ckpt import: ", config_path, " says tie_word_embeddings = true, but lm_head.weight in ",
-                  weights.file_of(head), " differs from ", emb, ": transformers would ignore it and use the embedding. "
-                  "If the model's head is its own, set \"tie_word_embeddings\": false in config.json");
+    const std::string emb = stored.at(inv.table.front().name), head = stored.at("lm_head.weight");
+    TESSERA_CHECK(w.tensor(head).shape == w.tensor(emb).shape && w.read_f32(head) == w.read_f32(emb), "ckpt import: ",
+                  config_path, " says tie_word_embeddings = true, but lm_head.weight in ", w.file_of(head),
+                  " differs from ", emb, ": transformers would ignore it and use the embedding. If the model's head "
+                  "is its own, set \"tie_word_embeddings\": false in config.json");
     summary.skipped.push_back(head + " (tied: equal to " + emb + ")");
   }
   summary.dtypes.assign(dtypes.begin(), dtypes.end());
+  return stored;
+}
 
-  // The tokenizer, named or recognized.
+// --tokenizer, or the one recognized in the folder; it must fit the model's vocabulary.
+std::string choose_tokenizer(const CkptImportArgs& args, const ModelConfig& cfg) {
   std::string tokenizer = args.tokenizer;
   if (tokenizer == "auto") {
     std::string why;
-    tokenizer = recognize_tokenizer(dir, args.vocab_dir, why);
+    tokenizer = recognize_tokenizer(args.dir, args.vocab_dir, why);
     TESSERA_CHECK(!tokenizer.empty(), "ckpt import: cannot tell which of tessera's tokenizers ", args.dir,
                   "'s model uses: ", why, ". Pass --tokenizer gpt2, byte or addition to record the one its token ids "
                   "follow (it decides how `generate` and `ckpt export` read the ids)");
@@ -263,51 +258,82 @@ HfImportSummary import_hf_model(const CkptImportArgs& args) {
   const HfTokenizer tok = hf_tokenizer_named(tokenizer, args.vocab_dir);
   TESSERA_CHECK(tok.vocab_size <= cfg.vocab_size, "ckpt import: the model's vocabulary (", cfg.vocab_size,
                 ", config.json's vocab_size) is smaller than the ", tok.name, " tokenizer's (", tok.vocab_size, ")");
-  summary.tokenizer = tokenizer;
-  summary.config_toml = stored_config(cfg, tokenizer, args.vocab_dir);
+  return tokenizer;
+}
 
-  // Stream: each tessera tensor read, converted and cut from its HF tensor as the writer asks.
-  const TensorProducer produce = [&](const std::string& path) -> std::vector<float> {
-    const Source& s = source_of.at(path);
-    const std::string name = stored_name(s.hf->name);
-    std::vector<float> hf_values = weights.read_f32(name);
-    const std::vector<int64_t>& hs = weights.tensor(name).shape;
-    if (s.hf->transpose) hf_values = transpose(hf_values, hs[0], hs[1]);
-    const int64_t row_size = static_cast<int64_t>(hf_values.size()) / (s.hf->transpose ? hs[1] : hs[0]);
-    std::vector<float> out;
-    if (s.row == 0 && s.rows * row_size == static_cast<int64_t>(hf_values.size())) {
-      out = std::move(hf_values);  // the whole HF tensor: no copy
-    } else {
-      out.assign(hf_values.begin() + s.row * row_size, hf_values.begin() + (s.row + s.rows) * row_size);
-    }
-    if (!args.allow_non_finite) {
-      const int64_t bad = std::count_if(out.begin(), out.end(), [](float v) { return !std::isfinite(v); });
-      TESSERA_CHECK(bad == 0, "ckpt import: ", name, " in ", weights.file_of(name), " holds ", bad,
-                    " NaN or inf value(s) (", path, "): the model would produce NaN. Pass --allow-non-finite to "
-                    "import it as it is");
-    }
+// Tessera tensor `path`: its HF tensor read (widened to float32), transposed back where the table
+// transposes, and its rows cut out; NaN or inf refused unless allowed.
+std::vector<float> tessera_tensor(const std::string& path, const Inverted& inv, const SafetensorsSet& w,
+                                  const std::map<std::string, std::string>& stored, bool allow_non_finite) {
+  const Source& s = inv.source_of.at(path);
+  const HfTensor& t = inv.table[s.hf];
+  const std::string name = stored.at(t.name);
+  std::vector<float> values = w.read_f32(name);
+  const std::vector<int64_t>& hs = w.tensor(name).shape;
+  if (t.transpose) values = transpose(values, hs[0], hs[1]);
+  const int64_t row_size = static_cast<int64_t>(values.size()) / (t.transpose ? hs[1] : hs[0]);
+  std::vector<float> out;
+  if (s.row == 0 && s.rows * row_size == static_cast<int64_t>(values.size())) {
+    out = std::move(values);  // the whole HF tensor: no copy
+  } else {
+    out.assign(values.begin() + s.row * row_size, values.begin() + (s.row + s.rows) * row_size);
+  }
+  if (!allow_non_finite) {
+    const int64_t bad = std::count_if(out.begin(), out.end(), [](float v) { return !std::isfinite(v); });
+    TESSERA_CHECK(bad == 0, "ckpt import: ", name, " in ", w.file_of(name), " holds ", bad, " NaN or inf value(s) (",
+                  path, "): the model would produce NaN. Pass --allow-non-finite to import it as it is");
+  }
+  return out;
+}
+
+// The /import group: where the weights came from.
+AttrMap import_record(const CkptImportArgs& args, const HfImportSummary& s) {
+  auto joined = [](const std::vector<std::string>& items, const char* sep, bool basename) {
+    std::string out;
+    for (const std::string& i : items) out += (out.empty() ? "" : sep) + (basename ? fs::path(i).filename().string() : i);
     return out;
   };
+  AttrMap rec;
+  rec["source_dir"] = args.dir;
+  rec["architecture"] = s.architecture;
+  rec["files"] = joined(s.files, " ", true);
+  rec["dtypes"] = joined(s.dtypes, " ", false);
+  rec["tokenizer"] = s.tokenizer;
+  if (!s.notes.empty()) rec["notes"] = joined(s.notes, "; ", false);
+  return rec;
+}
+
+}  // namespace
+
+HfImportSummary import_hf_model(const CkptImportArgs& args) {
+  const fs::path dir(args.dir);
+  TESSERA_CHECK(fs::is_directory(dir), "ckpt import: ", args.dir, " is not a directory (a Hugging Face model folder)");
+  const std::string config_path = (dir / "config.json").string();
+  TESSERA_CHECK(fs::exists(config_path), "ckpt import: ", args.dir, " has no config.json");
+  const HfModelConfig hf = hf_model_config(read_json_file(config_path), config_path);
+  const SafetensorsSet weights(args.dir);
+  const Inverted inv = invert_table(hf.model);
+
+  HfImportSummary summary;
+  summary.architecture = hf.architecture;
+  summary.notes = hf.notes;
+  summary.files = weights.files();
+  const std::map<std::string, std::string> stored = check_tensors(weights, inv, hf, args.dir, config_path, summary);
+  summary.tokenizer = choose_tokenizer(args, hf.model);
+  summary.config_toml = stored_config(hf.model, summary.tokenizer, args.vocab_dir);
+
+  // Everything is checked: the tensors stream from the safetensors files into the checkpoint.
   CheckpointMeta meta;
   meta.config_toml = summary.config_toml;
   meta.extra[kRunIdKey] = new_run_id();  // its own model: a run of its own
-  GroupAttributes groups;
-  AttrMap& rec = groups["/import"];
-  rec["source_dir"] = args.dir;
-  rec["architecture"] = hf.architecture;
-  std::string files, dtype_list, notes;
-  for (const std::string& f : summary.files) files += (files.empty() ? "" : " ") + fs::path(f).filename().string();
-  for (const std::string& d : summary.dtypes) dtype_list += (dtype_list.empty() ? "" : " ") + d;
-  for (const std::string& n : summary.notes) notes += (notes.empty() ? "" : "; ") + n;
-  rec["files"] = files;
-  rec["dtypes"] = dtype_list;
-  rec["tokenizer"] = tokenizer;
-  if (!notes.empty()) rec["notes"] = notes;
-  write_checkpoint_file_streamed(args.out, meta, tensors, produce, groups);
+  const TensorProducer produce = [&](const std::string& path) {
+    return tessera_tensor(path, inv, weights, stored, args.allow_non_finite);
+  };
+  write_checkpoint_file_streamed(args.out, meta, inv.tensors, produce, {{"/import", import_record(args, summary)}});
 
-  summary.hf_tensors = static_cast<int64_t>(table.size());
-  summary.tensors = static_cast<int64_t>(tensors.size());
-  for (const auto& [path, shape] : tensors) summary.parameters += shape.numel();
+  summary.hf_tensors = static_cast<int64_t>(inv.table.size());
+  summary.tensors = static_cast<int64_t>(inv.tensors.size());
+  for (const auto& [path, shape] : inv.tensors) summary.parameters += shape.numel();
   return summary;
 }
 
