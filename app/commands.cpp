@@ -7,6 +7,7 @@
 
 #include "app/build_info.h"
 #include "app/checkpoint/ckpt_commands.h"
+#include "app/checkpoint/hf_import.h"
 #include "app/generate.h"
 #include "app/prepare.h"
 #include "app/prepare_images.h"
@@ -94,7 +95,7 @@ void register_prepare(CLI::App& app, int& exit_code) {
 }
 
 void register_ckpt(CLI::App& app, int& exit_code) {
-  auto* ckpt = app.add_subcommand("ckpt", "Checkpoint files: inspect one, or export its model");
+  auto* ckpt = app.add_subcommand("ckpt", "Checkpoint files: inspect one, export its model, or import a Hugging Face model");
   ckpt->require_subcommand(1);
 
   auto inspect = std::make_shared<CkptInspectArgs>();
@@ -113,6 +114,22 @@ void register_ckpt(CLI::App& app, int& exit_code) {
   cmd->add_flag("--allow-non-finite", exp->allow_non_finite, "Export even when the model holds NaN or inf values");
   cmd->add_option("--vocab", exp->vocab_dir, "GPT-2 tokenizer directory (default: data.vocab_dir, then data/gpt2)");
   cmd->callback(on_one_process("ckpt export", [exp, &exit_code] { exit_code = run_ckpt_export(*exp, std::cout); }));
+
+  auto imp = std::make_shared<CkptImportArgs>();
+  cmd = ckpt->add_subcommand("import", "Import a Hugging Face model folder (config.json and safetensors: GPT-2, LLaMA, "
+                                       "Mistral; F32, F16 or BF16) as a checkpoint of its weights");
+  cmd->add_option("dir", imp->dir, "The model folder: config.json and model.safetensors, or shards with "
+                                   "model.safetensors.index.json")->required();
+  cmd->add_option("--out", imp->out, "The checkpoint to write (.h5; must not exist)")->required();
+  cmd->add_option("--tokenizer", imp->tokenizer,
+                  "The tokenizer its ids follow, recorded for generate and export: auto = recognize the folder's "
+                  "vocab.json and merges.txt (GPT-2's, or tessera's byte or addition tokenizer as ckpt export writes "
+                  "them), or gpt2, byte, addition")
+      ->check(CLI::IsMember({"auto", "gpt2", "byte", "addition"}))
+      ->capture_default_str();
+  cmd->add_option("--vocab", imp->vocab_dir, "GPT-2 tokenizer directory (encoder.json, vocab.bpe; default: data/gpt2)");
+  cmd->add_flag("--allow-non-finite", imp->allow_non_finite, "Import even when a weight holds NaN or inf");
+  cmd->callback(on_one_process("ckpt import", [imp, &exit_code] { exit_code = run_ckpt_import(*imp, std::cout); }));
 }
 void register_generate(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<GenerateArgs>();

@@ -76,8 +76,9 @@ struct ModelSection : ModelConfig {
     v.field("kind", kind, "gpt = a language model; vlm = a vision-language model: the [vision] encoder and a "
             "projector feed image patches to the GPT in place of image placeholder tokens (docs/multimodal.md)",
             Allowed::one_of({"gpt", "vlm"}));
-    v.field("preset", preset, "architecture family: gpt2 (LayerNorm, GELU, learned positions, tied "
-            "embeddings, biases) or llama (RMSNorm, SwiGLU, RoPE, untied, no biases)",
+    v.field("preset", preset, "architecture family: gpt2 (LayerNorm, GELU, learned positions, biases, "
+            "LM head tied to wte) or llama (RMSNorm, SwiGLU, RoPE, no biases, an LM head of its own); model.lm_head "
+            "can change the head",
             Allowed::one_of({"gpt2", "llama"}));
     v.field("vocab_size", vocab_size, "vocabulary size; 0 = take it from the data/tokenizer",
             Allowed::at_least(0).at_most(kMaxVocab));
@@ -93,6 +94,8 @@ struct ModelSection : ModelConfig {
             Allowed::at_least(0).at_most(kMaxSeqLen));
     v.field("norm_eps", norm_eps, "epsilon inside LayerNorm/RMSNorm", Allowed::greater_than(0));
     v.field("rope_theta", rope_theta, "rotary embedding base (llama)", Allowed::greater_than(0));
+    v.field("lm_head", lm_head, "the output projection: tied (shares wte.weight) or untied (lm_head.weight of "
+            "its own); preset = gpt2 tied, llama untied", Allowed::one_of({"preset", "tied", "untied"}));
     v.field("init_std", init_std, "standard deviation of the weight init; residual output "
             "projections use init_std / sqrt(2 n_layer)", Allowed::greater_than(0));
     v.field("recompute", recompute, "activation recomputation per block: none (keep activations), "

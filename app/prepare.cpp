@@ -93,13 +93,15 @@ int64_t count_pieces(const std::vector<Input>& inputs, const std::string& separa
 // The text of a piece: itself, or the "text" field of its JSON line.
 std::string document_text(const Input& in, const Piece& p) {
   if (!in.jsonl) return std::string(p.bytes);
-  std::optional<std::string> text;
+  const std::string where = in.path + ":" + std::to_string(p.line);
+  Json line;
   try {
-    text = json_string_field(p.bytes, "text");
+    line = parse_json_line(p.bytes);
   } catch (const Error& e) {
-    detail::fail(in.path, ":", p.line, ": ", e.what());
+    detail::fail(where, ": ", e.what());
   }
-  TESSERA_CHECK(text.has_value(), in.path, ":", p.line, ": the JSON object has no \"text\" field");
+  const std::optional<std::string> text = json_string(line, "text", where);
+  TESSERA_CHECK(text.has_value(), where, ": the JSON object has no \"text\" field");
   return *text;
 }
 

@@ -115,8 +115,9 @@ struct Entry {
   std::string image, text;
 };
 Entry parse_entry(const std::string& line) {
-  const std::optional<std::string> image = json_string_field(line, "image");
-  const std::optional<std::string> text = json_string_field(line, "text");
+  const Json entry = parse_json_line(line);
+  const std::optional<std::string> image = json_string(entry, "image", "");
+  const std::optional<std::string> text = json_string(entry, "text", "");
   TESSERA_CHECK(image.has_value() && !image->empty(), "the JSON object has no \"image\" field (a file name under ",
                 "--images)");
   TESSERA_CHECK(text.has_value(), "the JSON object has no \"text\" field (the caption)");

@@ -319,6 +319,9 @@ std::vector<std::string> model_differences(const std::string& file_toml, const C
   differ("model.n_embd", was.model.n_embd, now.model.n_embd);
   differ("model.n_head", was.model.n_head, now.model.n_head);
   differ("model.n_kv_head (0 = n_head)", kv(was.model), kv(now.model));
+  // A tied file's wte.weight would load while an untied run's lm_head kept its initialization.
+  auto head = [](const ModelSection& m) { return resolve_lm_head(m.preset, m.lm_head); };
+  differ("model.lm_head", head(was.model), head(now.model));
   if (was.model.kind == "vlm" && now.model.kind == "vlm") {
     differ("vision.n_embd", was.vision.n_embd, now.vision.n_embd);
     differ("vision.n_head", was.vision.n_head, now.vision.n_head);

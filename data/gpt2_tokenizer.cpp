@@ -82,11 +82,15 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::string& dir) {
 
 Gpt2Tokenizer::IdsByBytes Gpt2Tokenizer::load_vocab(const std::string& path) {
   const std::string text = read_file(path, "the token -> id map");
-  const auto entries = parse_json_string_int_map(text, path);
-  TESSERA_CHECK(!entries.empty(), path, ": the token map is empty");
+  const Json map = parse_json(text, path);  // a repeated token is refused here
+  TESSERA_CHECK(map.is_object(), path, ": expected a JSON object of token -> id ('{'), got ", json_kind(map));
+  TESSERA_CHECK(!map.empty(), path, ": the token map is empty");
   const UnicodeToByte inv;
   IdsByBytes ids;
-  for (const auto& [token, id] : entries) {
+  for (const auto& [token, value] : map.items()) {
+    TESSERA_CHECK(value.is_number_integer(), path, ": token ", Json(token).dump(), " has ", json_kind(value),
+                  " for its id; expected an integer");
+    const int64_t id = *json_int(map, token, path);  // within int64
     TESSERA_CHECK(id >= 0 && id < kMaxVocab, path, ": token \"", token, "\" has id ", id, ", outside [0, ",
                   kMaxVocab, ")");
     bool fresh = ids.emplace(token_to_bytes(token, inv, path), static_cast<int32_t>(id)).second;

@@ -1,79 +1,45 @@
-// The JSON that tessera reads: GPT-2's encoder.json (a flat object of string keys to integers) and
-// the "text" of a .jsonl line. One reader serves both. Key decision: no JSON library; strings decode
-// to UTF-8 (\uXXXX escapes, surrogate pairs joined), other values can be skipped by structure
-// without being built, and every error names the byte offset (and the file, when given one).
+// The JSON tessera reads (GPT-2's encoder.json, .jsonl lines, Hugging Face config.json and
+// safetensors headers), parsed by nlohmann/json (Debian's nlohmann-json3-dev). Key decision: the
+// library parses; this adds only what tessera's errors need: every message names its source and
+// what was expected, and a key repeated in a file is refused (two readers could take either value).
 #pragma once
 
-#include <cstddef>
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <utility>
-#include <vector>
-
-#include "kernels/check.h"
 
 namespace tessera {
 
-// What a \uXXXX escape holding half a surrogate pair with no other half decodes to.
-enum class LoneSurrogate {
-  kError,    // a malformed-JSON error (a vocabulary file must be exact)
-  kReplace,  // U+FFFD, as Python's errors="replace" would (web text has them)
-};
+using Json = nlohmann::json;
 
-// A cursor over JSON text. Errors: "<source>: malformed JSON at byte N: <what>" (without the
-// "<source>: " when source is empty: the caller then adds its own location).
-class JsonReader {
- public:
-  JsonReader(std::string_view text, std::string source, LoneSurrogate lone)
-      : text_(text), source_(std::move(source)), lone_(lone) {}
+// One JSON document. Errors (tessera::Error): "<source>: malformed JSON: parse error at line L,
+// column C: syntax error while parsing ... expected ..." (nlohmann's account of what it expected),
+// and "<source>: "key" appears twice in one object (at /path)". Whatever the text holds, the result
+// is an Error or a value: never a crash (tests/fuzz/json.cpp).
+Json parse_json(std::string_view text, const std::string& source);
+// The file at path, parsed as above (source = path); a file that cannot be read is an Error naming it.
+Json read_json_file(const std::string& path);
 
-  void skip_space();
-  bool at_end() const { return pos_ >= text_.size(); }
-  // The next character after whitespace ('\0' at the end).
-  char peek();
-  // Takes `c` if it is the next character after whitespace.
-  bool take(char c);
-  void expect(char c);
-  // After an element of an array or object: false when `close` comes next (and is taken), true
-  // after a ','; anything else is an error.
-  bool more(char close);
-  // The string literal that comes next, decoded to UTF-8.
-  std::string string();
-  // The integer that comes next (a fraction or exponent is an error).
-  int64_t integer();
-  // Skips the value that comes next: a string, number, literal, array or object (nesting <= 512).
-  void skip_value(int depth = 0);
-  // Only whitespace may follow; `what` names the end that was expected ("the closing '}'").
-  void expect_end(std::string_view what);
+// One line of a .jsonl file, read as Python's json.loads reads it: a repeated key keeps its last
+// value, and a \u escape holding half a surrogate pair with no other half becomes U+FFFD (web
+// text has them; errors="replace"). It must be an object. Errors name no file: the caller adds
+// file:line ("malformed JSON: ...", "a line must be one JSON object").
+Json parse_json_line(std::string_view line);
 
-  size_t pos() const { return pos_; }
-  template <typename... Args>
-  [[noreturn]] void fail_at(size_t pos, const Args&... what) const {
-    if (source_.empty()) detail::fail("malformed JSON at byte ", pos, ": ", what...);
-    detail::fail(source_, ": malformed JSON at byte ", pos, ": ", what...);
-  }
+// What a value is, for messages: "an object", "an array", "a string", "an integer", "a number",
+// "a boolean", "null".
+std::string json_kind(const Json& v);
 
- private:
-  char32_t hex4(size_t at);
-  char32_t unicode_escape(size_t backslash);
-
-  std::string_view text_;
-  std::string source_;
-  LoneSurrogate lone_;
-  size_t pos_ = 0;
-};
-
-// The (key, value) pairs of `{"key": 123, ...}` in file order; lone surrogates are errors. `source`
-// names the file in errors.
-std::vector<std::pair<std::string, int64_t>> parse_json_string_int_map(std::string_view text,
-                                                                       const std::string& source);
-
-// The decoded string value of the top-level `key` of the JSON object `json` (one .jsonl line), or
-// nothing when the object has no such key; a repeated key: the last one wins, as in Python's json.
-// Lone surrogates become U+FFFD. Throws tessera::Error (the caller adds file:line) when json is not
-// an object, the value of key is not a string, or the text is malformed.
-std::optional<std::string> json_string_field(std::string_view json, std::string_view key);
+// The value of `key` in the object `object` as a C++ type, or nothing when the key is absent (or
+// null: Hugging Face writes unset options as null). A value of another type is an Error:
+// "<where>: "key" must be an integer, got a string". json_int accepts integers within int64 only;
+// json_number any number.
+std::optional<std::string> json_string(const Json& object, const std::string& key, const std::string& where);
+std::optional<int64_t> json_int(const Json& object, const std::string& key, const std::string& where);
+std::optional<double> json_number(const Json& object, const std::string& key, const std::string& where);
+std::optional<bool> json_bool(const Json& object, const std::string& key, const std::string& where);
 
 }  // namespace tessera

@@ -13,24 +13,30 @@ int64_t llama_ffn_hidden(int64_t c) {
 }
 }  // namespace
 
+std::string resolve_lm_head(const std::string& preset, const std::string& lm_head) {
+  if (lm_head != "preset") return lm_head;
+  return preset == "gpt2" ? "tied" : "untied";
+}
+
 ModelConfig resolve(ModelConfig cfg) {
   if (cfg.preset == "gpt2") {
     cfg.norm = NormKind::LayerNorm;
     cfg.mlp = MlpKind::Gelu;
     cfg.position = PositionKind::Learned;
     cfg.bias = true;
-    cfg.tied_embeddings = true;
     if (cfg.ffn_hidden == 0) cfg.ffn_hidden = 4 * cfg.n_embd;
   } else if (cfg.preset == "llama") {
     cfg.norm = NormKind::RmsNorm;
     cfg.mlp = MlpKind::SwiGlu;
     cfg.position = PositionKind::Rope;
     cfg.bias = false;
-    cfg.tied_embeddings = false;
     if (cfg.ffn_hidden == 0) cfg.ffn_hidden = llama_ffn_hidden(cfg.n_embd);
   } else {
     TESSERA_CHECK(false, "model.preset = \"", cfg.preset, "\" is unknown; expected \"gpt2\" or \"llama\"");
   }
+  TESSERA_CHECK(cfg.lm_head == "preset" || cfg.lm_head == "tied" || cfg.lm_head == "untied", "model.lm_head = \"",
+                cfg.lm_head, "\" is unknown; expected \"preset\", \"tied\" or \"untied\"");
+  cfg.tied_embeddings = resolve_lm_head(cfg.preset, cfg.lm_head) == "tied";
   TESSERA_CHECK(cfg.vocab_size > 0, "model.vocab_size must be positive, got ", cfg.vocab_size);
   TESSERA_CHECK(cfg.n_layer > 0, "model.n_layer must be positive, got ", cfg.n_layer);
   TESSERA_CHECK(cfg.n_head > 0, "model.n_head must be positive, got ", cfg.n_head);

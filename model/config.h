@@ -1,5 +1,6 @@
 // ModelConfig: the architecture hyper-parameters and the two presets (gpt2, llama). The preset
-// decides the architecture choices (norm, MLP, positions, biases, tying); sizes are free.
+// decides the architecture choices (norm, MLP, positions, biases, and tying unless lm_head says);
+// sizes are free.
 #pragma once
 
 #include <cstdint>
@@ -44,13 +45,16 @@ struct ModelConfig {
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;
   double init_std = 0.02;    // residual output projections use init_std / sqrt(2 n_layer)
+  // The output projection: "tied" to the token embedding wte (no lm_head.weight), "untied" (a
+  // weight of its own, lm_head.weight), or "preset": gpt2 tied, llama untied.
+  std::string lm_head = "preset";
 
   // Architecture, derived from the preset by resolve().
   NormKind norm = NormKind::LayerNorm;
   MlpKind mlp = MlpKind::Gelu;
   PositionKind position = PositionKind::Learned;
   bool bias = true;
-  bool tied_embeddings = true;
+  bool tied_embeddings = true;  // from lm_head
 
   VisionConfig vision;  // kind = "vlm" only
 
@@ -59,6 +63,9 @@ struct ModelConfig {
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   bool operator==(const ModelConfig&) const = default;
 };
+
+// "tied" or "untied": what model.lm_head = lm_head means for the preset (gpt2 ties, llama does not).
+std::string resolve_lm_head(const std::string& preset, const std::string& lm_head);
 
 // Fills the architecture fields and defaults from the preset and validates the sizes; throws
 // tessera::Error naming the offending field.

@@ -530,7 +530,7 @@ std::vector<float> LayerUpscaler::produce(const std::string& name, const TensorF
   if (layer < 0) return values(name);
   TESSERA_CHECK(layer < target_.n_layer, "upscale: ", name, " is past the grown model's ", target_.n_layer, " layers");
   const LayerSource& l = mapping_[static_cast<size_t>(layer)];
-  auto src = [&](int64_t i) { return values("blocks." + std::to_string(i) + "." + suffix); };
+  auto src = [&, suffix = suffix](int64_t i) { return values("blocks." + std::to_string(i) + "." + suffix); };  // clang 14 cannot capture a structured binding
   switch (l.init) {
     case LayerInit::Copy: return src(l.a);
     case LayerInit::Expand: {

@@ -16,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-all_targets=(config json image gpt2_vocab gpt2_encode indexed_dataset llmc_shard checkpoint checkpoint_objects)
+all_targets=(config json image gpt2_vocab gpt2_encode indexed_dataset llmc_shard checkpoint checkpoint_objects safetensors)
 build_targets=1
 if [ "${1:-}" = --no-build ]; then
   build_targets=0

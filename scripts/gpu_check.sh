@@ -6,7 +6,7 @@
 # H200 (every stage has a time limit; the summary prints whatever ran). Made for a machine with
 # nvcc 13, CMake, ninja (or make) and a Python with PyTorch, but none of Debian's -dev packages
 # and no network:
-#  * MPICH, parallel HDF5, toml++, CLI11, libpng, libjpeg, zlib, OpenBLAS (OpenMP) and GoogleTest
+#  * MPICH, parallel HDF5, toml++, CLI11, nlohmann/json, libpng, libjpeg, zlib, OpenBLAS (OpenMP) and GoogleTest
 #    come from the system when it has them all, else from the .deb files of .gpu-deps/ (fetched
 #    beforehand with scripts/gpu_deps.sh where Debian's registry is reachable, carried along with
 #    the tree, never committed), unpacked with dpkg -x into a prefix in /tmp; the binaries find
@@ -91,7 +91,7 @@ have_system_deps() {
   local f
   for f in /usr/include/$multiarch/openblas-openmp/cblas.h /usr/lib/$multiarch/cmake/GTest/GTestConfig.cmake \
            /usr/include/$multiarch/mpich/mpi.h /usr/include/hdf5/mpich/hdf5.h /usr/include/toml++/toml.h \
-           /usr/include/CLI/CLI.hpp /usr/include/png.h /usr/include/jpeglib.h; do
+           /usr/include/nlohmann/json.hpp /usr/include/CLI/CLI.hpp /usr/include/png.h /usr/include/jpeglib.h; do
     [ -f "$f" ] || return 1
   done
 }

@@ -3,7 +3,7 @@
 # unpacks (dpkg -x, into a prefix under /tmp) on a GPU machine that has nvcc, CMake, ninja and
 # Python but none of Debian's -dev packages and no network: everything the FULL build links
 # (docs/cuda.md, "gpu_check.sh"):
-#   MPICH (headers, libmpich, mpiexec.hydra), parallel HDF5 (libhdf5-mpich), toml++, CLI11,
+#   MPICH (headers, libmpich, mpiexec.hydra), parallel HDF5 (libhdf5-mpich), toml++, CLI11, nlohmann/json,
 #   libpng, libjpeg, zlib, the OpenMP build of OpenBLAS, GoogleTest,
 # and then the runtime libraries those need, found by following the ELF NEEDED entries of every
 # unpacked library and program to the package that provides the soname here (dpkg -S), until
@@ -25,6 +25,7 @@ seeds=(
   mpich libmpich12 libmpich-dev                                          # MPI: mpiexec.hydra, libmpich
   libhdf5-mpich-103-1 libhdf5-mpich-hl-100 libhdf5-mpich-dev             # parallel HDF5 (h5pcc links hl)
   libtomlplusplus3 libtomlplusplus-dev libcli11-dev                      # config, command line
+  nlohmann-json3-dev                                                     # JSON (header-only)
   libpng16-16 libpng-dev libjpeg62-turbo libjpeg62-turbo-dev             # image decoding (data/)
   zlib1g zlib1g-dev                                                      # libpng's FindPNG needs ZLIB
 )

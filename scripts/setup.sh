@@ -9,6 +9,7 @@ packages=(
   mpich libmpich-dev                # MPI
   libhdf5-mpich-dev hdf5-tools      # parallel HDF5 (checkpoints, fixtures)
   libcli11-dev libtomlplusplus-dev  # command line, config
+  nlohmann-json3-dev                # JSON (encoder.json, .jsonl, Hugging Face config.json, safetensors headers)
   libgtest-dev                      # tests
   libopenblas-openmp-dev libblis-dev  # CPU GEMM: OpenBLAS (OpenMP build) is used; BLIS for comparison
   libdnnl-dev                       # bf16 GEMM (train.dtype = "bf16"): oneDNN's matmul
@@ -16,6 +17,7 @@ packages=(
   python3-numpy python3-h5py python3-matplotlib  # scripts (plots, fixture checks)
   python3-pil python3-sklearn       # the image tests' PIL oracle; the digits set (scripts/data/prepare_digits.py)
   slurm-wlm munge                   # the `slurm` tests start a one-node cluster of their own
+  time                              # /usr/bin/time: the import test's peak-memory measure
 )
 if [ "${TESSERA_SETUP_TORCH:-0}" = 1 ]; then
   packages+=(python3-torch)  # only to regenerate golden fixtures / run the PyTorch benchmark

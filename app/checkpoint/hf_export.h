@@ -1,11 +1,9 @@
 // Export of a checkpoint's model to Hugging Face transformers: model.safetensors with HF tensor
-// names (GPT2LMHeadModel or LlamaForCausalLM), config.json and the tokenizer it was trained with. The name mapping is one table per
-// preset (docs/checkpoints.md); each HF tensor is a concatenation of tessera tensors along dim 0,
-// optionally transposed (GPT-2's Conv1D stores weights as (in, out)).
+// names (GPT2LMHeadModel or LlamaForCausalLM), config.json and the tokenizer it was trained with.
+// The name tables and config.json are app/checkpoint/hf_model.h's (the import inverts them); the
+// file format is app/checkpoint/safetensors.h's.
 #pragma once
 
-#include <functional>
-#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,15 +25,6 @@ void require_text_model(const CheckpointReader& reader, const std::string& what)
 // Every model parameter's dataset path and global shape for cfg: "/model/<name>".
 std::vector<std::pair<std::string, Shape>> model_tensor_shapes(const ModelConfig& cfg);
 
-// One HF tensor: the tessera tensors `sources` (dataset paths) concatenated along dim 0, then
-// transposed when `transpose` (2-D only).
-struct HfTensor {
-  std::string name;
-  std::vector<std::string> sources;
-  bool transpose = false;
-};
-// The mapping table for cfg's preset, in HF module order.
-std::vector<HfTensor> hf_tensor_map(const ModelConfig& cfg);
 // The tokenizer the checkpoint's model was trained with (its stored [data] section), as Hugging
 // Face's byte-level BPE files, so that AutoTokenizer.from_pretrained(export dir) loads it:
 // - data.tokenizer = "gpt2": GPT-2's encoder.json and vocab.bpe as vocab.json and merges.txt (the
@@ -56,26 +45,13 @@ struct HfTokenizer {
 // default directory (data/tokenizer.h default_gpt2_vocab_dir); missing files are an error naming
 // where they were looked for.
 HfTokenizer hf_tokenizer_of(const CheckpointReader& reader, const std::string& vocab_dir);
+// The tokenizer `name` ("addition", "byte", "gpt2") as those files; gpt2's from vocab_dir, else
+// stored_dir when it exists, else the default directory.
+HfTokenizer hf_tokenizer_named(const std::string& name, const std::string& vocab_dir = "",
+                               const std::string& stored_dir = "");
 // tokenizer_config.json and special_tokens_map.json for tok (model_max_length = max_seq_len).
 std::string hf_tokenizer_config_json(const HfTokenizer& tok, int64_t max_seq_len);
 std::string hf_special_tokens_map_json(const HfTokenizer& tok);
-
-// config.json for cfg (a complete JSON document); bos_token_id and eos_token_id = eos_id.
-std::string hf_config_json(const ModelConfig& cfg, int32_t eos_id);
-
-// A tensor to store in a safetensors file; data() produces its float32 values when written, so
-// only one tensor at a time is in memory.
-struct SafetensorsEntry {
-  std::string name;
-  Shape shape;
-  std::function<std::vector<float>()> data;
-};
-// Writes the safetensors format: u64 little-endian header size N, N bytes of JSON (padded with
-// spaces so the data starts 8-byte aligned), then the tensors back to back in entry order.
-// Written to a fresh exclusive temporary (app/checkpoint/atomic_file.h) and renamed, so a failed export
-// leaves no partial file and a file or symlink planted in the directory is never written through.
-void write_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& entries,
-                       const std::map<std::string, std::string>& metadata);
 
 struct HfExportSummary {
   std::string architecture;  // "GPT2LMHeadModel"

@@ -15,6 +15,7 @@ TEST(Commands, OnlyTrainRunsUnderMpiexec) {
       {"generate", {"generate", "--ckpt", missing, "--prompt", "1+1="}},
       {"ckpt inspect", {"ckpt", "inspect", missing}},
       {"ckpt export", {"ckpt", "export", missing, "--out", (dir / "hf").string()}},
+      {"ckpt import", {"ckpt", "import", dir.string(), "--out", (dir / "imported.h5").string()}},
       {"prepare", {"prepare", "--input", (dir / "in.txt").string(), "--tokenizer", "byte", "--out",
                    (dir / "out").string()}},
   };
@@ -30,6 +31,7 @@ TEST(Commands, OnlyTrainRunsUnderMpiexec) {
   }
   EXPECT_FALSE(fs::exists(dir / "hf")) << "refused before doing anything";
   EXPECT_FALSE(fs::exists(dir / "out.bin"));
+  EXPECT_FALSE(fs::exists(dir / "imported.h5"));
   fs::remove_all(dir);
 }
 

@@ -130,6 +130,9 @@ TEST(InitFrom, RefusesWhatDoesNotFit) {
                                    {gpt, "holds another model's weights", "model.preset = gpt2 in the file, llama in this run"}));
   EXPECT_TRUE(testing::throws_with([&] { start({"model.n_head=4"}); }, {"model.n_head = 2 in the file, 4 in this run"}));
   EXPECT_TRUE(testing::throws_with([&] { start({"model.n_embd=64"}); }, {"model.n_embd = 32 in the file, 64 in this run"}));
+  // An untied head would keep its initialization while wte loads: refused too.
+  EXPECT_TRUE(testing::throws_with([&] { start({"model.lm_head=\"untied\""}); },
+                                   {"model.lm_head = tied in the file, untied in this run"}));
   // Prefixes that select nothing.
   EXPECT_TRUE(testing::throws_with([&] { start({"checkpoint.init_prefixes=[\"nope.\"]"}); },
                                    {"checkpoint.init_prefixes = [\"nope.\"]", "matches no parameter of this model"}));

@@ -61,32 +61,17 @@ struct Case {
   int line = 0;
 };
 
-// One case per line: {"text": "...", "ids": [...], "allowed_special": false, "source": "..."}.
+// {"description": ..., "cases": [{"text": "...", "ids": [...], "allowed_special": false, "source": "..."}, ...]};
+// Case::line is the case's index in "cases".
 std::vector<Case> read_cases(const std::string& path) {
-  std::istringstream lines(read_file(path));
+  const Json file = read_json_file(path);
   std::vector<Case> cases;
-  std::string line;
-  for (int n = 1; std::getline(lines, line); ++n) {
-    if (line.rfind("{\"text\": ", 0) != 0) continue;
+  for (const Json& j : file.at("cases")) {
     Case c;
-    c.line = n;
-    JsonReader in(line, path + ":" + std::to_string(n), LoneSurrogate::kError);
-    in.expect('{');
-    do {
-      const std::string key = in.string();
-      in.expect(':');
-      if (key == "text") {
-        c.text = in.string();
-      } else if (key == "ids") {
-        in.expect('[');
-        if (!in.take(']'))
-          do c.ids.push_back(static_cast<int32_t>(in.integer()));
-          while (in.more(']'));
-      } else {
-        c.allowed_special = c.allowed_special || (key == "allowed_special" && in.peek() == 't');
-        in.skip_value();
-      }
-    } while (in.more('}'));
+    c.line = static_cast<int>(cases.size());
+    c.text = j.at("text").get<std::string>();
+    c.ids = j.at("ids").get<std::vector<int32_t>>();
+    c.allowed_special = j.value("allowed_special", false);
     cases.push_back(std::move(c));
   }
   return cases;
@@ -100,8 +85,8 @@ TEST(Gpt2Tokenizer, MatchesAllReferenceCases) {
   ASSERT_EQ(cases.size(), 59u) << "expected 59 cases in " << path;
   int special = 0;
   for (const Case& c : cases) {
-    EXPECT_EQ(tok.encode(c.text, c.allowed_special), c.ids) << path << ":" << c.line;
-    EXPECT_EQ(tok.decode(c.ids), c.text) << path << ":" << c.line;
+    EXPECT_EQ(tok.encode(c.text, c.allowed_special), c.ids) << path << " case " << c.line;
+    EXPECT_EQ(tok.decode(c.ids), c.text) << path << " case " << c.line;
     special += c.allowed_special;
   }
   EXPECT_GE(special, 1);
@@ -350,9 +335,10 @@ TEST(Gpt2Tokenizer, MalformedEncoderJsonIsReported) {
   };
   const std::vector<std::pair<std::string, std::string>> bad = {
       {good.substr(0, good.size() / 2), "malformed JSON"},
-      {"[1, 2]", "expected '{'"},
+      {"[1, 2]", "expected a JSON object of token -> id ('{'), got an array"},
       {"{\"a\": 1.5}", "expected an integer"},
-      {"{\"a\": 1,}", "expected a string"},
+      {"{\"a\": null}", "expected an integer"},
+      {"{\"a\": 1,}", "expected string literal"},
       {"{\"\\ud800\": 1}", "surrogate"},
       {"{\"\\u4e00\": 1}", "outside GPT-2's byte alphabet"},
       {"{}", "empty"},

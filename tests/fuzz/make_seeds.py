@@ -242,6 +242,35 @@ def checkpoint_object_seeds():
     write(d, "huge_dims", meta + bytes([2, 3, 1, 2, 1, 227, 1, 227, 1, 0, 0, 0, 0, 0]))
 
 
+# ---- safetensors: small files as transformers writes them, in each float dtype and others ----
+
+def safetensors_file(tensors, metadata=None):
+    """tensors: (name, dtype, shape, raw bytes); the header padded to 8 bytes as the format's writers do."""
+    header, data = {}, b""
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    return struct.pack("<Q", len(h)) + h + data
+
+
+def safetensors_seeds():
+    d = target_dir("safetensors")
+    f32 = struct.pack("<6f", 1.0, -2.5, 0.0, 3.25, 1e-30, 65504.0)
+    write(d, "f32", safetensors_file([("a.weight", "F32", [2, 3], f32), ("b", "F32", [], struct.pack("<f", 7.0))],
+                                     {"format": "pt"}))
+    write(d, "f16_bf16", safetensors_file([("h", "F16", [4], struct.pack("<4H", 0x3C00, 0x0001, 0x7C00, 0xFC00)),
+                                           ("b", "BF16", [2, 1], struct.pack("<2H", 0x3F80, 0x7FC1))]))
+    write(d, "other_dtypes", safetensors_file([("q.qweight", "I32", [2], struct.pack("<2i", 1, -1)),
+                                               ("m", "BOOL", [3], b"\x01\x00\x01"),
+                                               ("s", "F8_E4M3", [2], b"\x38\x40"),
+                                               ("e", "F32", [0, 4], b"")]))
+    write(d, "empty", safetensors_file([], {}))
+
+
 def main():
     config_seeds()
     json_seeds()
@@ -250,6 +279,7 @@ def main():
     indexed_seeds()
     llmc_seeds()
     checkpoint_object_seeds()
+    safetensors_seeds()
     if len(sys.argv) > 1:
         checkpoint_seeds(sys.argv[1])
     for t in sorted(os.listdir(CORPUS)):

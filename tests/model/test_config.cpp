@@ -27,6 +27,24 @@ TEST(ModelConfig, PresetsSetTheArchitecture) {
   EXPECT_EQ(l.kv_heads(), 8);
 }
 
+// model.lm_head: the preset's head unless it says otherwise; the tied model has no lm_head.weight.
+TEST(ModelConfig, LmHeadOverridesThePresetsTying) {
+  ModelConfig c;
+  c.preset = "gpt2";
+  c.lm_head = "untied";
+  EXPECT_FALSE(resolve(c).tied_embeddings);
+  c.preset = "llama";
+  c.lm_head = "tied";
+  EXPECT_TRUE(resolve(c).tied_embeddings);
+  c.lm_head = "preset";
+  EXPECT_FALSE(resolve(c).tied_embeddings);
+  EXPECT_EQ(resolve_lm_head("gpt2", "preset"), "tied");
+  EXPECT_EQ(resolve_lm_head("llama", "preset"), "untied");
+  EXPECT_EQ(resolve_lm_head("gpt2", "untied"), "untied");
+  c.lm_head = "shared";
+  EXPECT_TRUE(testing::throws_with([&] { resolve(c); }, {"model.lm_head = \"shared\" is unknown"}));
+}
+
 TEST(ModelConfig, ValidationNamesTheField) {
   ModelConfig c;
   c.preset = "bert";

@@ -205,9 +205,13 @@ TEST(GptGolden, LlamaBf16WithinBf16Tolerance) { check_golden<float>("llama", kBf
 
 namespace {
 
-ModelConfig tiny_config(const std::string& preset) {
+// "gpt2", "llama", or with the other head: "gpt2_untied", "llama_tied" (model.lm_head).
+ModelConfig tiny_config(const std::string& name) {
   ModelConfig c;
+  const size_t dash = name.find('_');
+  const std::string preset = name.substr(0, dash);
   c.preset = preset;
+  if (dash != std::string::npos) c.lm_head = name.substr(dash + 1);
   c.vocab_size = 13;
   c.n_layer = 2;
   c.n_head = 2;
@@ -293,7 +297,7 @@ TEST_P(GptFiniteDifference, RecomputationGivesIdenticalGradients) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, GptFiniteDifference, ::testing::Values("gpt2", "llama"));
+INSTANTIATE_TEST_SUITE_P(Presets, GptFiniteDifference, ::testing::Values("gpt2", "llama", "gpt2_untied", "llama_tied"));
 
 // Packed documents (data.document_mask): a window of three documents, each token attending only
 // within its document and positions restarting at each document, gives the per-token losses and
@@ -456,7 +460,7 @@ TEST_P(GptKvCache, CachedDecodingEqualsFullForward) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, GptKvCache, ::testing::Values("gpt2", "llama"));
+INSTANTIATE_TEST_SUITE_P(Presets, GptKvCache, ::testing::Values("gpt2", "llama", "gpt2_untied", "llama_tied"));
 
 }  // namespace tessera
 

@@ -1,6 +1,6 @@
 // Tests app/checkpoint/atomic_file.h: fresh temporary names, exclusive creation that refuses files and
 // symlinks already there, atomic replacement that never writes through a symlink, no temporary left
-// by a failed write; and the safetensors export (app/checkpoint/hf_export.h), which writes through it.
+// by a failed write; and the safetensors writer (app/checkpoint/safetensors.h), which writes through it.
 #include "app/checkpoint/atomic_file.h"
 
 #include <gtest/gtest.h>
@@ -8,7 +8,7 @@
 
 #include <set>
 
-#include "app/checkpoint/hf_export.h"
+#include "app/checkpoint/safetensors.h"
 #include "app/cli_testing.h"
 #include "app/disk_testing.h"
 
