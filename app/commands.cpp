@@ -8,6 +8,7 @@
 #include "app/build_info.h"
 #include "app/checkpoint/ckpt_commands.h"
 #include "app/generate.h"
+#include "app/plan_command.h"
 #include "app/prepare.h"
 #include "app/prepare_images.h"
 #include "app/trainer.h"
@@ -143,6 +144,30 @@ void register_generate(CLI::App& app, int& exit_code) {
   }));
 }
 
+void register_plan(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<PlanArgs>();
+  auto* cmd = app.add_subcommand("plan", "Choose the parallel layout: search every layout of N ranks, predict each one's "
+                                         "step time on a cluster, print the best (docs/planner.md)");
+  cmd->add_option("config", args->config_path, "Config file (TOML) to plan for");
+  cmd->add_option("--gpus", args->gpus, "Ranks (devices) to plan for");
+  cmd->add_option("--cluster", args->cluster, "A [cluster] TOML file, or a preset: h100-sxm-80g, h100-sxm-80g-ib4, "
+                                              "h200-141g, h200-141g-ib4, a100-80g, local")
+      ->capture_default_str();
+  cmd->add_option("--set", args->overrides, "Override a config key (section.key=value) or a cluster key "
+                                            "(cluster.key=value); repeatable");
+  cmd->add_option("--gpu-memory", args->gpu_memory, "Device memory, replacing the cluster's (e.g. 80GiB, 141GB)");
+  cmd->add_option("--top", args->top, "Layouts to print")->capture_default_str();
+  cmd->add_option("--explain", args->explain, "Break row K's step down: compute, exposed communication per group, "
+                                              "bubble, optimizer; and its memory");
+  cmd->add_option("--emit-config", args->emit_config, "Write the best layout as a config `tessera train` runs");
+  cmd->add_option("--dtype", args->dtype, "train.dtype to consider: fp32, bf16 or any")->capture_default_str();
+  cmd->add_option("--micro-batch", args->micro_batch, "Plan only this train.micro_batch (default: search it)");
+  cmd->callback(on_one_process("plan", [args, &exit_code] {
+    TESSERA_CHECK(!args->config_path.empty(), "tessera plan: give a config file, e.g. configs/gpt2-124m.toml");
+    exit_code = run_plan_command(*args, std::cout);
+  }));
+}
+
 void register_upscale(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<UpscaleArgs>();
   auto* cmd = app.add_subcommand("upscale", "Grow a checkpoint deeper (depth up-scaling: solar, stack, interleave, "
@@ -178,6 +203,7 @@ void register_commands(CLI::App& app, int& exit_code) {
   register_ckpt(app, exit_code);
   register_generate(app, exit_code);
   register_upscale(app, exit_code);
+  register_plan(app, exit_code);
 }
 
 }  // namespace tessera

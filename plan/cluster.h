@@ -41,9 +41,10 @@ struct LocalMachine {
   int64_t ranks = 1;              // the ranks planned for (--gpus): one node of that many devices
   double memory_available = -1;   // bytes the ranks share (the trainer's MemAvailable / cgroup figure); < 0: unknown
   double peak_flops_fp32 = 0;     // FLOP/s of the whole CPU, all cores (kernels/backend_info.h cpu_peak_gflops)
+  int64_t cores = 1;              // the CPUs this process may run on
   bool bf16_native = false;       // the bf16 GEMM runs on AVX512_BF16 (else the portable fallback)
 };
-// This CPU's peak and bf16 kernel; ranks and memory as given.
+// This CPU's peak, cores and bf16 kernel; ranks and memory as given.
 LocalMachine this_machine(int64_t ranks, double memory_available);
 
 // Names of the presets: "h100-sxm-80g", "h100-sxm-80g-ib4", "h200-141g", "h200-141g-ib4", "a100-80g",
