@@ -162,10 +162,18 @@ void register_plan(CLI::App& app, int& exit_code) {
   cmd->add_option("--emit-config", args->emit_config, "Write the best layout as a config `tessera train` runs");
   cmd->add_option("--dtype", args->dtype, "train.dtype to consider: fp32, bf16 or any")->capture_default_str();
   cmd->add_option("--micro-batch", args->micro_batch, "Plan only this train.micro_batch (default: search it)");
-  cmd->callback(on_one_process("plan", [args, &exit_code] {
+  cmd->add_flag("--calibrate", args->calibrate, "Measure this machine's ranks (GEMM, memory bandwidth, all-reduce; "
+                                                "under mpirun -n N) and write a cluster file (--out)");
+  cmd->add_option("--out", args->out, "--calibrate: the cluster file to write");
+  const auto plan = on_one_process("plan", [args, &exit_code] {
     TESSERA_CHECK(!args->config_path.empty(), "tessera plan: give a config file, e.g. configs/gpt2-124m.toml");
     exit_code = run_plan_command(*args, std::cout);
-  }));
+  });
+  // Planning is one process; calibrating measures the ranks it runs on.
+  cmd->callback([args, plan, &exit_code] {
+    if (args->calibrate) exit_code = run_calibrate_command(*args, std::cout);
+    else plan();
+  });
 }
 
 void register_upscale(CLI::App& app, int& exit_code) {

@@ -2,19 +2,25 @@
 // planner's, the table and the breakdown, the emitted config re-read by the trainer's loader.
 #include "app/plan_command.h"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <ctime>
 #include <cstdio>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
 
+#include "app/launch.h"
 #include "app/memory_check.h"
 #include "app/trainer.h"
 #include "app/training_data.h"
 #include "kernels/allocator.h"
 #include "kernels/check.h"
 #include "model/memory.h"
+#include "parallel/mpi.h"
+#include "plan/calibrate.h"
 
 namespace tessera {
 
@@ -309,6 +315,51 @@ int run_plan_command(const PlanArgs& args, std::ostream& out) {
     out << "\nwrote " << args.emit_config << " (layout 1; `mpirun -n " << args.gpus << " tessera train "
         << args.emit_config << "`)\n";
   }
+  return 0;
+}
+
+namespace {
+// The CPU's model name from /proc/cpuinfo, "" when unknown.
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "";
+}
+}  // namespace
+
+int run_calibrate_command(const PlanArgs& args, std::ostream& out) {
+  MPI_Comm world = MPI_COMM_WORLD;
+  const bool lead = comm_rank(world) == 0;
+  const int ranks = comm_size(world);
+  std::string error;
+  if (args.out.empty()) error = "tessera plan --calibrate: give --out FILE, the cluster file to write";
+  if (!args.config_path.empty() || args.gpus > 0)
+    error = "tessera plan --calibrate measures this machine and takes no config or --gpus: run it under mpirun -n N "
+            "for N ranks, then plan with --cluster FILE";
+  throw_if_any_failed(world, error);
+  set_threads_per_rank(world);  // as train runs its ranks (app/launch.h)
+  const AvailableMemory avail = available_host_memory();
+  const plan::LocalMachine local = plan::this_machine(ranks, double(avail.bytes));
+  if (lead) out << "calibrating " << ranks << " rank" << (ranks > 1 ? "s" : "") << " on this machine\n";
+  plan::ClusterSpec c = plan::calibrate_local(world, local, {}, lead ? &out : nullptr);
+  if (lead) {
+    char host[256] = "?";
+    gethostname(host, sizeof host - 1);
+    char date[32];
+    const std::time_t t = std::time(nullptr);
+    std::strftime(date, sizeof date, "%Y-%m-%d", std::localtime(&t));
+    c.name = "local";
+    c.description = "calibrated by `mpirun -n " + std::to_string(ranks) + " tessera plan --calibrate` on " + host + " (" +
+                    cpu_model() + ", " + std::to_string(local.cores) + " cores) on " + date +
+                    "; memory: MemAvailable / ranks";
+    std::ofstream f(args.out, std::ios::binary | std::ios::trunc);
+    if (!f.good()) error = "tessera plan --calibrate: cannot write " + args.out;
+    f << "# " << c.description << "\n" << plan::cluster_to_toml(c);
+    if (!f.good()) error = "tessera plan --calibrate: writing " + args.out + " failed";
+    if (error.empty()) out << "wrote " << args.out << " (plan with --cluster " << args.out << ")\n";
+  }
+  throw_if_any_failed(world, error);
   return 0;
 }
 

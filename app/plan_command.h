@@ -54,4 +54,9 @@ std::string explain_report(const Config& cfg, const plan::ClusterSpec& cluster, 
 // The whole command; returns the exit code. Prints to out.
 int run_plan_command(const PlanArgs& args, std::ostream& out);
 
+// `tessera plan --calibrate --out FILE`, collective over the world (mpirun -n N: the ranks a run
+// would have): measures them (plan/calibrate.h) and rank 0 writes the [cluster] file that
+// `--cluster FILE` reads. Returns the exit code.
+int run_calibrate_command(const PlanArgs& args, std::ostream& out);
+
 }  // namespace tessera

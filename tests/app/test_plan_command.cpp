@@ -219,6 +219,32 @@ TEST(PlanCommand, EmittedConfigTrainsUnchanged) {
   EXPECT_NE(train.output.find("done: 2 steps"), std::string::npos) << train.output;
 }
 
+// --calibrate on 2 ranks writes a cluster file that plans read: measured rates, the link fitted.
+TEST(PlanCommand, CalibrateWritesAClusterFileThatPlansRead) {
+  PlanDir d;
+  const fs::path cluster = d.dir / "local.toml";
+  const RunResult r = run_program(TESSERA_MPIEXEC, {"-n", "2", TESSERA_BINARY, "plan", "--calibrate", "--out",
+                                                    cluster.string()},
+                                  d.dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* part : {"GEMM 1024^3 per rank", "memory bandwidth per rank", "all-reduce 4096 bytes over 2 ranks",
+                           "link (fitted to the ring)", "wrote "})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+  const plan::ClusterSpec c = plan::load_cluster(cluster.string());
+  EXPECT_EQ(c.devices_per_node, 2);
+  EXPECT_TRUE(c.host_memory);
+  EXPECT_FALSE(c.async_progress);
+  EXPECT_GT(c.peak_flops_fp32, 1e8);
+  EXPECT_GT(c.intra.bandwidth, 1e7);
+  EXPECT_NE(c.description.find("calibrated by `mpirun -n 2 tessera plan --calibrate`"), std::string::npos);
+  const RunResult p = run_tessera({"plan", d.config.string(), "--gpus", "2", "--cluster", cluster.string()}, d.dir);
+  EXPECT_EQ(p.exit_code, 0) << p.output;
+  EXPECT_NE(p.output.find("on 2 x local"), std::string::npos) << p.output;
+  const RunResult bad = run_tessera({"plan", "--calibrate"}, d.dir);
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.output.find("give --out FILE"), std::string::npos) << bad.output;
+}
+
 TEST(PlanCommand, ErrorsNameWhatIsWrong) {
   PlanDir d;
   RunResult r = run_tessera({"plan", d.config.string()}, d.dir);
