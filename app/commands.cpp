@@ -162,6 +162,8 @@ void register_plan(CLI::App& app, int& exit_code) {
   cmd->add_option("--emit-config", args->emit_config, "Write the best layout as a config `tessera train` runs");
   cmd->add_option("--dtype", args->dtype, "train.dtype to consider: fp32, bf16 or any")->capture_default_str();
   cmd->add_option("--micro-batch", args->micro_batch, "Plan only this train.micro_batch (default: search it)");
+  cmd->add_flag("--predict", args->predict, "Predict the config's own layout (parallel.*, train.micro_batch, "
+                                            "train.dtype, model.recompute) instead of searching, and explain it");
   cmd->add_flag("--calibrate", args->calibrate, "Measure this machine's ranks (GEMM, memory bandwidth, all-reduce; "
                                                 "under mpirun -n N) and write a cluster file (--out)");
   cmd->add_option("--out", args->out, "--calibrate: the cluster file to write");

@@ -48,6 +48,27 @@ Config apply_layout(const Config& base, const Layout& l) {
   return c;
 }
 
+plan::Layout layout_of(const Config& cfg, int64_t ranks) {
+  const ParallelConfig& p = cfg.parallel;
+  TESSERA_CHECK(cfg.train.micro_batch > 0, "tessera plan --predict: set train.micro_batch (0, automatic, is chosen "
+                "at start from the node's memory)");
+  TESSERA_CHECK(p.pp_layers.empty(), "tessera plan --predict: parallel.pp_layers is not modelled (the planner cuts "
+                "the stages by cost); leave it []");
+  TESSERA_CHECK(cfg.model.recompute_layers == 0, "tessera plan --predict: model.recompute_layers is not modelled "
+                "(one recomputation policy for every block); leave it 0");
+  const GridDegrees g = resolve_degrees(grid_degrees(p), ranks);
+  Layout l;
+  l.dp = g.dp, l.tp = g.tp, l.pp = g.pp, l.cp = g.cp, l.vpp = p.vpp;
+  l.sp = p.sequence_parallel && g.tp > 1;
+  l.zero = p.zero;
+  l.schedule = parse_pipeline_kind(p.pp_schedule);
+  l.cp_ring = p.cp_comm != "allgather";
+  l.micro_batch = cfg.train.micro_batch;
+  l.recompute = recompute_kind(cfg.model.recompute);
+  l.bf16 = cfg.train.dtype == "bf16";
+  return l;
+}
+
 plan::Workload workload_of(const Config& cfg) {
   plan::Workload w;
   w.model = resolve(to_model_config(cfg, data_vocab_size(cfg)));
@@ -275,6 +296,33 @@ std::string explain_report(const Config& cfg, const ClusterSpec& cluster, const 
   return os.str();
 }
 
+namespace {
+// --predict: the config's own layout, costed and checked like a searched one, explained, and a
+// last line of numbers for scripts (scripts/bench/plan_validate.py).
+int predict_config_layout(const PlanArgs& args, const Config& cfg, const ClusterSpec& cluster, std::ostream& out) {
+  const Layout l = layout_of(cfg, args.gpus);
+  const plan::PlanChecks checks = trainer_checks(cfg, args.gpus);
+  const std::string invalid = checks.invalid(l);
+  TESSERA_CHECK(invalid.empty(), "tessera plan --predict: train would refuse this layout: ", invalid);
+  Candidate c{l, plan::predict_step(workload_of(cfg), l, cluster), checks.memory(l), 0};
+  c.planned_bytes = cluster.host_memory ? c.memory.total : c.memory.device;
+  out << "tessera plan --predict: " << args.config_path << " on " << args.gpus << " x " << cluster.name
+      << " (cluster from " << cluster.source << ")\n";
+  out << explain_report(cfg, cluster, c, 1);
+  if (double(c.planned_bytes) > cluster.usable_memory())
+    out << "  warning: the largest rank needs more than the device's usable memory\n";
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "predicted: step_s=%.6g tokens_per_s=%.6g mfu=%.4g bubble=%.4g tp_bytes=%.6g cp_bytes=%.6g "
+                "pp_bytes=%.6g dp_bytes=%.6g memory_bytes=%lld\n",
+                c.cost.step, c.cost.tokens_per_s, c.cost.mfu, c.cost.bubble_fraction, group(c.cost, "tp").bytes,
+                group(c.cost, "cp").bytes, group(c.cost, "pp").bytes, group(c.cost, "dp").bytes,
+                (long long)c.planned_bytes);
+  out << line;
+  return 0;
+}
+}  // namespace
+
 int run_plan_command(const PlanArgs& args, std::ostream& out) {
   TESSERA_CHECK(args.gpus >= 1, "tessera plan: --gpus N is required (the ranks to plan for), at least 1");
   std::vector<std::string> config_overrides;
@@ -282,6 +330,7 @@ int run_plan_command(const PlanArgs& args, std::ostream& out) {
     if (!is_cluster_key(s)) config_overrides.push_back(s);
   const Config cfg = load_config(args.config_path, config_overrides);
   const ClusterSpec cluster = cluster_of(args);
+  if (args.predict) return predict_config_layout(args, cfg, cluster, out);
   plan::SearchSpace space;
   TESSERA_CHECK(args.dtype == "any" || args.dtype == "fp32" || args.dtype == "bf16", "tessera plan: --dtype ",
                 args.dtype, ": expected fp32, bf16 or any");

@@ -25,6 +25,7 @@ struct PlanArgs {
   std::string emit_config;               // write the best layout's config here
   std::string dtype = "any";             // fp32, bf16 or any
   int64_t micro_batch = 0;               // 0: search it
+  bool predict = false;                  // predict the config's own layout instead of searching
   bool calibrate = false;                // measure this machine instead (writes --out)
   std::string out;                       // --calibrate: the cluster file to write
 };
@@ -33,6 +34,11 @@ struct PlanArgs {
 // cp_comm, sequence_parallel, zero}, train.micro_batch, train.dtype, model.recompute (recompute_layers
 // = 0). Everything else as it was.
 Config apply_layout(const Config& base, const plan::Layout& l);
+
+// The layout a config asks for on `ranks` ranks (parallel.dp = -1: the rest), the inverse of
+// apply_layout. Throws tessera::Error naming what the planner does not model: train.micro_batch = 0
+// (automatic), parallel.pp_layers or model.recompute_layers given.
+plan::Layout layout_of(const Config& cfg, int64_t ranks);
 
 // What the planner plans for: the resolved model (the data's vocabulary filled in), seq_len, global batch.
 plan::Workload workload_of(const Config& cfg);

@@ -77,24 +77,59 @@ ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const Cal
   const int64_t n = o.gemm_size;
   char line[256];
 
-  // GEMMs: (n, n) x (n, n)^T, fp32, then with a bf16 weight (the mixed-precision path).
-  std::vector<float> a(size_t(n * n)), b(size_t(n * n)), c(size_t(n * n));
-  fill(a, 1), fill(b, 0.5);
-  const Tensor ta(a.data(), DType::F32, {n, n}), tb(b.data(), DType::F32, {n, n}), tc(c.data(), DType::F32, {n, n});
-  MPI_Barrier(world);
-  const double fp32 = mean_over(world, 2.0 * double(n * n * n) / best_of(o.repeats, [&] { matmul(ex, tc, ta, tb, false, true); }));
-  std::vector<uint16_t> b16(size_t(n * n));
-  const Tensor tb16(b16.data(), DType::BF16, {n, n});
-  convert(ex, tb16, tb);
-  MPI_Barrier(world);
-  const double bf16 = mean_over(world, 2.0 * double(n * n * n) / best_of(o.repeats, [&] { matmul(ex, tc, ta, tb16, false, true); }));
-  s.peak_flops_fp32 = fp32;
-  s.peak_flops_bf16 = bf16;
-  s.compute_efficiency = 1.0;  // the measured rate is what a large GEMM reaches
-  std::snprintf(line, sizeof line, "GEMM %lld^3 per rank: fp32 %.1f GFLOP/s, bf16 %.1f GFLOP/s", (long long)n,
-                fp32 / 1e9, bf16 / 1e9);
+  // GEMMs: (n, n) x (n, n)^T at n = gemm_size / 8 .. gemm_size, fp32, and at gemm_size with a bf16
+  // weight (the mixed-precision path). When the fp32 rate grows with the size (a device that small
+  // GEMMs leave idle) the rates are fitted to rate(f) = peak f / (f + half) (least squares on
+  // 1 / rate = 1 / peak + (half / peak) / f); otherwise (a CPU, where small GEMMs stay in cache) the
+  // median rate stands for every GEMM.
+  const auto gemm_rate = [&](int64_t size, bool bf16) {
+    std::vector<float> a(size_t(size * size)), b(size_t(size * size)), c(size_t(size * size));
+    fill(a, 1), fill(b, 0.5);
+    std::vector<uint16_t> b16(bf16 ? size_t(size * size) : 0);
+    const Tensor ta(a.data(), DType::F32, {size, size}), tb(b.data(), DType::F32, {size, size});
+    const Tensor tc(c.data(), DType::F32, {size, size}), tb16(b16.data(), DType::BF16, {size, size});
+    if (bf16) convert(ex, tb16, tb);
+    MPI_Barrier(world);
+    const double seconds = best_of(o.repeats, [&] { matmul(ex, tc, ta, bf16 ? tb16 : tb, false, true); });
+    return mean_over(world, 2.0 * double(size * size * size) / seconds);
+  };
+  std::vector<double> flops, rates;
+  for (int64_t size = std::max<int64_t>(16, n / 8); size <= n; size *= 2) {
+    flops.push_back(2.0 * double(size * size * size));
+    rates.push_back(gemm_rate(size, false));
+    std::snprintf(line, sizeof line, "GEMM %lld^3 per rank: fp32 %.1f GFLOP/s", (long long)size, rates.back() / 1e9);
+    say(line);
+  }
+  const bool grows = std::is_sorted(rates.begin(), rates.end()) && rates.size() >= 2;
+  double peak = 0, half = 0;
+  if (grows) {
+    double sx = 0, sy = 0, sxx = 0, sxy = 0;
+    const double k = double(flops.size());
+    for (size_t i = 0; i < flops.size(); ++i) {
+      const double x = 1 / flops[i], y = 1 / rates[i];
+      sx += x, sy += y, sxx += x * x, sxy += x * y;
+    }
+    const double det = k * sxx - sx * sx, slope = det > 0 ? (k * sxy - sx * sy) / det : 0;
+    const double intercept = (sy - slope * sx) / k;
+    if (intercept > 0 && slope >= 0) peak = 1 / intercept, half = slope / intercept;
+  }
+  if (peak == 0) {
+    std::vector<double> sorted = rates;
+    std::sort(sorted.begin(), sorted.end());
+    peak = sorted[sorted.size() / 2];
+  }
+  const double large = flops.back();
+  s.peak_flops_fp32 = peak;
+  s.gemm_half_flops = half;
+  const double bf16 = gemm_rate(n, true);
+  s.peak_flops_bf16 = bf16 * (large + half) / large;  // the same saturation
+  s.compute_efficiency = 1.0;  // the measured rate is what a GEMM reaches
+  std::snprintf(line, sizeof line,
+                "GEMM %lld^3 per rank: bf16 %.1f GFLOP/s; taken: fp32 %.1f, bf16 %.1f GFLOP/s (%s)", (long long)n,
+                bf16 / 1e9, s.peak_flops_fp32 / 1e9, s.peak_flops_bf16 / 1e9,
+                grows ? ("fitted; half the rate at " + std::to_string(half / 1e9) + " GFLOP").c_str()
+                      : "the median: the rate does not grow with the size");
   say(line);
-  a.clear(), b.clear(), c.clear(), b16.clear();
 
   // Memory bandwidth: y = x + y over stream_elements floats (two reads, one write).
   {

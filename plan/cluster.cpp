@@ -89,6 +89,9 @@ const std::vector<Field>& fields() {
                        "TF32)", &ClusterSpec::peak_flops_fp32, kTera, 0, true));
     t.push_back(number("compute_efficiency", "the share of peak a large GEMM reaches (small ones are held to the "
                        "memory bandwidth too)", &ClusterSpec::compute_efficiency, 1, 0, true, 1, false));
+    t.push_back(number("gemm_half_gflop", "the GFLOPs of one GEMM at which it runs at half its large-GEMM rate "
+                       "(small GEMMs: f / (f + this)); 0 = every GEMM at the large rate", &ClusterSpec::gemm_half_flops,
+                       1e9, 0, false, 1e30, false));
     t.push_back(number("memory_bandwidth_gbs", "device memory bandwidth, GB/s (elementwise ops, the optimizer, "
                        "small GEMMs)", &ClusterSpec::memory_bandwidth, kGB, 0, true));
     t.push_back(number("op_latency_us", "the least time one op (kernel) takes, microseconds",

@@ -27,6 +27,9 @@ struct ClusterSpec {
   double peak_flops_bf16 = 0;            // FLOP/s per device, dense
   double peak_flops_fp32 = 0;
   double compute_efficiency = 0.6;       // the share of peak a large GEMM reaches
+  // A GEMM of f FLOPs runs at peak x efficiency x f / (f + gemm_half_flops): the FLOPs at which a
+  // GEMM reaches half its rate (calibrated); 0: every GEMM at peak x efficiency.
+  double gemm_half_flops = 0;
   double memory_bandwidth = 1e12;        // bytes/s per device (elementwise ops, the optimizer)
   double op_latency = 0;                 // seconds: the least time any one op (kernel) takes
   Link intra, inter;                     // within a node, across nodes

@@ -90,11 +90,12 @@ constexpr double kAct = 4;  // bytes of an activation or gradient element (fp32)
 // at least the op latency. Activations and gradients are fp32; a Linear's weight is bf16 under
 // train.dtype = "bf16" (the parameters' compute copy), fp32 otherwise.
 struct Roofline {
-  double peak, bandwidth, latency, weight_bytes;
-  // (m, k) x (k, n) -> (m, n) with a_bytes, b_bytes per element of the inputs, fp32 out.
+  double peak, bandwidth, latency, weight_bytes, half_flops;
+  // (m, k) x (k, n) -> (m, n) with a_bytes, b_bytes per element of the inputs, fp32 out; a small
+  // GEMM at the calibrated fraction f / (f + half) of the rate.
   double gemm(double m, double n, double k, double a_bytes, double b_bytes) const {
     const double flops = 2 * m * n * k, bytes = m * k * a_bytes + k * n * b_bytes + m * n * kAct;
-    return std::max({flops / peak, bytes / bandwidth, latency});
+    return std::max({(flops + half_flops) / peak, bytes / bandwidth, latency});
   }
   double compute(double flops) const { return std::max(flops / peak, latency); }
   double stream(double elements) const { return std::max(elements * kAct / bandwidth, latency); }
@@ -178,7 +179,8 @@ BlockCompute block_compute(const Dims& d, const Roofline& r) {
 ChunkTime chunk_time(const Workload& w, const Layout& l, const ClusterSpec& c, const GroupLinks& links,
                      const StageSpec& chunk) {
   const Dims d = dims_of(w, l);
-  const Roofline r{c.peak_flops(l.bf16) * c.compute_efficiency, c.memory_bandwidth, c.op_latency, l.bf16 ? 2.0 : kAct};
+  const Roofline r{c.peak_flops(l.bf16) * c.compute_efficiency, c.memory_bandwidth, c.op_latency, l.bf16 ? 2.0 : kAct,
+                   c.gemm_half_flops};
   ChunkTime t;
   const double blocks = double(chunk.layers());
   if (blocks > 0) {

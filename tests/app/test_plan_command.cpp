@@ -143,6 +143,33 @@ TEST(PlanCommand, TrainerChecksRefuseWhatTrainRefuses) {
   EXPECT_GT(m.total, m.device);  // host items: batches, the checkpoint copy, the runtime
 }
 
+struct PlanDir {
+  fs::path dir = temp_dir("plan");
+  fs::path config = dir / "small.toml";
+  PlanDir() { std::ofstream(config) << kSmall; }
+};
+
+// layout_of reads back what apply_layout wrote; --predict costs the config's own layout.
+TEST(PlanCommand, PredictCostsTheConfigsOwnLayout) {
+  const Config small = parse(kSmall);
+  for (const plan::Candidate& x : plan_for(small, 4, local(4), 20).top)
+    EXPECT_EQ(layout_of(apply_layout(small, x.layout), 4), x.layout) << plan::describe(x.layout);
+  EXPECT_TRUE(throws_with([&] { layout_of(small, 4); }, {"set train.micro_batch"}));
+  PlanDir d;
+  const RunResult r = run_tessera({"plan", d.config.string(), "--gpus", "2", "--cluster", "local", "--predict", "--set",
+                                   "parallel.pp=2", "--set", "train.micro_batch=2"},
+                                  d.dir, {}, SIGINT, {"TESSERA_TEST_MEMORY_AVAILABLE=4294967296"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("layout 1: dp 1 tp 1 pp 2 vpp 1 cp 1 zero 0 1f1b mb 2 none fp32"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("predicted: step_s="), std::string::npos) << r.output;
+  const RunResult bad = run_tessera({"plan", d.config.string(), "--gpus", "2", "--predict", "--set", "parallel.tp=2",
+                                     "--set", "train.micro_batch=2", "--set", "model.n_head=3"},
+                                    d.dir);
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.output.find("error"), std::string::npos) << bad.output;
+}
+
 // GPT-2 124M fits one H100 many times over: the planner replicates it (dp 8), the gradients'
 // all-reduce over NVLink hidden behind backward, rather than split it.
 TEST(PlanCommand, Gpt2OnEightH100sIsDataParallel) {
@@ -172,12 +199,6 @@ TEST(PlanCommand, AModelTooLargeForOneDevicePlansTensorOrPipelineParallel) {
   EXPECT_TRUE(one.top.empty());
   EXPECT_EQ(one.stats.degree_sets_too_big, 1);
 }
-
-struct PlanDir {
-  fs::path dir = temp_dir("plan");
-  fs::path config = dir / "small.toml";
-  PlanDir() { std::ofstream(config) << kSmall; }
-};
 
 TEST(PlanCommand, PrintsTheTableAndExplainsARow) {
   PlanDir d;
