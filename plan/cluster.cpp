@@ -259,7 +259,7 @@ ClusterSpec local_cluster(const LocalMachine& m) {
   // vdpbf16ps does twice the multiply-adds of an fp32 FMA; the portable fallback converts in software.
   s.peak_flops_bf16 = s.peak_flops_fp32 * (m.bf16_native ? 2.0 : 0.25);
   s.compute_efficiency = 0.7;
-  // A core streams about 30 GB/s (measured here: 35 GB/s for a read-read-write loop on one Zen 3
+  // A core streams about 30 GB/s (measured here: 35 GB/s for a read-read-write loop on one AMD EPYC
   // core); the ranks share the cores.
   s.memory_bandwidth = 30 * kGB * double(std::max<int64_t>(1, m.cores)) / ranks;
   s.op_latency = 5 * kMicro;
