@@ -17,25 +17,6 @@
 
 namespace tessera::plan {
 
-const char* recompute_name(Recompute r) {
-  switch (r) {
-    case Recompute::None: return "none";
-    case Recompute::Selective: return "selective";
-    case Recompute::Full: return "full";
-  }
-  return "none";
-}
-
-std::string describe(const Layout& l) {
-  std::string s = "dp " + std::to_string(l.dp) + " tp " + std::to_string(l.tp) + " pp " + std::to_string(l.pp) +
-                  " vpp " + std::to_string(l.vpp) + " cp " + std::to_string(l.cp);
-  s += l.sp ? " sp" : "";
-  s += " zero " + std::to_string(l.zero) + " " + std::string(pipeline_kind_name(l.schedule));
-  if (l.cp > 1) s += l.cp_ring ? " ring" : " allgather";
-  s += " mb " + std::to_string(l.micro_batch) + " " + recompute_name(l.recompute) + (l.bf16 ? " bf16" : " fp32");
-  return s;
-}
-
 // ---- Collectives ----------------------------------------------------------------------------
 
 double all_reduce_seconds(double bytes, int64_t n, const Link& link) {
@@ -197,6 +178,12 @@ ChunkTime chunk_time(const Workload& w, const Layout& l, const ClusterSpec& c, c
     t.tp_forward += blocks * 2 * region;
     t.tp_backward += blocks * 2 * region;
     t.tp_bytes += blocks * 4 * all_reduce_bytes(x, l.tp);
+    if (l.sp && l.tp > 1) {
+      // Sequence parallel: backward gathers each region's input again for the weight gradients
+      // (model/gpt.cpp, Megatron's way: the gathered input is not kept from the forward).
+      t.tp_backward += blocks * 2 * all_gather_seconds(x, l.tp, links.tp);
+      t.tp_bytes += blocks * 2 * all_gather_bytes(x, l.tp);
+    }
     // Context parallel: K and V of the rank's T positions, kv = 2 B T KVl D elements.
     if (l.cp > 1) {
       const double kv = 2 * d.B * d.T * d.KVl * d.D * kAct;

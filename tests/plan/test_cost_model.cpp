@@ -214,11 +214,14 @@ TEST(CostModel, TensorParallelCollectivesAreExposed) {
   // divide over 2: none; sequence parallelism off: no norms).
   const double ce = all_gather_seconds(128 * 4 * 2, 2, c.intra) + all_reduce_seconds(128 * 4, 2, c.intra);
   EXPECT_NEAR(s.tp_exposed, 4 * (2 * 4 * region + 2 * region + ce), 1e-12);
-  l.sp = true;  // the norms' gradients are now partial over tp: 2 per block and the final one, summed after backward
+  l.sp = true;  // the norms' gradients are now partial over tp: 2 per block and the final one, summed after
+                // backward; and backward gathers each region's input again (2 per block and micro-batch)
   const StepCost sp = predict_step(w, l, c);
   const double norms = (2 * 2 * 512 + 512) * 4.0;
-  EXPECT_NEAR(sp.groups[0].bytes - s.groups[0].bytes, all_reduce_bytes(norms, 2), 1e-6);
-  EXPECT_NEAR(sp.tp_exposed, s.tp_exposed + all_reduce_seconds(norms, 2, c.intra), 1e-12);
+  EXPECT_NEAR(sp.groups[0].bytes - s.groups[0].bytes,
+              all_reduce_bytes(norms, 2) + 4 * 2 * 2 * all_gather_bytes(x, 2), 1e-6);
+  EXPECT_NEAR(sp.tp_exposed, s.tp_exposed + all_reduce_seconds(norms, 2, c.intra) +
+                                 4 * 2 * 2 * all_gather_seconds(x, 2, c.intra), 1e-12);
 }
 
 TEST(CostModel, PartsAddUpToTheStep) {
