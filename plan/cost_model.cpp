@@ -302,12 +302,12 @@ double tp_partial_elements(const Workload& w, const Layout& l, const std::vector
 // p2p time as the message latency. Past 8 pp micro-batches the steady phase repeats, so the step is
 // extrapolated from two short ones (as app/memory_check.cpp does for the memory peak).
 SimResult simulate_pipeline(const Layout& l, int64_t m, const std::vector<ChunkCost>& costs, double transfer,
-                            ScheduleCache* cache, std::vector<double>* busy) {
+                            CostCache* cache, std::vector<double>* busy) {
   SimOptions o;
   o.chunks = costs;
   o.latency = transfer;
   const auto run = [&](int64_t micro_batches) {
-    if (cache) return simulate(cache->get(l.pp, l.vpp, micro_batches, l.schedule), o);
+    if (cache) return simulate(cache->schedule(l.pp, l.vpp, micro_batches, l.schedule), o);
     return simulate(pipeline_schedule(l.pp, l.vpp, micro_batches, l.schedule), o);
   };
   busy->assign(size_t(l.pp), 0.0);
@@ -326,10 +326,31 @@ SimResult simulate_pipeline(const Layout& l, int64_t m, const std::vector<ChunkC
 
 }  // namespace
 
-const Schedule& ScheduleCache::get(int64_t pp, int64_t vpp, int64_t micro_batches, PipelineKind kind) {
+const Schedule& CostCache::schedule(int64_t pp, int64_t vpp, int64_t micro_batches, PipelineKind kind) {
   const auto key = std::make_tuple(pp, vpp, micro_batches, int(kind));
   auto it = schedules_.find(key);
   if (it == schedules_.end()) it = schedules_.emplace(key, pipeline_schedule(pp, vpp, micro_batches, kind)).first;
+  return it->second;
+}
+
+namespace {
+CostCache::Stages stages_of(const Workload& w, const Layout& l) {
+  CostCache::Stages s;
+  s.cut = l.pp == 1 ? std::vector<StageSpec>{resolve_stage(StageSpec{}, w.model)}
+                    : cut_stages(w.model, w.seq_len, l.pp, l.vpp);
+  for (int64_t r = 0; r < l.pp; ++r) {
+    double params = 0;
+    for (const StageSpec& chunk : rank_chunks(s.cut, l.pp, r)) params += double(chunk_parameters(w, l, chunk));
+    s.parameters.push_back(params);
+  }
+  return s;
+}
+}  // namespace
+
+const CostCache::Stages& CostCache::stages(const Workload& w, const Layout& l) {
+  const auto key = std::make_tuple(l.tp, l.sp, l.pp, l.vpp);
+  auto it = stages_.find(key);
+  if (it == stages_.end()) it = stages_.emplace(key, stages_of(w, l)).first;
   return it->second;
 }
 
@@ -338,14 +359,15 @@ StepCost predict_step(const Workload& w, const Layout& l, const ClusterSpec& c) 
 }
 
 StepCost predict_step(const Workload& w, const Layout& l, const ClusterSpec& c, const GroupLinks& links,
-                      bool simulate, ScheduleCache* schedules) {
+                      bool simulate, CostCache* cache) {
   TESSERA_CHECK(l.micro_batch >= 1 && l.dp >= 1 && w.global_batch % (l.micro_batch * l.dp) == 0,
                 "predict_step: train.global_batch = ", w.global_batch, " is not a multiple of micro_batch x dp = ",
                 l.micro_batch, " x ", l.dp);
   const ModelConfig& mc = w.model;
   const int64_t m = w.micro_batches(l);
-  const std::vector<StageSpec> cut =
-      l.pp == 1 ? std::vector<StageSpec>{resolve_stage(StageSpec{}, mc)} : cut_stages(mc, w.seq_len, l.pp, l.vpp);
+  const CostCache::Stages own = cache ? CostCache::Stages{} : stages_of(w, l);
+  const CostCache::Stages& stages = cache ? cache->stages(w, l) : own;
+  const std::vector<StageSpec>& cut = stages.cut;
   StepCost s;
   s.micro_batches = m;
 
@@ -368,7 +390,7 @@ StepCost predict_step(const Workload& w, const Layout& l, const ClusterSpec& c, 
       busy[v % size_t(l.pp)] += double(m) * (costs[v].forward + costs[v].backward + costs[v].weight);
     makespan = *std::max_element(busy.begin(), busy.end());
   } else {
-    const SimResult sim = simulate_pipeline(l, m, costs, transfer, schedules, &busy);
+    const SimResult sim = simulate_pipeline(l, m, costs, transfer, cache, &busy);
     TESSERA_CHECK(!sim.deadlock, "predict_step: the simulated schedule deadlocks: ", describe(l));
     makespan = std::max(sim.makespan, *std::max_element(busy.begin(), busy.end()));  // (extrapolated: no less)
   }
@@ -400,9 +422,9 @@ StepCost predict_step(const Workload& w, const Layout& l, const ClusterSpec& c, 
   GroupTraffic tp_g{"tp", l.tp, links.tp_across, tp_bytes, tp_seconds, tp_seconds};
   for (int64_t r = 0; r < l.pp; ++r) {
     const std::vector<StageSpec> chunks = rank_chunks(cut, l.pp, r);
-    double params = 0, last_backward = 0;
+    const double params = stages.parameters[size_t(r)];
+    double last_backward = 0;
     for (int64_t v = 0; v < l.vpp; ++v) {
-      params += double(chunk_parameters(w, l, chunks[size_t(v)]));
       const ChunkTime& t = times[size_t(v * l.pp + r)];
       last_backward += t.b() + t.w();
     }

@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "model/gpt.h"
 #include "parallel/schedule.h"
 
 #include "plan/cluster.h"
@@ -95,22 +96,29 @@ struct StepCost {
   std::vector<GroupTraffic> groups;
 };
 
-// Pipeline schedules by (pp, vpp, micro-batches, kind), each generated once
-// (parallel/pipeline_schedule.h): the search simulates many layouts of the same shape.
-class ScheduleCache {
+// What the search computes once and predict_step reads many times: pipeline schedules by (pp, vpp,
+// micro-batches, kind) (parallel/pipeline_schedule.h), and the stage cut with each pipeline rank's
+// parameter count by (tp, sequence parallel, pp, vpp) for one workload.
+class CostCache {
  public:
-  const Schedule& get(int64_t pp, int64_t vpp, int64_t micro_batches, PipelineKind kind);
+  const Schedule& schedule(int64_t pp, int64_t vpp, int64_t micro_batches, PipelineKind kind);
+  struct Stages {
+    std::vector<StageSpec> cut;      // cut_stages (the whole model when pp = 1)
+    std::vector<double> parameters;  // per pipeline rank: its chunks' parameters (elements)
+  };
+  const Stages& stages(const Workload& w, const Layout& l);
 
  private:
   std::map<std::tuple<int64_t, int64_t, int64_t, int>, Schedule> schedules_;
+  std::map<std::tuple<int64_t, bool, int64_t, int64_t>, Stages> stages_;
 };
 
 StepCost predict_step(const Workload& w, const Layout& l, const ClusterSpec& c);
 // The same with the links given (group_links of the layout's degrees, which the search computes
-// once per factorization) and schedules from a cache (null: generated). simulate = false leaves the
+// once per factorization) and what a cache holds (null: computed here). simulate = false leaves the
 // pipeline out: the step is the busiest rank's computation plus what follows the schedule, a lower
 // bound of the simulated one (bubble 0).
 StepCost predict_step(const Workload& w, const Layout& l, const ClusterSpec& c, const GroupLinks& links,
-                      bool simulate = true, ScheduleCache* schedules = nullptr);
+                      bool simulate = true, CostCache* cache = nullptr);
 
 }  // namespace tessera::plan

@@ -178,11 +178,11 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
   st.layouts = int64_t(pending.size());
 
   // ---- bounds, then exact costs and checks in bound order ----
-  for (Pending& p : pending) p.bound = predict_step(w, p.layout, cluster, links[p.links], false).step;
+  CostCache cache;
+  for (Pending& p : pending) p.bound = predict_step(w, p.layout, cluster, links[p.links], false, &cache).step;
   std::stable_sort(pending.begin(), pending.end(), [](const Pending& a, const Pending& b) { return a.bound < b.bound; });
   std::map<MemoryKey, std::vector<OverPoint>> over;  // (micro-batch, recomputation) found over memory
   std::vector<Candidate>& top = out.top;
-  ScheduleCache schedules;
   // Better: a shorter step, or within rounding of it less memory (layouts that differ only in what
   // the model cannot tell apart, e.g. the micro-batch of a compute-bound step, rank by memory).
   constexpr double kTie = 1e-9;
@@ -201,7 +201,7 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
       continue;
     }
     ++st.costed;
-    Candidate c{l, predict_step(w, l, cluster, links[p.links], true, &schedules), {}, 0};
+    Candidate c{l, predict_step(w, l, cluster, links[p.links], true, &cache), {}, 0};
     if (c.cost.step > kth()) continue;
     if (static_bytes(l, c.cost.parameters) > usable) {  // over before any activation
       ++st.over_memory;
