@@ -9,6 +9,7 @@
 #include "app/checkpoint/ckpt_commands.h"
 #include "app/checkpoint/hf_import.h"
 #include "app/generate.h"
+#include "app/plan_command.h"
 #include "app/prepare.h"
 #include "app/prepare_images.h"
 #include "app/trainer.h"
@@ -160,6 +161,40 @@ void register_generate(CLI::App& app, int& exit_code) {
   }));
 }
 
+void register_plan(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<PlanArgs>();
+  auto* cmd = app.add_subcommand("plan", "Choose the parallel layout: search every layout of N ranks, predict each one's "
+                                         "step time on a cluster, print the best (docs/planner.md)");
+  cmd->add_option("config", args->config_path, "Config file (TOML) to plan for");
+  cmd->add_option("--gpus", args->gpus, "Ranks (devices) to plan for");
+  cmd->add_option("--cluster", args->cluster, "A [cluster] TOML file, or a preset: h100-sxm-80g, h100-sxm-80g-ib4, "
+                                              "h200-141g, h200-141g-ib4, a100-80g, local")
+      ->capture_default_str();
+  cmd->add_option("--set", args->overrides, "Override a config key (section.key=value) or a cluster key "
+                                            "(cluster.key=value); repeatable");
+  cmd->add_option("--gpu-memory", args->gpu_memory, "Device memory, replacing the cluster's (e.g. 80GiB, 141GB)");
+  cmd->add_option("--top", args->top, "Layouts to print")->capture_default_str();
+  cmd->add_option("--explain", args->explain, "Break row K's step down: compute, exposed communication per group, "
+                                              "bubble, optimizer; and its memory");
+  cmd->add_option("--emit-config", args->emit_config, "Write the best layout as a config `tessera train` runs");
+  cmd->add_option("--dtype", args->dtype, "train.dtype to consider: fp32, bf16 or any")->capture_default_str();
+  cmd->add_option("--micro-batch", args->micro_batch, "Plan only this train.micro_batch (default: search it)");
+  cmd->add_flag("--predict", args->predict, "Predict the config's own layout (parallel.*, train.micro_batch, "
+                                            "train.dtype, model.recompute) instead of searching, and explain it");
+  cmd->add_flag("--calibrate", args->calibrate, "Measure this machine's ranks (GEMM, memory bandwidth, all-reduce; "
+                                                "under mpirun -n N) and write a cluster file (--out)");
+  cmd->add_option("--out", args->out, "--calibrate: the cluster file to write");
+  const auto plan = on_one_process("plan", [args, &exit_code] {
+    TESSERA_CHECK(!args->config_path.empty(), "tessera plan: give a config file, e.g. configs/gpt2-124m.toml");
+    exit_code = run_plan_command(*args, std::cout);
+  });
+  // Planning is one process; calibrating measures the ranks it runs on.
+  cmd->callback([args, plan, &exit_code] {
+    if (args->calibrate) exit_code = run_calibrate_command(*args, std::cout);
+    else plan();
+  });
+}
+
 void register_upscale(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<UpscaleArgs>();
   auto* cmd = app.add_subcommand("upscale", "Grow a checkpoint deeper (depth up-scaling: solar, stack, interleave, "
@@ -195,6 +230,7 @@ void register_commands(CLI::App& app, int& exit_code) {
   register_ckpt(app, exit_code);
   register_generate(app, exit_code);
   register_upscale(app, exit_code);
+  register_plan(app, exit_code);
 }
 
 }  // namespace tessera

@@ -153,14 +153,25 @@ InFlight walk(const std::vector<ChunkBytes>& chunks, const std::vector<Action>& 
 // amount for every pp micro-batches more (the sent tensors that accumulate, gpipe's forwards in
 // flight); it is extrapolated from two short steps, m1 and m1 + pp micro-batches with m1 = m mod pp
 // (tests/app/test_memory_check.cpp checks it against the whole walk).
-InFlight pipeline_peak(const std::vector<ChunkBytes>& chunks, const ParallelConfig& p, int64_t m, int64_t rank) {
+// The schedules walked: the step's own, or for a long step the two short ones (generated once for
+// every rank of the estimate: a schedule holds all ranks' lists).
+struct StepWalks {
+  int64_t periods = 0;  // 0: `a` is the whole step
+  Schedule a, b;
+};
+
+StepWalks step_walks(const ParallelConfig& p, int64_t m) {
   const PipelineKind kind = parse_pipeline_kind(p.pp_schedule);
-  const auto peak = [&](int64_t micro_batches) {
-    return walk(chunks, pipeline_schedule(p.pp, p.vpp, micro_batches, kind).actions_of(rank));
-  };
-  if (m <= 8 * p.pp) return peak(m);
-  const int64_t m1 = 4 * p.pp + m % p.pp, periods = (m - m1) / p.pp;
-  const InFlight a = peak(m1), b = peak(m1 + p.pp);
+  if (m <= 8 * p.pp) return {0, pipeline_schedule(p.pp, p.vpp, m, kind), {}};
+  const int64_t m1 = 4 * p.pp + m % p.pp;
+  return {(m - m1) / p.pp, pipeline_schedule(p.pp, p.vpp, m1, kind), pipeline_schedule(p.pp, p.vpp, m1 + p.pp, kind)};
+}
+
+InFlight pipeline_peak(const std::vector<ChunkBytes>& chunks, const StepWalks& walks, int64_t rank) {
+  const InFlight a = walk(chunks, walks.a.actions_of(rank));
+  if (walks.periods == 0) return a;
+  const InFlight b = walk(chunks, walks.b.actions_of(rank));
+  const int64_t periods = walks.periods;
   return {add(a.bytes, mul(periods, b.bytes - a.bytes)), add(a.most, mul(periods, b.most - a.most))};
 }
 
@@ -330,7 +341,7 @@ RankModel whole_model(const Config& cfg, const ModelConfig& mc, int64_t tp, bool
 // the evaluation forward of its heaviest chunk (the pipeline runs one chunk's forward at a time and
 // keeps nothing for a backward).
 RankModel pipeline_rank(const Config& cfg, const ModelConfig& mc, const std::vector<StageSpec>& cut, int64_t rank,
-                        int64_t m, int64_t tp, bool sp, const Policy& policy) {
+                        int64_t m, const StepWalks& walks, int64_t tp, bool sp, const Policy& policy) {
   const TrainConfig& t = cfg.train;
   const ParallelConfig& p = cfg.parallel;
   const std::vector<StageSpec> chunks = rank_chunks(cut, p.pp, rank);
@@ -344,7 +355,7 @@ RankModel pipeline_rank(const Config& cfg, const ModelConfig& mc, const std::vec
     bytes.push_back(chunk_bytes(mm, split, c, t.micro_batch, t.seq_len, Tl, mc.n_embd, patch_bytes(mc, t.micro_batch)));
   }
   r.what = "pipeline stage " + std::to_string(rank) + " of " + std::to_string(p.pp) + ": " + describe_chunks(chunks);
-  const InFlight peak = pipeline_peak(bytes, p, m, rank);
+  const InFlight peak = pipeline_peak(bytes, walks, rank);
   r.transient = {"activations of " + std::to_string(peak.most) +
                      (p.vpp > 1 ? " micro-batch chunks" : " micro-batches") + " in flight of " + std::to_string(m) +
                       " (parallel.pp_schedule = \"" + p.pp_schedule + "\", " + r.what +
@@ -475,16 +486,18 @@ MemoryEstimate estimate_training_memory(const Config& cfg, int64_t data_vocab_si
     return estimate_for(cfg, layout, with_cp(with_frozen(whole_model(local, mc, tp, sp, policy), {StageSpec{}})));
   const std::vector<StageSpec> cut = cut_stages(mc, cfg.train.seq_len, p.pp, p.vpp, p.pp_layers);
   const int64_t m = std::max<int64_t>(1, cfg.train.global_batch / std::max<int64_t>(1, mul(cfg.train.micro_batch, layout.dp)));
+  const StepWalks walks = step_walks(p, m);
   if (layout.pp_rank >= 0) {
     TESSERA_CHECK(layout.pp_rank < p.pp, "estimate_training_memory: pipeline rank ", layout.pp_rank, " of ", p.pp);
     return estimate_for(cfg, layout,
-                        with_cp(with_frozen(pipeline_rank(local, mc, cut, layout.pp_rank, m, tp, sp, policy),
+                        with_cp(with_frozen(pipeline_rank(local, mc, cut, layout.pp_rank, m, walks, tp, sp, policy),
                                             rank_chunks(cut, p.pp, layout.pp_rank))));
   }
   MemoryEstimate most;
   for (int64_t r : candidate_ranks(p.pp)) {
     MemoryEstimate e = estimate_for(
-        cfg, layout, with_cp(with_frozen(pipeline_rank(local, mc, cut, r, m, tp, sp, policy), rank_chunks(cut, p.pp, r))));
+        cfg, layout,
+        with_cp(with_frozen(pipeline_rank(local, mc, cut, r, m, walks, tp, sp, policy), rank_chunks(cut, p.pp, r))));
     if (most.items.empty() || e.total() > most.total()) most = std::move(e);
   }
   return most;

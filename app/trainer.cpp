@@ -49,8 +49,6 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 }  // namespace
 
-namespace {
-// The layout against the model: heads, MLP, sequence (under sequence parallelism) over tp.
 void validate_layout(const Config& c, const ModelConfig& m, int64_t world) {
   GridLimits l;
   l.n_head = m.n_head;
@@ -62,6 +60,8 @@ void validate_layout(const Config& c, const ModelConfig& m, int64_t world) {
   l.sequence_parallel = c.parallel.sequence_parallel;
   validate_grid(grid_degrees(c.parallel), world, l);
 }
+
+namespace {
 // The whole model's global parameter names (every pipeline stage's), for train.freeze.
 std::vector<std::string> global_parameter_names(const ModelConfig& mc) {
   std::vector<std::string> names;

@@ -211,6 +211,11 @@ struct TrainArgs {
   bool print_config = false;
 };
 
+// The layout against the model (parallel/process_grid.h validate_grid): heads, KV heads, layers, MLP
+// and sequence over tp, cp; the degrees against the world. The trainer runs it before building the
+// model (tessera plan, on every layout it proposes).
+void validate_layout(const Config& c, const ModelConfig& m, int64_t world);
+
 // Keys that parse but whose features are not built yet (cp > 1) are refused rather than ignored: a
 // tessera::Error naming them.
 void check_supported(const Config& cfg);

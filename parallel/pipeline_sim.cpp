@@ -43,6 +43,7 @@ struct Channel {  // from one rank to another, in posting order
 };
 
 struct RankState {
+  int64_t index = 0;  // the rank
   const std::vector<Action>* actions = nullptr;
   std::vector<std::vector<size_t>> batches;  // action indices of each p2p batch
   std::vector<Step> steps;
@@ -91,6 +92,7 @@ class Simulation {
   void plan(int64_t r) {
     RankState& st = rank(r);
     const std::vector<Action>& actions = s_.stages[static_cast<size_t>(r)];
+    st.index = r;
     st.actions = &actions;
     PipelineCallbacks dry;
     dry.forward = [](int64_t, int64_t) {};
@@ -184,12 +186,13 @@ class Simulation {
   }
 
   double cost(const RankState& st, const Action& a) const {
-    const double v = static_cast<double>(s_.vpp);
+    ChunkCost c{o_.forward / static_cast<double>(s_.vpp), o_.backward / static_cast<double>(s_.vpp),
+                o_.weight / static_cast<double>(s_.vpp)};
+    if (!o_.chunks.empty()) c = o_.chunks[static_cast<size_t>(a.chunk * pp_ + st.index)];
     switch (a.kind) {
-      case ActionKind::Forward: return o_.forward / v;
-      case ActionKind::Backward:
-        return (o_.backward + (st.split.count({a.micro_batch, a.chunk}) ? 0.0 : o_.weight)) / v;
-      case ActionKind::BackwardWeight: return o_.weight / v;
+      case ActionKind::Forward: return c.forward;
+      case ActionKind::Backward: return c.backward + (st.split.count({a.micro_batch, a.chunk}) ? 0.0 : c.weight);
+      case ActionKind::BackwardWeight: return c.weight;
       default: return 0;
     }
   }
@@ -269,6 +272,12 @@ SimResult simulate(const Schedule& schedule, const SimOptions& options) {
                 " stages and ", schedule.vpp, " chunks per stage");
   TESSERA_CHECK(options.forward >= 0 && options.backward >= 0 && options.weight >= 0 && options.latency >= 0,
                 "simulate: costs must not be negative");
+  TESSERA_CHECK(options.chunks.empty() ||
+                    static_cast<int64_t>(options.chunks.size()) == schedule.num_stages() * schedule.vpp,
+                "simulate: ", options.chunks.size(), " chunk costs for ", schedule.num_stages(), " x ", schedule.vpp,
+                " chunks");
+  for (const ChunkCost& c : options.chunks)
+    TESSERA_CHECK(c.forward >= 0 && c.backward >= 0 && c.weight >= 0, "simulate: costs must not be negative");
   SimResult r = Simulation(schedule, options).run();
   std::stable_sort(r.spans.begin(), r.spans.end(),
                    [](const SimSpan& a, const SimSpan& b) { return a.rank < b.rank; });

@@ -20,10 +20,19 @@ enum class P2pWait : uint8_t {
   AtPost,  // at once, as a blocking batch_send_recv would: a stricter test of deadlock freedom
 };
 
+// One model chunk's times for one micro-batch: forward, input gradient (B), weight gradient (W).
+struct ChunkCost {
+  double forward = 0, backward = 0, weight = 0;
+};
+
 struct SimOptions {
   // A stage's times for one micro-batch (all of its chunks: a chunk's action takes 1/vpp of them):
   // forward, input gradient (B) and weight gradient (W). A whole backward takes backward + weight.
   double forward = 1, backward = 1, weight = 1;
+  // Unequal stages (the planner's costs: the embedding, the head, a stage with one block more):
+  // when not empty, pp x vpp entries by virtual stage (chunk c of rank r is virtual stage c pp + r),
+  // each the chunk's own times, replacing forward, backward and weight above.
+  std::vector<ChunkCost> chunks = {};
   double latency = 0;  // a message arrives this long after both of its ends are posted
   P2pWait wait = P2pWait::AtUse;
 };

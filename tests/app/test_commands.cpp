@@ -1,5 +1,5 @@
-// Tests app/commands.cpp: only `train` runs under mpiexec; the other commands refuse once, by
-// name, before doing anything, and every rank exits 1.
+// Tests app/commands.cpp: only `train` (and `plan --calibrate`, which measures the ranks) runs
+// under mpiexec; the other commands refuse once, by name, before doing anything, and every rank exits 1.
 #include <gtest/gtest.h>
 
 #include "cli_testing.h"
@@ -18,6 +18,7 @@ TEST(Commands, OnlyTrainRunsUnderMpiexec) {
       {"ckpt import", {"ckpt", "import", dir.string(), "--out", (dir / "imported.h5").string()}},
       {"prepare", {"prepare", "--input", (dir / "in.txt").string(), "--tokenizer", "byte", "--out",
                    (dir / "out").string()}},
+      {"plan", {"plan", (dir / "missing.toml").string(), "--gpus", "8"}},
   };
   for (const auto& [name, command] : cases) {
     std::vector<std::string> args = {"-n", "2", TESSERA_BINARY};

@@ -160,6 +160,34 @@ TEST(PipelineSim, BubbleOfZeroBubbleH1) {
     }
 }
 
+// Per-chunk costs (SimOptions::chunks, the planner's unequal stages): equal entries give the uniform
+// result; a stage twice as slow as the others sets the pace of the steady phase. 1F1B over 2 stages
+// with stage 1 at (f, b, w) = (2, 2, 2) and stage 0 at (1, 1, 1), m = 4: stage 1 computes 4 x 6 = 24
+// and waits for stage 0's first forward (1), then runs back to back; stage 0's last backward follows
+// stage 1's: 1 + 24 + 2 = 27.
+TEST(PipelineSim, PerChunkCosts) {
+  for (PipelineKind kind : {PipelineKind::GPipe, PipelineKind::OneFOneB, PipelineKind::ZeroBubbleH1}) {
+    SimOptions same;
+    same.chunks.assign(4, ChunkCost{1, 1, 1});
+    const SimResult a = sim(4, 1, 8, kind), b = sim(4, 1, 8, kind, same);
+    EXPECT_NEAR(a.makespan, b.makespan, 1e-12) << pipeline_kind_name(kind);
+    EXPECT_NEAR(a.bubble_fraction, b.bubble_fraction, 1e-12) << pipeline_kind_name(kind);
+  }
+  SimOptions halves;  // interleaved: a chunk's entry is its own time (1/vpp of the stage's above)
+  halves.chunks.assign(8, ChunkCost{0.5, 0.5, 0.5});
+  EXPECT_NEAR(sim(4, 2, 8, PipelineKind::Interleaved, halves).makespan, sim(4, 2, 8, PipelineKind::Interleaved).makespan,
+              1e-12);
+  SimOptions slow_last;
+  slow_last.chunks = {ChunkCost{1, 1, 1}, ChunkCost{2, 2, 2}};
+  const SimResult r = sim(2, 1, 4, PipelineKind::OneFOneB, slow_last);
+  EXPECT_NEAR(r.makespan, 27.0, 1e-12);
+  EXPECT_NEAR(r.ranks[1].busy, 24.0, 1e-12);
+  EXPECT_NEAR(r.ranks[0].busy, 12.0, 1e-12);
+  SimOptions wrong;
+  wrong.chunks.assign(3, ChunkCost{1, 1, 1});
+  EXPECT_TRUE(testing::throws_with([&] { sim(2, 1, 4, PipelineKind::OneFOneB, wrong); }, {"3 chunk costs for 2 x 1"}));
+}
+
 // Every transfer crosses a link, and the fill and drain cross 2 (pp - 1) of them in a row.
 TEST(PipelineSim, LatencyLengthensTheStep) {
   for (PipelineKind kind : {PipelineKind::GPipe, PipelineKind::OneFOneB, PipelineKind::ZeroBubbleH1}) {

@@ -1,0 +1,415 @@
+// `tessera plan` (app/plan_command.h): a layout as the Config train runs, the trainer's checks as the
+// planner's, the table and the breakdown, the emitted config re-read by the trainer's loader.
+#include "app/plan_command.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <ctime>
+#include <cstdio>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include "app/launch.h"
+#include "app/memory_check.h"
+#include "app/trainer.h"
+#include "app/training_data.h"
+#include "kernels/allocator.h"
+#include "kernels/check.h"
+#include "model/memory.h"
+#include "parallel/mpi.h"
+#include "plan/calibrate.h"
+
+namespace tessera {
+
+using plan::Candidate;
+using plan::ClusterSpec;
+using plan::Layout;
+
+Config apply_layout(const Config& base, const Layout& l) {
+  Config c = base;
+  ParallelConfig& p = c.parallel;
+  p.dp = l.dp;
+  p.tp = l.tp;
+  p.pp = l.pp;
+  p.vpp = l.vpp;
+  p.pp_layers.clear();  // the stages cut by cost for this pp x vpp
+  p.pp_schedule = std::string(pipeline_kind_name(l.schedule));
+  p.cp = l.cp;
+  p.cp_comm = l.cp_ring ? "ring" : "allgather";
+  p.sequence_parallel = l.sp;
+  p.zero = l.zero;
+  c.train.micro_batch = l.micro_batch;
+  c.train.dtype = l.bf16 ? "bf16" : "fp32";
+  c.model.recompute = plan::recompute_name(l.recompute);
+  c.model.recompute_layers = 0;
+  return c;
+}
+
+plan::Layout layout_of(const Config& cfg, int64_t ranks) {
+  const ParallelConfig& p = cfg.parallel;
+  TESSERA_CHECK(cfg.train.micro_batch > 0, "tessera plan --predict: set train.micro_batch (0, automatic, is chosen "
+                "at start from the node's memory)");
+  TESSERA_CHECK(p.pp_layers.empty(), "tessera plan --predict: parallel.pp_layers is not modelled (the planner cuts "
+                "the stages by cost); leave it []");
+  TESSERA_CHECK(cfg.model.recompute_layers == 0, "tessera plan --predict: model.recompute_layers is not modelled "
+                "(one recomputation policy for every block); leave it 0");
+  const GridDegrees g = resolve_degrees(grid_degrees(p), ranks);
+  Layout l;
+  l.dp = g.dp, l.tp = g.tp, l.pp = g.pp, l.cp = g.cp, l.vpp = p.vpp;
+  l.sp = p.sequence_parallel && g.tp > 1;
+  l.zero = p.zero;
+  l.schedule = parse_pipeline_kind(p.pp_schedule);
+  l.cp_ring = p.cp_comm != "allgather";
+  l.micro_batch = cfg.train.micro_batch;
+  l.recompute = recompute_kind(cfg.model.recompute);
+  l.bf16 = cfg.train.dtype == "bf16";
+  return l;
+}
+
+plan::Workload workload_of(const Config& cfg) {
+  plan::Workload w;
+  w.model = resolve(to_model_config(cfg, data_vocab_size(cfg)));
+  w.seq_len = cfg.train.seq_len;
+  w.global_batch = cfg.train.global_batch;
+  return w;
+}
+
+plan::PlanChecks trainer_checks(const Config& base, int64_t ranks) {
+  const int64_t vocab = data_vocab_size(base);
+  const ModelConfig mc = resolve(to_model_config(base, vocab));
+  plan::PlanChecks checks;
+  checks.invalid = [base, mc, ranks](const Layout& l) -> std::string {
+    const Config c = apply_layout(base, l);
+    try {
+      validate(c);           // what load_config checks (pipeline keys with dp, batch divisibility, sizes)
+      check_supported(c);    // what train refuses before starting
+      validate_layout(c, mc, ranks);  // the Trainer: the grid against the model and the world
+      if (c.parallel.pp > 1) validate_pipeline(c, l.dp);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  checks.memory = [base, vocab](const Layout& l) {
+    const Config c = apply_layout(base, l);
+    MemoryLayout m;
+    m.tp = l.tp;
+    m.dp = l.dp;
+    m.checkpoints = true;
+    m.pp_rank = -1;  // the largest rank
+    const MemoryEstimate e = estimate_training_memory(c, vocab, m);
+    return plan::MemoryUse{e.allocator_bytes(), e.total()};
+  };
+  return checks;
+}
+
+namespace {
+
+// "80GiB", "141 GB", "512MiB", "80" (GiB) -> bytes.
+double parse_memory(const std::string& text) {
+  size_t pos = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &pos);
+  } catch (const std::exception&) {
+    detail::fail("--gpu-memory ", text, ": expected a size such as 80GiB or 141GB");
+  }
+  std::string unit = text.substr(pos);
+  unit.erase(0, unit.find_first_not_of(' '));
+  double scale = 0;
+  if (unit.empty() || unit == "GiB" || unit == "G") scale = double(int64_t{1} << 30);
+  else if (unit == "GB") scale = 1e9;
+  else if (unit == "MiB") scale = double(int64_t{1} << 20);
+  else if (unit == "MB") scale = 1e6;
+  else if (unit == "TiB") scale = double(int64_t{1} << 40);
+  else if (unit == "TB") scale = 1e12;
+  TESSERA_CHECK(scale > 0 && v > 0 && std::isfinite(v), "--gpu-memory ", text,
+                ": expected a positive size in GiB, GB, MiB, MB, TiB or TB (e.g. 80GiB)");
+  return v * scale;
+}
+
+bool is_cluster_key(const std::string& assignment) { return assignment.rfind("cluster.", 0) == 0; }
+
+std::string seconds_text(double s) {
+  char b[32];
+  if (s >= 1) std::snprintf(b, sizeof b, "%.3f s", s);
+  else if (s >= 1e-3) std::snprintf(b, sizeof b, "%.2f ms", s * 1e3);
+  else std::snprintf(b, sizeof b, "%.1f us", s * 1e6);
+  return b;
+}
+
+// 1234567 -> "1.23M".
+std::string count_text(double v) {
+  char b[32];
+  if (v >= 1e9) std::snprintf(b, sizeof b, "%.2fG", v / 1e9);
+  else if (v >= 1e6) std::snprintf(b, sizeof b, "%.2fM", v / 1e6);
+  else if (v >= 1e3) std::snprintf(b, sizeof b, "%.1fk", v / 1e3);
+  else std::snprintf(b, sizeof b, "%.0f", v);
+  return b;
+}
+
+// Bytes in binary units, compact for the table: "0", "512K", "23.4M", "1.20G".
+std::string bytes_text(double v) {
+  char b[32];
+  if (v <= 0) return "0";
+  if (v >= double(int64_t{1} << 30)) std::snprintf(b, sizeof b, "%.2fG", v / double(int64_t{1} << 30));
+  else if (v >= double(1 << 20)) std::snprintf(b, sizeof b, "%.1fM", v / double(1 << 20));
+  else std::snprintf(b, sizeof b, "%.0fK", std::max(1.0, v / 1024));
+  return b;
+}
+
+double gib(double bytes) { return bytes / double(int64_t{1} << 30); }
+
+// 989.4e12 -> "989 TFLOP/s", 52e9 -> "52.0 GFLOP/s".
+std::string flops_text(double f) {
+  char b[32];
+  if (f >= 1e12) std::snprintf(b, sizeof b, "%.4g TFLOP/s", f / 1e12);
+  else std::snprintf(b, sizeof b, "%.3g GFLOP/s", f / 1e9);
+  return b;
+}
+
+const plan::GroupTraffic& group(const plan::StepCost& s, const std::string& name) {
+  for (const plan::GroupTraffic& g : s.groups)
+    if (g.group == name) return g;
+  detail::fail("no group ", name);
+}
+
+}  // namespace
+
+ClusterSpec cluster_of(const PlanArgs& args) {
+  const AvailableMemory avail = available_host_memory();
+  const plan::LocalMachine local = plan::this_machine(std::max<int64_t>(1, args.gpus), double(avail.bytes));
+  ClusterSpec c = plan::load_cluster(args.cluster, local);
+  if (!args.gpu_memory.empty()) c.device_memory = parse_memory(args.gpu_memory);
+  for (const std::string& s : args.overrides)
+    if (is_cluster_key(s)) plan::apply_cluster_override(c, s);
+  return c;
+}
+
+std::string plan_report(const PlanArgs& args, const Config& cfg, const ClusterSpec& cluster,
+                        const plan::PlanResult& result) {
+  const plan::Workload w = workload_of(cfg);
+  const int64_t params = model_memory(w.model, ModelMemoryLayout{}).parameters;
+  std::ostringstream os;
+  os << std::fixed;
+  os << "tessera plan: " << args.config_path << " on " << args.gpus << " x " << cluster.name << " ("
+     << cluster.devices_per_node << " per node, " << std::setprecision(1) << gib(cluster.usable_memory())
+     << " GiB usable of " << gib(cluster.device_memory) << " GiB per device; peak bf16 "
+     << flops_text(cluster.peak_flops_bf16) << ", fp32 " << flops_text(cluster.peak_flops_fp32) << "; cluster from "
+     << cluster.source << ")\n";
+  os << "model: " << w.model.preset << ", " << w.model.n_layer << " layers, n_embd " << w.model.n_embd << ", "
+     << w.model.n_head << " heads (" << w.model.kv_heads() << " KV), vocab " << w.model.vocab_size << ", "
+     << count_text(double(params)) << " parameters; global batch " << w.global_batch << " x " << w.seq_len
+     << " tokens\n";
+  const plan::SearchStats& st = result.stats;
+  os << "search: " << st.degree_sets << " factorizations (" << st.degree_sets_invalid << " refused by the grid's rules, "
+     << st.degree_sets_too_big << " too big for the device), " << st.layouts << " layouts, " << st.costed
+     << " simulated, " << st.refused << " refused by train's checks, " << st.over_memory + st.over_memory_inferred
+     << " over memory; " << std::setprecision(2) << st.seconds << " s\n";
+  if (result.top.empty()) {
+    os << "\nno layout fits: every candidate was refused or over memory";
+    if (!st.first_refusal.empty()) os << " (e.g. " << st.first_refusal << ")";
+    os << ". More ranks, a device with more memory, or a smaller train.global_batch / seq_len may.\n";
+    return os.str();
+  }
+  os << "\n  #  dp  tp  pp vpp  cp sp zero schedule    mb recompute dtype     step  tokens/s    MFU  mem/rank GiB "
+        "bubble    tp/step  cp/step  pp/step  dp/step\n";
+  for (size_t i = 0; i < result.top.size(); ++i) {
+    const Candidate& c = result.top[i];
+    const Layout& l = c.layout;
+    char line[512];
+    char mem[32];
+    std::snprintf(mem, sizeof mem, "%.1f/%.1f", gib(double(c.planned_bytes)), gib(cluster.usable_memory()));
+    std::snprintf(line, sizeof line,
+                  "%3zu %3lld %3lld %3lld %3lld %3lld %2s %4lld %-11s %3lld %-9s %-5s %10s %9s %5.1f%% %13s %5.1f%% "
+                  "%9s %8s %8s %8s\n",
+                  i + 1, (long long)l.dp, (long long)l.tp, (long long)l.pp, (long long)l.vpp, (long long)l.cp,
+                  l.sp ? "y" : "-", (long long)l.zero,
+                  (std::string(pipeline_kind_name(l.schedule)) + (l.cp > 1 && !l.cp_ring ? "/ag" : "")).c_str(),
+                  (long long)l.micro_batch, plan::recompute_name(l.recompute), l.bf16 ? "bf16" : "fp32",
+                  seconds_text(c.cost.step).c_str(), count_text(c.cost.tokens_per_s).c_str(), 100 * c.cost.mfu, mem,
+                  100 * c.cost.bubble_fraction, bytes_text(group(c.cost, "tp").bytes).c_str(),
+                  bytes_text(group(c.cost, "cp").bytes).c_str(), bytes_text(group(c.cost, "pp").bytes).c_str(),
+                  bytes_text(group(c.cost, "dp").bytes).c_str());
+    os << line;
+  }
+  os << "\n(step: predicted seconds per optimizer step; mem/rank: the largest rank's estimate, as train's memory check "
+        "counts it, against the usable device memory; bytes per step one rank sends over each group; schedule /ag: "
+        "parallel.cp_comm = \"allgather\")\n";
+  return os.str();
+}
+
+std::string explain_report(const Config& cfg, const ClusterSpec& cluster, const Candidate& c, int64_t row) {
+  const plan::StepCost& s = c.cost;
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1);
+  os << "\nlayout " << row << ": " << plan::describe(c.layout) << "\n";
+  os << "  " << s.micro_batches << " micro-batches of " << c.layout.micro_batch << " x " << cfg.train.seq_len
+     << " tokens per rank and step; predicted step " << seconds_text(s.step) << ", " << count_text(s.tokens_per_s)
+     << " tokens/s, MFU " << 100 * s.mfu << "%\n";
+  os << "  the step on the pipeline's busiest rank:\n";
+  const auto line = [&](const char* what, double v, const std::string& note) {
+    char b[256];
+    std::snprintf(b, sizeof b, "    %-26s %12s %6.1f%%  %s\n", what, seconds_text(v).c_str(),
+                  s.step > 0 ? 100 * v / s.step : 0.0, note.c_str());
+    os << b;
+  };
+  line("compute", s.compute, "forward and backward: GEMMs, attention, elementwise ops");
+  line("recomputation", s.recompute, std::string("model.recompute = \"") + plan::recompute_name(c.layout.recompute) + "\"");
+  line("tp collectives (exposed)", s.tp_exposed, "blocking: every one is on the critical path");
+  line("cp transfers (exposed)", s.cp_exposed,
+       c.layout.cp > 1 ? (c.layout.cp_ring ? "the ring, less what attention hides" : "all-gather: nothing hidden") : "");
+  char bub[96];
+  std::snprintf(bub, sizeof bub, "the schedule's idle time and p2p waits (bubble %.1f%% of the pipeline)",
+                100 * s.bubble_fraction);
+  line("pipeline bubble", s.bubble, c.layout.pp > 1 ? bub : "");
+  line("dp reduction (exposed)", s.dp_exposed,
+       c.layout.zero == 1 ? "ZeRO-1: reduce-scatter and all-gather, after backward"
+                          : "all-reduce in buckets, less what the last backward hides");
+  line("embedding group", s.embedding_exposed, "the tied embedding's gradient over the first and last stage");
+  line("optimizer", s.optimizer, "AdamW and the gradient norm (memory bandwidth)");
+  os << "  per group (bytes one rank sends per step; link by the rank placement, tp innermost):\n";
+  for (const plan::GroupTraffic& g : s.groups) {
+    if (g.size <= 1) continue;
+    char b[256];
+    std::snprintf(b, sizeof b, "    %-10s %4lld ranks  %-12s %10s/step  transfers %10s  exposed %10s\n", g.group.c_str(),
+                  (long long)g.size, g.across_nodes ? "across nodes" : "within node", bytes_text(g.bytes).c_str(),
+                  seconds_text(g.seconds).c_str(), seconds_text(g.exposed).c_str());
+    os << b;
+  }
+  // The memory estimate's items, as train's check prints them.
+  const Config applied = apply_layout(cfg, c.layout);
+  MemoryLayout m;
+  m.tp = c.layout.tp;
+  m.dp = c.layout.dp;
+  m.checkpoints = true;
+  const MemoryEstimate e = estimate_training_memory(applied, data_vocab_size(cfg), m);
+  os << "  memory of the largest rank: " << format_bytes(size_t(e.allocator_bytes())) << " of tensors (device), "
+     << format_bytes(size_t(e.total())) << " in all; " << (cluster.host_memory ? "all of it" : "the tensors")
+     << " against " << format_bytes(size_t(cluster.usable_memory())) << " usable:\n";
+  for (const MemoryItem& i : e.items)
+    os << "    " << std::setw(12) << format_bytes(size_t(i.bytes)) << "  " << (i.allocator ? "" : "(host) ") << i.what
+       << "\n";
+  return os.str();
+}
+
+namespace {
+// --predict: the config's own layout, costed and checked like a searched one, explained, and a
+// last line of numbers for scripts (scripts/bench/plan_validate.py).
+int predict_config_layout(const PlanArgs& args, const Config& cfg, const ClusterSpec& cluster, std::ostream& out) {
+  const Layout l = layout_of(cfg, args.gpus);
+  const plan::PlanChecks checks = trainer_checks(cfg, args.gpus);
+  const std::string invalid = checks.invalid(l);
+  TESSERA_CHECK(invalid.empty(), "tessera plan --predict: train would refuse this layout: ", invalid);
+  Candidate c{l, plan::predict_step(workload_of(cfg), l, cluster), checks.memory(l), 0};
+  c.planned_bytes = cluster.host_memory ? c.memory.total : c.memory.device;
+  out << "tessera plan --predict: " << args.config_path << " on " << args.gpus << " x " << cluster.name
+      << " (cluster from " << cluster.source << ")\n";
+  out << explain_report(cfg, cluster, c, 1);
+  if (double(c.planned_bytes) > cluster.usable_memory())
+    out << "  warning: the largest rank needs more than the device's usable memory\n";
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "predicted: step_s=%.6g tokens_per_s=%.6g mfu=%.4g bubble=%.4g tp_bytes=%.6g cp_bytes=%.6g "
+                "pp_bytes=%.6g dp_bytes=%.6g memory_bytes=%lld\n",
+                c.cost.step, c.cost.tokens_per_s, c.cost.mfu, c.cost.bubble_fraction, group(c.cost, "tp").bytes,
+                group(c.cost, "cp").bytes, group(c.cost, "pp").bytes, group(c.cost, "dp").bytes,
+                (long long)c.planned_bytes);
+  out << line;
+  return 0;
+}
+}  // namespace
+
+int run_plan_command(const PlanArgs& args, std::ostream& out) {
+  TESSERA_CHECK(args.gpus >= 1, "tessera plan: --gpus N is required (the ranks to plan for), at least 1");
+  std::vector<std::string> config_overrides;
+  for (const std::string& s : args.overrides)
+    if (!is_cluster_key(s)) config_overrides.push_back(s);
+  const Config cfg = load_config(args.config_path, config_overrides);
+  const ClusterSpec cluster = cluster_of(args);
+  if (args.predict) return predict_config_layout(args, cfg, cluster, out);
+  plan::SearchSpace space;
+  TESSERA_CHECK(args.dtype == "any" || args.dtype == "fp32" || args.dtype == "bf16", "tessera plan: --dtype ",
+                args.dtype, ": expected fp32, bf16 or any");
+  if (args.dtype != "any") space.bf16 = {args.dtype == "bf16"};
+  space.micro_batch = args.micro_batch;
+  const plan::PlanResult result =
+      plan::search_layouts(workload_of(cfg), cluster, args.gpus, space, trainer_checks(cfg, args.gpus), args.top);
+  out << plan_report(args, cfg, cluster, result);
+  if (args.explain > 0) {
+    TESSERA_CHECK(args.explain <= int64_t(result.top.size()), "tessera plan: --explain ", args.explain,
+                  ": the table has ", result.top.size(), " rows");
+    out << explain_report(cfg, cluster, result.top[size_t(args.explain - 1)], args.explain);
+  }
+  if (!args.emit_config.empty()) {
+    TESSERA_CHECK(!result.top.empty(), "tessera plan: --emit-config ", args.emit_config, ": no layout to write");
+    const Candidate& best = result.top.front();
+    std::string text = "# written by `tessera plan " + args.config_path + " --gpus " + std::to_string(args.gpus) +
+                       " --cluster " + args.cluster + "`: " + plan::describe(best.layout) + "; predicted " +
+                       seconds_text(best.cost.step) + " per step on " + cluster.name + "\n";
+    text += to_toml(apply_layout(cfg, best.layout));
+    {
+      std::ofstream f(args.emit_config, std::ios::binary | std::ios::trunc);
+      TESSERA_CHECK(f.good(), "tessera plan: cannot write ", args.emit_config);
+      f << text;
+      TESSERA_CHECK(f.good(), "tessera plan: writing ", args.emit_config, " failed");
+    }
+    // Read back with train's own loader: what train will run.
+    const Config back = load_config(args.emit_config);
+    TESSERA_CHECK(apply_layout(back, best.layout) == back, "tessera plan: ", args.emit_config,
+                  " does not read back as the planned layout");
+    out << "\nwrote " << args.emit_config << " (layout 1; `mpirun -n " << args.gpus << " tessera train "
+        << args.emit_config << "`)\n";
+  }
+  return 0;
+}
+
+namespace {
+// The CPU's model name from /proc/cpuinfo, "" when unknown.
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "";
+}
+}  // namespace
+
+int run_calibrate_command(const PlanArgs& args, std::ostream& out) {
+  MPI_Comm world = MPI_COMM_WORLD;
+  const bool lead = comm_rank(world) == 0;
+  const int ranks = comm_size(world);
+  std::string error;
+  if (args.out.empty()) error = "tessera plan --calibrate: give --out FILE, the cluster file to write";
+  if (!args.config_path.empty() || args.gpus > 0)
+    error = "tessera plan --calibrate measures this machine and takes no config or --gpus: run it under mpirun -n N "
+            "for N ranks, then plan with --cluster FILE";
+  throw_if_any_failed(world, error);
+  set_threads_per_rank(world);  // as train runs its ranks (app/launch.h)
+  const AvailableMemory avail = available_host_memory();
+  const plan::LocalMachine local = plan::this_machine(ranks, double(avail.bytes));
+  if (lead) out << "calibrating " << ranks << " rank" << (ranks > 1 ? "s" : "") << " on this machine\n";
+  plan::ClusterSpec c = plan::calibrate_local(world, local, {}, lead ? &out : nullptr);
+  if (lead) {
+    char host[256] = "?";
+    gethostname(host, sizeof host - 1);
+    char date[32];
+    const std::time_t t = std::time(nullptr);
+    std::strftime(date, sizeof date, "%Y-%m-%d", std::localtime(&t));
+    c.name = "local";
+    c.description = "calibrated by `mpirun -n " + std::to_string(ranks) + " tessera plan --calibrate` on " + host + " (" +
+                    cpu_model() + ", " + std::to_string(local.cores) + " cores) on " + date +
+                    "; memory: MemAvailable / ranks";
+    std::ofstream f(args.out, std::ios::binary | std::ios::trunc);
+    if (!f.good()) error = "tessera plan --calibrate: cannot write " + args.out;
+    f << "# " << c.description << "\n" << plan::cluster_to_toml(c);
+    if (!f.good()) error = "tessera plan --calibrate: writing " + args.out + " failed";
+    if (error.empty()) out << "wrote " << args.out << " (plan with --cluster " << args.out << ")\n";
+  }
+  throw_if_any_failed(world, error);
+  return 0;
+}
+
+}  // namespace tessera

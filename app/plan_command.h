@@ -1,0 +1,68 @@
+// `tessera plan`: the planner (plan/) wired to the trainer's config, validation and memory estimate.
+// The planner knows layouts and costs; here a layout becomes the Config `tessera train` would run,
+// judged by the trainer's own checks (app/config.h validate, validate_layout, validate_pipeline) and
+// memory estimate (app/memory_check.h), and written back as TOML.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "app/config.h"
+#include "plan/search.h"
+
+namespace tessera {
+
+struct PlanArgs {
+  std::string config_path;
+  std::vector<std::string> overrides;  // --set: section.key=value for the config, cluster.key=value for the cluster
+  int64_t gpus = 0;
+  std::string cluster = "h100-sxm-80g";  // a [cluster] TOML file or a preset name
+  std::string gpu_memory;                // "80GiB", "141GB": replaces the cluster's device memory
+  int64_t top = 10;
+  int64_t explain = 0;                   // 1-based row of the table; 0: none
+  std::string emit_config;               // write the best layout's config here
+  std::string dtype = "any";             // fp32, bf16 or any
+  int64_t micro_batch = 0;               // 0: search it
+  bool predict = false;                  // predict the config's own layout instead of searching
+  bool calibrate = false;                // measure this machine instead (writes --out)
+  std::string out;                       // --calibrate: the cluster file to write
+};
+
+// The config with the layout applied: parallel.{dp, tp, pp, vpp, pp_schedule, pp_layers = [], cp,
+// cp_comm, sequence_parallel, zero}, train.micro_batch, train.dtype, model.recompute (recompute_layers
+// = 0). Everything else as it was.
+Config apply_layout(const Config& base, const plan::Layout& l);
+
+// The layout a config asks for on `ranks` ranks (parallel.dp = -1: the rest), the inverse of
+// apply_layout. Throws tessera::Error naming what the planner does not model: train.micro_batch = 0
+// (automatic), parallel.pp_layers or model.recompute_layers given.
+plan::Layout layout_of(const Config& cfg, int64_t ranks);
+
+// What the planner plans for: the resolved model (the data's vocabulary filled in), seq_len, global batch.
+plan::Workload workload_of(const Config& cfg);
+
+// The trainer's checks for `ranks` ranks: validation (as load_config, check_supported and the
+// Trainer's layout and pipeline checks) and the memory estimate of the largest rank, with
+// checkpoints on (a host copy while one is written).
+plan::PlanChecks trainer_checks(const Config& base, int64_t ranks);
+
+// The cluster: --cluster (file or preset; `local` from this machine), --gpu-memory and --set
+// cluster.* applied.
+plan::ClusterSpec cluster_of(const PlanArgs& args);
+
+// The report: header, table, stats; --explain's breakdown of row `explain`.
+std::string plan_report(const PlanArgs& args, const Config& cfg, const plan::ClusterSpec& cluster,
+                        const plan::PlanResult& result);
+std::string explain_report(const Config& cfg, const plan::ClusterSpec& cluster, const plan::Candidate& c, int64_t row);
+
+// The whole command; returns the exit code. Prints to out.
+int run_plan_command(const PlanArgs& args, std::ostream& out);
+
+// `tessera plan --calibrate --out FILE`, collective over the world (mpirun -n N: the ranks a run
+// would have): measures them (plan/calibrate.h) and rank 0 writes the [cluster] file that
+// `--cluster FILE` reads. Returns the exit code.
+int run_calibrate_command(const PlanArgs& args, std::ostream& out);
+
+}  // namespace tessera

@@ -1,0 +1,192 @@
+// The local calibration of plan/calibrate.h: each measurement on every rank at once, between
+// barriers, through the kernels and the communicator training uses.
+#include "plan/calibrate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <ostream>
+#include <vector>
+
+#include "kernels/check.h"
+#include "kernels/elementwise.h"
+#include "kernels/matmul.h"
+#include "parallel/mpi.h"
+#include "parallel/mpi_communicator.h"
+
+namespace tessera::plan {
+
+namespace {
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// The fastest of `repeats` runs of f (after one warm-up), seconds.
+double best_of(int repeats, const std::function<void()>& f) {
+  f();
+  double best = INFINITY;
+  for (int i = 0; i < repeats; ++i) {
+    const double t0 = now();
+    f();
+    best = std::min(best, now() - t0);
+  }
+  return best;
+}
+
+// The mean of a value over the ranks.
+double mean_over(MPI_Comm world, double v) {
+  double sum = 0;
+  check_mpi(MPI_Allreduce(&v, &sum, 1, MPI_DOUBLE, MPI_SUM, world), "MPI_Allreduce");
+  return sum / comm_size(world);
+}
+
+void fill(std::vector<float>& v, float scale) {
+  for (size_t i = 0; i < v.size(); ++i) v[i] = scale * float(int64_t(i % 97) - 48) / 48.0f;
+}
+
+}  // namespace
+
+Link fit_all_reduce(const std::vector<double>& bytes, const std::vector<double>& seconds, int64_t ranks) {
+  TESSERA_CHECK(bytes.size() == seconds.size() && bytes.size() >= 2 && ranks >= 2,
+                "fit_all_reduce: needs at least two message sizes on at least two ranks");
+  // t = a + b x, weights 1 / t^2.
+  double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    const double w = 1 / (seconds[i] * seconds[i]), x = bytes[i], y = seconds[i];
+    sw += w, sx += w * x, sy += w * y, sxx += w * x * x, sxy += w * x * y;
+  }
+  const double det = sw * sxx - sx * sx;
+  double b = det > 0 ? (sw * sxy - sx * sy) / det : 0;
+  double a = det > 0 ? (sy - b * sx) / sw : seconds.front();
+  const double n = double(ranks);
+  if (b <= 0) b = (seconds.back() - seconds.front()) / std::max(1.0, bytes.back() - bytes.front());
+  b = std::max(b, 1e-15);
+  a = std::max(a, 0.0);
+  // a = 2 (n - 1) alpha, b = 2 (n - 1) / (n beta).
+  return Link{2 * (n - 1) / (n * b), a / (2 * (n - 1))};
+}
+
+ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const CalibrationOptions& o, std::ostream* log) {
+  const int ranks = comm_size(world);
+  const bool lead = comm_rank(world) == 0;
+  const auto say = [&](const std::string& line) {
+    if (lead && log) *log << line << "\n" << std::flush;
+  };
+  ClusterSpec s = local_cluster(local);
+  const Exec ex = Exec::cpu();
+  const int64_t n = o.gemm_size;
+  char line[256];
+
+  // GEMMs: (n, n) x (n, n)^T at n = gemm_size / 8 .. gemm_size, fp32, and at gemm_size with a bf16
+  // weight (the mixed-precision path). When the fp32 rate grows with the size (a device that small
+  // GEMMs leave idle) the rates are fitted to rate(f) = peak f / (f + half) (least squares on
+  // 1 / rate = 1 / peak + (half / peak) / f); otherwise (a CPU, where small GEMMs stay in cache) the
+  // median rate stands for every GEMM.
+  const auto gemm_rate = [&](int64_t size, bool bf16) {
+    std::vector<float> a(size_t(size * size)), b(size_t(size * size)), c(size_t(size * size));
+    fill(a, 1), fill(b, 0.5);
+    std::vector<uint16_t> b16(bf16 ? size_t(size * size) : 0);
+    const Tensor ta(a.data(), DType::F32, {size, size}), tb(b.data(), DType::F32, {size, size});
+    const Tensor tc(c.data(), DType::F32, {size, size}), tb16(b16.data(), DType::BF16, {size, size});
+    if (bf16) convert(ex, tb16, tb);
+    MPI_Barrier(world);
+    const double seconds = best_of(o.repeats, [&] { matmul(ex, tc, ta, bf16 ? tb16 : tb, false, true); });
+    return mean_over(world, 2.0 * double(size * size * size) / seconds);
+  };
+  std::vector<double> flops, rates;
+  for (int64_t size = std::max<int64_t>(16, n / 8); size <= n; size *= 2) {
+    flops.push_back(2.0 * double(size * size * size));
+    rates.push_back(gemm_rate(size, false));
+    std::snprintf(line, sizeof line, "GEMM %lld^3 per rank: fp32 %.1f GFLOP/s", (long long)size, rates.back() / 1e9);
+    say(line);
+  }
+  const bool grows = std::is_sorted(rates.begin(), rates.end()) && rates.size() >= 2;
+  double peak = 0, half = 0;
+  if (grows) {
+    double sx = 0, sy = 0, sxx = 0, sxy = 0;
+    const double k = double(flops.size());
+    for (size_t i = 0; i < flops.size(); ++i) {
+      const double x = 1 / flops[i], y = 1 / rates[i];
+      sx += x, sy += y, sxx += x * x, sxy += x * y;
+    }
+    const double det = k * sxx - sx * sx, slope = det > 0 ? (k * sxy - sx * sy) / det : 0;
+    const double intercept = (sy - slope * sx) / k;
+    if (intercept > 0 && slope >= 0) peak = 1 / intercept, half = slope / intercept;
+  }
+  if (peak == 0) {
+    std::vector<double> sorted = rates;
+    std::sort(sorted.begin(), sorted.end());
+    peak = sorted[sorted.size() / 2];
+  }
+  const double large = flops.back();
+  s.peak_flops_fp32 = peak;
+  s.gemm_half_flops = half;
+  const double bf16 = gemm_rate(n, true);
+  s.peak_flops_bf16 = bf16 * (large + half) / large;  // the same saturation
+  s.compute_efficiency = 1.0;  // the measured rate is what a GEMM reaches
+  std::snprintf(line, sizeof line,
+                "GEMM %lld^3 per rank: bf16 %.1f GFLOP/s; taken: fp32 %.1f, bf16 %.1f GFLOP/s (%s)", (long long)n,
+                bf16 / 1e9, s.peak_flops_fp32 / 1e9, s.peak_flops_bf16 / 1e9,
+                grows ? ("fitted; half the rate at " + std::to_string(half / 1e9) + " GFLOP").c_str()
+                      : "the median: the rate does not grow with the size");
+  say(line);
+
+  // Memory bandwidth: y = x + y over stream_elements floats (two reads, one write).
+  {
+    const int64_t m = o.stream_elements;
+    std::vector<float> x(size_t(m), 1.0f), y(size_t(m), 2.0f);
+    const Tensor tx(x.data(), DType::F32, {m}), ty(y.data(), DType::F32, {m});
+    MPI_Barrier(world);
+    const double bw = mean_over(world, 3.0 * 4.0 * double(m) / best_of(o.repeats, [&] { residual_forward(ex, ty, tx, ty); }));
+    s.memory_bandwidth = bw;
+    std::snprintf(line, sizeof line, "memory bandwidth per rank: %.1f GB/s", bw / 1e9);
+    say(line);
+  }
+  // The least time of an op: a residual add of 64 elements.
+  {
+    std::vector<float> x(64, 1.0f), y(64, 2.0f);
+    const Tensor tx(x.data(), DType::F32, {64}), ty(y.data(), DType::F32, {64});
+    MPI_Barrier(world);
+    const double per_op = mean_over(world, best_of(o.repeats, [&] {
+                                      for (int i = 0; i < 1000; ++i) residual_forward(ex, ty, tx, ty);
+                                    }) / 1000);
+    s.op_latency = per_op;
+    std::snprintf(line, sizeof line, "least time of an op: %.2f us", per_op * 1e6);
+    say(line);
+  }
+
+  // All-reduce over every rank, 4 KiB .. max_message, the median of the repeats.
+  if (ranks > 1) {
+    MpiCommunicator comm = MpiCommunicator::duplicate(world);
+    std::vector<double> sizes, times;
+    for (int64_t bytes = 4096; bytes <= o.max_message; bytes *= 4) {
+      std::vector<float> buf(size_t(bytes / 4), 1.0f);
+      const Tensor t(buf.data(), DType::F32, {bytes / 4});
+      comm.all_reduce(t);
+      std::vector<double> runs;
+      const int reps = bytes <= (1 << 20) ? 4 * o.repeats : o.repeats;
+      for (int i = 0; i < reps; ++i) {
+        MPI_Barrier(world);
+        const double t0 = now();
+        comm.all_reduce(t);
+        runs.push_back(now() - t0);
+      }
+      std::nth_element(runs.begin(), runs.begin() + long(runs.size() / 2), runs.end());
+      const double median = mean_over(world, runs[runs.size() / 2]);
+      sizes.push_back(double(bytes));
+      times.push_back(median);
+      std::snprintf(line, sizeof line, "all-reduce %lld bytes over %d ranks: %.1f us", (long long)bytes, ranks,
+                    median * 1e6);
+      say(line);
+    }
+    const Link link = fit_all_reduce(sizes, times, ranks);
+    s.intra = link;
+    s.inter = link;  // one node
+    std::snprintf(line, sizeof line, "link (fitted to the ring): %.2f GB/s, %.1f us per message", link.bandwidth / 1e9,
+                  link.latency * 1e6);
+    say(line);
+  }
+  return s;
+}
+
+}  // namespace tessera::plan

@@ -1,0 +1,35 @@
+// `tessera plan --calibrate`: measures this machine's ranks for the `local` cluster, as they run
+// during training (every rank at once, each with its own OpenMP threads): the fp32 and bf16 GEMM
+// rates (kernels/matmul.h at 1024^3), the memory bandwidth (a residual add of 64 MiB tensors), the
+// least time of an op, and the all-reduce over all ranks (parallel/mpi_communicator.h) from 4 KiB
+// to 16 MiB fitted to the ring's alpha-beta model. The result is a [cluster] description.
+#pragma once
+
+#include <mpi.h>
+
+#include <iosfwd>
+#include <string>
+
+#include "plan/cluster.h"
+
+namespace tessera::plan {
+
+struct CalibrationOptions {
+  int repeats = 5;           // each measurement's repetitions (the best, or for collectives the median, is kept)
+  int64_t gemm_size = 1024;  // the GEMMs' M = N = K
+  int64_t stream_elements = int64_t{16} << 20;  // fp32 elements per tensor of the bandwidth measurement
+  int64_t max_message = int64_t{16} << 20;      // bytes of the largest all-reduce
+};
+
+// Collective over world. Returns `local`'s description with the measured numbers in place of its
+// defaults (per rank: the mean over the ranks, measured together); log (rank 0's) gets a line per
+// measurement. With one rank the links keep their defaults (nothing to measure).
+ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const CalibrationOptions& options,
+                            std::ostream* log);
+
+// The least-squares fit of t = latency + bytes / bandwidth to the all-reduce of an n-rank ring,
+// t = 2 (n - 1) (alpha + bytes / (n beta)), weighted by 1 / t^2 (relative errors: small and large
+// messages count alike). Throws tessera::Error with fewer than two sizes.
+Link fit_all_reduce(const std::vector<double>& bytes, const std::vector<double>& seconds, int64_t ranks);
+
+}  // namespace tessera::plan

@@ -1,0 +1,410 @@
+// Cluster descriptions: the [cluster] keys as one table (key, unit, range, member), read from TOML with
+// toml++ and written back; the presets from the vendors' data sheets (sources in docs/planner.md).
+#include "plan/cluster.h"
+
+#include <toml++/toml.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <variant>
+
+#include "kernels/backend_info.h"
+#include "kernels/check.h"
+
+namespace tessera::plan {
+
+namespace {
+
+constexpr double kGiB = double(int64_t{1} << 30);
+constexpr double kGB = 1e9, kTera = 1e12, kMicro = 1e-6;
+
+using Value = std::variant<int64_t, double, bool, std::string>;
+enum class Kind { Int, Number, Bool, Text };
+
+// One [cluster] key: its type, the factor from the file's unit to the spec's SI one, its range and
+// the member it sets. `required`: a file without `base` must give it.
+struct Field {
+  std::string key, meaning;
+  Kind kind;
+  double scale = 1;
+  double min = 0;
+  bool min_exclusive = false;
+  double max = 1e30;
+  bool required = true;
+  std::function<void(ClusterSpec&, const Value&)> set;
+  std::function<Value(const ClusterSpec&)> get;
+};
+
+template <class M>
+Field number(std::string key, std::string meaning, M ClusterSpec::*member, double scale, double min, bool excl,
+             double max = 1e30, bool required = true) {
+  Field f{std::move(key), std::move(meaning), Kind::Number, scale, min, excl, max, required, {}, {}};
+  f.set = [member, scale](ClusterSpec& s, const Value& v) { s.*member = std::get<double>(v) * scale; };
+  f.get = [member, scale](const ClusterSpec& s) { return Value(double(s.*member) / scale); };
+  return f;
+}
+
+Field link_number(std::string key, std::string meaning, Link ClusterSpec::*link, double Link::*member, double scale,
+                  bool excl) {
+  Field f{std::move(key), std::move(meaning), Kind::Number, scale, 0, excl, 1e30, true, {}, {}};
+  f.set = [link, member, scale](ClusterSpec& s, const Value& v) { (s.*link).*member = std::get<double>(v) * scale; };
+  f.get = [link, member, scale](const ClusterSpec& s) { return Value((s.*link).*member / scale); };
+  return f;
+}
+
+const std::vector<Field>& fields() {
+  static const std::vector<Field> table = [] {
+    std::vector<Field> t;
+    Field name{"name", "the cluster's name (shown in the plan's header)", Kind::Text, 1, 0, false, 0, false, {}, {}};
+    name.set = [](ClusterSpec& s, const Value& v) { s.name = std::get<std::string>(v); };
+    name.get = [](const ClusterSpec& s) { return Value(s.name); };
+    t.push_back(name);
+    Field desc{"description", "where the numbers come from", Kind::Text, 1, 0, false, 0, false, {}, {}};
+    desc.set = [](ClusterSpec& s, const Value& v) { s.description = std::get<std::string>(v); };
+    desc.get = [](const ClusterSpec& s) { return Value(s.description); };
+    t.push_back(desc);
+    Field dpn{"devices_per_node", "devices (GPUs, or ranks of a CPU) per node; ranks fill nodes in order, tp "
+              "innermost", Kind::Int, 1, 1, false, 1 << 20, true, {}, {}};
+    dpn.set = [](ClusterSpec& s, const Value& v) { s.devices_per_node = std::get<int64_t>(v); };
+    dpn.get = [](const ClusterSpec& s) { return Value(s.devices_per_node); };
+    t.push_back(dpn);
+    t.push_back(number("device_memory_gib", "memory per device, GiB", &ClusterSpec::device_memory, kGiB, 0, true));
+    t.push_back(number("usable_memory_fraction", "the share of device memory a run may plan for (the rest: runtime, "
+                       "communication buffers, fragmentation)", &ClusterSpec::usable_memory_fraction, 1, 0, true, 1,
+                       false));
+    Field host{"host_memory", "true: devices are CPU ranks sharing host memory, so the estimate's host items (token "
+               "batches, checkpoint copies, runtime) count against it too; false: only the allocator's tensors "
+               "(device memory)", Kind::Bool, 1, 0, false, 0, false, {}, {}};
+    host.set = [](ClusterSpec& s, const Value& v) { s.host_memory = std::get<bool>(v); };
+    host.get = [](const ClusterSpec& s) { return Value(s.host_memory); };
+    t.push_back(host);
+    t.push_back(number("peak_tflops_bf16", "dense bf16 peak per device, TFLOP/s (train.dtype = \"bf16\")",
+                       &ClusterSpec::peak_flops_bf16, kTera, 0, true));
+    t.push_back(number("peak_tflops_fp32", "fp32 peak per device, TFLOP/s (train.dtype = \"fp32\"; true fp32, not "
+                       "TF32)", &ClusterSpec::peak_flops_fp32, kTera, 0, true));
+    t.push_back(number("compute_efficiency", "the share of peak a large GEMM reaches (small ones are held to the "
+                       "memory bandwidth too)", &ClusterSpec::compute_efficiency, 1, 0, true, 1, false));
+    t.push_back(number("gemm_half_gflop", "the GFLOPs of one GEMM at which it runs at half its large-GEMM rate "
+                       "(small GEMMs: f / (f + this)); 0 = every GEMM at the large rate", &ClusterSpec::gemm_half_flops,
+                       1e9, 0, false, 1e30, false));
+    t.push_back(number("memory_bandwidth_gbs", "device memory bandwidth, GB/s (elementwise ops, the optimizer, "
+                       "small GEMMs)", &ClusterSpec::memory_bandwidth, kGB, 0, true));
+    t.push_back(number("op_latency_us", "the least time one op (kernel) takes, microseconds",
+                       &ClusterSpec::op_latency, kMicro, 0, false, 1e9, false));
+    t.push_back(link_number("intra_node_bandwidth_gbs", "bandwidth between two devices of a node, GB/s per device "
+                            "and direction", &ClusterSpec::intra, &Link::bandwidth, kGB, true));
+    t.push_back(link_number("intra_node_latency_us", "latency of a message within a node, microseconds",
+                            &ClusterSpec::intra, &Link::latency, kMicro, false));
+    t.push_back(link_number("inter_node_bandwidth_gbs", "bandwidth across nodes, GB/s per device and direction "
+                            "(the node's network bandwidth / devices_per_node)", &ClusterSpec::inter, &Link::bandwidth,
+                            kGB, true));
+    t.push_back(link_number("inter_node_latency_us", "latency of a message across nodes, microseconds",
+                            &ClusterSpec::inter, &Link::latency, kMicro, false));
+    Field async{"async_progress", "collectives started asynchronously progress while the device computes (NCCL: "
+                "true; MPICH on CPU ranks progresses only inside MPI calls: false), so data-parallel buckets and the "
+                "context-parallel ring overlap compute", Kind::Bool, 1, 0, false, 0, false, {}, {}};
+    async.set = [](ClusterSpec& s, const Value& v) { s.async_progress = std::get<bool>(v); };
+    async.get = [](const ClusterSpec& s) { return Value(s.async_progress); };
+    t.push_back(async);
+    return t;
+  }();
+  return table;
+}
+
+const Field* find_field(const std::string& key) {
+  for (const Field& f : fields())
+    if (f.key == key) return &f;
+  return nullptr;
+}
+
+// The closest key by edit distance, for "did you mean".
+std::string closest_key(const std::string& key) {
+  auto distance = [](const std::string& a, const std::string& b) {
+    std::vector<size_t> row(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+      size_t diag = row[0];
+      row[0] = i;
+      for (size_t j = 1; j <= b.size(); ++j) {
+        const size_t up = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+        diag = up;
+      }
+    }
+    return row[b.size()];
+  };
+  std::string best;
+  size_t best_d = 4;  // farther than 3 edits: no suggestion
+  for (const Field& f : fields()) {
+    const size_t d = distance(key, f.key);
+    if (d < best_d) best = f.key, best_d = d;
+  }
+  return best;
+}
+
+std::string describe_range(const Field& f) {
+  std::ostringstream os;
+  os << (f.min_exclusive ? "> " : ">= ") << f.min;
+  if (f.max < 1e29) os << " and <= " << f.max;
+  return os.str();
+}
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::Int: return "an integer";
+    case Kind::Number: return "a number";
+    case Kind::Bool: return "true or false";
+    case Kind::Text: return "a string";
+  }
+  return "";
+}
+
+// The node as the field's type; nothing when it has another.
+std::optional<Value> convert(const Field& f, const toml::node& n) {
+  switch (f.kind) {
+    case Kind::Int:
+      if (n.is_integer()) return Value(n.as_integer()->get());
+      return std::nullopt;
+    case Kind::Number:
+      if (n.is_integer()) return Value(double(n.as_integer()->get()));
+      if (n.is_floating_point()) return Value(n.as_floating_point()->get());
+      return std::nullopt;
+    case Kind::Bool:
+      if (n.is_boolean()) return Value(n.as_boolean()->get());
+      return std::nullopt;
+    case Kind::Text:
+      if (n.is_string()) return Value(n.as_string()->get());
+      return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+// Checks and sets one key; `where` names it in errors ("cluster.x (file.toml:3)").
+void assign(ClusterSpec& s, const Field& f, const toml::node& n, const std::string& where) {
+  const std::optional<Value> v = convert(f, n);
+  TESSERA_CHECK(v.has_value(), where, " must be ", kind_name(f.kind), " (", f.meaning, ")");
+  if (f.kind == Kind::Int || f.kind == Kind::Number) {
+    const double x = f.kind == Kind::Int ? double(std::get<int64_t>(*v)) : std::get<double>(*v);
+    const bool ok = std::isfinite(x) && (f.min_exclusive ? x > f.min : x >= f.min) && x <= f.max;
+    TESSERA_CHECK(ok, where, " = ", x, " must be ", describe_range(f), " (", f.meaning, ")");
+  }
+  f.set(s, *v);
+}
+
+std::string at(const std::string& source, const toml::node& n) {
+  const auto line = n.source().begin.line;
+  return line > 0 ? source + ":" + std::to_string(line) : source;
+}
+
+// The vendors' figures (docs/planner.md cites each): per-device dense peaks, HBM size and bandwidth,
+// NVLink per direction (half the data sheets' bidirectional figure), the node's InfiniBand
+// bandwidth shared by its 8 GPUs. The latencies, op latency, efficiency and usable fraction are
+// the planner's assumptions, the same for every preset (docs/planner.md says why).
+ClusterSpec gpu_node(std::string name, std::string description, double memory_gib, double bf16_tflops,
+                     double fp32_tflops, double hbm_gbs, double nvlink_gbs_bidirectional, double ib_gbits_per_node) {
+  ClusterSpec s;
+  s.name = std::move(name);
+  s.description = std::move(description);
+  s.source = "preset";
+  s.devices_per_node = 8;
+  s.device_memory = memory_gib * kGiB;
+  s.usable_memory_fraction = 0.9;
+  s.host_memory = false;
+  s.peak_flops_bf16 = bf16_tflops * kTera;
+  s.peak_flops_fp32 = fp32_tflops * kTera;
+  s.compute_efficiency = 0.6;
+  s.memory_bandwidth = hbm_gbs * kGB;
+  s.op_latency = 3 * kMicro;
+  s.intra = {nvlink_gbs_bidirectional / 2 * kGB, 3 * kMicro};
+  s.inter = {ib_gbits_per_node / 8 / 8 * kGB, 6 * kMicro};
+  s.async_progress = true;
+  return s;
+}
+
+}  // namespace
+
+LocalMachine this_machine(int64_t ranks, double memory_available) {
+  LocalMachine m;
+  m.ranks = ranks;
+  m.memory_available = memory_available;
+  m.peak_flops_fp32 = cpu_peak_gflops() * 1e9;
+  m.bf16_native = cpu_bf16_gemm_kernel().find("AVX512_BF16") != std::string::npos;
+  m.cores = std::max<int64_t>(1, int64_t(std::thread::hardware_concurrency()));
+  return m;
+}
+
+std::vector<std::string> preset_names() {
+  return {"h100-sxm-80g", "h100-sxm-80g-ib4", "h200-141g", "h200-141g-ib4", "a100-80g", "local"};
+}
+
+ClusterSpec local_cluster(const LocalMachine& m) {
+  TESSERA_CHECK(m.ranks >= 1, "the local cluster needs at least one rank, not ", m.ranks);
+  const double ranks = double(m.ranks);
+  ClusterSpec s;
+  s.name = "local";
+  s.description = "this machine's CPU shared by " + std::to_string(m.ranks) +
+                  " MPI ranks: the fp32 peak of kernels/backend_info.h and MemAvailable split between them, the "
+                  "rest documented defaults (docs/planner.md); `tessera plan --calibrate` measures them";
+  s.source = "preset";
+  s.devices_per_node = m.ranks;
+  s.device_memory = m.memory_available > 0 ? m.memory_available / ranks : 8 * kGiB;
+  s.usable_memory_fraction = 1.0;  // the trainer's own check lets the ranks use all of it
+  s.host_memory = true;
+  s.peak_flops_fp32 = (m.peak_flops_fp32 > 0 ? m.peak_flops_fp32 : 50e9) / ranks;
+  // vdpbf16ps does twice the multiply-adds of an fp32 FMA; the portable fallback converts in software.
+  s.peak_flops_bf16 = s.peak_flops_fp32 * (m.bf16_native ? 2.0 : 0.25);
+  s.compute_efficiency = 0.7;
+  // A core streams about 30 GB/s (measured here: 35 GB/s for a read-read-write loop on one AMD EPYC
+  // core); the ranks share the cores.
+  s.memory_bandwidth = 30 * kGB * double(std::max<int64_t>(1, m.cores)) / ranks;
+  s.op_latency = 5 * kMicro;
+  s.intra = {5 * kGB, 20 * kMicro};
+  s.inter = s.intra;
+  s.async_progress = false;
+  return s;
+}
+
+ClusterSpec preset(const std::string& name, const LocalMachine& local) {
+  if (name == "h100-sxm-80g" || name == "h100-sxm-80g-ib4")
+    return gpu_node(name, "NVIDIA H100 SXM5 80GB, 8 per node (DGX H100), NVLink 4, " +
+                              std::string(name == "h100-sxm-80g" ? "8" : "4") + "x 400 Gb/s InfiniBand per node",
+                    80, 989.4, 67, 3350, 900, name == "h100-sxm-80g" ? 8 * 400 : 4 * 400);
+  if (name == "h200-141g" || name == "h200-141g-ib4")
+    return gpu_node(name, "NVIDIA H200 SXM 141GB, 8 per node (DGX H200), NVLink 4, " +
+                              std::string(name == "h200-141g" ? "8" : "4") + "x 400 Gb/s InfiniBand per node",
+                    141, 989.4, 67, 4800, 900, name == "h200-141g" ? 8 * 400 : 4 * 400);
+  if (name == "a100-80g")
+    return gpu_node(name, "NVIDIA A100 SXM4 80GB, 8 per node (DGX A100), NVLink 3, 8x 200 Gb/s HDR InfiniBand per "
+                          "node", 80, 312, 19.5, 2039, 600, 8 * 200);
+  if (name == "local") return local_cluster(local);
+  std::string names;
+  for (const std::string& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
+  detail::fail("no cluster preset named \"", name, "\" (presets: ", names, "; or give a [cluster] TOML file)");
+}
+
+ClusterSpec parse_cluster(const std::string& text, const std::string& source, const LocalMachine& local) {
+  toml::table root;
+  try {
+    root = toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    detail::fail("TOML syntax error in ", source, ":", e.source().begin.line, ":", e.source().begin.column, ": ",
+                 e.description());
+  }
+  for (auto&& [k, node] : root)
+    TESSERA_CHECK(k.str() == "cluster", "unknown table or key \"", k.str(), "\" in ", at(source, node),
+                  ": a cluster file holds one [cluster] table");
+  const toml::table* t = root["cluster"].as_table();
+  TESSERA_CHECK(t != nullptr, source, " has no [cluster] table (docs/planner.md lists its keys)");
+  ClusterSpec s;
+  bool based = false;
+  if (const toml::node* base = t->get("base")) {
+    TESSERA_CHECK(base->is_string(), "cluster.base (", at(source, *base), ") must be a string: a preset's name");
+    try {
+      s = preset(base->as_string()->get(), local);
+    } catch (const Error& e) {
+      detail::fail("cluster.base (", at(source, *base), "): ", e.what());
+    }
+    based = true;
+  }
+  std::set<std::string> given;
+  for (auto&& [k, node] : *t) {
+    const std::string key(k.str());
+    if (key == "base") continue;
+    const Field* f = find_field(key);
+    if (!f) {
+      const std::string near = closest_key(key);
+      detail::fail("unknown key cluster.", key, " (", at(source, node), ")",
+                   near.empty() ? std::string() : "; did you mean cluster." + near + "?");
+    }
+    assign(s, *f, node, "cluster." + key + " (" + at(source, node) + ")");
+    given.insert(key);
+  }
+  if (!based)
+    for (const Field& f : fields())
+      TESSERA_CHECK(!f.required || given.count(f.key), source, ": cluster.", f.key, " is missing (", f.meaning,
+                    "); give it, or start from a preset with base = \"h100-sxm-80g\"");
+  s.source = source;
+  return s;
+}
+
+ClusterSpec load_cluster(const std::string& file_or_preset, const LocalMachine& local) {
+  std::error_code ec;
+  if (!std::filesystem::exists(file_or_preset, ec)) {
+    const auto names = preset_names();
+    if (std::find(names.begin(), names.end(), file_or_preset) != names.end()) return preset(file_or_preset, local);
+    std::string list;
+    for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+    detail::fail("--cluster ", file_or_preset, ": no such file, and no preset of that name (presets: ", list, ")");
+  }
+  TESSERA_CHECK(std::filesystem::is_regular_file(file_or_preset, ec), "--cluster ", file_or_preset,
+                " is not a regular file");
+  std::ifstream in(file_or_preset, std::ios::binary);
+  TESSERA_CHECK(in.good(), "cannot open the cluster file ", file_or_preset);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_cluster(text.str(), file_or_preset, local);
+}
+
+void apply_cluster_override(ClusterSpec& s, const std::string& assignment) {
+  const size_t eq = assignment.find('=');
+  TESSERA_CHECK(eq != std::string::npos, "--set ", assignment, ": expected cluster.key=value");
+  std::string key = assignment.substr(0, eq);
+  while (!key.empty() && key.back() == ' ') key.pop_back();
+  if (key.rfind("cluster.", 0) == 0) key = key.substr(8);
+  const Field* f = find_field(key);
+  if (!f) {
+    const std::string near = closest_key(key);
+    detail::fail("--set ", assignment, ": unknown key cluster.", key,
+                 near.empty() ? std::string() : "; did you mean cluster." + near + "?");
+  }
+  std::string raw = assignment.substr(eq + 1);
+  toml::table t;
+  try {
+    t = toml::parse("value = " + raw);
+  } catch (const toml::parse_error&) {
+    if (f->kind != Kind::Text) detail::fail("--set ", assignment, ": cluster.", key, " must be ", kind_name(f->kind));
+    t = toml::table{{"value", raw}};  // a string field takes the text verbatim
+  }
+  assign(s, *f, *t.get("value"), "cluster." + key + " (--set " + assignment + ")");
+}
+
+std::string cluster_to_toml(const ClusterSpec& s) {
+  std::ostringstream os;
+  os.precision(10);
+  os << "[cluster]\n";
+  for (const Field& f : fields()) {
+    os << "# " << f.meaning << "\n" << f.key << " = ";
+    const Value v = f.get(s);
+    if (const auto* i = std::get_if<int64_t>(&v)) os << *i;
+    if (const auto* d = std::get_if<double>(&v)) {
+      std::ostringstream n;
+      n.precision(10);
+      n << *d;
+      std::string txt = n.str();
+      if (txt.find_first_of(".eE") == std::string::npos && txt.find("inf") == std::string::npos) txt += ".0";
+      os << txt;
+    }
+    if (const auto* b = std::get_if<bool>(&v)) os << (*b ? "true" : "false");
+    if (const auto* str = std::get_if<std::string>(&v)) {
+      toml::table t{{"v", *str}};
+      std::ostringstream q;
+      q << t;
+      os << q.str().substr(4);  // "v = \"...\"" -> the quoted value
+    }
+    os << "\n";
+  }
+  return os.str();
+}
+
+std::vector<ClusterKey> cluster_keys() {
+  std::vector<ClusterKey> keys{{"base", "a preset to start from (its keys are then all optional)"}};
+  for (const Field& f : fields()) keys.push_back({f.key, f.meaning});
+  return keys;
+}
+
+}  // namespace tessera::plan

@@ -1,0 +1,87 @@
+// A cluster description for the planner: what one device computes, holds and moves, and the links
+// between devices within a node and across nodes. Read from a [cluster] TOML table, or a named
+// preset (H100/H200/A100 nodes of 8, the vendors' published figures: docs/planner.md), or `local`
+// (this machine's MPI ranks: documented defaults, or what `tessera plan --calibrate` measured).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tessera::plan {
+
+// One kind of link: a message of b bytes takes latency + b / bandwidth (the alpha-beta model).
+struct Link {
+  double bandwidth = 1e9;  // bytes/s per device, one direction
+  double latency = 1e-5;   // seconds per message (per step of a ring)
+};
+
+struct ClusterSpec {
+  std::string name = "custom";
+  std::string description;  // where the numbers come from
+  std::string source;       // the file (and line), "preset", "--set ..." of the last value read
+  int64_t devices_per_node = 8;
+  double device_memory = 80.0 * (int64_t{1} << 30);  // bytes per device
+  double usable_memory_fraction = 0.9;   // of device_memory a run may plan for (runtime, buffers, fragments)
+  bool host_memory = false;              // true: devices are CPU ranks, the estimate's host items count too
+  double peak_flops_bf16 = 0;            // FLOP/s per device, dense
+  double peak_flops_fp32 = 0;
+  double compute_efficiency = 0.6;       // the share of peak a large GEMM reaches
+  // A GEMM of f FLOPs runs at peak x efficiency x f / (f + gemm_half_flops): the FLOPs at which a
+  // GEMM reaches half its rate (calibrated); 0: every GEMM at peak x efficiency.
+  double gemm_half_flops = 0;
+  double memory_bandwidth = 1e12;        // bytes/s per device (elementwise ops, the optimizer)
+  double op_latency = 0;                 // seconds: the least time any one op (kernel) takes
+  Link intra, inter;                     // within a node, across nodes
+  bool async_progress = true;            // collectives started asynchronously progress while the device computes
+
+  double peak_flops(bool bf16) const { return bf16 ? peak_flops_bf16 : peak_flops_fp32; }
+  double usable_memory() const { return device_memory * usable_memory_fraction; }
+};
+
+// What the `local` cluster is made of: this machine, shared by the planned ranks.
+struct LocalMachine {
+  int64_t ranks = 1;              // the ranks planned for (--gpus): one node of that many devices
+  double memory_available = -1;   // bytes the ranks share (the trainer's MemAvailable / cgroup figure); < 0: unknown
+  double peak_flops_fp32 = 0;     // FLOP/s of the whole CPU, all cores (kernels/backend_info.h cpu_peak_gflops)
+  int64_t cores = 1;              // the CPUs this process may run on
+  bool bf16_native = false;       // the bf16 GEMM runs on AVX512_BF16 (else the portable fallback)
+};
+// This CPU's peak, cores and bf16 kernel; ranks and memory as given.
+LocalMachine this_machine(int64_t ranks, double memory_available);
+
+// Names of the presets: "h100-sxm-80g", "h100-sxm-80g-ib4", "h200-141g", "h200-141g-ib4", "a100-80g",
+// and "local".
+std::vector<std::string> preset_names();
+
+// A preset by name ("local": local_cluster(local)); throws tessera::Error listing the names when
+// there is none.
+ClusterSpec preset(const std::string& name, const LocalMachine& local = {});
+
+// `local`: one node of local.ranks devices, each the ranks' share of the CPU's fp32 peak and of the
+// available memory, with documented defaults for the rest (docs/planner.md); `tessera plan
+// --calibrate` measures them instead.
+ClusterSpec local_cluster(const LocalMachine& local);
+
+// The [cluster] table of a TOML text; `base = "PRESET"` starts from a preset, otherwise every key
+// without a default is required. Unknown keys, wrong types and values out of range are errors
+// naming the key and source:line.
+ClusterSpec parse_cluster(const std::string& toml_text, const std::string& source, const LocalMachine& local = {});
+
+// A file, or a preset when `file_or_preset` names one and no such file exists.
+ClusterSpec load_cluster(const std::string& file_or_preset, const LocalMachine& local = {});
+
+// "key=value" (key without or with the "cluster." prefix) applied to spec, checked as in a file.
+void apply_cluster_override(ClusterSpec& spec, const std::string& assignment);
+
+// The spec as a [cluster] table that parse_cluster reads back equal (every key, with its unit in the
+// name and a comment).
+std::string cluster_to_toml(const ClusterSpec& spec);
+
+// The keys of [cluster], for docs and did-you-mean: name, unit and meaning.
+struct ClusterKey {
+  std::string key, meaning;
+};
+std::vector<ClusterKey> cluster_keys();
+
+}  // namespace tessera::plan

@@ -1,0 +1,495 @@
+// The cost model of plan/cost_model.h. Letters as in model/gpt.h: per micro-batch and rank,
+// B sequences, T = seq_len / cp positions (a cp rank's two chunks), N = B T token rows of a tensor-
+// parallel region, Nr = N / tp the rows between regions under sequence parallelism (N without),
+// C width, D head dim, Hl = H / tp heads, KVl KV heads per rank (all of them when fewer than tp:
+// replicated), Fl = F / tp, Vl = ceil(V / tp). Activations and gradients are fp32 (4 bytes), as the
+// trainer keeps them under both dtypes; train.dtype = "bf16" makes the GEMM operands 2 bytes.
+#include "plan/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/check.h"
+#include "model/memory.h"
+#include "model/stage_cut.h"
+#include "parallel/pipeline_sim.h"
+#include "parallel/process_grid.h"
+
+namespace tessera::plan {
+
+// ---- Collectives ----------------------------------------------------------------------------
+
+double all_reduce_seconds(double bytes, int64_t n, const Link& link) {
+  return n <= 1 ? 0.0 : 2.0 * double(n - 1) * (link.latency + bytes / (double(n) * link.bandwidth));
+}
+double all_gather_seconds(double bytes, int64_t n, const Link& link) {
+  return n <= 1 ? 0.0 : double(n - 1) * (link.latency + bytes / (double(n) * link.bandwidth));
+}
+double reduce_scatter_seconds(double bytes, int64_t n, const Link& link) { return all_gather_seconds(bytes, n, link); }
+double p2p_seconds(double bytes, const Link& link) { return link.latency + bytes / link.bandwidth; }
+double all_reduce_bytes(double bytes, int64_t n) { return n <= 1 ? 0.0 : 2.0 * double(n - 1) / double(n) * bytes; }
+double all_gather_bytes(double bytes, int64_t n) { return n <= 1 ? 0.0 : double(n - 1) / double(n) * bytes; }
+
+// ---- Placement ------------------------------------------------------------------------------
+
+GroupLinks group_links(const Layout& l, const ClusterSpec& c) {
+  const int64_t world = l.ranks();
+  const ProcessGrid grid({l.tp, l.cp, l.pp, l.dp}, world, 0);
+  const auto node = [&](const GridCoords& x) { return grid.rank_of(x) / c.devices_per_node; };
+  GroupLinks g;
+  // Ranks grow with every coordinate and a node is a run of consecutive ranks, so a group lies in
+  // one node exactly when its first and last members do.
+  for (int64_t r = 0; r < world; ++r) {
+    const GridCoords x = grid.coords_of(r);
+    GridCoords lo = x, hi = x;
+    lo.tp = 0, hi.tp = l.tp - 1;
+    g.tp_across |= node(lo) != node(hi);
+    lo = x, hi = x;
+    lo.cp = 0, hi.cp = l.cp - 1;
+    g.cp_across |= node(lo) != node(hi);
+    lo = x, hi = x;
+    lo.cp = 0, lo.dp = 0, hi.cp = l.cp - 1, hi.dp = l.dp - 1;
+    g.dp_across |= node(lo) != node(hi);
+    lo = x, hi = x;
+    lo.pp = 0, hi.pp = l.pp - 1;
+    g.pp_across |= node(lo) != node(hi);
+  }
+  g.embedding_across = g.pp_across;  // the first and last stage: the pp group's ends
+  g.tp = g.tp_across ? c.inter : c.intra;
+  g.cp = g.cp_across ? c.inter : c.intra;
+  g.dp = g.dp_across ? c.inter : c.intra;
+  g.pp = g.pp_across ? c.inter : c.intra;
+  g.embedding = g.embedding_across ? c.inter : c.intra;
+  return g;
+}
+
+namespace {
+
+constexpr double kAct = 4;  // bytes of an activation or gradient element (fp32)
+
+// The roofline of one op: its FLOPs at peak x efficiency, its bytes at the memory bandwidth, and
+// at least the op latency. Activations and gradients are fp32; a Linear's weight is bf16 under
+// train.dtype = "bf16" (the parameters' compute copy), fp32 otherwise.
+struct Roofline {
+  double peak, bandwidth, latency, weight_bytes, half_flops;
+  // (m, k) x (k, n) -> (m, n) with a_bytes, b_bytes per element of the inputs, fp32 out; a small
+  // GEMM at the calibrated fraction f / (f + half) of the rate.
+  double gemm(double m, double n, double k, double a_bytes, double b_bytes) const {
+    const double flops = 2 * m * n * k, bytes = m * k * a_bytes + k * n * b_bytes + m * n * kAct;
+    return std::max({(flops + half_flops) / peak, bytes / bandwidth, latency});
+  }
+  double compute(double flops) const { return std::max(flops / peak, latency); }
+  double stream(double elements) const { return std::max(elements * kAct / bandwidth, latency); }
+};
+
+// One Linear of the block: in -> out features on N rows; forward (x W^T), dX (dY W) and dW (dY^T x).
+struct LinearCost {
+  double forward = 0, dx = 0, dw = 0, flops = 0;
+};
+LinearCost linear(const Roofline& r, double rows, double in, double out) {
+  return {r.gemm(rows, out, in, kAct, r.weight_bytes), r.gemm(rows, in, out, kAct, r.weight_bytes),
+          r.gemm(out, in, rows, kAct, kAct), 6 * rows * in * out};
+}
+
+struct Dims {
+  double B, T, Tfull, N, Nr, C, D, Hl, KVl, Fl, Vl;
+  bool swiglu, layernorm, rope;
+};
+
+Dims dims_of(const Workload& w, const Layout& l) {
+  const ModelConfig& m = w.model;
+  Dims d;
+  d.B = double(l.micro_batch);
+  d.T = double(w.seq_len / l.cp);
+  d.Tfull = double(w.seq_len);
+  d.N = d.B * d.T;
+  d.Nr = l.sp && l.tp > 1 ? d.N / double(l.tp) : d.N;
+  d.C = double(m.n_embd);
+  d.D = double(m.head_dim());
+  d.Hl = double(m.n_head / l.tp);
+  d.KVl = double(m.kv_heads() % l.tp == 0 ? m.kv_heads() / l.tp : m.kv_heads());
+  d.Fl = double(m.ffn_hidden / l.tp);
+  d.Vl = double((m.vocab_size + l.tp - 1) / l.tp);
+  d.swiglu = m.mlp == MlpKind::SwiGlu;
+  d.layernorm = m.norm == NormKind::LayerNorm;
+  d.rope = m.position == PositionKind::Rope;
+  return d;
+}
+
+// One block's forward without communication, and its backward halves.
+struct BlockCompute {
+  double forward = 0, dx = 0, dw = 0, flops = 0;
+  double attention_forward = 0, attention_backward = 0;  // (for the cp overlap)
+  double norms_and_activation = 0;  // selective recomputation re-runs these (forward elementwise)
+};
+
+BlockCompute block_compute(const Dims& d, const Roofline& r) {
+  BlockCompute b;
+  const double q = d.Hl * d.D, kv = d.KVl * d.D;
+  std::vector<LinearCost> lin = {linear(r, d.N, d.C, q), linear(r, d.N, d.C, kv), linear(r, d.N, d.C, kv),
+                                 linear(r, d.N, q, d.C)};
+  if (d.swiglu) {
+    lin.push_back(linear(r, d.N, d.C, d.Fl));
+    lin.push_back(linear(r, d.N, d.C, d.Fl));
+    lin.push_back(linear(r, d.N, d.Fl, d.C));
+  } else {
+    lin.push_back(linear(r, d.N, d.C, d.Fl));
+    lin.push_back(linear(r, d.N, d.Fl, d.C));
+  }
+  for (const LinearCost& c : lin) b.forward += c.forward, b.dx += c.dx, b.dw += c.dw, b.flops += c.flops;
+  // Causal attention over a cp rank's queries: about half the T x (cp T) square (the load-balanced
+  // chunks make it half on every rank); backward recomputes the probabilities from the saved lse:
+  // 5 products against the forward's 2.
+  const double attn_flops = 2 * 2 * d.B * d.Hl * d.T * d.Tfull * d.D * 0.5;
+  b.attention_forward = r.compute(attn_flops);
+  b.attention_backward = r.compute(2.5 * attn_flops);
+  b.flops += 3.5 * attn_flops;
+  // Elementwise (fp32 element traffic): two norms (read x, write y), two residual adds (2 reads,
+  // 1 write), the activation (GELU: 1 read 1 write; SwiGLU: 2 reads 1 write), RoPE on q and k.
+  const double norm = 2 * d.Nr * d.C, act = (d.swiglu ? 3 : 2) * d.N * d.Fl;
+  double ew = 2 * r.stream(norm) + 2 * r.stream(3 * d.Nr * d.C) + r.stream(act);
+  if (d.rope) ew += r.stream(2 * d.N * (q + kv));
+  b.norms_and_activation = 2 * r.stream(norm) + r.stream(act);
+  b.forward += b.attention_forward + ew;
+  b.dx += b.attention_backward + 2 * ew;  // backward reads the saved input and the gradient, writes one
+  return b;
+}
+
+}  // namespace
+
+ChunkTime chunk_time(const Workload& w, const Layout& l, const ClusterSpec& c, const GroupLinks& links,
+                     const StageSpec& chunk) {
+  const Dims d = dims_of(w, l);
+  const Roofline r{c.peak_flops(l.bf16) * c.compute_efficiency, c.memory_bandwidth, c.op_latency, l.bf16 ? 2.0 : kAct,
+                   c.gemm_half_flops};
+  ChunkTime t;
+  const double blocks = double(chunk.layers());
+  if (blocks > 0) {
+    const BlockCompute b = block_compute(d, r);
+    t.forward += blocks * b.forward;
+    t.backward += blocks * b.dx;
+    t.weight += blocks * b.dw;
+    t.flops += blocks * b.flops;
+    // Tensor parallel: per block two regions (attention, MLP), each an all-reduce of the (N, C)
+    // activations forward and one backward (sequence parallel: an all-gather and a reduce-scatter
+    // of the same bytes instead of each).
+    const double x = d.N * d.C * kAct;
+    const double region = all_reduce_seconds(x, l.tp, links.tp);
+    t.tp_forward += blocks * 2 * region;
+    t.tp_backward += blocks * 2 * region;
+    t.tp_bytes += blocks * 4 * all_reduce_bytes(x, l.tp);
+    if (l.sp && l.tp > 1) {
+      // Sequence parallel: backward gathers each region's input again for the weight gradients
+      // (model/gpt.cpp, Megatron's way: the gathered input is not kept from the forward).
+      t.tp_backward += blocks * 2 * all_gather_seconds(x, l.tp, links.tp);
+      t.tp_bytes += blocks * 2 * all_gather_bytes(x, l.tp);
+    }
+    // Context parallel: K and V of the rank's T positions, kv = 2 B T KVl D elements.
+    if (l.cp > 1) {
+      const double kv = 2 * d.B * d.T * d.KVl * d.D * kAct;
+      double fwd = 0, bwd = 0;
+      if (l.cp_ring) {
+        // cp - 1 transfers forward, each behind one block of attention; backward the K/V again and
+        // the dK/dV (3 cp - 2 K/V volumes in all, docs/parallel.md) over cp steps.
+        const double step_f = p2p_seconds(kv, links.cp), step_b = p2p_seconds(kv * (2 * l.cp - 1) / l.cp, links.cp);
+        const double hide_f = c.async_progress ? b.attention_forward / double(l.cp) : 0.0;
+        const double hide_b = c.async_progress ? b.attention_backward / double(l.cp) : 0.0;
+        fwd = double(l.cp - 1) * std::max(0.0, step_f - hide_f);
+        bwd = double(l.cp) * std::max(0.0, step_b - hide_b);
+        t.cp_bytes += blocks * double(3 * l.cp - 2) * kv;
+      } else {
+        // All-gather K/V forward; again backward, and reduce-scatter dK/dV: nothing overlaps.
+        fwd = all_gather_seconds(kv * l.cp, l.cp, links.cp);
+        bwd = 2 * fwd;
+        t.cp_bytes += blocks * 3 * double(l.cp - 1) * kv;
+      }
+      t.cp_forward += blocks * fwd;
+      t.cp_backward += blocks * bwd;
+      if (l.recompute == Recompute::Full) t.cp_backward += blocks * fwd;
+    }
+    // Recomputation: selective re-runs the norms and the activation function; full the whole
+    // block forward, its tensor-parallel collectives and context-parallel transfers with it.
+    if (l.recompute == Recompute::Selective) t.recompute += blocks * b.norms_and_activation;
+    if (l.recompute == Recompute::Full) {
+      t.recompute += blocks * b.forward;
+      t.tp_backward += blocks * 2 * region;
+      t.tp_bytes += blocks * 2 * all_reduce_bytes(x, l.tp);
+      t.flops += blocks * b.flops / 3;
+    }
+    t.backward += t.recompute;
+  }
+  const double x = d.N * d.C * kAct;
+  if (chunk.embedding) {
+    // Look-up (and learned positions) writing the (Nr, C) stream; backward scatters the gradient.
+    t.forward += r.stream(3 * d.N * d.C);
+    t.backward += r.stream(2 * d.N * d.C);
+    // Vocabulary-parallel: leave the region (an all-reduce; sequence parallel: a reduce-scatter,
+    // its backward an all-gather).
+    if (l.sp) {
+      t.tp_forward += reduce_scatter_seconds(x, l.tp, links.tp);
+      t.tp_backward += all_gather_seconds(x, l.tp, links.tp);
+      t.tp_bytes += 2 * all_gather_bytes(x, l.tp);
+    } else {
+      t.tp_forward += all_reduce_seconds(x, l.tp, links.tp);
+      t.tp_bytes += all_reduce_bytes(x, l.tp);
+    }
+    // A vision-language model's tower and projector, replicated over tp and cp: its FLOPs.
+    const double vision = vision_flops_per_image(w.model) * d.B;
+    if (vision > 0) {
+      t.forward += r.compute(vision / 3);
+      t.backward += r.compute(vision / 3);
+      t.weight += r.compute(vision / 3);
+      t.flops += vision;
+    }
+  }
+  if (chunk.head) {
+    // Final norm, the LM head (N, C) -> (N, Vl), the vocabulary-parallel cross-entropy over the
+    // logits (softmax read twice, loss gradient written in place).
+    const LinearCost head = linear(r, d.N, d.C, d.Vl);
+    t.forward += r.stream(2 * d.Nr * d.C) + head.forward + r.stream(2 * d.N * d.Vl);
+    t.backward += r.stream(3 * d.Nr * d.C) + head.dx + r.stream(d.N * d.Vl);
+    t.weight += head.dw;
+    t.flops += head.flops;
+    // Entering the head's region (backward all-reduce; sequence parallel: forward all-gather,
+    // backward reduce-scatter), and the cross-entropy's all-gather of the log-sum-exps and
+    // all-reduce of the target logits (N values each).
+    if (l.sp) {
+      t.tp_forward += all_gather_seconds(x, l.tp, links.tp);
+      t.tp_backward += reduce_scatter_seconds(x, l.tp, links.tp);
+      t.tp_bytes += 2 * all_gather_bytes(x, l.tp);
+    } else {
+      t.tp_backward += all_reduce_seconds(x, l.tp, links.tp);
+      t.tp_bytes += all_reduce_bytes(x, l.tp);
+    }
+    t.tp_forward += all_gather_seconds(d.N * kAct * l.tp, l.tp, links.tp) + all_reduce_seconds(d.N * kAct, l.tp, links.tp);
+    t.tp_bytes += all_gather_bytes(d.N * kAct * l.tp, l.tp) + all_reduce_bytes(d.N * kAct, l.tp);
+  }
+  return t;
+}
+
+namespace {
+
+// Parameters (elements) a rank holds for its chunks, as the trainer's ParameterStore lays them
+// out (model/memory.h model_memory).
+int64_t chunk_parameters(const Workload& w, const Layout& l, const StageSpec& chunk) {
+  ModelMemoryLayout m;
+  m.batch = 1;
+  m.seq_len = l.sp ? l.tp : 1;
+  m.tp = l.tp;
+  m.sequence_parallel = l.sp;
+  m.stage = chunk;
+  return model_memory(w.model, m).parameters;
+}
+
+// The tp-partial gradients summed over tp after backward (parallel/finalize_grads.h): the norms'
+// weights (and biases) under sequence parallelism, the replicated K and V projections when there
+// are fewer KV heads than tp ranks. Elements.
+double tp_partial_elements(const Workload& w, const Layout& l, const std::vector<StageSpec>& chunks) {
+  if (l.tp == 1) return 0;
+  const ModelConfig& m = w.model;
+  const double norm = double(m.n_embd) * (m.norm == NormKind::LayerNorm ? 2 : 1);
+  double n = 0;
+  for (const StageSpec& c : chunks) {
+    const double blocks = double(c.layers());
+    if (l.sp) n += blocks * 2 * norm + (c.head ? norm : 0);
+    if (m.kv_heads() % l.tp != 0)
+      n += blocks * 2 * double(m.kv_heads() * m.head_dim()) * (double(m.n_embd) + (m.bias ? 1 : 0));
+  }
+  return n;
+}
+
+// The pipeline step: the simulator on the schedule's action lists with each chunk's costs and
+// p2p time as the message latency. Past 8 pp micro-batches the steady phase repeats, so the step is
+// extrapolated from two short ones (as app/memory_check.cpp does for the memory peak).
+SimResult simulate_pipeline(const Layout& l, int64_t m, const std::vector<ChunkCost>& costs, double transfer,
+                            CostCache* cache, std::vector<double>* busy) {
+  SimOptions o;
+  o.chunks = costs;
+  o.latency = transfer;
+  const auto run = [&](int64_t micro_batches) {
+    if (cache) return simulate(cache->schedule(l.pp, l.vpp, micro_batches, l.schedule), o);
+    return simulate(pipeline_schedule(l.pp, l.vpp, micro_batches, l.schedule), o);
+  };
+  busy->assign(size_t(l.pp), 0.0);
+  for (int64_t r = 0; r < l.pp; ++r)
+    for (int64_t v = 0; v < l.vpp; ++v) {
+      const ChunkCost& k = costs[size_t(v * l.pp + r)];
+      (*busy)[size_t(r)] += double(m) * (k.forward + k.backward + k.weight);
+    }
+  if (m <= 8 * l.pp) return run(m);
+  const int64_t m1 = 4 * l.pp + m % l.pp, periods = (m - m1) / l.pp;
+  SimResult a = run(m1);
+  const SimResult b = run(m1 + l.pp);
+  a.makespan += double(periods) * (b.makespan - a.makespan);
+  return a;
+}
+
+}  // namespace
+
+const Schedule& CostCache::schedule(int64_t pp, int64_t vpp, int64_t micro_batches, PipelineKind kind) {
+  const auto key = std::make_tuple(pp, vpp, micro_batches, int(kind));
+  auto it = schedules_.find(key);
+  if (it == schedules_.end()) it = schedules_.emplace(key, pipeline_schedule(pp, vpp, micro_batches, kind)).first;
+  return it->second;
+}
+
+namespace {
+CostCache::Stages stages_of(const Workload& w, const Layout& l) {
+  CostCache::Stages s;
+  s.cut = l.pp == 1 ? std::vector<StageSpec>{resolve_stage(StageSpec{}, w.model)}
+                    : cut_stages(w.model, w.seq_len, l.pp, l.vpp);
+  for (int64_t r = 0; r < l.pp; ++r) {
+    double params = 0;
+    for (const StageSpec& chunk : rank_chunks(s.cut, l.pp, r)) params += double(chunk_parameters(w, l, chunk));
+    s.parameters.push_back(params);
+  }
+  return s;
+}
+}  // namespace
+
+const CostCache::Stages& CostCache::stages(const Workload& w, const Layout& l) {
+  const auto key = std::make_tuple(l.tp, l.sp, l.pp, l.vpp);
+  auto it = stages_.find(key);
+  if (it == stages_.end()) it = stages_.emplace(key, stages_of(w, l)).first;
+  return it->second;
+}
+
+StepCost predict_step(const Workload& w, const Layout& l, const ClusterSpec& c) {
+  return predict_step(w, l, c, group_links(l, c), true);
+}
+
+StepCost predict_step(const Workload& w, const Layout& l, const ClusterSpec& c, const GroupLinks& links,
+                      bool simulate, CostCache* cache) {
+  TESSERA_CHECK(l.micro_batch >= 1 && l.dp >= 1 && w.global_batch % (l.micro_batch * l.dp) == 0,
+                "predict_step: train.global_batch = ", w.global_batch, " is not a multiple of micro_batch x dp = ",
+                l.micro_batch, " x ", l.dp);
+  const ModelConfig& mc = w.model;
+  const int64_t m = w.micro_batches(l);
+  const CostCache::Stages own = cache ? CostCache::Stages{} : stages_of(w, l);
+  const CostCache::Stages& stages = cache ? cache->stages(w, l) : own;
+  const std::vector<StageSpec>& cut = stages.cut;
+  StepCost s;
+  s.micro_batches = m;
+
+  // Every chunk's time (by virtual stage), and what each pipeline rank holds and computes.
+  std::vector<ChunkTime> times;
+  std::vector<ChunkCost> costs;
+  for (const StageSpec& chunk : cut) {
+    times.push_back(chunk_time(w, l, c, links, chunk));
+    costs.push_back({times.back().f(), times.back().b(), times.back().w()});
+  }
+  const Dims d = dims_of(w, l);
+  const double x_pp = d.B * d.T / (l.sp && l.tp > 1 ? double(l.tp) : 1.0) * d.C * kAct;  // (B, T_local, C)
+  const double transfer = l.pp > 1 ? p2p_seconds(x_pp, links.pp) : 0.0;
+
+  double makespan = 0;
+  std::vector<double> busy;
+  if (l.pp == 1 || !simulate) {
+    busy.assign(size_t(l.pp), 0.0);
+    for (size_t v = 0; v < costs.size(); ++v)
+      busy[v % size_t(l.pp)] += double(m) * (costs[v].forward + costs[v].backward + costs[v].weight);
+    makespan = *std::max_element(busy.begin(), busy.end());
+  } else {
+    const SimResult sim = simulate_pipeline(l, m, costs, transfer, cache, &busy);
+    TESSERA_CHECK(!sim.deadlock, "predict_step: the simulated schedule deadlocks: ", describe(l));
+    makespan = std::max(sim.makespan, *std::max_element(busy.begin(), busy.end()));  // (extrapolated: no less)
+  }
+  // The busiest rank sets the breakdown.
+  const int64_t critical = int64_t(std::max_element(busy.begin(), busy.end()) - busy.begin());
+  double sum_busy = 0;
+  for (double b : busy) sum_busy += b;
+  s.bubble_fraction = l.pp > 1 && makespan > 0 ? 1.0 - sum_busy / (double(l.pp) * makespan) : 0.0;
+  double tp_bytes = 0, cp_bytes = 0, tp_seconds = 0, cp_seconds = 0;
+  for (int64_t v = 0; v < l.vpp; ++v) {
+    const ChunkTime& t = times[size_t(v * l.pp + critical)];
+    const double n = double(m);
+    s.compute += n * (t.forward + t.backward - t.recompute + t.weight);
+    s.recompute += n * t.recompute;
+    s.tp_exposed += n * (t.tp_forward + t.tp_backward);
+    s.cp_exposed += n * (t.cp_forward + t.cp_backward);
+    tp_bytes += n * t.tp_bytes;
+    cp_bytes += n * t.cp_bytes;
+  }
+  tp_seconds = s.tp_exposed;
+  cp_seconds = s.cp_exposed;
+  s.bubble = makespan - busy[size_t(critical)];
+
+  // After the schedule: the tp-partial sums, the dp x cp gradient reduction, the embedding group,
+  // the optimizer. Each pipeline rank reduces its own parameters; the slowest sets the step.
+  const int64_t shards = l.dp * l.cp;
+  const bool zero = l.zero == 1 && shards > 1;
+  double after = -1, dp_bytes = 0, dp_seconds = 0, emb_bytes = 0, emb_seconds = 0;
+  GroupTraffic tp_g{"tp", l.tp, links.tp_across, tp_bytes, tp_seconds, tp_seconds};
+  for (int64_t r = 0; r < l.pp; ++r) {
+    const std::vector<StageSpec> chunks = rank_chunks(cut, l.pp, r);
+    const double params = stages.parameters[size_t(r)];
+    double last_backward = 0;
+    for (int64_t v = 0; v < l.vpp; ++v) {
+      const ChunkTime& t = times[size_t(v * l.pp + r)];
+      last_backward += t.b() + t.w();
+    }
+    const double grads = params * kAct;
+    s.parameters = std::max(s.parameters, params);
+    // tp-partial gradients (blocking, one packed all-reduce).
+    const double partial = tp_partial_elements(w, l, chunks) * kAct;
+    const double tp_sum = partial > 0 ? all_reduce_seconds(partial, l.tp, links.tp) : 0.0;
+    // Data parallel (dp x cp): buckets during the last micro-batch's backward, or ZeRO-1's
+    // reduce-scatter and all-gather after it.
+    double dp_time = 0, dp_exposed = 0;
+    if (shards > 1) {
+      if (zero) {
+        dp_time = reduce_scatter_seconds(grads, shards, links.dp) + all_gather_seconds(grads, shards, links.dp) +
+                  all_reduce_seconds(8, shards, links.dp);
+        dp_exposed = dp_time;
+      } else {
+        const double bucket = 25.0 * (1 << 20);  // parallel.bucket_mb's default
+        const double buckets = std::max(1.0, std::ceil(grads / bucket));
+        dp_time = all_reduce_seconds(grads, shards, links.dp) + (buckets - 1) * 2 * double(shards - 1) * links.dp.latency;
+        // Buckets are cut from the end of the buffer (the last layers, final first); the last one,
+        // holding the first layers and the embedding, starts when backward ends: never hidden.
+        const double last = all_reduce_seconds(grads - (buckets - 1) * bucket, shards, links.dp);
+        dp_exposed = c.async_progress ? std::max(last, dp_time - last_backward) : dp_time;
+      }
+    }
+    // The tied embedding (gpt2) summed over the first and last stage.
+    double emb = 0, emb_b = 0;
+    if (l.pp > 1 && mc.tied_embeddings && (r == 0 || r == l.pp - 1)) {
+      const double table = d.Vl * d.C * kAct;
+      emb = all_reduce_seconds(table, 2, links.embedding);
+      emb_b = all_reduce_bytes(table, 2);
+    }
+    // AdamW over the rank's (ZeRO-1: shard of the) trainable elements: p, g, m, v read, p, m, v
+    // written; the norm reads the gradients; bf16 writes the compute copy of every parameter.
+    const double owned = zero ? std::ceil(params / double(shards)) : params;
+    const double opt_bytes = owned * (7 * 4 + 4) + (l.bf16 ? params * 2 : 0.0);
+    const double optimizer = std::max(opt_bytes / c.memory_bandwidth, 3 * c.op_latency);
+    const double total = tp_sum + dp_exposed + emb + optimizer;
+    if (total > after) {
+      after = total;
+      s.dp_exposed = dp_exposed;
+      s.embedding_exposed = emb;
+      s.optimizer = optimizer;
+      s.tp_exposed = tp_seconds + tp_sum;
+      dp_seconds = dp_time;
+      dp_bytes = shards > 1 ? all_reduce_bytes(grads, shards) : 0.0;
+      emb_seconds = emb;
+      emb_bytes = emb_b;
+      tp_g.bytes = tp_bytes + all_reduce_bytes(partial, l.tp);
+      tp_g.seconds = tp_g.exposed = s.tp_exposed;
+    }
+  }
+  s.step = makespan + after;
+  s.tokens_per_s = double(w.global_batch) * double(w.seq_len) / s.step;
+  s.mfu = flops_per_token(mc, w.seq_len) * s.tokens_per_s / (double(l.ranks()) * c.peak_flops(l.bf16));
+
+  const double pp_bytes = l.pp > 1 ? 2.0 * double(m) * x_pp * double(l.pp * l.vpp - 1) / double(l.pp) : 0.0;
+  s.groups = {tp_g,
+              {"cp", l.cp, links.cp_across, cp_bytes, cp_seconds, cp_seconds},
+              {"pp", l.pp, links.pp_across, pp_bytes, l.pp > 1 ? 2.0 * double(m * l.vpp) * transfer : 0.0, s.bubble},
+              {"dp", shards, links.dp_across, dp_bytes, dp_seconds, s.dp_exposed},
+              {"embedding", l.pp > 1 && mc.tied_embeddings ? 2 : 1, links.embedding_across, emb_bytes, emb_seconds,
+               s.embedding_exposed}};
+  return s;
+}
+
+}  // namespace tessera::plan

@@ -1,0 +1,25 @@
+// Layout names for messages and the table (plan/layout.h).
+#include "plan/layout.h"
+
+namespace tessera::plan {
+
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::None: return "none";
+    case Recompute::Selective: return "selective";
+    case Recompute::Full: return "full";
+  }
+  return "none";
+}
+
+std::string describe(const Layout& l) {
+  std::string s = "dp " + std::to_string(l.dp) + " tp " + std::to_string(l.tp) + " pp " + std::to_string(l.pp) +
+                  " vpp " + std::to_string(l.vpp) + " cp " + std::to_string(l.cp);
+  s += l.sp ? " sp" : "";
+  s += " zero " + std::to_string(l.zero) + " " + std::string(pipeline_kind_name(l.schedule));
+  if (l.cp > 1) s += l.cp_ring ? " ring" : " allgather";
+  s += " mb " + std::to_string(l.micro_batch) + " " + recompute_name(l.recompute) + (l.bf16 ? " bf16" : " fp32");
+  return s;
+}
+
+}  // namespace tessera::plan

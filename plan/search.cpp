@@ -1,0 +1,248 @@
+// The layout search of plan/search.h: a decision tree over the degrees (the grid's validation and a
+// static memory bound prune whole subtrees), the options of each factorization enumerated with the
+// schedule generator's rules, then branch and bound on the predicted step time.
+#include "plan/search.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <tuple>
+
+#include "kernels/check.h"
+#include "model/memory.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/process_grid.h"
+
+namespace tessera::plan {
+
+namespace {
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> d;
+  for (int64_t i = 1; i * i <= n; ++i)
+    if (n % i == 0) {
+      d.push_back(i);
+      if (i != n / i) d.push_back(n / i);
+    }
+  std::sort(d.begin(), d.end());
+  return d;
+}
+
+GridLimits limits_of(const Workload& w, bool sp) {
+  GridLimits g;
+  g.n_head = w.model.n_head;
+  g.n_kv_head = w.model.kv_heads();
+  g.n_layer = w.model.n_layer;
+  g.seq_len = w.seq_len;
+  g.vocab_size = w.model.vocab_size;
+  g.ffn_hidden = w.model.ffn_hidden;
+  g.sequence_parallel = sp;
+  return g;
+}
+
+// The grid's validation (parallel/process_grid.h, the trainer's rules for heads, KV heads, layers,
+// MLP, sequence over cp and tp): "" when it passes.
+std::string grid_problem(const Workload& w, const GridDegrees& g, int64_t ranks, bool sp) {
+  try {
+    validate_grid(g, ranks, limits_of(w, sp));
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A lower bound of the largest rank's bytes whatever the options: its share of the parameters,
+// gradients and (at best fully sharded) moments, fp32. The ranks of one replica (tp x pp) hold
+// every parameter at least once, so the largest holds at least the average.
+double static_bytes_bound(double parameters, int64_t tp, int64_t pp, int64_t shards) {
+  const double per_rank = parameters / double(tp * pp);
+  return per_rank * (4 + 4 + 8.0 / double(shards));
+}
+
+// The parameters, gradients (ZeRO-1: and the reduced shard), moments and bf16 copy of the rank
+// holding the most parameters: the static part of the trainer's estimate, a lower bound of its total.
+double static_bytes(const Layout& l, double parameters) {
+  const int64_t shards = l.dp * l.cp;
+  const bool zero = l.zero == 1 && shards > 1;
+  return parameters * (4 + 4 + (l.bf16 ? 2 : 0) + (zero ? 12.0 / double(shards) : 8.0));
+}
+
+// Everything of a layout but its micro-batch and recomputation: the key under which a layout found
+// over memory rules out those with a larger micro-batch and less recomputation (the trainer's
+// automatic micro-batch takes the same monotonicity; recomputation only ever frees activations).
+using MemoryKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t, int, bool, bool>;
+MemoryKey memory_key(const Layout& l) {
+  return {l.dp, l.tp, l.pp, l.vpp, l.cp, l.sp, l.zero, int(l.schedule), l.cp_ring, l.bf16};
+}
+int saving(Recompute r) { return r == Recompute::Full ? 2 : r == Recompute::Selective ? 1 : 0; }
+struct OverPoint {
+  int64_t micro_batch;
+  int saving;
+};
+bool inferred_over(const std::vector<OverPoint>& points, const Layout& l) {
+  for (const OverPoint& p : points)
+    if (l.micro_batch >= p.micro_batch && saving(l.recompute) <= p.saving) return true;
+  return false;
+}
+
+struct Pending {
+  Layout layout;
+  double bound = 0;
+  size_t links = 0;  // index into the factorizations' links
+};
+
+}  // namespace
+
+PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t ranks, const SearchSpace& space,
+                          const PlanChecks& checks, int64_t top_k) {
+  const auto t0 = std::chrono::steady_clock::now();
+  TESSERA_CHECK(ranks >= 1, "tessera plan: --gpus must be at least 1, not ", ranks);
+  TESSERA_CHECK(top_k >= 1, "tessera plan: --top must be at least 1, not ", top_k);
+  PlanResult out;
+  SearchStats& st = out.stats;
+  const ModelConfig& mc = w.model;
+  const double usable = cluster.usable_memory();
+  const double parameters = double(model_memory(mc, ModelMemoryLayout{}).parameters);
+
+  // ---- the tree: degrees, then the options of each ----
+  std::vector<GroupLinks> links;
+  std::vector<Pending> pending;
+  for (int64_t tp : divisors(ranks)) {
+    if (space.max_tp > 0 && tp > space.max_tp) continue;
+    for (int64_t cp : divisors(ranks / tp)) {
+      if (space.max_cp > 0 && cp > space.max_cp) continue;
+      for (int64_t pp : divisors(ranks / (tp * cp))) {
+        if (space.max_pp > 0 && pp > space.max_pp) continue;
+        const int64_t dp = ranks / (tp * cp * pp);
+        ++st.degree_sets;
+        const GridDegrees g{tp, cp, pp, dp};
+        if (!grid_problem(w, g, ranks, false).empty() || w.global_batch % dp != 0) {
+          ++st.degree_sets_invalid;
+          continue;
+        }
+        if (static_bytes_bound(parameters, tp, pp, dp * cp) > usable) {
+          ++st.degree_sets_too_big;
+          continue;
+        }
+        Layout base;
+        base.dp = dp, base.tp = tp, base.pp = pp, base.cp = cp;
+        links.push_back(group_links(base, cluster));
+        const size_t li = links.size() - 1;
+
+        std::vector<bool> sps{false};
+        if (tp > 1 && space.sequence_parallel && grid_problem(w, g, ranks, true).empty()) sps.push_back(true);
+        std::vector<std::pair<PipelineKind, int64_t>> schedules;  // (kind, vpp)
+        if (pp == 1) {
+          schedules.push_back({PipelineKind::OneFOneB, 1});
+        } else {
+          for (PipelineKind k : space.schedules) {
+            if (k != PipelineKind::Interleaved) {
+              schedules.push_back({k, 1});
+              continue;
+            }
+            for (int64_t v = 2; v <= space.max_vpp && pp * v <= mc.n_layer; ++v) schedules.push_back({k, v});
+          }
+        }
+        std::vector<int64_t> zeros{0};
+        if (dp * cp > 1 && space.zero) zeros.push_back(1);
+        std::vector<bool> rings{true};
+        if (cp > 1 && space.cp_allgather) rings.push_back(false);
+        std::vector<int64_t> micro = divisors(w.global_batch / dp);
+        if (space.micro_batch > 0) micro = {space.micro_batch};
+
+        for (bool sp : sps)
+          for (const auto& [kind, vpp] : schedules)
+            for (int64_t zero : zeros)
+              for (bool ring : rings)
+                for (int64_t mb : micro) {
+                  if ((w.global_batch / dp) % mb != 0) continue;
+                  if (pp > 1) {
+                    try {  // the generator's rules (micro-batches against pp, interleaving's groups)
+                      check_pipeline_schedule(pp, vpp, w.global_batch / (dp * mb), kind);
+                    } catch (const Error&) {
+                      continue;
+                    }
+                  }
+                  for (Recompute rc : space.recompute)
+                    for (bool bf16 : space.bf16) {
+                      Layout l = base;
+                      l.sp = sp, l.schedule = kind, l.vpp = vpp, l.zero = zero, l.cp_ring = ring;
+                      l.micro_batch = mb, l.recompute = rc, l.bf16 = bf16;
+                      pending.push_back({l, 0, li});
+                    }
+                }
+      }
+    }
+  }
+  st.layouts = int64_t(pending.size());
+
+  // ---- bounds, then exact costs and checks in bound order ----
+  CostCache cache;
+  for (Pending& p : pending) p.bound = predict_step(w, p.layout, cluster, links[p.links], false, &cache).step;
+  std::stable_sort(pending.begin(), pending.end(), [](const Pending& a, const Pending& b) { return a.bound < b.bound; });
+  std::map<MemoryKey, std::vector<OverPoint>> over;  // (micro-batch, recomputation) found over memory
+  std::vector<Candidate>& top = out.top;
+  // Better: a shorter step, or within rounding of it less memory (layouts that differ only in what
+  // the model cannot tell apart, e.g. the micro-batch of a compute-bound step, rank by memory).
+  constexpr double kTie = 1e-9;
+  const auto better = [](const Candidate& a, const Candidate& b) {
+    if (a.cost.step < b.cost.step * (1 - kTie)) return true;
+    if (a.cost.step > b.cost.step * (1 + kTie)) return false;
+    return a.planned_bytes < b.planned_bytes;
+  };
+  const auto kth = [&] { return int64_t(top.size()) < top_k ? INFINITY : top.back().cost.step * (1 + kTie); };
+  for (const Pending& p : pending) {
+    if (p.bound > kth()) break;
+    const Layout& l = p.layout;
+    std::vector<OverPoint>& known = over[memory_key(l)];
+    if (inferred_over(known, l)) {
+      ++st.over_memory_inferred;
+      continue;
+    }
+    ++st.costed;
+    Candidate c{l, predict_step(w, l, cluster, links[p.links], true, &cache), {}, 0};
+    if (c.cost.step > kth()) continue;
+    if (static_bytes(l, c.cost.parameters) > usable) {  // over before any activation
+      ++st.over_memory;
+      known.push_back({1, 2});  // every micro-batch and recomputation of this layout
+      continue;
+    }
+    // The exact estimate first (most layouts that fail, fail there), then the trainer's validation.
+    std::string why;
+    try {
+      if (checks.memory) c.memory = checks.memory(l);
+      c.planned_bytes = cluster.host_memory ? c.memory.total : c.memory.device;
+      if (double(c.planned_bytes) > usable) {
+        ++st.over_memory;
+        known.push_back({l.micro_batch, saving(l.recompute)});
+        continue;
+      }
+      why = checks.invalid ? checks.invalid(l) : "";
+    } catch (const Error& e) {
+      why = e.what();
+    }
+    if (!why.empty()) {
+      ++st.refused;
+      if (st.first_refusal.empty()) st.first_refusal = describe(l) + ": " + why;
+      continue;
+    }
+    if (space.best_micro_batch_only) {
+      const auto same = std::find_if(top.begin(), top.end(), [&](const Candidate& x) {
+        Layout a = x.layout, b = l;
+        a.micro_batch = b.micro_batch = 0;
+        return a == b;
+      });
+      if (same != top.end()) {
+        if (!better(c, *same)) continue;
+        top.erase(same);
+      }
+    }
+    top.insert(std::upper_bound(top.begin(), top.end(), c, better), c);
+    if (int64_t(top.size()) > top_k) top.pop_back();
+  }
+  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+}  // namespace tessera::plan

@@ -1,0 +1,296 @@
+// Tests app/plan_command.h: the planner with the trainer's own checks. Every layout it proposes
+// passes the trainer's validation and fits the device by the trainer's memory estimate, and its
+// config reads back unchanged; GPT-2 124M on 8 H100s plans data parallel, a model too large for one
+// device plans tensor or pipeline parallel; `tessera plan` end to end: the table, --explain,
+// --emit-config (whose file `tessera train` then runs on 2 ranks), and its errors.
+#include "app/plan_command.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "app/memory_check.h"
+#include "app/trainer.h"
+#include "app/training_data.h"
+#include "cli_testing.h"
+#include "error_testing.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace testing;
+
+const std::string kConfigs = std::string(TESSERA_TEST_DATA_DIR) + "/../../configs/";
+
+// A small model with room for every axis: 4 heads (2 KV), 4 layers, T = 64.
+constexpr const char* kSmall = R"(
+[model]
+preset = "llama"
+n_layer = 4
+n_head = 4
+n_kv_head = 2
+n_embd = 64
+
+[data]
+digits = 2
+val_examples = 16
+
+[train]
+steps = 2
+global_batch = 16
+seq_len = 64
+eval_every = 0
+eval_batches = 1
+
+[log]
+every = 1
+progress = "lines"
+)";
+
+// LLaMA-2 13B's shape (Touvron et al. 2023): 40 layers, 5120 wide, 40 heads, SwiGLU 13824.
+constexpr const char* k13B = R"(
+[model]
+preset = "llama"
+vocab_size = 32000
+n_layer = 40
+n_head = 40
+n_embd = 5120
+ffn_hidden = 13824
+max_seq_len = 4096
+
+[train]
+global_batch = 512
+seq_len = 4096
+)";
+
+Config parse(const std::string& text) { return parse_config_string(text, "test.toml"); }
+
+plan::ClusterSpec local(int64_t ranks) {
+  plan::LocalMachine m;
+  m.ranks = ranks;
+  m.memory_available = 4.0 * (int64_t{1} << 30);
+  m.peak_flops_fp32 = 100e9;
+  return plan::local_cluster(m);
+}
+
+plan::PlanResult plan_for(const Config& cfg, int64_t ranks, const plan::ClusterSpec& c, int64_t top = 10,
+                          plan::SearchSpace space = {}) {
+  return plan::search_layouts(workload_of(cfg), c, ranks, space, trainer_checks(cfg, ranks), top);
+}
+
+// What `tessera train` checks before it starts, and the memory estimate against the device.
+void expect_trainer_accepts(const Config& base, const plan::ClusterSpec& cluster, int64_t ranks,
+                            const plan::Candidate& x) {
+  const Config c = apply_layout(base, x.layout);
+  const std::string what = plan::describe(x.layout);
+  const Config back = parse_config_string(to_toml(c), "emitted.toml");  // to_toml -> the loader, unchanged
+  EXPECT_EQ(back, c) << what;
+  const ModelConfig mc = resolve(to_model_config(c, data_vocab_size(c)));
+  EXPECT_NO_THROW(check_supported(c)) << what;
+  EXPECT_NO_THROW(validate_layout(c, mc, ranks)) << what;
+  if (c.parallel.pp > 1) {
+    EXPECT_NO_THROW(validate_pipeline(c, x.layout.dp)) << what;
+  }
+  MemoryLayout m;
+  m.tp = x.layout.tp;
+  m.dp = x.layout.dp;
+  const MemoryEstimate e = estimate_training_memory(c, data_vocab_size(c), m);
+  const int64_t planned = cluster.host_memory ? e.total() : e.allocator_bytes();
+  EXPECT_EQ(planned, x.planned_bytes) << what;
+  EXPECT_LE(double(planned), cluster.usable_memory()) << what;
+}
+
+TEST(PlanCommand, EveryPlannedLayoutPassesTheTrainersChecksAndFits) {
+  const Config small = parse(kSmall);
+  for (int64_t ranks : {1, 2, 4, 8}) {
+    plan::SearchSpace space;
+    space.best_micro_batch_only = false;
+    const plan::PlanResult r = plan_for(small, ranks, local(ranks), 40, space);
+    ASSERT_FALSE(r.top.empty()) << ranks;
+    bool tp = false, pp = false, cp = false;
+    for (const plan::Candidate& x : r.top) {
+      expect_trainer_accepts(small, local(ranks), ranks, x);
+      tp |= x.layout.tp > 1, pp |= x.layout.pp > 1, cp |= x.layout.cp > 1;
+    }
+    if (ranks == 8) {
+      EXPECT_TRUE(tp || pp || cp);  // not only dp among 40
+    }
+  }
+  const Config gpt2 = load_config(kConfigs + "gpt2-124m.toml");
+  for (const plan::Candidate& x : plan_for(gpt2, 16, plan::preset("h100-sxm-80g"), 20).top)
+    expect_trainer_accepts(gpt2, plan::preset("h100-sxm-80g"), 16, x);
+}
+
+// Refusals come from the trainer: a config whose micro-batch rules exclude pipelines with too few
+// micro-batches is planned without them, and the checks' messages are the trainer's.
+TEST(PlanCommand, TrainerChecksRefuseWhatTrainRefuses) {
+  const Config small = parse(kSmall);
+  const plan::PlanChecks checks = trainer_checks(small, 4);
+  plan::Layout l;
+  l.dp = 1, l.pp = 4, l.micro_batch = 8;  // 2 micro-batches per step under 1f1b with pp 4
+  EXPECT_NE(checks.invalid(l).find("fewer than parallel.pp = 4"), std::string::npos) << checks.invalid(l);
+  l = plan::Layout{};
+  l.tp = 4;  // 2 KV heads over tp 4: replicated, accepted
+  EXPECT_EQ(checks.invalid(l), "");
+  l.tp = 3, l.dp = 1;
+  const std::string heads = trainer_checks(small, 3).invalid(l);
+  EXPECT_NE(heads.find("model.n_head = 4 is not divisible by parallel.tp = 3"), std::string::npos) << heads;
+  const plan::MemoryUse m = checks.memory(plan::Layout{});
+  EXPECT_GT(m.device, 0);
+  EXPECT_GT(m.total, m.device);  // host items: batches, the checkpoint copy, the runtime
+}
+
+struct PlanDir {
+  fs::path dir = temp_dir("plan");
+  fs::path config = dir / "small.toml";
+  PlanDir() { std::ofstream(config) << kSmall; }
+};
+
+// layout_of reads back what apply_layout wrote; --predict costs the config's own layout.
+TEST(PlanCommand, PredictCostsTheConfigsOwnLayout) {
+  const Config small = parse(kSmall);
+  for (const plan::Candidate& x : plan_for(small, 4, local(4), 20).top)
+    EXPECT_EQ(layout_of(apply_layout(small, x.layout), 4), x.layout) << plan::describe(x.layout);
+  EXPECT_TRUE(throws_with([&] { layout_of(small, 4); }, {"set train.micro_batch"}));
+  PlanDir d;
+  const RunResult r = run_tessera({"plan", d.config.string(), "--gpus", "2", "--cluster", "local", "--predict", "--set",
+                                   "parallel.pp=2", "--set", "train.micro_batch=2"},
+                                  d.dir, {}, SIGINT, {"TESSERA_TEST_MEMORY_AVAILABLE=4294967296"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("layout 1: dp 1 tp 1 pp 2 vpp 1 cp 1 zero 0 1f1b mb 2 none fp32"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("predicted: step_s="), std::string::npos) << r.output;
+  const RunResult bad = run_tessera({"plan", d.config.string(), "--gpus", "2", "--predict", "--set", "parallel.tp=2",
+                                     "--set", "train.micro_batch=2", "--set", "model.n_head=3"},
+                                    d.dir);
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.output.find("error"), std::string::npos) << bad.output;
+}
+
+// GPT-2 124M fits one H100 many times over: the planner replicates it (dp 8), the gradients'
+// all-reduce over NVLink hidden behind backward, rather than split it.
+TEST(PlanCommand, Gpt2OnEightH100sIsDataParallel) {
+  const Config gpt2 = load_config(kConfigs + "gpt2-124m.toml");
+  const plan::PlanResult r = plan_for(gpt2, 8, plan::preset("h100-sxm-80g"));
+  ASSERT_FALSE(r.top.empty());
+  const plan::Layout& best = r.top.front().layout;
+  EXPECT_EQ(best.dp, 8) << plan::describe(best);
+  EXPECT_EQ(best.tp * best.pp * best.cp, 1) << plan::describe(best);
+  EXPECT_TRUE(best.bf16) << plan::describe(best);
+  EXPECT_LT(r.stats.seconds, 10.0);
+}
+
+// A 13B model (fp32 weights, gradients and moments: 16 bytes a parameter, 208 GB) fits no H100
+// alone, nor 8 of them under ZeRO-1 alone: every layout the planner finds splits the model with
+// tp or pp; on one device it finds none and says so.
+TEST(PlanCommand, AModelTooLargeForOneDevicePlansTensorOrPipelineParallel) {
+  const Config big = parse(k13B);
+  const plan::PlanResult r = plan_for(big, 8, plan::preset("h100-sxm-80g"), 5);
+  ASSERT_FALSE(r.top.empty());
+  for (const plan::Candidate& x : r.top) {
+    EXPECT_GT(x.layout.tp * x.layout.pp, 1) << plan::describe(x.layout);
+    EXPECT_LE(double(x.planned_bytes), plan::preset("h100-sxm-80g").usable_memory());
+  }
+  EXPECT_LT(r.stats.seconds, 30.0);
+  const plan::PlanResult one = plan_for(big, 1, plan::preset("h100-sxm-80g"), 5);
+  EXPECT_TRUE(one.top.empty());
+  EXPECT_EQ(one.stats.degree_sets_too_big, 1);
+}
+
+TEST(PlanCommand, PrintsTheTableAndExplainsARow) {
+  PlanDir d;
+  const RunResult r = run_tessera({"plan", d.config.string(), "--gpus", "4", "--cluster", "local", "--top", "5",
+                                   "--explain", "2"},
+                                  d.dir, {}, SIGINT, {"TESSERA_TEST_MEMORY_AVAILABLE=4294967296"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* part : {"tessera plan: ", "on 4 x local", "  #  dp  tp  pp vpp  cp", "\n  1 ", "\n  5 ",
+                           "layout 2: ", "compute", "pipeline bubble", "dp reduction (exposed)", "optimizer",
+                           "memory of the largest rank"})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+}
+
+// --emit-config writes the best layout as a config the trainer's loader reads back as planned, and
+// `tessera train` runs it on the planned ranks.
+TEST(PlanCommand, EmittedConfigTrainsUnchanged) {
+  PlanDir d;
+  const fs::path out = d.dir / "planned.toml";
+  const RunResult r = run_tessera({"plan", d.config.string(), "--gpus", "2", "--cluster", "local", "--emit-config",
+                                   out.string()},
+                                  d.dir, {}, SIGINT, {"TESSERA_TEST_MEMORY_AVAILABLE=4294967296"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("wrote " + out.string()), std::string::npos) << r.output;
+  const Config planned = load_config(out.string());
+  EXPECT_EQ(planned.parallel.dp * planned.parallel.tp * planned.parallel.pp * planned.parallel.cp, 2);
+  EXPECT_GT(planned.train.micro_batch, 0);
+  // Only the layout keys differ from the input config.
+  Config input = load_config(d.config.string());
+  input.train.name = planned.train.name;
+  for (const ConfigChange& change : config_changes(input, planned)) {
+    const bool layout = change.key.rfind("parallel.", 0) == 0 || change.key == "train.micro_batch" ||
+                        change.key == "train.dtype" || change.key == "model.recompute";
+    EXPECT_TRUE(layout) << change.key << " " << change.before << " -> " << change.after;
+  }
+  const RunResult train = run_program(TESSERA_MPIEXEC, {"-n", "2", TESSERA_BINARY, "train", out.string(), "--run-dir",
+                                                        (d.dir / "run").string()},
+                                      d.dir);
+  EXPECT_EQ(train.exit_code, 0) << train.output;
+  EXPECT_NE(train.output.find("done: 2 steps"), std::string::npos) << train.output;
+}
+
+// --calibrate on 2 ranks writes a cluster file that plans read: measured rates, the link fitted.
+TEST(PlanCommand, CalibrateWritesAClusterFileThatPlansRead) {
+  PlanDir d;
+  const fs::path cluster = d.dir / "local.toml";
+  const RunResult r = run_program(TESSERA_MPIEXEC, {"-n", "2", TESSERA_BINARY, "plan", "--calibrate", "--out",
+                                                    cluster.string()},
+                                  d.dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* part : {"GEMM 1024^3 per rank", "memory bandwidth per rank", "all-reduce 4096 bytes over 2 ranks",
+                           "link (fitted to the ring)", "wrote "})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+  const plan::ClusterSpec c = plan::load_cluster(cluster.string());
+  EXPECT_EQ(c.devices_per_node, 2);
+  EXPECT_TRUE(c.host_memory);
+  EXPECT_FALSE(c.async_progress);
+  EXPECT_GT(c.peak_flops_fp32, 1e8);
+  EXPECT_GT(c.intra.bandwidth, 1e7);
+  EXPECT_NE(c.description.find("calibrated by `mpirun -n 2 tessera plan --calibrate`"), std::string::npos);
+  const RunResult p = run_tessera({"plan", d.config.string(), "--gpus", "2", "--cluster", cluster.string()}, d.dir);
+  EXPECT_EQ(p.exit_code, 0) << p.output;
+  EXPECT_NE(p.output.find("on 2 x local"), std::string::npos) << p.output;
+  const RunResult bad = run_tessera({"plan", "--calibrate"}, d.dir);
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.output.find("give --out FILE"), std::string::npos) << bad.output;
+}
+
+TEST(PlanCommand, ErrorsNameWhatIsWrong) {
+  PlanDir d;
+  RunResult r = run_tessera({"plan", d.config.string()}, d.dir);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("--gpus N is required"), std::string::npos) << r.output;
+  r = run_tessera({"plan", d.config.string(), "--gpus", "2", "--cluster", "b200"}, d.dir);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("--cluster b200: no such file, and no preset of that name"), std::string::npos) << r.output;
+  r = run_tessera({"plan", d.config.string(), "--gpus", "2", "--set", "cluster.inter_node_bw=3"}, d.dir);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("unknown key cluster.inter_node_bw"), std::string::npos) << r.output;
+  r = run_tessera({"plan", d.config.string(), "--gpus", "2", "--set", "model.n_layers=3"}, d.dir);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("model.n_layers"), std::string::npos) << r.output;
+  r = run_tessera({"plan", d.config.string(), "--gpus", "2", "--top", "3", "--explain", "9"}, d.dir);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("--explain 9: the table has 3 rows"), std::string::npos) << r.output;
+  r = run_tessera({"plan", d.config.string(), "--gpus", "2", "--gpu-memory", "lots"}, d.dir);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("--gpu-memory lots"), std::string::npos) << r.output;
+  // A cluster too small: the report says no layout fits.
+  r = run_tessera({"plan", d.config.string(), "--gpus", "2", "--gpu-memory", "1MiB"}, d.dir);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("no layout fits"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,256 @@
+// Tests plan/cost_model.h on hand-computed cases: the alpha-beta collectives, where each group's
+// link is, the compute of a step against the FLOP count when nothing else costs, the pipeline
+// bubble against (pp - 1)/(m + pp - 1), the data-parallel reduction hidden or exposed, and the
+// step's parts adding up.
+#include "plan/cost_model.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "model/config.h"
+#include "model/stage_cut.h"
+#include "parallel/pipeline_sim.h"
+
+namespace tessera::plan {
+namespace {
+
+// A cluster where only the GEMMs and attention cost: infinite memory bandwidth and links, no op latency.
+ClusterSpec compute_only() {
+  ClusterSpec c;
+  c.devices_per_node = 8;
+  c.peak_flops_fp32 = 1e12;
+  c.peak_flops_bf16 = 4e12;
+  c.compute_efficiency = 0.5;
+  c.memory_bandwidth = 1e30;
+  c.op_latency = 0;
+  c.intra = {1e30, 0};
+  c.inter = {1e30, 0};
+  return c;
+}
+
+Workload llama(int64_t layers, int64_t vocab, int64_t seq_len, int64_t global_batch) {
+  ModelConfig m;
+  m.preset = "llama";
+  m.vocab_size = vocab;
+  m.n_layer = layers;
+  m.n_head = 8;
+  m.n_kv_head = 4;
+  m.n_embd = 512;
+  m.max_seq_len = seq_len;
+  return {resolve(m), seq_len, global_batch};
+}
+
+TEST(CostModel, CollectivesFollowTheAlphaBetaRing) {
+  const Link link{1e10, 1e-5};
+  // all-reduce of 1 GB over 4 ranks: 2 x 3 steps of (10 us + 0.25 GB / 10 GB/s).
+  EXPECT_NEAR(all_reduce_seconds(1e9, 4, link), 6 * (1e-5 + 0.025), 1e-12);
+  EXPECT_NEAR(all_gather_seconds(1e9, 4, link), 3 * (1e-5 + 0.025), 1e-12);
+  EXPECT_NEAR(reduce_scatter_seconds(1e9, 4, link), 3 * (1e-5 + 0.025), 1e-12);
+  EXPECT_NEAR(p2p_seconds(1e6, link), 1e-5 + 1e-4, 1e-15);
+  EXPECT_EQ(all_reduce_seconds(1e9, 1, link), 0.0);
+  EXPECT_NEAR(all_reduce_bytes(1e9, 4), 1.5e9, 1e-3);  // what the trainer's counters count
+  EXPECT_NEAR(all_gather_bytes(1e9, 4), 0.75e9, 1e-3);
+}
+
+TEST(CostModel, LinksFollowTheRankPlacement) {
+  ClusterSpec c = compute_only();
+  c.intra = {100e9, 1e-6};
+  c.inter = {10e9, 5e-6};
+  Layout l;
+  l.tp = 8, l.dp = 2;  // 16 ranks: each tp group is one node, the dp groups cross
+  GroupLinks g = group_links(l, c);
+  EXPECT_FALSE(g.tp_across);
+  EXPECT_TRUE(g.dp_across);
+  EXPECT_DOUBLE_EQ(g.tp.bandwidth, 100e9);
+  EXPECT_DOUBLE_EQ(g.dp.bandwidth, 10e9);
+  l = Layout{};
+  l.tp = 16;  // a tp group of 16 spans two nodes
+  EXPECT_TRUE(group_links(l, c).tp_across);
+  l = Layout{};
+  l.tp = 3, l.dp = 8;  // 24 ranks: the group {6, 7, 8} straddles the first node's end
+  EXPECT_TRUE(group_links(l, c).tp_across);
+  l = Layout{};
+  l.tp = 2, l.pp = 4;  // pp neighbours 2 ranks apart: all of it in one node
+  g = group_links(l, c);
+  EXPECT_FALSE(g.pp_across);
+  EXPECT_FALSE(g.embedding_across);
+  l.pp = 8;  // 16 ranks: stages 0-3 on node 0, 4-7 on node 1
+  EXPECT_TRUE(group_links(l, c).pp_across);
+  l = Layout{};
+  l.tp = 2, l.cp = 4, l.dp = 2;  // a cp group spans tp x cp = 8 ranks: one node; dp x cp spans 16
+  g = group_links(l, c);
+  EXPECT_FALSE(g.cp_across);
+  EXPECT_TRUE(g.dp_across);
+}
+
+// With free memory traffic and links, one rank's step is its FLOPs at peak x efficiency: the
+// linear layers 6 x (their weights) per token, causal attention 3.5 x 2 T C per layer and token
+// (half the square forward, backward 2.5 x forward: it recomputes the probabilities), the LM head
+// 6 C V per token. MFU then follows from flops_per_token (the full square) over the same time.
+TEST(CostModel, ComputeIsTheFlopsAtPeakTimesEfficiency) {
+  const Workload w = llama(4, 1000, 256, 8);
+  const ClusterSpec c = compute_only();
+  Layout l;
+  l.micro_batch = 2;
+  const StepCost s = predict_step(w, l, c);
+  const ModelConfig& m = w.model;
+  const double C = double(m.n_embd), kv = double(m.kv_heads() * m.head_dim()), F = double(m.ffn_hidden);
+  const double weights = double(m.n_layer) * (2 * C * C + 2 * C * kv + 3 * C * F) + C * double(m.vocab_size);
+  const double tokens = double(w.global_batch * w.seq_len);
+  const double flops = tokens * (6 * weights + double(m.n_layer) * 3.5 * 2 * double(w.seq_len) * C);
+  EXPECT_NEAR(s.step, flops / (c.peak_flops_fp32 * c.compute_efficiency), 1e-9 * s.step);
+  EXPECT_NEAR(s.compute, s.step, 1e-9 * s.step);
+  EXPECT_EQ(s.micro_batches, 4);
+  EXPECT_NEAR(s.tokens_per_s, tokens / s.step, 1e-6);
+  EXPECT_NEAR(s.mfu, flops_per_token(m, w.seq_len) * s.tokens_per_s / c.peak_flops_fp32, 1e-12);
+  l.bf16 = true;  // the bf16 peak
+  EXPECT_NEAR(predict_step(w, l, c).step, flops / (c.peak_flops_bf16 * c.compute_efficiency), 1e-9 * s.step);
+  // Full recomputation runs every block's forward again: a third more of the blocks' FLOPs.
+  l.bf16 = false;
+  l.recompute = Recompute::Full;
+  const StepCost f = predict_step(w, l, c);
+  const double block_forward = 2 * (2 * C * C + 2 * C * kv + 3 * C * F) + 2 * double(w.seq_len) * C;
+  EXPECT_NEAR(f.recompute, tokens * double(m.n_layer) * block_forward / (c.peak_flops_fp32 * c.compute_efficiency),
+              1e-9 * s.step);
+  EXPECT_NEAR(f.step - s.step, f.recompute, 1e-9 * s.step);
+}
+
+// Equal stages (a 16-id vocabulary, so the head weighs nothing next to two blocks; free memory
+// traffic and links): the simulated 1F1B bubble is (pp - 1)/(m + pp - 1), also past the 8 pp
+// micro-batches from which the step is extrapolated; interleaving divides the idle time by vpp.
+TEST(CostModel, PipelineBubbleOfEqualStagesIsTheFormula) {
+  const ClusterSpec c = compute_only();
+  for (int64_t m : {4, 8, 16, 64}) {
+    const Workload w = llama(8, 16, 128, m);
+    Layout l;
+    l.pp = 4;
+    l.schedule = PipelineKind::OneFOneB;
+    const StepCost s = predict_step(w, l, c);
+    EXPECT_NEAR(s.bubble_fraction, 3.0 / double(m + 3), 2e-3) << "m " << m;
+    // The busiest rank idles (pp - 1) stage-steps: bubble = 3 x (its step / m).
+    EXPECT_NEAR(s.bubble / (s.compute / double(m)), 3.0, 1e-2) << "m " << m;
+    EXPECT_NEAR(s.step, s.compute + s.bubble + s.optimizer, 1e-9 * s.step);
+    l.schedule = PipelineKind::Interleaved;
+    l.vpp = 2;
+    const StepCost v = predict_step(w, l, c);
+    EXPECT_NEAR(v.bubble / (v.compute / double(m)), 1.5, 1e-2) << "m " << m;
+  }
+}
+
+// The step of a 2-stage 1F1B is the simulator's with the stages' own costs (the last stage holds
+// the head), plus what follows the schedule.
+TEST(CostModel, PipelineStepIsTheSimulatedOneWithTheStagesCosts) {
+  ClusterSpec c = compute_only();
+  c.memory_bandwidth = 1e12;
+  c.op_latency = 1e-6;
+  c.intra = {50e9, 2e-6};
+  const Workload w = llama(4, 32000, 256, 16);
+  Layout l;
+  l.pp = 2;
+  const GroupLinks links = group_links(l, c);
+  const StepCost s = predict_step(w, l, c, links);
+  SimOptions o;
+  for (const StageSpec& st : cut_stages(w.model, w.seq_len, 2, 1)) {
+    const ChunkTime t = chunk_time(w, l, c, links, st);
+    o.chunks.push_back({t.f(), t.b(), t.w()});
+  }
+  o.latency = p2p_seconds(1.0 * 256 * 512 * 4, links.pp);  // one (B, T, C) activation, B = 1
+  const SimResult r = simulate(pipeline_schedule(2, 1, 16, PipelineKind::OneFOneB), o);
+  const double after = s.dp_exposed + s.embedding_exposed + s.optimizer + s.tp_exposed;
+  EXPECT_NEAR(s.step, r.makespan + after, 1e-9 * s.step);
+  EXPECT_NEAR(s.bubble_fraction, r.bubble_fraction, 1e-9);
+  EXPECT_NE(o.chunks[1].forward, o.chunks[0].forward);  // unequal stages: the cut balances blocks against the head
+  EXPECT_NEAR(s.compute + s.bubble, r.makespan, 1e-9 * s.step);
+}
+
+// Data parallel: the replicated all-reduce of the gradients runs during the last micro-batch's
+// backward and only what that does not cover is exposed; ZeRO-1's reduce-scatter and all-gather
+// come after backward, all of them exposed; without asynchronous progress nothing hides.
+TEST(CostModel, DataParallelReductionHiddenOrExposed) {
+  ClusterSpec c = compute_only();
+  const Workload w = llama(2, 1000, 128, 16);
+  Layout l;
+  l.dp = 4;
+  l.micro_batch = 2;
+  const StepCost fast = predict_step(w, l, c);
+  EXPECT_NEAR(fast.dp_exposed, 0.0, 1e-15);  // infinite links
+  c.intra = {1e9, 1e-5};
+  const StepCost slow = predict_step(w, l, c);
+  const double params = slow.parameters, grads = params * 4;
+  const double ar = all_reduce_seconds(grads, 4, c.intra);
+  const double backward = (slow.compute / double(slow.micro_batches)) * 2.0 / 3.0;  // B + W of one micro-batch, about
+  EXPECT_GT(slow.dp_exposed, 0.0);
+  EXPECT_LT(slow.dp_exposed, ar);
+  EXPECT_NEAR(slow.dp_exposed, ar - backward, 0.1 * ar);
+  EXPECT_NEAR(slow.groups[3].seconds, ar, 1e-4);  // (+ a latency per extra 25 MiB bucket)
+  EXPECT_NEAR(slow.groups[3].bytes, 1.5 * grads, 1e-3);
+  l.zero = 1;
+  const StepCost zero = predict_step(w, l, c);
+  EXPECT_NEAR(zero.dp_exposed,
+              reduce_scatter_seconds(grads, 4, c.intra) + all_gather_seconds(grads, 4, c.intra) +
+                  all_reduce_seconds(8, 4, c.intra),
+              1e-12);
+  EXPECT_LT(zero.optimizer, slow.optimizer + 1e-15);  // each rank updates a quarter
+  l.zero = 0;
+  c.async_progress = false;
+  EXPECT_NEAR(predict_step(w, l, c).dp_exposed, ar, 1e-4);
+}
+
+// Tensor parallel: every block's two regions cost an all-reduce of the (B T, C) activations each
+// way, blocking; sequence parallelism moves the same bytes.
+TEST(CostModel, TensorParallelCollectivesAreExposed) {
+  ClusterSpec c = compute_only();
+  c.intra = {100e9, 2e-6};
+  const Workload w = llama(2, 1000, 128, 4);
+  Layout l;
+  l.tp = 2;
+  l.dp = 1;
+  const StepCost s = predict_step(w, l, c);
+  const double x = 1.0 * 128 * 512 * 4;
+  const double region = all_reduce_seconds(x, 2, c.intra);
+  // 4 micro-batches x (2 blocks x 4 regions + the embedding's and the head's all-reduce + the
+  // cross-entropy's all-gather and all-reduce), then the replicated K/V gradients' sum (4 KV heads
+  // divide over 2: none; sequence parallelism off: no norms).
+  const double ce = all_gather_seconds(128 * 4 * 2, 2, c.intra) + all_reduce_seconds(128 * 4, 2, c.intra);
+  EXPECT_NEAR(s.tp_exposed, 4 * (2 * 4 * region + 2 * region + ce), 1e-12);
+  l.sp = true;  // the norms' gradients are now partial over tp: 2 per block and the final one, summed after
+                // backward; and backward gathers each region's input again (2 per block and micro-batch)
+  const StepCost sp = predict_step(w, l, c);
+  const double norms = (2 * 2 * 512 + 512) * 4.0;
+  EXPECT_NEAR(sp.groups[0].bytes - s.groups[0].bytes,
+              all_reduce_bytes(norms, 2) + 4 * 2 * 2 * all_gather_bytes(x, 2), 1e-6);
+  EXPECT_NEAR(sp.tp_exposed, s.tp_exposed + all_reduce_seconds(norms, 2, c.intra) +
+                                 4 * 2 * 2 * all_gather_seconds(x, 2, c.intra), 1e-12);
+}
+
+TEST(CostModel, PartsAddUpToTheStep) {
+  const ClusterSpec c = [] {
+    ClusterSpec h;
+    h.peak_flops_bf16 = 989e12;
+    h.peak_flops_fp32 = 67e12;
+    h.memory_bandwidth = 3.35e12;
+    h.op_latency = 3e-6;
+    h.intra = {450e9, 3e-6};
+    h.inter = {50e9, 6e-6};
+    return h;
+  }();
+  const Workload w = llama(8, 32000, 1024, 64);
+  for (const Layout& l : {Layout{2, 2, 2, 1, 2, true, 1, PipelineKind::ZeroBubbleH1, true, 2, Recompute::Selective, true},
+                          Layout{1, 4, 4, 2, 1, false, 0, PipelineKind::Interleaved, true, 1, Recompute::Full, false},
+                          Layout{4, 1, 1, 1, 4, false, 0, PipelineKind::OneFOneB, false, 4, Recompute::None, true}}) {
+    const StepCost s = predict_step(w, l, c);
+    EXPECT_NEAR(s.compute + s.recompute + s.tp_exposed + s.cp_exposed + s.bubble + s.dp_exposed + s.embedding_exposed +
+                    s.optimizer,
+                s.step, 1e-9 * s.step)
+        << describe(l);
+    EXPECT_GT(s.tokens_per_s, 0);
+    EXPECT_GT(s.mfu, 0);
+    EXPECT_LT(s.mfu, 1);
+    // The bound the search orders by is never above the simulated step.
+    EXPECT_LE(predict_step(w, l, c, group_links(l, c), false).step, s.step * (1 + 1e-12)) << describe(l);
+  }
+}
+
+}  // namespace
+}  // namespace tessera::plan

@@ -1,0 +1,160 @@
+// Tests plan/search.h with checks given here (tests/app/test_plan_command.cpp runs it with the
+// trainer's own): every layout it returns fits the ranks, the grid's and the schedule generator's
+// rules and the memory; the branch and bound returns what the exhaustive search does; refusals and
+// memory are honoured and counted.
+#include "plan/search.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "model/memory.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/process_grid.h"
+
+namespace tessera::plan {
+namespace {
+
+Workload small_llama() {
+  ModelConfig m;
+  m.preset = "llama";
+  m.vocab_size = 4096;
+  m.n_layer = 8;
+  m.n_head = 8;
+  m.n_kv_head = 2;
+  m.n_embd = 512;
+  m.max_seq_len = 512;
+  return {resolve(m), 512, 32};
+}
+
+// Memory like the trainer's in shape: the parameters' share (16 bytes each, ZeRO-1 sharding the
+// moments) and activations that grow with the micro-batch and shrink with recomputation and cp.
+PlanChecks stub_checks(const Workload& w) {
+  const double params = double(model_memory(w.model, ModelMemoryLayout{}).parameters);
+  PlanChecks c;
+  c.invalid = [](const Layout&) { return std::string(); };
+  c.memory = [params](const Layout& l) {
+    const double shards = double(l.dp * l.cp);
+    const double statics = params / double(l.tp * l.pp) * (l.zero ? 8 + 12 / shards : 16);
+    const double act = double(l.micro_batch) * (l.recompute == Recompute::Full ? 1 : l.recompute == Recompute::Selective ? 2 : 4);
+    const double bytes = statics + 20.0 * (1 << 20) * act / double(l.cp * l.tp);
+    return MemoryUse{int64_t(bytes), int64_t(bytes) + 1};
+  };
+  return c;
+}
+
+ClusterSpec node(double memory_mib) {
+  ClusterSpec c = preset("h100-sxm-80g");
+  c.devices_per_node = 4;
+  c.device_memory = memory_mib * (1 << 20);
+  c.usable_memory_fraction = 1.0;
+  return c;
+}
+
+void expect_valid(const Workload& w, const ClusterSpec& c, int64_t ranks, const Candidate& x) {
+  const Layout& l = x.layout;
+  EXPECT_EQ(l.ranks(), ranks) << describe(l);
+  GridLimits g{w.model.n_head, w.model.kv_heads(), w.model.n_layer, l.vpp, w.seq_len, w.model.vocab_size,
+               w.model.ffn_hidden, l.sp};
+  EXPECT_NO_THROW(validate_grid({l.tp, l.cp, l.pp, l.dp}, ranks, g)) << describe(l);
+  EXPECT_EQ(w.global_batch % (l.micro_batch * l.dp), 0) << describe(l);
+  if (l.pp > 1) {
+    EXPECT_NO_THROW(check_pipeline_schedule(l.pp, l.vpp, w.micro_batches(l), l.schedule)) << describe(l);
+  }
+  EXPECT_TRUE(l.vpp == 1 || l.schedule == PipelineKind::Interleaved) << describe(l);
+  EXPECT_LE(double(x.planned_bytes), c.usable_memory()) << describe(l);
+  EXPECT_NEAR(x.cost.step, predict_step(w, l, c).step, 1e-12 * x.cost.step) << describe(l);
+}
+
+TEST(Search, EveryLayoutReturnedIsValidAndFits) {
+  const Workload w = small_llama();
+  for (int64_t ranks : {1, 2, 4, 8}) {
+    const ClusterSpec c = node(700);
+    const PlanResult r = search_layouts(w, c, ranks, {}, stub_checks(w), 20);
+    ASSERT_FALSE(r.top.empty()) << ranks;
+    for (size_t i = 0; i < r.top.size(); ++i) {
+      expect_valid(w, c, ranks, r.top[i]);
+      if (i > 0) {
+        EXPECT_LE(r.top[i - 1].cost.step, r.top[i].cost.step * (1 + 1e-9));
+      }
+    }
+    EXPECT_GT(r.stats.layouts, int64_t(r.top.size()));
+    EXPECT_LE(r.stats.costed, r.stats.layouts);
+  }
+}
+
+// The branch and bound (costing in the order of a lower bound, stopping when none left can enter
+// the top K) returns the exhaustive search's top K: asking for every layout costs them all.
+TEST(Search, BranchAndBoundEqualsTheExhaustiveSearch) {
+  const Workload w = small_llama();
+  const ClusterSpec c = node(300);  // some layouts do not fit
+  for (bool one_mb : {true, false}) {
+    SearchSpace space;
+    space.best_micro_batch_only = one_mb;
+    const PlanResult all = search_layouts(w, c, 8, space, stub_checks(w), 1000000);
+    const PlanResult top = search_layouts(w, c, 8, space, stub_checks(w), 7);
+    ASSERT_EQ(top.top.size(), 7u);
+    EXPECT_GT(all.top.size(), 7u);
+    EXPECT_EQ(all.stats.costed + all.stats.over_memory_inferred, all.stats.layouts);
+    EXPECT_LT(top.stats.costed, all.stats.costed);
+    for (size_t i = 0; i < top.top.size(); ++i) {
+      EXPECT_NEAR(top.top[i].cost.step, all.top[i].cost.step, 1e-12 * all.top[i].cost.step) << i;
+      EXPECT_EQ(top.top[i].layout, all.top[i].layout) << describe(top.top[i].layout) << " vs "
+                                                        << describe(all.top[i].layout);
+    }
+    if (one_mb) {  // one micro-batch per layout
+      for (size_t i = 0; i < all.top.size(); ++i)
+        for (size_t j = i + 1; j < all.top.size(); ++j) {
+          Layout a = all.top[i].layout, b = all.top[j].layout;
+          a.micro_batch = b.micro_batch = 0;
+          EXPECT_FALSE(a == b) << describe(all.top[i].layout);
+        }
+    }
+  }
+}
+
+// What the checks refuse never comes back, and is counted; memory likewise.
+TEST(Search, RefusalsAndMemoryAreHonoured) {
+  const Workload w = small_llama();
+  PlanChecks checks = stub_checks(w);
+  checks.invalid = [](const Layout& l) { return l.dp > 1 ? std::string("no data parallelism today") : ""; };
+  const PlanResult r = search_layouts(w, node(700), 4, {}, checks, 10);
+  ASSERT_FALSE(r.top.empty());
+  for (const Candidate& x : r.top) EXPECT_EQ(x.layout.dp, 1) << describe(x.layout);
+  EXPECT_GT(r.stats.refused, 0);
+  EXPECT_NE(r.stats.first_refusal.find("no data parallelism today"), std::string::npos);
+
+  // Host memory (CPU ranks): the estimate's total is what must fit.
+  ClusterSpec host = node(700);
+  host.host_memory = true;
+  for (const Candidate& x : search_layouts(w, host, 4, {}, stub_checks(w), 10).top)
+    EXPECT_EQ(x.planned_bytes, x.memory.total);
+
+  // A device too small for any layout: nothing, and the factorizations ruled out by their
+  // parameters alone are counted.
+  const PlanResult none = search_layouts(w, node(1), 4, {}, stub_checks(w), 10);
+  EXPECT_TRUE(none.top.empty());
+  EXPECT_GT(none.stats.degree_sets_too_big, 0);
+}
+
+TEST(Search, SpaceRestrictsTheChoices) {
+  const Workload w = small_llama();
+  SearchSpace space;
+  space.bf16 = {true};
+  space.recompute = {Recompute::None};
+  space.micro_batch = 2;
+  space.schedules = {PipelineKind::GPipe};
+  space.max_tp = 2;
+  for (const Candidate& x : search_layouts(w, node(1000), 8, space, stub_checks(w), 50).top) {
+    EXPECT_TRUE(x.layout.bf16);
+    EXPECT_EQ(x.layout.recompute, Recompute::None);
+    EXPECT_EQ(x.layout.micro_batch, 2);
+    EXPECT_LE(x.layout.tp, 2);
+    if (x.layout.pp > 1) {
+      EXPECT_EQ(x.layout.schedule, PipelineKind::GPipe);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessera::plan
