@@ -26,7 +26,10 @@
 #include <sanitizer/common_interface_defs.h>
 #define TESSERA_SIMT_ASAN 1
 #endif
-#if defined(__SANITIZE_THREAD__)
+// Under ThreadSanitizer this file itself is compiled without instrumentation (kernels/CMakeLists.txt:
+// -fno-sanitize=thread, TESSERA_SIMT_TSAN_FIBERS): the executor's bookkeeping is not the kernels'
+// memory, and it calls the runtime's fiber and happens-before interface explicitly.
+#if defined(__SANITIZE_THREAD__) || defined(TESSERA_SIMT_TSAN_FIBERS)
 #include <sanitizer/tsan_interface.h>
 #define TESSERA_SIMT_TSAN 1
 // ThreadSanitizer's dynamic annotations (libtsan exports them; no header declares them).
@@ -54,7 +57,12 @@ struct Abandoned {};
 //   collective among its lanes (release on arrival, acquire on release), the launch before every
 //   thread, every thread before whatever follows the grid;
 // * the executor's own bookkeeping (states, mailboxes, the current-thread pointer), which fibers of
-//   one OS thread share by construction, is not checked: its accesses run inside IgnoreAccesses.
+//   one OS thread share by construction, is not checked: this file is not instrumented. (It was
+//   once, with every bookkeeping access inside an ignore annotation: each annotation stores its
+//   stack in TSan's depot, and the frames of fibers that never return piled up in their shadow
+//   stacks, so that a grid of 1024 blocks took longer than half an hour.) What the runtime's
+//   interceptors still see, the allocation and freeing of a block's bookkeeping, runs inside
+//   IgnoreAccesses.
 // Elsewhere all of this compiles to nothing.
 #if defined(TESSERA_SIMT_TSAN)
 struct IgnoreAccesses {
@@ -298,6 +306,7 @@ void check_barrier(BlockState& b) {
 void arrive_barrier(BlockState& b, int me) {
   b.state[me] = St::Barrier;
   if (++b.at_barrier < b.nthreads) return;
+  IgnoreAccesses ignore;  // the fill is a call to memset, which ThreadSanitizer intercepts
   std::fill(b.state.begin(), b.state.end(), St::Ready);
   b.at_barrier = 0;
 }
@@ -463,13 +472,10 @@ thread_local Fiber* t_fiber = nullptr;
 
 // From `from` (the running context) to `to`; `from_final` when `from` never runs again. Returns
 // when something switches back to `from`.
-// Every field is read under IgnoreAccesses: contexts are the executor's, often on the scheduler's
-// stack, which ThreadSanitizer would otherwise see reused by the host code after the grid.
 void switch_to(Context& from, Context& to, Fiber* to_fiber, [[maybe_unused]] bool from_final) {
   void* to_sp;
   [[maybe_unused]] void* to_tsan;
   {
-    IgnoreAccesses ignore;
     t_fiber = to_fiber;
     tls_thread = to_fiber ? to_fiber->thread : nullptr;
     to_sp = to.sp;
@@ -493,7 +499,6 @@ void leave(Fiber& f, bool final) {
   Fiber* next = nullptr;
   Context* sched_ctx;
   {
-    IgnoreAccesses ignore;
     Scheduler& s = *f.sched;
     sched_ctx = &s.ctx;
     BlockState& b = *s.block;
@@ -516,7 +521,6 @@ void run_thread(Fiber& f) {
   const std::function<void()>* body;
   void *launch_sync, *done_sync;
   {
-    IgnoreAccesses ignore;
 #if defined(TESSERA_SIMT_ASAN)
     // The first switch of a block comes from the scheduler: the extent of its stack.
     const void* from_bottom = nullptr;
@@ -542,7 +546,6 @@ void run_thread(Fiber& f) {
   }
   hb_release(done_sync);
   {
-    IgnoreAccesses ignore;
     BlockState& b = *f.sched->block;
     if (fault && !b.fault) b.fault = fault;
     b.state[f.index] = St::Exited;
@@ -635,7 +638,6 @@ void arrive_and_wait(Fiber& f, void* sync, void (*arrive)(BlockState&, int)) {
   hb_release(sync);
   bool ready;
   {
-    IgnoreAccesses ignore;
     BlockState& b = *f.sched->block;
     arrive(b, f.index);
     ready = b.state[f.index] == St::Ready;  // this arrival completed it
@@ -643,7 +645,6 @@ void arrive_and_wait(Fiber& f, void* sync, void (*arrive)(BlockState&, int)) {
   if (!ready) leave(f, false);
   bool abandoned;
   {
-    IgnoreAccesses ignore;
     abandoned = f.sched->block->abandoned;
   }
   if (abandoned) throw Abandoned{};
@@ -654,7 +655,6 @@ void block_at_barrier() {
   Fiber* f;
   void* sync;
   {
-    IgnoreAccesses ignore;
     f = t_fiber;
     sync = &f->sched->block->barrier_sync;
   }
@@ -665,7 +665,6 @@ void block_at_warp(Collective kind, unsigned mask) {
   Fiber* f;
   void* sync;
   {
-    IgnoreAccesses ignore;
     f = t_fiber;
     BlockState& b = *f->sched->block;
     ThreadCtx& t = *f->thread;
@@ -757,7 +756,7 @@ void run_grid(const char* kernel, const LaunchShape& s, const std::function<void
   hb_acquire(done_sync.get());
 }
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || defined(TESSERA_SIMT_TSAN_FIBERS)
 ThreadCtx& current_thread() { return *tls_thread; }
 const BlockView& current_block() { return *tls_thread->view; }
 #endif
@@ -768,19 +767,16 @@ void warp_sync(unsigned mask) { block_at_warp(Collective::SyncWarp, mask); }
 
 uint64_t warp_shuffle(unsigned mask, int src_lane, uint64_t bits) {
   {
-    IgnoreAccesses ignore;
     ThreadCtx& t = *tls_thread;
     t.in_bits = bits;
     t.src_lane = src_lane;
   }
   block_at_warp(Collective::Shuffle, mask);
-  IgnoreAccesses ignore;
   return tls_thread->out_bits;
 }
 
 void warp_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   {
-    IgnoreAccesses ignore;
     ThreadCtx& t = *tls_thread;
     std::memcpy(t.mma_a, a, sizeof t.mma_a);
     t.mma_b[0] = b0;
@@ -788,7 +784,6 @@ void warp_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     std::memcpy(t.mma_c, c, sizeof t.mma_c);
   }
   block_at_warp(Collective::Mma, 0xffffffffu);
-  IgnoreAccesses ignore;
   std::memcpy(c, tls_thread->mma_d, sizeof c);
 }
 
@@ -804,6 +799,7 @@ void* static_shared(const void* key, size_t bytes, size_t align) {
       if (posix_memalign(&p, std::max<size_t>(align, sizeof(void*)), bytes) != 0) throw std::bad_alloc();
       std::memset(p, 0xff, bytes);
       slot.ptr.store(p, std::memory_order_release);
+      hb_release(&slot);  // the atomics are not instrumented here: the array exists before it is used
       if (total > kMaxStaticSmem || total + b.dynamic_bytes > kMaxSmemPerBlock) {
         std::ostringstream os;
         os << where(b) << ": static shared memory of " << total << " bytes (with " << b.dynamic_bytes
@@ -812,7 +808,11 @@ void* static_shared(const void* key, size_t bytes, size_t align) {
       }
       return p;
     }
-    if (k == key) return slot.ptr.load(std::memory_order_acquire);  // claimed and published
+    if (k == key) {  // claimed and published
+      void* p = slot.ptr.load(std::memory_order_acquire);
+      hb_acquire(&slot);
+      return p;
+    }
   }
   throw KernelError(where(b) + ": more than " + std::to_string(kMaxStaticArrays) +
                     " static __shared__ arrays in one kernel (kernels/simt/executor.cpp's kMaxStaticArrays)");

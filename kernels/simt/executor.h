@@ -85,7 +85,7 @@ struct ThreadCtx {
 // inside a fiber was reported by UBSan as a null load in the ASan/UBSan build (not seen in the
 // plain build, nor at -O1); the out-of-line read is what the sanitizer stages run.
 extern thread_local ThreadCtx* tls_thread;
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || defined(TESSERA_SIMT_TSAN_FIBERS)
 ThreadCtx& current_thread();
 const BlockView& current_block();
 #else
