@@ -9,7 +9,8 @@
 
 namespace tessera {
 
-// plain: the prompt then the response, nothing around them (prompt/response records only).
+// plain: the prompt then the response, nothing around them (a prompt/response record, or one
+// user message then one assistant message).
 // chatml: "<|im_start|>ROLE\nCONTENT<|im_end|>\n" per message.
 // llama3: "<|begin_of_text|>" then "<|start_header_id|>ROLE<|end_header_id|>\n\nCONTENT<|eot_id|>" per message.
 enum class ChatTemplate { kPlain, kChatMl, kLlama3 };

@@ -14,9 +14,10 @@
 #include "data/dataset.h"
 #include "data/indexed_dataset.h"
 #include "data/token_dataset.h"
+#include "data/tokenizer.h"
 #include "h5_reader.h"
 #include "model/gpt.h"
-#include "temp_files.h"
+#include "data/temp_files.h"
 #include "testing.h"
 
 namespace tessera {
@@ -150,8 +151,14 @@ TEST(PrepareSft, ChatTemplatesNeedTheTokenizersSpecialTokens) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "chat template chatml writes the special token <|im_start|>, which the byte "
                                  "tokenizer does not have")) << r.output;
-  // Messages without a template: refused naming the line.
+  // A conversation without a template: refused naming the line (one user and one assistant
+  // message is a prompt and a response, which plain takes).
   r = run_prepare({"--sft", dir / "m.jsonl", "--tokenizer", "byte", "--out", dir / "d"}, dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(documents(dir / "d")[0].mask, "011");
+  write_text(dir / "m.jsonl", "{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, "
+                              "{\"role\": \"user\", \"content\": \"u\"}, {\"role\": \"assistant\", \"content\": \"a\"}]}\n");
+  r = run_prepare({"--sft", dir / "m.jsonl", "--tokenizer", "byte", "--out", dir / "d2"}, dir);
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(contains(r.output, dir / "m.jsonl:1: the plain template takes a prompt and a response")) << r.output;
   r = run_prepare({"--sft", dir / "m.jsonl", "--input", dir / "m.jsonl", "--tokenizer", "byte", "--out", dir / "d"},
