@@ -4,7 +4,7 @@
 // parallelism, pp 2 (1F1B) and cp 2, for GPT-2 and LLaMA, with the data-parallel ranks of a step
 // holding different numbers of trained targets (the loss is the mean over the global batch's
 // trained targets, not a mean of per-rank means). Runs under `mpiexec -n 2` (ctest
-// SftLayouts.two_ranks, labels mpi and slow; the suite means nothing on one rank).
+// SftLayouts.two_ranks, label mpi; the suite means nothing on one rank).
 #include <gtest/gtest.h>
 
 #include <cmath>
