@@ -2,6 +2,7 @@
 // whose loss mask lines up with the responses, packing with document boundaries, file:line errors,
 // --on-error skip counting, and templates the tokenizer cannot write refused.
 #include "app/prepare_sft.h"
+#include "app/evaluate.h"
 
 #include <gtest/gtest.h>
 
@@ -186,9 +187,8 @@ ModelConfig sft_golden_config(const testing::H5Reader& f, const std::string& pre
   return c;
 }
 
-// The fixture's records through `prepare --sft` (in process) and the training data path: the
-// windows, their ignored targets and document starts as PyTorch's script made them independently.
-Batch prepared_golden_batch(const testing::H5Reader& f, const TempDir& dir, int64_t B, int64_t T) {
+// The fixture's records through `prepare --sft` (in process), opened as training opens them.
+std::unique_ptr<TokenWindowDataset> prepared_golden_dataset(const testing::H5Reader& f, const TempDir& dir, int64_t T) {
   write_text(dir / "records.jsonl", f.attr_string("/", "records"));
   PrepareSftArgs a;
   a.inputs = {dir / "records.jsonl"};
@@ -196,7 +196,12 @@ Batch prepared_golden_batch(const testing::H5Reader& f, const TempDir& dir, int6
   a.out = dir / "sft";
   std::ostringstream log;
   EXPECT_EQ(run_prepare_sft(a, log), 0);
-  TokenWindowDataset ds(open_token_segments({a.out}), T, 257);
+  return std::make_unique<TokenWindowDataset>(open_token_segments({a.out}), T, 257);
+}
+
+// Its first B windows as the trainer batches them (data.document_mask): the tokens, the ignored
+// targets and the document starts that PyTorch's script made independently.
+Batch golden_batch(const TokenWindowDataset& ds, int64_t B) {
   std::vector<int64_t> indices(static_cast<size_t>(B));
   for (int64_t i = 0; i < B; ++i) indices[size_t(i)] = i;
   Batch b = make_batch(ds, indices);
@@ -232,7 +237,8 @@ TEST(PrepareSft, MaskedLossMatchesPyTorchIgnoreIndex) {
   TempDir dir("sft_golden");
   for (const std::string preset : {"gpt2", "llama"}) {
     const int64_t B = f.attr_int(preset, "batch"), T = f.attr_int(preset, "seq_len");
-    Batch b = prepared_golden_batch(f, dir, B, T);
+    const auto ds = prepared_golden_dataset(f, dir, T);
+    Batch b = golden_batch(*ds, B);
     ASSERT_EQ(b.tokens, ids_of(f, preset + "/tokens"));
     ASSERT_EQ(b.targets, ids_of(f, preset + "/targets"));
     ASSERT_EQ(b.doc_start, ids_of(f, preset + "/doc_start"));
@@ -259,6 +265,11 @@ TEST(PrepareSft, MaskedLossMatchesPyTorchIgnoreIndex) {
       }
     }
     EXPECT_LT(diff / scale, 1e-10) << preset;
+    // Validation reads the same windows and gives the same masked mean.
+    const std::optional<double> val = validation_loss(testing::kCpu, gpt, alloc, *ds, 1, B, {}, {},
+                                                      ByteTokenizer().eot_id());
+    ASSERT_TRUE(val.has_value());
+    EXPECT_NEAR(*val, want, 1e-12 * want) << preset << " validation";
 
     // Finite differences of the masked mean loss at three entries of each parameter: central,
     // h = 1e-5, so truncation (~h^2 times the third derivative) and rounding (~1e-16 / h) stay
