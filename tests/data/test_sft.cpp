@@ -39,7 +39,17 @@ class ChatByteTokenizer : public ByteTokenizer {
 // as a string of 0/1 of the same length per token.
 std::string show(const std::vector<int32_t>& ids) {
   std::string s;
-  for (int32_t id : ids) s += id < 256 ? std::string(1, char(id)) : id == 256 ? "|" : "<" + std::to_string(id - 257) + ">";
+  for (int32_t id : ids) {
+    if (id < 256) {
+      s += char(id);
+    } else if (id == 256) {
+      s += '|';
+    } else {
+      s += '<';
+      s += std::to_string(id - 257);
+      s += '>';
+    }
+  }
   return s;
 }
 std::string show_mask(const std::vector<int32_t>& ids, const std::vector<uint8_t>& mask) {
