@@ -12,6 +12,7 @@
 #include "app/plan_command.h"
 #include "app/prepare.h"
 #include "app/prepare_images.h"
+#include "app/prepare_sft.h"
 #include "app/trainer.h"
 #include "app/upscale.h"
 #include "kernels/check.h"
@@ -50,6 +51,7 @@ void register_train(CLI::App& app, int& exit_code) {
 void register_prepare(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<PrepareArgs>();
   auto images = std::make_shared<PrepareImagesArgs>();
+  auto sft = std::make_shared<PrepareSftArgs>();
   auto* cmd = app.add_subcommand("prepare", "Tokenize text (.txt, .jsonl) into an indexed dataset (.bin + .idx), or "
                                             "images and captions into an image-text file (.h5)");
   cmd->add_option("--input", args->inputs, "Input files: .jsonl (one JSON object per line, its \"text\") or plain text");
@@ -74,13 +76,32 @@ void register_prepare(CLI::App& app, int& exit_code) {
                   "Image-text: the encoder's patch side, setting the placeholders per image (overrides --config; "
                   "default 4)");
   cmd->add_option("--on-error", images->on_error,
-                  "Image-text: a bad line or image (missing, truncated, not an image) refuses the run, or is skipped "
-                  "and counted")
-      ->check(CLI::IsMember({"refuse", "skip"}))
+                  "Image-text and --sft: a bad line or image (missing, truncated, not an image) or a bad record "
+                  "refuses the run (refuse, or fail), or is skipped and counted")
+      ->check(CLI::IsMember({"refuse", "fail", "skip"}))
       ->capture_default_str();
   img->excludes(cmd->get_option("--input"));
-  cmd->callback(on_one_process("prepare", [args, images, &exit_code] {
-    if (!images->images_dir.empty()) {
+  // Supervised fine-tuning records (app/prepare_sft.h).
+  auto* sft_opt = cmd->add_option("--sft", sft->inputs,
+                                  "Fine-tuning records (.jsonl): {\"prompt\", \"response\"} or {\"messages\": [...]}; "
+                                  "writes PREFIX.bin/.idx and the loss mask PREFIX.mask");
+  cmd->add_option("--chat-template", sft->chat_template, "--sft: plain (prompt/response), chatml or llama3")
+      ->check(CLI::IsMember({"plain", "chatml", "llama3"}))
+      ->capture_default_str();
+  sft_opt->excludes(cmd->get_option("--input"));
+  sft_opt->excludes(img);
+  cmd->callback(on_one_process("prepare", [args, images, sft, &exit_code] {
+    if (images->on_error == "fail") images->on_error = "refuse";
+    if (!sft->inputs.empty()) {
+      TESSERA_CHECK(args->val_fraction == 0 && args->separator.empty(),
+                    "prepare --sft: --val-fraction and --separator are for text; hold out records with "
+                    "data.val_fraction (documents) or a second --sft file");
+      sft->tokenizer = args->tokenizer;
+      sft->vocab_dir = args->vocab_dir;
+      sft->out = args->out;
+      sft->on_error = images->on_error;
+      exit_code = run_prepare_sft(*sft, std::cout);
+    } else if (!images->images_dir.empty()) {
       TESSERA_CHECK(args->val_fraction == 0 && args->separator.empty(),
                     "prepare --images: --val-fraction and --separator are for text; hold out images with a second "
                     "captions file (scripts/data/prepare_digits.py does)");

@@ -32,6 +32,9 @@ class Gpt2Tokenizer : public Tokenizer {
   int64_t vocab_size() const override { return vocab_size_; }
   int32_t eot_id() const override { return eot_id_; }  // "<|endoftext|>", 50256
   std::string name() const override { return "gpt2"; }
+  std::optional<int32_t> special_token_id(std::string_view text) const override {  // only <|endoftext|>
+    return text == "<|endoftext|>" ? std::optional<int32_t>(eot_id_) : std::nullopt;
+  }
 
   // The bytes of a token (after GPT-2's byte-to-unicode mapping is undone).
   std::string_view token_bytes(int32_t id) const;

@@ -32,7 +32,8 @@ TokenSegment document_segment(std::shared_ptr<const IndexedDataset> ds, int64_t 
   const int64_t begin = ds->document_token_offset(first), end = ds->document_token_offset(last);
   TokenSpan t = ds->tokens().subspan(begin, end - begin);
   std::string path = ds->bin_path();
-  return TokenSegment{std::move(ds), t, std::move(path), begin};
+  std::shared_ptr<const LossMaskFile> mask = open_loss_mask(ds->prefix(), ds->num_tokens());
+  return TokenSegment{std::move(ds), t, std::move(path), begin, std::move(mask)};
 }
 
 // ---- TokenWindowDataset ----
@@ -96,7 +97,21 @@ void TokenWindowDataset::get(int64_t index, int32_t* out, uint8_t* loss_mask) co
   }
   for (int64_t i = 0; i < count; ++i)
     if (out[i] < 0 || out[i] >= vocab_size_) fail_bad_id(begin + i, out[i]);
-  if (loss_mask) std::fill(loss_mask, loss_mask + count, uint8_t{1});
+  if (loss_mask) copy_loss_mask(begin, count, loss_mask);
+}
+
+void TokenWindowDataset::copy_loss_mask(int64_t begin, int64_t count, uint8_t* out) const {
+  int64_t done = 0;
+  for (size_t k = segment_of(begin); done < count; ++k) {
+    const TokenSegment& s = segments_[k];
+    const int64_t from = begin + done - starts_[k];
+    const int64_t n = std::min(count - done, s.tokens.size() - from);
+    if (s.mask)
+      s.mask->read(s.first_position + from, n, out + done);
+    else
+      std::fill(out + done, out + done + n, uint8_t{1});
+    done += n;
+  }
 }
 
 std::string TokenWindowDataset::describe() const {

@@ -12,6 +12,7 @@
 #include "data/dataset.h"
 #include "data/indexed_dataset.h"
 #include "data/llmc_shard.h"
+#include "data/loss_mask_file.h"
 #include "data/token_span.h"
 
 namespace tessera {
@@ -22,15 +23,19 @@ struct TokenSegment {
   TokenSpan tokens;
   std::string path;        // the file, for messages
   int64_t first_position;  // the position of tokens[0] among that file's tokens
+  // The file's loss mask (PREFIX.mask beside an indexed dataset, `prepare --sft`), flag k for
+  // token first_position + k; null: every token is a target.
+  std::shared_ptr<const LossMaskFile> mask = nullptr;
 };
 
 TokenSegment whole_segment(std::shared_ptr<const IndexedDataset> ds);
 TokenSegment whole_segment(std::shared_ptr<const LlmcShard> shard);
-// Documents [first, last) of an indexed dataset.
+// Documents [first, last) of an indexed dataset, with the loss mask beside it when there is one.
 TokenSegment document_segment(std::shared_ptr<const IndexedDataset> ds, int64_t first, int64_t last);
 
 // Sample i is tokens [i*T, i*T + T + 1) of the concatenated segments; the last partial window is
-// dropped, so there are (N - 1) / T samples for N tokens. Loss mask all ones.
+// dropped, so there are (N - 1) / T samples for N tokens. The loss mask is the segments' mask
+// files where they have one, else all ones.
 // Token ids outside [0, vocab_size) are errors naming the file and position: checked for the whole
 // stream at construction when it is at most kEagerCheckBytes (a vectorized min/max pass), and
 // always for the tokens get() copies out. (eager_check_bytes lets tests take the lazy path.)
@@ -59,6 +64,7 @@ class TokenWindowDataset : public Dataset {
   void check_all_ids() const;
   [[noreturn]] void fail_bad_id(int64_t stream_position, int64_t id) const;
   size_t segment_of(int64_t stream_position) const;
+  void copy_loss_mask(int64_t begin, int64_t count, uint8_t* out) const;  // stream positions [begin, begin + count)
 
   std::vector<TokenSegment> segments_;
   std::vector<int64_t> starts_;  // starts_[k] = stream position of segment k's first token; back() = total

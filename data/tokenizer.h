@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,6 +25,10 @@ class Tokenizer {
   virtual int64_t vocab_size() const = 0;
   virtual int32_t eot_id() const = 0;  // the end-of-document token appended by `tessera prepare`
   virtual std::string name() const = 0;
+  // The id of the special token written as `text` (e.g. "<|endoftext|>", "<|im_start|>"), or nothing
+  // when this tokenizer has no such special token. Chat templates (data/chat_template.h) look
+  // their tokens up here; a tokenizer with added special tokens overrides it.
+  virtual std::optional<int32_t> special_token_id(std::string_view /*text*/) const { return std::nullopt; }
 };
 
 // Bytes 0..255 are ids 0..255; id 256 is the end-of-document token. Vocabulary 257.

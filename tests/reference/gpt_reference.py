@@ -144,13 +144,16 @@ def tessera_init(cfg, gen, dtype=torch.float32, init_std=0.02):
     return params
 
 
-def rope(x, theta):
+def rope(x, theta, pos=None):
     # x (B, T, H, D); rotate-half convention. Angles in float64, applied in x's precision.
+    # pos (B, T): each token's position (packed documents restart at 0); None: 0..T-1.
     D = x.shape[-1]
     inv = theta ** (-torch.arange(0, D // 2, dtype=torch.float64) * 2.0 / D)
-    ang = torch.arange(x.shape[1], dtype=torch.float64)[:, None] * inv[None, :]  # (T, D/2)
-    cos = torch.cos(ang)[None, :, None, :].to(x.dtype)
-    sin = torch.sin(ang)[None, :, None, :].to(x.dtype)
+    if pos is None:
+        pos = torch.arange(x.shape[1])[None]
+    ang = pos.to(torch.float64)[..., None] * inv  # (B or 1, T, D/2)
+    cos = torch.cos(ang)[:, :, None, :].to(x.dtype)
+    sin = torch.sin(ang)[:, :, None, :].to(x.dtype)
     x1, x2 = x[..., : D // 2], x[..., D // 2:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
@@ -166,10 +169,18 @@ def linear(x, p, name):
     return F.linear(x, p[name + ".weight"], p.get(name + ".bias"))
 
 
-def causal_attention(q, k, v, method, causal=True):
+def causal_attention(q, k, v, method, causal=True, doc_start=None):
     """q, k, v (B, H, T, D) -> (B, H, T, D). "explicit": softmax of masked scores, written out
     (the golden fixtures' oracle); "sdpa": torch's fused scaled_dot_product_attention (torch >= 2.0),
-    the same function computed by PyTorch's fastest CPU path."""
+    the same function computed by PyTorch's fastest CPU path. doc_start (B, T), packed documents
+    (explicit only): query i also sees no key before doc_start[b, i]."""
+    if doc_start is not None:
+        Tn, D = q.shape[-2], q.shape[-1]
+        s = (q @ k.transpose(-1, -2)) / math.sqrt(D)
+        pos = torch.arange(Tn)
+        allowed = (pos[None, :] <= pos[:, None])[None] & (pos[None, None, :] >= doc_start[:, :, None])  # (B, T, T)
+        s = s.masked_fill(~allowed[:, None], float("-inf"))
+        return torch.softmax(s, dim=-1) @ v
     if method == "sdpa":
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     Tn, D = q.shape[-2], q.shape[-1]
@@ -180,7 +191,7 @@ def causal_attention(q, k, v, method, causal=True):
     return torch.softmax(s, dim=-1) @ v
 
 
-def block(x, p, pre, cfg, causal=True, attention="explicit"):
+def block(x, p, pre, cfg, causal=True, attention="explicit", doc_start=None):
     """One pre-norm block: x + attn(norm(x)), then + mlp(norm(.))."""
     gpt2 = cfg["preset"] == "gpt2"
     Bn, Tn = x.shape[0], x.shape[1]
@@ -191,12 +202,13 @@ def block(x, p, pre, cfg, causal=True, attention="explicit"):
     k = linear(h, p, pre + ".attn.k").view(Bn, Tn, KVH, D)
     v = linear(h, p, pre + ".attn.v").view(Bn, Tn, KVH, D)
     if not gpt2:
-        q, k = rope(q, cfg["rope_theta"]), rope(k, cfg["rope_theta"])
+        pos = None if doc_start is None else torch.arange(Tn)[None] - doc_start
+        q, k = rope(q, cfg["rope_theta"], pos), rope(k, cfg["rope_theta"], pos)
     if KVH != H:
         k = k.repeat_interleave(H // KVH, dim=2)
         v = v.repeat_interleave(H // KVH, dim=2)
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
-    a = causal_attention(q, k, v, attention, causal).transpose(1, 2).reshape(Bn, Tn, H * D)
+    a = causal_attention(q, k, v, attention, causal, doc_start).transpose(1, 2).reshape(Bn, Tn, H * D)
     x = x + linear(a, p, pre + ".attn.proj")
     h = norm(x, p, pre + ".ln2", cfg)
     if gpt2:
@@ -206,14 +218,15 @@ def block(x, p, pre, cfg, causal=True, attention="explicit"):
     return x + m
 
 
-def forward(p, tokens, cfg, attention="explicit", images=None):
+def forward(p, tokens, cfg, attention="explicit", images=None, doc_start=None):
     """Logits (B*T, V) for tokens (B, T); images (kind "vlm"): (patches (N, P, K), sample, start),
-    image i replacing the embeddings of sample[i]'s positions [start[i], start[i] + P)."""
+    image i replacing the embeddings of sample[i]'s positions [start[i], start[i] + P); doc_start
+    (B, T): packed documents, each token attending within its own (causal_attention)."""
     gpt2 = cfg["preset"] == "gpt2"
     Bn, Tn = tokens.shape
     x = p["wte.weight"][tokens]
     if gpt2:
-        x = x + p["wpe.weight"][:Tn][None]
+        x = x + (p["wpe.weight"][:Tn][None] if doc_start is None else p["wpe.weight"][torch.arange(Tn)[None] - doc_start])
     if images is not None:
         patches, sample, start = images
         out = vision_forward(p, patches, cfg)
@@ -222,7 +235,7 @@ def forward(p, tokens, cfg, attention="explicit", images=None):
         for i, (b, t0) in enumerate(zip(sample, start)):
             x[b, t0:t0 + P] = out[i]
     for l in range(cfg["n_layer"]):
-        x = block(x, p, f"blocks.{l}", cfg, attention=attention)
+        x = block(x, p, f"blocks.{l}", cfg, attention=attention, doc_start=doc_start)
     x = norm(x, p, "ln_f", cfg)
     head = p["wte.weight"] if gpt2 else p["lm_head.weight"]
     return F.linear(x, head).view(Bn * Tn, -1)
