@@ -652,7 +652,7 @@ TEST_F(HfImportRefuses, ATokenizerItCannotName) {
                    fs::remove(f / "vocab.json");
                    std::ofstream(f / "tokenizer.json") << "{}";
                  },
-                 {"it has no vocab.json and merges.txt (only tokenizer.json, which tessera does not read yet)"});
+                 {"{DIR}/tokenizer.json: no \"model\" key"});  // a tokenizer.json is read first
   // Named: the byte tokenizer's 257 ids do not fit a 13-token vocabulary; the addition one does.
   expect_refused(*gpt2_, "byte", other_vocab,
                  {"ckpt import: the model's vocabulary (13, config.json's vocab_size) is smaller than the byte "
