@@ -16,7 +16,9 @@
 //                  as written (lstrip, rstrip or single_word tokens are refused); special ones
 //                  only when encode's allow_special is set.
 // The post_processor (e.g. a template adding <|begin_of_text|>) is not applied: encode gives the
-// library's encode(text, add_special_tokens=False).
+// library's encode(text, add_special_tokens=False). Merges run as data/bpe.h runs them (the lowest
+// rank, all its occurrences left to right); the library's queue (lowest rank, then leftmost) gives
+// the same whenever each merge ranks after the merges that made its parts, as in any trained file.
 #pragma once
 
 #include <array>

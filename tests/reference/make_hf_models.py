@@ -22,6 +22,7 @@ mean cross-entropy loss of predicting ids[1:], the prompt text and its greedy co
 row-major, little-endian. A bf16 model's reference runs in float32 on its bf16-rounded weights
 (what `ckpt import` gives tessera).
 """
+import copy
 import json
 import os
 import shutil
@@ -78,10 +79,14 @@ def make(name, maker, tok_name, options):
     folder = os.path.join(OUT, name)
     shutil.rmtree(folder, ignore_errors=True)
     dtype = options.get("dtype")
+    saved = model
     if dtype is not None:
-        model = model.to(dtype)
-    model.save_pretrained(folder, safe_serialization=True, max_shard_size=options.get("max_shard_size", "10GB"))
-    model = model.float()  # the reference: float32 on the weights as saved
+        # The reference runs in float32 on the weights rounded to dtype; only parameters are rounded
+        # (model.to(dtype) would round the rotary inv_freq buffer too, which tessera computes).
+        for p in model.parameters():
+            p.copy_(p.to(dtype).float())
+        saved = copy.deepcopy(model).to(dtype)
+    saved.save_pretrained(folder, safe_serialization=True, max_shard_size=options.get("max_shard_size", "10GB"))
     tok_path = os.path.join(TOKENIZERS, tok_name + ".json")
     shutil.copy(tok_path, os.path.join(folder, "tokenizer.json"))
     tok = Tokenizer.from_file(tok_path)
@@ -92,8 +97,7 @@ def make(name, maker, tok_name, options):
     loss = torch.nn.functional.cross_entropy(logits[:-1], x[0, 1:]).item()
     logits.numpy().astype("<f4").tofile(os.path.join(folder, "logits.f32"))
     return {"ids": ids, "loss": loss, "vocab_size": model.config.vocab_size, "prompt": PROMPT,
-            "prompt_ids": prompt_ids, "greedy_ids": greedy(model, prompt_ids),
-            "greedy_text": tok.decode(greedy(model, prompt_ids), skip_special_tokens=False)}
+            "prompt_ids": prompt_ids, "greedy_ids": greedy(model, prompt_ids)}
 
 
 def main():
