@@ -247,6 +247,8 @@ class HfBpeTokenizer::Loader {
     }
     std::stable_sort(tok_.added_.begin(), tok_.added_.end(),
                      [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
+    for (uint32_t i = 0; i < tok_.added_.size(); ++i)
+      tok_.added_by_first_byte_[static_cast<unsigned char>(tok_.added_[i].content[0])].push_back(i);
   }
 
   void define(int32_t id, const std::string& bytes, const std::string& key) {
@@ -294,8 +296,10 @@ std::string HfBpeTokenizer::decode(const std::vector<int32_t>& ids) const {
 
 const HfBpeTokenizer::AddedToken* HfBpeTokenizer::added_token_at(std::string_view text, size_t pos,
                                                                  bool allow_special) const {
-  for (const AddedToken& t : added_)  // longest first
+  for (uint32_t i : added_by_first_byte_[static_cast<unsigned char>(text[pos])]) {  // longest first
+    const AddedToken& t = added_[i];
     if ((allow_special || !t.special) && text.compare(pos, t.content.size(), t.content) == 0) return &t;
+  }
   return nullptr;
 }
 
@@ -304,28 +308,32 @@ const HfBpeTokenizer::AddedToken* HfBpeTokenizer::added_token_at(std::string_vie
 std::vector<int32_t> HfBpeTokenizer::encode(std::string_view text, bool allow_special) const {
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3);
+  PieceCache cache;
   size_t start = 0;
   for (size_t pos = 0; pos < text.size();) {
-    const AddedToken* t = added_.empty() ? nullptr : added_token_at(text, pos, allow_special);
+    const AddedToken* t = added_token_at(text, pos, allow_special);
     if (!t) {
       ++pos;
       continue;
     }
-    encode_ordinary(text.substr(start, pos - start), &ids);
+    encode_ordinary(text.substr(start, pos - start), cache, &ids);
     ids.push_back(t->id);
     pos += t->content.size();
     start = pos;
   }
-  encode_ordinary(text.substr(start), &ids);
+  encode_ordinary(text.substr(start), cache, &ids);
   return ids;
 }
 
-void HfBpeTokenizer::encode_ordinary(std::string_view text, std::vector<int32_t>* out) const {
+void HfBpeTokenizer::encode_ordinary(std::string_view text, PieceCache& cache, std::vector<int32_t>* out) const {
   for (size_t p = 0; p < text.size();) {
     size_t q = split_ == Split::kGpt2    ? gpt2_piece_end(text, p)
                : split_ == Split::kLlama3 ? llama3_piece_end(text, p)
                                           : text.size();
-    encode_piece(text.substr(p, q - p), out);
+    const std::string_view piece = text.substr(p, q - p);
+    auto [it, fresh] = cache.try_emplace(piece);
+    if (fresh) encode_piece(piece, &it->second);
+    out->insert(out->end(), it->second.begin(), it->second.end());
     p = q;
   }
 }

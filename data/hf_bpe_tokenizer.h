@@ -61,8 +61,10 @@ class HfBpeTokenizer : public Tokenizer {
     bool special;
   };
   class Loader;
-  // One stretch of text between added tokens: pre-tokenized, each piece BPE-encoded.
-  void encode_ordinary(std::string_view text, std::vector<int32_t>* out) const;
+  // Piece -> its ids, for one encode call (the pieces point into its text).
+  using PieceCache = std::unordered_map<std::string_view, std::vector<int32_t>>;
+  // One stretch of text between added tokens: pre-tokenized, each piece BPE-encoded (once per call).
+  void encode_ordinary(std::string_view text, PieceCache& cache, std::vector<int32_t>* out) const;
   void encode_piece(std::string_view piece, std::vector<int32_t>* out) const;
   // The added token (longest first) that starts at text[pos], or nullptr.
   const AddedToken* added_token_at(std::string_view text, size_t pos, bool allow_special) const;
@@ -76,6 +78,7 @@ class HfBpeTokenizer : public Tokenizer {
   bool ignore_merges_ = false;
   Split split_ = Split::kGpt2;
   std::vector<AddedToken> added_;  // longest content first
+  std::array<std::vector<uint32_t>, 256> added_by_first_byte_;  // indices into added_, in its order
   int64_t vocab_size_ = 0;
   int32_t eot_id_ = -1;
 };
