@@ -55,7 +55,8 @@ void register_prepare(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("prepare", "Tokenize text (.txt, .jsonl) into an indexed dataset (.bin + .idx), or "
                                             "images and captions into an image-text file (.h5)");
   cmd->add_option("--input", args->inputs, "Input files: .jsonl (one JSON object per line, its \"text\") or plain text");
-  cmd->add_option("--tokenizer", args->tokenizer, "Tokenizer: gpt2 or byte")->required();
+  cmd->add_option("--tokenizer", args->tokenizer, "Tokenizer: gpt2, byte, or a Hugging Face tokenizer.json path")
+      ->required();
   cmd->add_option("--vocab", args->vocab_dir,
                   "gpt2: directory holding encoder.json and vocab.bpe (default: data/gpt2, scripts/get_data.sh)");
   cmd->add_option("--out", args->out, "Output prefix: writes PREFIX.bin and PREFIX.idx (with --images: the .h5 file)")
@@ -144,10 +145,9 @@ void register_ckpt(CLI::App& app, int& exit_code) {
                                    "model.safetensors.index.json")->required();
   cmd->add_option("--out", imp->out, "The checkpoint to write (.h5; must not exist)")->required();
   cmd->add_option("--tokenizer", imp->tokenizer,
-                  "The tokenizer its ids follow, recorded for generate and export: auto = recognize the folder's "
-                  "vocab.json and merges.txt (GPT-2's, or tessera's byte or addition tokenizer as ckpt export writes "
-                  "them), or gpt2, byte, addition")
-      ->check(CLI::IsMember({"auto", "gpt2", "byte", "addition"}))
+                  "The tokenizer its ids follow, recorded for generate and export: auto = the folder's tokenizer.json "
+                  "when it has one, else recognize its vocab.json and merges.txt (GPT-2's, or tessera's byte or "
+                  "addition tokenizer as ckpt export writes them); or gpt2, byte, addition, or a tokenizer.json path")
       ->capture_default_str();
   cmd->add_option("--vocab", imp->vocab_dir, "GPT-2 tokenizer directory (encoder.json, vocab.bpe; default: data/gpt2)");
   cmd->add_flag("--allow-non-finite", imp->allow_non_finite, "Import even when a weight holds NaN or inf");
@@ -174,6 +174,9 @@ void register_generate(CLI::App& app, int& exit_code) {
   cmd->add_option("--seed", args->seed, "Sampling seed")->capture_default_str();
   cmd->add_option("--vocab", args->vocab_dir,
                   "GPT-2 tokenizer directory (encoder.json, vocab.bpe; default: data.vocab_dir, then data/gpt2)");
+  cmd->add_option("--tokenizer", args->tokenizer,
+                  "Tokenizer for the prompt and output: gpt2, byte or a Hugging Face tokenizer.json path (default: "
+                  "the checkpoint's data.tokenizer)");
   cmd->add_flag("--no-cache", args->no_cache, "Re-run the whole sequence for every token (for comparison)");
   cmd->add_flag("--stop-at-newline", args->stop_at_newline, "Stop after the first newline (addition answers)");
   cmd->callback(on_one_process("generate", [args, max_tokens, &exit_code] {

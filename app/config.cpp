@@ -64,6 +64,12 @@ Allowed Allowed::or_value(double v) const {
   return a;
 }
 
+Allowed Allowed::or_ending(std::string suffix) const {
+  Allowed a = *this;
+  a.or_suffix = std::move(suffix);
+  return a;
+}
+
 Allowed Allowed::at_most(double hi) const {
   Allowed a = *this;
   a.max = hi;
@@ -80,6 +86,7 @@ bool Allowed::accepts(double v) const {
 }
 
 bool Allowed::accepts(const std::string& s) const {
+  if (!or_suffix.empty() && s.size() >= or_suffix.size() && s.ends_with(or_suffix)) return true;
   return choices.empty() || std::find(choices.begin(), choices.end(), s) != choices.end();
 }
 
@@ -135,6 +142,7 @@ std::string Allowed::describe() const {
   if (!choices.empty()) {
     std::string s = "one of ";
     for (size_t i = 0; i < choices.size(); ++i) s += (i ? ", " : "") + quote(choices[i]);
+    if (!or_suffix.empty()) s += ", or a path ending in " + quote(or_suffix);
     return s;
   }
   std::string range;

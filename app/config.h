@@ -29,6 +29,7 @@ struct Allowed {
   bool min_exclusive = false, max_exclusive = false;
   std::optional<double> sentinel;
   std::vector<std::string> choices;
+  std::string or_suffix;  // with choices: also any string ending in it (".json": a file path)
 
   static Allowed any() { return {}; }
   static Allowed at_least(double lo);
@@ -37,6 +38,7 @@ struct Allowed {
   static Allowed half_open(double lo, double hi);  // [lo, hi)
   static Allowed one_of(std::vector<std::string> values);
   Allowed or_value(double v) const;  // also accept v, e.g. -1 = "derive it"
+  Allowed or_ending(std::string suffix) const;  // also accept strings ending in suffix
   Allowed at_most(double hi) const;   // and at most hi: at_least(1).at_most(65536) = "in [1, 65536]"
 
   bool accepts(double v) const;
@@ -170,7 +172,8 @@ struct DataConfig {
             "data.valid is empty (0 = no validation)", Allowed::half_open(0.0, 1.0));
     v.field("tokenizer", tokenizer, "tokens: the tokenizer the files were prepared with; sets the vocabulary "
             "when model.vocab_size = 0 (gpt2: 50257, byte: 257); image_text: the tokenizer of the file "
-            "(tessera prepare --images), which decodes captions", Allowed::one_of({"gpt2", "byte"}));
+            "(tessera prepare --images), which decodes captions; or the path of a Hugging Face tokenizer.json "
+            "(byte-level BPE)", Allowed::one_of({"gpt2", "byte"}).or_ending(".json"));
     v.field("vocab_dir", vocab_dir, "directory with GPT-2's encoder.json and vocab.bpe, to decode samples "
             "(optional)", Allowed::any());
     v.field("document_mask", document_mask, "tokens: packed windows hold documents ending in the tokenizer's "

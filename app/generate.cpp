@@ -54,9 +54,11 @@ class SceneTokenizerAdapter : public Tokenizer {
   SceneTokenizer tok_;
 };
 
-std::unique_ptr<Tokenizer> tokenizer_for(const Config& cfg, const std::string& vocab_dir_arg) {
+std::unique_ptr<Tokenizer> tokenizer_for(const Config& cfg, const std::string& vocab_dir_arg,
+                                         const std::string& tokenizer_arg) {
   if (cfg.data.task == "addition") return std::make_unique<CharTokenizerAdapter>();
   if (cfg.data.task == "scenes") return std::make_unique<SceneTokenizerAdapter>();
+  if (!tokenizer_arg.empty()) return make_tokenizer(tokenizer_arg, vocab_dir_arg);  // --tokenizer
   // No directory: make_tokenizer looks in the default one (the repository's data/gpt2).
   return make_tokenizer(cfg.data.tokenizer, !vocab_dir_arg.empty() ? vocab_dir_arg : cfg.data.vocab_dir);
 }
@@ -227,7 +229,7 @@ int run_generate_command(const GenerateArgs& a) {
   TESSERA_CHECK(a.held_out == 0 || (a.image.empty() && a.prompt.empty()),
                 "generate: --held-out captions the held-out images; it takes no --image or --prompt");
   TESSERA_CHECK(a.held_out > 0 || (a.data.empty() && a.dump.empty()), "generate: --data and --dump go with --held-out N");
-  const auto tok = tokenizer_for(cfg, a.vocab_dir);
+  const auto tok = tokenizer_for(cfg, a.vocab_dir, a.tokenizer);
   LoadedModel m;
   load_model(m, reader, cfg);
   if (a.held_out > 0) return run_held_out(a, cfg, m, *tok);

@@ -28,6 +28,7 @@ struct GenerateArgs {
   int64_t top_k = 0;         // 0 = whole vocabulary
   uint64_t seed = 0;
   std::string vocab_dir;     // GPT-2 files, when the checkpoint's data.vocab_dir is not set
+  std::string tokenizer;     // "" = the checkpoint's data.tokenizer; else a name or a tokenizer.json path
   bool no_cache = false;
   bool stop_at_newline = false;
 };

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "data/blend.h"
+#include "data/hf_bpe_tokenizer.h"
 #include "data/image_text.h"
 #include "data/indexed_dataset.h"
 #include "data/token_dataset.h"
@@ -71,18 +72,33 @@ TrainingData open_image_text(const Config& cfg) {
 }
 }  // namespace
 
+namespace {
+// data.tokenizer's vocabulary and end-of-document id; GPT-2's and the byte tokenizer's are known
+// without loading files, a tokenizer.json's are read from it.
+int64_t tokenizer_vocab(const Config& cfg) {
+  if (cfg.data.tokenizer == "gpt2") return kGpt2VocabSize;
+  if (is_tokenizer_json_path(cfg.data.tokenizer)) return HfBpeTokenizer(cfg.data.tokenizer).vocab_size();
+  return ByteTokenizer().vocab_size();
+}
+int32_t tokenizer_eot(const Config& cfg) {
+  if (cfg.data.tokenizer == "gpt2") return static_cast<int32_t>(kGpt2VocabSize - 1);  // <|endoftext|>
+  if (is_tokenizer_json_path(cfg.data.tokenizer)) return HfBpeTokenizer(cfg.data.tokenizer).eot_id();
+  return ByteTokenizer().eot_id();
+}
+}  // namespace
+
 int64_t data_vocab_size(const Config& cfg) {
   if (cfg.data.task == "addition") return CharTokenizer().vocab_size();
   if (cfg.data.task == "scenes") return SceneTokenizer().vocab_size();
   if (cfg.data.task == "image_text" && cfg.data.train.size() == 1) return read_image_text(cfg.data.train[0].path).vocab_size;
-  return cfg.data.tokenizer == "gpt2" ? kGpt2VocabSize : ByteTokenizer().vocab_size();
+  return tokenizer_vocab(cfg);
 }
 
 namespace {
 // The vocabulary the token ids are checked against: the model's (which may pad the tokenizer's).
 int64_t token_vocab(const Config& cfg) {
   if (cfg.model.vocab_size > 0) return cfg.model.vocab_size;
-  return cfg.data.tokenizer == "gpt2" ? kGpt2VocabSize : ByteTokenizer().vocab_size();
+  return tokenizer_vocab(cfg);
 }
 
 // Token files blended by weight; the validation set is data.valid, or the last data.val_fraction
@@ -112,9 +128,7 @@ TrainingData open_tokens(const Config& cfg) {
   }
   d.train = parts.size() == 1 ? parts[0] : std::make_shared<BlendedDataset>(parts, weights);
   if (!cfg.data.valid.empty()) d.valid = open_token_dataset({cfg.data.valid}, T, V);
-  // GPT-2's <|endoftext|> is its last id; the byte tokenizer's end-of-document is 256.
-  if (cfg.data.document_mask)
-    d.document_eot = cfg.data.tokenizer == "gpt2" ? static_cast<int32_t>(kGpt2VocabSize - 1) : ByteTokenizer().eot_id();
+  if (cfg.data.document_mask) d.document_eot = tokenizer_eot(cfg);
   return d;
 }
 

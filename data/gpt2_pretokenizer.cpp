@@ -20,32 +20,6 @@ size_t contraction_length(const Byte* p, const Byte* end) {
   }
 }
 
-// The end of the run of class `cls` characters from p.
-const Byte* run_end(const Byte* p, const Byte* end, CharClass cls) {
-  while (p < end) {
-    uint32_t len;
-    if (char_class_at(p, end, &len) != cls) break;
-    p += len;
-  }
-  return p;
-}
-
-// \s+(?!\S)|\s+ from p (a white space character of length len): a run that ends the text is taken
-// whole; a run of two or more before a non-space character gives back its last character (it may
-// then prefix the next piece as ' ?'); a single one is taken by \s+.
-const Byte* space_piece_end(const Byte* p, const Byte* end, uint32_t len) {
-  const Byte* last = p;  // the start of the run's last character
-  const Byte* q = p + len;
-  while (q < end) {
-    uint32_t l;
-    if (char_class_at(q, end, &l) != CharClass::kSpace) break;
-    last = q;
-    q += l;
-  }
-  if (q == end || last == p) return q;
-  return last;
-}
-
 }  // namespace
 
 size_t gpt2_piece_end(std::string_view text, size_t begin) {
@@ -60,9 +34,9 @@ size_t gpt2_piece_end(std::string_view text, size_t begin) {
   if (*p == ' ' && p + 1 < end) {  // ' ?\p{L}+', ' ?\p{N}+', ' ?[^\s\p{L}\p{N}]+' with the space
     uint32_t next_len;
     CharClass next = char_class_at(p + 1, end, &next_len);
-    if (next != CharClass::kSpace) return run_end(p + 1 + next_len, end, next) - s;
+    if (next != CharClass::kSpace) return class_run_end(p + 1 + next_len, end, next) - s;
   }
-  if (cls != CharClass::kSpace) return run_end(p + len, end, cls) - s;
+  if (cls != CharClass::kSpace) return class_run_end(p + len, end, cls) - s;
   return space_piece_end(p, end, len) - s;
 }
 

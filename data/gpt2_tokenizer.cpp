@@ -43,19 +43,10 @@ struct UnicodeToByte {
 
 // The bytes a token of encoder.json / vocab.bpe stands for. Throws naming `where` when a character
 // is not one of the 256 byte code points.
-std::string token_to_bytes(std::string_view token, const UnicodeToByte& inv, const std::string& where) {
+std::string token_to_bytes(std::string_view token, const std::string& where) {
   std::string out;
-  const auto* p = reinterpret_cast<const unsigned char*>(token.data());
-  const auto* end = p + token.size();
-  while (p < end) {
-    Utf8Char ch = decode_utf8(p, end);
-    bool ok = ch.valid && ch.code_point < inv.byte.size() && inv.byte[ch.code_point] >= 0;
-    TESSERA_CHECK(ok, where, ": token \"", token, "\" has a character (",
-                  ch.valid ? "U+" : "invalid UTF-8 byte 0x", std::hex, static_cast<uint32_t>(ch.code_point),
-                  ") outside GPT-2's byte alphabet; is this a GPT-2 vocabulary?");
-    out.push_back(static_cast<char>(inv.byte[ch.code_point]));
-    p += ch.length;
-  }
+  TESSERA_CHECK(byte_level_to_bytes(token, &out), where, ": token \"", token,
+                "\" has a character outside GPT-2's byte alphabet; is this a GPT-2 vocabulary?");
   return out;
 }
 
@@ -71,6 +62,23 @@ std::string read_file(const std::string& path, const char* what) {
 
 }  // namespace
 
+bool byte_level_to_bytes(std::string_view token, std::string* bytes) {
+  static const UnicodeToByte inv;  // immutable after its thread-safe initialisation
+  const size_t old_size = bytes->size();
+  const auto* p = reinterpret_cast<const unsigned char*>(token.data());
+  const auto* end = p + token.size();
+  while (p < end) {
+    Utf8Char ch = decode_utf8(p, end);
+    if (!ch.valid || ch.code_point >= inv.byte.size() || inv.byte[ch.code_point] < 0) {
+      bytes->resize(old_size);
+      return false;
+    }
+    bytes->push_back(static_cast<char>(inv.byte[ch.code_point]));
+    p += ch.length;
+  }
+  return true;
+}
+
 Gpt2Tokenizer::Gpt2Tokenizer(const std::string& dir) {
   TESSERA_CHECK(std::filesystem::is_directory(dir), "gpt2 tokenizer: vocabulary directory '", dir,
                 "' does not exist; it must hold GPT-2's encoder.json and vocab.bpe");
@@ -85,7 +93,6 @@ Gpt2Tokenizer::IdsByBytes Gpt2Tokenizer::load_vocab(const std::string& path) {
   const Json map = parse_json(text, path);  // a repeated token is refused here
   TESSERA_CHECK(map.is_object(), path, ": expected a JSON object of token -> id ('{'), got ", json_kind(map));
   TESSERA_CHECK(!map.empty(), path, ": the token map is empty");
-  const UnicodeToByte inv;
   IdsByBytes ids;
   for (const auto& [token, value] : map.items()) {
     TESSERA_CHECK(value.is_number_integer(), path, ": token ", Json(token).dump(), " has ", json_kind(value),
@@ -93,7 +100,7 @@ Gpt2Tokenizer::IdsByBytes Gpt2Tokenizer::load_vocab(const std::string& path) {
     const int64_t id = *json_int(map, token, path);  // within int64
     TESSERA_CHECK(id >= 0 && id < kMaxVocab, path, ": token \"", token, "\" has id ", id, ", outside [0, ",
                   kMaxVocab, ")");
-    bool fresh = ids.emplace(token_to_bytes(token, inv, path), static_cast<int32_t>(id)).second;
+    bool fresh = ids.emplace(token_to_bytes(token, path), static_cast<int32_t>(id)).second;
     TESSERA_CHECK(fresh, path, ": token \"", token, "\" appears twice");
     vocab_size_ = std::max(vocab_size_, id + 1);
   }
@@ -118,7 +125,6 @@ Gpt2Tokenizer::IdsByBytes Gpt2Tokenizer::load_vocab(const std::string& path) {
 
 void Gpt2Tokenizer::load_merges(const std::string& path, const IdsByBytes& ids) {
   const std::string text = read_file(path, "the merges list");
-  const UnicodeToByte inv;
   std::istringstream lines(text);
   std::string line;
   for (int64_t line_no = 1; std::getline(lines, line); ++line_no) {
@@ -129,8 +135,8 @@ void Gpt2Tokenizer::load_merges(const std::string& path, const IdsByBytes& ids) 
     bool two = space != std::string::npos && space > 0 && space + 1 < line.size() &&
                line.find(' ', space + 1) == std::string::npos;
     TESSERA_CHECK(two, where, ": expected two tokens separated by one space, got \"", line, "\"");
-    const std::string left = token_to_bytes(std::string_view(line).substr(0, space), inv, where);
-    const std::string right = token_to_bytes(std::string_view(line).substr(space + 1), inv, where);
+    const std::string left = token_to_bytes(std::string_view(line).substr(0, space), where);
+    const std::string right = token_to_bytes(std::string_view(line).substr(space + 1), where);
     auto l = ids.find(left), r = ids.find(right), m = ids.find(left + right);
     TESSERA_CHECK(l != ids.end() && r != ids.end(), where, ": a token of \"", line, "\" is not in encoder.json");
     TESSERA_CHECK(m != ids.end(), where, ": the merge of \"", line, "\" is not a token of encoder.json");

@@ -70,4 +70,9 @@ class Gpt2Tokenizer : public Tokenizer {
 // 0xAD) take U+0100, U+0101, ... in byte order, so the space byte 0x20 is U+0120 'Ġ'.
 std::array<char32_t, 256> gpt2_byte_to_unicode();
 
+// The bytes a byte-level token stands for (each character mapped back through
+// gpt2_byte_to_unicode()), appended to *bytes; false, with *bytes as it was, when a character is not
+// one of the 256 byte code points. Used by encoder.json/vocab.bpe and tokenizer.json readers alike.
+bool byte_level_to_bytes(std::string_view token, std::string* bytes);
+
 }  // namespace tessera

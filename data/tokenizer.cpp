@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "data/gpt2_tokenizer.h"
+#include "data/hf_bpe_tokenizer.h"
 #include "kernels/check.h"
 
 #ifndef TESSERA_SOURCE_DIR
@@ -31,6 +32,7 @@ std::string default_gpt2_vocab_dir() { return (std::filesystem::path(default_dat
 
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::string& vocab_dir) {
   if (kind == "byte") return std::make_unique<ByteTokenizer>();
+  if (is_tokenizer_json_path(kind)) return std::make_unique<HfBpeTokenizer>(kind);
   if (kind == "gpt2") {
     if (!vocab_dir.empty()) return std::make_unique<Gpt2Tokenizer>(vocab_dir);
     const std::string dir = default_gpt2_vocab_dir();
@@ -42,7 +44,8 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::st
                   "); run scripts/get_data.sh to get them, or name their directory");
     return std::make_unique<Gpt2Tokenizer>(dir);
   }
-  detail::fail("unknown tokenizer '", kind, "'; expected one of: byte, gpt2");
+  detail::fail("unknown tokenizer '", kind,
+               "'; expected one of: byte, gpt2, or the path of a Hugging Face tokenizer.json (ending in .json)");
 }
 
 }  // namespace tessera

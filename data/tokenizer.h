@@ -41,7 +41,7 @@ class ByteTokenizer : public Tokenizer {
   std::string name() const override { return "byte"; }
 };
 
-// "byte", or "gpt2" loaded from vocab_dir (a directory holding encoder.json and vocab.bpe), or
+// "byte", a path ending in ".json" (a Hugging Face tokenizer.json, data/hf_bpe_tokenizer.h), or "gpt2" loaded from vocab_dir (a directory holding encoder.json and vocab.bpe), or
 // from default_gpt2_vocab_dir() when vocab_dir is empty. An unknown kind or missing files are
 // errors naming what was expected and where it was looked for.
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::string& vocab_dir);

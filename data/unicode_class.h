@@ -57,4 +57,31 @@ inline CharClass char_class_at(const unsigned char* p, const unsigned char* end,
   return ch.valid ? code_point_class(ch.code_point) : CharClass::kOther;
 }
 
+// The end of the run of class `cls` characters from p (p itself when p's class differs): the
+// pre-tokenizers' "\p{L}+", "\s+" and the like.
+inline const unsigned char* class_run_end(const unsigned char* p, const unsigned char* end, CharClass cls) {
+  while (p < end) {
+    uint32_t len;
+    if (char_class_at(p, end, &len) != cls) break;
+    p += len;
+  }
+  return p;
+}
+
+// \s+(?!\S)|\s+ from p (a white space character of length len): a run that ends the text is taken
+// whole; a run of two or more before a non-space character gives back its last character (it may
+// then prefix the next piece as ' ?'); a single one is taken by \s+.
+inline const unsigned char* space_piece_end(const unsigned char* p, const unsigned char* end, uint32_t len) {
+  const unsigned char* last = p;  // the start of the run's last character
+  const unsigned char* q = p + len;
+  while (q < end) {
+    uint32_t l;
+    if (char_class_at(q, end, &l) != CharClass::kSpace) break;
+    last = q;
+    q += l;
+  }
+  if (q == end || last == p) return q;
+  return last;
+}
+
 }  // namespace tessera

@@ -19,6 +19,7 @@
 #include "app/config.h"
 #include "data/addition.h"
 #include "data/gpt2_tokenizer.h"
+#include "data/hf_bpe_tokenizer.h"
 #include "data/tokenizer.h"
 #include "kernels/allocator.h"
 #include "kernels/check.h"
@@ -202,6 +203,18 @@ HfTokenizer gpt2_tokenizer(const std::string& dir_arg, const std::string& stored
   return t;
 }
 
+// A tokenizer.json, checked by reading it as tessera does.
+HfTokenizer tokenizer_json_file(const std::string& path) {
+  const HfBpeTokenizer tok(path);
+  HfTokenizer t;
+  t.name = path;
+  t.vocab_size = tok.vocab_size();
+  t.eos_id = tok.eot_id();
+  t.eos_token = std::string(tok.token_bytes(tok.eot_id()));
+  t.tokenizer_json = read_bytes(path);
+  return t;
+}
+
 }  // namespace
 
 HfTokenizer hf_tokenizer_named(const std::string& name, const std::string& vocab_dir, const std::string& stored_dir) {
@@ -214,7 +227,8 @@ HfTokenizer hf_tokenizer_named(const std::string& name, const std::string& vocab
     for (int b = 0; b < 256; ++b) bytes[static_cast<size_t>(b)] = static_cast<char>(b);
     return single_byte_tokenizer("byte", bytes, "<|endoftext|>", ByteTokenizer().eot_id());
   }
-  TESSERA_CHECK(name == "gpt2", "no tokenizer \"", name, "\"; expected addition, byte or gpt2");
+  if (is_tokenizer_json_path(name)) return tokenizer_json_file(name);
+  TESSERA_CHECK(name == "gpt2", "no tokenizer \"", name, "\"; expected addition, byte, gpt2 or a tokenizer.json path");
   return gpt2_tokenizer(vocab_dir, stored_dir);
 }
 
@@ -223,15 +237,15 @@ HfTokenizer hf_tokenizer_of(const CheckpointReader& reader, const std::string& v
   if (d.task == "addition") return hf_tokenizer_named("addition", vocab_dir);
   TESSERA_CHECK(d.task == "tokens", "the config stored in ", reader.path(), " has data.task = \"", d.task,
                 "\"; expected \"addition\" or \"tokens\"");
-  TESSERA_CHECK(d.tokenizer == "byte" || d.tokenizer == "gpt2", "the config stored in ", reader.path(),
-                " has data.tokenizer = \"", d.tokenizer, "\"; expected \"gpt2\" or \"byte\"");
+  TESSERA_CHECK(d.tokenizer == "byte" || d.tokenizer == "gpt2" || is_tokenizer_json_path(d.tokenizer), "the config stored in ",
+                reader.path(), " has data.tokenizer = \"", d.tokenizer, "\"; expected \"gpt2\", \"byte\" or a tokenizer.json path");
   return hf_tokenizer_named(d.tokenizer, vocab_dir, d.vocab_dir);
 }
 
 std::string hf_tokenizer_config_json(const HfTokenizer& tok, int64_t max_seq_len) {
   // No prefix space and no clean-up of spaces before punctuation: decode(encode(s)) == s, as in tessera.
   nlohmann::ordered_json j;
-  j["tokenizer_class"] = "GPT2Tokenizer";
+  j["tokenizer_class"] = tok.tokenizer_json.empty() ? "GPT2Tokenizer" : "PreTrainedTokenizerFast";
   j["model_max_length"] = max_seq_len;
   j["bos_token"] = j["eos_token"] = j["unk_token"] = tok.eos_token;
   j["add_prefix_space"] = false;
@@ -310,8 +324,12 @@ HfExportSummary export_hf_safetensors(const CheckpointReader& reader, const std:
   write_text_file(out_dir, "config.json", hf_config_json(cfg, tok.eos_id));
   write_text_file(out_dir, "generation_config.json",
                   nlohmann::ordered_json{{"bos_token_id", tok.eos_id}, {"eos_token_id", tok.eos_id}}.dump(2) + "\n");
-  write_text_file(out_dir, "vocab.json", tok.vocab_json);
-  write_text_file(out_dir, "merges.txt", tok.merges_txt);
+  if (!tok.tokenizer_json.empty()) {
+    write_text_file(out_dir, "tokenizer.json", tok.tokenizer_json);
+  } else {
+    write_text_file(out_dir, "vocab.json", tok.vocab_json);
+    write_text_file(out_dir, "merges.txt", tok.merges_txt);
+  }
   write_text_file(out_dir, "tokenizer_config.json", hf_tokenizer_config_json(tok, cfg.max_seq_len));
   write_text_file(out_dir, "special_tokens_map.json", hf_special_tokens_map_json(tok));
   return summary;

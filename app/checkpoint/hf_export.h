@@ -40,12 +40,15 @@ struct HfTokenizer {
   int32_t eos_id = 0;      // also bos: config.json's bos_token_id / eos_token_id
   std::string eos_token;   // its token string in vocab.json ("<|endoftext|>")
   std::string vocab_json, merges_txt;
+  // A Hugging Face tokenizer.json (data.tokenizer is its path): its bytes, exported as they are,
+  // in place of vocab.json and merges.txt.
+  std::string tokenizer_json;
 };
 // GPT-2's files come from vocab_dir, else the stored data.vocab_dir when it exists, else the
 // default directory (data/tokenizer.h default_gpt2_vocab_dir); missing files are an error naming
 // where they were looked for.
 HfTokenizer hf_tokenizer_of(const CheckpointReader& reader, const std::string& vocab_dir);
-// The tokenizer `name` ("addition", "byte", "gpt2") as those files; gpt2's from vocab_dir, else
+// The tokenizer `name` ("addition", "byte", "gpt2", or a tokenizer.json path) as those files; gpt2's from vocab_dir, else
 // stored_dir when it exists, else the default directory.
 HfTokenizer hf_tokenizer_named(const std::string& name, const std::string& vocab_dir = "",
                                const std::string& stored_dir = "");

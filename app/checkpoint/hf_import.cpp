@@ -18,6 +18,7 @@
 #include "app/checkpoint/hf_model.h"
 #include "app/checkpoint/safetensors.h"
 #include "app/config.h"
+#include "data/hf_bpe_tokenizer.h"
 #include "data/json.h"
 #include "kernels/check.h"
 
@@ -102,7 +103,6 @@ std::string recognize_tokenizer(const fs::path& dir, const std::string& vocab_di
   const fs::path vocab = dir / "vocab.json", merges = dir / "merges.txt";
   if (!fs::exists(vocab) || !fs::exists(merges)) {
     why = "it has no vocab.json and merges.txt";
-    if (fs::exists(dir / "tokenizer.json")) why += " (only tokenizer.json, which tessera does not read yet)";
     return "";
   }
   const Json theirs = read_json_file(vocab.string());
@@ -245,6 +245,9 @@ std::map<std::string, std::string> check_tensors(const SafetensorsSet& w, const 
 // --tokenizer, or the one recognized in the folder; it must fit the model's vocabulary.
 std::string choose_tokenizer(const CkptImportArgs& args, const ModelConfig& cfg) {
   std::string tokenizer = args.tokenizer;
+  if (tokenizer == "auto" && fs::is_regular_file(fs::path(args.dir) / "tokenizer.json"))
+    tokenizer = (fs::path(args.dir) / "tokenizer.json").string();
+  if (is_tokenizer_json_path(tokenizer)) tokenizer = fs::absolute(tokenizer).lexically_normal().string();
   if (tokenizer == "auto") {
     std::string why;
     tokenizer = recognize_tokenizer(args.dir, args.vocab_dir, why);
@@ -252,8 +255,8 @@ std::string choose_tokenizer(const CkptImportArgs& args, const ModelConfig& cfg)
                   "'s model uses: ", why, ". Pass --tokenizer gpt2, byte or addition to record the one its token ids "
                   "follow (it decides how `generate` and `ckpt export` read the ids)");
   }
-  TESSERA_CHECK(tokenizer == "gpt2" || tokenizer == "byte" || tokenizer == "addition", "ckpt import: --tokenizer \"",
-                tokenizer, "\" is not one of auto, gpt2, byte, addition");
+  TESSERA_CHECK(tokenizer == "gpt2" || tokenizer == "byte" || tokenizer == "addition" || is_tokenizer_json_path(tokenizer),
+                "ckpt import: --tokenizer \"", tokenizer, "\" is not one of auto, gpt2, byte, addition or a tokenizer.json path");
   const HfTokenizer tok = hf_tokenizer_named(tokenizer, args.vocab_dir);
   TESSERA_CHECK(tok.vocab_size <= cfg.vocab_size, "ckpt import: the model's vocabulary (", cfg.vocab_size,
                 ", config.json's vocab_size) is smaller than the ", tok.name, " tokenizer's (", tok.vocab_size, ")");

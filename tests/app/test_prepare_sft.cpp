@@ -232,6 +232,39 @@ double masked_loss(const Gpt& gpt, ParameterStore& ps, Allocator& alloc, Batch& 
 
 // f64 throughout, so the tolerances of tests/model/test_gpt.cpp's f64 goldens (1e-12 on the loss,
 // 1e-10 on the gradients relative to the largest) hold: the two differ in summation order only.
+// The LLaMA-3 template with a Hugging Face tokenizer.json that has its special tokens (the
+// LLaMA-3-style fixture of tests/reference/make_hf_tokenizers.py): the template's tokens are single
+// special ids, and the mask covers the answer and its <|eot_id|> only.
+TEST(PrepareSft, Llama3TemplateWithATokenizerJson) {
+  TempDir dir("sft_llama3_json");
+  const std::string tokenizer = std::string(TESSERA_TEST_DATA_DIR) + "/hf_tokenizers/llama3_style.json";
+  write_text(dir / "m.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"What is 2+2?\"}, "
+                              "{\"role\": \"assistant\", \"content\": \"Four.\"}]}\n");
+  const RunResult r = run_prepare(
+      {"--sft", dir / "m.jsonl", "--tokenizer", tokenizer, "--out", dir / "d", "--chat-template", "llama3"}, dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::unique_ptr<Tokenizer> tok = make_tokenizer(tokenizer, "");
+  IndexedDataset ds(dir / "d");
+  ASSERT_EQ(ds.num_documents(), 1);
+  const TokenSpan t = ds.document(0);
+  std::vector<int32_t> ids(t.begin(), t.end());
+  std::vector<uint8_t> flags(ids.size());
+  open_loss_mask(dir / "d", ds.num_tokens())->read(0, t.size(), flags.data());
+  const std::string rendered =
+      "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>"
+      "<|start_header_id|>assistant<|end_header_id|>\n\nFour.<|eot_id|>";
+  EXPECT_EQ(tok->decode(ids).substr(0, rendered.size()), rendered);
+  EXPECT_EQ(ids.front(), *tok->special_token_id("<|begin_of_text|>"));
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), *tok->special_token_id("<|eot_id|>")), 2);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), *tok->special_token_id("<|start_header_id|>")), 2);
+  std::vector<int32_t> trained;
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (flags[i]) trained.push_back(ids[i]);
+  const std::string answer = tok->decode(trained);
+  EXPECT_EQ(answer.substr(0, std::string("Four.<|eot_id|>").size()), "Four.<|eot_id|>") << answer;
+  EXPECT_EQ(std::count(trained.begin(), trained.end(), *tok->special_token_id("<|eot_id|>")), 1);
+}
+
 TEST(PrepareSft, MaskedLossMatchesPyTorchIgnoreIndex) {
   testing::H5Reader f(kSftGolden);
   TempDir dir("sft_golden");

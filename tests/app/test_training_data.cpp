@@ -5,8 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include "app/config.h"
 #include "app/trainer.h"
 #include "cli_testing.h"
+#include "error_testing.h"
 #include "process_testing.h"
 
 namespace tessera {
@@ -118,6 +120,20 @@ TEST(TrainingData, DatasetTruncatedUnderTwoRanksSavesOnBoth) {
   Spawned p(TESSERA_MPIEXEC, args, t.dir / "output.txt");
   truncate_mid_run(t, p);
   EXPECT_EQ(p.output().find("failed alone"), std::string::npos) << p.output();
+}
+
+// data.tokenizer may name a Hugging Face tokenizer.json: the config accepts the path, and the
+// vocabulary (model.vocab_size = 0) comes from the file; other names are refused naming the forms.
+TEST(TrainingData, ATokenizerJsonPathSetsTheVocabulary) {
+  const std::string json = std::string(TESSERA_TEST_DATA_DIR) + "/hf_tokenizers/llama3_style.json";
+  const Config c = parse_config_string(testing::kTinyConfig, "tiny.toml",
+                                       {"data.task=\"tokens\"", "data.tokenizer=\"" + json + "\"", "model.vocab_size=0"});
+  EXPECT_EQ(c.data.tokenizer, json);
+  EXPECT_EQ(data_vocab_size(c), 800);
+  const std::string error = testing::error_of([] {
+    parse_config_string(testing::kTinyConfig, "tiny.toml", {"data.tokenizer=\"tokenizer.model\""});
+  });
+  EXPECT_NE(error.find("or a path ending in \".json\""), std::string::npos) << error;
 }
 
 }  // namespace

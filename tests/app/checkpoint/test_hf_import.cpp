@@ -17,6 +17,7 @@
 #include "app/checkpoint/checkpoint_io.h"
 #include "app/checkpoint/hf_export.h"
 #include "app/checkpoint/safetensors.h"
+#include "app/checkpoint/hf_import_testing.h"
 #include "app/checkpoint/safetensors_testing.h"
 #include "app/cli_testing.h"
 #include "app/config.h"
@@ -89,25 +90,7 @@ void expect_same_tensors(const fs::path& a, const fs::path& b) {
 
 // The mean loss of the checkpoint's model predicting ids[1:] from ids[:-1], its weights loaded as
 // `generate` does.
-double loss_of(const fs::path& file, const std::vector<int32_t>& ids) {
-  const CheckpointReader r(file.string(), MPI_COMM_SELF);
-  const ModelConfig mc = model_config_of(r);
-  Allocator alloc;
-  ParameterStore ps(alloc, DType::F32);
-  Gpt gpt(mc, ps);
-  ps.finalize();
-  for (int id = 0; id < ps.size(); ++id)
-    r.read("/model/" + ps.entry(id).spec.name, -1, 0, ps.entry(id).local_shape, ps.param(id).ptr<float>());
-  const int64_t T = static_cast<int64_t>(ids.size()) - 1;
-  testing::HostTensor<int32_t> tokens(Shape{1, T}), targets(Shape{1, T});
-  for (int64_t t = 0; t < T; ++t) {
-    tokens[t] = ids[static_cast<size_t>(t)];
-    targets[t] = ids[static_cast<size_t>(t + 1)];
-  }
-  GptCtx ctx;
-  gpt.forward(testing::kCpu, ctx, alloc, tokens.t(), targets.t());
-  return read_loss_sums(testing::kCpu, ctx.loss_sums).mean();
-}
+double loss_of(const fs::path& file, const std::vector<int32_t>& ids) { return testing::forward_checkpoint(file, ids).loss; }
 
 const std::vector<int32_t> kIds = {3, 10, 4, 11, 7, 12, 1, 2, 10, 5, 11, 9, 0, 6};
 
@@ -652,7 +635,7 @@ TEST_F(HfImportRefuses, ATokenizerItCannotName) {
                    fs::remove(f / "vocab.json");
                    std::ofstream(f / "tokenizer.json") << "{}";
                  },
-                 {"it has no vocab.json and merges.txt (only tokenizer.json, which tessera does not read yet)"});
+                 {"{DIR}/tokenizer.json: no \"model\" key"});  // a tokenizer.json is read first
   // Named: the byte tokenizer's 257 ids do not fit a 13-token vocabulary; the addition one does.
   expect_refused(*gpt2_, "byte", other_vocab,
                  {"ckpt import: the model's vocabulary (13, config.json's vocab_size) is smaller than the byte "
