@@ -45,6 +45,7 @@ Config apply_layout(const Config& base, const Layout& l) {
   c.train.dtype = l.bf16 ? "bf16" : "fp32";
   c.model.recompute = plan::recompute_name(l.recompute);
   c.model.recompute_layers = 0;
+  p.layout = "explicit";  // the layout is now given (an "auto" config would refuse its own keys)
   return c;
 }
 

@@ -32,7 +32,7 @@ struct PlanArgs {
 
 // The config with the layout applied: parallel.{dp, tp, pp, vpp, pp_schedule, pp_layers = [], cp,
 // cp_comm, sequence_parallel, zero}, train.micro_batch, train.dtype, model.recompute (recompute_layers
-// = 0). Everything else as it was.
+// = 0), parallel.layout = "explicit". Everything else as it was.
 Config apply_layout(const Config& base, const plan::Layout& l);
 
 // The layout a config asks for on `ranks` ranks (parallel.dp = -1: the rest), the inverse of
