@@ -44,7 +44,7 @@ Config apply_layout(const Config& base, const Layout& l) {
   c.train.micro_batch = l.micro_batch;
   c.train.dtype = l.bf16 ? "bf16" : "fp32";
   c.model.recompute = plan::recompute_name(l.recompute);
-  c.model.recompute_layers = 0;
+  c.model.recompute_layers = l.recompute_layers;
   p.layout = "explicit";  // the layout is now given (an "auto" config would refuse its own keys)
   return c;
 }
@@ -55,8 +55,6 @@ plan::Layout layout_of(const Config& cfg, int64_t ranks) {
                 "at start from the node's memory)");
   TESSERA_CHECK(p.pp_layers.empty(), "tessera plan --predict: parallel.pp_layers is not modelled (the planner cuts "
                 "the stages by cost); leave it []");
-  TESSERA_CHECK(cfg.model.recompute_layers == 0, "tessera plan --predict: model.recompute_layers is not modelled "
-                "(one recomputation policy for every block); leave it 0");
   const GridDegrees g = resolve_degrees(grid_degrees(p), ranks);
   Layout l;
   l.dp = g.dp, l.tp = g.tp, l.pp = g.pp, l.cp = g.cp, l.vpp = p.vpp;
@@ -66,6 +64,7 @@ plan::Layout layout_of(const Config& cfg, int64_t ranks) {
   l.cp_ring = p.cp_comm != "allgather";
   l.micro_batch = cfg.train.micro_batch;
   l.recompute = recompute_kind(cfg.model.recompute);
+  l.recompute_layers = l.recompute == Recompute::Full ? 0 : cfg.model.recompute_layers;
   l.bf16 = cfg.train.dtype == "bf16";
   return l;
 }
@@ -209,7 +208,8 @@ std::string plan_report(const PlanArgs& args, const Config& cfg, const ClusterSp
   os << "search: " << st.degree_sets << " factorizations (" << st.degree_sets_invalid << " refused by the grid's rules, "
      << st.degree_sets_too_big << " too big for the device), " << st.layouts << " layouts, " << st.costed
      << " simulated, " << st.refused << " refused by train's checks, " << st.over_memory + st.over_memory_inferred
-     << " over memory; " << std::setprecision(2) << st.seconds << " s\n";
+     << " over memory" << (st.recompute_chosen > 0 ? ", " + std::to_string(st.recompute_chosen) + " fitted by recomputing "
+     "some blocks" : std::string()) << "; " << std::setprecision(2) << st.seconds << " s\n";
   if (result.top.empty()) {
     os << "\nno layout fits: every candidate was refused or over memory";
     if (!st.first_refusal.empty()) os << " (e.g. " << st.first_refusal << ")";
@@ -230,7 +230,7 @@ std::string plan_report(const PlanArgs& args, const Config& cfg, const ClusterSp
                   i + 1, (long long)l.dp, (long long)l.tp, (long long)l.pp, (long long)l.vpp, (long long)l.cp,
                   l.sp ? "y" : "-", (long long)l.zero,
                   (std::string(pipeline_kind_name(l.schedule)) + (l.cp > 1 && !l.cp_ring ? "/ag" : "")).c_str(),
-                  (long long)l.micro_batch, plan::recompute_name(l.recompute), l.bf16 ? "bf16" : "fp32",
+                  (long long)l.micro_batch, plan::recompute_text(l).c_str(), l.bf16 ? "bf16" : "fp32",
                   seconds_text(c.cost.step).c_str(), count_text(c.cost.tokens_per_s).c_str(), 100 * c.cost.mfu, mem,
                   100 * c.cost.bubble_fraction, bytes_text(group(c.cost, "tp").bytes).c_str(),
                   bytes_text(group(c.cost, "cp").bytes).c_str(), bytes_text(group(c.cost, "pp").bytes).c_str(),
@@ -259,7 +259,8 @@ std::string explain_report(const Config& cfg, const ClusterSpec& cluster, const 
     os << b;
   };
   line("compute", s.compute, "forward and backward: GEMMs, attention, elementwise ops");
-  line("recomputation", s.recompute, std::string("model.recompute = \"") + plan::recompute_name(c.layout.recompute) + "\"");
+  line("recomputation", s.recompute, std::string("model.recompute = \"") + plan::recompute_name(c.layout.recompute) +
+       "\"" + (c.layout.recompute_layers > 0 ? ", recompute_layers = " + std::to_string(c.layout.recompute_layers) : ""));
   line("tp collectives (exposed)", s.tp_exposed, "blocking: every one is on the critical path");
   line("cp transfers (exposed)", s.cp_exposed,
        c.layout.cp > 1 ? (c.layout.cp_ring ? "the ring, less what attention hides" : "all-gather: nothing hidden") : "");

@@ -164,6 +164,8 @@ ChunkTime chunk_time(const Workload& w, const Layout& l, const ClusterSpec& c, c
                    c.gemm_half_flops};
   ChunkTime t;
   const double blocks = double(chunk.layers());
+  // Blocks that recompute their whole forward: all under "full", else model.recompute_layers of them.
+  const double full = l.recompute == Recompute::Full ? blocks : std::min(blocks, double(l.recompute_layers));
   if (blocks > 0) {
     const BlockCompute b = block_compute(d, r);
     t.forward += blocks * b.forward;
@@ -205,16 +207,17 @@ ChunkTime chunk_time(const Workload& w, const Layout& l, const ClusterSpec& c, c
       }
       t.cp_forward += blocks * fwd;
       t.cp_backward += blocks * bwd;
-      if (l.recompute == Recompute::Full) t.cp_backward += blocks * fwd;
+      t.cp_backward += full * fwd;
     }
     // Recomputation: selective re-runs the norms and the activation function; full the whole
-    // block forward, its tensor-parallel collectives and context-parallel transfers with it.
-    if (l.recompute == Recompute::Selective) t.recompute += blocks * b.norms_and_activation;
-    if (l.recompute == Recompute::Full) {
-      t.recompute += blocks * b.forward;
-      t.tp_backward += blocks * 2 * region;
-      t.tp_bytes += blocks * 2 * all_reduce_bytes(x, l.tp);
-      t.flops += blocks * b.flops / 3;
+    // block forward, its tensor-parallel collectives and context-parallel transfers with it. The
+    // first recompute_layers blocks of the chunk recompute in full, the rest by the policy.
+    if (l.recompute == Recompute::Selective) t.recompute += (blocks - full) * b.norms_and_activation;
+    if (full > 0) {
+      t.recompute += full * b.forward;
+      t.tp_backward += full * 2 * region;
+      t.tp_bytes += full * 2 * all_reduce_bytes(x, l.tp);
+      t.flops += full * b.flops / 3;
     }
     t.backward += t.recompute;
   }

@@ -124,6 +124,41 @@ TEST(PlanCommand, EveryPlannedLayoutPassesTheTrainersChecksAndFits) {
     expect_trainer_accepts(gpt2, plan::preset("h100-sxm-80g"), 16, x);
 }
 
+// Recomputation per layer with the trainer's own memory estimate: on a budget between "full" and
+// "none", the plan recomputes the least number of blocks that fits (one fewer does not), and train
+// accepts it.
+TEST(PlanCommand, RecomputesTheLeastLayersThatFit) {
+  const Config small = parse(kSmall);
+  const plan::PlanChecks checks = trainer_checks(small, 1);
+  plan::Layout l;
+  l.micro_batch = 16;
+  const double none = double(checks.memory(l).total);
+  l.recompute = Recompute::Full;
+  const double full = double(checks.memory(l).total);
+  ASSERT_LT(full, none);
+  plan::ClusterSpec c = local(1);
+  c.usable_memory_fraction = 1;
+  c.device_memory = (none + full) / 2;
+  plan::SearchSpace space;
+  space.micro_batch = 16;
+  space.bf16 = {false};
+  space.recompute = {Recompute::None, Recompute::Full};
+  const plan::PlanResult r = plan_for(small, 1, c, 5, space);
+  ASSERT_FALSE(r.top.empty());
+  const plan::Candidate& best = r.top.front();
+  EXPECT_EQ(best.layout.recompute, Recompute::None) << plan::describe(best.layout);
+  ASSERT_GT(best.layout.recompute_layers, 0) << plan::describe(best.layout);
+  EXPECT_LT(best.layout.recompute_layers, 4);
+  expect_trainer_accepts(small, c, 1, best);
+  plan::Layout fewer = best.layout;
+  --fewer.recompute_layers;
+  EXPECT_GT(double(checks.memory(fewer).total), c.usable_memory());
+  EXPECT_EQ(apply_layout(small, best.layout).model.recompute_layers, best.layout.recompute_layers);
+  EXPECT_EQ(layout_of(apply_layout(small, best.layout), 1), best.layout);
+  EXPECT_NE(plan::describe(best.layout).find("none+" + std::to_string(best.layout.recompute_layers) + "f"),
+            std::string::npos);
+}
+
 // Refusals come from the trainer: a config whose micro-batch rules exclude pipelines with too few
 // micro-batches is planned without them, and the checks' messages are the trainer's.
 TEST(PlanCommand, TrainerChecksRefuseWhatTrainRefuses) {

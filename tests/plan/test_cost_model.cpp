@@ -254,3 +254,36 @@ TEST(CostModel, PartsAddUpToTheStep) {
 
 }  // namespace
 }  // namespace tessera::plan
+
+namespace tessera::plan {
+namespace {
+
+// model.recompute_layers = k: k blocks of each chunk recompute their forward in full, the rest by
+// the policy. Compute-only, one chunk: the recomputation is k/L of "full"'s, and k = L is "full".
+TEST(CostModel, RecomputeLayersCostTheirBlocksForward) {
+  const Workload w = llama(8, 4096, 256, 8);
+  const ClusterSpec c = compute_only();
+  Layout l;
+  l.micro_batch = 2;
+  l.recompute = Recompute::Full;
+  const StepCost full = predict_step(w, l, c);
+  l.recompute = Recompute::None;
+  const StepCost none = predict_step(w, l, c);
+  EXPECT_EQ(none.recompute, 0.0);
+  for (int64_t k = 1; k <= 8; ++k) {
+    l.recompute_layers = k;
+    const StepCost s = predict_step(w, l, c);
+    EXPECT_NEAR(s.recompute, full.recompute * double(k) / 8, 1e-12 * full.recompute) << k;
+    EXPECT_NEAR(s.step, none.step + s.recompute, 1e-12 * s.step) << k;
+  }
+  EXPECT_NEAR(predict_step(w, l, c).step, full.step, 1e-12 * full.step);  // k = 8: every block
+  // Under "selective" the blocks k leaves keep recomputing their norms and activation.
+  l.recompute = Recompute::Selective;
+  l.recompute_layers = 0;
+  const double sel = predict_step(w, l, c).recompute;
+  l.recompute_layers = 3;
+  EXPECT_NEAR(predict_step(w, l, c).recompute, full.recompute * 3 / 8 + sel * 5 / 8, 1e-12 * full.recompute);
+}
+
+}  // namespace
+}  // namespace tessera::plan
