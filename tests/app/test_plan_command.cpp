@@ -159,6 +159,34 @@ TEST(PlanCommand, RecomputesTheLeastLayersThatFit) {
             std::string::npos);
 }
 
+// At cluster scale, in simulation (scripts/bench/plan_megatron.py, docs/planner.md "Against published
+// layouts"): the published Megatron-LM layouts of Narayanan et al. 2021, Table 1, on the A100 preset
+// pass the trainer's checks, and the predicted throughput, counted as the paper counts it (its
+// equation 3, recomputation included), lies within 25% of the published per-GPU TFLOP/s.
+TEST(PlanCommand, PublishedMegatronLayoutsArePredictedNearTheirThroughput) {
+  struct Row {
+    int64_t heads, hidden, layers, tp, pp, gpus, batch;
+    double tflops;
+  };
+  for (const Row& r : {Row{80, 10240, 60, 8, 4, 1024, 1792, 140}, Row{96, 12288, 80, 8, 8, 1536, 2304, 148}}) {
+    const std::string text = "[model]\npreset = \"gpt2\"\nvocab_size = 51200\nn_layer = " + std::to_string(r.layers) +
+                             "\nn_head = " + std::to_string(r.heads) + "\nn_embd = " + std::to_string(r.hidden) +
+                             "\nmax_seq_len = 2048\nrecompute = \"full\"\n\n[train]\nglobal_batch = " +
+                             std::to_string(r.batch) + "\nseq_len = 2048\ndtype = \"bf16\"\nmicro_batch = 1\n\n"
+                             "[parallel]\ntp = " + std::to_string(r.tp) + "\npp = " + std::to_string(r.pp) + "\n";
+    const Config cfg = parse(text);
+    const plan::ClusterSpec a100 = plan::preset("a100-80g");
+    const plan::Layout l = layout_of(cfg, r.gpus);
+    EXPECT_EQ(l.dp, r.gpus / (r.tp * r.pp));
+    EXPECT_EQ(trainer_checks(cfg, r.gpus).invalid(l), "");
+    const plan::StepCost s = plan::predict_step(workload_of(cfg), l, a100);
+    const double b = double(r.batch), L = double(r.layers), h = double(r.hidden);
+    const double megatron_flops = 96 * b * 2048 * L * h * h * (1 + 2048 / (6 * h) + 51200 / (16 * L * h));
+    const double tflops = megatron_flops / (double(r.gpus) * s.step) / 1e12;
+    EXPECT_NEAR(tflops, r.tflops, 0.25 * r.tflops) << r.layers << " layers on " << r.gpus;
+  }
+}
+
 // Refusals come from the trainer: a config whose micro-batch rules exclude pipelines with too few
 // micro-batches is planned without them, and the checks' messages are the trainer's.
 TEST(PlanCommand, TrainerChecksRefuseWhatTrainRefuses) {
