@@ -385,15 +385,27 @@ int run_calibrate_command(const PlanArgs& args, std::ostream& out) {
   const int ranks = comm_size(world);
   std::string error;
   if (args.out.empty()) error = "tessera plan --calibrate: give --out FILE, the cluster file to write";
-  if (!args.config_path.empty() || args.gpus > 0)
-    error = "tessera plan --calibrate measures this machine and takes no config or --gpus: run it under mpirun -n N "
-            "for N ranks, then plan with --cluster FILE";
+  if (args.gpus > 0)
+    error = "tessera plan --calibrate measures this machine and takes no --gpus: run it under mpirun -n N for N "
+            "ranks, then plan with --cluster FILE";
+  // With a config: the GEMMs also at the shapes of its step (plan/calibrate.h model_gemm_shapes).
+  plan::CalibrationOptions options;
+  if (error.empty() && !args.config_path.empty()) {
+    try {
+      std::vector<std::string> config_overrides;
+      for (const std::string& s : args.overrides)
+        if (!is_cluster_key(s)) config_overrides.push_back(s);
+      options.shapes = plan::model_gemm_shapes(workload_of(load_config(args.config_path, config_overrides)), ranks);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
   throw_if_any_failed(world, error);
   set_threads_per_rank(world);  // as train runs its ranks (app/launch.h)
   const AvailableMemory avail = available_host_memory();
   const plan::LocalMachine local = plan::this_machine(ranks, double(avail.bytes));
   if (lead) out << "calibrating " << ranks << " rank" << (ranks > 1 ? "s" : "") << " on this machine\n";
-  plan::ClusterSpec c = plan::calibrate_local(world, local, {}, lead ? &out : nullptr);
+  plan::ClusterSpec c = plan::calibrate_local(world, local, options, lead ? &out : nullptr);
   if (lead) {
     char host[256] = "?";
     gethostname(host, sizeof host - 1);
@@ -401,7 +413,8 @@ int run_calibrate_command(const PlanArgs& args, std::ostream& out) {
     const std::time_t t = std::time(nullptr);
     std::strftime(date, sizeof date, "%Y-%m-%d", std::localtime(&t));
     c.name = "local";
-    c.description = "calibrated by `mpirun -n " + std::to_string(ranks) + " tessera plan --calibrate` on " + host + " (" +
+    c.description = "calibrated by `mpirun -n " + std::to_string(ranks) + " tessera plan --calibrate" +
+                    (args.config_path.empty() ? "" : " " + args.config_path) + "` on " + host + " (" +
                     cpu_model() + ", " + std::to_string(local.cores) + " cores) on " + date +
                     "; memory: MemAvailable / ranks";
     std::ofstream f(args.out, std::ios::binary | std::ios::trunc);

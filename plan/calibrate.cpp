@@ -46,6 +46,23 @@ void fill(std::vector<float>& v, float scale) {
 
 }  // namespace
 
+std::vector<GemmShape> model_gemm_shapes(const Workload& w, int64_t ranks) {
+  std::vector<GemmShape> all;
+  const ModelConfig& m = w.model;
+  for (int64_t tp = 1; tp <= ranks; ++tp) {
+    if (ranks % tp != 0 || m.n_head % tp != 0 || m.ffn_hidden % tp != 0) continue;
+    for (int64_t mb = 1; mb <= 8; mb *= 2) {
+      if (w.global_batch % mb != 0) continue;
+      Layout l;
+      l.tp = tp, l.dp = ranks / tp, l.micro_batch = mb;
+      for (const GemmShape& s : gemm_shapes(w, l)) all.push_back(s);
+    }
+  }
+  std::sort(all.begin(), all.end());
+  all.erase(std::unique(all.begin(), all.end()), all.end());
+  return all;
+}
+
 Link fit_all_reduce(const std::vector<double>& bytes, const std::vector<double>& seconds, int64_t ranks) {
   TESSERA_CHECK(bytes.size() == seconds.size() && bytes.size() >= 2 && ranks >= 2,
                 "fit_all_reduce: needs at least two message sizes on at least two ranks");
@@ -130,6 +147,32 @@ ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const Cal
                 grows ? ("fitted; half the rate at " + std::to_string(half / 1e9) + " GFLOP").c_str()
                       : "the median: the rate does not grow with the size");
   say(line);
+
+  // GEMMs at the given shapes (a model's step), fp32 and with a bf16 weight, as the model runs them:
+  // (m, k) x (n, k)^T.
+  if (!o.shapes.empty()) {
+    double lo = INFINITY, hi = 0;
+    for (const GemmShape& shape : o.shapes) {
+      GemmShape t = shape;
+      while (t.m > 1 && 2.0 * double(t.m) * double(t.n) * double(t.k) > o.max_gemm_flops) t.m = (t.m + 1) / 2;
+      std::vector<float> a(size_t(t.m * t.k)), b(size_t(t.n * t.k)), c(size_t(t.m * t.n));
+      fill(a, 1), fill(b, 0.5);
+      std::vector<uint16_t> b16(b.size());
+      const Tensor ta(a.data(), DType::F32, {t.m, t.k}), tb(b.data(), DType::F32, {t.n, t.k});
+      const Tensor tc(c.data(), DType::F32, {t.m, t.n}), tb16(b16.data(), DType::BF16, {t.n, t.k});
+      convert(ex, tb16, tb);
+      for (bool bf16 : {false, true}) {
+        MPI_Barrier(world);
+        const double seconds = best_of(o.repeats, [&] { matmul(ex, tc, ta, bf16 ? tb16 : tb, false, true); });
+        const double rate = mean_over(world, 2.0 * double(t.m) * double(t.n) * double(t.k) / seconds);
+        s.gemm_rates.push_back({shape.m, shape.n, shape.k, bf16, rate});
+        lo = std::min(lo, rate), hi = std::max(hi, rate);
+      }
+    }
+    std::snprintf(line, sizeof line, "GEMMs at the model's %zu shapes (fp32 and bf16) per rank: %.1f .. %.1f GFLOP/s",
+                  o.shapes.size(), lo / 1e9, hi / 1e9);
+    say(line);
+  }
 
   // Memory bandwidth: y = x + y over stream_elements floats (two reads, one write).
   {

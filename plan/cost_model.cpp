@@ -72,10 +72,19 @@ constexpr double kAct = 4;  // bytes of an activation or gradient element (fp32)
 // train.dtype = "bf16" (the parameters' compute copy), fp32 otherwise.
 struct Roofline {
   double peak, bandwidth, latency, weight_bytes, half_flops;
+  const ClusterSpec* measured = nullptr;  // its gemm_rates by shape, when it has some of this dtype
+  bool bf16 = false;
+  std::vector<GemmShape>* record = nullptr;  // gemm_shapes(): every GEMM asked for
   // (m, k) x (k, n) -> (m, n) with a_bytes, b_bytes per element of the inputs, fp32 out; a small
-  // GEMM at the calibrated fraction f / (f + half) of the rate.
+  // GEMM at the calibrated fraction f / (f + half) of the rate; with rates measured by shape, the
+  // nearest shape's rate (it already holds the memory traffic).
   double gemm(double m, double n, double k, double a_bytes, double b_bytes) const {
     const double flops = 2 * m * n * k, bytes = m * k * a_bytes + k * n * b_bytes + m * n * kAct;
+    if (record) record->push_back({int64_t(m), int64_t(n), int64_t(k)});
+    if (measured) {
+      const double rate = measured_gemm_rate(*measured, m, n, k, bf16);
+      if (rate > 0) return std::max(flops / rate, latency);
+    }
     return std::max({(flops + half_flops) / peak, bytes / bandwidth, latency});
   }
   double compute(double flops) const { return std::max(flops / peak, latency); }
@@ -157,11 +166,23 @@ BlockCompute block_compute(const Dims& d, const Roofline& r) {
 
 }  // namespace
 
+std::vector<GemmShape> gemm_shapes(const Workload& w, const Layout& l) {
+  std::vector<GemmShape> shapes;
+  Roofline r{1, 1, 0, kAct, 0};
+  r.record = &shapes;
+  const Dims d = dims_of(w, l);
+  block_compute(d, r);
+  linear(r, d.N, d.C, d.Vl);  // the LM head
+  std::sort(shapes.begin(), shapes.end());
+  shapes.erase(std::unique(shapes.begin(), shapes.end()), shapes.end());
+  return shapes;
+}
+
 ChunkTime chunk_time(const Workload& w, const Layout& l, const ClusterSpec& c, const GroupLinks& links,
                      const StageSpec& chunk) {
   const Dims d = dims_of(w, l);
   const Roofline r{c.peak_flops(l.bf16) * c.compute_efficiency, c.memory_bandwidth, c.op_latency, l.bf16 ? 2.0 : kAct,
-                   c.gemm_half_flops};
+                   c.gemm_half_flops, &c, l.bf16};
   ChunkTime t;
   const double blocks = double(chunk.layers());
   // Blocks that recompute their whole forward: all under "full", else model.recompute_layers of them.

@@ -14,6 +14,7 @@
 #include "app/memory_check.h"
 #include "app/trainer.h"
 #include "app/training_data.h"
+#include "plan/calibrate.h"
 #include "cli_testing.h"
 #include "error_testing.h"
 
@@ -327,6 +328,19 @@ TEST(PlanCommand, CalibrateWritesAClusterFileThatPlansRead) {
   const RunResult bad = run_tessera({"plan", "--calibrate"}, d.dir);
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.output.find("give --out FILE"), std::string::npos) << bad.output;
+  EXPECT_TRUE(c.gemm_rates.empty());
+  // With the config: also its GEMMs, at the shapes of its step, which plans then use.
+  const fs::path shaped = d.dir / "shaped.toml";
+  const RunResult s = run_program(TESSERA_MPIEXEC, {"-n", "2", TESSERA_BINARY, "plan", "--calibrate", d.config.string(),
+                                                    "--out", shaped.string()},
+                                  d.dir);
+  ASSERT_EQ(s.exit_code, 0) << s.output;
+  EXPECT_NE(s.output.find("GEMMs at the model's"), std::string::npos) << s.output;
+  const plan::ClusterSpec cs = plan::load_cluster(shaped.string());
+  const Config small = load_config(d.config.string());
+  EXPECT_EQ(cs.gemm_rates.size(), 2 * plan::model_gemm_shapes(workload_of(small), 2).size());
+  const RunResult ps = run_tessera({"plan", d.config.string(), "--gpus", "2", "--cluster", shaped.string()}, d.dir);
+  EXPECT_EQ(ps.exit_code, 0) << ps.output;
 }
 
 TEST(PlanCommand, ErrorsNameWhatIsWrong) {

@@ -84,6 +84,41 @@ TEST(Cluster, FileReadsBackWhatWasWritten) {
   EXPECT_EQ(back.source, "written.toml");
 }
 
+// Format 2: GEMM rates by shape read back; a file without format_version (format 1, before the
+// rates) reads as it did; a later version and malformed rates are refused, naming the key and line.
+TEST(Cluster, GemmRatesAndTheFormatVersion) {
+  ClusterSpec s = preset("a100-80g");
+  s.gemm_rates = {{1024, 768, 768, false, 1.5e12}, {1024, 768, 768, true, 3.25e12}, {7, 64, 4096, false, 2e11}};
+  const std::string text = cluster_to_toml(s);
+  EXPECT_NE(text.find("format_version = 2"), std::string::npos) << text;
+  const ClusterSpec back = parse_cluster(text, "c.toml");
+  ASSERT_EQ(back.gemm_rates.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(back.gemm_rates[i].m, s.gemm_rates[i].m);
+    EXPECT_EQ(back.gemm_rates[i].n, s.gemm_rates[i].n);
+    EXPECT_EQ(back.gemm_rates[i].k, s.gemm_rates[i].k);
+    EXPECT_EQ(back.gemm_rates[i].bf16, s.gemm_rates[i].bf16);
+    EXPECT_NEAR(back.gemm_rates[i].flops, s.gemm_rates[i].flops, 1e-9 * s.gemm_rates[i].flops);
+  }
+  // The nearest measured shape of the dtype; none of it: 0.
+  EXPECT_NEAR(measured_gemm_rate(back, 1000, 768, 768, false), 1.5e12, 1e3);
+  EXPECT_NEAR(measured_gemm_rate(back, 8, 64, 4000, false), 2e11, 1e3);
+  EXPECT_NEAR(measured_gemm_rate(back, 8, 64, 4000, true), 3.25e12, 1e3);
+  EXPECT_EQ(measured_gemm_rate(preset("a100-80g"), 8, 64, 4000, true), 0.0);
+  // Format 1 (no format_version, no gemm_rates): as before.
+  EXPECT_TRUE(parse_cluster("[cluster]\nbase = \"a100-80g\"\nname = \"old\"\n", "old.toml").gemm_rates.empty());
+  EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\nformat_version = 3\n", "new.toml"); },
+                          {"cluster.format_version = 3", "new.toml:3", "newer tessera", "versions 1 to 2"}));
+  EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\ngemm_rates = [[1, 2, 3, \"fp16\", 5.0]]\n", "g.toml"); },
+                          {"cluster.gemm_rates (g.toml:3", "\"fp32\" or \"bf16\""}));
+  EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\ngemm_rates = [[1, 2, 3, \"fp32\"]]\n", "g.toml"); },
+                          {"cluster.gemm_rates", "entry 0"}));
+  EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\ngemm_rates = [[0, 2, 3, \"fp32\", 1.0]]\n", "g.toml"); },
+                          {"cluster.gemm_rates", "positive integer"}));
+  EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\ngemm_rates = [[1, 2, 3, \"fp32\", -1.0]]\n", "g.toml"); },
+                          {"cluster.gemm_rates", "positive rate"}));
+}
+
 TEST(Cluster, BaseStartsFromAPreset) {
   const ClusterSpec c = parse_cluster("[cluster]\nbase = \"h100-sxm-80g\"\ninter_node_bandwidth_gbs = 12.5\n"
                                       "devices_per_node = 4\n",

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "model/config.h"
@@ -283,6 +284,41 @@ TEST(CostModel, RecomputeLayersCostTheirBlocksForward) {
   const double sel = predict_step(w, l, c).recompute;
   l.recompute_layers = 3;
   EXPECT_NEAR(predict_step(w, l, c).recompute, full.recompute * 3 / 8 + sel * 5 / 8, 1e-12 * full.recompute);
+}
+
+}  // namespace
+}  // namespace tessera::plan
+
+namespace tessera::plan {
+namespace {
+
+// GEMM rates measured by shape replace the roofline for the GEMMs of their dtype: at peak x
+// efficiency the step is unchanged, at half of it the GEMMs take twice as long; rates of the other
+// dtype change nothing.
+TEST(CostModel, MeasuredGemmRatesReplaceTheRoofline) {
+  const Workload w = llama(4, 4096, 256, 8);
+  const ClusterSpec base = compute_only();
+  Layout l;
+  l.micro_batch = 2;
+  const double rate = base.peak_flops_fp32 * base.compute_efficiency;
+  const auto with_rates = [&](double r, bool bf16) {
+    ClusterSpec c = base;
+    for (const GemmShape& s : gemm_shapes(w, l)) c.gemm_rates.push_back({s.m, s.n, s.k, bf16, r});
+    return c;
+  };
+  const StepCost a = predict_step(w, l, base);
+  EXPECT_NEAR(predict_step(w, l, with_rates(rate, false)).step, a.step, 1e-12 * a.step);
+  EXPECT_NEAR(predict_step(w, l, with_rates(rate / 2, true)).step, a.step, 1e-12 * a.step);
+  // Twice as long for the GEMMs: 6 x rows x in x out FLOPs per Linear and the head, at the rate.
+  const double rows = 2 * 256, C = 512, kv = 4 * 64, F = double(w.model.ffn_hidden);
+  const double block = 6 * rows * (C * C + 2 * C * kv + C * C + 3 * C * F);
+  const double gemm_seconds = (4 * block + 6 * rows * C * 4096) * double(w.micro_batches(l)) / rate;
+  EXPECT_NEAR(predict_step(w, l, with_rates(rate / 2, false)).step, a.step + gemm_seconds, 1e-9 * a.step);
+  // The shapes: a block's Linears forward (rows, out, in), dX (rows, in, out), dW (out, in, rows).
+  const std::vector<GemmShape> shapes = gemm_shapes(w, l);
+  for (const GemmShape& s : {GemmShape{512, 512, 512}, GemmShape{512, 256, 512}, GemmShape{512, 512, 256},
+                             GemmShape{256, 512, 512}, GemmShape{512, 4096, 512}, GemmShape{4096, 512, 512}})
+    EXPECT_TRUE(std::binary_search(shapes.begin(), shapes.end(), s)) << s.m << " " << s.n << " " << s.k;
 }
 
 }  // namespace
