@@ -64,8 +64,14 @@ std::vector<GemmShape> model_gemm_shapes(const Workload& w, int64_t ranks) {
 }
 
 Link fit_all_reduce(const std::vector<double>& bytes, const std::vector<double>& seconds, int64_t ranks) {
-  TESSERA_CHECK(bytes.size() == seconds.size() && bytes.size() >= 2 && ranks >= 2,
-                "fit_all_reduce: needs at least two message sizes on at least two ranks");
+  TESSERA_CHECK(ranks >= 2, "fit_all_reduce: needs at least two ranks");
+  const double n = double(ranks);
+  return fit_link(bytes, seconds, 2 * (n - 1), 2 * (n - 1) / n);
+}
+
+Link fit_link(const std::vector<double>& bytes, const std::vector<double>& seconds, double steps, double fraction) {
+  TESSERA_CHECK(bytes.size() == seconds.size() && bytes.size() >= 2 && steps > 0 && fraction > 0,
+                "fit_link: needs at least two message sizes");
   // t = a + b x, weights 1 / t^2.
   double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
   for (size_t i = 0; i < bytes.size(); ++i) {
@@ -75,12 +81,11 @@ Link fit_all_reduce(const std::vector<double>& bytes, const std::vector<double>&
   const double det = sw * sxx - sx * sx;
   double b = det > 0 ? (sw * sxy - sx * sy) / det : 0;
   double a = det > 0 ? (sy - b * sx) / sw : seconds.front();
-  const double n = double(ranks);
   if (b <= 0) b = (seconds.back() - seconds.front()) / std::max(1.0, bytes.back() - bytes.front());
   b = std::max(b, 1e-15);
   a = std::max(a, 0.0);
-  // a = 2 (n - 1) alpha, b = 2 (n - 1) / (n beta).
-  return Link{2 * (n - 1) / (n * b), a / (2 * (n - 1))};
+  // a = steps alpha, b = fraction / beta.
+  return Link{fraction / b, a / steps};
 }
 
 ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const CalibrationOptions& o, std::ostream* log) {
@@ -222,12 +227,57 @@ ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const Cal
                     median * 1e6);
       say(line);
     }
-    const Link link = fit_all_reduce(sizes, times, ranks);
-    s.intra = link;
-    s.inter = link;  // one node
+    Link link = fit_all_reduce(sizes, times, ranks);
     std::snprintf(line, sizeof line, "link (fitted to the ring): %.2f GB/s, %.1f us per message", link.bandwidth / 1e9,
                   link.latency * 1e6);
     say(line);
+    // All-gather, reduce-scatter (whole buffers of `bytes`) and one send (rank 0 to 1, half a
+    // round trip), each fitted on its own.
+    const double n = double(ranks);
+    const auto measure = [&](const char* what, double steps, double fraction,
+                             const std::function<void(int64_t)>& run) {
+      std::vector<double> sz, tm;
+      for (int64_t bytes = 4096 * ranks; bytes <= o.max_message; bytes *= 4) {
+        run(bytes);  // warm-up
+        std::vector<double> runs;
+        const int reps = bytes <= (1 << 20) ? 4 * o.repeats : o.repeats;
+        for (int i = 0; i < reps; ++i) {
+          MPI_Barrier(world);
+          const double t0 = now();
+          run(bytes);
+          runs.push_back(now() - t0);
+        }
+        std::nth_element(runs.begin(), runs.begin() + long(runs.size() / 2), runs.end());
+        sz.push_back(double(bytes));
+        tm.push_back(mean_over(world, runs[runs.size() / 2]));
+      }
+      const Link fit = fit_link(sz, tm, steps, fraction);
+      std::snprintf(line, sizeof line, "%s over %d ranks (%lld .. %lld bytes, fitted): %.2f GB/s, %.1f us per message",
+                    what, ranks, (long long)(4096 * ranks), (long long)sz.back(), fit.bandwidth / 1e9,
+                    fit.latency * 1e6);
+      say(line);
+      return fit;
+    };
+    std::vector<float> whole(size_t(o.max_message / 4)), part(whole.size() / size_t(ranks) + 1);
+    const Link ag = measure("all-gather", n - 1, (n - 1) / n, [&](int64_t bytes) {
+      const int64_t e = bytes / 4;
+      comm.all_gather(Tensor(part.data(), DType::F32, {e / ranks}), Tensor(whole.data(), DType::F32, {e}));
+    });
+    const Link rs = measure("reduce-scatter", n - 1, (n - 1) / n, [&](int64_t bytes) {
+      const int64_t e = bytes / 4;
+      comm.reduce_scatter(Tensor(whole.data(), DType::F32, {e}), Tensor(part.data(), DType::F32, {e / ranks}));
+    });
+    const int me = comm_rank(world);
+    const Link p2p = measure("send/recv", 2, 2, [&](int64_t bytes) {  // a round trip: two messages
+      const Tensor t(whole.data(), DType::F32, {bytes / 4});
+      if (me == 0) comm.send(t, 1), comm.recv(t, 1);
+      if (me == 1) comm.recv(t, 0), comm.send(t, 0);
+    });
+    link.all_gather_bandwidth = ag.bandwidth, link.all_gather_latency = ag.latency;
+    link.reduce_scatter_bandwidth = rs.bandwidth, link.reduce_scatter_latency = rs.latency;
+    link.p2p_bandwidth = p2p.bandwidth, link.p2p_latency = p2p.latency;
+    s.intra = link;
+    s.inter = link;  // one node
   }
   return s;
 }

@@ -41,5 +41,9 @@ ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const Cal
 // t = 2 (n - 1) (alpha + bytes / (n beta)), weighted by 1 / t^2 (relative errors: small and large
 // messages count alike). Throws tessera::Error with fewer than two sizes.
 Link fit_all_reduce(const std::vector<double>& bytes, const std::vector<double>& seconds, int64_t ranks);
+// The same for any collective of the form t = steps x alpha + fraction x bytes / beta: the ring's
+// all-gather and reduce-scatter (steps n - 1, fraction (n - 1)/n of the whole buffer), one send
+// (1, 1). Returns {beta, alpha} as a Link's bandwidth and latency.
+Link fit_link(const std::vector<double>& bytes, const std::vector<double>& seconds, double steps, double fraction);
 
 }  // namespace tessera::plan

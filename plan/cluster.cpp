@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 #include <variant>
 
 #include "kernels/backend_info.h"
@@ -100,6 +101,21 @@ const std::vector<Field>& fields() {
                             "and direction", &ClusterSpec::intra, &Link::bandwidth, kGB, true));
     t.push_back(link_number("intra_node_latency_us", "latency of a message within a node, microseconds",
                             &ClusterSpec::intra, &Link::latency, kMicro, false));
+    // Per collective within a node (calibration fits them; 0: the all-reduce's link above).
+    for (const auto& [name, bw, lat] :
+         {std::tuple{"all_gather", &Link::all_gather_bandwidth, &Link::all_gather_latency},
+          std::tuple{"reduce_scatter", &Link::reduce_scatter_bandwidth, &Link::reduce_scatter_latency},
+          std::tuple{"p2p", &Link::p2p_bandwidth, &Link::p2p_latency}}) {
+      Field b = link_number(std::string("intra_node_") + name + "_bandwidth_gbs",
+                            std::string("within a node, the ") + name + " fit's bandwidth, GB/s (0: the all-reduce's "
+                            "link serves it)", &ClusterSpec::intra, bw, kGB, false);
+      Field l = link_number(std::string("intra_node_") + name + "_latency_us",
+                            std::string("within a node, the ") + name + " fit's latency per message, microseconds",
+                            &ClusterSpec::intra, lat, kMicro, false);
+      b.required = l.required = false;
+      t.push_back(b);
+      t.push_back(l);
+    }
     t.push_back(link_number("inter_node_bandwidth_gbs", "bandwidth across nodes, GB/s per device and direction "
                             "(the node's network bandwidth / devices_per_node)", &ClusterSpec::inter, &Link::bandwidth,
                             kGB, true));

@@ -14,6 +14,10 @@ namespace tessera::plan {
 struct Link {
   double bandwidth = 1e9;  // bytes/s per device, one direction
   double latency = 1e-5;   // seconds per message (per step of a ring)
+  // Fitted per collective by calibration; bandwidth 0: the two above (the all-reduce's) serve it too.
+  double all_gather_bandwidth = 0, all_gather_latency = 0;
+  double reduce_scatter_bandwidth = 0, reduce_scatter_latency = 0;
+  double p2p_bandwidth = 0, p2p_latency = 0;
 };
 
 // A GEMM's measured rate at one shape, (m, k) x (k, n) -> (m, n), with fp32 inputs or a bf16 weight

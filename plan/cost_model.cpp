@@ -22,11 +22,23 @@ namespace tessera::plan {
 double all_reduce_seconds(double bytes, int64_t n, const Link& link) {
   return n <= 1 ? 0.0 : 2.0 * double(n - 1) * (link.latency + bytes / (double(n) * link.bandwidth));
 }
-double all_gather_seconds(double bytes, int64_t n, const Link& link) {
-  return n <= 1 ? 0.0 : double(n - 1) * (link.latency + bytes / (double(n) * link.bandwidth));
+namespace {
+// (n - 1) steps of a ring on the link's fit for that collective (bandwidth 0: the all-reduce's).
+double ring_seconds(double bytes, int64_t n, const Link& link, double bandwidth, double latency) {
+  if (bandwidth <= 0) bandwidth = link.bandwidth, latency = link.latency;
+  return n <= 1 ? 0.0 : double(n - 1) * (latency + bytes / (double(n) * bandwidth));
 }
-double reduce_scatter_seconds(double bytes, int64_t n, const Link& link) { return all_gather_seconds(bytes, n, link); }
-double p2p_seconds(double bytes, const Link& link) { return link.latency + bytes / link.bandwidth; }
+}  // namespace
+double all_gather_seconds(double bytes, int64_t n, const Link& link) {
+  return ring_seconds(bytes, n, link, link.all_gather_bandwidth, link.all_gather_latency);
+}
+double reduce_scatter_seconds(double bytes, int64_t n, const Link& link) {
+  return ring_seconds(bytes, n, link, link.reduce_scatter_bandwidth, link.reduce_scatter_latency);
+}
+double p2p_seconds(double bytes, const Link& link) {
+  if (link.p2p_bandwidth > 0) return link.p2p_latency + bytes / link.p2p_bandwidth;
+  return link.latency + bytes / link.bandwidth;
+}
 double all_reduce_bytes(double bytes, int64_t n) { return n <= 1 ? 0.0 : 2.0 * double(n - 1) / double(n) * bytes; }
 double all_gather_bytes(double bytes, int64_t n) { return n <= 1 ? 0.0 : double(n - 1) / double(n) * bytes; }
 

@@ -329,6 +329,12 @@ TEST(PlanCommand, CalibrateWritesAClusterFileThatPlansRead) {
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.output.find("give --out FILE"), std::string::npos) << bad.output;
   EXPECT_TRUE(c.gemm_rates.empty());
+  // The other collectives, fitted each on its own.
+  for (const char* part : {"all-gather over 2 ranks", "reduce-scatter over 2 ranks", "send/recv over 2 ranks"})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+  EXPECT_GT(c.intra.all_gather_bandwidth, 1e7);
+  EXPECT_GT(c.intra.reduce_scatter_bandwidth, 1e7);
+  EXPECT_GT(c.intra.p2p_bandwidth, 1e7);
   // With the config: also its GEMMs, at the shapes of its step, which plans then use.
   const fs::path shaped = d.dir / "shaped.toml";
   const RunResult s = run_program(TESSERA_MPIEXEC, {"-n", "2", TESSERA_BINARY, "plan", "--calibrate", d.config.string(),

@@ -61,6 +61,34 @@ TEST(Calibrate, OneRankMeasuresComputeAndKeepsTheLinks) {
   EXPECT_NE(log.str().find("GEMM 128^3 per rank"), std::string::npos) << log.str();
 }
 
+// Each collective's own fit: all-gather and reduce-scatter ((n - 1) steps, (n - 1)/n of the buffer)
+// and a round trip of send/recv (2, 2) recover their link from exact times.
+TEST(Calibrate, FitLinkRecoversEachCollectivesLink) {
+  Link truth{2e9, 4e-6};
+  truth.all_gather_bandwidth = 3e9, truth.all_gather_latency = 9e-6;
+  truth.reduce_scatter_bandwidth = 1.5e9, truth.reduce_scatter_latency = 2e-6;
+  truth.p2p_bandwidth = 6e9, truth.p2p_latency = 1e-6;
+  for (int64_t n : {2, 4}) {
+    std::vector<double> bytes, ag, rs, rt;
+    for (double b = 8192; b <= 8 << 20; b *= 4) {
+      bytes.push_back(b);
+      ag.push_back(all_gather_seconds(b, n, truth));
+      rs.push_back(reduce_scatter_seconds(b, n, truth));
+      rt.push_back(2 * p2p_seconds(b, truth));
+    }
+    const double steps = double(n - 1), fraction = double(n - 1) / double(n);
+    const Link a = fit_link(bytes, ag, steps, fraction), r = fit_link(bytes, rs, steps, fraction),
+               p = fit_link(bytes, rt, 2, 2);
+    EXPECT_NEAR(a.bandwidth, 3e9, 1e-6 * 3e9);
+    EXPECT_NEAR(a.latency, 9e-6, 1e-11);
+    EXPECT_NEAR(r.bandwidth, 1.5e9, 1e-6 * 1.5e9);
+    EXPECT_NEAR(r.latency, 2e-6, 1e-11);
+    EXPECT_NEAR(p.bandwidth, 6e9, 1e-6 * 6e9);
+    EXPECT_NEAR(p.latency, 1e-6, 1e-11);
+  }
+  EXPECT_THROW(fit_link({1.0}, {1.0}, 1, 1), Error);
+}
+
 // The model's GEMM shapes: each tp the heads and MLP allow, micro-batches 1, 2, 4, 8; the shapes
 // of one layout among them; calibrating them gives one rate per shape and dtype.
 TEST(Calibrate, MeasuresTheModelsGemmShapes) {

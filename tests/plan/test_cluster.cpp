@@ -64,7 +64,17 @@ TEST(Cluster, FileReadsBackWhatWasWritten) {
   s.devices_per_node = 4;
   s.op_latency = 7e-6;
   s.async_progress = false;
+  s.intra.all_gather_bandwidth = 3e9, s.intra.all_gather_latency = 9e-6;
+  s.intra.reduce_scatter_bandwidth = 2e9, s.intra.reduce_scatter_latency = 8e-6;
+  s.intra.p2p_bandwidth = 4e9, s.intra.p2p_latency = 1e-6;
   const ClusterSpec back = parse_cluster(cluster_to_toml(s), "written.toml");
+  EXPECT_NEAR(back.intra.all_gather_bandwidth, 3e9, 1);
+  EXPECT_NEAR(back.intra.all_gather_latency, 9e-6, 1e-15);
+  EXPECT_NEAR(back.intra.reduce_scatter_bandwidth, 2e9, 1);
+  EXPECT_NEAR(back.intra.reduce_scatter_latency, 8e-6, 1e-15);
+  EXPECT_NEAR(back.intra.p2p_bandwidth, 4e9, 1);
+  EXPECT_NEAR(back.intra.p2p_latency, 1e-6, 1e-15);
+  EXPECT_EQ(parse_cluster("[cluster]\nbase = \"a100-80g\"\n", "b.toml").intra.all_gather_bandwidth, 0.0);
   EXPECT_EQ(back.name, s.name);
   EXPECT_EQ(back.description, s.description);
   EXPECT_EQ(back.devices_per_node, 4);

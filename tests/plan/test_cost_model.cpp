@@ -323,3 +323,24 @@ TEST(CostModel, MeasuredGemmRatesReplaceTheRoofline) {
 
 }  // namespace
 }  // namespace tessera::plan
+
+namespace tessera::plan {
+namespace {
+
+// A link with per-collective fits (calibration) times each collective on its own fit; without
+// them, on the all-reduce's.
+TEST(CostModel, CollectivesUseTheirOwnFitWhenCalibrated) {
+  Link l{1e10, 1e-5};
+  EXPECT_NEAR(all_gather_seconds(1e9, 4, l), 3 * (1e-5 + 0.025), 1e-12);
+  EXPECT_NEAR(p2p_seconds(1e6, l), 1e-5 + 1e-4, 1e-15);
+  l.all_gather_bandwidth = 5e9, l.all_gather_latency = 2e-5;
+  l.reduce_scatter_bandwidth = 2.5e9, l.reduce_scatter_latency = 1e-6;
+  l.p2p_bandwidth = 1e9, l.p2p_latency = 3e-6;
+  EXPECT_NEAR(all_gather_seconds(1e9, 4, l), 3 * (2e-5 + 0.05), 1e-12);
+  EXPECT_NEAR(reduce_scatter_seconds(1e9, 4, l), 3 * (1e-6 + 0.1), 1e-12);
+  EXPECT_NEAR(p2p_seconds(1e6, l), 3e-6 + 1e-3, 1e-15);
+  EXPECT_NEAR(all_reduce_seconds(1e9, 4, l), 6 * (1e-5 + 0.025), 1e-12);  // unchanged
+}
+
+}  // namespace
+}  // namespace tessera::plan
