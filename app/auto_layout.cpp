@@ -36,9 +36,10 @@ double read_exact(std::istringstream& in, const std::string& text) {
 
 const std::vector<std::string>& auto_layout_keys() {
   static const std::vector<std::string> keys = {
-      "parallel.dp",      "parallel.tp",       "parallel.pp",   "parallel.pp_layers",
-      "parallel.vpp",     "parallel.pp_schedule", "parallel.cp", "parallel.cp_comm",
-      "parallel.sequence_parallel", "parallel.zero", "model.recompute", "model.recompute_layers"};
+      "parallel.dp",       "parallel.tp",          "parallel.pp",
+      "parallel.pp_layers", "parallel.vpp",        "parallel.pp_schedule",
+      "parallel.cp",       "parallel.cp_comm",     "parallel.sequence_parallel",
+      "parallel.zero",     "model.recompute",      "model.recompute_layers"};
   return keys;
 }
 
