@@ -206,7 +206,8 @@ void register_plan(CLI::App& app, int& exit_code) {
   cmd->add_flag("--predict", args->predict, "Predict the config's own layout (parallel.*, train.micro_batch, "
                                             "train.dtype, model.recompute) instead of searching, and explain it");
   cmd->add_flag("--calibrate", args->calibrate, "Measure this machine's ranks (GEMM, memory bandwidth, all-reduce; "
-                                                "under mpirun -n N) and write a cluster file (--out)");
+                                                "under mpirun -n N; with a config also the GEMMs at its step's "
+                                                "shapes) and write a cluster file (--out)");
   cmd->add_option("--out", args->out, "--calibrate: the cluster file to write");
   const auto plan = on_one_process("plan", [args, &exit_code] {
     TESSERA_CHECK(!args->config_path.empty(), "tessera plan: give a config file, e.g. configs/gpt2-124m.toml");

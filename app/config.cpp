@@ -17,6 +17,7 @@
 #include <sstream>
 #include <type_traits>
 
+#include "app/auto_layout.h"
 #include "app/memory_check.h"
 #include "data/tokenizer.h"
 #include "data/unicode_class.h"
@@ -838,6 +839,11 @@ void validate(const Config& c, const Origins* origins) {
   if (c.upscale.method.empty() && c.upscale.at_step != 0) {
     fail(show("upscale.at_step", c.upscale.at_step, origins) + " needs upscale.method (which method grows the model)");
   }
+  if (origins)  // parallel.layout = "auto" plans the layout keys: refused when set too (app/auto_layout.h)
+    check_auto_layout_keys(c, [origins](const std::string& key) -> std::optional<std::string> {
+      const auto it = origins->find(key);
+      return it == origins->end() ? std::nullopt : std::optional<std::string>(it->second);
+    });
   check_model(c);
   check_pipeline(c, c.parallel.dp > 0 ? c.parallel.dp : 0, origins);
   check_sizes(c, origins);

@@ -299,6 +299,8 @@ struct ParallelConfig {
   bool overlap_grad_reduce = true;
   double timeout_s = 0.0;
   std::string comm = "mpi";
+  std::string layout = "explicit";  // "auto": app/auto_layout.h plans the keys above at start
+  std::string cluster = "local";    // what "auto" plans for: local, a preset or a [cluster] file
 
   template <class V>
   void visit(V& v) {
@@ -337,6 +339,13 @@ struct ParallelConfig {
             "are staged through pinned host buffers, so several ranks may share one GPU) or nccl (device buffers, "
             "parallel/nccl_communicator.h; needs train.device = \"cuda\" and one GPU per rank)",
             Allowed::one_of({"mpi", "nccl"}));
+    v.field("layout", layout, "explicit: the layout keys above as given; auto: `tessera train` plans them at "
+            "start for the ranks it has (the planner of `tessera plan`: dp, tp, pp, vpp, pp_schedule, cp, cp_comm, "
+            "sequence_parallel, zero, model.recompute and, when 0, train.micro_batch) and prints the choice; "
+            "those keys must then be left unset (docs/planner.md)", Allowed::one_of({"explicit", "auto"}));
+    v.field("cluster", cluster, "parallel.layout = \"auto\": the cluster planned for: local (this machine's "
+            "ranks), a preset (h100-sxm-80g, h100-sxm-80g-ib4, h200-141g, h200-141g-ib4, a100-80g) or a [cluster] "
+            "TOML file such as `tessera plan --calibrate` writes", Allowed::any());
   }
   bool operator==(const ParallelConfig&) const = default;
 };

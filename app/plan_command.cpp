@@ -44,7 +44,8 @@ Config apply_layout(const Config& base, const Layout& l) {
   c.train.micro_batch = l.micro_batch;
   c.train.dtype = l.bf16 ? "bf16" : "fp32";
   c.model.recompute = plan::recompute_name(l.recompute);
-  c.model.recompute_layers = 0;
+  c.model.recompute_layers = l.recompute_layers;
+  p.layout = "explicit";  // the layout is now given (an "auto" config would refuse its own keys)
   return c;
 }
 
@@ -54,8 +55,6 @@ plan::Layout layout_of(const Config& cfg, int64_t ranks) {
                 "at start from the node's memory)");
   TESSERA_CHECK(p.pp_layers.empty(), "tessera plan --predict: parallel.pp_layers is not modelled (the planner cuts "
                 "the stages by cost); leave it []");
-  TESSERA_CHECK(cfg.model.recompute_layers == 0, "tessera plan --predict: model.recompute_layers is not modelled "
-                "(one recomputation policy for every block); leave it 0");
   const GridDegrees g = resolve_degrees(grid_degrees(p), ranks);
   Layout l;
   l.dp = g.dp, l.tp = g.tp, l.pp = g.pp, l.cp = g.cp, l.vpp = p.vpp;
@@ -65,6 +64,7 @@ plan::Layout layout_of(const Config& cfg, int64_t ranks) {
   l.cp_ring = p.cp_comm != "allgather";
   l.micro_batch = cfg.train.micro_batch;
   l.recompute = recompute_kind(cfg.model.recompute);
+  l.recompute_layers = l.recompute == Recompute::Full ? 0 : cfg.model.recompute_layers;
   l.bf16 = cfg.train.dtype == "bf16";
   return l;
 }
@@ -208,7 +208,8 @@ std::string plan_report(const PlanArgs& args, const Config& cfg, const ClusterSp
   os << "search: " << st.degree_sets << " factorizations (" << st.degree_sets_invalid << " refused by the grid's rules, "
      << st.degree_sets_too_big << " too big for the device), " << st.layouts << " layouts, " << st.costed
      << " simulated, " << st.refused << " refused by train's checks, " << st.over_memory + st.over_memory_inferred
-     << " over memory; " << std::setprecision(2) << st.seconds << " s\n";
+     << " over memory" << (st.recompute_chosen > 0 ? ", " + std::to_string(st.recompute_chosen) + " fitted by recomputing "
+     "some blocks" : std::string()) << "; " << std::setprecision(2) << st.seconds << " s\n";
   if (result.top.empty()) {
     os << "\nno layout fits: every candidate was refused or over memory";
     if (!st.first_refusal.empty()) os << " (e.g. " << st.first_refusal << ")";
@@ -229,7 +230,7 @@ std::string plan_report(const PlanArgs& args, const Config& cfg, const ClusterSp
                   i + 1, (long long)l.dp, (long long)l.tp, (long long)l.pp, (long long)l.vpp, (long long)l.cp,
                   l.sp ? "y" : "-", (long long)l.zero,
                   (std::string(pipeline_kind_name(l.schedule)) + (l.cp > 1 && !l.cp_ring ? "/ag" : "")).c_str(),
-                  (long long)l.micro_batch, plan::recompute_name(l.recompute), l.bf16 ? "bf16" : "fp32",
+                  (long long)l.micro_batch, plan::recompute_text(l).c_str(), l.bf16 ? "bf16" : "fp32",
                   seconds_text(c.cost.step).c_str(), count_text(c.cost.tokens_per_s).c_str(), 100 * c.cost.mfu, mem,
                   100 * c.cost.bubble_fraction, bytes_text(group(c.cost, "tp").bytes).c_str(),
                   bytes_text(group(c.cost, "cp").bytes).c_str(), bytes_text(group(c.cost, "pp").bytes).c_str(),
@@ -258,7 +259,8 @@ std::string explain_report(const Config& cfg, const ClusterSpec& cluster, const 
     os << b;
   };
   line("compute", s.compute, "forward and backward: GEMMs, attention, elementwise ops");
-  line("recomputation", s.recompute, std::string("model.recompute = \"") + plan::recompute_name(c.layout.recompute) + "\"");
+  line("recomputation", s.recompute, std::string("model.recompute = \"") + plan::recompute_name(c.layout.recompute) +
+       "\"" + (c.layout.recompute_layers > 0 ? ", recompute_layers = " + std::to_string(c.layout.recompute_layers) : ""));
   line("tp collectives (exposed)", s.tp_exposed, "blocking: every one is on the critical path");
   line("cp transfers (exposed)", s.cp_exposed,
        c.layout.cp > 1 ? (c.layout.cp_ring ? "the ring, less what attention hides" : "all-gather: nothing hidden") : "");
@@ -383,15 +385,27 @@ int run_calibrate_command(const PlanArgs& args, std::ostream& out) {
   const int ranks = comm_size(world);
   std::string error;
   if (args.out.empty()) error = "tessera plan --calibrate: give --out FILE, the cluster file to write";
-  if (!args.config_path.empty() || args.gpus > 0)
-    error = "tessera plan --calibrate measures this machine and takes no config or --gpus: run it under mpirun -n N "
-            "for N ranks, then plan with --cluster FILE";
+  if (args.gpus > 0)
+    error = "tessera plan --calibrate measures this machine and takes no --gpus: run it under mpirun -n N for N "
+            "ranks, then plan with --cluster FILE";
+  // With a config: the GEMMs also at the shapes of its step (plan/calibrate.h model_gemm_shapes).
+  plan::CalibrationOptions options;
+  if (error.empty() && !args.config_path.empty()) {
+    try {
+      std::vector<std::string> config_overrides;
+      for (const std::string& s : args.overrides)
+        if (!is_cluster_key(s)) config_overrides.push_back(s);
+      options.shapes = plan::model_gemm_shapes(workload_of(load_config(args.config_path, config_overrides)), ranks);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
   throw_if_any_failed(world, error);
   set_threads_per_rank(world);  // as train runs its ranks (app/launch.h)
   const AvailableMemory avail = available_host_memory();
   const plan::LocalMachine local = plan::this_machine(ranks, double(avail.bytes));
   if (lead) out << "calibrating " << ranks << " rank" << (ranks > 1 ? "s" : "") << " on this machine\n";
-  plan::ClusterSpec c = plan::calibrate_local(world, local, {}, lead ? &out : nullptr);
+  plan::ClusterSpec c = plan::calibrate_local(world, local, options, lead ? &out : nullptr);
   if (lead) {
     char host[256] = "?";
     gethostname(host, sizeof host - 1);
@@ -399,7 +413,8 @@ int run_calibrate_command(const PlanArgs& args, std::ostream& out) {
     const std::time_t t = std::time(nullptr);
     std::strftime(date, sizeof date, "%Y-%m-%d", std::localtime(&t));
     c.name = "local";
-    c.description = "calibrated by `mpirun -n " + std::to_string(ranks) + " tessera plan --calibrate` on " + host + " (" +
+    c.description = "calibrated by `mpirun -n " + std::to_string(ranks) + " tessera plan --calibrate" +
+                    (args.config_path.empty() ? "" : " " + args.config_path) + "` on " + host + " (" +
                     cpu_model() + ", " + std::to_string(local.cores) + " cores) on " + date +
                     "; memory: MemAvailable / ranks";
     std::ofstream f(args.out, std::ios::binary | std::ios::trunc);

@@ -32,12 +32,12 @@ struct PlanArgs {
 
 // The config with the layout applied: parallel.{dp, tp, pp, vpp, pp_schedule, pp_layers = [], cp,
 // cp_comm, sequence_parallel, zero}, train.micro_batch, train.dtype, model.recompute (recompute_layers
-// = 0). Everything else as it was.
+// from the layout), parallel.layout = "explicit". Everything else as it was.
 Config apply_layout(const Config& base, const plan::Layout& l);
 
 // The layout a config asks for on `ranks` ranks (parallel.dp = -1: the rest), the inverse of
 // apply_layout. Throws tessera::Error naming what the planner does not model: train.micro_batch = 0
-// (automatic), parallel.pp_layers or model.recompute_layers given.
+// (automatic) or parallel.pp_layers given.
 plan::Layout layout_of(const Config& cfg, int64_t ranks);
 
 // What the planner plans for: the resolved model (the data's vocabulary filled in), seq_len, global batch.

@@ -2,7 +2,6 @@
 // micro_batch sequences per forward, accumulation = global_batch / (micro_batch x dp).
 #include "app/trainer.h"
 
-
 #include <omp.h>
 
 #include <algorithm>
@@ -19,6 +18,7 @@
 #include <sstream>
 #include <thread>
 
+#include "app/auto_layout.h"
 #include "app/build_info.h"
 #include "app/context_parallel.h"
 #include "app/device.h"
@@ -1314,8 +1314,14 @@ int run_train_command(const TrainArgs& args) {
     if (lead) std::cout << to_toml(cfg);
     return kExitOk;
   }
+  std::string auto_line;  // parallel.layout = "auto": planned for these ranks (collective), in the header
+  if (cfg.parallel.layout == "auto") {
+    const AutoLayoutChoice choice = choose_auto_layout(cfg, world);
+    cfg = apply_auto_layout(cfg, choice);
+    auto_line = describe_choice(choice);
+  }
   const std::string launch = launch_summary(world, {args.config_path, args.overrides});  // collective
-  if (lead) std::cout << build_info() << launch;
+  if (lead) std::cout << build_info() << launch << auto_line;
   // Declared before the trainer, which reports to it: destroyed after it.
   const std::unique_ptr<Watchdog> watchdog = collective_watchdog(cfg.parallel.timeout_s, world);
   std::unique_ptr<Trainer> trainer;

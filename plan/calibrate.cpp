@@ -46,9 +46,32 @@ void fill(std::vector<float>& v, float scale) {
 
 }  // namespace
 
+std::vector<GemmShape> model_gemm_shapes(const Workload& w, int64_t ranks) {
+  std::vector<GemmShape> all;
+  const ModelConfig& m = w.model;
+  for (int64_t tp = 1; tp <= ranks; ++tp) {
+    if (ranks % tp != 0 || m.n_head % tp != 0 || m.ffn_hidden % tp != 0) continue;
+    for (int64_t mb = 1; mb <= 8; mb *= 2) {
+      if (w.global_batch % mb != 0) continue;
+      Layout l;
+      l.tp = tp, l.dp = ranks / tp, l.micro_batch = mb;
+      for (const GemmShape& s : gemm_shapes(w, l)) all.push_back(s);
+    }
+  }
+  std::sort(all.begin(), all.end());
+  all.erase(std::unique(all.begin(), all.end()), all.end());
+  return all;
+}
+
 Link fit_all_reduce(const std::vector<double>& bytes, const std::vector<double>& seconds, int64_t ranks) {
-  TESSERA_CHECK(bytes.size() == seconds.size() && bytes.size() >= 2 && ranks >= 2,
-                "fit_all_reduce: needs at least two message sizes on at least two ranks");
+  TESSERA_CHECK(ranks >= 2, "fit_all_reduce: needs at least two ranks");
+  const double n = double(ranks);
+  return fit_link(bytes, seconds, 2 * (n - 1), 2 * (n - 1) / n);
+}
+
+Link fit_link(const std::vector<double>& bytes, const std::vector<double>& seconds, double steps, double fraction) {
+  TESSERA_CHECK(bytes.size() == seconds.size() && bytes.size() >= 2 && steps > 0 && fraction > 0,
+                "fit_link: needs at least two message sizes");
   // t = a + b x, weights 1 / t^2.
   double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
   for (size_t i = 0; i < bytes.size(); ++i) {
@@ -58,12 +81,11 @@ Link fit_all_reduce(const std::vector<double>& bytes, const std::vector<double>&
   const double det = sw * sxx - sx * sx;
   double b = det > 0 ? (sw * sxy - sx * sy) / det : 0;
   double a = det > 0 ? (sy - b * sx) / sw : seconds.front();
-  const double n = double(ranks);
   if (b <= 0) b = (seconds.back() - seconds.front()) / std::max(1.0, bytes.back() - bytes.front());
   b = std::max(b, 1e-15);
   a = std::max(a, 0.0);
-  // a = 2 (n - 1) alpha, b = 2 (n - 1) / (n beta).
-  return Link{2 * (n - 1) / (n * b), a / (2 * (n - 1))};
+  // a = steps alpha, b = fraction / beta.
+  return Link{fraction / b, a / steps};
 }
 
 ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const CalibrationOptions& o, std::ostream* log) {
@@ -131,6 +153,32 @@ ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const Cal
                       : "the median: the rate does not grow with the size");
   say(line);
 
+  // GEMMs at the given shapes (a model's step), fp32 and with a bf16 weight, as the model runs them:
+  // (m, k) x (n, k)^T.
+  if (!o.shapes.empty()) {
+    double lo = INFINITY, hi = 0;
+    for (const GemmShape& shape : o.shapes) {
+      GemmShape t = shape;
+      while (t.m > 1 && 2.0 * double(t.m) * double(t.n) * double(t.k) > o.max_gemm_flops) t.m = (t.m + 1) / 2;
+      std::vector<float> a(size_t(t.m * t.k)), b(size_t(t.n * t.k)), c(size_t(t.m * t.n));
+      fill(a, 1), fill(b, 0.5);
+      std::vector<uint16_t> b16(b.size());
+      const Tensor ta(a.data(), DType::F32, {t.m, t.k}), tb(b.data(), DType::F32, {t.n, t.k});
+      const Tensor tc(c.data(), DType::F32, {t.m, t.n}), tb16(b16.data(), DType::BF16, {t.n, t.k});
+      convert(ex, tb16, tb);
+      for (bool bf16 : {false, true}) {
+        MPI_Barrier(world);
+        const double seconds = best_of(o.repeats, [&] { matmul(ex, tc, ta, bf16 ? tb16 : tb, false, true); });
+        const double rate = mean_over(world, 2.0 * double(t.m) * double(t.n) * double(t.k) / seconds);
+        s.gemm_rates.push_back({shape.m, shape.n, shape.k, bf16, rate});
+        lo = std::min(lo, rate), hi = std::max(hi, rate);
+      }
+    }
+    std::snprintf(line, sizeof line, "GEMMs at the model's %zu shapes (fp32 and bf16) per rank: %.1f .. %.1f GFLOP/s",
+                  o.shapes.size(), lo / 1e9, hi / 1e9);
+    say(line);
+  }
+
   // Memory bandwidth: y = x + y over stream_elements floats (two reads, one write).
   {
     const int64_t m = o.stream_elements;
@@ -179,12 +227,57 @@ ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const Cal
                     median * 1e6);
       say(line);
     }
-    const Link link = fit_all_reduce(sizes, times, ranks);
-    s.intra = link;
-    s.inter = link;  // one node
+    Link link = fit_all_reduce(sizes, times, ranks);
     std::snprintf(line, sizeof line, "link (fitted to the ring): %.2f GB/s, %.1f us per message", link.bandwidth / 1e9,
                   link.latency * 1e6);
     say(line);
+    // All-gather, reduce-scatter (whole buffers of `bytes`) and one send (rank 0 to 1, half a
+    // round trip), each fitted on its own.
+    const double n = double(ranks);
+    const auto measure = [&](const char* what, double steps, double fraction,
+                             const std::function<void(int64_t)>& run) {
+      std::vector<double> sz, tm;
+      for (int64_t bytes = 4096 * ranks; bytes <= o.max_message; bytes *= 4) {
+        run(bytes);  // warm-up
+        std::vector<double> runs;
+        const int reps = bytes <= (1 << 20) ? 4 * o.repeats : o.repeats;
+        for (int i = 0; i < reps; ++i) {
+          MPI_Barrier(world);
+          const double t0 = now();
+          run(bytes);
+          runs.push_back(now() - t0);
+        }
+        std::nth_element(runs.begin(), runs.begin() + long(runs.size() / 2), runs.end());
+        sz.push_back(double(bytes));
+        tm.push_back(mean_over(world, runs[runs.size() / 2]));
+      }
+      const Link fit = fit_link(sz, tm, steps, fraction);
+      std::snprintf(line, sizeof line, "%s over %d ranks (%lld .. %lld bytes, fitted): %.2f GB/s, %.1f us per message",
+                    what, ranks, (long long)(4096 * ranks), (long long)sz.back(), fit.bandwidth / 1e9,
+                    fit.latency * 1e6);
+      say(line);
+      return fit;
+    };
+    std::vector<float> whole(size_t(o.max_message / 4)), part(whole.size() / size_t(ranks) + 1);
+    const Link ag = measure("all-gather", n - 1, (n - 1) / n, [&](int64_t bytes) {
+      const int64_t e = bytes / 4;
+      comm.all_gather(Tensor(part.data(), DType::F32, {e / ranks}), Tensor(whole.data(), DType::F32, {e}));
+    });
+    const Link rs = measure("reduce-scatter", n - 1, (n - 1) / n, [&](int64_t bytes) {
+      const int64_t e = bytes / 4;
+      comm.reduce_scatter(Tensor(whole.data(), DType::F32, {e}), Tensor(part.data(), DType::F32, {e / ranks}));
+    });
+    const int me = comm_rank(world);
+    const Link p2p = measure("send/recv", 2, 2, [&](int64_t bytes) {  // a round trip: two messages
+      const Tensor t(whole.data(), DType::F32, {bytes / 4});
+      if (me == 0) comm.send(t, 1), comm.recv(t, 1);
+      if (me == 1) comm.recv(t, 0), comm.send(t, 0);
+    });
+    link.all_gather_bandwidth = ag.bandwidth, link.all_gather_latency = ag.latency;
+    link.reduce_scatter_bandwidth = rs.bandwidth, link.reduce_scatter_latency = rs.latency;
+    link.p2p_bandwidth = p2p.bandwidth, link.p2p_latency = p2p.latency;
+    s.intra = link;
+    s.inter = link;  // one node
   }
   return s;
 }

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "plan/cluster.h"
+#include "plan/cost_model.h"
 
 namespace tessera::plan {
 
@@ -19,10 +20,19 @@ struct CalibrationOptions {
   int64_t gemm_size = 1024;  // the GEMMs' M = N = K
   int64_t stream_elements = int64_t{16} << 20;  // fp32 elements per tensor of the bandwidth measurement
   int64_t max_message = int64_t{16} << 20;      // bytes of the largest all-reduce
+  // GEMM shapes to time, fp32 and with a bf16 weight (model_gemm_shapes: a model's step); each
+  // above max_gemm_flops is timed with fewer rows (m) until below, the rest of its shape kept.
+  std::vector<GemmShape> shapes;
+  double max_gemm_flops = 2e9;
 };
 
+// The GEMM shapes of a model's step on `ranks` ranks: every Linear's forward, dX and dW and the LM
+// head (cost_model.h gemm_shapes) at each tp the grid allows and micro-batches 1, 2, 4, 8 (those
+// dividing the global batch), without cp. Sorted, each once.
+std::vector<GemmShape> model_gemm_shapes(const Workload& w, int64_t ranks);
+
 // Collective over world. Returns `local`'s description with the measured numbers in place of its
-// defaults (per rank: the mean over the ranks, measured together); log (rank 0's) gets a line per
+// defaults (per rank: the mean over the ranks, measured together), and gemm_rates at options.shapes; log (rank 0's) gets a line per
 // measurement. With one rank the links keep their defaults (nothing to measure).
 ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const CalibrationOptions& options,
                             std::ostream* log);
@@ -31,5 +41,9 @@ ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const Cal
 // t = 2 (n - 1) (alpha + bytes / (n beta)), weighted by 1 / t^2 (relative errors: small and large
 // messages count alike). Throws tessera::Error with fewer than two sizes.
 Link fit_all_reduce(const std::vector<double>& bytes, const std::vector<double>& seconds, int64_t ranks);
+// The same for any collective of the form t = steps x alpha + fraction x bytes / beta: the ring's
+// all-gather and reduce-scatter (steps n - 1, fraction (n - 1)/n of the whole buffer), one send
+// (1, 1). Returns {beta, alpha} as a Link's bandwidth and latency.
+Link fit_link(const std::vector<double>& bytes, const std::vector<double>& seconds, double steps, double fraction);
 
 }  // namespace tessera::plan

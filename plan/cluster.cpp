@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 #include <variant>
 
 #include "kernels/backend_info.h"
@@ -100,6 +101,21 @@ const std::vector<Field>& fields() {
                             "and direction", &ClusterSpec::intra, &Link::bandwidth, kGB, true));
     t.push_back(link_number("intra_node_latency_us", "latency of a message within a node, microseconds",
                             &ClusterSpec::intra, &Link::latency, kMicro, false));
+    // Per collective within a node (calibration fits them; 0: the all-reduce's link above).
+    for (const auto& [name, bw, lat] :
+         {std::tuple{"all_gather", &Link::all_gather_bandwidth, &Link::all_gather_latency},
+          std::tuple{"reduce_scatter", &Link::reduce_scatter_bandwidth, &Link::reduce_scatter_latency},
+          std::tuple{"p2p", &Link::p2p_bandwidth, &Link::p2p_latency}}) {
+      Field b = link_number(std::string("intra_node_") + name + "_bandwidth_gbs",
+                            std::string("within a node, the ") + name + " fit's bandwidth, GB/s (0: the all-reduce's "
+                            "link serves it)", &ClusterSpec::intra, bw, kGB, false);
+      Field l = link_number(std::string("intra_node_") + name + "_latency_us",
+                            std::string("within a node, the ") + name + " fit's latency per message, microseconds",
+                            &ClusterSpec::intra, lat, kMicro, false);
+      b.required = l.required = false;
+      t.push_back(b);
+      t.push_back(l);
+    }
     t.push_back(link_number("inter_node_bandwidth_gbs", "bandwidth across nodes, GB/s per device and direction "
                             "(the node's network bandwidth / devices_per_node)", &ClusterSpec::inter, &Link::bandwidth,
                             kGB, true));
@@ -228,6 +244,17 @@ ClusterSpec gpu_node(std::string name, std::string description, double memory_gi
 
 }  // namespace
 
+double measured_gemm_rate(const ClusterSpec& c, double m, double n, double k, bool bf16) {
+  double best = INFINITY, rate = 0;
+  for (const GemmRate& g : c.gemm_rates) {
+    if (g.bf16 != bf16) continue;
+    const double d = std::fabs(std::log(m / double(g.m))) + std::fabs(std::log(n / double(g.n))) +
+                     std::fabs(std::log(k / double(g.k)));
+    if (d < best) best = d, rate = g.flops;
+  }
+  return rate;
+}
+
 LocalMachine this_machine(int64_t ranks, double memory_available) {
   LocalMachine m;
   m.ranks = ranks;
@@ -287,6 +314,41 @@ ClusterSpec preset(const std::string& name, const LocalMachine& local) {
   detail::fail("no cluster preset named \"", name, "\" (presets: ", names, "; or give a [cluster] TOML file)");
 }
 
+namespace {
+// cluster.gemm_rates = [[m, n, k, "fp32" | "bf16", GFLOP/s], ...]
+std::vector<GemmRate> parse_gemm_rates(const toml::node& node, const std::string& source) {
+  const std::string what = "cluster.gemm_rates (" + at(source, node) + ")";
+  const toml::array* rows = node.as_array();
+  TESSERA_CHECK(rows != nullptr, what, " must be an array of [m, n, k, \"fp32\" or \"bf16\", GFLOP/s]");
+  std::vector<GemmRate> out;
+  for (const toml::node& row : *rows) {
+    const toml::array* r = row.as_array();
+    const auto positive_int = [&](size_t i) {
+      const toml::node* x = r->get(i);
+      TESSERA_CHECK(x && x->is_integer() && x->as_integer()->get() > 0, what, ": entry ", out.size(), " field ", i,
+                    " must be a positive integer (m, n, k)");
+      return x->as_integer()->get();
+    };
+    TESSERA_CHECK(r && r->size() == 5, what, ": entry ", out.size(),
+                  " must be [m, n, k, \"fp32\" or \"bf16\", GFLOP/s]");
+    GemmRate g;
+    g.m = positive_int(0), g.n = positive_int(1), g.k = positive_int(2);
+    const toml::node* dtype = r->get(3);
+    TESSERA_CHECK(dtype && dtype->is_string() &&
+                      (dtype->as_string()->get() == "fp32" || dtype->as_string()->get() == "bf16"),
+                  what, ": entry ", out.size(), " field 3 must be \"fp32\" or \"bf16\"");
+    g.bf16 = dtype->as_string()->get() == "bf16";
+    const toml::node* rate = r->get(4);
+    const double gflops = rate && rate->is_number() ? rate->value<double>().value_or(0) : 0;
+    TESSERA_CHECK(gflops > 0 && std::isfinite(gflops), what, ": entry ", out.size(),
+                  " field 4 must be a positive rate in GFLOP/s");
+    g.flops = gflops * kGB;
+    out.push_back(g);
+  }
+  return out;
+}
+}  // namespace
+
 ClusterSpec parse_cluster(const std::string& text, const std::string& source, const LocalMachine& local) {
   toml::table root;
   try {
@@ -311,10 +373,19 @@ ClusterSpec parse_cluster(const std::string& text, const std::string& source, co
     }
     based = true;
   }
+  if (const toml::node* v = t->get("format_version")) {
+    TESSERA_CHECK(v->is_integer() && v->as_integer()->get() >= 1, "cluster.format_version (", at(source, *v),
+                  ") must be a positive integer");
+    const int64_t version = v->as_integer()->get();
+    TESSERA_CHECK(version <= kClusterFormatVersion, source, ": cluster.format_version = ", version, " (",
+                  at(source, *v), ") was written by a newer tessera; this one reads versions 1 to ",
+                  kClusterFormatVersion, ": calibrate again with this build, or plan with the newer one");
+  }
+  if (const toml::node* g = t->get("gemm_rates")) s.gemm_rates = parse_gemm_rates(*g, source);
   std::set<std::string> given;
   for (auto&& [k, node] : *t) {
     const std::string key(k.str());
-    if (key == "base") continue;
+    if (key == "base" || key == "format_version" || key == "gemm_rates") continue;
     const Field* f = find_field(key);
     if (!f) {
       const std::string near = closest_key(key);
@@ -398,12 +469,23 @@ std::string cluster_to_toml(const ClusterSpec& s) {
     }
     os << "\n";
   }
+  os << "# the file's format (1: no gemm_rates)\nformat_version = " << kClusterFormatVersion << "\n";
+  if (!s.gemm_rates.empty()) {
+    os << "# measured GEMM rates at the model's shapes: [m, n, k, dtype, GFLOP/s] of (m, k) x (k, n)\ngemm_rates = [\n";
+    for (const GemmRate& g : s.gemm_rates)
+      os << "  [" << g.m << ", " << g.n << ", " << g.k << ", \"" << (g.bf16 ? "bf16" : "fp32") << "\", "
+         << g.flops / kGB << "],\n";
+    os << "]\n";
+  }
   return os.str();
 }
 
 std::vector<ClusterKey> cluster_keys() {
   std::vector<ClusterKey> keys{{"base", "a preset to start from (its keys are then all optional)"}};
   for (const Field& f : fields()) keys.push_back({f.key, f.meaning});
+  keys.push_back({"format_version", "the file's format: 1 (no such key) or 2; later versions are refused"});
+  keys.push_back({"gemm_rates", "[[m, n, k, \"fp32\" or \"bf16\", GFLOP/s], ...]: GEMM rates measured at the "
+                                "model's shapes (`tessera plan --calibrate CONFIG`)"});
   return keys;
 }
 

@@ -14,7 +14,24 @@ namespace tessera::plan {
 struct Link {
   double bandwidth = 1e9;  // bytes/s per device, one direction
   double latency = 1e-5;   // seconds per message (per step of a ring)
+  // Fitted per collective by calibration; bandwidth 0: the two above (the all-reduce's) serve it too.
+  double all_gather_bandwidth = 0, all_gather_latency = 0;
+  double reduce_scatter_bandwidth = 0, reduce_scatter_latency = 0;
+  double p2p_bandwidth = 0, p2p_latency = 0;
 };
+
+// A GEMM's measured rate at one shape, (m, k) x (k, n) -> (m, n), with fp32 inputs or a bf16 weight
+// (train.dtype = "bf16"): what `tessera plan --calibrate CONFIG` times at the model's shapes.
+struct GemmRate {
+  int64_t m = 0, n = 0, k = 0;
+  bool bf16 = false;
+  double flops = 0;  // FLOP/s per device
+  bool operator==(const GemmRate&) const = default;
+};
+
+// The version of the cluster file that cluster_to_toml writes: 1 had no format_version key (and is
+// read as before), 2 adds gemm_rates. A file of a later version is refused.
+inline constexpr int64_t kClusterFormatVersion = 2;
 
 struct ClusterSpec {
   std::string name = "custom";
@@ -34,10 +51,17 @@ struct ClusterSpec {
   double op_latency = 0;                 // seconds: the least time any one op (kernel) takes
   Link intra, inter;                     // within a node, across nodes
   bool async_progress = true;            // collectives started asynchronously progress while the device computes
+  // Measured GEMM rates by shape (calibration): when it holds the GEMM's dtype, a GEMM takes the rate
+  // of the nearest measured shape instead of the roofline's peak x efficiency; empty: the roofline.
+  std::vector<GemmRate> gemm_rates;
 
   double peak_flops(bool bf16) const { return bf16 ? peak_flops_bf16 : peak_flops_fp32; }
   double usable_memory() const { return device_memory * usable_memory_fraction; }
 };
+
+// The rate of the measured shape nearest to (m, n, k) of that dtype (distance: the sum of the
+// |log| ratios of m, n and k); 0 when none of that dtype was measured.
+double measured_gemm_rate(const ClusterSpec& c, double m, double n, double k, bool bf16);
 
 // What the `local` cluster is made of: this machine, shared by the planned ranks.
 struct LocalMachine {

@@ -22,11 +22,23 @@ namespace tessera::plan {
 double all_reduce_seconds(double bytes, int64_t n, const Link& link) {
   return n <= 1 ? 0.0 : 2.0 * double(n - 1) * (link.latency + bytes / (double(n) * link.bandwidth));
 }
-double all_gather_seconds(double bytes, int64_t n, const Link& link) {
-  return n <= 1 ? 0.0 : double(n - 1) * (link.latency + bytes / (double(n) * link.bandwidth));
+namespace {
+// (n - 1) steps of a ring on the link's fit for that collective (bandwidth 0: the all-reduce's).
+double ring_seconds(double bytes, int64_t n, const Link& link, double bandwidth, double latency) {
+  if (bandwidth <= 0) bandwidth = link.bandwidth, latency = link.latency;
+  return n <= 1 ? 0.0 : double(n - 1) * (latency + bytes / (double(n) * bandwidth));
 }
-double reduce_scatter_seconds(double bytes, int64_t n, const Link& link) { return all_gather_seconds(bytes, n, link); }
-double p2p_seconds(double bytes, const Link& link) { return link.latency + bytes / link.bandwidth; }
+}  // namespace
+double all_gather_seconds(double bytes, int64_t n, const Link& link) {
+  return ring_seconds(bytes, n, link, link.all_gather_bandwidth, link.all_gather_latency);
+}
+double reduce_scatter_seconds(double bytes, int64_t n, const Link& link) {
+  return ring_seconds(bytes, n, link, link.reduce_scatter_bandwidth, link.reduce_scatter_latency);
+}
+double p2p_seconds(double bytes, const Link& link) {
+  if (link.p2p_bandwidth > 0) return link.p2p_latency + bytes / link.p2p_bandwidth;
+  return link.latency + bytes / link.bandwidth;
+}
 double all_reduce_bytes(double bytes, int64_t n) { return n <= 1 ? 0.0 : 2.0 * double(n - 1) / double(n) * bytes; }
 double all_gather_bytes(double bytes, int64_t n) { return n <= 1 ? 0.0 : double(n - 1) / double(n) * bytes; }
 
@@ -72,10 +84,19 @@ constexpr double kAct = 4;  // bytes of an activation or gradient element (fp32)
 // train.dtype = "bf16" (the parameters' compute copy), fp32 otherwise.
 struct Roofline {
   double peak, bandwidth, latency, weight_bytes, half_flops;
+  const ClusterSpec* measured = nullptr;  // its gemm_rates by shape, when it has some of this dtype
+  bool bf16 = false;
+  std::vector<GemmShape>* record = nullptr;  // gemm_shapes(): every GEMM asked for
   // (m, k) x (k, n) -> (m, n) with a_bytes, b_bytes per element of the inputs, fp32 out; a small
-  // GEMM at the calibrated fraction f / (f + half) of the rate.
+  // GEMM at the calibrated fraction f / (f + half) of the rate; with rates measured by shape, the
+  // nearest shape's rate (it already holds the memory traffic).
   double gemm(double m, double n, double k, double a_bytes, double b_bytes) const {
     const double flops = 2 * m * n * k, bytes = m * k * a_bytes + k * n * b_bytes + m * n * kAct;
+    if (record) record->push_back({int64_t(m), int64_t(n), int64_t(k)});
+    if (measured) {
+      const double rate = measured_gemm_rate(*measured, m, n, k, bf16);
+      if (rate > 0) return std::max(flops / rate, latency);
+    }
     return std::max({(flops + half_flops) / peak, bytes / bandwidth, latency});
   }
   double compute(double flops) const { return std::max(flops / peak, latency); }
@@ -157,13 +178,27 @@ BlockCompute block_compute(const Dims& d, const Roofline& r) {
 
 }  // namespace
 
+std::vector<GemmShape> gemm_shapes(const Workload& w, const Layout& l) {
+  std::vector<GemmShape> shapes;
+  Roofline r{1, 1, 0, kAct, 0};
+  r.record = &shapes;
+  const Dims d = dims_of(w, l);
+  block_compute(d, r);
+  linear(r, d.N, d.C, d.Vl);  // the LM head
+  std::sort(shapes.begin(), shapes.end());
+  shapes.erase(std::unique(shapes.begin(), shapes.end()), shapes.end());
+  return shapes;
+}
+
 ChunkTime chunk_time(const Workload& w, const Layout& l, const ClusterSpec& c, const GroupLinks& links,
                      const StageSpec& chunk) {
   const Dims d = dims_of(w, l);
   const Roofline r{c.peak_flops(l.bf16) * c.compute_efficiency, c.memory_bandwidth, c.op_latency, l.bf16 ? 2.0 : kAct,
-                   c.gemm_half_flops};
+                   c.gemm_half_flops, &c, l.bf16};
   ChunkTime t;
   const double blocks = double(chunk.layers());
+  // Blocks that recompute their whole forward: all under "full", else model.recompute_layers of them.
+  const double full = l.recompute == Recompute::Full ? blocks : std::min(blocks, double(l.recompute_layers));
   if (blocks > 0) {
     const BlockCompute b = block_compute(d, r);
     t.forward += blocks * b.forward;
@@ -205,16 +240,17 @@ ChunkTime chunk_time(const Workload& w, const Layout& l, const ClusterSpec& c, c
       }
       t.cp_forward += blocks * fwd;
       t.cp_backward += blocks * bwd;
-      if (l.recompute == Recompute::Full) t.cp_backward += blocks * fwd;
+      t.cp_backward += full * fwd;
     }
     // Recomputation: selective re-runs the norms and the activation function; full the whole
-    // block forward, its tensor-parallel collectives and context-parallel transfers with it.
-    if (l.recompute == Recompute::Selective) t.recompute += blocks * b.norms_and_activation;
-    if (l.recompute == Recompute::Full) {
-      t.recompute += blocks * b.forward;
-      t.tp_backward += blocks * 2 * region;
-      t.tp_bytes += blocks * 2 * all_reduce_bytes(x, l.tp);
-      t.flops += blocks * b.flops / 3;
+    // block forward, its tensor-parallel collectives and context-parallel transfers with it. The
+    // first recompute_layers blocks of the chunk recompute in full, the rest by the policy.
+    if (l.recompute == Recompute::Selective) t.recompute += (blocks - full) * b.norms_and_activation;
+    if (full > 0) {
+      t.recompute += full * b.forward;
+      t.tp_backward += full * 2 * region;
+      t.tp_bytes += full * 2 * all_reduce_bytes(x, l.tp);
+      t.flops += full * b.flops / 3;
     }
     t.backward += t.recompute;
   }

@@ -46,6 +46,17 @@ struct GroupLinks {
 };
 GroupLinks group_links(const Layout& l, const ClusterSpec& c);
 
+// ---- The GEMMs of a step -------------------------------------------------------------------
+
+// (m, k) x (k, n): one GEMM's shape.
+struct GemmShape {
+  int64_t m = 0, n = 0, k = 0;
+  auto operator<=>(const GemmShape&) const = default;
+};
+// Every GEMM shape one micro-batch of the layout runs on a rank (a block's Linears forward, dX and dW,
+// and the LM head's), each once: what `tessera plan --calibrate CONFIG` times.
+std::vector<GemmShape> gemm_shapes(const Workload& w, const Layout& l);
+
 // ---- One chunk, one micro-batch ------------------------------------------------------------
 
 // Seconds one rank spends on one micro-batch of one model chunk (model/gpt.h StageSpec).

@@ -19,7 +19,8 @@ struct Layout {
   PipelineKind schedule = PipelineKind::OneFOneB;  // parallel.pp_schedule (1f1b when pp = 1)
   bool cp_ring = true;              // parallel.cp_comm: "ring" or "allgather"
   int64_t micro_batch = 1;          // train.micro_batch
-  Recompute recompute = Recompute::None;  // model.recompute (every block; model.recompute_layers = 0)
+  Recompute recompute = Recompute::None;  // model.recompute: the blocks recompute_layers leaves
+  int64_t recompute_layers = 0;     // model.recompute_layers: the first k blocks of each chunk recompute in full
   bool bf16 = false;                // train.dtype
 
   int64_t ranks() const { return dp * tp * pp * cp; }
@@ -28,6 +29,9 @@ struct Layout {
 
 // "none", "selective", "full" (model.recompute's spelling).
 const char* recompute_name(Recompute r);
+// The layout's recomputation: recompute_name, or "none+2f" (2 blocks a chunk in full, the rest none)
+// when recompute_layers > 0.
+std::string recompute_text(const Layout& l);
 // "dp 8 tp 1 pp 1 cp 1 mb 4 1f1b none fp32"-style, every field, for messages and tests.
 std::string describe(const Layout& l);
 

@@ -13,6 +13,7 @@
 #include "model/memory.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/process_grid.h"
+#include "plan/recompute_choice.h"
 
 namespace tessera::plan {
 
@@ -106,6 +107,7 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
   const double parameters = double(model_memory(mc, ModelMemoryLayout{}).parameters);
 
   // ---- the tree: degrees, then the options of each ----
+  CostCache cache;
   std::vector<GroupLinks> links;
   std::vector<Pending> pending;
   for (int64_t tp : divisors(ranks)) {
@@ -170,6 +172,12 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
                       l.sp = sp, l.schedule = kind, l.vpp = vpp, l.zero = zero, l.cp_ring = ring;
                       l.micro_batch = mb, l.recompute = rc, l.bf16 = bf16;
                       pending.push_back({l, 0, li});
+                      if (!space.recompute_layers_every || rc == Recompute::Full) continue;
+                      const int64_t most = max_chunk_blocks(cache.stages(w, l).cut, mc.n_layer);
+                      for (int64_t k = 1; k < most; ++k) {  // brute force: every k a layout
+                        l.recompute_layers = k;
+                        pending.push_back({l, 0, li});
+                      }
                     }
                 }
       }
@@ -178,7 +186,6 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
   st.layouts = int64_t(pending.size());
 
   // ---- bounds, then exact costs and checks in bound order ----
-  CostCache cache;
   for (Pending& p : pending) p.bound = predict_step(w, p.layout, cluster, links[p.links], false, &cache).step;
   std::stable_sort(pending.begin(), pending.end(), [](const Pending& a, const Pending& b) { return a.bound < b.bound; });
   std::map<MemoryKey, std::vector<OverPoint>> over;  // (micro-batch, recomputation) found over memory
@@ -194,9 +201,11 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
   const auto kth = [&] { return int64_t(top.size()) < top_k ? INFINITY : top.back().cost.step * (1 + kTie); };
   for (const Pending& p : pending) {
     if (p.bound > kth()) break;
-    const Layout& l = p.layout;
+    Layout l = p.layout;
     std::vector<OverPoint>& known = over[memory_key(l)];
-    if (inferred_over(known, l)) {
+    // Over-memory points are recorded for recompute_layers = 0 (in bisection mode: once no k fits
+    // either), so they rule out only what they cover.
+    if (l.recompute_layers == 0 && inferred_over(known, l)) {
       ++st.over_memory_inferred;
       continue;
     }
@@ -211,12 +220,34 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
     // The exact estimate first (most layouts that fail, fail there), then the trainer's validation.
     std::string why;
     try {
+      const auto planned = [&](const MemoryUse& m) { return cluster.host_memory ? m.total : m.device; };
       if (checks.memory) c.memory = checks.memory(l);
-      c.planned_bytes = cluster.host_memory ? c.memory.total : c.memory.device;
+      c.planned_bytes = planned(c.memory);
       if (double(c.planned_bytes) > usable) {
-        ++st.over_memory;
-        known.push_back({l.micro_batch, saving(l.recompute)});
-        continue;
+        // The least recomputation per layer that fits (plan/recompute_choice.h): more blocks of each
+        // chunk recomputed in full, never all (that is model.recompute = "full", a layout of its own).
+        const bool choose = space.recompute_layers && !space.recompute_layers_every && checks.memory &&
+                            l.recompute != Recompute::Full && l.recompute_layers == 0;
+        const int64_t most = choose ? max_chunk_blocks(cache.stages(w, l).cut, mc.n_layer) - 1 : 0;
+        MemoryUse fitting;
+        const RecomputeChoice k = least_recompute_layers(1, most, [&](int64_t layers) {
+          Layout lk = l;
+          lk.recompute_layers = layers;
+          const MemoryUse m = checks.memory(lk);
+          if (double(planned(m)) > usable) return false;
+          fitting = m;  // the last that fits is the least (bisection ends on it)
+          return true;
+        });
+        if (k.layers < 0) {
+          ++st.over_memory;
+          if (l.recompute_layers == 0) known.push_back({l.micro_batch, saving(l.recompute)});
+          continue;
+        }
+        ++st.recompute_chosen;
+        l.recompute_layers = k.layers;
+        c = Candidate{l, predict_step(w, l, cluster, links[p.links], true, &cache), fitting, 0};
+        c.planned_bytes = planned(c.memory);
+        if (c.cost.step > kth()) continue;
       }
       why = checks.invalid ? checks.invalid(l) : "";
     } catch (const Error& e) {
@@ -231,6 +262,7 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
       const auto same = std::find_if(top.begin(), top.end(), [&](const Candidate& x) {
         Layout a = x.layout, b = l;
         a.micro_batch = b.micro_batch = 0;
+        a.recompute_layers = b.recompute_layers = 0;
         return a == b;
       });
       if (same != top.end()) {

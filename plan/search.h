@@ -30,8 +30,13 @@ struct SearchSpace {
   bool zero = true;               // also try parallel.zero = 1 when dp x cp > 1
   bool cp_allgather = true;       // also try parallel.cp_comm = "allgather" when cp > 1
   int64_t max_tp = 0, max_pp = 0, max_cp = 0;  // 0: no bound beyond the model's
-  // The result keeps one micro-batch per layout (its best): rows that differ only in the
-  // micro-batch are mostly the same prediction; false lists them all.
+  // Recomputation per layer (plan/recompute_choice.h): a layout under "none" or "selective" that is
+  // over memory gets the least model.recompute_layers that fits, by bisection. recompute_layers_every
+  // instead enumerates every k as a layout of its own (brute force, for the tests).
+  bool recompute_layers = true;
+  bool recompute_layers_every = false;
+  // The result keeps one micro-batch and recompute_layers per layout (its best): rows that differ
+  // only in the micro-batch are mostly the same prediction; false lists them all.
   bool best_micro_batch_only = true;
 };
 
@@ -67,6 +72,7 @@ struct SearchStats {
   int64_t refused = 0;               // refused by the trainer's validation
   int64_t over_memory = 0;           // over the device memory by the exact estimate
   int64_t over_memory_inferred = 0;  // a smaller micro-batch of the same layout was already over
+  int64_t recompute_chosen = 0;      // over memory as enumerated, fitted by recomputing some layers
   double seconds = 0;
   std::string first_refusal;         // one refusal message, for the report
 };

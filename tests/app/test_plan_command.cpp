@@ -14,6 +14,7 @@
 #include "app/memory_check.h"
 #include "app/trainer.h"
 #include "app/training_data.h"
+#include "plan/calibrate.h"
 #include "cli_testing.h"
 #include "error_testing.h"
 
@@ -122,6 +123,69 @@ TEST(PlanCommand, EveryPlannedLayoutPassesTheTrainersChecksAndFits) {
   const Config gpt2 = load_config(kConfigs + "gpt2-124m.toml");
   for (const plan::Candidate& x : plan_for(gpt2, 16, plan::preset("h100-sxm-80g"), 20).top)
     expect_trainer_accepts(gpt2, plan::preset("h100-sxm-80g"), 16, x);
+}
+
+// Recomputation per layer with the trainer's own memory estimate: on a budget between "full" and
+// "none", the plan recomputes the least number of blocks that fits (one fewer does not), and train
+// accepts it.
+TEST(PlanCommand, RecomputesTheLeastLayersThatFit) {
+  const Config small = parse(kSmall);
+  const plan::PlanChecks checks = trainer_checks(small, 1);
+  plan::Layout l;
+  l.micro_batch = 16;
+  const double none = double(checks.memory(l).total);
+  l.recompute = Recompute::Full;
+  const double full = double(checks.memory(l).total);
+  ASSERT_LT(full, none);
+  plan::ClusterSpec c = local(1);
+  c.usable_memory_fraction = 1;
+  c.device_memory = (none + full) / 2;
+  plan::SearchSpace space;
+  space.micro_batch = 16;
+  space.bf16 = {false};
+  space.recompute = {Recompute::None, Recompute::Full};
+  const plan::PlanResult r = plan_for(small, 1, c, 5, space);
+  ASSERT_FALSE(r.top.empty());
+  const plan::Candidate& best = r.top.front();
+  EXPECT_EQ(best.layout.recompute, Recompute::None) << plan::describe(best.layout);
+  ASSERT_GT(best.layout.recompute_layers, 0) << plan::describe(best.layout);
+  EXPECT_LT(best.layout.recompute_layers, 4);
+  expect_trainer_accepts(small, c, 1, best);
+  plan::Layout fewer = best.layout;
+  --fewer.recompute_layers;
+  EXPECT_GT(double(checks.memory(fewer).total), c.usable_memory());
+  EXPECT_EQ(apply_layout(small, best.layout).model.recompute_layers, best.layout.recompute_layers);
+  EXPECT_EQ(layout_of(apply_layout(small, best.layout), 1), best.layout);
+  EXPECT_NE(plan::describe(best.layout).find("none+" + std::to_string(best.layout.recompute_layers) + "f"),
+            std::string::npos);
+}
+
+// At cluster scale, in simulation (scripts/bench/plan_megatron.py, docs/planner.md "Against published
+// layouts"): the published Megatron-LM layouts of Narayanan et al. 2021, Table 1, on the A100 preset
+// pass the trainer's checks, and the predicted throughput, counted as the paper counts it (its
+// equation 3, recomputation included), lies within 25% of the published per-GPU TFLOP/s.
+TEST(PlanCommand, PublishedMegatronLayoutsArePredictedNearTheirThroughput) {
+  struct Row {
+    int64_t heads, hidden, layers, tp, pp, gpus, batch;
+    double tflops;
+  };
+  for (const Row& r : {Row{80, 10240, 60, 8, 4, 1024, 1792, 140}, Row{96, 12288, 80, 8, 8, 1536, 2304, 148}}) {
+    const std::string text = "[model]\npreset = \"gpt2\"\nvocab_size = 51200\nn_layer = " + std::to_string(r.layers) +
+                             "\nn_head = " + std::to_string(r.heads) + "\nn_embd = " + std::to_string(r.hidden) +
+                             "\nmax_seq_len = 2048\nrecompute = \"full\"\n\n[train]\nglobal_batch = " +
+                             std::to_string(r.batch) + "\nseq_len = 2048\ndtype = \"bf16\"\nmicro_batch = 1\n\n"
+                             "[parallel]\ntp = " + std::to_string(r.tp) + "\npp = " + std::to_string(r.pp) + "\n";
+    const Config cfg = parse(text);
+    const plan::ClusterSpec a100 = plan::preset("a100-80g");
+    const plan::Layout l = layout_of(cfg, r.gpus);
+    EXPECT_EQ(l.dp, r.gpus / (r.tp * r.pp));
+    EXPECT_EQ(trainer_checks(cfg, r.gpus).invalid(l), "");
+    const plan::StepCost s = plan::predict_step(workload_of(cfg), l, a100);
+    const double b = double(r.batch), L = double(r.layers), h = double(r.hidden);
+    const double megatron_flops = 96 * b * 2048 * L * h * h * (1 + 2048 / (6 * h) + 51200 / (16 * L * h));
+    const double tflops = megatron_flops / (double(r.gpus) * s.step) / 1e12;
+    EXPECT_NEAR(tflops, r.tflops, 0.25 * r.tflops) << r.layers << " layers on " << r.gpus;
+  }
 }
 
 // Refusals come from the trainer: a config whose micro-batch rules exclude pipelines with too few
@@ -264,6 +328,25 @@ TEST(PlanCommand, CalibrateWritesAClusterFileThatPlansRead) {
   const RunResult bad = run_tessera({"plan", "--calibrate"}, d.dir);
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.output.find("give --out FILE"), std::string::npos) << bad.output;
+  EXPECT_TRUE(c.gemm_rates.empty());
+  // The other collectives, fitted each on its own.
+  for (const char* part : {"all-gather over 2 ranks", "reduce-scatter over 2 ranks", "send/recv over 2 ranks"})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+  EXPECT_GT(c.intra.all_gather_bandwidth, 1e7);
+  EXPECT_GT(c.intra.reduce_scatter_bandwidth, 1e7);
+  EXPECT_GT(c.intra.p2p_bandwidth, 1e7);
+  // With the config: also its GEMMs, at the shapes of its step, which plans then use.
+  const fs::path shaped = d.dir / "shaped.toml";
+  const RunResult s = run_program(TESSERA_MPIEXEC, {"-n", "2", TESSERA_BINARY, "plan", "--calibrate", d.config.string(),
+                                                    "--out", shaped.string()},
+                                  d.dir);
+  ASSERT_EQ(s.exit_code, 0) << s.output;
+  EXPECT_NE(s.output.find("GEMMs at the model's"), std::string::npos) << s.output;
+  const plan::ClusterSpec cs = plan::load_cluster(shaped.string());
+  const Config small = load_config(d.config.string());
+  EXPECT_EQ(cs.gemm_rates.size(), 2 * plan::model_gemm_shapes(workload_of(small), 2).size());
+  const RunResult ps = run_tessera({"plan", d.config.string(), "--gpus", "2", "--cluster", shaped.string()}, d.dir);
+  EXPECT_EQ(ps.exit_code, 0) << ps.output;
 }
 
 TEST(PlanCommand, ErrorsNameWhatIsWrong) {

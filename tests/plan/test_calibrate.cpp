@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include "mpi_testing.h"
@@ -58,6 +59,81 @@ TEST(Calibrate, OneRankMeasuresComputeAndKeepsTheLinks) {
   EXPECT_EQ(c.compute_efficiency, 1.0);
   EXPECT_DOUBLE_EQ(c.intra.bandwidth, local_cluster(m).intra.bandwidth);
   EXPECT_NE(log.str().find("GEMM 128^3 per rank"), std::string::npos) << log.str();
+}
+
+// Each collective's own fit: all-gather and reduce-scatter ((n - 1) steps, (n - 1)/n of the buffer)
+// and a round trip of send/recv (2, 2) recover their link from exact times.
+TEST(Calibrate, FitLinkRecoversEachCollectivesLink) {
+  Link truth{2e9, 4e-6};
+  truth.all_gather_bandwidth = 3e9, truth.all_gather_latency = 9e-6;
+  truth.reduce_scatter_bandwidth = 1.5e9, truth.reduce_scatter_latency = 2e-6;
+  truth.p2p_bandwidth = 6e9, truth.p2p_latency = 1e-6;
+  for (int64_t n : {2, 4}) {
+    std::vector<double> bytes, ag, rs, rt;
+    for (double b = 8192; b <= 8 << 20; b *= 4) {
+      bytes.push_back(b);
+      ag.push_back(all_gather_seconds(b, n, truth));
+      rs.push_back(reduce_scatter_seconds(b, n, truth));
+      rt.push_back(2 * p2p_seconds(b, truth));
+    }
+    const double steps = double(n - 1), fraction = double(n - 1) / double(n);
+    const Link a = fit_link(bytes, ag, steps, fraction), r = fit_link(bytes, rs, steps, fraction),
+               p = fit_link(bytes, rt, 2, 2);
+    EXPECT_NEAR(a.bandwidth, 3e9, 1e-6 * 3e9);
+    EXPECT_NEAR(a.latency, 9e-6, 1e-11);
+    EXPECT_NEAR(r.bandwidth, 1.5e9, 1e-6 * 1.5e9);
+    EXPECT_NEAR(r.latency, 2e-6, 1e-11);
+    EXPECT_NEAR(p.bandwidth, 6e9, 1e-6 * 6e9);
+    EXPECT_NEAR(p.latency, 1e-6, 1e-11);
+  }
+  EXPECT_THROW(fit_link({1.0}, {1.0}, 1, 1), Error);
+}
+
+// The model's GEMM shapes: each tp the heads and MLP allow, micro-batches 1, 2, 4, 8; the shapes
+// of one layout among them; calibrating them gives one rate per shape and dtype.
+TEST(Calibrate, MeasuresTheModelsGemmShapes) {
+  ModelConfig m;
+  m.preset = "llama";
+  m.vocab_size = 512;
+  m.n_layer = 2;
+  m.n_head = 4;
+  m.n_kv_head = 2;
+  m.n_embd = 64;
+  m.max_seq_len = 32;
+  const Workload w{resolve(m), 32, 4};
+  const std::vector<GemmShape> shapes = model_gemm_shapes(w, 2);
+  ASSERT_TRUE(std::is_sorted(shapes.begin(), shapes.end()));
+  EXPECT_EQ(std::adjacent_find(shapes.begin(), shapes.end()), shapes.end());
+  // Exactly the union over tp 1, 2 and micro-batches 1, 2, 4 (8 does not divide the batch of 4).
+  std::vector<GemmShape> from_layouts;
+  for (int64_t tp : {1, 2})
+    for (int64_t mb : {1, 2, 4}) {
+      Layout l;
+      l.tp = tp, l.dp = 2 / tp, l.micro_batch = mb;
+      for (const GemmShape& s : gemm_shapes(w, l)) from_layouts.push_back(s);
+    }
+  std::sort(from_layouts.begin(), from_layouts.end());
+  from_layouts.erase(std::unique(from_layouts.begin(), from_layouts.end()), from_layouts.end());
+  EXPECT_EQ(shapes, from_layouts);
+  LocalMachine lm;
+  lm.ranks = 1;
+  lm.memory_available = 1e9;
+  CalibrationOptions o;
+  o.repeats = 1;
+  o.gemm_size = 64;
+  o.stream_elements = 1 << 12;
+  o.shapes = {shapes.front(), shapes.back()};
+  o.max_gemm_flops = 1e6;  // the larger one timed with fewer rows
+  std::ostringstream log;
+  testing::test_world();
+  const ClusterSpec c = calibrate_local(MPI_COMM_SELF, lm, o, &log);
+  ASSERT_EQ(c.gemm_rates.size(), 4u);
+  for (const GemmRate& g : c.gemm_rates) EXPECT_GT(g.flops, 0);
+  EXPECT_EQ(c.gemm_rates[0].m, shapes.front().m);
+  EXPECT_FALSE(c.gemm_rates[0].bf16);
+  EXPECT_TRUE(c.gemm_rates[1].bf16);
+  EXPECT_EQ(c.gemm_rates[3].k, shapes.back().k);
+  EXPECT_NE(log.str().find("GEMMs at the model's 2 shapes"), std::string::npos) << log.str();
 }
 
 }  // namespace

@@ -64,7 +64,17 @@ TEST(Cluster, FileReadsBackWhatWasWritten) {
   s.devices_per_node = 4;
   s.op_latency = 7e-6;
   s.async_progress = false;
+  s.intra.all_gather_bandwidth = 3e9, s.intra.all_gather_latency = 9e-6;
+  s.intra.reduce_scatter_bandwidth = 2e9, s.intra.reduce_scatter_latency = 8e-6;
+  s.intra.p2p_bandwidth = 4e9, s.intra.p2p_latency = 1e-6;
   const ClusterSpec back = parse_cluster(cluster_to_toml(s), "written.toml");
+  EXPECT_NEAR(back.intra.all_gather_bandwidth, 3e9, 1);
+  EXPECT_NEAR(back.intra.all_gather_latency, 9e-6, 1e-15);
+  EXPECT_NEAR(back.intra.reduce_scatter_bandwidth, 2e9, 1);
+  EXPECT_NEAR(back.intra.reduce_scatter_latency, 8e-6, 1e-15);
+  EXPECT_NEAR(back.intra.p2p_bandwidth, 4e9, 1);
+  EXPECT_NEAR(back.intra.p2p_latency, 1e-6, 1e-15);
+  EXPECT_EQ(parse_cluster("[cluster]\nbase = \"a100-80g\"\n", "b.toml").intra.all_gather_bandwidth, 0.0);
   EXPECT_EQ(back.name, s.name);
   EXPECT_EQ(back.description, s.description);
   EXPECT_EQ(back.devices_per_node, 4);
@@ -82,6 +92,41 @@ TEST(Cluster, FileReadsBackWhatWasWritten) {
   EXPECT_FALSE(back.async_progress);
   EXPECT_FALSE(back.host_memory);
   EXPECT_EQ(back.source, "written.toml");
+}
+
+// Format 2: GEMM rates by shape read back; a file without format_version (format 1, before the
+// rates) reads as it did; a later version and malformed rates are refused, naming the key and line.
+TEST(Cluster, GemmRatesAndTheFormatVersion) {
+  ClusterSpec s = preset("a100-80g");
+  s.gemm_rates = {{1024, 768, 768, false, 1.5e12}, {1024, 768, 768, true, 3.25e12}, {7, 64, 4096, false, 2e11}};
+  const std::string text = cluster_to_toml(s);
+  EXPECT_NE(text.find("format_version = 2"), std::string::npos) << text;
+  const ClusterSpec back = parse_cluster(text, "c.toml");
+  ASSERT_EQ(back.gemm_rates.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(back.gemm_rates[i].m, s.gemm_rates[i].m);
+    EXPECT_EQ(back.gemm_rates[i].n, s.gemm_rates[i].n);
+    EXPECT_EQ(back.gemm_rates[i].k, s.gemm_rates[i].k);
+    EXPECT_EQ(back.gemm_rates[i].bf16, s.gemm_rates[i].bf16);
+    EXPECT_NEAR(back.gemm_rates[i].flops, s.gemm_rates[i].flops, 1e-9 * s.gemm_rates[i].flops);
+  }
+  // The nearest measured shape of the dtype; none of it: 0.
+  EXPECT_NEAR(measured_gemm_rate(back, 1000, 768, 768, false), 1.5e12, 1e3);
+  EXPECT_NEAR(measured_gemm_rate(back, 8, 64, 4000, false), 2e11, 1e3);
+  EXPECT_NEAR(measured_gemm_rate(back, 8, 64, 4000, true), 3.25e12, 1e3);
+  EXPECT_EQ(measured_gemm_rate(preset("a100-80g"), 8, 64, 4000, true), 0.0);
+  // Format 1 (no format_version, no gemm_rates): as before.
+  EXPECT_TRUE(parse_cluster("[cluster]\nbase = \"a100-80g\"\nname = \"old\"\n", "old.toml").gemm_rates.empty());
+  EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\nformat_version = 3\n", "new.toml"); },
+                          {"cluster.format_version = 3", "new.toml:3", "newer tessera", "versions 1 to 2"}));
+  EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\ngemm_rates = [[1, 2, 3, \"fp16\", 5.0]]\n", "g.toml"); },
+                          {"cluster.gemm_rates (g.toml:3", "\"fp32\" or \"bf16\""}));
+  EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\ngemm_rates = [[1, 2, 3, \"fp32\"]]\n", "g.toml"); },
+                          {"cluster.gemm_rates", "entry 0"}));
+  EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\ngemm_rates = [[0, 2, 3, \"fp32\", 1.0]]\n", "g.toml"); },
+                          {"cluster.gemm_rates", "positive integer"}));
+  EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\ngemm_rates = [[1, 2, 3, \"fp32\", -1.0]]\n", "g.toml"); },
+                          {"cluster.gemm_rates", "positive rate"}));
 }
 
 TEST(Cluster, BaseStartsFromAPreset) {

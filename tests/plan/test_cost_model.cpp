@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "model/config.h"
@@ -250,6 +251,95 @@ TEST(CostModel, PartsAddUpToTheStep) {
     // The bound the search orders by is never above the simulated step.
     EXPECT_LE(predict_step(w, l, c, group_links(l, c), false).step, s.step * (1 + 1e-12)) << describe(l);
   }
+}
+
+}  // namespace
+}  // namespace tessera::plan
+
+namespace tessera::plan {
+namespace {
+
+// model.recompute_layers = k: k blocks of each chunk recompute their forward in full, the rest by
+// the policy. Compute-only, one chunk: the recomputation is k/L of "full"'s, and k = L is "full".
+TEST(CostModel, RecomputeLayersCostTheirBlocksForward) {
+  const Workload w = llama(8, 4096, 256, 8);
+  const ClusterSpec c = compute_only();
+  Layout l;
+  l.micro_batch = 2;
+  l.recompute = Recompute::Full;
+  const StepCost full = predict_step(w, l, c);
+  l.recompute = Recompute::None;
+  const StepCost none = predict_step(w, l, c);
+  EXPECT_EQ(none.recompute, 0.0);
+  for (int64_t k = 1; k <= 8; ++k) {
+    l.recompute_layers = k;
+    const StepCost s = predict_step(w, l, c);
+    EXPECT_NEAR(s.recompute, full.recompute * double(k) / 8, 1e-12 * full.recompute) << k;
+    EXPECT_NEAR(s.step, none.step + s.recompute, 1e-12 * s.step) << k;
+  }
+  EXPECT_NEAR(predict_step(w, l, c).step, full.step, 1e-12 * full.step);  // k = 8: every block
+  // Under "selective" the blocks k leaves keep recomputing their norms and activation.
+  l.recompute = Recompute::Selective;
+  l.recompute_layers = 0;
+  const double sel = predict_step(w, l, c).recompute;
+  l.recompute_layers = 3;
+  EXPECT_NEAR(predict_step(w, l, c).recompute, full.recompute * 3 / 8 + sel * 5 / 8, 1e-12 * full.recompute);
+}
+
+}  // namespace
+}  // namespace tessera::plan
+
+namespace tessera::plan {
+namespace {
+
+// GEMM rates measured by shape replace the roofline for the GEMMs of their dtype: at peak x
+// efficiency the step is unchanged, at half of it the GEMMs take twice as long; rates of the other
+// dtype change nothing.
+TEST(CostModel, MeasuredGemmRatesReplaceTheRoofline) {
+  const Workload w = llama(4, 4096, 256, 8);
+  const ClusterSpec base = compute_only();
+  Layout l;
+  l.micro_batch = 2;
+  const double rate = base.peak_flops_fp32 * base.compute_efficiency;
+  const auto with_rates = [&](double r, bool bf16) {
+    ClusterSpec c = base;
+    for (const GemmShape& s : gemm_shapes(w, l)) c.gemm_rates.push_back({s.m, s.n, s.k, bf16, r});
+    return c;
+  };
+  const StepCost a = predict_step(w, l, base);
+  EXPECT_NEAR(predict_step(w, l, with_rates(rate, false)).step, a.step, 1e-12 * a.step);
+  EXPECT_NEAR(predict_step(w, l, with_rates(rate / 2, true)).step, a.step, 1e-12 * a.step);
+  // Twice as long for the GEMMs: 6 x rows x in x out FLOPs per Linear and the head, at the rate.
+  const double rows = 2 * 256, C = 512, kv = 4 * 64, F = double(w.model.ffn_hidden);
+  const double block = 6 * rows * (C * C + 2 * C * kv + C * C + 3 * C * F);
+  const double gemm_seconds = (4 * block + 6 * rows * C * 4096) * double(w.micro_batches(l)) / rate;
+  EXPECT_NEAR(predict_step(w, l, with_rates(rate / 2, false)).step, a.step + gemm_seconds, 1e-9 * a.step);
+  // The shapes: a block's Linears forward (rows, out, in), dX (rows, in, out), dW (out, in, rows).
+  const std::vector<GemmShape> shapes = gemm_shapes(w, l);
+  for (const GemmShape& s : {GemmShape{512, 512, 512}, GemmShape{512, 256, 512}, GemmShape{512, 512, 256},
+                             GemmShape{256, 512, 512}, GemmShape{512, 4096, 512}, GemmShape{4096, 512, 512}})
+    EXPECT_TRUE(std::binary_search(shapes.begin(), shapes.end(), s)) << s.m << " " << s.n << " " << s.k;
+}
+
+}  // namespace
+}  // namespace tessera::plan
+
+namespace tessera::plan {
+namespace {
+
+// A link with per-collective fits (calibration) times each collective on its own fit; without
+// them, on the all-reduce's.
+TEST(CostModel, CollectivesUseTheirOwnFitWhenCalibrated) {
+  Link l{1e10, 1e-5};
+  EXPECT_NEAR(all_gather_seconds(1e9, 4, l), 3 * (1e-5 + 0.025), 1e-12);
+  EXPECT_NEAR(p2p_seconds(1e6, l), 1e-5 + 1e-4, 1e-15);
+  l.all_gather_bandwidth = 5e9, l.all_gather_latency = 2e-5;
+  l.reduce_scatter_bandwidth = 2.5e9, l.reduce_scatter_latency = 1e-6;
+  l.p2p_bandwidth = 1e9, l.p2p_latency = 3e-6;
+  EXPECT_NEAR(all_gather_seconds(1e9, 4, l), 3 * (2e-5 + 0.05), 1e-12);
+  EXPECT_NEAR(reduce_scatter_seconds(1e9, 4, l), 3 * (1e-6 + 0.1), 1e-12);
+  EXPECT_NEAR(p2p_seconds(1e6, l), 3e-6 + 1e-3, 1e-15);
+  EXPECT_NEAR(all_reduce_seconds(1e9, 4, l), 6 * (1e-5 + 0.025), 1e-12);  // unchanged
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "model/memory.h"
@@ -28,15 +29,20 @@ Workload small_llama() {
 }
 
 // Memory like the trainer's in shape: the parameters' share (16 bytes each, ZeRO-1 sharding the
-// moments) and activations that grow with the micro-batch and shrink with recomputation and cp.
+// moments) and activations that grow with the micro-batch and shrink with recomputation (per
+// block: recompute_layers of each chunk's blocks in full) and cp.
 PlanChecks stub_checks(const Workload& w) {
   const double params = double(model_memory(w.model, ModelMemoryLayout{}).parameters);
+  const double layers = double(w.model.n_layer);
   PlanChecks c;
   c.invalid = [](const Layout&) { return std::string(); };
-  c.memory = [params](const Layout& l) {
+  c.memory = [params, layers](const Layout& l) {
     const double shards = double(l.dp * l.cp);
     const double statics = params / double(l.tp * l.pp) * (l.zero ? 8 + 12 / shards : 16);
-    const double act = double(l.micro_batch) * (l.recompute == Recompute::Full ? 1 : l.recompute == Recompute::Selective ? 2 : 4);
+    const double base = l.recompute == Recompute::Full ? 1 : l.recompute == Recompute::Selective ? 2 : 4;
+    const double blocks = layers / double(l.pp * l.vpp);  // a chunk's
+    const double full = l.recompute == Recompute::Full ? 0 : std::min(blocks, double(l.recompute_layers));
+    const double act = double(l.micro_batch) * (full + (blocks - full) * base) / blocks;
     const double bytes = statics + 20.0 * (1 << 20) * act / double(l.cp * l.tp);
     return MemoryUse{int64_t(bytes), int64_t(bytes) + 1};
   };
@@ -111,6 +117,51 @@ TEST(Search, BranchAndBoundEqualsTheExhaustiveSearch) {
         }
     }
   }
+}
+
+// Recomputation per layer: the bisection's least model.recompute_layers (plan/recompute_choice.h)
+// gives the same top layouts as enumerating every k as a layout of its own, and under a tight budget
+// some of them recompute part of their blocks.
+TEST(Search, RecomputeLayersEqualBruteForce) {
+  const Workload w = small_llama();
+  // One rank's parameters, gradients and moments (16 bytes each), then room for activations: at one
+  // sequence a micro-batch 80 MiB without recomputation, 20 MiB in full (stub_checks).
+  const double statics = 16.0 * double(model_memory(w.model, ModelMemoryLayout{}).parameters) / (1 << 20);
+  const double tight = statics + 30;  // "selective" (40 MiB) over, "full" (20 MiB) fits
+  for (double mib : {tight, statics + 130, statics + 2000}) {
+    const ClusterSpec c = node(mib);
+    for (int64_t ranks : {1, 2, 4}) {
+      SearchSpace bisect, every;
+      every.recompute_layers_every = true;
+      const PlanResult a = search_layouts(w, c, ranks, bisect, stub_checks(w), 40);
+      const PlanResult b = search_layouts(w, c, ranks, every, stub_checks(w), 40);
+      ASSERT_EQ(a.top.size(), b.top.size()) << mib << " MiB, " << ranks << " ranks";
+      for (size_t i = 0; i < a.top.size(); ++i) {
+        EXPECT_EQ(a.top[i].layout, b.top[i].layout) << describe(a.top[i].layout) << " vs " << describe(b.top[i].layout);
+        EXPECT_NEAR(a.top[i].cost.step, b.top[i].cost.step, 1e-12 * b.top[i].cost.step);
+        EXPECT_EQ(a.top[i].planned_bytes, b.top[i].planned_bytes);
+      }
+      EXPECT_GT(b.stats.layouts, a.stats.layouts);
+      if (mib == tight && ranks == 1) {
+        // One rank, a budget between "full" and "none": the fastest recomputes only some blocks.
+        EXPECT_GT(a.stats.recompute_chosen, 0);
+        ASSERT_FALSE(a.top.empty());
+        EXPECT_GT(a.top[0].layout.recompute_layers, 0) << describe(a.top[0].layout);
+        // Each chosen k is the least that fits: one block fewer does not.
+        for (const Candidate& x : a.top)
+          if (x.layout.recompute_layers > 0) {
+            Layout fewer = x.layout;
+            --fewer.recompute_layers;
+            EXPECT_GT(double(stub_checks(w).memory(fewer).device), c.usable_memory()) << describe(x.layout);
+            EXPECT_GT(x.cost.recompute, 0);
+          }
+      }
+    }
+  }
+  SearchSpace off;
+  off.recompute_layers = false;
+  for (const Candidate& x : search_layouts(w, node(tight), 1, off, stub_checks(w), 40).top)
+    EXPECT_EQ(x.layout.recompute_layers, 0);
 }
 
 // What the checks refuse never comes back, and is counted; memory likewise.
