@@ -247,7 +247,8 @@ TEST(PrepareSft, Llama3TemplateWithATokenizerJson) {
   IndexedDataset ds(dir / "d");
   ASSERT_EQ(ds.num_documents(), 1);
   const TokenSpan t = ds.document(0);
-  std::vector<int32_t> ids(t.begin(), t.end());
+  std::vector<int32_t> ids(size_t(t.size()));
+  for (int64_t i = 0; i < t.size(); ++i) ids[size_t(i)] = int32_t(t[i]);
   std::vector<uint8_t> flags(ids.size());
   open_loss_mask(dir / "d", ds.num_tokens())->read(0, t.size(), flags.data());
   const std::string rendered =
