@@ -25,6 +25,7 @@
 #include "app/checkpoint/hf_export.h"
 #include "app/evaluate.h"
 #include "app/freeze.h"
+#include "app/lora.h"
 #include "app/upscale.h"
 #include "app/launch.h"
 #include "app/memory_check.h"
@@ -246,8 +247,9 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
       settle_growth(grown.n_layer);
     }
   }
-  const std::set<std::string> frozen = frozen_parameters(cfg_.train.freeze, global_parameter_names(model), model.n_layer,
-                                                         {upscale_record_, freeze_where_}, !grows_later);
+  std::set<std::string> frozen = frozen_parameters(cfg_.train.freeze, global_parameter_names(model), model.n_layer,
+                                                   {upscale_record_, freeze_where_}, !grows_later);
+  if (model.lora.enabled()) frozen.merge(lora_frozen_base(global_parameter_names(model)));  // app/lora.h
   // Before anything is allocated: a run that cannot fit is refused now, on every rank, its frozen
   // parameters counted without moments. With an in-run growth the model before it and the grown
   // one are both estimated, and the larger checked.
@@ -863,7 +865,9 @@ std::string Trainer::nonfinite_report(double loss, double norm) {
   if (!std::isfinite(loss)) return "loss is " + std::to_string(loss);
   // Only on a skipped step: every gradient's sum of squares, read at once.
   const Buffer sq(alloc_, DType::F64, {params_->size()}, MemCategory::Workspace);
-  for (int id = 0; id < params_->size(); ++id) squared_norm(ex_, sq.tensor().slice_rows(id, id + 1), params_->grad(id));
+  fill_zero(ex_, sq);
+  for (int id = 0; id < params_->size(); ++id)
+    if (params_->entry(id).has_grad()) squared_norm(ex_, sq.tensor().slice_rows(id, id + 1), params_->grad(id));
   const std::vector<double> sqs = read_values(ex_, sq);
   for (int id = 0; id < params_->size(); ++id)
     if (!std::isfinite(sqs[static_cast<size_t>(id)]))
