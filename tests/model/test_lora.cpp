@@ -18,6 +18,7 @@
 #include "testing.h"
 
 namespace tessera {
+using testing::H5Reader;
 using testing::HostTensor;
 using testing::kCpu;
 namespace {

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from peft import LoraConfig, get_peft_model
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers.models.llama import modeling_llama
 
 torch.set_default_dtype(torch.float64)
 B, T, STEPS, RANK, ALPHA = 2, 16, 10, 4, 8.0
@@ -64,7 +65,37 @@ def hf_model(c):
                       num_key_value_heads=c["n_kv_head"], max_position_embeddings=c["max_seq_len"],
                       rms_norm_eps=c["norm_eps"], rope_theta=c["rope_theta"], tie_word_embeddings=False,
                       attention_bias=False, mlp_bias=False, attn_implementation="eager")
-    return LlamaForCausalLM(cfg).double()
+    model = LlamaForCausalLM(cfg).double()
+    # transformers computes RoPE's angles in float32 whatever the model's dtype (~1e-8 relative on
+    # the loss); the same formula in float64, so that the fixture is float64 throughout.
+    D = c["n_embd"] // c["n_head"]
+    inv_freq = 1.0 / (c["rope_theta"] ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+
+    def rope64(x, position_ids):
+        freqs = position_ids[..., None].to(torch.float64) * inv_freq  # (B, T, D/2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+    model.model.rotary_emb.forward = rope64
+    return model
+
+
+# transformers' LLaMA also rounds to float32 inside RMSNorm (its variance) and the eager attention's
+# softmax (dtype=torch.float32) whatever the model's dtype: the same formulas in the input's dtype.
+def _rmsnorm64(self, hidden_states):
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+
+_softmax = torch.nn.functional.softmax
+
+
+def _softmax_in_input_dtype(x, dim=None, _stacklevel=3, dtype=None):
+    return _softmax(x, dim=dim) if x.dtype == torch.float64 else _softmax(x, dim=dim, dtype=dtype)
+
+
+modeling_llama.LlamaRMSNorm.forward = _rmsnorm64
+torch.nn.functional.softmax = _softmax_in_input_dtype
 
 
 def draw_base(model, gen):
