@@ -1,6 +1,7 @@
 // Linear, Embedding and Norm: thin modules over the kernels, owning parameter ids, not memory.
 #include "model/layers.h"
 
+#include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
@@ -137,7 +138,15 @@ void Embedding::backward(const Exec& ex, Allocator& alloc, const Tensor& dout, c
   const Tensor full = leave_region_backward(ex, tp_, alloc, staging, dout, tokens.dim(1));
   const Tensor dwte = ps_->grad(wte_), dwpe = wpe_ >= 0 ? ps_->grad(wpe_) : Tensor();
   if (!dwte.defined() && !dwpe.defined()) return;  // frozen: no gradient to compute
-  TESSERA_CHECK(dwte.defined(), "train.freeze freezes wte.weight but not wpe.weight: freeze the embeddings together");
+  if (!dwte.defined()) {  // the token table frozen (no gradient), the positions trained
+    const int64_t T = full.dim(1), C = full.dim(2);
+    const Tensor rows = full.view({full.dim(0) * T, C});
+    for (const SequenceRun& r : seq.runs(tokens.dim(0)))
+      for (int64_t b = r.b_begin; b < r.b_end; ++b)  // dwpe[position + i] += dout[b, row + i]
+        accumulate(ex, dwpe.slice_rows(r.position, r.position + r.length),
+                   rows.slice_rows(b * T + r.row, b * T + r.row + r.length));
+    return;
+  }
   for (const SequenceRun& r : seq.runs(tokens.dim(0)))
     embedding_backward(ex, dwte, dwpe, run_view(full, r), run_view(tokens, r), r.position, shard_);
 }

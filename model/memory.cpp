@@ -294,6 +294,15 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
   w.forward = w.forward + bf.block_forward;
   w.backward = w.backward + bf.block_backward;
   w.backward_selective = w.backward_selective + bf.block_backward;
+  // LoRA (model/lora.h): an adapted Linear's (B T, r) temporary (A x in forward, s dy B or A x in
+  // backward) beside the branch's: added to the block's peaks, an upper bound (exact when the peak
+  // falls in an adapted layer, as in tests/app/test_memory_check.cpp's cases).
+  if (c.lora.enabled() && lora_parameters(c, d).v > 0) {
+    const N lora_tmp = d.B * d.T * N{c.lora.rank};
+    w.forward = w.forward + lora_tmp;
+    w.backward = w.backward + lora_tmp;
+    w.backward_selective = w.backward_selective + lora_tmp;
+  }
   const N X = d.B * d.T * d.C, Xl = d.B * d.Tl * d.C;
   const int64_t L = st.layers();
   std::vector<BlockCost> blocks;

@@ -283,27 +283,37 @@ TEST(MemoryCheck, AnInRunGrowthWithFreezeIsCheckedWithoutTheFrozenMoments) {
 }
 
 // [lora]: the adapters are parameters with gradients and moments, the whole base is frozen (no
-// moments, no gradient for its matrices and embeddings). On one rank the estimate is the
-// allocator's peak exactly, and a LoRA run needs less than training the whole model.
+// moments, no gradient for its matrices and embeddings): counted exactly. An adapted layer's (B T, r)
+// temporary is added to the block's peaks, an upper bound: exact when the peak falls in an adapted
+// layer (every layer adapted, the first case), else above the allocator's peak by at most B T r
+// elements. A LoRA run needs less than training the whole model.
 TEST(MemoryCheck, LoraEstimateEqualsTheAllocatorsPeak) {
-  const std::vector<std::vector<std::string>> cases = {
-      {"lora.rank=2", "lora.targets=[\"attn.*\", \"mlp.*\"]"},
-      {"model.preset=\"llama\"", "lora.rank=4", "lora.targets=[\"attn.q\", \"attn.v\"]"},
+  struct Case {
+    std::vector<std::string> overrides;
+    bool exact;
   };
-  for (const auto& overrides : cases) {
-    const Config cfg = tiny(overrides);
+  const std::vector<Case> cases = {
+      {{"lora.rank=2", "lora.targets=[\"attn.*\", \"mlp.*\"]"}, true},
+      {{"model.preset=\"llama\"", "lora.rank=4", "lora.targets=[\"attn.q\", \"attn.v\"]"}, false},
+  };
+  for (const Case& k : cases) {
+    const Config cfg = tiny(k.overrides);
     const ModelConfig mc = resolve(to_model_config(cfg, 13));
     std::vector<std::string> names;
     for (const auto& [path, shape] : model_tensor_shapes(mc)) names.push_back(path.substr(std::strlen("/model/")));
     MemoryLayout lora{1, 1, false};
     lora.frozen = lora_frozen_base(names);
     ASSERT_LT(lora.frozen.size(), names.size());
-    const MemoryEstimate e = estimate_training_memory(cfg, 13, lora);
-    EXPECT_EQ(static_cast<size_t>(e.allocator_bytes()), measured_peak(cfg, MPI_COMM_NULL))
-        << ::testing::PrintToString(overrides);
+    const int64_t estimate = estimate_training_memory(cfg, 13, lora).allocator_bytes();
+    const int64_t peak = static_cast<int64_t>(measured_peak(cfg, MPI_COMM_NULL));
+    // B <= global_batch on one rank
+    const int64_t tmp_bytes = cfg.train.global_batch * cfg.train.seq_len * cfg.lora.rank * 4;
+    if (k.exact) EXPECT_EQ(estimate, peak) << ::testing::PrintToString(k.overrides);
+    EXPECT_GE(estimate, peak) << ::testing::PrintToString(k.overrides);
+    EXPECT_LE(estimate - peak, tmp_bytes) << ::testing::PrintToString(k.overrides);
     Config full = cfg;
     full.lora.rank = 0;
-    EXPECT_LT(e.allocator_bytes(), estimate_training_memory(full, 13, MemoryLayout{1, 1, false}).allocator_bytes());
+    EXPECT_LT(estimate, estimate_training_memory(full, 13, MemoryLayout{1, 1, false}).allocator_bytes());
   }
 }
 
