@@ -1,0 +1,98 @@
+// [lora] in training (app/lora.h, docs/finetuning.md): a LoRA run freezes the whole base (it stays
+// bit for bit, has no moments and its matrices no gradient buffer), trains the adapters, shows the
+// section in the resolved config, and LoraLayouts (mpiexec -n 2: dp 2, tp 2, pp 2) equals the
+// 1-rank LoRA run.
+#include "app/lora.h"
+
+#include <gtest/gtest.h>
+
+#include "app/config.h"
+#include "app/trainer.h"
+#include "error_testing.h"
+#include "layout_testing.h"
+#include "parallel/mpi_communicator.h"
+#include "trainer_testing.h"
+
+namespace tessera {
+namespace {
+
+using testing::Trained;
+
+const std::vector<std::string> kBase = {"train.steps=3", "train.global_batch=8", "train.micro_batch=2",
+                                        "parallel.bucket_mb=0.01", "optim.lr=3e-2"};
+const std::vector<std::string> kLora = {"lora.rank=4", "lora.alpha=8", "lora.targets=[\"attn.*\", \"mlp.*\"]"};
+
+Config config(const std::string& preset, std::vector<std::string> sets) {
+  return parse_config_string(testing::layout_config(preset), "lora.toml", sets);
+}
+
+TEST(LoraNames, TheBaseIsEverythingButTheAdapters) {
+  const std::vector<std::string> names = {"wte.weight", "blocks.0.attn.q.weight", "blocks.0.attn.q.lora_A.weight",
+                                          "blocks.0.attn.q.lora_B.weight", "ln_f.weight"};
+  EXPECT_EQ(lora_frozen_base(names), (std::set<std::string>{"wte.weight", "blocks.0.attn.q.weight", "ln_f.weight"}));
+  EXPECT_TRUE(is_lora_parameter("blocks.3.mlp.down.lora_B.weight"));
+  EXPECT_FALSE(is_lora_parameter("blocks.3.mlp.down.weight"));
+}
+
+TEST(LoraTraining, TrainsTheAdaptersOnAFrozenBase) {
+  for (const std::string preset : {"gpt2", "llama"}) {
+    const Trained initial{std::make_unique<Trainer>(config(preset, testing::with(kBase, kLora)), "", MPI_COMM_NULL), {}};
+    const Trained got = testing::train(config(preset, testing::with(kBase, kLora)), MPI_COMM_NULL);
+    const ParameterStore &gp = got.trainer->params(), &ip = initial.trainer->params();
+    int64_t adapters = 0, no_grad = 0;
+    for (const ParamEntry& e : gp.entries()) {
+      const Tensor g = gp.param(gp.find(e.spec.name)), w = ip.param(ip.find(e.spec.name));
+      const bool same = std::equal(g.ptr<float>(), g.ptr<float>() + g.numel(), w.ptr<float>());
+      EXPECT_EQ(e.frozen, !is_lora_parameter(e.spec.name)) << preset << " " << e.spec.name;
+      if (is_lora_parameter(e.spec.name)) {
+        adapters += e.local_shape.numel();
+        EXPECT_FALSE(same) << preset << " " << e.spec.name << " did not train";
+      } else {
+        EXPECT_TRUE(same) << preset << " " << e.spec.name << " changed";
+        if (!e.has_grad()) no_grad += e.local_shape.numel();
+      }
+    }
+    EXPECT_GT(adapters, 0);
+    // Moments for the adapters only; gradients for everything but the frozen matrices and embeddings.
+    EXPECT_EQ(got.trainer->allocator().counter(MemCategory::OptimizerState).current, size_t(2 * adapters * 4)) << preset;
+    EXPECT_EQ(got.trainer->allocator().counter(MemCategory::Gradients).current,
+              size_t((gp.padded_numel() - no_grad) * 4)) << preset;
+    EXPECT_LT(got.losses.back(), got.losses.front()) << preset;
+  }
+}
+
+TEST(LoraConfig, ShownInTheResolvedConfigAndRefusedNamingTheKey) {
+  const std::string toml = to_toml(config("gpt2", testing::with(kBase, kLora)));
+  EXPECT_NE(toml.find("[lora]\n"), std::string::npos);
+  EXPECT_NE(toml.find("rank = 4"), std::string::npos);
+  EXPECT_NE(toml.find("targets = [\"attn.*\", \"mlp.*\"]"), std::string::npos);
+  EXPECT_TRUE(testing::throws_with([] { config("gpt2", {"lora.rank=4", "lora.targets=[\"attn.qkv\"]"}); },
+                                   {"lora.targets", "attn.qkv"}));
+  EXPECT_TRUE(testing::throws_with([] { config("llama", {"lora.rank=4", "lora.targets=[\"mlp.fc\"]"}); },
+                                   {"lora.targets", "mlp.fc", "mlp.gate"}));
+  EXPECT_TRUE(testing::throws_with([] { config("gpt2", {"lora.rank=4", "lora.dropout=0.1"}); }, {"lora.dropout"}));
+  EXPECT_TRUE(testing::throws_with([] { config("gpt2", {"lora.rank=-1"}); }, {"lora.rank"}));
+}
+
+// Under mpiexec -n 2: each layout's LoRA run equals the 1-rank LoRA run (losses, every parameter
+// and the adapters' moments), both presets: tp 2 splits B of the column-parallel layers and A of
+// the row-parallel ones; pp 2 and dp 2 treat adapters as parameters.
+TEST(LoraLayouts, EqualTheOneRankRun) {
+  MpiCommunicator world = MpiCommunicator::duplicate(testing::test_world());
+  ASSERT_EQ(world.size(), 2);
+  for (const std::string preset : {"gpt2", "llama"}) {
+    const Trained one = testing::train(config(preset, testing::with(kBase, kLora)), MPI_COMM_NULL);
+    for (const auto& [name, sets] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+             {"dp2", {}}, {"tp2", {"parallel.tp=2"}}, {"tp2_sp", {"parallel.tp=2", "parallel.sequence_parallel=true"}},
+             {"pp2", {"parallel.pp=2"}}}) {
+      const std::string what = preset + " " + name + " (rank " + std::to_string(world.rank()) + ")";
+      MpiCommunicator comm = MpiCommunicator::duplicate(world.comm());
+      Trained got = testing::train(config(preset, testing::with(testing::with(kBase, kLora), sets)), comm.comm());
+      testing::expect_losses_near(got.losses, one.losses, 1e-5, what);
+      testing::expect_state_near(*got.trainer, *one.trainer, 1e-5, what);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessera
