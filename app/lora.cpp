@@ -1,5 +1,14 @@
-// What a LoRA run freezes: the base model, every parameter that is not an adapter's.
+// What a LoRA run freezes (the base model, every parameter that is not an adapter's) and the /lora
+// record that ties its checkpoints to their base.
 #include "app/lora.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+
+#include "app/freeze.h"
+#include "kernels/check.h"
 
 namespace tessera {
 
@@ -12,6 +21,59 @@ std::set<std::string> lora_frozen_base(const std::vector<std::string>& names) {
   for (const std::string& n : names)
     if (!is_lora_parameter(n)) frozen.insert(n);
   return frozen;
+}
+
+namespace {
+constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ull, kFnvPrime = 0x100000001b3ull;
+void fnv1a(uint64_t& h, const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * kFnvPrime;
+}
+std::string hex(uint64_t v) {
+  std::ostringstream os;
+  os << std::hex << v;
+  return os.str();
+}
+}  // namespace
+
+uint64_t lora_base_checksum(const std::string& path, MPI_Comm comm) {
+  const CheckpointReader r(path, comm);
+  std::vector<std::string> names;
+  for (const TensorInfo& t : r.tensors())
+    if (t.path.rfind("/model/", 0) == 0 && !is_lora_parameter(t.path)) names.push_back(t.path);
+  std::sort(names.begin(), names.end());
+  uint64_t h = kFnvOffset;
+  for (const std::string& n : names) {
+    fnv1a(h, n.data(), n.size());
+    const std::vector<float> v = r.read_all(n);
+    fnv1a(h, v.data(), v.size() * sizeof(float));
+  }
+  return h;
+}
+
+AttrMap lora_record(const std::string& init_from, const LoraConfig& cfg, MPI_Comm comm) {
+  AttrMap rec;
+  rec["base"] = init_from.empty() ? std::string() : std::filesystem::absolute(init_from).lexically_normal().string();
+  rec["base_checksum"] = init_from.empty() ? std::string() : "fnv1a64:" + hex(lora_base_checksum(init_from, comm));
+  rec["rank"] = cfg.rank;
+  rec["alpha"] = cfg.alpha;
+  std::string targets;
+  for (const std::string& t : cfg.targets) targets += (targets.empty() ? "" : ",") + t;
+  rec["targets"] = targets;
+  return rec;
+}
+
+void lora_check_base(const std::string& checkpoint, const AttrMap& record, MPI_Comm comm) {
+  TESSERA_CHECK(!record.empty(), "[lora]: checkpoint ", checkpoint, " has no /lora record (it was not saved by a "
+                "LoRA run): resume it without [lora], or start the LoRA run from it with checkpoint.init_from");
+  const std::string base = string_attr(record, "base"), want = string_attr(record, "base_checksum");
+  if (base.empty()) return;  // the base was drawn from train.seed: the checkpoint holds it whole
+  TESSERA_CHECK(std::filesystem::exists(base), "[lora]: checkpoint ", checkpoint, " adapts the base checkpoint ", base,
+                ", which no longer exists: a LoRA run resumes with its base (restore the file at that path)");
+  const std::string got = "fnv1a64:" + hex(lora_base_checksum(base, comm));
+  TESSERA_CHECK(got == want, "[lora]: checkpoint ", checkpoint, " adapts the base checkpoint ", base,
+                " whose model tensors had checksum ", want, ", but the file now has ", got,
+                ": the base changed since the adapters were trained; restore the original base");
 }
 
 }  // namespace tessera

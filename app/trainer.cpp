@@ -212,6 +212,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
       const CheckpointReader reader(*start->resume_from, comm);
       const GroupAttributes& groups = reader.group_attributes();
       if (auto it = groups.find(kUpscaleGroup); it != groups.end()) upscale_record_ = it->second;
+      if (auto it = groups.find(kLoraGroup); it != groups.end()) lora_record_ = it->second;
       resume_step = reader.meta().step;
     }
   }
@@ -283,6 +284,11 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
     }
   }
   if (!cfg_.checkpoint.init_from.empty() && !(start && start->resume_from)) init_weights(model, comm);
+  if (model.lora.enabled()) {  // app/lora.h: the /lora record ties the checkpoints to their base
+    const MPI_Comm c = comm == MPI_COMM_NULL ? MPI_COMM_SELF : comm;
+    if (start && start->resume_from) lora_check_base(*start->resume_from, lora_record_, c);
+    else lora_record_ = lora_record(cfg_.checkpoint.init_from, model.lora, c);
+  }
   apply_rewarm();
   params_->refresh_compute_copy(ex_);  // from the initialized or resumed masters (bf16 only)
   if (cfg_.train.profile) {
@@ -1081,6 +1087,7 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   st.optimizer = optimizer.state;
   st.frozen = frozen_;
   if (!upscale_record_.empty()) st.extra_groups[kUpscaleGroup] = upscale_record_;  // carried on: "original", rewarm
+  if (!lora_record_.empty()) st.extra_groups[kLoraGroup] = lora_record_;             // the base (app/lora.h)
   st.step = steps_done;
   st.consumed_samples = consumed_at_start_ + (steps_done - start_step_) * cfg_.train.global_batch;
   st.tokens_seen = st.consumed_samples * cfg_.train.seq_len;

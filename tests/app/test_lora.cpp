@@ -1,16 +1,21 @@
 // [lora] in training (app/lora.h, docs/finetuning.md): a LoRA run freezes the whole base (it stays
 // bit for bit, has no moments and its matrices no gradient buffer), trains the adapters, shows the
-// section in the resolved config, and LoraLayouts (mpiexec -n 2: dp 2, tp 2, pp 2) equals the
-// 1-rank LoRA run.
+// section in the resolved config, its checkpoints name the base (path and checksum) and resume
+// only with it unchanged, and LoraLayouts (mpiexec -n 2: dp 2, tp 2, pp 2) equals the 1-rank run.
 #include "app/lora.h"
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
+#include "app/checkpoint/checkpoint_io.h"
 #include "app/config.h"
+#include "app/freeze.h"
 #include "app/trainer.h"
 #include "error_testing.h"
 #include "layout_testing.h"
 #include "parallel/mpi_communicator.h"
+#include "cli_testing.h"
 #include "trainer_testing.h"
 
 namespace tessera {
@@ -72,6 +77,54 @@ TEST(LoraConfig, ShownInTheResolvedConfigAndRefusedNamingTheKey) {
                                    {"lora.targets", "mlp.fc", "mlp.gate"}));
   EXPECT_TRUE(testing::throws_with([] { config("gpt2", {"lora.rank=4", "lora.dropout=0.1"}); }, {"lora.dropout"}));
   EXPECT_TRUE(testing::throws_with([] { config("gpt2", {"lora.rank=-1"}); }, {"lora.rank"}));
+}
+
+TEST(LoraCheckpoints, NameTheBaseAndResumeOnlyWithItUnchanged) {
+  testing::test_world();  // MPI for the checkpoint files
+  namespace fs = std::filesystem;
+  const fs::path dir = testing::temp_dir("lora_ckpt");
+  {  // The base: two steps of full training, a checkpoint after each.
+    Trainer base(config("gpt2", testing::with(kBase, {"train.steps=2", "checkpoint.every=1", "checkpoint.keep_last=5"})),
+                 (dir / "base").string(), MPI_COMM_SELF);
+    base.run();
+  }
+  const std::string base_file = (dir / "base" / "checkpoints" / "step_00000002.h5").string();
+  const std::vector<std::string> lora =
+      testing::with(testing::with(kBase, kLora), {"train.steps=4", "checkpoint.init_from=" + base_file});
+  const Trained whole = testing::train(config("gpt2", lora), MPI_COMM_NULL);
+  {
+    Trainer first(config("gpt2", testing::with(lora, {"train.exit_after_steps=2"})), (dir / "lora").string(),
+                  MPI_COMM_SELF);
+    first.run();
+  }
+  const std::string file = (dir / "lora" / "checkpoints" / "step_00000002.h5").string();
+  {
+    CheckpointReader r(file, MPI_COMM_SELF);
+    ASSERT_EQ(r.group_attributes().count(kLoraGroup), 1u);
+    const AttrMap& rec = r.group_attributes().at(kLoraGroup);
+    EXPECT_EQ(string_attr(rec, "base"), fs::absolute(base_file).lexically_normal().string());
+    EXPECT_EQ(string_attr(rec, "base_checksum").rfind("fnv1a64:", 0), 0u);
+    EXPECT_TRUE(r.has("/model/blocks.0.attn.q.lora_A.weight"));
+    EXPECT_TRUE(r.has("/optim/blocks.0.attn.q.lora_B.weight/exp_avg"));
+    EXPECT_FALSE(r.has("/optim/blocks.0.attn.q.weight/exp_avg"));
+  }
+  // The checksum covers the base tensors only, so the LoRA checkpoint (same base) has the base's.
+  EXPECT_EQ(lora_base_checksum(file, MPI_COMM_SELF), lora_base_checksum(base_file, MPI_COMM_SELF));
+  {  // Resumed with its base: the uninterrupted run.
+    Trainer resumed(config("gpt2", lora), (dir / "lora").string(), MPI_COMM_SELF);
+    ASSERT_EQ(resumed.start_step(), 2);
+    for (int64_t s = 2; s < 4; ++s) resumed.step(s);
+    testing::expect_state_near(resumed, *whole.trainer, 1e-6, "resumed");
+  }
+  // The base changed (another checkpoint copied over it): refused, naming both files.
+  const std::string other = (dir / "base" / "checkpoints" / "step_00000001.h5").string();
+  fs::copy_file(other, base_file, fs::copy_options::overwrite_existing);
+  EXPECT_TRUE(testing::throws_with([&] { Trainer t(config("gpt2", lora), (dir / "lora").string(), MPI_COMM_SELF); },
+                                   {"[lora]", file, "step_00000002.h5", "checksum", "the base changed"}));
+  fs::remove(base_file);
+  EXPECT_TRUE(testing::throws_with([&] { Trainer t(config("gpt2", lora), (dir / "lora").string(), MPI_COMM_SELF); },
+                                   {"[lora]", "no longer exists"}));
+  fs::remove_all(dir);
 }
 
 // Under mpiexec -n 2: each layout's LoRA run equals the 1-rank LoRA run (losses, every parameter
