@@ -2,7 +2,8 @@
 // What the trainer allocates and when (app/trainer.cpp, parallel/dp_optimizer.cpp, checkpointing.cpp):
 // parameters and gradients in flat buffers (the trainable part padded to a multiple of dp under
 // ZeRO-1), AdamW's two moments of the trainable parameters (whole, or this rank's 1/dp under ZeRO-1,
-// which also keeps a gradient shard; train.freeze's parameters have none), then per
+// which also keeps a gradient shard; train.freeze's parameters have none, and its matrices and
+// embeddings no gradient either), then per
 // step one micro-batch's activations and temporaries at a time; evaluation runs a forward without
 // targets; a checkpoint save gathers the ZeRO-1 moments (between steps) and keeps a host copy of
 // parameters and moments while a background thread writes it (beside the next steps). Under
