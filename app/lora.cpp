@@ -76,4 +76,26 @@ void lora_check_base(const std::string& checkpoint, const AttrMap& record, MPI_C
                 ": the base changed since the adapters were trained; restore the original base");
 }
 
+std::vector<float> lora_merged_weight(const CheckpointReader& reader, const std::string& weight_path, double scale) {
+  std::vector<float> w = reader.read_all(weight_path);
+  const std::string suffix = ".weight";
+  if (weight_path.size() < suffix.size() || weight_path.compare(weight_path.size() - suffix.size(), suffix.size(), suffix))
+    return w;
+  const std::string layer = weight_path.substr(0, weight_path.size() - suffix.size());
+  if (!reader.has(layer + ".lora_A.weight")) return w;
+  const Shape ws = reader.shape(weight_path), as = reader.shape(layer + ".lora_A.weight"),
+              bs = reader.shape(layer + ".lora_B.weight");
+  const int64_t out = ws[0], in = ws[1], r = as[0];
+  TESSERA_CHECK(as == (Shape{r, in}) && bs == (Shape{out, r}), reader.path(), ": the adapter of ", weight_path, " ",
+                ws.str(), " is A ", as.str(), ", B ", bs.str(), "; expected A (r, ", in, ") and B (", out, ", r)");
+  const std::vector<float> a = reader.read_all(layer + ".lora_A.weight"), b = reader.read_all(layer + ".lora_B.weight");
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t i = 0; i < in; ++i) {
+      double sum = 0;
+      for (int64_t k = 0; k < r; ++k) sum += double(b[o * r + k]) * double(a[k * in + i]);
+      w[o * in + i] = static_cast<float>(double(w[o * in + i]) + scale * sum);
+    }
+  return w;
+}
+
 }  // namespace tessera

@@ -39,4 +39,9 @@ AttrMap lora_record(const std::string& init_from, const LoraConfig& cfg, MPI_Com
 // base and what differs. Collective over comm.
 void lora_check_base(const std::string& checkpoint, const AttrMap& record, MPI_Comm comm);
 
+// The weight at weight_path ("/model/blocks.0.attn.q.weight", (out, in)) merged with its adapter:
+// W + scale B A, accumulated in double, when the file holds "<layer>.lora_A.weight" and
+// "lora_B.weight" beside it; W as stored otherwise (a layer without an adapter).
+std::vector<float> lora_merged_weight(const CheckpointReader& reader, const std::string& weight_path, double scale);
+
 }  // namespace tessera
