@@ -135,6 +135,7 @@ void register_ckpt(CLI::App& app, int& exit_code) {
   cmd->add_option("--format", exp->format, "Output format")->check(CLI::IsMember({"safetensors"}))->capture_default_str();
   cmd->add_option("--out", exp->out_dir, "Output directory (created if needed)")->required();
   cmd->add_flag("--allow-non-finite", exp->allow_non_finite, "Export even when the model holds NaN or inf values");
+  cmd->add_flag("--merge-lora", exp->merge_lora, "A LoRA run's checkpoint: export the merged weights W + (alpha/r) B A");
   cmd->add_option("--vocab", exp->vocab_dir, "GPT-2 tokenizer directory (default: data.vocab_dir, then data/gpt2)");
   cmd->callback(on_one_process("ckpt export", [exp, &exit_code] { exit_code = run_ckpt_export(*exp, std::cout); }));
 

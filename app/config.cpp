@@ -775,6 +775,7 @@ void validate(const Config& c, const Origins* origins) {
   Config copy = c;
   RangeChecker ranges;
   copy.visit(ranges);
+  validate_lora(c.lora, c.model.preset);  // model/lora_config.h: the targets against the preset's layers
   check_grid_size(c);
   if (c.optim.min_lr > c.optim.lr) {
     fail(show("optim.min_lr", c.optim.min_lr, origins) + " must be <= " + show("optim.lr", c.optim.lr, origins));
@@ -1001,6 +1002,7 @@ ModelConfig to_model_config(const Config& c, int64_t data_vocab_size) {
   }
   ModelConfig m = s;  // the architecture fields; recompute is the trainer's
   m.vision = c.vision;
+  m.lora = c.lora;
   m.vocab_size = s.vocab_size > 0 ? s.vocab_size : data_vocab_size;
   m.max_seq_len = s.max_seq_len > 0 ? s.max_seq_len : c.train.seq_len;
   return resolve(m);

@@ -453,6 +453,22 @@ struct LogConfig {
   bool operator==(const LogConfig&) const = default;
 };
 
+// [lora]: low-rank adapters (model/lora_config.h LoraConfig, model/lora.h; app/lora.h freezes the
+// base). resolve() checks the targets against the preset's layers.
+struct LoraSection : LoraConfig {
+  template <class V>
+  void visit(V& v) {
+    v.field("rank", rank, "r, the adapters' inner dimension; 0 = no adapters (full training)",
+            Allowed::at_least(0).at_most(kMaxWidth));
+    v.field("alpha", alpha, "the adapter update is scaled by alpha / rank", Allowed::greater_than(0));
+    v.field("dropout", dropout, "dropout on the adapter input (not built yet: must be 0)", Allowed::half_open(0, 1));
+    v.field("targets", targets, "the linear layers of every block to adapt: \"attn.q\", \"attn.k\", \"attn.v\", "
+            "\"attn.proj\", gpt2 \"mlp.fc\", \"mlp.proj\", llama \"mlp.gate\", \"mlp.up\", \"mlp.down\"; globs "
+            "(\"mlp.*\") allowed", Allowed::any());
+  }
+  bool operator==(const LoraSection&) const = default;
+};
+
 struct Config {
   ModelSection model;
   VisionSection vision;
@@ -463,6 +479,7 @@ struct Config {
   CheckpointConfig checkpoint;
   UpscaleConfig upscale;
   LogConfig log;
+  LoraSection lora;
 
   template <class V>
   void visit(V& v) {
@@ -475,6 +492,7 @@ struct Config {
     v.section("checkpoint", "saving and resuming", checkpoint);
     v.section("upscale", "depth up-scaling inside a run, and the learning-rate restart after a growth", upscale);
     v.section("log", "metrics and console output", log);
+    v.section("lora", "low-rank adapters on a frozen base model (fine-tuning)", lora);
   }
   bool operator==(const Config&) const = default;
 };

@@ -2,7 +2,8 @@
 // What the trainer allocates and when (app/trainer.cpp, parallel/dp_optimizer.cpp, checkpointing.cpp):
 // parameters and gradients in flat buffers (the trainable part padded to a multiple of dp under
 // ZeRO-1), AdamW's two moments of the trainable parameters (whole, or this rank's 1/dp under ZeRO-1,
-// which also keeps a gradient shard; train.freeze's parameters have none), then per
+// which also keeps a gradient shard; train.freeze's parameters have none, and its matrices and
+// embeddings no gradient either), then per
 // step one micro-batch's activations and temporaries at a time; evaluation runs a forward without
 // targets; a checkpoint save gathers the ZeRO-1 moments (between steps) and keeps a host copy of
 // parameters and moments while a background thread writes it (beside the next steps). Under
@@ -190,6 +191,7 @@ std::string describe_chunks(const std::vector<StageSpec>& chunks) {
 struct RankModel {
   int64_t parameters = 0;
   int64_t frozen = 0;     // of them, train.freeze's (frozen_elements)
+  int64_t no_grad = 0;    // of those, the matrices and embeddings: no gradient buffer (ParamEntry::has_grad)
   std::string what;       // "" for the whole model, else the pipeline stage and its chunks
   MemoryItem transient;   // the training step's activations and temporaries
   int64_t eval_bytes = 0; // the evaluation forward (addition task), 0 when none
@@ -201,8 +203,10 @@ struct RankModel {
 // it out (ceil(global / tp) along its split dimension), k and v whole when the kv heads do not
 // divide over tp (Attention replicates them then; registered at tp = 1 they show as split). A vlm's
 // vision tower and projector count too (on the chunk that holds them), as model_memory counts them.
+// no_grad: the part of them without a gradient buffer (frozen matrices and embeddings).
 int64_t frozen_elements(const ModelConfig& mc, const std::vector<StageSpec>& chunks, int64_t tp,
-                        const std::set<std::string>& frozen) {
+                        const std::set<std::string>& frozen, int64_t* no_grad) {
+  *no_grad = 0;
   if (frozen.empty()) return 0;
   Allocator alloc;
   ParameterStore ps(alloc, DType::F32);
@@ -223,6 +227,7 @@ int64_t frozen_elements(const ModelConfig& mc, const std::vector<StageSpec>& chu
       elements = mul(elements / extent, (extent + tp - 1) / tp);
     }
     n = add(n, elements);
+    if (e.spec.kind == ParamKind::Matrix || e.spec.kind == ParamKind::Embedding) *no_grad = add(*no_grad, elements);
   }
   return n;
 }
@@ -403,7 +408,11 @@ MemoryEstimate estimate_for(const Config& cfg, const MemoryLayout& layout, const
   if (t.dtype == "bf16")  // ParameterStore::enable_compute_copy: every parameter, padding included
     item("bf16 copy of the parameters (the GEMMs' weights)", padded, true, model_keys + ", train.dtype",
          kBf16Bytes);
-  item("gradients", zero ? add(padded, shard) : padded, true, model_keys, kFloatBytes);
+  // Frozen matrices and embeddings have no gradient buffer (ParameterStore::finalize).
+  const int64_t grads = padded - rm.no_grad;
+  item(rm.no_grad > 0 ? "gradients (none for the " + std::to_string(rm.no_grad) + " frozen matrix elements)"
+                      : std::string("gradients"),
+       zero ? add(grads, shard) : grads, true, model_keys, kFloatBytes);
   item(std::string(zero ? "AdamW moments (ZeRO-1: 1/" + std::to_string(shards) + " of them)" : "AdamW moments") +
            (F > 0 ? " of the trainable parameters" : ""),
        mul(2, zero ? shard : Tr), true, model_keys + ", parallel.zero = 1" + (F > 0 ? ", train.freeze" : ""),
@@ -479,7 +488,7 @@ MemoryEstimate estimate_training_memory(const Config& cfg, int64_t data_vocab_si
     return r;
   };
   const auto with_frozen = [&](RankModel r, const std::vector<StageSpec>& chunks) {
-    r.frozen = frozen_elements(mc, chunks, tp, layout.frozen);
+    r.frozen = frozen_elements(mc, chunks, tp, layout.frozen, &r.no_grad);
     return r;
   };
   if (p.pp == 1)

@@ -25,6 +25,7 @@
 #include "app/checkpoint/hf_export.h"
 #include "app/evaluate.h"
 #include "app/freeze.h"
+#include "app/lora.h"
 #include "app/upscale.h"
 #include "app/launch.h"
 #include "app/memory_check.h"
@@ -211,6 +212,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
       const CheckpointReader reader(*start->resume_from, comm);
       const GroupAttributes& groups = reader.group_attributes();
       if (auto it = groups.find(kUpscaleGroup); it != groups.end()) upscale_record_ = it->second;
+      if (auto it = groups.find(kLoraGroup); it != groups.end()) lora_record_ = it->second;
       resume_step = reader.meta().step;
     }
   }
@@ -246,8 +248,9 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
       settle_growth(grown.n_layer);
     }
   }
-  const std::set<std::string> frozen = frozen_parameters(cfg_.train.freeze, global_parameter_names(model), model.n_layer,
-                                                         {upscale_record_, freeze_where_}, !grows_later);
+  std::set<std::string> frozen = frozen_parameters(cfg_.train.freeze, global_parameter_names(model), model.n_layer,
+                                                   {upscale_record_, freeze_where_}, !grows_later);
+  if (model.lora.enabled()) frozen.merge(lora_frozen_base(global_parameter_names(model)));  // app/lora.h
   // Before anything is allocated: a run that cannot fit is refused now, on every rank, its frozen
   // parameters counted without moments. With an in-run growth the model before it and the grown
   // one are both estimated, and the larger checked.
@@ -281,6 +284,11 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
     }
   }
   if (!cfg_.checkpoint.init_from.empty() && !(start && start->resume_from)) init_weights(model, comm);
+  if (model.lora.enabled()) {  // app/lora.h: the /lora record ties the checkpoints to their base
+    const MPI_Comm c = comm == MPI_COMM_NULL ? MPI_COMM_SELF : comm;
+    if (start && start->resume_from) lora_check_base(*start->resume_from, lora_record_, c);
+    else lora_record_ = lora_record(cfg_.checkpoint.init_from, model.lora, c);
+  }
   apply_rewarm();
   params_->refresh_compute_copy(ex_);  // from the initialized or resumed masters (bf16 only)
   if (cfg_.train.profile) {
@@ -863,7 +871,9 @@ std::string Trainer::nonfinite_report(double loss, double norm) {
   if (!std::isfinite(loss)) return "loss is " + std::to_string(loss);
   // Only on a skipped step: every gradient's sum of squares, read at once.
   const Buffer sq(alloc_, DType::F64, {params_->size()}, MemCategory::Workspace);
-  for (int id = 0; id < params_->size(); ++id) squared_norm(ex_, sq.tensor().slice_rows(id, id + 1), params_->grad(id));
+  fill_zero(ex_, sq);
+  for (int id = 0; id < params_->size(); ++id)
+    if (params_->entry(id).has_grad()) squared_norm(ex_, sq.tensor().slice_rows(id, id + 1), params_->grad(id));
   const std::vector<double> sqs = read_values(ex_, sq);
   for (int id = 0; id < params_->size(); ++id)
     if (!std::isfinite(sqs[static_cast<size_t>(id)]))
@@ -1077,6 +1087,7 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   st.optimizer = optimizer.state;
   st.frozen = frozen_;
   if (!upscale_record_.empty()) st.extra_groups[kUpscaleGroup] = upscale_record_;  // carried on: "original", rewarm
+  if (!lora_record_.empty()) st.extra_groups[kLoraGroup] = lora_record_;             // the base (app/lora.h)
   st.step = steps_done;
   st.consumed_samples = consumed_at_start_ + (steps_done - start_step_) * cfg_.train.global_batch;
   st.tokens_seen = st.consumed_samples * cfg_.train.seq_len;

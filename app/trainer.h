@@ -191,6 +191,7 @@ class Trainer {
   std::unique_ptr<CheckpointWriter> ckpt_;
   WaitSlot* ckpt_wait_ = nullptr;  // the main thread waiting for the writer; null: not watched
   std::string resumed_from_;
+  AttrMap lora_record_;           // [lora]: the /lora record its checkpoints carry (app/lora.h)
   std::string initialized_from_;  // checkpoint.init_from's report: what was loaded and what was kept
   std::string memory_line_;                   // the memory estimate, for the header
   std::vector<std::string> resume_warnings_;  // keys changed since the checkpoint that change the data order

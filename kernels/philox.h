@@ -42,6 +42,12 @@ inline double normal(Key key, uint64_t index) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
 }
 
+// One uniform in [-1, 1) for element `index` of the stream `key` (the first word).
+inline double uniform_symmetric(Key key, uint64_t index) {
+  Counter c = philox4x32_10({static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32), 0u, 0u}, key);
+  return 2.0 * (static_cast<double>(c[0]) / 4294967296.0) - 1.0;
+}
+
 // A key from a 64-bit seed and a string (e.g. a parameter's global name), via FNV-1a.
 inline Key make_key(uint64_t seed, const char* name) {
   uint64_t h = 0xcbf29ce484222325ull;

@@ -51,6 +51,7 @@ ModelConfig resolve(ModelConfig cfg) {
   TESSERA_CHECK(cfg.max_seq_len > 0, "model.max_seq_len must be positive, got ", cfg.max_seq_len);
   TESSERA_CHECK(cfg.ffn_hidden > 0, "model.ffn_hidden must be positive, got ", cfg.ffn_hidden);
   TESSERA_CHECK(cfg.norm_eps > 0, "model.norm_eps must be positive, got ", cfg.norm_eps);
+  validate_lora(cfg.lora, cfg.preset);
   TESSERA_CHECK(cfg.kind == "gpt" || cfg.kind == "vlm", "model.kind = \"", cfg.kind,
                 "\" is unknown; expected \"gpt\" or \"vlm\"");
   if (cfg.is_vlm()) {

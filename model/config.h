@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "model/lora_config.h"
+
 namespace tessera {
 
 enum class NormKind { LayerNorm, RmsNorm };
@@ -57,6 +59,7 @@ struct ModelConfig {
   bool tied_embeddings = true;  // from lm_head
 
   VisionConfig vision;  // kind = "vlm" only
+  LoraConfig lora;      // [lora]: low-rank adapters (model/lora.h); rank 0 = none
 
   bool is_vlm() const { return kind == "vlm"; }
   int64_t head_dim() const { return n_embd / n_head; }

@@ -21,6 +21,14 @@ Buffer activation(Allocator& alloc, DType dt, Shape s) { return Buffer(alloc, dt
 Buffer workspace(Allocator& alloc, DType dt, Shape s) { return Buffer(alloc, dt, s, MemCategory::Workspace); }
 double residual_init_std(const ModelConfig& cfg) { return cfg.init_std / std::sqrt(2.0 * cfg.n_layer); }
 
+// A block's Linear (cfg.bias), with a LoRA adapter when cfg.lora targets it (model/lora.h).
+Linear adapted_linear(ParameterStore& ps, const std::string& name, int64_t in, int64_t out, const ModelConfig& cfg,
+                      ShardSpec shard, double init_std, bool sum_grad_over_tp = false) {
+  Linear l(ps, name, in, out, cfg.bias, shard, init_std, sum_grad_over_tp);
+  if (lora_targets_layer(cfg.lora, name)) l.add_lora(ps, name, shard, sum_grad_over_tp, cfg.lora);
+  return l;
+}
+
 bool whole_sequence(const SequenceLayout& seq) { return seq.chunks().size() == 1 && seq.chunks()[0].start == 0; }
 
 // Training attention sees only the positions its tp group holds, under a causal mask: a whole
@@ -59,10 +67,10 @@ Attention::Attention(ParameterStore& ps, const std::string& name, const ModelCon
   }
   const int64_t C = cfg.n_embd, kv = n_kv_head_ * head_dim_;
   const ShardSpec kv_shard = kv_replicated_ ? ShardSpec::replicated() : ShardSpec::tp(0);
-  q_ = Linear(ps, name + ".q", C, C, cfg.bias, ShardSpec::tp(0), cfg.init_std);
-  k_ = Linear(ps, name + ".k", C, kv, cfg.bias, kv_shard, cfg.init_std, kv_replicated_);
-  v_ = Linear(ps, name + ".v", C, kv, cfg.bias, kv_shard, cfg.init_std, kv_replicated_);
-  proj_ = Linear(ps, name + ".proj", C, C, cfg.bias, ShardSpec::tp(1), residual_init_std(cfg));
+  q_ = adapted_linear(ps, name + ".q", C, C, cfg, ShardSpec::tp(0), cfg.init_std);
+  k_ = adapted_linear(ps, name + ".k", C, kv, cfg, kv_shard, cfg.init_std, kv_replicated_);
+  v_ = adapted_linear(ps, name + ".v", C, kv, cfg, kv_shard, cfg.init_std, kv_replicated_);
+  proj_ = adapted_linear(ps, name + ".proj", C, C, cfg, ShardSpec::tp(1), residual_init_std(cfg));
 }
 
 void Attention::project_kv(const Exec& ex, const Linear& proj, Allocator& alloc, const Tensor& out,
@@ -197,12 +205,12 @@ Mlp::Mlp(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, co
   const int64_t C = cfg.n_embd, F = cfg.ffn_hidden;
   TESSERA_CHECK(F % tp.size() == 0, "model.ffn_hidden = ", F, " is not divisible by parallel.tp = ", tp.size());
   if (kind_ == MlpKind::Gelu) {
-    in_ = Linear(ps, name + ".fc", C, F, cfg.bias, ShardSpec::tp(0), cfg.init_std);
-    out_ = Linear(ps, name + ".proj", F, C, cfg.bias, ShardSpec::tp(1), residual_init_std(cfg));
+    in_ = adapted_linear(ps, name + ".fc", C, F, cfg, ShardSpec::tp(0), cfg.init_std);
+    out_ = adapted_linear(ps, name + ".proj", F, C, cfg, ShardSpec::tp(1), residual_init_std(cfg));
   } else {
-    in_ = Linear(ps, name + ".gate", C, F, cfg.bias, ShardSpec::tp(0), cfg.init_std);
-    up_ = Linear(ps, name + ".up", C, F, cfg.bias, ShardSpec::tp(0), cfg.init_std);
-    out_ = Linear(ps, name + ".down", F, C, cfg.bias, ShardSpec::tp(1), residual_init_std(cfg));
+    in_ = adapted_linear(ps, name + ".gate", C, F, cfg, ShardSpec::tp(0), cfg.init_std);
+    up_ = adapted_linear(ps, name + ".up", C, F, cfg, ShardSpec::tp(0), cfg.init_std);
+    out_ = adapted_linear(ps, name + ".down", F, C, cfg, ShardSpec::tp(1), residual_init_std(cfg));
   }
 }
 

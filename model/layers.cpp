@@ -1,6 +1,7 @@
 // Linear, Embedding and Norm: thin modules over the kernels, owning parameter ids, not memory.
 #include "model/layers.h"
 
+#include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
@@ -31,12 +32,19 @@ Linear Linear::tied(ParameterStore& ps, int weight_id) {
   return l;
 }
 
+void Linear::add_lora(ParameterStore& ps, const std::string& name, ShardSpec weight_shard, bool sum_grad_over_tp,
+                      const LoraConfig& cfg) {
+  const Shape& g = ps.entry(weight_).spec.global_shape;  // (out, in)
+  lora_ = std::make_shared<const LoraAdapter>(ps, name, g[1], g[0], weight_shard, sum_grad_over_tp, cfg);
+}
+
 int64_t Linear::in() const { return ps_->entry(weight_).local_shape[1]; }
 int64_t Linear::out() const { return ps_->entry(weight_).local_shape[0]; }
 
 void Linear::forward(const Exec& ex, const Tensor& y, const Tensor& x, bool with_bias) const {
   ProfileScope scope(prof_, OpFamily::Matmul);
   linear_forward(ex, y, x, ps_->compute_param(weight_), bias_ >= 0 && with_bias ? ps_->param(bias_) : Tensor());
+  if (lora_) lora_->forward(ex, y, x);
 }
 
 void Linear::backward(const Exec& ex, const Tensor& dx, const Tensor& dy, const Tensor& x, bool accumulate_dx,
@@ -44,26 +52,42 @@ void Linear::backward(const Exec& ex, const Tensor& dx, const Tensor& dy, const 
   ProfileScope scope(prof_, OpFamily::Matmul);
   const Tensor w = ps_->compute_param(weight_);  // the bf16 copy under mixed precision
   const int64_t n = dy.numel() / out();
-  if (deferred) {
-    // dx = dy W (+ dx): linear_backward's own GEMM for it, alone; dW and db go to W.
+  const bool whole = ps_->grad(weight_).defined() && !deferred;
+  if (!whole) {
+    // dx = dy W (+ dx): linear_backward's own GEMM for it, alone; dW and db go to W (deferred) or
+    // nowhere (a frozen weight).
     if (dx.defined()) matmul(ex, dx.view({n, in()}), dy.view({n, out()}), w, false, false, 1.0, accumulate_dx ? 1.0 : 0.0);
-    deferred->defer(ex, *this, dy, x);
+    if (lora_) lora_->backward(ex, dx, dy, x, /*weights=*/!deferred);
+    if (deferred) deferred->defer(ex, *this, dy, x);
+    else weight_grads(ex, dy, x);  // the bias check
     return;
   }
   const Tensor db = bias_ >= 0 ? ps_->grad(bias_) : Tensor();
   if (!accumulate_dx || !dx.defined()) {
     linear_backward(ex, dx, ps_->grad(weight_), db, dy, x, w);
+  } else {
+    linear_backward(ex, Tensor(), ps_->grad(weight_), db, dy, x, w);
+    matmul(ex, dx.view({n, in()}), dy.view({n, out()}), w, false, false, 1.0, 1.0);  // dx += dy W
+  }
+  if (lora_) lora_->backward(ex, dx, dy, x);
+}
+
+void Linear::weight_grads(const Exec& ex, const Tensor& dy, const Tensor& x) const {
+  const Tensor dw = ps_->grad(weight_);
+  if (!dw.defined()) {
+    // A frozen weight's bias is frozen too (its gradient, if it keeps one, is not used).
+    TESSERA_CHECK(bias_ < 0 || ps_->entry(bias_).frozen, "train.freeze freezes ", ps_->entry(weight_).spec.name,
+                  " but not ", ps_->entry(bias_).spec.name, ": freeze a linear layer's weight and bias together");
     return;
   }
-  linear_backward(ex, Tensor(), ps_->grad(weight_), db, dy, x, w);
-  matmul(ex, dx.view({n, in()}), dy.view({n, out()}), w, false, false, 1.0, 1.0);  // dx += dy W
+  // w's dtype picks the GEMM the whole backward uses (the bf16 copy under mixed precision).
+  linear_backward(ex, Tensor(), dw, bias_ >= 0 ? ps_->grad(bias_) : Tensor(), dy, x, ps_->compute_param(weight_));
 }
 
 void Linear::backward_weight(const Exec& ex, const Tensor& dy, const Tensor& x) const {
   ProfileScope scope(prof_, OpFamily::Matmul);
-  // w's dtype picks the GEMM the whole backward uses (the bf16 copy under mixed precision).
-  linear_backward(ex, Tensor(), ps_->grad(weight_), bias_ >= 0 ? ps_->grad(bias_) : Tensor(), dy, x,
-                  ps_->compute_param(weight_));
+  weight_grads(ex, dy, x);
+  if (lora_) lora_->backward_weight(ex, dy, x);
 }
 
 // ---- Embedding ----
@@ -113,6 +137,16 @@ void Embedding::backward(const Exec& ex, Allocator& alloc, const Tensor& dout, c
   Buffer staging;
   const Tensor full = leave_region_backward(ex, tp_, alloc, staging, dout, tokens.dim(1));
   const Tensor dwte = ps_->grad(wte_), dwpe = wpe_ >= 0 ? ps_->grad(wpe_) : Tensor();
+  if (!dwte.defined() && !dwpe.defined()) return;  // frozen: no gradient to compute
+  if (!dwte.defined()) {  // the token table frozen (no gradient), the positions trained
+    const int64_t T = full.dim(1), C = full.dim(2);
+    const Tensor rows = full.view({full.dim(0) * T, C});
+    for (const SequenceRun& r : seq.runs(tokens.dim(0)))
+      for (int64_t b = r.b_begin; b < r.b_end; ++b)  // dwpe[position + i] += dout[b, row + i]
+        accumulate(ex, dwpe.slice_rows(r.position, r.position + r.length),
+                   rows.slice_rows(b * T + r.row, b * T + r.row + r.length));
+    return;
+  }
   for (const SequenceRun& r : seq.runs(tokens.dim(0)))
     embedding_backward(ex, dwte, dwpe, run_view(full, r), run_view(tokens, r), r.position, shard_);
 }

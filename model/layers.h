@@ -4,6 +4,7 @@
 // device and stream), not to be confused with those context structs (`ctx`).
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "kernels/allocator.h"
@@ -12,6 +13,7 @@
 #include "kernels/tensor.h"
 #include "kernels/vocab_shard.h"
 #include "model/config.h"
+#include "model/lora.h"
 #include "model/parameters.h"
 #include "parallel/tensor_parallel.h"
 
@@ -30,6 +32,12 @@ class Linear {
          double init_std, bool sum_grad_over_tp = false);
   // A layer whose weight is an existing parameter (tied LM head: the token embedding), no bias.
   static Linear tied(ParameterStore& ps, int weight_id);
+  // Adds a LoRA adapter (model/lora.h) named after the layer, right after the layer's own
+  // parameters; forward and backward then include it. A frozen weight (no gradient: a LoRA run's
+  // base) skips its dW GEMM, and its bias must be frozen too.
+  void add_lora(ParameterStore& ps, const std::string& name, ShardSpec weight_shard, bool sum_grad_over_tp,
+                const LoraConfig& cfg);
+  const LoraAdapter* lora() const { return lora_ ? lora_.get() : nullptr; }
 
   // y (N, out), x (N, in); leading dims flatten into N. with_bias = false leaves the bias out (a
   // row-parallel layer adds it on one tp rank only, so that the sum over ranks holds it once).
@@ -51,8 +59,11 @@ class Linear {
  private:
   const ParameterStore* ps_ = nullptr;
   Profiler* prof_ = nullptr;
+  // The weight-gradient GEMMs (dW, db), skipped for a weight without a gradient (frozen).
+  void weight_grads(const Exec& ex, const Tensor& dy, const Tensor& x) const;
   int weight_ = -1;
   int bias_ = -1;
+  std::shared_ptr<const LoraAdapter> lora_;
 };
 
 // Token embedding (V, C) plus, for learned positions, a position embedding (P, C). Under tensor

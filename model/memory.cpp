@@ -5,7 +5,10 @@
 #include "model/memory.h"
 
 #include <algorithm>
+#include <string>
 #include <vector>
+
+#include "model/lora.h"
 
 namespace tessera {
 
@@ -70,6 +73,20 @@ Dims dims_of(const ModelConfig& c, const ModelMemoryLayout& lay) {
 // Parameters of this rank's stage (model/layers.cpp, gpt.cpp constructors): column-parallel layers
 // split their outputs (and biases), row-parallel ones their inputs (bias whole), norms are whole.
 // A tied LM head on a later stage than the embedding holds its own copy of wte.
+// One block's LoRA adapters (model/lora.h) on this rank: A (r, in) and B (out, r) for each targeted
+// layer, split like the layer (column-parallel: B's rows; row-parallel: A's columns).
+N lora_parameters(const ModelConfig& c, const Dims& d) {
+  if (!c.lora.enabled()) return N{0};
+  const N r{c.lora.rank}, C = d.C, Cl = d.Hl * d.D, kv_local = d.kv_replicated ? d.KVh * d.D : d.KVl * d.D;
+  const auto adapted = [&](const char* layer, N in, N out) {
+    return lora_targets_layer(c.lora, std::string("blocks.0.") + layer) ? r * in + out * r : N{0};
+  };
+  N total = adapted("attn.q", C, Cl) + adapted("attn.k", C, kv_local) + adapted("attn.v", C, kv_local) +
+            adapted("attn.proj", Cl, C);
+  if (d.swiglu) return total + adapted("mlp.gate", C, d.Fl) + adapted("mlp.up", C, d.Fl) + adapted("mlp.down", d.Fl, C);
+  return total + adapted("mlp.fc", C, d.Fl) + adapted("mlp.proj", d.Fl, C);
+}
+
 N parameters(const ModelConfig& c, const Dims& d, const StageSpec& st) {
   const N one{1}, zero{0};
   const N b = d.bias ? one : zero;
@@ -78,7 +95,7 @@ N parameters(const ModelConfig& c, const Dims& d, const StageSpec& st) {
   const N kv_local = d.kv_replicated ? kv : d.KVl * d.D;
   const N attention = (Cl * C + b * Cl) + N{2} * (kv_local * C + b * kv_local) + (C * Cl + b * C);
   const N mlp = d.swiglu ? N{3} * (d.Fl * C) + b * (N{2} * d.Fl + C) : N{2} * (d.Fl * C) + b * (d.Fl + C);
-  N total = N{st.layers()} * (norm + attention + norm + mlp);  // blocks
+  N total = N{st.layers()} * (norm + attention + norm + mlp + lora_parameters(c, d));  // blocks
   if (st.embedding) {
     total = total + d.Vl * C;                                            // wte (padded rows)
     if (d.learned_positions) total = total + N{c.max_seq_len} * C;      // wpe
@@ -277,6 +294,15 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
   w.forward = w.forward + bf.block_forward;
   w.backward = w.backward + bf.block_backward;
   w.backward_selective = w.backward_selective + bf.block_backward;
+  // LoRA (model/lora.h): an adapted Linear's (B T, r) temporary (A x in forward, s dy B or A x in
+  // backward) beside the branch's: added to the block's peaks, an upper bound (exact when the peak
+  // falls in an adapted layer, as in tests/app/test_memory_check.cpp's cases).
+  if (c.lora.enabled() && lora_parameters(c, d).v > 0) {
+    const N lora_tmp = d.B * d.T * N{c.lora.rank};
+    w.forward = w.forward + lora_tmp;
+    w.backward = w.backward + lora_tmp;
+    w.backward_selective = w.backward_selective + lora_tmp;
+  }
   const N X = d.B * d.T * d.C, Xl = d.B * d.Tl * d.C;
   const int64_t L = st.layers();
   std::vector<BlockCost> blocks;

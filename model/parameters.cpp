@@ -47,19 +47,23 @@ void ParameterStore::freeze(int id) {
 void ParameterStore::finalize(int64_t pad_multiple) {
   TESSERA_CHECK(!finalized_, "ParameterStore::finalize() called twice");
   TESSERA_CHECK(pad_multiple >= 1, "ParameterStore::finalize: pad_multiple = ", pad_multiple);
-  // Frozen first, then trainable, each in registration order.
+  // Frozen without a gradient, frozen with one, then trainable, each in registration order.
   int64_t at = 0;
-  for (bool frozen : {true, false}) {
+  auto place = [&](auto&& belongs) {
     for (ParamEntry& e : entries_)
-      if (e.frozen == frozen) e.offset = at, at += e.local_shape.numel();
-    if (frozen) frozen_total_ = at;
-  }
+      if (belongs(e)) e.offset = at, at += e.local_shape.numel();
+  };
+  place([](const ParamEntry& e) { return !e.has_grad(); });
+  no_grad_total_ = at;
+  place([](const ParamEntry& e) { return e.frozen && e.has_grad(); });
+  frozen_total_ = at;
+  place([](const ParamEntry& e) { return !e.frozen; });
   const int64_t trainable = total_ - frozen_total_;
   const int64_t padded = frozen_total_ + (trainable + pad_multiple - 1) / pad_multiple * pad_multiple;
   params_ = Buffer(alloc_, dtype_, {padded}, MemCategory::Parameters);
-  grads_ = Buffer(alloc_, dtype_, {padded}, MemCategory::Gradients);
+  grads_ = Buffer(alloc_, dtype_, {padded - no_grad_total_}, MemCategory::Gradients);
   flat_params_ = params_.tensor().slice_rows(0, total_);
-  flat_grads_ = grads_.tensor().slice_rows(0, total_);
+  flat_grads_ = grads_.tensor().slice_rows(0, total_ - no_grad_total_);
   finalized_ = true;
 }
 
@@ -73,7 +77,7 @@ Tensor ParameterStore::padded_trainable_flat_params() const {
 }
 
 Tensor ParameterStore::padded_trainable_flat_grads() const {
-  return grads_.tensor().slice_rows(frozen_total_, grads_.tensor().numel());
+  return grads_.tensor().slice_rows(frozen_total_ - no_grad_total_, grads_.tensor().numel());
 }
 
 Tensor ParameterStore::param(int id) const {
@@ -86,7 +90,9 @@ Tensor ParameterStore::param(int id) const {
 Tensor ParameterStore::grad(int id) const {
   const ParamEntry& e = entry(id);
   TESSERA_CHECK(finalized_, "gradient of ", e.spec.name, " used before finalize()");
-  return Tensor(static_cast<char*>(grads_.tensor().data) + e.offset * dtype_size(dtype_), dtype_, e.local_shape,
+  if (!e.has_grad()) return Tensor();
+  return Tensor(static_cast<char*>(grads_.tensor().data) + (e.offset - no_grad_total_) * dtype_size(dtype_), dtype_,
+                e.local_shape,
                 alloc_.device());
 }
 
@@ -175,6 +181,9 @@ void ParameterStore::initialize_entry(const Exec& ex, int id, uint64_t seed, con
           case InitKind::Ones: v = 1.0; break;
           case InitKind::Normal:
             v = e.spec.init_std * philox::normal(key, static_cast<uint64_t>(global_index(e, i)));
+            break;
+          case InitKind::Uniform:
+            v = e.spec.init_std * philox::uniform_symmetric(key, static_cast<uint64_t>(global_index(e, i)));
             break;
         }
         p[j] = static_cast<std::remove_pointer_t<decltype(p)>>(v);

@@ -35,7 +35,8 @@ struct ShardLayout {
   int tp_rank = 0;
 };
 
-enum class InitKind { Normal, Zeros, Ones };
+// Uniform: in [-init_std, init_std] (init_std the bound), e.g. LoRA's Kaiming-uniform A.
+enum class InitKind { Normal, Zeros, Ones, Uniform };
 // What a parameter is, for optimizer groups (e.g. no weight decay on norms, biases, embeddings).
 enum class ParamKind { Matrix, Embedding, Bias, Norm };
 
@@ -70,6 +71,10 @@ struct ParamEntry {
   int64_t shard_start = 0;  // first global index along spec.shard.dim held here
   int64_t shard_valid = 0;  // indices along spec.shard.dim held here (< local_shape there when padded)
   bool frozen = false;      // not trained (train.freeze): laid out before the trainable parameters
+  // A frozen matrix or embedding has no gradient buffer (ParameterStore::grad is undefined): its
+  // modules skip its weight-gradient GEMM. Frozen norms and biases keep theirs (vectors; the
+  // kernels write them beside the input gradient), unused.
+  bool has_grad() const { return !frozen || spec.kind == ParamKind::Norm || spec.kind == ParamKind::Bias; }
 
   // Split over tp on this layout (false for replicated parameters, and for every one when tp = 1).
   bool sharded() const { return spec.shard.axis != GridAxis::None && !(local_shape == spec.global_shape); }
@@ -95,6 +100,8 @@ class ParameterStore {
   // trainable region [frozen_numel(), numel()) is one contiguous range, and it (not the whole
   // buffer) is what the padding rounds up to a multiple of pad_multiple. Without frozen parameters
   // the offsets are the registration order's.
+  // Frozen matrices and embeddings (ParamEntry::has_grad false) are laid out first of all and the
+  // gradient buffer starts after them: it holds padded_numel() - no_grad_numel() elements.
   void finalize(int64_t pad_multiple = 1);
   // Fills every parameter from (seed, name, global index): the same global model on any layout.
   // The values are drawn on the host and copied to the parameters' device (a copy op through a
@@ -103,7 +110,7 @@ class ParameterStore {
   void zero_grads(const Exec& ex);
 
   Tensor param(int id) const;  // local shape
-  Tensor grad(int id) const;
+  Tensor grad(int id) const;   // undefined when !entry(id).has_grad()
 
   // Mixed precision (train.dtype = "bf16"): a copy of every parameter in `dt` (BF16), which the
   // GEMMs read (kernels/matmul.h) while the optimizer updates the master parameters. After
@@ -120,10 +127,13 @@ class ParameterStore {
   int size() const { return static_cast<int>(entries_.size()); }
 
   const Tensor& flat_params() const { return flat_params_; }  // (numel())
+  // The gradients of [no_grad_numel(), numel()) (the parameters that have one).
   const Tensor& flat_grads() const { return flat_grads_; }
   // The same buffers with their padding: (padded_numel()), the padding zero.
   const Tensor& padded_flat_params() const { return params_.tensor(); }
   const Tensor& padded_flat_grads() const { return grads_.tensor(); }
+  // Elements at the start of the flat parameters with no gradient (frozen matrices, embeddings).
+  int64_t no_grad_numel() const { return no_grad_total_; }
   int64_t numel() const { return total_; }  // local elements (tp padding rows included)
   // Elements of the whole model (of this pipeline stage's part of it) on any tp layout; a
   // stage_copy is not counted, so the stages' counts add up to the model's.
@@ -133,7 +143,9 @@ class ParameterStore {
   // trainable entries minus frozen_numel() index it.
   int64_t frozen_numel() const { return frozen_total_; }
   Tensor trainable_flat_params() const { return flat_params_.slice_rows(frozen_total_, total_); }
-  Tensor trainable_flat_grads() const { return flat_grads_.slice_rows(frozen_total_, total_); }
+  Tensor trainable_flat_grads() const {
+    return flat_grads_.slice_rows(frozen_total_ - no_grad_total_, total_ - no_grad_total_);
+  }
   // The compute copy's trainable region (the layout of trainable_flat_params()); undefined without
   // a copy. The optimizer may write it in its update's pass (kernels/adamw.h).
   Tensor trainable_flat_compute() const;
@@ -142,6 +154,8 @@ class ParameterStore {
   bool any_frozen() const { return frozen_total_ > 0; }
   DType dtype() const { return dtype_; }
   const ShardLayout& layout() const { return layout_; }
+  // Where the parameters live (modules allocate their temporaries beside them, e.g. LoRA's A x).
+  Allocator& allocator() const { return alloc_; }
 
  private:
   void initialize_entry(const Exec& ex, int id, uint64_t seed, const Tensor& staging);
@@ -152,6 +166,7 @@ class ParameterStore {
   std::unordered_map<std::string, int> by_name_;
   int64_t total_ = 0;
   int64_t frozen_total_ = 0;  // elements of the frozen parameters, at the start of the buffers
+  int64_t no_grad_total_ = 0; // of them, those without a gradient (first of all)
   bool finalized_ = false;
   Buffer params_, grads_;           // (padded)
   Buffer compute_;                  // (padded) the GEMMs' copy, when enabled

@@ -93,7 +93,8 @@ void VisionTower::backward(const Exec& ex, VisionCtx& ctx, Allocator& alloc, con
   }
   // Positions: each image's rows add to the (P, W) table; the patch GEMM's weight and bias.
   const Tensor dpos = ps_->grad(pos_);
-  for (int64_t n = 0; n < N; ++n) accumulate(ex, dpos, dres.tensor().slice_rows(n, n + 1).view({P_, W_}));
+  if (dpos.defined())  // frozen: none
+    for (int64_t n = 0; n < N; ++n) accumulate(ex, dpos, dres.tensor().slice_rows(n, n + 1).view({P_, W_}));
   patch_.backward(ex, Tensor(), dres, ctx.patches);
   ctx = VisionCtx{};
 }

@@ -167,7 +167,7 @@ int run_ckpt_export(const CkptExportArgs& args, std::ostream& out) {
                   ": the exported model would produce NaN. Export an earlier checkpoint, or pass --allow-non-finite "
                   "to export it as it is");
   }
-  const HfExportSummary s = export_hf_safetensors(reader, args.out_dir, args.vocab_dir);
+  const HfExportSummary s = export_hf_safetensors(reader, args.out_dir, args.vocab_dir, args.merge_lora);
   out << "wrote " << args.out_dir << "/model.safetensors (" << s.architecture << ", " << s.tensors << " tensors, "
       << with_commas(s.parameters) << " parameters), config.json, generation_config.json and the " << s.tokenizer
       << " tokenizer (vocab.json, merges.txt, tokenizer_config.json, special_tokens_map.json)\n";

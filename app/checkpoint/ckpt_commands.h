@@ -18,6 +18,7 @@ struct CkptExportArgs {
   std::string out_dir;
   bool allow_non_finite = false;  // export even when /model holds NaN or inf (refused otherwise)
   std::string vocab_dir;          // GPT-2 files for the tokenizer export; "" = data.vocab_dir, then data/gpt2
+  bool merge_lora = false;        // a LoRA run's checkpoint: write W + (alpha / r) B A (app/lora.h)
 };
 
 // Prints metadata and a table of every tensor (name, shape, dtype, L2 norm read from the file).

@@ -17,6 +17,7 @@
 #include "app/checkpoint/hf_model.h"
 #include "app/checkpoint/safetensors.h"
 #include "app/config.h"
+#include "app/lora.h"
 #include "data/addition.h"
 #include "data/gpt2_tokenizer.h"
 #include "data/hf_bpe_tokenizer.h"
@@ -51,6 +52,34 @@ toml::table parse_stored_config(const CheckpointReader& reader) {
   }
 }
 
+// The [lora] section of a stored config (absent: no adapters); a key of the wrong type names it.
+LoraConfig stored_lora(const toml::table& config, const std::string& where) {
+  LoraConfig l;
+  const toml::table* t = config["lora"].as_table();
+  if (t == nullptr) return l;
+  auto bad = [&](const char* key, const char* what) {
+    return Error("lora." + std::string(key) + " in the config stored in " + where + " must be " + what);
+  };
+  if (const toml::node* n = t->get("rank")) {
+    if (!n->value<int64_t>()) throw bad("rank", "an integer");
+    l.rank = *n->value<int64_t>();
+  }
+  if (const toml::node* n = t->get("alpha")) {
+    if (!n->value<double>()) throw bad("alpha", "a number");
+    l.alpha = *n->value<double>();
+  }
+  if (const toml::node* n = t->get("targets")) {
+    const toml::array* a = n->as_array();
+    if (a == nullptr) throw bad("targets", "an array of strings");
+    l.targets.clear();
+    for (const toml::node& e : *a) {
+      if (!e.value<std::string>()) throw bad("targets", "an array of strings");
+      l.targets.push_back(*e.value<std::string>());
+    }
+  }
+  return l;
+}
+
 int64_t rows_of(const CheckpointReader& reader, const std::string& path, const std::string& field) {
   TESSERA_CHECK(reader.has(path), reader.path(), ": model.", field, " = 0 in the stored config and there is no ", path,
                 " to take it from");
@@ -78,6 +107,7 @@ ModelConfig model_config_of(const CheckpointReader& reader) {
   read_key(*model, "lm_head", s.lm_head, where);
 
   ModelConfig m = s;  // the architecture fields; vocab_size and max_seq_len 0 mean "as trained":
+  m.lora = stored_lora(config, where);  // a LoRA run's adapters are model tensors too
   m.vocab_size = s.vocab_size > 0 ? s.vocab_size : rows_of(reader, "/model/wte.weight", "vocab_size");
   if (s.max_seq_len > 0) {
     m.max_seq_len = s.max_seq_len;
@@ -273,16 +303,17 @@ std::vector<float> transpose(const std::vector<float>& m, int64_t R, int64_t C) 
   return t;
 }
 
-SafetensorsEntry entry_for(const CheckpointReader& reader, const HfTensor& t) {
+// merge_scale > 0: a weight with a LoRA adapter is read merged, W + scale B A (lora_merged_weight).
+SafetensorsEntry entry_for(const CheckpointReader& reader, const HfTensor& t, double merge_scale) {
   Shape shape = reader.shape(t.sources.front());
   for (size_t i = 1; i < t.sources.size(); ++i) shape[0] += reader.shape(t.sources[i])[0];
   TESSERA_CHECK(!t.transpose || shape.ndim() == 2, "cannot transpose ", t.sources.front(), " ", shape.str());
   const Shape stored = shape;
   if (t.transpose) shape = Shape{stored[1], stored[0]};
-  auto data = [&reader, t, stored] {
+  auto data = [&reader, t, stored, merge_scale] {
     std::vector<float> all;
     for (const std::string& s : t.sources) {
-      std::vector<float> part = reader.read_all(s);
+      std::vector<float> part = merge_scale > 0 ? lora_merged_weight(reader, s, merge_scale) : reader.read_all(s);
       all.insert(all.end(), part.begin(), part.end());
     }
     return t.transpose ? transpose(all, stored[0], stored[1]) : all;
@@ -301,10 +332,15 @@ void write_text_file(const std::string& dir, const std::string& name, const std:
 }  // namespace
 
 HfExportSummary export_hf_safetensors(const CheckpointReader& reader, const std::string& out_dir,
-                                      const std::string& vocab_dir) {
+                                      const std::string& vocab_dir, bool merge_lora) {
   require_text_model(reader, "tessera ckpt export");
   const ModelConfig cfg = model_config_of(reader);
   check_shapes(reader, model_tensor_shapes(cfg));
+  TESSERA_CHECK(!cfg.lora.enabled() || merge_lora, reader.path(), " holds LoRA adapters ([lora] rank = ", cfg.lora.rank,
+                "): pass --merge-lora to export the merged weights W + (alpha / r) B A as a plain model");
+  TESSERA_CHECK(cfg.lora.enabled() || !merge_lora, "--merge-lora: ", reader.path(), " holds no LoRA adapters (its "
+                "stored config has no [lora] rank > 0)");
+  const double merge_scale = merge_lora ? cfg.lora.scale() : 0.0;
   const HfTokenizer tok = hf_tokenizer_of(reader, vocab_dir);  // before anything is written
   TESSERA_CHECK(tok.vocab_size <= cfg.vocab_size, reader.path(), ": the model's vocabulary (", cfg.vocab_size,
                 ") is smaller than its tokenizer's (", tok.name, ", ", tok.vocab_size, ")");
@@ -312,7 +348,7 @@ HfExportSummary export_hf_safetensors(const CheckpointReader& reader, const std:
   HfExportSummary summary;
   summary.architecture = cfg.preset == "gpt2" ? "GPT2LMHeadModel" : "LlamaForCausalLM";
   for (const HfTensor& t : hf_tensor_map(cfg)) {
-    entries.push_back(entry_for(reader, t));
+    entries.push_back(entry_for(reader, t, merge_scale));
     summary.parameters += entries.back().shape.numel();
   }
   summary.tensors = static_cast<int64_t>(entries.size());

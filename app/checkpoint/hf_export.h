@@ -65,7 +65,10 @@ struct HfExportSummary {
 // Checks the checkpoint's /model against its config (every mismatch listed) and finds its tokenizer,
 // then writes out_dir/model.safetensors, config.json, generation_config.json and the tokenizer's
 // vocab.json, merges.txt, tokenizer_config.json and special_tokens_map.json (creating out_dir).
+// A LoRA run's checkpoint (a stored [lora] with rank > 0) needs merge_lora: each adapted weight is
+// written merged, W + (alpha / r) B A (app/lora.h), the adapters themselves not; without adapters
+// merge_lora is refused.
 HfExportSummary export_hf_safetensors(const CheckpointReader& reader, const std::string& out_dir,
-                                      const std::string& vocab_dir = "");
+                                      const std::string& vocab_dir = "", bool merge_lora = false);
 
 }  // namespace tessera

@@ -17,6 +17,7 @@
 
 #include "app/checkpoint/hf_export.h"
 #include "app/freeze.h"
+#include "app/lora.h"
 #include "app/trainer.h"
 #include "model/memory.h"
 #include "model/stage_cut.h"
@@ -173,10 +174,25 @@ int64_t global_elements(const Config& cfg, const std::set<std::string>& names) {
   return n;
 }
 
-// train.freeze: the frozen parameters keep their parameter and gradient buffers but get no AdamW
-// moments. On one rank the estimate is the allocator's peak exactly (as without freezing), and it
-// is the unfrozen estimate less the frozen parameters' moments, 2 x 4 bytes per element (checkpoints
-// off here: with them, their host copy too).
+// Of those, the matrices' and embeddings' elements: a frozen one has no gradient buffer either
+// (ParamEntry::has_grad), counted from the model's own registrations.
+int64_t no_grad_elements(const Config& cfg, const std::set<std::string>& names) {
+  const ModelConfig mc = resolve(to_model_config(cfg, 13));
+  Allocator alloc;
+  ParameterStore ps(alloc, DType::F32);
+  const Gpt model(mc, ps);
+  int64_t n = 0;
+  for (const ParamEntry& e : ps.entries())
+    if (names.count(e.spec.name) && (e.spec.kind == ParamKind::Matrix || e.spec.kind == ParamKind::Embedding))
+      n += e.spec.global_shape.numel();
+  return n;
+}
+
+// train.freeze: the frozen parameters get no AdamW moments, and the frozen matrices and embeddings
+// no gradient buffer (norms and biases keep theirs). On one rank the estimate is the allocator's
+// peak exactly (as without freezing), and it is the unfrozen estimate less the frozen parameters'
+// moments, 2 x 4 bytes per element, and the frozen matrices' gradients, 4 bytes per element
+// (checkpoints off here: with them, their host copy too).
 TEST(MemoryCheck, FrozenParametersAreEstimatedWithoutTheirMoments) {
   const std::vector<std::vector<std::string>> cases = {
       {"train.freeze=[\"blocks.0.*\", \"wte.weight\"]"},
@@ -186,19 +202,21 @@ TEST(MemoryCheck, FrozenParametersAreEstimatedWithoutTheirMoments) {
     const Config cfg = tiny(overrides);
     MemoryLayout frozen{1, 1, false};
     frozen.frozen = frozen_of(cfg);
-    const int64_t elements = global_elements(cfg, frozen.frozen);
+    const int64_t elements = global_elements(cfg, frozen.frozen), no_grad = no_grad_elements(cfg, frozen.frozen);
     ASSERT_GT(elements, 0);
+    ASSERT_GT(no_grad, 0);
     const MemoryEstimate e = estimate_training_memory(cfg, 13, frozen);
     const MemoryEstimate all = estimate_training_memory(cfg, 13, MemoryLayout{1, 1, false});
-    EXPECT_EQ(all.allocator_bytes() - e.allocator_bytes(), 8 * elements) << ::testing::PrintToString(overrides);
-    EXPECT_EQ(all.total() - e.total(), 8 * elements) << ::testing::PrintToString(overrides);
+    EXPECT_EQ(all.allocator_bytes() - e.allocator_bytes(), 8 * elements + 4 * no_grad)
+        << ::testing::PrintToString(overrides);
+    EXPECT_EQ(all.total() - e.total(), 8 * elements + 4 * no_grad) << ::testing::PrintToString(overrides);
     EXPECT_EQ(static_cast<size_t>(e.allocator_bytes()), measured_peak(cfg, MPI_COMM_NULL))
         << ::testing::PrintToString(overrides);
     MemoryLayout saving = frozen;  // with checkpoints, their host copy holds no moments of the frozen ones either
     saving.checkpoints = true;
     MemoryLayout saving_all{1, 1, true};
     EXPECT_EQ(estimate_training_memory(cfg, 13, saving_all).total() - estimate_training_memory(cfg, 13, saving).total(),
-              16 * elements);
+              16 * elements + 4 * no_grad);
   }
 }
 
@@ -219,9 +237,18 @@ TEST(MemoryCheck, AFrozenVisionTowerIsEstimatedWithoutItsMoments) {
     for (const auto& [path, shape] : model_tensor_shapes(mc))
       if (frozen.frozen.count(path.substr(std::strlen("/model/")))) elements += shape.numel();
     ASSERT_GT(elements, 0) << freeze;
+    int64_t no_grad = 0;  // the frozen matrices and embeddings: no gradient buffer
+    {
+      Allocator a;
+      ParameterStore ps(a, DType::F32);
+      const Gpt model(mc, ps);
+      for (const ParamEntry& p : ps.entries())
+        if (frozen.frozen.count(p.spec.name) && (p.spec.kind == ParamKind::Matrix || p.spec.kind == ParamKind::Embedding))
+          no_grad += p.spec.global_shape.numel();
+    }
     const MemoryEstimate e = estimate_training_memory(cfg, 15, frozen);
     const MemoryEstimate all = estimate_training_memory(cfg, 15, MemoryLayout{1, 1, false});
-    EXPECT_EQ(all.allocator_bytes() - e.allocator_bytes(), 8 * elements) << freeze;
+    EXPECT_EQ(all.allocator_bytes() - e.allocator_bytes(), 8 * elements + 4 * no_grad) << freeze;
     EXPECT_EQ(static_cast<size_t>(e.allocator_bytes()), measured_peak(cfg, MPI_COMM_NULL)) << freeze;
   }
 }
@@ -243,7 +270,8 @@ TEST(MemoryCheck, AnInRunGrowthWithFreezeIsCheckedWithoutTheFrozenMoments) {
   const MemoryEstimate before = estimate_training_memory(plain, 13, MemoryLayout{1, 1, false});
   const MemoryEstimate grown_frozen = estimate_training_memory(deep, 13, after);
   const MemoryEstimate grown_all = estimate_training_memory(deep, 13, MemoryLayout{1, 1, false});
-  EXPECT_EQ(grown_all.total() - grown_frozen.total(), 8 * global_elements(deep, after.frozen));
+  EXPECT_EQ(grown_all.total() - grown_frozen.total(),
+            8 * global_elements(deep, after.frozen) + 4 * no_grad_elements(deep, after.frozen));
   EXPECT_EQ(measured_peak(grows_frozen, MPI_COMM_NULL),
             static_cast<size_t>(std::max(before.allocator_bytes(), grown_frozen.allocator_bytes())));
   ::setenv("TESSERA_TEST_MEMORY_AVAILABLE",
@@ -252,6 +280,41 @@ TEST(MemoryCheck, AnInRunGrowthWithFreezeIsCheckedWithoutTheFrozenMoments) {
                                    {"does not fit", "2 -> 4 layers", "not enough memory"}));
   EXPECT_NO_THROW({ Trainer t(grows_frozen, "", MPI_COMM_NULL); });
   ::unsetenv("TESSERA_TEST_MEMORY_AVAILABLE");
+}
+
+// [lora]: the adapters are parameters with gradients and moments, the whole base is frozen (no
+// moments, no gradient for its matrices and embeddings): counted exactly. An adapted layer's (B T, r)
+// temporary is added to the block's peaks, an upper bound: exact when the peak falls in an adapted
+// layer (every layer adapted, the first case), else above the allocator's peak by at most B T r
+// elements. A LoRA run needs less than training the whole model.
+TEST(MemoryCheck, LoraEstimateEqualsTheAllocatorsPeak) {
+  struct Case {
+    std::vector<std::string> overrides;
+    bool exact;
+  };
+  const std::vector<Case> cases = {
+      {{"lora.rank=2", "lora.targets=[\"attn.*\", \"mlp.*\"]"}, true},
+      {{"model.preset=\"llama\"", "lora.rank=4", "lora.targets=[\"attn.q\", \"attn.v\"]"}, false},
+  };
+  for (const Case& k : cases) {
+    const Config cfg = tiny(k.overrides);
+    const ModelConfig mc = resolve(to_model_config(cfg, 13));
+    std::vector<std::string> names;
+    for (const auto& [path, shape] : model_tensor_shapes(mc)) names.push_back(path.substr(std::strlen("/model/")));
+    MemoryLayout lora{1, 1, false};
+    lora.frozen = lora_frozen_base(names);
+    ASSERT_LT(lora.frozen.size(), names.size());
+    const int64_t estimate = estimate_training_memory(cfg, 13, lora).allocator_bytes();
+    const int64_t peak = static_cast<int64_t>(measured_peak(cfg, MPI_COMM_NULL));
+    // B <= global_batch on one rank
+    const int64_t tmp_bytes = cfg.train.global_batch * cfg.train.seq_len * cfg.lora.rank * 4;
+    if (k.exact) EXPECT_EQ(estimate, peak) << ::testing::PrintToString(k.overrides);
+    EXPECT_GE(estimate, peak) << ::testing::PrintToString(k.overrides);
+    EXPECT_LE(estimate - peak, tmp_bytes) << ::testing::PrintToString(k.overrides);
+    Config full = cfg;
+    full.lora.rank = 0;
+    EXPECT_LT(estimate, estimate_training_memory(full, 13, MemoryLayout{1, 1, false}).allocator_bytes());
+  }
 }
 
 // Under mpiexec -n 2 (tests/CMakeLists.txt): each rank's estimate against its own allocator peak,

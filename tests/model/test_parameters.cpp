@@ -56,6 +56,31 @@ TEST(ParameterStore, PaddedBuffersEndInZeros) {
   EXPECT_THROW(ParameterStore(alloc, DType::F32).finalize(0), Error);
 }
 
+TEST(ParameterStore, FrozenMatricesHaveNoGradientBuffer) {
+  // register_example: 24 + 24 (matrices) + 4 (norm) + 6 elements. Freeze the second matrix and the
+  // norm: the matrix comes first and has no gradient, the norm keeps its (unused) gradient.
+  Allocator alloc;
+  ParameterStore ps(alloc, DType::F32);
+  register_example(ps);
+  ps.freeze(1);
+  ps.freeze(2);
+  ps.finalize(4);
+  EXPECT_FALSE(ps.entry(1).has_grad());
+  EXPECT_TRUE(ps.entry(2).has_grad());
+  EXPECT_EQ(ps.entry(1).offset, 0);
+  EXPECT_EQ(ps.no_grad_numel(), 24);
+  EXPECT_EQ(ps.frozen_numel(), 28);
+  EXPECT_FALSE(ps.grad(1).defined());
+  EXPECT_EQ(ps.padded_numel(), 28 + 32);  // the trainable 30 padded to 32
+  EXPECT_EQ(ps.padded_flat_grads().numel(), 4 + 32);
+  EXPECT_EQ(alloc.counter(MemCategory::Gradients).current, (4u + 32) * 4);
+  EXPECT_EQ(ps.trainable_flat_grads().numel(), 30);
+  // The trainable gradients are views at the trainable parameters' place, less the no-grad prefix.
+  EXPECT_EQ(ps.grad(0).data, static_cast<float*>(ps.padded_flat_grads().data) + 4);
+  EXPECT_EQ(ps.grad(2).data, ps.padded_flat_grads().data);
+  EXPECT_EQ(ps.trainable_flat_grads().data, ps.grad(0).data);
+}
+
 TEST(ParameterStore, InitializationIsDeterministicAndDistributedAsAsked) {
   Allocator alloc;
   ParameterStore a(alloc, DType::F64), b(alloc, DType::F64), c(alloc, DType::F64);
