@@ -174,8 +174,8 @@ int run_ckpt_export(const CkptExportArgs& args, std::ostream& out) {
   if (args.adapters_only) {
     const PeftExportSummary p = export_peft_adapter(reader, args.out_dir, args.base_model);
     out << "wrote " << args.out_dir << "/adapter_model.safetensors (PEFT LoRA, " << p.tensors << " tensors, "
-        << with_commas(p.parameters) << " parameters) and adapter_config.json (base_model_name_or_path ""
-        << p.base_model << "")\n";
+        << with_commas(p.parameters) << " parameters) and adapter_config.json (base_model_name_or_path \""
+        << p.base_model << "\")\n";
     return 0;
   }
   const HfExportSummary s = export_hf_safetensors(reader, args.out_dir, args.vocab_dir, args.merge_lora);
