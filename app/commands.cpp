@@ -136,6 +136,11 @@ void register_ckpt(CLI::App& app, int& exit_code) {
   cmd->add_option("--out", exp->out_dir, "Output directory (created if needed)")->required();
   cmd->add_flag("--allow-non-finite", exp->allow_non_finite, "Export even when the model holds NaN or inf values");
   cmd->add_flag("--merge-lora", exp->merge_lora, "A LoRA run's checkpoint: export the merged weights W + (alpha/r) B A");
+  cmd->add_flag("--adapters-only", exp->adapters_only,
+                "A LoRA run's checkpoint: export only its adapters, as a PEFT folder (adapter_config.json, "
+                "adapter_model.safetensors)");
+  cmd->add_option("--base-model", exp->base_model,
+                  "--adapters-only: base_model_name_or_path to record (default: the run's checkpoint.init_from)");
   cmd->add_option("--vocab", exp->vocab_dir, "GPT-2 tokenizer directory (default: data.vocab_dir, then data/gpt2)");
   cmd->callback(on_one_process("ckpt export", [exp, &exit_code] { exit_code = run_ckpt_export(*exp, std::cout); }));
 

@@ -14,6 +14,7 @@
 
 #include "app/checkpoint/checkpoint_io.h"
 #include "app/checkpoint/hf_export.h"
+#include "app/checkpoint/peft_export.h"
 #include "kernels/check.h"
 
 namespace tessera {
@@ -166,6 +167,16 @@ int run_ckpt_export(const CkptExportArgs& args, std::ostream& out) {
     TESSERA_CHECK(bad.empty(), "ckpt export: ", args.file, " holds non-finite values (NaN or inf) in ", names,
                   ": the exported model would produce NaN. Export an earlier checkpoint, or pass --allow-non-finite "
                   "to export it as it is");
+  }
+  TESSERA_CHECK(!(args.adapters_only && args.merge_lora), "ckpt export: --adapters-only and --merge-lora exclude each "
+                "other (a PEFT adapter folder, or a plain model with the adapters merged): pass one");
+  TESSERA_CHECK(args.adapters_only || args.base_model.empty(), "ckpt export: --base-model goes with --adapters-only");
+  if (args.adapters_only) {
+    const PeftExportSummary p = export_peft_adapter(reader, args.out_dir, args.base_model);
+    out << "wrote " << args.out_dir << "/adapter_model.safetensors (PEFT LoRA, " << p.tensors << " tensors, "
+        << with_commas(p.parameters) << " parameters) and adapter_config.json (base_model_name_or_path \""
+        << p.base_model << "\")\n";
+    return 0;
   }
   const HfExportSummary s = export_hf_safetensors(reader, args.out_dir, args.vocab_dir, args.merge_lora);
   out << "wrote " << args.out_dir << "/model.safetensors (" << s.architecture << ", " << s.tensors << " tensors, "

@@ -19,6 +19,8 @@ struct CkptExportArgs {
   bool allow_non_finite = false;  // export even when /model holds NaN or inf (refused otherwise)
   std::string vocab_dir;          // GPT-2 files for the tokenizer export; "" = data.vocab_dir, then data/gpt2
   bool merge_lora = false;        // a LoRA run's checkpoint: write W + (alpha / r) B A (app/lora.h)
+  bool adapters_only = false;     // a LoRA run's checkpoint: its adapters as a PEFT folder (peft_export.h)
+  std::string base_model;         // --adapters-only: base_model_name_or_path ("" = the /lora record's base)
 };
 
 // Prints metadata and a table of every tensor (name, shape, dtype, L2 norm read from the file).

@@ -68,6 +68,10 @@ LoraConfig stored_lora(const toml::table& config, const std::string& where) {
     if (!n->value<double>()) throw bad("alpha", "a number");
     l.alpha = *n->value<double>();
   }
+  if (const toml::node* n = t->get("dropout")) {
+    if (!n->value<double>()) throw bad("dropout", "a number");
+    l.dropout = *n->value<double>();
+  }
   if (const toml::node* n = t->get("targets")) {
     const toml::array* a = n->as_array();
     if (a == nullptr) throw bad("targets", "an array of strings");
