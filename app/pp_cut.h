@@ -23,12 +23,14 @@ inline constexpr int kPpCutRepeats = 3;
 
 // Each part's seconds for one micro-batch (train.micro_batch x train.seq_len tokens) on ex's
 // device, in this process (tp = cp = 1, the run's dtype and recomputation):
-//   block l: the stage {l, l + 1} alone, from activations to activations;
-//   embedding: the stage {0, 1} with the embedding less block 0's time (gpt), or the vision
-//     encoder's stage {0, 0} run on text only (vlm);
+//   block l: the stage {l, l + 1} alone, from activations to activations (gpt: l >= 1, since a
+//     text model's stage starting at layer 0 holds the embedding);
+//   embedding (gpt): the stage {0, 1}, embedding and block 0, less the other blocks' mean; block 0
+//     the rest (the two share stage 0 in every cut: their sum is what the cut reads);
+//   embedding (vlm): the vision encoder's stage {0, 0} run on text only;
 //   vision (vlm): the stage {0, 0} with one image per sequence less its text-only time;
 //   head: the stage {L-1, L} with the head and loss less block L-1's time.
-// A difference below zero (noise, a part far cheaper than a block) counts as 0.
+// A difference below zero (noise, a part far cheaper than a block) counts as 0. model.n_layer >= 2.
 PartTimes measure_part_times(const Config& cfg, const ModelConfig& mc, const Exec& ex, int repeats = kPpCutRepeats);
 
 // The seconds of stage `index` of a cut, built whole (its blocks, and the embedding, vision tower and

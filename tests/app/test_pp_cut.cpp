@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +18,8 @@
 #include "cli_testing.h"
 #include "error_testing.h"
 #include "layout_testing.h"
+#include "mpi_testing.h"
+#include "parallel/mpi.h"
 #include "model/stage_cut.h"
 #include "vlm_testing.h"
 
@@ -133,6 +136,23 @@ TEST(PpCut, MemoryCapMovesTheCut) {
   cfg.train.max_memory_gib = 0.5 * stage_bytes(cfg, 1, 1) / (1024.0 * 1024.0 * 1024.0);  // nothing fits
   EXPECT_TRUE(throws_with([&] { measured_cut(cfg, mc, kVocab, layout, Exec::cpu(), MPI_COMM_NULL, timer, false); },
                           {"parallel.pp_cut", "fits in memory"}));
+}
+
+// Under mpiexec (ctest PpCut.two_ranks): the real timing pass on rank 0, and every rank holds rank 0's
+// part times and cut, whatever its own clock would say.
+TEST(PpCutLayouts, EveryRankHoldsRankZerosCut) {
+  const MPI_Comm world = testing::test_world();
+  const Config cfg = tiny();
+  const ModelConfig mc = resolve(to_model_config(cfg, kVocab));
+  const MeasuredCut cut = measured_cut(cfg, mc, kVocab, MemoryLayout{1, 1, false}, Exec::cpu(), world, {}, true);
+  std::vector<double> mine(cut.times.blocks);
+  mine.insert(mine.end(), {cut.times.embedding, cut.times.head, static_cast<double>(cut.blocks.at(0)),
+                           static_cast<double>(cut.blocks.at(1))});
+  std::vector<double> root = mine;
+  check_mpi(MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_DOUBLE, 0, world), "MPI_Bcast (test)");
+  EXPECT_EQ(mine, root) << "rank " << comm_rank(world);
+  EXPECT_EQ(cut.blocks[0] + cut.blocks[1], 4);
+  EXPECT_EQ(cut.measured.size(), comm_rank(world) == 0 ? 2u : 0u);  // the stages are timed on rank 0
 }
 
 // The text after `key` up to the end of its line.
