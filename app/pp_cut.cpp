@@ -229,27 +229,37 @@ PartTimes measure_part_times(const Config& cfg, const ModelConfig& mc, const Exe
   TESSERA_CHECK(repeats >= 1, "measure_part_times: repeats = ", repeats, " must be at least 1");
   const ModelConfig m = resolve(mc);
   const int64_t L = m.n_layer;
-  TESSERA_CHECK(L >= 2, "parallel.pp_cut = \"measured\": model.n_layer = ", L, " has nothing to cut");
   const MicroBatch mb(cfg, m, ex);
   PartTimes t;
   t.blocks.assign(static_cast<size_t>(L), 0.0);
-  // A text model's stage starting at layer 0 holds the embedding: block 0 is timed from 1 on.
-  for (int64_t l = m.is_vlm() ? 0 : 1; l < L; ++l)
+  // A stage ending at the last layer holds the head, and a text model's stage starting at layer 0
+  // the embedding: the blocks between are timed alone.
+  const int64_t first_alone = m.is_vlm() ? 0 : 1;
+  double alone = 0;
+  for (int64_t l = first_alone; l < L - 1; ++l) {
     t.blocks[static_cast<size_t>(l)] = median_time(cfg, m, ex, mb, StageSpec{l, l + 1, false, false}, false, repeats);
+    alone += t.blocks[static_cast<size_t>(l)];
+  }
+  const int64_t n_alone = std::max<int64_t>(0, L - 1 - first_alone);
+  // An end block with its end part (the embedding, the head): they share a stage in every cut, so
+  // their sum is what the cut reads; split as the part = the sum less a block timed alone (the
+  // mean of those; none, as in a 2-block text model: the sum stays on the block).
+  const auto split = [&](double both, double& part, double& block) {
+    part = n_alone > 0 ? std::max(0.0, both - alone / static_cast<double>(n_alone)) : 0.0;
+    block = both - part;
+  };
   if (m.is_vlm()) {  // the encoder's own stage {0, 0}: the embedding alone, then with the tower
     const StageSpec encoder{0, 0, true, false};
     t.embedding = median_time(cfg, m, ex, mb, encoder, false, repeats);
     t.vision = std::max(0.0, median_time(cfg, m, ex, mb, encoder, true, repeats) - t.embedding);
-  } else {
-    // The embedding and block 0 share stage 0 in every cut, so their sum is what the cut reads; it is
-    // split as the embedding = the sum less the other blocks' mean (block 0's shape is theirs).
-    const double both = median_time(cfg, m, ex, mb, StageSpec{0, 1, true, false}, false, repeats);
-    double others = 0;
-    for (int64_t l = 1; l < L; ++l) others += t.blocks[static_cast<size_t>(l)];
-    t.embedding = std::max(0.0, both - others / static_cast<double>(L - 1));
-    t.blocks.front() = both - t.embedding;
+  } else if (L > 1) {
+    split(median_time(cfg, m, ex, mb, StageSpec{0, 1, true, false}, false, repeats), t.embedding, t.blocks.front());
   }
-  t.head = std::max(0.0, median_time(cfg, m, ex, mb, StageSpec{L - 1, L, false, true}, false, repeats) - t.blocks.back());
+  if (L > 1 || m.is_vlm()) {
+    split(median_time(cfg, m, ex, mb, StageSpec{L - 1, L, false, true}, false, repeats), t.head, t.blocks.back());
+  } else {  // one block with both ends: the whole model (nothing to cut)
+    split(median_time(cfg, m, ex, mb, StageSpec{0, 1, true, true}, false, repeats), t.head, t.blocks.back());
+  }
   return t;
 }
 

@@ -22,15 +22,16 @@ namespace tessera {
 inline constexpr int kPpCutRepeats = 3;
 
 // Each part's seconds for one micro-batch (train.micro_batch x train.seq_len tokens) on ex's
-// device, in this process (tp = cp = 1, the run's dtype and recomputation):
-//   block l: the stage {l, l + 1} alone, from activations to activations (gpt: l >= 1, since a
-//     text model's stage starting at layer 0 holds the embedding);
-//   embedding (gpt): the stage {0, 1}, embedding and block 0, less the other blocks' mean; block 0
-//     the rest (the two share stage 0 in every cut: their sum is what the cut reads);
-//   embedding (vlm): the vision encoder's stage {0, 0} run on text only;
-//   vision (vlm): the stage {0, 0} with one image per sequence less its text-only time;
-//   head: the stage {L-1, L} with the head and loss less block L-1's time.
-// A difference below zero (noise, a part far cheaper than a block) counts as 0. model.n_layer >= 2.
+// device, in this process (tp = cp = 1, the run's dtype and recomputation), each part built as a
+// stage of its own (model/gpt.h StageSpec) and timed forward + backward:
+//   block l (0 < l < L - 1; a VLM's from l = 0): the stage {l, l + 1}, activations to activations;
+//   the first block with the embedding (text: a stage starting at layer 0 holds it) and the last
+//     block with the head (a stage ending at layer L holds it): the stages {0, 1} and {L - 1, L},
+//     each split as the part = the stage's time less the mean of the blocks timed alone (none:
+//     all on the block); the two share a stage in every cut, so only their sum matters to it;
+//   a VLM's embedding: the encoder's stage {0, 0} on text; its vision tower (and projector): the
+//     same stage with one image per sequence, less that.
+// A difference below zero (noise, a part far cheaper than a block) counts as 0.
 PartTimes measure_part_times(const Config& cfg, const ModelConfig& mc, const Exec& ex, int repeats = kPpCutRepeats);
 
 // The seconds of stage `index` of a cut, built whole (its blocks, and the embedding, vision tower and

@@ -201,7 +201,7 @@ TEST(StageCutMeasured, SlowHeadMovesTheCutAndBalancesBetterThanFlops) {
   cfg.n_layer = 8;
   cfg.n_head = 4;
   cfg.n_embd = 64;
-  cfg.vocab_size = 8000;
+  cfg.vocab_size = 1024;
   cfg.max_seq_len = 128;
   cfg = resolve(cfg);
   const int64_t T = 128, pp = 2;
