@@ -28,7 +28,9 @@ inline constexpr int kPpCutRepeats = 3;
 //   the first block with the embedding (text: a stage starting at layer 0 holds it) and the last
 //     block with the head (a stage ending at layer L holds it): the stages {0, 1} and {L - 1, L},
 //     each split as the part = the stage's time less the mean of the blocks timed alone (none:
-//     all on the block); the two share a stage in every cut, so only their sum matters to it;
+//     all on the block), the block = a block's time in place (below);
+//   in place: the blocks timed alone run again as one stage, and every block's time is scaled to
+//     that stage's (alone, a block's weights and saved activations stay in cache);
 //   a VLM's embedding: the encoder's stage {0, 0} on text; its vision tower (and projector): the
 //     same stage with one image per sequence, less that.
 // A difference below zero (noise, a part far cheaper than a block) counts as 0.
