@@ -129,14 +129,18 @@ std::vector<int64_t> starts_of(const std::vector<int64_t>& blocks) {
   return s;
 }
 
-// A full cut with stage r holding n blocks (the others one each, the rest on the first other stage):
-// what estimate_training_memory reads for stage r, whose estimate depends only on its position and
-// count. Empty when the other stages cannot each hold one.
-std::vector<int64_t> cut_around(int64_t pp, int64_t L, int64_t r, int64_t n) {
-  if (L - n < pp - 1) return {};
+// A full cut with stage r holding n blocks (the others their least: one block, none for a VLM's
+// stage 0 (encoder_stage); the rest on the first other stage): what estimate_training_memory reads
+// for stage r, whose estimate depends only on its position and count. Empty when the others cannot
+// hold their least.
+std::vector<int64_t> cut_around(int64_t pp, int64_t L, int64_t r, int64_t n, bool encoder_stage) {
   std::vector<int64_t> blocks(static_cast<size_t>(pp), 1);
+  if (encoder_stage) blocks[0] = 0;
   blocks[static_cast<size_t>(r)] = n;
-  if (pp > 1) blocks[r == 0 ? 1 : 0] += L - n - (pp - 1);
+  int64_t placed = 0;
+  for (int64_t b : blocks) placed += b;
+  if (placed > L) return {};
+  if (pp > 1) blocks[r == 0 ? 1 : 0] += L - placed;
   return blocks;
 }
 
@@ -164,13 +168,13 @@ MemoryRoom memory_room(MPI_Comm comm) {
 }
 
 // fits(r, n) for cut_by_time: stage r's estimate with n blocks within the room and the cap, memoized.
-StageFits stage_fits(const Config& cfg, int64_t L, int64_t data_vocab_size, const MemoryLayout& layout, const MemoryRoom& room) {
+StageFits stage_fits(const Config& cfg, int64_t L, bool encoder_stage, int64_t data_vocab_size, const MemoryLayout& layout, const MemoryRoom& room) {
   auto memo = std::make_shared<std::map<std::pair<int64_t, int64_t>, bool>>();
   return [=](int64_t r, int64_t n) {
     const auto key = std::make_pair(r, n);
     if (auto it = memo->find(key); it != memo->end()) return it->second;
     bool ok = false;
-    const std::vector<int64_t> blocks = cut_around(cfg.parallel.pp, L, r, n);
+    const std::vector<int64_t> blocks = cut_around(cfg.parallel.pp, L, r, n, encoder_stage);
     if (!blocks.empty()) {
       Config c = cfg;
       c.parallel.pp_layers = blocks;
@@ -322,7 +326,7 @@ MeasuredCut measured_cut(const Config& cfg, const ModelConfig& mc, int64_t data_
       out.times = timer ? timer(cfg, m, ex) : measure_part_times(cfg, m, ex);
       TESSERA_CHECK(static_cast<int64_t>(out.times.blocks.size()) == L, "parallel.pp_cut = \"measured\": ",
                     out.times.blocks.size(), " block times for model.n_layer = ", L);
-      out.blocks = cut_by_time(out.times, pp, m.is_vlm() && pp > 1, stage_fits(cfg, L, data_vocab_size, layout, room));
+      out.blocks = cut_by_time(out.times, pp, m.is_vlm() && pp > 1, stage_fits(cfg, L, m.is_vlm() && pp > 1, data_vocab_size, layout, room));
       if (measure_stages)
         for (int64_t r = 0; r < pp; ++r) out.measured.push_back(measure_stage_time(cfg, m, ex, out.blocks, r));
     } catch (const Error& e) {

@@ -28,10 +28,10 @@ MODELS = {
     # matmul and logits; measured, the narrow blocks' small GEMMs, norms and attention run well below
     # the head's GEMM rate.
     "head": ("quickstart.toml",
-             ["model.n_layer=8", "model.n_embd=64", "model.n_head=4", "model.vocab_size=8192", "train.seq_len=48",
+             ["model.n_layer=8", "model.n_embd=64", "model.n_head=4", "model.vocab_size=2048", "train.seq_len=48",
               "train.global_batch=32", "train.micro_batch=4", "train.eval_every=0", "data.val_examples=8",
               "train.eval_batches=1", "optim.warmup_steps=2", "checkpoint.at_end=false"],
-             "GPT-2, 8 blocks C=64, vocabulary 8192, T=48, micro-batch 4, 8 micro-batches per step"),
+             "GPT-2, 8 blocks C=64, vocabulary 2048, T=48, micro-batch 4, 8 micro-batches per step"),
     # A vision-language model whose tower (4 blocks of width 128 over 16 patches, and its projector)
     # sits before a language model of 6 narrow blocks.
     "vlm": ("quickstart-vl.toml",

@@ -103,6 +103,21 @@ TEST(PpCut, InjectedTimesGiveTheirCut) {
   EXPECT_NE(header.find("the FLOPs cut's predicted"), std::string::npos) << header;
 }
 
+// A VLM whose injected tower outweighs its two language blocks: the encoder's stage alone, [0, 2]
+// (the memory check reads stage 1 holding every block).
+TEST(PpCut, HeavyTowerGetsTheEncodersStage) {
+  const Config cfg = parse_config_string(testing::tiny_vlm_toml(1, 0), "vlm.toml", {"model.n_layer=2", "parallel.pp=2"});
+  const ModelConfig mc = resolve(to_model_config(cfg, 15));
+  const PartTimer timer = [](const Config&, const ModelConfig& m, const Exec&) {
+    PartTimes t;
+    t.blocks.assign(static_cast<size_t>(m.n_layer), 1.0);
+    t.vision = 10.0;
+    return t;
+  };
+  EXPECT_EQ(measured_cut(cfg, mc, 15, MemoryLayout{1, 1, false}, Exec::cpu(), MPI_COMM_NULL, timer, false).blocks,
+            (std::vector<int64_t>{0, 2}));
+}
+
 // The estimate of pipeline stage r holding n of the 4 blocks (the others on the other stage).
 double stage_bytes(const Config& cfg, int64_t r, int64_t n) {
   Config c = cfg;
