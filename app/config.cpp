@@ -752,6 +752,13 @@ void check_pipeline(const Config& c, int64_t dp_size, const Origins* origins) {
         fail(layers + ": stage " + std::to_string(i) + " holds " + std::to_string(p.pp_layers[i]) +
              " blocks, not a multiple of " + vpp + " (each stage's blocks are split into vpp equal chunks)");
   }
+  // parallel.pp_cut = "measured" (app/pp_cut.h) writes its cut into pp_layers at start.
+  if (p.pp_cut == "measured" && !p.pp_layers.empty())
+    fail(show("parallel.pp_cut", p.pp_cut, origins) + " measures the cut at start, but " + layers +
+         " gives one by hand: set one of them (parallel.pp_layers = [] or parallel.pp_cut = \"flops\")");
+  if (p.pp_cut == "measured" && p.pp > 1 && p.vpp > 1)
+    fail(show("parallel.pp_cut", p.pp_cut, origins) + " cuts one chunk per stage, but " + vpp +
+         "; use parallel.pp_cut = \"flops\" with the interleaved schedule");
   // With train.micro_batch = 0 the count is known once the micro-batch is chosen: checked again then.
   if (dp_size > 0 && p.pp > 1 && p.pp_schedule != "gpipe" && c.train.micro_batch > 0) {
     const int64_t m = grad_accum_steps(c, dp_size);

@@ -289,6 +289,7 @@ struct ParallelConfig {
   int64_t tp = 1;
   int64_t pp = 1;
   std::vector<int64_t> pp_layers;
+  std::string pp_cut = "flops";  // how pp_layers = [] is cut: "flops" (model/stage_cut.h) or "measured" (app/pp_cut.h)
   int64_t vpp = 1;
   std::string pp_schedule = "1f1b";
   int64_t cp = 1;
@@ -313,6 +314,10 @@ struct ParallelConfig {
             "hold 0 with vpp = 1: the vision encoder's own stage); [] = cut by a per-layer cost estimate that "
             "weighs the embedding, the vision tower and the LM head + loss as what they are (docs/parallel.md)",
             Allowed::at_least(0).at_most(kMaxLayers));
+    v.field("pp_cut", pp_cut, "how the stages are cut when parallel.pp_layers = []: flops (a per-layer cost "
+            "estimate) or measured (a short timing pass of every block, the embedding, the vision tower and the head "
+            "on rank 0 before training, then the cut whose slowest stage is fastest within the memory limit; "
+            "parallel.vpp = 1; docs/parallel.md)", Allowed::one_of({"flops", "measured"}));
     v.field("vpp", vpp, "virtual pipeline chunks per stage (parallel.pp_schedule = \"interleaved\"): the model "
             "is cut into pp x vpp chunks and rank r holds chunks r, r + pp, ...", Allowed::at_least(1).at_most(kMaxLayers));
     v.field("pp_schedule", pp_schedule, "pipeline schedule: gpipe (all forwards, then all backwards), 1f1b, "

@@ -29,6 +29,7 @@
 #include "app/upscale.h"
 #include "app/launch.h"
 #include "app/memory_check.h"
+#include "app/pp_cut.h"
 #include "app/preflight.h"
 #include "app/run_lock.h"
 #include "kernels/backend_info.h"
@@ -254,6 +255,11 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
   // Before anything is allocated: a run that cannot fit is refused now, on every rank, its frozen
   // parameters counted without moments. With an in-run growth the model before it and the grown
   // one are both estimated, and the larger checked.
+  // parallel.pp_cut = "measured": the stages cut by a timing pass on rank 0, written into
+  // parallel.pp_layers before anything reads the cut (app/pp_cut.h; collective).
+  MemoryLayout cut_layout{grid_.tp_size(), grid_.dp_size(), !ckpt_dir.empty() && comm != MPI_COMM_NULL};
+  cut_layout.frozen = frozen;
+  pp_cut_line_ = apply_measured_cut(cfg_, model, data_.vocab_size, cut_layout, ex_, comm);
   memory_line_ = check_memory(ckpt_dir, mc, frozen, grows_later, comm);
   build_model(model, frozen);
   schedule_ = LrSchedule{cfg_.optim.lr, cfg_.optim.min_lr, cfg_.optim.warmup_steps, cfg_.train.steps,
@@ -1071,6 +1077,7 @@ void Trainer::print_header() {
        << cpu_bf16_gemm_kernel();
   if (ckpt_) os << "\nrun id " << ckpt_->run_id();
   os << "\n" << memory_line_;
+  if (!pp_cut_line_.empty()) os << "\n" << pp_cut_line_;
   progress_.message(os.str());
   if (!resumed_from_.empty())
     progress_.message("resumed from " + resumed_from_ + " at step " + std::to_string(start_step_));

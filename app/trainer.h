@@ -194,6 +194,7 @@ class Trainer {
   AttrMap lora_record_;           // [lora]: the /lora record its checkpoints carry (app/lora.h)
   std::string initialized_from_;  // checkpoint.init_from's report: what was loaded and what was kept
   std::string memory_line_;                   // the memory estimate, for the header
+  std::string pp_cut_line_;                   // parallel.pp_cut = "measured": the cut and its times, for the header
   std::vector<std::string> resume_warnings_;  // keys changed since the checkpoint that change the data order
   int64_t start_step_ = 0, consumed_at_start_ = 0;
   int64_t saved_step_ = -1;  // the step of this run's last save

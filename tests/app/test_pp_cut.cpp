@@ -1,0 +1,210 @@
+// Tests app/pp_cut.h (parallel.pp_cut = "measured"): the config keys' rules; the timing pass gives a
+// positive time for every block, the embedding and the head, and for a vision-language model's
+// tower; injected part times give cut_by_time's cut, which differs from the FLOPs cut when the head
+// is slower than the formula says; train.max_memory_gib moves the cut to one whose every stage
+// fits; end to end (`slow`): `tessera train` on pp 2 with the measured cut prints it and trains the
+// losses of the same cut given as parallel.pp_layers, and the 1-rank run's within 1e-5.
+#include "app/pp_cut.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "cli_testing.h"
+#include "error_testing.h"
+#include "layout_testing.h"
+#include "mpi_testing.h"
+#include "parallel/mpi.h"
+#include "model/stage_cut.h"
+#include "vlm_testing.h"
+
+namespace tessera {
+namespace {
+namespace fs = std::filesystem;
+using testing::throws_with;
+
+constexpr int64_t kVocab = 64;
+
+// kTinyConfig with four blocks, micro-batches of 2 (four per step), on two stages.
+Config tiny(const std::vector<std::string>& more = {}) {
+  std::vector<std::string> sets = {"model.n_layer=4", "train.micro_batch=2", "parallel.pp=2"};
+  sets.insert(sets.end(), more.begin(), more.end());
+  return parse_config_string(testing::kTinyConfig, "tiny.toml", sets);
+}
+
+TEST(PpCutConfig, MeasuredRefusesAHandCutAndVirtualChunks) {
+  EXPECT_EQ(tiny().parallel.pp_cut, "flops");
+  EXPECT_EQ(tiny({"parallel.pp_cut=\"measured\""}).parallel.pp_cut, "measured");
+  EXPECT_TRUE(throws_with([] { tiny({"parallel.pp_cut=\"measured\"", "parallel.pp_layers=[1, 3]"}); },
+                          {"parallel.pp_cut", "parallel.pp_layers", "set one of them"}));
+  EXPECT_TRUE(throws_with([] {
+    tiny({"parallel.pp_cut=\"measured\"", "parallel.vpp=2", "parallel.pp_schedule=\"interleaved\""});
+  }, {"parallel.pp_cut", "parallel.vpp", "one chunk per stage"}));
+  EXPECT_TRUE(throws_with([] { tiny({"parallel.pp_cut=\"timed\""}); }, {"parallel.pp_cut", "timed"}));
+}
+
+TEST(PpCut, TimesEveryPartOfATinyGpt) {
+  const Config cfg = tiny();
+  const ModelConfig mc = resolve(to_model_config(cfg, kVocab));
+  const PartTimes t = measure_part_times(cfg, mc, Exec::cpu(), 2);
+  ASSERT_EQ(t.blocks.size(), 4u);
+  for (double b : t.blocks) {
+    EXPECT_GT(b, 0);
+    EXPECT_TRUE(std::isfinite(b));
+  }
+  EXPECT_GE(t.embedding, 0);
+  EXPECT_GE(t.head, 0);
+  EXPECT_EQ(t.vision, 0);
+  // A stage built whole from the same parts: positive and finite (its relation to the parts' sum is
+  // what the header prints, not asserted: timings on a shared machine are noisy).
+  const double s = measure_stage_time(cfg, mc, Exec::cpu(), {3, 1}, 1, 2);
+  EXPECT_GT(s, 0);
+  EXPECT_TRUE(std::isfinite(s));
+}
+
+// A vision tower of 4 blocks of width 64 (and its projector) against a language block of width 32:
+// the tower's time is measured, and larger than one language block's.
+TEST(PpCut, TimesTheVisionTowerOfAVlm) {
+  const Config cfg = parse_config_string(testing::tiny_vlm_toml(1, 0), "vlm.toml",
+                                         {"model.n_layer=2", "vision.n_layer=4", "vision.n_embd=64"});
+  const ModelConfig mc = resolve(to_model_config(cfg, 15));
+  const PartTimes t = measure_part_times(cfg, mc, Exec::cpu(), 3);
+  ASSERT_EQ(t.blocks.size(), 2u);
+  EXPECT_GT(t.vision, t.blocks[0]);
+}
+
+// Injected times (a head 4 blocks slower than the FLOPs formula's weight): the cut is
+// cut_by_time's, not the FLOPs rule's, and its predicted slowest stage is faster.
+TEST(PpCut, InjectedTimesGiveTheirCut) {
+  const Config cfg = tiny();
+  const ModelConfig mc = resolve(to_model_config(cfg, kVocab));
+  const LayerCosts costs = layer_costs(mc, cfg.train.seq_len);
+  const PartTimer timer = [&](const Config&, const ModelConfig& m, const Exec&) {
+    PartTimes t;
+    t.blocks.assign(static_cast<size_t>(m.n_layer), 1.0);
+    t.embedding = costs.weight(costs.embedding);
+    t.head = costs.weight(costs.head) + 4.0;
+    return t;
+  };
+  const MeasuredCut cut = measured_cut(cfg, mc, kVocab, MemoryLayout{1, 1, false}, Exec::cpu(), MPI_COMM_NULL, timer, false);
+  EXPECT_EQ(cut.blocks, cut_by_time(timer(cfg, mc, Exec::cpu()), 2, false));
+  EXPECT_NE(cut.blocks, cut.flops_blocks);
+  EXPECT_LT(*std::max_element(cut.predicted.begin(), cut.predicted.end()),
+            *std::max_element(cut.flops_predicted.begin(), cut.flops_predicted.end()));
+  EXPECT_TRUE(cut.measured.empty());
+  const std::string header = cut.describe();
+  EXPECT_NE(header.find("blocks per stage [" + std::to_string(cut.blocks[0]) + ", " + std::to_string(cut.blocks[1]) + "]"),
+            std::string::npos) << header;
+  EXPECT_NE(header.find("the FLOPs cut's predicted"), std::string::npos) << header;
+}
+
+// A VLM whose injected tower outweighs its two language blocks: the encoder's stage alone, [0, 2]
+// (the memory check reads stage 1 holding every block).
+TEST(PpCut, HeavyTowerGetsTheEncodersStage) {
+  const Config cfg = parse_config_string(testing::tiny_vlm_toml(1, 0), "vlm.toml", {"model.n_layer=2", "parallel.pp=2"});
+  const ModelConfig mc = resolve(to_model_config(cfg, 15));
+  const PartTimer timer = [](const Config&, const ModelConfig& m, const Exec&) {
+    PartTimes t;
+    t.blocks.assign(static_cast<size_t>(m.n_layer), 1.0);
+    t.vision = 10.0;
+    return t;
+  };
+  EXPECT_EQ(measured_cut(cfg, mc, 15, MemoryLayout{1, 1, false}, Exec::cpu(), MPI_COMM_NULL, timer, false).blocks,
+            (std::vector<int64_t>{0, 2}));
+}
+
+// The estimate of pipeline stage r holding n of the 4 blocks (the others on the other stage).
+double stage_bytes(const Config& cfg, int64_t r, int64_t n) {
+  Config c = cfg;
+  c.parallel.pp_layers = r == 0 ? std::vector<int64_t>{n, 4 - n} : std::vector<int64_t>{4 - n, n};
+  MemoryLayout l{1, 1, false};
+  l.pp_rank = r;
+  return static_cast<double>(estimate_training_memory(c, kVocab, l).total());
+}
+
+// Injected times want [3, 1] (a head worth 2 blocks); a train.max_memory_gib between what stage 0
+// needs with 2 blocks and with 3 (it holds two micro-batches in flight under 1f1b) gives [2, 2].
+TEST(PpCut, MemoryCapMovesTheCut) {
+  const std::vector<std::string> big = {"model.n_embd=256", "model.n_head=4", "train.seq_len=128",
+                                        "model.max_seq_len=128", "train.global_batch=32", "train.micro_batch=8"};
+  Config cfg = tiny(big);
+  const ModelConfig mc = resolve(to_model_config(cfg, kVocab));
+  const PartTimer timer = [](const Config&, const ModelConfig& m, const Exec&) {
+    PartTimes t;
+    t.blocks.assign(static_cast<size_t>(m.n_layer), 1.0);
+    t.head = 2.0;
+    return t;
+  };
+  const MemoryLayout layout{1, 1, false};
+  EXPECT_EQ(measured_cut(cfg, mc, kVocab, layout, Exec::cpu(), MPI_COMM_NULL, timer, false).blocks,
+            (std::vector<int64_t>{3, 1}));
+  const double two = std::max(stage_bytes(cfg, 0, 2), stage_bytes(cfg, 1, 2)), three = stage_bytes(cfg, 0, 3);
+  ASSERT_LT(two, three) << "the test's premise: stage 0 with 3 blocks needs the most";
+  cfg.train.max_memory_gib = 0.5 * (two + three) / (1024.0 * 1024.0 * 1024.0);
+  EXPECT_EQ(measured_cut(cfg, mc, kVocab, layout, Exec::cpu(), MPI_COMM_NULL, timer, false).blocks,
+            (std::vector<int64_t>{2, 2}));
+  cfg.train.max_memory_gib = 0.5 * stage_bytes(cfg, 1, 1) / (1024.0 * 1024.0 * 1024.0);  // nothing fits
+  EXPECT_TRUE(throws_with([&] { measured_cut(cfg, mc, kVocab, layout, Exec::cpu(), MPI_COMM_NULL, timer, false); },
+                          {"parallel.pp_cut", "fits in memory"}));
+}
+
+// Under mpiexec (ctest PpCut.two_ranks): the real timing pass on rank 0, and every rank holds rank 0's
+// part times and cut, whatever its own clock would say.
+TEST(PpCutLayouts, EveryRankHoldsRankZerosCut) {
+  const MPI_Comm world = testing::test_world();
+  const Config cfg = tiny();
+  const ModelConfig mc = resolve(to_model_config(cfg, kVocab));
+  const MeasuredCut cut = measured_cut(cfg, mc, kVocab, MemoryLayout{1, 1, false}, Exec::cpu(), world, {}, true);
+  std::vector<double> mine(cut.times.blocks);
+  mine.insert(mine.end(), {cut.times.embedding, cut.times.head, static_cast<double>(cut.blocks.at(0)),
+                           static_cast<double>(cut.blocks.at(1))});
+  std::vector<double> root = mine;
+  check_mpi(MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_DOUBLE, 0, world), "MPI_Bcast (test)");
+  EXPECT_EQ(mine, root) << "rank " << comm_rank(world);
+  EXPECT_EQ(cut.blocks[0] + cut.blocks[1], 4);
+  EXPECT_EQ(cut.measured.size(), comm_rank(world) == 0 ? 2u : 0u);  // the stages are timed on rank 0
+}
+
+// The text after `key` up to the end of its line.
+std::string line_after(const std::string& text, const std::string& key) {
+  const auto at = text.find(key);
+  return at == std::string::npos ? std::string() : text.substr(at + key.size(), text.find('\n', at) - at - key.size());
+}
+
+// `tessera train` on two stages with parallel.pp_cut = "measured" (four blocks): the header prints the
+// cut and the stage times; the losses equal those of the same cut given by hand bit for bit (the
+// same stages compute the same numbers), and the 1-rank run's within 1e-5 (fp32, other reduction
+// orders: tests/app/test_pipeline_training.cpp). Two processes and three runs: `slow`.
+TEST(PpCutSlow, MeasuredCutTrainsAsItsHandCutAndTheOneRankRun) {
+  const fs::path dir = testing::temp_dir("pp_cut");
+  std::ofstream(dir / "tiny.toml") << testing::kTinyConfig;
+  const std::vector<std::string> base = {"--set", "model.n_layer=4",   "--set", "train.steps=4", "--set",
+                                         "train.global_batch=8", "--set", "train.micro_batch=2", "--set", "log.every=1"};
+  auto r = testing::train_run(dir, "tiny.toml", "one", 1, base);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<double> want = testing::losses(dir / "one" / "metrics.jsonl");
+  ASSERT_EQ(want.size(), 4u);
+  r = testing::train_run(dir, "tiny.toml", "measured", 2,
+                         testing::with(base, {"--set", "parallel.pp=2", "--set", "parallel.pp_cut=\"measured\""}));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string cut = line_after(r.output, "blocks per stage ");
+  ASSERT_FALSE(cut.empty()) << r.output;
+  EXPECT_NE(r.output.find("stage times (ms): predicted ["), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(", measured ["), std::string::npos) << r.output;
+  const std::string layers = cut.substr(0, cut.find(']') + 1);  // "[a, b]"
+  r = testing::train_run(dir, "tiny.toml", "by_hand", 2,
+                         testing::with(base, {"--set", "parallel.pp=2", "--set", "parallel.pp_layers=" + layers}));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<double> measured = testing::losses(dir / "measured" / "metrics.jsonl");
+  EXPECT_EQ(measured, testing::losses(dir / "by_hand" / "metrics.jsonl")) << "cut " << layers;
+  testing::expect_losses_near(measured, want, 1e-5, "pp2 measured cut " + layers);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tessera
