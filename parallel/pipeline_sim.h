@@ -33,6 +33,10 @@ struct SimOptions {
   // when not empty, pp x vpp entries by virtual stage (chunk c of rank r is virtual stage c pp + r),
   // each the chunk's own times, replacing forward, backward and weight above.
   std::vector<ChunkCost> chunks = {};
+  // Every chunk recomputes fully (model.recompute = "full" or "bubble"): a Backward whose
+  // Recompute the schedule does not hold re-runs the forward inside, costing `forward` more; an R
+  // costs `forward` (it always does, whatever this says).
+  bool full_recompute = false;
   double latency = 0;  // a message arrives this long after both of its ends are posted
   P2pWait wait = P2pWait::AtUse;
 };
