@@ -271,6 +271,15 @@ class Simulation {
   std::vector<SimSpan> spans_;
 };
 
+// "none", "full" (recomputed inside each backward) or "bubble" (the schedule holds R actions).
+const char* recompute_name(const Schedule& s, const SimOptions& o) {
+  if (!o.full_recompute) return "none";
+  for (const std::vector<Action>& list : s.stages)
+    for (const Action& a : list)
+      if (a.kind == ActionKind::Recompute) return "bubble";
+  return "full";
+}
+
 const char* kind_letter(ActionKind k) {
   return k == ActionKind::Forward ? "F" : k == ActionKind::Backward ? "B" : k == ActionKind::Recompute ? "R" : "W";
 }
@@ -301,7 +310,8 @@ std::string timeline_json(const Schedule& schedule, const SimResult& result, std
   os << "{\"schedule\": \"" << name << "\", \"pp\": " << schedule.num_stages() << ", \"vpp\": " << schedule.vpp
      << ", \"micro_batches\": " << schedule.micro_batches << ",\n \"costs\": {\"forward\": " << options.forward
      << ", \"backward\": " << options.backward << ", \"weight\": " << options.weight
-     << ", \"latency\": " << options.latency << "},\n \"deadlock\": " << (result.deadlock ? "true" : "false")
+     << ", \"latency\": " << options.latency << "},\n \"recompute\": \"" << recompute_name(schedule, options)
+     << "\", \"deadlock\": " << (result.deadlock ? "true" : "false")
      << ", \"makespan\": " << result.makespan << ", \"bubble_fraction\": " << result.bubble_fraction
      << ",\n \"ranks\": [";
   for (size_t r = 0; r < result.ranks.size(); ++r) {

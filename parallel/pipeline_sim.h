@@ -72,7 +72,8 @@ struct SimResult {
 // one it names.
 SimResult simulate(const Schedule& schedule, const SimOptions& options = {});
 
-// The result as JSON for scripts/pipeline_timeline.py: name, sizes, costs, per-rank numbers and
+// The result as JSON for scripts/pipeline_timeline.py: name, sizes, costs, the recomputation
+// ("none", "full" or "bubble"), per-rank numbers and
 // every computation's span.
 std::string timeline_json(const Schedule& schedule, const SimResult& result, std::string_view name,
                           const SimOptions& options);

@@ -287,6 +287,15 @@ TEST(PipelineSim, TimelineJson) {
   EXPECT_NE(json.find("{\"rank\": 1, \"kind\": \"B\", \"micro_batch\": 1, \"chunk\": 0, \"start\": 5, \"end\": 7}"),
             std::string::npos)
       << json;
+  EXPECT_NE(json.find("\"recompute\": \"none\""), std::string::npos) << json;
+  // Bubble recomputation: the R spans are drawn (scripts/pipeline_timeline.py), named as such.
+  SimOptions full;
+  full.full_recompute = true;
+  const Schedule b = pipeline_schedule(2, 1, 2, PipelineKind::OneFOneB, true);
+  const std::string bubble = timeline_json(b, simulate(b, full), "1f1b", full);
+  EXPECT_NE(bubble.find("\"recompute\": \"bubble\""), std::string::npos) << bubble;
+  EXPECT_NE(bubble.find("\"kind\": \"R\", \"micro_batch\": 0"), std::string::npos) << bubble;
+  EXPECT_NE(timeline_json(s, simulate(s, full), "1f1b", full).find("\"recompute\": \"full\""), std::string::npos);
 }
 
 }  // namespace
