@@ -77,7 +77,9 @@ def draw(d, out):
     else:
         costs = f"backward (B + W) = {c['backward'] + c['weight']:g}"
     ax.set_xlabel(f"time (one stage, one micro-batch: forward = {c['forward']:g}, {costs}"
-                  + (f"; a chunk takes 1/{vpp} of it" if vpp > 1 else "") + ")")
+                  + (f"; a chunk takes 1/{vpp} of it" if vpp > 1 else "")
+                  + ("; a backward without its R re-runs the forward inside" if d.get("recompute", "none") != "none"
+                     else "") + ")")
     expected = formula(d)
     recompute = d.get("recompute", "none")
     title = (f"{d['schedule']}: pp = {pp}" + (f", vpp = {vpp}" if vpp > 1 else "") + f", {d['micro_batches']} "
