@@ -43,8 +43,9 @@ void check_pipeline_schedule(int64_t pp, int64_t vpp, int64_t micro_batches, Pip
 // nothing received, so it runs while the gradient is on its way: in the slot where the rank would
 // otherwise wait for it (the bubble before a B whose input is not there yet; with no wait, R simply
 // runs just before B, as full recomputation does inside B). Nothing else moves: R comes right
-// before its B, so at most one recomputed micro-batch is held at a time (R's activations live from
-// R to B; the peak is the full-recomputation backward's, docs/parallel.md "Recomputation").
+// before its B, so at most one recomputed micro-batch is held at a time (its chunk's block contexts
+// live from R to B, where full recomputation holds one block's at a time inside B; the memory
+// estimate walks R, docs/parallel.md "Recomputation").
 Schedule pipeline_schedule(int64_t pp, int64_t vpp, int64_t micro_batches, PipelineKind kind,
                            bool bubble_recompute = false);
 
