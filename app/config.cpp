@@ -1018,9 +1018,11 @@ ModelConfig to_model_config(const Config& c, int64_t data_vocab_size) {
 Recompute recompute_kind(const std::string& name) {
   if (name == "none") return Recompute::None;
   if (name == "selective") return Recompute::Selective;
-  if (name == "full") return Recompute::Full;
-  fail("model.recompute = \"" + name + "\" is not a policy; expected \"none\", \"selective\" or \"full\"");
+  if (name == "full" || name == "bubble") return Recompute::Full;  // bubble: Full, recomputed by the schedule's R
+  fail("model.recompute = \"" + name + "\" is not a policy; expected \"none\", \"selective\", \"full\" or \"bubble\"");
 }
+
+bool recompute_in_bubbles(const Config& c) { return c.model.recompute == "bubble" && c.parallel.pp > 1; }
 
 std::vector<Recompute> recompute_policy(const Config& c, const std::vector<StageSpec>& chunks) {
   const int64_t L = c.model.n_layer;

@@ -102,8 +102,10 @@ struct ModelSection : ModelConfig {
             "projections use init_std / sqrt(2 n_layer)", Allowed::greater_than(0));
     v.field("recompute", recompute, "activation recomputation per block: none (keep activations), "
             "selective (keep the GEMM outputs, recompute the norm and activation-function outputs in "
-            "backward) or full (keep the block input, re-run its forward in backward)",
-            Allowed::one_of({"none", "selective", "full"}));
+            "backward), full (keep the block input, re-run its forward in backward) or bubble (full, "
+            "with the re-run scheduled as its own pipeline action where the rank would wait; "
+            "docs/parallel.md \"Recomputation\")",
+            Allowed::one_of({"none", "selective", "full", "bubble"}));
     v.field("recompute_layers", recompute_layers, "blocks per pipeline chunk (the first ones; per model "
             "when pp = 1) that recompute fully; the others follow recompute. At most model.n_layer",
             Allowed::at_least(0).at_most(kMaxLayers));
@@ -563,7 +565,11 @@ ModelConfig to_model_config(const Config& c, int64_t data_vocab_size);
 // Gpt constructor: the first recompute_layers blocks of each chunk in `chunks` (the pipeline cut,
 // model/stage_cut.h; all of a chunk's when it has fewer) recompute fully, every other block follows
 // model.recompute. chunks empty: the whole model is one chunk (pp = 1).
-Recompute recompute_kind(const std::string& name);  // "none", "selective", "full"
+Recompute recompute_kind(const std::string& name);  // "none", "selective", "full" ("bubble": Full)
+// model.recompute = "bubble" with a pipeline (parallel.pp > 1): the schedule recomputes each
+// micro-batch's chunks in an R action before its backward (parallel/pipeline_schedule.h); with
+// pp = 1 "bubble" is "full".
+bool recompute_in_bubbles(const Config& c);
 std::vector<Recompute> recompute_policy(const Config& c, const std::vector<StageSpec>& chunks);
 std::vector<Recompute> recompute_policy(const Config& c);
 

@@ -78,6 +78,10 @@ struct ChunkBytes {
   // the weight-gradient action (W) that follows it (model/weight_grads.h).
   int64_t split_backward = 0;
   int64_t deferred = 0;
+  // model.recompute = "bubble": its R action at its highest (what the forward kept included), and
+  // what R keeps until the backward beyond that; backward and split_backward then count it too.
+  int64_t recompute = 0;
+  int64_t recomputed = 0;
 };
 
 // m: the chunk's counts; split: the same under a split backward (ModelMemoryLayout::split_backward);
@@ -91,6 +95,8 @@ ChunkBytes chunk_bytes(const ModelMemory& m, const ModelMemory& split, const Sta
                add(mul(m.forward_peak, kFloatBytes), beside), add(mul(m.backward_peak, kFloatBytes), beside)};
   c.split_backward = add(mul(split.backward_peak, kFloatBytes), beside);
   c.deferred = mul(split.weight_grads, kFloatBytes);
+  c.recompute = add(mul(m.recompute_peak, kFloatBytes), beside);
+  c.recomputed = mul(m.recomputed, kFloatBytes);
   return c;
 }
 
@@ -115,6 +121,7 @@ InFlight walk(const std::vector<ChunkBytes>& chunks, const std::vector<Action>& 
   std::set<std::pair<int64_t, int64_t>> split;  // backwards whose W comes later
   for (const Action& a : actions)
     if (a.kind == ActionKind::BackwardWeight) split.insert({a.micro_batch, a.chunk});
+  std::set<std::pair<int64_t, int64_t>> recomputed;  // R run, its backward not yet
   const auto release = [&](const ChunkBytes& c) {  // the micro-batch's context and received input
     live -= c.kept + (c.stage.embedding ? 0 : c.x);
     if (!c.stage.head) live = add(live, c.x);  // the output, sent, outlives the context
@@ -130,8 +137,16 @@ InFlight walk(const std::vector<ChunkBytes>& chunks, const std::vector<Action>& 
         live = add(live, c.kept);
         r.most = std::max(r.most, ++n);
         break;
-      case ActionKind::Backward:
+      case ActionKind::Recompute:  // the contexts it re-creates stay until the backward
+        r.bytes = std::max(r.bytes, add(live - c.kept, c.recompute));
+        live = add(live, c.recomputed);
+        recomputed.insert({a.micro_batch, a.chunk});
+        break;
+      case ActionKind::Backward: {
         if (c.stage.head && !c.stage.embedding) live = add(live, c.x);  // the input gradient it writes
+        // After an R, backward's own count holds what R re-created (and releases it).
+        const int64_t ahead = recomputed.erase({a.micro_batch, a.chunk}) ? c.recomputed : 0;
+        live -= ahead;
         if (split.count({a.micro_batch, a.chunk})) {  // B alone: its peak with the copies for W
           r.bytes = std::max(r.bytes, add(live - c.kept, c.split_backward));
           live = add(live, c.deferred);
@@ -141,6 +156,7 @@ InFlight walk(const std::vector<ChunkBytes>& chunks, const std::vector<Action>& 
         if (c.stage.embedding && !c.stage.head) live -= c.x;  // the received gradient, not sent on
         release(c);
         break;
+      }
       case ActionKind::BackwardWeight: live -= c.deferred; break;
       case ActionKind::SendActivation:
       case ActionKind::SendGrad: break;
@@ -161,11 +177,12 @@ struct StepWalks {
   Schedule a, b;
 };
 
-StepWalks step_walks(const ParallelConfig& p, int64_t m) {
+StepWalks step_walks(const ParallelConfig& p, int64_t m, bool bubble) {
   const PipelineKind kind = parse_pipeline_kind(p.pp_schedule);
-  if (m <= 8 * p.pp) return {0, pipeline_schedule(p.pp, p.vpp, m, kind), {}};
+  if (m <= 8 * p.pp) return {0, pipeline_schedule(p.pp, p.vpp, m, kind, bubble), {}};
   const int64_t m1 = 4 * p.pp + m % p.pp;
-  return {(m - m1) / p.pp, pipeline_schedule(p.pp, p.vpp, m1, kind), pipeline_schedule(p.pp, p.vpp, m1 + p.pp, kind)};
+  return {(m - m1) / p.pp, pipeline_schedule(p.pp, p.vpp, m1, kind, bubble),
+          pipeline_schedule(p.pp, p.vpp, m1 + p.pp, kind, bubble)};
 }
 
 InFlight pipeline_peak(const std::vector<ChunkBytes>& chunks, const StepWalks& walks, int64_t rank) {
@@ -278,10 +295,13 @@ struct Policy {
   int64_t full_layers = 0;
   bool vlm = false;
   bool bf16 = false;  // train.dtype = "bf16": the GEMMs' rounded operands
+  // model.recompute = "bubble": pipeline chunks recompute ahead in the schedule's R (pp > 1; with
+  // pp = 1 the one-stage schedule recomputes inside backward, as "full").
+  bool bubble = false;
   // A pipeline chunk without the head: the trainer keeps its output, sent, past its backward.
   ModelMemoryLayout layout(int64_t B, int64_t T, int64_t tp, bool sp, const StageSpec& stage = {},
-                           bool split_backward = false) const {
-    return {B, T, tp, sp, kind, stage, full_layers, !stage.head, split_backward, vlm ? B : 0, bf16};
+                           bool split_backward = false, bool recompute_ahead = false) const {
+    return {B, T, tp, sp, kind, stage, full_layers, !stage.head, split_backward, vlm ? B : 0, bf16, recompute_ahead};
   }
 };
 
@@ -354,8 +374,8 @@ RankModel pipeline_rank(const Config& cfg, const ModelConfig& mc, const std::vec
   RankModel r;
   std::vector<ChunkBytes> bytes;
   for (const StageSpec& c : chunks) {
-    const ModelMemory mm = model_memory(mc, policy.layout(t.micro_batch, t.seq_len, tp, sp, c));
-    const ModelMemory split = model_memory(mc, policy.layout(t.micro_batch, t.seq_len, tp, sp, c, true));
+    const ModelMemory mm = model_memory(mc, policy.layout(t.micro_batch, t.seq_len, tp, sp, c, false, policy.bubble));
+    const ModelMemory split = model_memory(mc, policy.layout(t.micro_batch, t.seq_len, tp, sp, c, true, policy.bubble));
     r.parameters = add(r.parameters, mm.parameters);
     bytes.push_back(chunk_bytes(mm, split, c, t.micro_batch, t.seq_len, Tl, mc.n_embd, patch_bytes(mc, t.micro_batch)));
   }
@@ -472,7 +492,7 @@ MemoryEstimate estimate_training_memory(const Config& cfg, int64_t data_vocab_si
   const int64_t tp = layout.tp;
   const bool sp = cfg.parallel.sequence_parallel && tp > 1;
   const Policy policy{recompute_kind(cfg.model.recompute), cfg.model.recompute_layers, mc.is_vlm(),
-                      cfg.train.dtype == "bf16"};
+                      cfg.train.dtype == "bf16", recompute_in_bubbles(cfg)};
   const ParallelConfig& p = cfg.parallel;
   // Context parallelism: a cp rank holds seq_len / cp positions of every sequence, so each
   // activation of the model (and the evaluation's) is that of the shorter sequence; parameters,
@@ -495,7 +515,7 @@ MemoryEstimate estimate_training_memory(const Config& cfg, int64_t data_vocab_si
     return estimate_for(cfg, layout, with_cp(with_frozen(whole_model(local, mc, tp, sp, policy), {StageSpec{}})));
   const std::vector<StageSpec> cut = cut_stages(mc, cfg.train.seq_len, p.pp, p.vpp, p.pp_layers);
   const int64_t m = std::max<int64_t>(1, cfg.train.global_batch / std::max<int64_t>(1, mul(cfg.train.micro_batch, layout.dp)));
-  const StepWalks walks = step_walks(p, m);
+  const StepWalks walks = step_walks(p, m, policy.bubble);
   if (layout.pp_rank >= 0) {
     TESSERA_CHECK(layout.pp_rank < p.pp, "estimate_training_memory: pipeline rank ", layout.pp_rank, " of ", p.pp);
     return estimate_for(cfg, layout,

@@ -823,6 +823,9 @@ void Trainer::run_pipeline(const std::vector<Batch>& batches, double loss_scale,
     chunk(call.chunk).backward_weight(ex_, deferred.at(key), call.last ? grads_hook() : Gpt::GradsReady{});
     deferred.erase(key);
   };
+  run.recompute = [&](int64_t m, int64_t c) {  // model.recompute = "bubble": the R action
+    chunk(c).recompute(ex_, in_flight.at({m, c}).ctx, alloc_);
+  };
   run.p2p = [&](const std::vector<Action>& batch) {
     std::vector<P2POp> ops;
     for (const Action& a : batch) {
@@ -855,7 +858,8 @@ void Trainer::run_pipeline(const std::vector<Batch>& batches, double loss_scale,
     return comms_->pp->batch_send_recv_async(ops);
   };
   const Schedule schedule = pipeline_schedule(pp, vpp, static_cast<int64_t>(batches.size()),
-                                              parse_pipeline_kind(cfg_.parallel.pp_schedule));
+                                              parse_pipeline_kind(cfg_.parallel.pp_schedule),
+                                              recompute_in_bubbles(cfg_));
   pipeline_timer_.run(schedule.actions_of(rank), run);  // run_schedule, timed (pp_bubble_fraction)
 }
 

@@ -326,10 +326,18 @@ void Block::forward_cached(const Exec& ex, BlockCtx& ctx, Allocator& alloc, cons
   });
 }
 
+void Block::recompute(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& x,
+                      const SequenceLayout& seq) const {
+  if (ctx.saved) return;
+  Buffer y = workspace(alloc, x.dtype, x.shape);
+  forward_saved(ex, ctx, alloc, y, x, seq,
+                [&](const Tensor& ya, const Tensor& xa) { attn_.forward(ex, ctx.attn, alloc, ya, xa, seq); });
+}
+
 void Block::backward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& dres, const Tensor& x,
                      const SequenceLayout& seq, WeightGrads* deferred) const {
   ProfileScope scope(prof_, OpFamily::Elementwise);
-  if (!ctx.saved) {
+  if (!ctx.saved) {  // full recomputation not run ahead (Gpt::recompute): the y workspace lives through backward
     Buffer y = workspace(alloc, x.dtype, x.shape);
     forward_saved(ex, ctx, alloc, y, x, seq,
                   [&](const Tensor& ya, const Tensor& xa) { attn_.forward(ex, ctx.attn, alloc, ya, xa, seq); });
@@ -805,6 +813,13 @@ void Gpt::backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const OutputGr
     ready(vision_ids_);
   }
   ctx = GptCtx{};
+}
+
+void Gpt::recompute(const Exec& ex, GptCtx& ctx, Allocator& alloc) const {
+  ProfileScope scope(prof_, OpFamily::Other);
+  const int64_t L = stage_.layers();
+  TESSERA_CHECK(static_cast<int64_t>(ctx.blocks.size()) == L, "Gpt::recompute needs a forward first");
+  for (int64_t l = 0; l < L; ++l) blocks_[l].recompute(ex, ctx.blocks[l], alloc, block_input(ctx, l), ctx.seq);
 }
 
 void Gpt::backward_weight(const Exec& ex, WeightGrads& deferred, const GradsReady& on_ready) const {

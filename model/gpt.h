@@ -28,7 +28,9 @@ namespace tessera {
 //   (the two norms' outputs and the activation function's output, (B, T_local, C) x 2 + (B, T, F))
 //   and recompute them in backward with the same kernels, so the gradients are bitwise those of
 //   None. The attention probabilities are recomputed from the lse under every policy (the kernel).
-// - Full: keep only the block's input and re-run its whole forward during backward.
+// - Full: keep only the block's input and re-run its whole forward during backward, or earlier
+//   through Gpt::recompute (model.recompute = "bubble": the pipeline schedule's R action runs it
+//   where the rank would wait; the backward then finds the context saved and recomputes nothing).
 enum class Recompute { None, Selective, Full };
 
 // Keys and values of the positions generated so far, per layer, for incremental decoding
@@ -167,6 +169,12 @@ class Block {
   // deferred: the linear layers' weight gradients are left to it (zero-bubble's B).
   void backward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& dres, const Tensor& x,
                 const SequenceLayout& seq, WeightGrads* deferred = nullptr) const;
+  // Full recomputation ahead of backward: re-runs the forward from the same x (its output y a
+  // workspace, dropped) and keeps the whole context in ctx, as the forward under None does; the
+  // next backward then recomputes nothing. A no-op when ctx is already saved (None, Selective, or
+  // recomputed before). The same kernels on the same values as the recomputation inside backward,
+  // so the gradients are bitwise the same.
+  void recompute(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& x, const SequenceLayout& seq) const;
   Recompute recompute() const { return recompute_; }
   void set_profiler(Profiler* p);
 
@@ -326,6 +334,13 @@ class Gpt {
   // accumulated in the same order), except a tied LM head on the stage that also holds the
   // embedding (the whole model): its GEMM now adds after the embedding's scatter, one rounding.
   void backward_weight(const Exec& ex, WeightGrads& deferred, const GradsReady& on_ready = {}) const;
+  // The recomputation half of a backward under full recomputation, run ahead of it (the pipeline's
+  // R action, model.recompute = "bubble"): every block of the stage whose forward kept nothing
+  // re-runs it now (Block::recompute), first block first, and keeps its context in ctx until the
+  // backward, which then runs without recomputing (the same operations: the gradients are bitwise
+  // those of a backward that recomputes inside). Needs a forward first; blocks that kept their
+  // context are left alone.
+  void recompute(const Exec& ex, GptCtx& ctx, Allocator& alloc) const;
 
   // The logits of position `position` of every sequence over the whole vocabulary: out (B, V),
   // gathered from the vocabulary shards of tp (collective over the tp group), after a forward.

@@ -306,8 +306,12 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
   const N X = d.B * d.T * d.C, Xl = d.B * d.Tl * d.C;
   const int64_t L = st.layers();
   std::vector<BlockCost> blocks;
-  for (int64_t l = 0; l < L; ++l)
-    blocks.push_back(block_cost(l < lay.full_layers ? Recompute::Full : lay.recompute, a, w, Xl));
+  std::vector<bool> full;  // the blocks that recompute fully
+  for (int64_t l = 0; l < L; ++l) {
+    const Recompute p = l < lay.full_layers ? Recompute::Full : lay.recompute;
+    blocks.push_back(block_cost(p, a, w, Xl));
+    full.push_back(p == Recompute::Full);
+  }
   // The stage's residual stream: its blocks' outputs and, with the embedding, the embedding's
   // (without it, the first block reads the caller's input), all allocated before the first block.
   const N resid = (N{L} + N{st.embedding ? 1 : 0}) * Xl;
@@ -348,7 +352,24 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
   const N head_copies = st.head && lay.split_backward ? copies.head : N{};
   const N block_copies = lay.split_backward ? copies.block : N{};
   // bf16: the LM head's rounded output gradient and input beside dln.
-  N backward = acts + head + head_copies + (st.head ? bf.head_backward : N{}), live = acts + head_copies;
+  // Recomputation ahead (R, Gpt::recompute): each fully recomputing block, first to last, re-runs
+  // its forward (its context, its temporaries and the output y, a workspace) beside what the
+  // forward kept and the contexts recomputed before it; the backward then finds them all and runs
+  // each such block as under None.
+  N recompute_peak{}, recomputed{};
+  if (lay.recompute_ahead) {
+    recompute_peak = acts;
+    for (int64_t l = 0; l < L; ++l) {
+      if (!full[static_cast<size_t>(l)]) continue;
+      recompute_peak = max(recompute_peak, acts + recomputed + Xl + a.block + w.forward);
+      recomputed = recomputed + a.block;
+      blocks[static_cast<size_t>(l)] = block_cost(Recompute::None, a, w, Xl);
+    }
+  }
+  m.recompute_peak = lay.recompute_ahead ? recompute_peak.v : 0;
+  m.recomputed = recomputed.v;
+  N backward = acts + recomputed + head + head_copies + (st.head ? bf.head_backward : N{}),
+    live = acts + recomputed + head_copies;
   for (int64_t l = L - 1; l >= 0; --l) {
     const BlockCost& b = blocks[static_cast<size_t>(l)];
     backward = max(backward, live + dres + b.backward + block_copies);
@@ -361,7 +382,7 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
   m.weight_grads = (head_copies + N{L} * block_copies).v;
   m.forward_peak = forward.v;
   m.backward_peak = backward.v;
-  m.training_peak = max(forward, backward).v;
+  m.training_peak = max(max(forward, backward), recompute_peak).v;
   // Without targets: no losses; the blocks as in training, then the head's kept tensors (the
   // block temporaries are gone before the head allocates).
   const N blocks_done = base + kept_blocks;

@@ -58,6 +58,11 @@ struct ModelMemoryLayout {
   // rounded up). Exact for the LM head, whose N x V output gradient dominates; within a block, the
   // largest Linear's rounding is added to the block's peak (an upper bound: the two need not meet).
   bool bf16 = false;
+  // model.recompute = "bubble": the blocks that recompute fully do it ahead of the backward, in the
+  // schedule's R action (Gpt::recompute), and keep every recomputed context until the backward:
+  // ModelMemory::recompute_peak and ::recomputed count R, and backward_peak is then the backward
+  // that finds the contexts there (it recomputes nothing).
+  bool recompute_ahead = false;
 };
 
 // Element counts (of the parameter dtype) on one rank.
@@ -70,6 +75,11 @@ struct ModelMemory {
   int64_t inference_peak = 0; // a forward without targets (evaluation, generation), at its highest
   int64_t inference_kept = 0; // what that forward leaves allocated (its context, logits included)
   int64_t weight_grads = 0;   // split_backward: the copies B keeps for W (WeightGrads::bytes() / element size)
+  // recompute_ahead: the R action (Gpt::recompute) at its highest, what the forward kept included,
+  // and what it leaves allocated until the backward beyond that (the recomputed blocks' contexts).
+  // backward_peak then counts those as live from its start. Both 0 otherwise.
+  int64_t recompute_peak = 0;
+  int64_t recomputed = 0;
   // Besides the elements above, a forward with targets keeps its loss sum and target count (one
   // F64 pair, GptCtx::loss_sums) until backward ends: in bytes, whatever the parameter dtype.
   static constexpr int64_t kLossSumsBytes = 2 * 8;

@@ -99,6 +99,16 @@ std::vector<Action> interleaved_order(int64_t pp, int64_t vpp, int64_t r, int64_
   return order;
 }
 
+// model.recompute = "bubble": R(m, c) just before each B(m, c) (pipeline_schedule.h).
+std::vector<Action> with_recompute(const std::vector<Action>& order) {
+  std::vector<Action> out;
+  for (const Action& a : order) {
+    if (a.kind == ActionKind::Backward) out.push_back(recompute_action(a.micro_batch, a.chunk));
+    out.push_back(a);
+  }
+  return out;
+}
+
 // ---- the transfers ----
 
 // A tensor one computation sends to the neighbouring rank: what the sender and the receiver run.
@@ -229,10 +239,17 @@ Schedule add_transfers(const std::vector<std::vector<Action>>& order, int64_t vp
         TESSERA_CHECK(it != index[static_cast<size_t>(to)].end(), "pipeline_schedule: rank ", to, " never runs ",
                       to_string(in_order[j].consumer), ", which rank ", from, "'s ", to_string(in_order[j].send),
                       " feeds");
+        // A backward's gradient is received before its recomputation R, if it has one: R then runs
+        // while the gradient travels (bubble recomputation).
+        size_t reader = it->second;
+        const Action& c = in_order[j].consumer;
+        const auto r_it = index[static_cast<size_t>(to)].find({ActionKind::Recompute, c.micro_batch, c.chunk});
+        if (c.kind == ActionKind::Backward && r_it != index[static_cast<size_t>(to)].end())
+          reader = std::min(reader, r_it->second);
         // The last pause before the reader that comes no later than the deadline (the pause before
         // computation k comes when computation k - 1 ends).
         const auto after = std::upper_bound(to_ends.begin(), to_ends.end(), deadline[j]);
-        slot[j] = std::min(static_cast<size_t>(after - to_ends.begin()), it->second);
+        slot[j] = std::min(static_cast<size_t>(after - to_ends.begin()), reader);
       }
       for (size_t j = in_order.size(); j-- > 1;) slot[j - 1] = std::min(slot[j - 1], slot[j]);
       for (size_t j = 0; j < in_order.size(); ++j)
@@ -296,7 +313,7 @@ void check_pipeline_schedule(int64_t pp, int64_t vpp, int64_t micro_batches, Pip
                   "; raise train.global_batch or lower train.micro_batch, or use parallel.pp_schedule = \"gpipe\"");
 }
 
-Schedule pipeline_schedule(int64_t pp, int64_t vpp, int64_t micro_batches, PipelineKind kind) {
+Schedule pipeline_schedule(int64_t pp, int64_t vpp, int64_t micro_batches, PipelineKind kind, bool bubble_recompute) {
   check_pipeline_schedule(pp, vpp, micro_batches, kind);
   std::vector<std::vector<Action>> order(static_cast<size_t>(pp));
   for (int64_t r = 0; r < pp; ++r) {
@@ -307,6 +324,7 @@ Schedule pipeline_schedule(int64_t pp, int64_t vpp, int64_t micro_batches, Pipel
       case PipelineKind::Interleaved: o = interleaved_order(pp, vpp, r, micro_batches); break;
       case PipelineKind::ZeroBubbleH1: o = zb_h1_order(pp, r, micro_batches); break;
     }
+    if (bubble_recompute) o = with_recompute(o);
   }
   return add_transfers(order, vpp, micro_batches);
 }

@@ -38,6 +38,15 @@ void check_pipeline_schedule(int64_t pp, int64_t vpp, int64_t micro_batches, Pip
 
 // Every rank's actions for one step (checked by check_pipeline_schedule first). With pp = 1,
 // "1f1b" is one_stage_schedule (F0 B0 F1 B1 ...).
-Schedule pipeline_schedule(int64_t pp, int64_t vpp, int64_t micro_batches, PipelineKind kind);
+// bubble_recompute (model.recompute = "bubble"): every backward B(m, c) is preceded by its own
+// recomputation R(m, c), and the receive of B's output gradient is posted before R. R reads
+// nothing received, so it runs while the gradient is on its way: in the slot where the rank would
+// otherwise wait for it (the bubble before a B whose input is not there yet; with no wait, R simply
+// runs just before B, as full recomputation does inside B). Nothing else moves: R comes right
+// before its B, so at most one recomputed micro-batch is held at a time (its chunk's block contexts
+// live from R to B, where full recomputation holds one block's at a time inside B; the memory
+// estimate walks R, docs/parallel.md "Recomputation").
+Schedule pipeline_schedule(int64_t pp, int64_t vpp, int64_t micro_batches, PipelineKind kind,
+                           bool bubble_recompute = false);
 
 }  // namespace tessera

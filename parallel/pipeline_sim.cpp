@@ -48,6 +48,7 @@ struct RankState {
   std::vector<std::vector<size_t>> batches;  // action indices of each p2p batch
   std::vector<Step> steps;
   std::set<std::pair<int64_t, int64_t>> split;  // (m, chunk) whose backward is split into B and W
+  std::set<std::pair<int64_t, int64_t>> recomputed;  // (m, chunk) with a Recompute action (R) of its own
   std::vector<std::optional<double>> posted;    // per action: when its batch was posted
   std::vector<size_t> slot;                     // per p2p action: its position in its channel
   size_t step = 0;
@@ -98,6 +99,7 @@ class Simulation {
     dry.forward = [](int64_t, int64_t) {};
     dry.backward = [](const BackwardCall&) {};
     dry.backward_weight = [](const BackwardCall&) {};
+    dry.recompute = [](int64_t, int64_t) {};
     dry.p2p = [](const std::vector<Action>&) { return CommHandle(); };
     try {
       run_schedule(actions, dry);
@@ -106,8 +108,10 @@ class Simulation {
     }
     st.posted.resize(actions.size());
     st.slot.resize(actions.size());
-    for (const Action& a : actions)
+    for (const Action& a : actions) {
       if (a.kind == ActionKind::BackwardWeight) st.split.insert({a.micro_batch, a.chunk});
+      if (a.kind == ActionKind::Recompute) st.recomputed.insert({a.micro_batch, a.chunk});
+    }
     std::map<ActionKey, size_t> batch_of;  // a receive -> its batch
     std::vector<bool> waited;
     for (size_t i = 0; i < actions.size();) {
@@ -125,7 +129,7 @@ class Simulation {
       }
       const Action& a = actions[i];
       const ActionKind input = a.kind == ActionKind::Forward ? ActionKind::RecvActivation : ActionKind::RecvGrad;
-      if (a.kind != ActionKind::BackwardWeight) {
+      if (a.kind != ActionKind::BackwardWeight && a.kind != ActionKind::Recompute) {  // R reads nothing received
         auto it = batch_of.find({input, a.micro_batch, a.chunk});
         if (it != batch_of.end() && !waited[it->second]) {
           st.steps.push_back({Step::Wait, it->second});
@@ -191,8 +195,14 @@ class Simulation {
     if (!o_.chunks.empty()) c = o_.chunks[static_cast<size_t>(a.chunk * pp_ + st.index)];
     switch (a.kind) {
       case ActionKind::Forward: return c.forward;
-      case ActionKind::Backward: return c.backward + (st.split.count({a.micro_batch, a.chunk}) ? 0.0 : c.weight);
+      case ActionKind::Backward: {
+        const std::pair<int64_t, int64_t> k{a.micro_batch, a.chunk};
+        // Full recomputation without an R of its own: the backward re-runs the forward first.
+        const double redo = o_.full_recompute && !st.recomputed.count(k) ? c.forward : 0.0;
+        return redo + c.backward + (st.split.count(k) ? 0.0 : c.weight);
+      }
       case ActionKind::BackwardWeight: return c.weight;
+      case ActionKind::Recompute: return c.forward;
       default: return 0;
     }
   }
@@ -261,8 +271,17 @@ class Simulation {
   std::vector<SimSpan> spans_;
 };
 
+// "none", "full" (recomputed inside each backward) or "bubble" (the schedule holds R actions).
+const char* recompute_name(const Schedule& s, const SimOptions& o) {
+  if (!o.full_recompute) return "none";
+  for (const std::vector<Action>& list : s.stages)
+    for (const Action& a : list)
+      if (a.kind == ActionKind::Recompute) return "bubble";
+  return "full";
+}
+
 const char* kind_letter(ActionKind k) {
-  return k == ActionKind::Forward ? "F" : k == ActionKind::Backward ? "B" : "W";
+  return k == ActionKind::Forward ? "F" : k == ActionKind::Backward ? "B" : k == ActionKind::Recompute ? "R" : "W";
 }
 
 }  // namespace
@@ -291,7 +310,8 @@ std::string timeline_json(const Schedule& schedule, const SimResult& result, std
   os << "{\"schedule\": \"" << name << "\", \"pp\": " << schedule.num_stages() << ", \"vpp\": " << schedule.vpp
      << ", \"micro_batches\": " << schedule.micro_batches << ",\n \"costs\": {\"forward\": " << options.forward
      << ", \"backward\": " << options.backward << ", \"weight\": " << options.weight
-     << ", \"latency\": " << options.latency << "},\n \"deadlock\": " << (result.deadlock ? "true" : "false")
+     << ", \"latency\": " << options.latency << "},\n \"recompute\": \"" << recompute_name(schedule, options)
+     << "\", \"deadlock\": " << (result.deadlock ? "true" : "false")
      << ", \"makespan\": " << result.makespan << ", \"bubble_fraction\": " << result.bubble_fraction
      << ",\n \"ranks\": [";
   for (size_t r = 0; r < result.ranks.size(); ++r) {

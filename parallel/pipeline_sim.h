@@ -33,6 +33,10 @@ struct SimOptions {
   // when not empty, pp x vpp entries by virtual stage (chunk c of rank r is virtual stage c pp + r),
   // each the chunk's own times, replacing forward, backward and weight above.
   std::vector<ChunkCost> chunks = {};
+  // Every chunk recomputes fully (model.recompute = "full" or "bubble"): a Backward whose
+  // Recompute the schedule does not hold re-runs the forward inside, costing `forward` more; an R
+  // costs `forward` (it always does, whatever this says).
+  bool full_recompute = false;
   double latency = 0;  // a message arrives this long after both of its ends are posted
   P2pWait wait = P2pWait::AtUse;
 };
@@ -68,7 +72,8 @@ struct SimResult {
 // one it names.
 SimResult simulate(const Schedule& schedule, const SimOptions& options = {});
 
-// The result as JSON for scripts/pipeline_timeline.py: name, sizes, costs, per-rank numbers and
+// The result as JSON for scripts/pipeline_timeline.py: name, sizes, costs, the recomputation
+// ("none", "full" or "bubble"), per-rank numbers and
 // every computation's span.
 std::string timeline_json(const Schedule& schedule, const SimResult& result, std::string_view name,
                           const SimOptions& options);

@@ -52,6 +52,8 @@ void PipelineTimer::run(const std::vector<Action>& actions, const PipelineCallba
     timed_cb.backward = [&](const BackwardCall& b) { timed(&step.busy, [&] { callbacks.backward(b); }); };
   if (callbacks.backward_weight)
     timed_cb.backward_weight = [&](const BackwardCall& b) { timed(&step.busy, [&] { callbacks.backward_weight(b); }); };
+  if (callbacks.recompute)
+    timed_cb.recompute = [&](int64_t m, int64_t c) { timed(&step.busy, [&] { callbacks.recompute(m, c); }); };
   if (callbacks.p2p)
     timed_cb.p2p = [&](const std::vector<Action>& batch) {
       return CommHandle(std::make_unique<TimedRequest>(callbacks.p2p(batch), &step.wait));

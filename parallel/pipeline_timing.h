@@ -3,7 +3,7 @@
 //
 // Per rank and step (host clock, std::chrono::steady_clock):
 //   window  the whole run_schedule call: from its first action to its last wait
-//   busy    inside the forward, backward and weight-gradient callbacks (the model's compute, with
+//   busy    inside the forward, backward, weight-gradient and recompute callbacks (the model's compute, with
 //           any tensor-parallel collectives inside it)
 //   wait    blocked in a wait on a p2p batch's handle (a receive not yet arrived, a send not yet
 //           taken); a part of window - busy, which also holds posting the batches and the

@@ -38,6 +38,7 @@ std::string to_string(const Action& a) {
     case ActionKind::Forward: name = "F"; break;
     case ActionKind::Backward: name = "B"; break;
     case ActionKind::BackwardWeight: name = "W"; break;
+    case ActionKind::Recompute: name = "R"; break;
     case ActionKind::SendActivation: name = "sendA"; break;
     case ActionKind::RecvActivation: name = "recvA"; break;
     case ActionKind::SendGrad: name = "sendG"; break;
@@ -200,6 +201,13 @@ class Executor {
         if (!cb_.backward_weight) refuse(i, "needs a backward_weight callback");
         cb_.backward_weight({a.micro_batch, a.chunk, last, false});
         break;
+      case ActionKind::Recompute:
+        if (!forwarded_.count(k)) refuse(i, "comes before " + name_of(k) + "'s forward");
+        if (backwarded_.count(k)) refuse(i, "comes after " + name_of(k) + "'s backward");
+        if (!recomputed_.insert(k).second) refuse(i, "repeats " + name_of(k) + "'s recomputation");
+        if (!cb_.recompute) refuse(i, "needs a recompute callback");
+        cb_.recompute(a.micro_batch, a.chunk);
+        break;
       default: break;
     }
   }
@@ -208,7 +216,7 @@ class Executor {
   const PipelineCallbacks& cb_;
   std::set<Key> split_, received_activations_, received_grads_;
   std::map<int64_t, size_t> last_of_chunk_;  // chunk -> index of its last gradient-writing action
-  std::set<Key> forwarded_, backwarded_, weighted_, sent_activations_, sent_grads_;
+  std::set<Key> forwarded_, backwarded_, weighted_, recomputed_, sent_activations_, sent_grads_;
   std::map<Key, size_t> activation_batch_, grad_batch_;  // what a batch received -> its handle
   std::vector<CommHandle> handles_;
 };

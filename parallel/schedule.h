@@ -25,6 +25,9 @@ enum class ActionKind : uint8_t {
   Backward,        // the whole backward; under zero-bubble only the input gradient ("B") when the
                    // schedule also has the chunk's BackwardWeight for this micro-batch
   BackwardWeight,  // the weight gradient ("W") of a backward split in two (zb-h1 only)
+  Recompute,       // "R": re-run the forward of a chunk that recomputes fully, keeping what it
+                   // computes until the micro-batch's Backward (model.recompute = "bubble": the
+                   // schedule puts it where the rank would wait; that Backward then recomputes nothing)
   SendActivation,  // the output of Forward(m, chunk), to the next rank
   RecvActivation,  // the input of Forward(m, chunk), from the previous rank
   SendGrad,        // the input gradient of Backward(m, chunk), to the previous rank
@@ -44,6 +47,7 @@ struct Action {
 inline Action forward_action(int64_t m, int64_t chunk = 0) { return {ActionKind::Forward, m, chunk}; }
 inline Action backward_action(int64_t m, int64_t chunk = 0) { return {ActionKind::Backward, m, chunk}; }
 inline Action weight_action(int64_t m, int64_t chunk = 0) { return {ActionKind::BackwardWeight, m, chunk}; }
+inline Action recompute_action(int64_t m, int64_t chunk = 0) { return {ActionKind::Recompute, m, chunk}; }
 inline Action send_activation(int64_t m, int64_t chunk = 0) { return {ActionKind::SendActivation, m, chunk}; }
 inline Action recv_activation(int64_t m, int64_t chunk = 0) { return {ActionKind::RecvActivation, m, chunk}; }
 inline Action send_grad(int64_t m, int64_t chunk = 0) { return {ActionKind::SendGrad, m, chunk}; }
@@ -61,7 +65,7 @@ int64_t peer_of(const Action& a, int64_t rank, int64_t pp);
 // rank to rank 0, the previous one when a gradient wraps back).
 Action receive_of(const Action& send, int64_t rank, int64_t pp);
 
-// "F3", "B0", "W2", "sendA3", "recvG0"; a chunk other than 0 follows as "F3c1".
+// "F3", "B0", "W2", "R1", "sendA3", "recvG0"; a chunk other than 0 follows as "F3c1".
 std::string to_string(const Action& a);
 // "F0 B0 F1 B1".
 std::string to_string(const std::vector<Action>& actions);
@@ -97,6 +101,10 @@ struct PipelineCallbacks {
   std::function<void(int64_t m, int64_t chunk)> forward;
   std::function<void(const BackwardCall&)> backward;
   std::function<void(const BackwardCall&)> backward_weight;  // needed only by schedules with W
+  // Recompute(m, chunk): re-runs the forward of micro-batch m on the chunk (reading nothing
+  // received: the executor does not wait for the output gradient first). Needed only by schedules
+  // with R (model.recompute = "bubble").
+  std::function<void(int64_t m, int64_t chunk)> recompute;
   // Starts a run of adjacent Send/Recv actions as one batch (Communicator::batch_send_recv_async,
   // so that a send and a receive with the same neighbour cannot wait for each other, as Megatron's
   // send_forward_recv_backward) and returns its handle. The executor waits on it before the first
@@ -110,7 +118,8 @@ struct PipelineCallbacks {
 
 // Runs `actions` in order through the callbacks, each run of adjacent Send/Recv actions as one p2p
 // batch. Throws tessera::Error naming the action (before running it) when a micro-batch's backward
-// comes before its forward, a weight action before its backward, a send before the computation of
+// comes before its forward, a recompute before its forward or after its backward, a weight action
+// before its backward, a send before the computation of
 // what it sends, a forward or backward before the receive of its input, an action repeats, or the
 // callback an action needs is missing.
 void run_schedule(const std::vector<Action>& actions, const PipelineCallbacks& callbacks);

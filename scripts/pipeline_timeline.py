@@ -20,8 +20,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.colors import to_rgb  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-COLORS = {"F": "#3b73b9", "B": "#e8862a", "W": "#4a9c5d"}
-NAMES = {"F": "forward", "B": "backward", "W": "weight gradient (W)"}
+COLORS = {"F": "#3b73b9", "R": "#8e5bb5", "B": "#e8862a", "W": "#4a9c5d"}
+NAMES = {"F": "forward", "R": "recomputed forward (R)", "B": "backward", "W": "weight gradient (W)"}
 
 
 def shade(color, chunk, vpp):
@@ -38,6 +38,8 @@ def formula(d):
     c = d["costs"]
     f, b, w = c["forward"], c["backward"], c["weight"]
     work = m * (f + b + w)
+    if d.get("recompute", "none") != "none":
+        return None  # the formulas are those without recomputation
     if d["schedule"] in ("gpipe", "1f1b"):
         idle = (p - 1) * (f + b + w)
     elif d["schedule"] == "interleaved":
@@ -69,16 +71,20 @@ def draw(d, out):
     ax.set_ylim(0, pp)
     ax.set_xlim(0, d["makespan"])
     c = d["costs"]
-    kinds = sorted({s["kind"] for s in d["spans"]}, key="FBW".index)
+    kinds = sorted({s["kind"] for s in d["spans"]}, key="FRBW".index)
     if "W" in kinds:
         costs = f"B = {c['backward']:g}, W = {c['weight']:g}"
     else:
         costs = f"backward (B + W) = {c['backward'] + c['weight']:g}"
     ax.set_xlabel(f"time (one stage, one micro-batch: forward = {c['forward']:g}, {costs}"
-                  + (f"; a chunk takes 1/{vpp} of it" if vpp > 1 else "") + ")")
+                  + (f"; a chunk takes 1/{vpp} of it" if vpp > 1 else "")
+                  + ("; a backward without its R re-runs the forward inside" if d.get("recompute", "none") != "none"
+                     else "") + ")")
     expected = formula(d)
+    recompute = d.get("recompute", "none")
     title = (f"{d['schedule']}: pp = {pp}" + (f", vpp = {vpp}" if vpp > 1 else "") + f", {d['micro_batches']} "
-             f"micro-batches; bubble {100 * d['bubble_fraction']:.1f}%")
+             f"micro-batches" + (f", recompute {recompute}" if recompute != "none" else "")
+             + f"; bubble {100 * d['bubble_fraction']:.1f}%")
     if expected is not None:
         title += f" (formula {100 * expected:.1f}%)"
     ax.set_title(title, fontsize=10)

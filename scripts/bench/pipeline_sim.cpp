@@ -2,6 +2,8 @@
 // and with --json writes the timeline scripts/pipeline_timeline.py draws (docs/parallel.md).
 //   build/bench/pipeline_sim --pp 4 --vpp 2 --micro-batches 8 --schedule interleaved --json t.json
 //   build/bench/pipeline_sim --pp 4 --micro-batches 8 --schedule zb-h1 --list    (the action lists)
+//   build/bench/pipeline_sim --pp 2 --micro-batches 4 --recompute bubble   (none | full | bubble:
+//   full recomputation costs a forward more per backward; bubble moves it into R actions)
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -15,7 +17,7 @@ using namespace tessera;
 
 int main(int argc, char** argv) {
   int64_t pp = 4, vpp = 1, m = 8;
-  std::string kind = "1f1b", json;
+  std::string kind = "1f1b", json, recompute = "none";
   bool list = false;
   SimOptions o;
   for (int i = 1; i < argc; ++i) {
@@ -41,24 +43,30 @@ int main(int argc, char** argv) {
       o.weight = std::atof(argv[++i]);
     } else if (has_value && a == "--latency") {
       o.latency = std::atof(argv[++i]);
+    } else if (has_value && a == "--recompute") {
+      recompute = argv[++i];
     } else if (has_value && a == "--json") {
       json = argv[++i];
     } else {
       std::fprintf(stderr,
                    "usage: pipeline_sim [--pp N] [--vpp N] [--micro-batches N]\n"
                    "         [--schedule gpipe|1f1b|interleaved|zb-h1] [--forward T] [--backward T] [--weight T]\n"
-                   "         [--latency T] [--blocking] [--list] [--json FILE]\n");
+                   "         [--latency T] [--recompute none|full|bubble] [--blocking] [--list] [--json FILE]\n");
       return 2;
     }
   }
   try {
-    const Schedule s = pipeline_schedule(pp, vpp, m, parse_pipeline_kind(kind));
+    TESSERA_CHECK(recompute == "none" || recompute == "full" || recompute == "bubble", "--recompute ", recompute,
+                  ": expected none, full or bubble");
+    o.full_recompute = recompute != "none";
+    const Schedule s = pipeline_schedule(pp, vpp, m, parse_pipeline_kind(kind), recompute == "bubble");
     const SimResult r = simulate(s, o);
     if (list)
       for (int64_t k = 0; k < s.num_stages(); ++k)
         std::printf("rank %lld: %s\n", (long long)k, to_string(s.actions_of(k)).c_str());
-    std::printf("%s pp=%lld vpp=%lld m=%lld f=%g b=%g w=%g latency=%g: makespan %g, bubble %.6f%s\n", kind.c_str(),
-                (long long)pp, (long long)vpp, (long long)m, o.forward, o.backward, o.weight, o.latency, r.makespan,
+    std::printf("%s pp=%lld vpp=%lld m=%lld f=%g b=%g w=%g latency=%g recompute=%s: makespan %g, bubble %.6f%s\n",
+                kind.c_str(), (long long)pp, (long long)vpp, (long long)m, o.forward, o.backward, o.weight, o.latency,
+                recompute.c_str(), r.makespan,
                 r.bubble_fraction, r.deadlock ? " DEADLOCK" : "");
     for (const std::string& why : r.stuck) std::printf("  %s\n", why.c_str());
     for (size_t k = 0; k < r.ranks.size(); ++k)

@@ -734,6 +734,16 @@ TEST(ConfigModel, RecomputePolicyPerLayer) {
   const std::vector<StageSpec> cut = {StageSpec{0, 1, true, false}, StageSpec{1, 5, false, true}};
   EXPECT_EQ(recompute_policy(c, cut), (std::vector<Recompute>{F, F, F, N, N}));
   EXPECT_EQ(recompute_policy(c, {cut[1]}), (std::vector<Recompute>{N, F, F, N, N}));  // a rank's own chunks
+  // "bubble": full recomputation, run by the pipeline schedule's R actions when there is a pipeline.
+  c.model.recompute = "bubble";
+  c.model.recompute_layers = 0;
+  EXPECT_EQ(recompute_policy(c), std::vector<Recompute>(5, Recompute::Full));
+  EXPECT_FALSE(recompute_in_bubbles(c)) << "pp = 1: the one-stage schedule, recomputed inside backward";
+  c.parallel.pp = 2;
+  EXPECT_TRUE(recompute_in_bubbles(c));
+  c.model.recompute = "full";
+  EXPECT_FALSE(recompute_in_bubbles(c));
+  EXPECT_NO_THROW(parse("[model]\nrecompute = \"bubble\"\n"));
 }
 
 TEST(ConfigModel, RecomputeKeysAreChecked) {

@@ -143,8 +143,51 @@ void expect_recomputation_changes_nothing(const std::string& preset) {
   }
 }
 
+// model.recompute = "bubble" (the schedule's R action recomputes ahead of each backward) against
+// "full" (recomputed inside the backward) on every schedule with R: the same operations on the same
+// values, so the losses, the final parameters and the AdamW moments are equal bit for bit. Two
+// ranks: pp2 1f1b, interleaved (vpp 2) and zb-h1; four: pp4 1f1b and zb-h1.
+void expect_bubble_recomputation_equals_full(const std::string& preset) {
+  MpiCommunicator world = MpiCommunicator::duplicate(testing::test_world());
+  if (world.size() != 2 && world.size() != 4) return;  // (the eight-rank run has no case)
+  const std::string config = testing::layout_config(preset);
+  const std::vector<std::string> four = {"model.n_layer=4"};
+  std::vector<std::pair<int, std::vector<std::string>>> cases = {
+      {2, pp("1f1b") + four},
+      {2, pp("interleaved") + std::vector<std::string>{"parallel.vpp=2"} + four},
+      {2, pp("zb-h1") + four},
+      {4, std::vector<std::string>{"parallel.pp=4", "parallel.pp_schedule=\"1f1b\""} + four},
+      {4, std::vector<std::string>{"parallel.pp=4", "parallel.pp_schedule=\"zb-h1\""} + four}};
+  int ran = 0;
+  for (const auto& [ranks, sets] : cases) {
+    if (ranks != world.size()) continue;
+    ++ran;
+    const auto run = [&](const std::string& policy) {
+      MpiCommunicator comm = MpiCommunicator::duplicate(world.comm());
+      return train(parse_config_string(config, preset + ".toml",
+                                       kBase + sets + std::vector<std::string>{"model.recompute=\"" + policy + "\""}),
+                   comm.comm());
+    };
+    const Trained full = run("full"), bubble = run("bubble");
+    const std::string what = preset + " bubble vs full " + ::testing::PrintToString(sets) + " (rank " +
+                             std::to_string(world.rank()) + ")";
+    EXPECT_EQ(bubble.losses, full.losses) << what;
+    const FullOptimizerState bs = bubble.trainer->optimizer().gather_state(), fs = full.trainer->optimizer().gather_state();
+    const Tensor b[3] = {bubble.trainer->params().flat_params(), bs.state.exp_avg, bs.state.exp_avg_sq};
+    const Tensor f[3] = {full.trainer->params().flat_params(), fs.state.exp_avg, fs.state.exp_avg_sq};
+    for (int k = 0; k < 3; ++k) {
+      ASSERT_EQ(b[k].numel(), f[k].numel()) << what;
+      for (int64_t i = 0; i < b[k].numel(); ++i)
+        ASSERT_EQ(b[k].ptr<float>()[i], f[k].ptr<float>()[i]) << what << ", state " << k << " element " << i;
+    }
+  }
+  EXPECT_GT(ran, 0) << "no bubble-recomputation case of " << world.size() << " ranks";
+}
+
 }  // namespace
 
+TEST(PipelineLayouts, Gpt2BubbleRecomputationEqualsFull) { expect_bubble_recomputation_equals_full("gpt2"); }
+TEST(PipelineLayouts, LlamaBubbleRecomputationEqualsFull) { expect_bubble_recomputation_equals_full("llama"); }
 TEST(PipelineLayouts, Gpt2RecomputationChangesNothing) { expect_recomputation_changes_nothing("gpt2"); }
 TEST(PipelineLayouts, LlamaRecomputationChangesNothing) { expect_recomputation_changes_nothing("llama"); }
 

@@ -297,6 +297,43 @@ TEST_P(GptFiniteDifference, RecomputationGivesIdenticalGradients) {
   }
 }
 
+// Gpt::recompute (the pipeline's R under model.recompute = "bubble") run between the forward and
+// the backward: the backward finds the contexts and recomputes nothing, with the gradients (and
+// the loss) of the backward that recomputes inside bit for bit; blocks that kept their context
+// are left alone (the mixed policy), and a second recompute changes nothing.
+TEST_P(GptFiniteDifference, RecomputeAheadGivesIdenticalGradients) {
+  ModelConfig cfg = tiny_config(GetParam());
+  cfg.n_layer = 3;
+  auto tokens = testing::random_ids({2, 6}, 13, 5);
+  auto targets = testing::random_ids({2, 6}, 13, 6);
+  const Recompute N = Recompute::None, S = Recompute::Selective, F = Recompute::Full;
+  for (const std::vector<Recompute>& policy : {std::vector<Recompute>{F, F, F}, {F, S, N}}) {
+    TinyModel inside(cfg, DType::F32, policy), ahead(cfg, DType::F32, policy);
+    const auto run = [&](TinyModel& m, bool recompute_first) {
+      GptCtx ctx;
+      m.gpt.forward(kCpu, ctx, m.alloc, tokens.t(), targets.t());
+      const double loss = read_loss_sums(kCpu, ctx.loss_sums).mean();
+      if (recompute_first) {
+        const size_t before = m.alloc.counter(MemCategory::Activations).current;
+        m.gpt.recompute(kCpu, ctx, m.alloc);
+        EXPECT_GT(m.alloc.counter(MemCategory::Activations).current, before) << "the recomputed contexts are kept";
+        const size_t kept = m.alloc.counter(MemCategory::Activations).current;
+        m.gpt.recompute(kCpu, ctx, m.alloc);
+        EXPECT_EQ(m.alloc.counter(MemCategory::Activations).current, kept) << "nothing left to recompute";
+      }
+      m.gpt.backward(kCpu, ctx, m.alloc, 1.0 / 12);
+      return loss;
+    };
+    EXPECT_EQ(run(ahead, true), run(inside, false));
+    const float* a = inside.ps.flat_grads().ptr<float>();
+    const float* b = ahead.ps.flat_grads().ptr<float>();
+    for (int64_t i = 0; i < inside.ps.numel(); ++i) ASSERT_EQ(a[i], b[i]) << "gradient element " << i;
+  }
+  TinyModel m(cfg, DType::F32, {F, F, F});
+  GptCtx empty;
+  EXPECT_THROW(m.gpt.recompute(kCpu, empty, m.alloc), Error);
+}
+
 INSTANTIATE_TEST_SUITE_P(Presets, GptFiniteDifference, ::testing::Values("gpt2", "llama", "gpt2_untied", "llama_tied"));
 
 // Packed documents (data.document_mask): a window of three documents, each token attending only

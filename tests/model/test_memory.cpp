@@ -295,5 +295,57 @@ TEST_P(ModelMemoryTest, SplitBackwardKeepsTheCopiesForWAndStaysUnderTheCount) {
   EXPECT_EQ(alloc.counter(MemCategory::Activations).current, 0u);
 }
 
+// model.recompute = "bubble" (ModelMemoryLayout::recompute_ahead): the R action (Gpt::recompute)
+// at its highest, what it keeps until the backward, and the backward that finds it there, each
+// equal to the allocator's, for the whole model and each of two stages, all blocks recomputing
+// fully or the first two of a stage (recompute_layers) beside the case's policy.
+TEST_P(ModelMemoryTest, RecomputeAheadEqualsTheAllocatorsCounts) {
+  const Case k = GetParam();
+  const int64_t L = 5, B = 2, T = 10;
+  const ModelConfig cfg = resolve(small_config(k.preset, L));
+  for (int64_t full_layers : {0, 2})
+    for (int64_t stages : {1, 2})
+      for (int64_t s = 0; s < stages; ++s) {
+        if (full_layers == 0 && k.recompute != Recompute::Full) continue;  // nothing recomputes
+        const StageSpec spec = StageSpec::split(L, stages, s);
+        const std::string what = std::to_string(full_layers) + " full, stage " + std::to_string(s) + " of " +
+                                 std::to_string(stages);
+        std::vector<Recompute> policy(static_cast<size_t>(L), k.recompute);
+        for (int64_t l = spec.first_layer; l < std::min(spec.end_layer, spec.first_layer + full_layers); ++l)
+          policy[static_cast<size_t>(l)] = Recompute::Full;
+        ModelMemoryLayout lay{B, T, 1, false, k.recompute, spec, full_layers};
+        lay.recompute_ahead = true;
+        const ModelMemory m = model_memory(cfg, lay);
+        EXPECT_GT(m.recomputed, 0) << what;
+        Allocator alloc, caller;
+        ParameterStore ps(alloc, DType::F32);
+        Gpt gpt(cfg, ps, policy, {}, spec);
+        ps.finalize();
+        ps.initialize(testing::kCpu, 3);
+        const size_t state = alloc.total_current();
+        const size_t loss_sums = spec.head ? ModelMemory::kLossSumsBytes : 0;
+        auto tokens = testing::random_ids({B, T}, cfg.vocab_size, 1);
+        auto targets = testing::random_ids({B, T}, cfg.vocab_size, 2);
+        Buffer input(caller, DType::F32, {B, T, cfg.n_embd}, MemCategory::Activations);
+        Buffer dy(caller, DType::F32, {B, T, cfg.n_embd}, MemCategory::Workspace);
+        Buffer dx(caller, DType::F32, {B, T, cfg.n_embd}, MemCategory::Workspace);
+        fill_zero(testing::kCpu, input);
+        fill_zero(testing::kCpu, dy);
+        GptCtx ctx;
+        gpt.forward(testing::kCpu, ctx, alloc, spec.embedding ? tokens.t() : input.tensor(),
+                    spec.head ? targets.t() : Tensor(), SequenceLayout::contiguous(T));
+        const size_t acts = alloc.counter(MemCategory::Activations).current;
+        EXPECT_EQ(acts, 4u * static_cast<size_t>(m.activations)) << what;
+        alloc.reset_peaks();
+        gpt.recompute(testing::kCpu, ctx, alloc);
+        EXPECT_EQ(alloc.total_peak() - state, 4u * static_cast<size_t>(m.recompute_peak) + loss_sums) << what;
+        EXPECT_EQ(alloc.counter(MemCategory::Activations).current - acts, 4u * static_cast<size_t>(m.recomputed)) << what;
+        alloc.reset_peaks();
+        gpt.backward(testing::kCpu, ctx, alloc, spec.head ? Gpt::OutputGrad::loss(0.01) : Gpt::OutputGrad::output(dy),
+                     spec.embedding ? Tensor() : dx.tensor());
+        EXPECT_EQ(alloc.total_peak() - state, 4u * static_cast<size_t>(m.backward_peak) + loss_sums) << what;
+      }
+}
+
 }  // namespace
 }  // namespace tessera

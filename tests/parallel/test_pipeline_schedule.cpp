@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <tuple>
@@ -151,6 +152,54 @@ TEST(PipelineSchedule, EveryComputationOnceInOrder) {
           }
         }
   EXPECT_EQ(checked, 128 + 100 + 78 + 100) << "gpipe, 1f1b, interleaved, zb-h1";
+}
+
+// model.recompute = "bubble": every backward gets its R right before it in the rank's computations
+// (the other computations in the same order as without), and the receive of its output gradient
+// comes before that R, so R runs while the gradient travels; nothing else changes.
+TEST(PipelineSchedule, BubbleRecomputationPutsEachRJustBeforeItsBackward) {
+  const auto computations = [](const std::vector<Action>& list, bool keep_r) {
+    std::vector<Action> out;
+    for (const Action& a : list)
+      if (!is_p2p(a) && (keep_r || a.kind != ActionKind::Recompute)) out.push_back(a);
+    return out;
+  };
+  int64_t checked = 0;
+  for (int64_t pp = 1; pp <= 6; ++pp)
+    for (int64_t vpp = 1; vpp <= 3; ++vpp)
+      for (int64_t m = 1; m <= 12; ++m)
+        for (PipelineKind kind : kKinds) {
+          if (!valid(pp, vpp, m, kind)) continue;
+          ++checked;
+          const Schedule plain = pipeline_schedule(pp, vpp, m, kind), bubble = pipeline_schedule(pp, vpp, m, kind, true);
+          for (int64_t r = 0; r < pp; ++r) {
+            const std::string where = std::string(pipeline_kind_name(kind)) + " pp " + std::to_string(pp) + " vpp " +
+                                      std::to_string(vpp) + " m " + std::to_string(m) + " rank " + std::to_string(r);
+            ASSERT_EQ(computations(bubble.actions_of(r), false), computations(plain.actions_of(r), false)) << where;
+            const std::vector<Action> with_r = computations(bubble.actions_of(r), true);
+            int64_t rs = 0;
+            for (size_t i = 0; i < with_r.size(); ++i) {
+              if (with_r[i].kind == ActionKind::Recompute) ++rs;
+              if (with_r[i].kind != ActionKind::Backward) continue;
+              ASSERT_GT(i, 0u) << where;
+              ASSERT_EQ(with_r[i - 1], recompute_action(with_r[i].micro_batch, with_r[i].chunk)) << where;
+            }
+            ASSERT_EQ(rs, m * vpp) << where;
+            const std::vector<Action>& list = bubble.actions_of(r);
+            for (size_t i = 0; i < list.size(); ++i) {
+              if (list[i].kind != ActionKind::RecvGrad) continue;
+              const auto at_r = std::find(list.begin(), list.end(), recompute_action(list[i].micro_batch, list[i].chunk));
+              ASSERT_TRUE(at_r != list.end() && static_cast<size_t>(at_r - list.begin()) > i)
+                  << where << ": " << to_string(list[i]) << " after its R";
+            }
+          }
+        }
+  EXPECT_GT(checked, 100);
+  // Two stages, 1F1B, 3 micro-batches: rank 0 recomputes micro-batch m while its gradient travels
+  // (the receive posted first); rank 1, the last, right before each backward.
+  const Schedule s = pipeline_schedule(2, 1, 3, PipelineKind::OneFOneB, true);
+  EXPECT_EQ(to_string(s.actions_of(0)), "F0 sendA0 F1 sendA1 recvG0 R0 B0 F2 sendA2 recvG1 R1 B1 recvG2 R2 B2");
+  EXPECT_EQ(to_string(s.actions_of(1)), "recvA0 F0 R0 B0 sendG0 recvA1 F1 R1 B1 sendG1 recvA2 F2 R2 B2 sendG2");
 }
 
 TEST(PipelineSchedule, RefusesImpossibleParameters) {

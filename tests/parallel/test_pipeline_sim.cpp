@@ -124,6 +124,44 @@ TEST(PipelineSim, BubbleOfGPipeAndOneFOneB) {
         }
 }
 
+// Full recomputation costs one forward more per backward. "bubble" moves it into R actions placed
+// before the wait for each backward's gradient: every schedule still runs to the end (batches waited
+// at use and, stricter, at post), the ranks do the same work as under "full", and the step is never
+// longer than under "full" nor shorter than without recomputation. Two stages, 1F1B, 4
+// micro-batches, f = b = w = 1: none 15, full 20, bubble 19 (rank 0's R0 fills its warm-up wait;
+// the last rank has no wait before a backward, so its R lengthens its chain as under full).
+TEST(PipelineSim, BubbleRecomputationFillsWaitsBeforeBackwards) {
+  int64_t shorter = 0, checked = 0;
+  for (int64_t pp = 2; pp <= 6; ++pp)
+    for (int64_t vpp = 1; vpp <= 3; ++vpp)
+      for (int64_t m = 1; m <= 12; ++m)
+        for (PipelineKind kind : kKinds) {
+          if (!valid(pp, vpp, m, kind)) continue;
+          ++checked;
+          SimOptions o{1, 1, 1};
+          const SimResult none = simulate(pipeline_schedule(pp, vpp, m, kind), o);
+          o.full_recompute = true;
+          const SimResult full = simulate(pipeline_schedule(pp, vpp, m, kind), o);
+          const Schedule bubble_schedule = pipeline_schedule(pp, vpp, m, kind, true);
+          const SimResult bubble = simulate(bubble_schedule, o);
+          o.wait = P2pWait::AtPost;
+          const SimResult blocking = simulate(bubble_schedule, o);
+          const std::string where = name(pp, vpp, m, kind);
+          ASSERT_FALSE(bubble.deadlock || blocking.deadlock) << where;
+          EXPECT_LE(bubble.makespan, full.makespan + 1e-9) << where;
+          EXPECT_GE(bubble.makespan, none.makespan - 1e-9) << where;
+          for (size_t r = 0; r < bubble.ranks.size(); ++r)
+            EXPECT_NEAR(bubble.ranks[r].busy, full.ranks[r].busy, 1e-9) << where << " rank " << r;
+          if (bubble.makespan < full.makespan - 1e-9) ++shorter;
+        }
+  EXPECT_GT(shorter, checked / 2) << "bubble recomputation shortens most steps";
+  SimOptions o{1, 1, 1};
+  EXPECT_NEAR(sim(2, 1, 4, PipelineKind::OneFOneB, o).makespan, 15, 1e-9);
+  o.full_recompute = true;
+  EXPECT_NEAR(sim(2, 1, 4, PipelineKind::OneFOneB, o).makespan, 20, 1e-9);
+  EXPECT_NEAR(simulate(pipeline_schedule(2, 1, 4, PipelineKind::OneFOneB, true), o).makespan, 19, 1e-9);
+}
+
 // Interleaving cuts the fill and drain into chunk-sized steps: the idle time is 1F1B's divided by
 // vpp, (p - 1)(f + b + w) / v, so the bubble relative to the work is (p - 1)/(v m). Measured exactly
 // so with equal costs and with b = 2f.
@@ -249,6 +287,15 @@ TEST(PipelineSim, TimelineJson) {
   EXPECT_NE(json.find("{\"rank\": 1, \"kind\": \"B\", \"micro_batch\": 1, \"chunk\": 0, \"start\": 5, \"end\": 7}"),
             std::string::npos)
       << json;
+  EXPECT_NE(json.find("\"recompute\": \"none\""), std::string::npos) << json;
+  // Bubble recomputation: the R spans are drawn (scripts/pipeline_timeline.py), named as such.
+  SimOptions full;
+  full.full_recompute = true;
+  const Schedule b = pipeline_schedule(2, 1, 2, PipelineKind::OneFOneB, true);
+  const std::string bubble = timeline_json(b, simulate(b, full), "1f1b", full);
+  EXPECT_NE(bubble.find("\"recompute\": \"bubble\""), std::string::npos) << bubble;
+  EXPECT_NE(bubble.find("\"kind\": \"R\", \"micro_batch\": 0"), std::string::npos) << bubble;
+  EXPECT_NE(timeline_json(s, simulate(s, full), "1f1b", full).find("\"recompute\": \"full\""), std::string::npos);
 }
 
 }  // namespace

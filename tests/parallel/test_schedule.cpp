@@ -104,6 +104,7 @@ PipelineCallbacks recording(std::vector<std::string>& log) {
   cb.backward_weight = [&log, suffix](const BackwardCall& b) {
     log.push_back("W" + std::to_string(b.micro_batch) + suffix(b.chunk) + (b.last ? " last" : ""));
   };
+  cb.recompute = [&log, suffix](int64_t m, int64_t c) { log.push_back("R" + std::to_string(m) + suffix(c)); };
   cb.p2p = [&log](const std::vector<Action>& batch) {
     const int id = static_cast<int>(std::count_if(log.begin(), log.end(), [](const std::string& s) {
       return s.rfind("p2p", 0) == 0;
@@ -172,6 +173,29 @@ TEST(Schedule, ExecutorMarksTheLastBackwardOfEachChunk) {
     if (!is_p2p(a)) computations.push_back(a);
   run_schedule(computations, recording(log));
   EXPECT_EQ(log, (std::vector<std::string>{"F0", "F1", "F0c1", "F1c1", "B0c1", "B1c1 last", "B0", "B1 last"}));
+}
+
+// Bubble recomputation (model.recompute = "bubble"): R reads nothing received, so it runs before
+// the wait on its backward's output gradient (while that gradient travels); the backward after it
+// is an ordinary one (the model finds the recomputed context). Misplaced Rs are refused.
+TEST(Schedule, ExecutorRunsRecomputeBeforeWaitingForTheGradient) {
+  std::vector<std::string> log;
+  const PipelineCallbacks record = recording(log);
+  run_schedule({forward_action(0), send_activation(0), recv_grad(0), recompute_action(0), backward_action(0)}, record);
+  EXPECT_EQ(log, (std::vector<std::string>{"F0", "p2p #0 [sendA0 recvG0]", "R0", "wait #0", "B0 last"}));
+  EXPECT_EQ(to_string(std::vector<Action>{recompute_action(2), recompute_action(0, 1)}), "R2 R0c1");
+  EXPECT_TRUE(testing::throws_with([&] { run_schedule({recompute_action(0), forward_action(0)}, record); },
+                                   {"action 0 (R0) comes before micro-batch 0's forward"}));
+  EXPECT_TRUE(testing::throws_with(
+      [&] { run_schedule({forward_action(0), backward_action(0), recompute_action(0)}, record); },
+      {"action 2 (R0) comes after micro-batch 0's backward"}));
+  EXPECT_TRUE(testing::throws_with(
+      [&] { run_schedule({forward_action(0), recompute_action(0), recompute_action(0)}, record); },
+      {"action 2 (R0) repeats micro-batch 0's recomputation"}));
+  PipelineCallbacks no_r = record;
+  no_r.recompute = nullptr;
+  EXPECT_TRUE(testing::throws_with([&] { run_schedule({forward_action(0), recompute_action(0)}, no_r); },
+                                   {"action 1 (R0) needs a recompute callback"}));
 }
 
 TEST(Schedule, ExecutorRefusesMisplacedTransfersAndMissingCallbacks) {
