@@ -16,6 +16,7 @@
 #include "data/indexed_dataset.h"
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
+#include "golden_config.h"
 #include "h5_reader.h"
 #include "model/gpt.h"
 #include "data/temp_files.h"
@@ -172,21 +173,6 @@ TEST(PrepareSft, ChatTemplatesNeedTheTokenizersSpecialTokens) {
 
 const char* kSftGolden = TESSERA_TEST_DATA_DIR "/sft_golden.h5";
 
-ModelConfig sft_golden_config(const testing::H5Reader& f, const std::string& preset) {
-  ModelConfig c;
-  c.preset = f.attr_string(preset, "preset");
-  c.vocab_size = f.attr_int(preset, "vocab_size");
-  c.n_layer = f.attr_int(preset, "n_layer");
-  c.n_head = f.attr_int(preset, "n_head");
-  c.n_kv_head = f.attr_int(preset, "n_kv_head");
-  c.n_embd = f.attr_int(preset, "n_embd");
-  c.ffn_hidden = f.attr_int(preset, "ffn_hidden");
-  c.max_seq_len = f.attr_int(preset, "max_seq_len");
-  c.norm_eps = f.attr_double(preset, "norm_eps");
-  c.rope_theta = f.attr_double(preset, "rope_theta");
-  return c;
-}
-
 // The fixture's records through `prepare --sft` (in process), opened as training opens them.
 std::unique_ptr<TokenWindowDataset> prepared_golden_dataset(const testing::H5Reader& f, const TempDir& dir, int64_t T) {
   write_text(dir / "records.jsonl", f.attr_string("/", "records"));
@@ -279,7 +265,7 @@ TEST(PrepareSft, MaskedLossMatchesPyTorchIgnoreIndex) {
 
     Allocator alloc;
     ParameterStore ps(alloc, DType::F64);
-    Gpt gpt(sft_golden_config(f, preset), ps);
+    Gpt gpt(testing::golden_model_config(f, preset), ps);
     ps.finalize();
     for (int id = 0; id < ps.size(); ++id) {
       const auto a = f.read<double>(preset + "/params/" + ps.entry(id).spec.name);

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "h5_reader.h"
+#include "golden_config.h"
 #include "kernels/adamw.h"
 #include "kernels/cross_entropy.h"
 #include "testing.h"
@@ -20,17 +21,7 @@ namespace {
 const char* kGolden = TESSERA_TEST_DATA_DIR "/golden.h5";
 
 ModelConfig golden_config(const H5Reader& f, const std::string& preset) {
-  ModelConfig c;
-  c.preset = f.attr_string(preset, "preset");
-  c.vocab_size = f.attr_int(preset, "vocab_size");
-  c.n_layer = f.attr_int(preset, "n_layer");
-  c.n_head = f.attr_int(preset, "n_head");
-  c.n_kv_head = f.attr_int(preset, "n_kv_head");
-  c.n_embd = f.attr_int(preset, "n_embd");
-  c.ffn_hidden = f.attr_int(preset, "ffn_hidden");
-  c.max_seq_len = f.attr_int(preset, "max_seq_len");
-  c.norm_eps = f.attr_double(preset, "norm_eps");
-  c.rope_theta = f.attr_double(preset, "rope_theta");
+  ModelConfig c = testing::golden_model_config(f, preset);
   if (f.exists(preset + "/patches")) {  // a vision-language model (make_golden.py's vlm_*)
     c.kind = "vlm";
     c.vision.image_size = f.attr_int(preset, "vision_image_size");

@@ -12,6 +12,7 @@
 
 #include "error_testing.h"
 #include "h5_reader.h"
+#include "golden_config.h"
 #include "kernels/adamw.h"
 #include "model/gpt.h"
 #include "model/layers.h"
@@ -264,17 +265,7 @@ TEST(Lora, GptRegistersAdaptersOnItsTargets) {
 const char* kLoraGolden = TESSERA_TEST_DATA_DIR "/lora_golden.h5";
 
 ModelConfig lora_golden_config(const H5Reader& f, const std::string& preset) {
-  ModelConfig c;
-  c.preset = f.attr_string(preset, "preset");
-  c.vocab_size = f.attr_int(preset, "vocab_size");
-  c.n_layer = f.attr_int(preset, "n_layer");
-  c.n_head = f.attr_int(preset, "n_head");
-  c.n_kv_head = f.attr_int(preset, "n_kv_head");
-  c.n_embd = f.attr_int(preset, "n_embd");
-  c.ffn_hidden = f.attr_int(preset, "ffn_hidden");
-  c.max_seq_len = f.attr_int(preset, "max_seq_len");
-  c.norm_eps = f.attr_double(preset, "norm_eps");
-  c.rope_theta = f.attr_double(preset, "rope_theta");
+  ModelConfig c = testing::golden_model_config(f, preset);
   c.lora.rank = f.attr_int(preset, "lora_rank");
   c.lora.alpha = f.attr_double(preset, "lora_alpha");
   c.lora.targets.clear();
