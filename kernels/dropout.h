@@ -32,7 +32,7 @@ struct DropoutCoords {
 // bits (feature / 4 does up to 2^34 features); an Error names the one that does not.
 bool dropout_keep(philox::Key key, uint64_t step, int64_t sample, int64_t position, int64_t feature, double p);
 
-// y = x * keep / (1 - p) over x (N, C_local) at coords (y may alias x). F32 or F64; CPU only (the
+// y = x * keep * (1 / (1 - p)) over x (N, C_local) at coords (y may alias x). F32 or F64; CPU only (the
 // CUDA backend has no dropout kernel: the error names the op).
 void dropout_forward(const Exec& ex, const Tensor& y, const Tensor& x, double p, const DropoutCoords& coords);
 // dx = dy * keep / (1 - p): the same mask, recomputed (dx may alias dy).

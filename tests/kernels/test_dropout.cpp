@@ -58,7 +58,7 @@ TEST(Dropout, MaskIsAPureFunctionOfTheCoordinates) {
   for (int64_t n = 0; n < B * T; ++n)
     for (int64_t c = 0; c < C; ++c) {
       const bool keep = dropout_keep(coords(T).key, 3, 5 + n / T, n % T, c, p);
-      EXPECT_EQ(a.vec()[n * C + c], keep ? x.vec()[n * C + c] / (1 - p) : 0.0) << n << " " << c;
+      EXPECT_EQ(a.vec()[n * C + c], keep ? x.vec()[n * C + c] * (1.0 / (1 - p)) : 0.0) << n << " " << c;
     }
   // Another step, first sample, first position or layer: another mask.
   DropoutCoords layer = coords(T);
