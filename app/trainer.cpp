@@ -293,7 +293,9 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
   if (!cfg_.checkpoint.init_from.empty() && !(start && start->resume_from)) init_weights(model, comm);
   if (model.lora.enabled()) {  // app/lora.h: the /lora record ties the checkpoints to their base
     const MPI_Comm c = comm == MPI_COMM_NULL ? MPI_COMM_SELF : comm;
-    if (start && start->resume_from) lora_check_base(*start->resume_from, lora_record_, c);
+    // (An adapters-only checkpoint's base was checked when the resume read its base tensors.)
+    if (start && start->resume_from && !is_adapters_only(lora_record_))
+      lora_check_base(*start->resume_from, lora_record_, c);
     else lora_record_ = lora_record(cfg_.checkpoint.init_from, model.lora, c);
     set_lora_checkpoint_mode(lora_record_, cfg_.lora.checkpoint, start && start->resume_from ? *start->resume_from : "");
   }
