@@ -783,6 +783,13 @@ void validate(const Config& c, const Origins* origins) {
   RangeChecker ranges;
   copy.visit(ranges);
   validate_lora(c.lora, c.model.preset);  // model/lora_config.h: the targets against the preset's layers
+  if (c.lora.enabled() && c.lora.dropout > 0 && c.train.device == "cuda")  // kernels/dropout.h: CPU only
+    fail(show("lora.dropout", c.lora.dropout, origins) + " with train.device = \"cuda\": adapter dropout has no CUDA "
+         "kernel yet (kernels/dropout.h); set lora.dropout = 0 or train on the CPU");
+  if (c.lora.checkpoint == "adapters" && (!c.lora.enabled() || c.checkpoint.init_from.empty()))
+    fail(show("lora.checkpoint", c.lora.checkpoint, origins) + " needs a LoRA run (lora.rank >= 1) whose base is a "
+         "file (checkpoint.init_from): an adapters-only checkpoint reads its base tensors from there, and a base "
+         "drawn from train.seed is in no file");
   check_grid_size(c);
   if (c.optim.min_lr > c.optim.lr) {
     fail(show("optim.min_lr", c.optim.min_lr, origins) + " must be <= " + show("optim.lr", c.optim.lr, origins));

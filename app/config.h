@@ -468,11 +468,17 @@ struct LoraSection : LoraConfig {
     v.field("rank", rank, "r, the adapters' inner dimension; 0 = no adapters (full training)",
             Allowed::at_least(0).at_most(kMaxWidth));
     v.field("alpha", alpha, "the adapter update is scaled by alpha / rank", Allowed::greater_than(0));
-    v.field("dropout", dropout, "dropout on the adapter input (not built yet: must be 0)", Allowed::half_open(0, 1));
+    v.field("dropout", dropout, "dropout on the adapter input in training (its mask a pure function of train.seed, "
+            "the step, the sample, position, layer and feature: every layout draws the same); CPU only",
+            Allowed::half_open(0, 1));
     v.field("targets", targets, "the linear layers of every block to adapt: \"attn.q\", \"attn.k\", \"attn.v\", "
             "\"attn.proj\", gpt2 \"mlp.fc\", \"mlp.proj\", llama \"mlp.gate\", \"mlp.up\", \"mlp.down\"; globs "
             "(\"mlp.*\") allowed", Allowed::any());
+    v.field("checkpoint", checkpoint, "what the run's checkpoints hold: \"full\" (every tensor) or \"adapters\" "
+            "(the adapters, their moments and the run state; the frozen base is read from checkpoint.init_from, "
+            "whose checksum the /lora record keeps)", Allowed::one_of({"full", "adapters"}));
   }
+  std::string checkpoint = "full";  // app/checkpoint/adapter_checkpoint.h
   bool operator==(const LoraSection&) const = default;
 };
 

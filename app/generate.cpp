@@ -11,6 +11,7 @@
 #include <numeric>
 #include <random>
 
+#include "app/checkpoint/adapter_checkpoint.h"
 #include "app/checkpoint/checkpoint_io.h"
 #include "app/config.h"
 #include "app/checkpoint/hf_export.h"
@@ -219,7 +220,9 @@ int run_held_out(const GenerateArgs& a, const Config& cfg, LoadedModel& m, const
 
 int run_generate_command(const GenerateArgs& a) {
   check_generate_args(a);
-  CheckpointReader reader(a.ckpt, MPI_COMM_SELF);
+  // An adapters-only LoRA checkpoint with its base (app/checkpoint/adapter_checkpoint.h).
+  const std::unique_ptr<CheckpointReader> opened = open_model_checkpoint(a.ckpt, MPI_COMM_SELF);
+  const CheckpointReader& reader = *opened;
   const Config cfg = parse_config_string(reader.meta().config_toml, a.ckpt + " (stored config)");
   const bool vlm = cfg.model.kind == "vlm";
   TESSERA_CHECK(a.image.empty() || vlm, "generate: --image needs a vision-language checkpoint; ", a.ckpt,

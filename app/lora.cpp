@@ -76,6 +76,16 @@ void lora_check_base(const std::string& checkpoint, const AttrMap& record, MPI_C
                 ": the base changed since the adapters were trained; restore the original base");
 }
 
+std::optional<LoraDropout> lora_dropout_at(const LoraConfig& cfg, int64_t seed, int64_t step, const BatchLayout& layout,
+                                           int64_t micro) {
+  if (!cfg.enabled() || cfg.dropout == 0.0) return std::nullopt;
+  LoraDropout d;
+  d.seed = static_cast<uint64_t>(seed);
+  d.step = step;
+  d.sample0 = layout.dp_rank * (layout.global_batch / layout.dp_size) + micro * layout.micro_batch;
+  return d;
+}
+
 std::vector<float> lora_merged_weight(const CheckpointReader& reader, const std::string& weight_path, double scale) {
   std::vector<float> w = reader.read_all(weight_path);
   const std::string suffix = ".weight";

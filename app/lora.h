@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -11,6 +12,8 @@
 #include <mpi.h>
 
 #include "app/checkpoint/checkpoint_io.h"
+#include "data/sampler.h"
+#include "model/lora.h"
 #include "model/lora_config.h"
 
 
@@ -38,6 +41,14 @@ AttrMap lora_record(const std::string& init_from, const LoraConfig& cfg, MPI_Com
 // base must still exist with the same checksum. Throws tessera::Error naming the checkpoint, the
 // base and what differs. Collective over comm.
 void lora_check_base(const std::string& checkpoint, const AttrMap& record, MPI_Comm comm);
+
+// Adapter dropout (lora.dropout > 0) for this data-parallel rank's micro-batch `micro` of optimizer
+// step `step`: train.seed, the step, and the index of the micro-batch's first sequence in the
+// step's global batch (dp_rank x global_batch / dp + micro x micro_batch, as the sampler deals
+// them), the same sequence's index on every layout; Gpt::forward adds the positions. Nothing
+// with lora.dropout = 0 (or no [lora]).
+std::optional<LoraDropout> lora_dropout_at(const LoraConfig& cfg, int64_t seed, int64_t step, const BatchLayout& layout,
+                                           int64_t micro);
 
 // The weight at weight_path ("/model/blocks.0.attn.q.weight", (out, in)) merged with its adapter:
 // W + scale B A, accumulated in double, when the file holds "<layer>.lora_A.weight" and

@@ -25,6 +25,7 @@
 #include "app/checkpoint/hf_export.h"
 #include "app/evaluate.h"
 #include "app/freeze.h"
+#include "app/checkpoint/adapter_checkpoint.h"
 #include "app/lora.h"
 #include "app/upscale.h"
 #include "app/launch.h"
@@ -292,8 +293,11 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
   if (!cfg_.checkpoint.init_from.empty() && !(start && start->resume_from)) init_weights(model, comm);
   if (model.lora.enabled()) {  // app/lora.h: the /lora record ties the checkpoints to their base
     const MPI_Comm c = comm == MPI_COMM_NULL ? MPI_COMM_SELF : comm;
-    if (start && start->resume_from) lora_check_base(*start->resume_from, lora_record_, c);
+    // (An adapters-only checkpoint's base was checked when the resume read its base tensors.)
+    if (start && start->resume_from && !is_adapters_only(lora_record_))
+      lora_check_base(*start->resume_from, lora_record_, c);
     else lora_record_ = lora_record(cfg_.checkpoint.init_from, model.lora, c);
+    set_lora_checkpoint_mode(lora_record_, cfg_.lora.checkpoint, start && start->resume_from ? *start->resume_from : "");
   }
   apply_rewarm();
   params_->refresh_compute_copy(ex_);  // from the initialized or resumed masters (bf16 only)
@@ -676,7 +680,7 @@ std::optional<Trainer::Reduced> Trainer::forward_backward(int64_t s) {
   const Buffer step_reads(alloc_, DType::F64, {3}, MemCategory::Workspace);
   const Tensor step_sums = step_reads.tensor().slice_rows(0, 2);
   if (grid_.pp_size() > 1) {
-    run_pipeline(batches, loss_scale, step_sums);
+    run_pipeline(s, batches, loss_scale, step_sums);
     return finish_step(step_reads, targets[0], chunks_.back()->stage().head);
   }
   // What a micro-batch's forward keeps for its backward: its ids on the model's device (uploaded
@@ -696,7 +700,9 @@ std::optional<Trainer::Reduced> Trainer::forward_backward(int64_t s) {
     f.targets = upload(ex_, alloc_, Tensor(const_cast<int32_t*>(b.targets.data()), DType::I32, {b.B, b.T}),
                        MemCategory::Activations);
     if (b.num_images() > 0) f.images = upload_images(ex_, alloc_, b, model_->config(), model_->dtype());
-    model_->forward(ex_, f.ctx, alloc_, f.tokens, f.targets, share_layout(b, cp_, cfg_.train.seq_len), f.images.get());
+    const std::optional<LoraDropout> drop = lora_dropout_at(cfg_.lora, cfg_.train.seed, s, layout_, m);
+    model_->forward(ex_, f.ctx, alloc_, f.tokens, f.targets, share_layout(b, cp_, cfg_.train.seq_len), f.images.get(),
+                    drop ? &*drop : nullptr);
     accumulate(ex_, step_sums, f.ctx.loss_sums);
   };
   run.backward = [&](int64_t m, bool last) {
@@ -759,7 +765,7 @@ void Trainer::check_tied_copies(const std::string& when) {
 // comms_->pp (pp group rank = stage; chunk c of rank r is virtual stage c pp + r). Every tensor sent
 // (a forward's output, a backward's input gradient) is kept until run_schedule returns, as the
 // executor requires; a micro-batch's context and received input go with its backward.
-void Trainer::run_pipeline(const std::vector<Batch>& batches, double loss_scale, const Tensor& step_sums) {
+void Trainer::run_pipeline(int64_t s, const std::vector<Batch>& batches, double loss_scale, const Tensor& step_sums) {
   const int64_t pp = grid_.pp_size(), rank = grid_.pp_rank(), vpp = static_cast<int64_t>(chunks_.size());
   const int64_t T = cfg_.train.seq_len, C = model_->config().n_embd;
   const bool sp = grid_.tp_size() > 1 && cfg_.parallel.sequence_parallel;
@@ -794,9 +800,11 @@ void Trainer::run_pipeline(const std::vector<Batch>& batches, double loss_scale,
     if (stage.embedding) f.tokens = ids(b.tokens, b);
     if (stage.embedding && b.num_images() > 0) f.images = upload_images(ex_, alloc_, b, chunk(c).config(), chunk(c).dtype());
     if (stage.head) f.targets = ids(b.targets, b);
+    const std::optional<LoraDropout> drop = lora_dropout_at(cfg_.lora, cfg_.train.seed, s, layout_, m);
     // A chunk without the embedding gets activations, not ids: it is told the positions they hold.
     f.output = chunk(c).forward(ex_, f.ctx, alloc_, stage.embedding ? f.tokens.tensor() : f.input.tensor(),
-                                stage.head ? f.targets.tensor() : Tensor(), share_layout(b, cp_, T), f.images.get());
+                                stage.head ? f.targets.tensor() : Tensor(), share_layout(b, cp_, T), f.images.get(),
+                                drop ? &*drop : nullptr);
     if (stage.head) accumulate(ex_, step_sums, f.ctx.loss_sums);
   };
   run.backward = [&](const BackwardCall& call) {
@@ -1099,6 +1107,7 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   st.frozen = frozen_;
   if (!upscale_record_.empty()) st.extra_groups[kUpscaleGroup] = upscale_record_;  // carried on: "original", rewarm
   if (!lora_record_.empty()) st.extra_groups[kLoraGroup] = lora_record_;             // the base (app/lora.h)
+  st.writes_frozen_model = !is_adapters_only(lora_record_);  // lora.checkpoint (app/checkpoint/adapter_checkpoint.h)
   st.step = steps_done;
   st.consumed_samples = consumed_at_start_ + (steps_done - start_step_) * cfg_.train.global_batch;
   st.tokens_seen = st.consumed_samples * cfg_.train.seq_len;

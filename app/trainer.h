@@ -107,7 +107,7 @@ class Trainer {
   };
   std::optional<Reduced> forward_backward(int64_t s);
   // Under parallel.pp > 1: this stage's part of the step's micro-batches, by the pipeline schedule.
-  void run_pipeline(const std::vector<Batch>& batches, double loss_scale, const Tensor& step_sums);
+  void run_pipeline(int64_t s, const std::vector<Batch>& batches, double loss_scale, const Tensor& step_sums);
   Reduced finish_step(const Tensor& step_reads, double targets, bool has_loss);
   // Throws on every rank when the pipeline's copies of the tied embedding differ (`when`: where).
   void check_tied_copies(const std::string& when);

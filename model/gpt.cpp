@@ -74,41 +74,42 @@ Attention::Attention(ParameterStore& ps, const std::string& name, const ModelCon
 }
 
 void Attention::project_kv(const Exec& ex, const Linear& proj, Allocator& alloc, const Tensor& out,
-                           const Tensor& x) const {
+                           const Tensor& x, const LoraDropout* drop) const {
   const int64_t B = x.dim(0), T = x.dim(1), D = head_dim_;
   if (!kv_replicated_) {
-    proj.forward(ex, out.view({B, T, out.dim(2) * D}), x);
+    proj.forward(ex, out.view({B, T, out.dim(2) * D}), x, true, drop);
     return;
   }
   // All KV heads, then this rank's one: columns [kv_head D, (kv_head + 1) D) of (B T, KV D).
   Buffer all = workspace(alloc, x.dtype, {B * T, n_kv_head_ * D});
-  proj.forward(ex, all.tensor().view({B, T, n_kv_head_ * D}), x);
+  proj.forward(ex, all.tensor().view({B, T, n_kv_head_ * D}), x, true, drop);
   copy_columns(ex, out.view({B * T, D}), all, kv_head_ * D);
 }
 
 void Attention::project_kv_backward(const Exec& ex, const Linear& proj, Allocator& alloc, const Tensor& dx,
-                                    const Tensor& d, const Tensor& x, WeightGrads* deferred) const {
+                                    const Tensor& d, const Tensor& x, WeightGrads* deferred,
+                                    const LoraDropout* drop) const {
   const int64_t B = x.dim(0), T = x.dim(1), D = head_dim_;
   if (!kv_replicated_) {
-    proj.backward(ex, dx, d.view({B, T, d.dim(2) * D}), x, /*accumulate_dx=*/true, deferred);
+    proj.backward(ex, dx, d.view({B, T, d.dim(2) * D}), x, /*accumulate_dx=*/true, deferred, drop);
     return;
   }
   Buffer all = workspace(alloc, x.dtype, {B * T, n_kv_head_ * D});
   fill_zero(ex, all);
   paste_columns(ex, all, d.view({B * T, D}), kv_head_ * D);
-  proj.backward(ex, dx, all.tensor().view({B, T, n_kv_head_ * D}), x, true, deferred);
+  proj.backward(ex, dx, all.tensor().view({B, T, n_kv_head_ * D}), x, true, deferred, drop);
 }
 
 void Attention::project_qkv(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& xf,
-                            const SequenceLayout& seq) const {
+                            const SequenceLayout& seq, const LoraDropout* drop) const {
   const int64_t B = xf.dim(0), T = xf.dim(1);
   const int64_t H = q_.out() / head_dim_, KV = kv_replicated_ ? 1 : k_.out() / head_dim_, D = head_dim_;
   ctx.q = activation(alloc, xf.dtype, {B, T, H, D});
   ctx.k = activation(alloc, xf.dtype, {B, T, KV, D});
   ctx.v = activation(alloc, xf.dtype, {B, T, KV, D});
-  q_.forward(ex, ctx.q.tensor().view({B, T, H * D}), xf);
-  project_kv(ex, k_, alloc, ctx.k, xf);
-  project_kv(ex, v_, alloc, ctx.v, xf);
+  q_.forward(ex, ctx.q.tensor().view({B, T, H * D}), xf, true, drop);
+  project_kv(ex, k_, alloc, ctx.k, xf, drop);
+  project_kv(ex, v_, alloc, ctx.v, xf, drop);
   if (rope_) {
     ProfileScope rope(prof_, OpFamily::Rope);
     rotary_.forward(ex, ctx.q, ctx.q, seq);
@@ -118,29 +119,30 @@ void Attention::project_qkv(const Exec& ex, AttentionCtx& ctx, Allocator& alloc,
   ctx.lse = activation(alloc, xf.dtype, {B, H, T});
 }
 
-void Attention::project_out(const Exec& ex, const AttentionCtx& ctx, Allocator& alloc, const Tensor& y) const {
+void Attention::project_out(const Exec& ex, const AttentionCtx& ctx, Allocator& alloc, const Tensor& y,
+                            const LoraDropout* drop) const {
   const Tensor& out = ctx.out;
   const int64_t B = out.dim(0), T = out.dim(1), HD = out.dim(2) * out.dim(3);
   // The row-parallel projection's partial sums, then their sum over tp (bias added once).
   Buffer partial;
   const Tensor yf = region_full(tp_, alloc, partial, y, T);
-  proj_.forward(ex, yf, out.view({B, T, HD}), /*with_bias=*/tp_.rank() == 0);
+  proj_.forward(ex, yf, out.view({B, T, HD}), /*with_bias=*/tp_.rank() == 0, drop);
   leave_region(ex, tp_, alloc, y, yf);
 }
 
 void Attention::forward(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
-                        const SequenceLayout& seq) const {
+                        const SequenceLayout& seq, const LoraDropout* drop) const {
   ProfileScope scope(prof_, OpFamily::Attention);  // the kernel; projections and edges time themselves
   const bool over_cp = attends_over_cp(seq, cp_);
   const int64_t T = seq.length();
   Buffer gathered;
   const Tensor xf = enter_region(ex, tp_, alloc, gathered, x, T);  // (B, T, C)
-  project_qkv(ex, ctx, alloc, xf, seq);
+  project_qkv(ex, ctx, alloc, xf, seq, drop);
   if (over_cp)
     context_attention_forward(ex, cp_, alloc, ctx.out, ctx.lse, ctx.q, ctx.k, ctx.v, seq);
   else
     attention_forward(ex, ctx.out, ctx.lse, ctx.q, ctx.k, ctx.v, query_offset(T), 0, seq.doc_starts());
-  project_out(ex, ctx, alloc, y);
+  project_out(ex, ctx, alloc, y, drop);
 }
 
 void Attention::forward_cached(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
@@ -150,7 +152,7 @@ void Attention::forward_cached(const Exec& ex, AttentionCtx& ctx, Allocator& all
   TESSERA_CHECK(causal_, "cached decoding is causal; this attention is bidirectional");
   TESSERA_CHECK(x.ndim() == 3 && x.dim(0) == 1, "cached decoding takes one sequence (1, T, C), got ", x.shape.str());
   const int64_t T = x.dim(1);
-  project_qkv(ex, ctx, alloc, x, SequenceLayout::contiguous(T, pos));
+  project_qkv(ex, ctx, alloc, x, SequenceLayout::contiguous(T, pos), nullptr);
   const int64_t KV = ctx.k.tensor().dim(2), D = head_dim_;
   TESSERA_CHECK(pos + T <= cache_k.tensor().dim(0), "KV cache full: ", pos, " + ", T, " positions exceed its capacity ",
                 cache_k.tensor().dim(0));
@@ -160,18 +162,20 @@ void Attention::forward_cached(const Exec& ex, AttentionCtx& ctx, Allocator& all
   const Tensor k_all = cache_k.tensor().slice_rows(0, pos + T).view({1, pos + T, KV, D});
   const Tensor v_all = cache_v.tensor().slice_rows(0, pos + T).view({1, pos + T, KV, D});
   attention_forward(ex, ctx.out, ctx.lse, ctx.q, k_all, v_all, pos, 0);
-  project_out(ex, ctx, alloc, y);
+  project_out(ex, ctx, alloc, y, nullptr);
 }
 
 void Attention::backward(const Exec& ex, const AttentionCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy,
-                         const Tensor& x, const SequenceLayout& seq, WeightGrads* deferred) const {
+                         const Tensor& x, const SequenceLayout& seq, WeightGrads* deferred,
+                         const LoraDropout* drop) const {
   ProfileScope scope(prof_, OpFamily::Attention);
   const Tensor& q = ctx.q;
   const int64_t B = q.dim(0), T = q.dim(1), H = q.dim(2), D = q.dim(3), KV = ctx.k.tensor().dim(2);
   Buffer dy_gathered;
   const Tensor dyf = leave_region_backward(ex, tp_, alloc, dy_gathered, dy, T);  // (B, T, C)
   Buffer dout = workspace(alloc, x.dtype, {B, T, H, D});
-  proj_.backward(ex, dout.tensor().view({B, T, H * D}), dyf, ctx.out.tensor().view({B, T, H * D}), false, deferred);
+  proj_.backward(ex, dout.tensor().view({B, T, H * D}), dyf, ctx.out.tensor().view({B, T, H * D}), false, deferred,
+                 drop);
   Buffer dq = workspace(alloc, x.dtype, {B, T, H, D});
   Buffer dk = workspace(alloc, x.dtype, {B, T, KV, D});
   Buffer dv = workspace(alloc, x.dtype, {B, T, KV, D});
@@ -192,9 +196,9 @@ void Attention::backward(const Exec& ex, const AttentionCtx& ctx, Allocator& all
   const Tensor xf = enter_region(ex, tp_, alloc, x_gathered, x, T);
   const Tensor dxf = region_full(tp_, alloc, dx_full, dx, T);
   const WeightGrads::SharedInput one_x(deferred);  // q, k and v read the same xf
-  q_.backward(ex, dxf, dq.tensor().view({B, T, H * D}), xf, false, deferred);
-  project_kv_backward(ex, k_, alloc, dxf, dk, xf, deferred);
-  project_kv_backward(ex, v_, alloc, dxf, dv, xf, deferred);
+  q_.backward(ex, dxf, dq.tensor().view({B, T, H * D}), xf, false, deferred, drop);
+  project_kv_backward(ex, k_, alloc, dxf, dk, xf, deferred, drop);
+  project_kv_backward(ex, v_, alloc, dxf, dv, xf, deferred, drop);
   enter_region_backward(ex, tp_, alloc, dx, dxf);
 }
 
@@ -215,22 +219,22 @@ Mlp::Mlp(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, co
 }
 
 void Mlp::forward(const Exec& ex, MlpCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
-                  const SequenceLayout& seq) const {
+                  const SequenceLayout& seq, const LoraDropout* drop) const {
   ProfileScope scope(prof_, OpFamily::Activation);
   const int64_t B = x.dim(0), T = seq.length(), F = in_.out();
   Buffer gathered;
   const Tensor xf = enter_region(ex, tp_, alloc, gathered, x, T);  // (B, T, C)
   ctx.h = activation(alloc, x.dtype, {B, T, F});
   ctx.act = activation(alloc, x.dtype, {B, T, F});
-  in_.forward(ex, ctx.h, xf);
+  in_.forward(ex, ctx.h, xf, true, drop);
   if (kind_ == MlpKind::SwiGlu) {
     ctx.up = activation(alloc, x.dtype, {B, T, F});
-    up_.forward(ex, ctx.up, xf);
+    up_.forward(ex, ctx.up, xf, true, drop);
   }
   activate(ex, ctx);
   Buffer partial;
   const Tensor yf = region_full(tp_, alloc, partial, y, T);
-  out_.forward(ex, yf, ctx.act, /*with_bias=*/tp_.rank() == 0);
+  out_.forward(ex, yf, ctx.act, /*with_bias=*/tp_.rank() == 0, drop);
   leave_region(ex, tp_, alloc, y, yf);
 }
 
@@ -249,25 +253,25 @@ void Mlp::recompute_activation(const Exec& ex, MlpCtx& ctx, Allocator& alloc) co
 }
 
 void Mlp::backward(const Exec& ex, const MlpCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy,
-                   const Tensor& x, WeightGrads* deferred) const {
+                   const Tensor& x, WeightGrads* deferred, const LoraDropout* drop) const {
   ProfileScope scope(prof_, OpFamily::Activation);
   const int64_t T = ctx.act.tensor().dim(1);
   Buffer dy_gathered;
   const Tensor dyf = leave_region_backward(ex, tp_, alloc, dy_gathered, dy, T);
   Buffer dact = workspace(alloc, x.dtype, ctx.act.tensor().shape);
-  out_.backward(ex, dact, dyf, ctx.act, false, deferred);
+  out_.backward(ex, dact, dyf, ctx.act, false, deferred, drop);
   Buffer x_gathered, dx_full;
   const Tensor xf = enter_region(ex, tp_, alloc, x_gathered, x, T);
   const Tensor dxf = region_full(tp_, alloc, dx_full, dx, T);
   if (kind_ == MlpKind::Gelu) {
     gelu_backward(ex, dact, dact, ctx.h);  // in place: dact becomes dh
-    in_.backward(ex, dxf, dact, xf, false, deferred);
+    in_.backward(ex, dxf, dact, xf, false, deferred, drop);
   } else {
     Buffer dup = workspace(alloc, x.dtype, ctx.up.tensor().shape);
     swiglu_backward(ex, dact, dup, dact, ctx.h, ctx.up);  // dact becomes dgate
     const WeightGrads::SharedInput one_x(deferred);        // gate and up read the same xf
-    in_.backward(ex, dxf, dact, xf, false, deferred);
-    up_.backward(ex, dxf, dup, xf, /*accumulate_dx=*/true, deferred);
+    in_.backward(ex, dxf, dact, xf, false, deferred, drop);
+    up_.backward(ex, dxf, dup, xf, /*accumulate_dx=*/true, deferred, drop);
   }
   enter_region_backward(ex, tp_, alloc, dx, dxf);
 }
@@ -295,22 +299,22 @@ Block::Block(ParameterStore& ps, const std::string& name, const ModelConfig& cfg
 
 template <class Attend>
 void Block::forward_saved(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
-                          const SequenceLayout& seq, Attend&& attend) const {
+                          const SequenceLayout& seq, const LoraDropout* drop, Attend&& attend) const {
   ProfileScope scope(prof_, OpFamily::Elementwise);  // the residual adds
   ln1_.forward(ex, ctx.ln1, alloc, x);
   ctx.x1 = activation(alloc, x.dtype, x.shape);
   attend(ctx.x1, ctx.ln1.y);
   residual_forward(ex, ctx.x1, ctx.x1, x);  // x1 = x + attn(ln1(x))
   ln2_.forward(ex, ctx.ln2, alloc, ctx.x1);
-  mlp_.forward(ex, ctx.mlp, alloc, y, ctx.ln2.y, seq);
+  mlp_.forward(ex, ctx.mlp, alloc, y, ctx.ln2.y, seq, drop);
   residual_forward(ex, y, y, ctx.x1);  // y = x1 + mlp(ln2(x1))
   ctx.saved = true;
 }
 
 void Block::forward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
-                    const SequenceLayout& seq) const {
-  forward_saved(ex, ctx, alloc, y, x, seq,
-                [&](const Tensor& ya, const Tensor& xa) { attn_.forward(ex, ctx.attn, alloc, ya, xa, seq); });
+                    const SequenceLayout& seq, const LoraDropout* drop) const {
+  forward_saved(ex, ctx, alloc, y, x, seq, drop,
+                [&](const Tensor& ya, const Tensor& xa) { attn_.forward(ex, ctx.attn, alloc, ya, xa, seq, drop); });
   if (recompute_ == Recompute::Full) ctx = BlockCtx{};  // keep only x, which the caller owns
   if (recompute_ == Recompute::Selective) {  // keep the GEMM outputs, drop what is cheap to redo
     ctx.ln1.y.release();
@@ -321,26 +325,27 @@ void Block::forward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tenso
 
 void Block::forward_cached(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
                            Buffer& cache_k, Buffer& cache_v, int64_t pos) const {
-  forward_saved(ex, ctx, alloc, y, x, SequenceLayout::contiguous(x.dim(1), pos), [&](const Tensor& ya, const Tensor& xa) {
+  forward_saved(ex, ctx, alloc, y, x, SequenceLayout::contiguous(x.dim(1), pos), nullptr,
+                [&](const Tensor& ya, const Tensor& xa) {
     attn_.forward_cached(ex, ctx.attn, alloc, ya, xa, cache_k, cache_v, pos);
   });
 }
 
 void Block::recompute(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& x,
-                      const SequenceLayout& seq) const {
+                      const SequenceLayout& seq, const LoraDropout* drop) const {
   if (ctx.saved) return;
   Buffer y = workspace(alloc, x.dtype, x.shape);
-  forward_saved(ex, ctx, alloc, y, x, seq,
-                [&](const Tensor& ya, const Tensor& xa) { attn_.forward(ex, ctx.attn, alloc, ya, xa, seq); });
+  forward_saved(ex, ctx, alloc, y, x, seq, drop,
+                [&](const Tensor& ya, const Tensor& xa) { attn_.forward(ex, ctx.attn, alloc, ya, xa, seq, drop); });
 }
 
 void Block::backward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& dres, const Tensor& x,
-                     const SequenceLayout& seq, WeightGrads* deferred) const {
+                     const SequenceLayout& seq, WeightGrads* deferred, const LoraDropout* drop) const {
   ProfileScope scope(prof_, OpFamily::Elementwise);
   if (!ctx.saved) {  // full recomputation not run ahead (Gpt::recompute): the y workspace lives through backward
     Buffer y = workspace(alloc, x.dtype, x.shape);
-    forward_saved(ex, ctx, alloc, y, x, seq,
-                  [&](const Tensor& ya, const Tensor& xa) { attn_.forward(ex, ctx.attn, alloc, ya, xa, seq); });
+    forward_saved(ex, ctx, alloc, y, x, seq, drop,
+                  [&](const Tensor& ya, const Tensor& xa) { attn_.forward(ex, ctx.attn, alloc, ya, xa, seq, drop); });
   }
   // Selective: each branch's dropped tensors are recomputed just before its backward and released
   // after it, so one branch's are alive at a time (model/memory.cpp counts them so).
@@ -351,7 +356,7 @@ void Block::backward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tens
     ln2_.recompute_output(ex, ctx.ln2, alloc, ctx.x1);
     mlp_.recompute_activation(ex, ctx.mlp, alloc);
   }
-  mlp_.backward(ex, ctx.mlp, alloc, dln, dres, ctx.ln2.y, deferred);
+  mlp_.backward(ex, ctx.mlp, alloc, dln, dres, ctx.ln2.y, deferred, drop);
   ln2_.backward(ex, dres, dln, ctx.x1, ctx.ln2);  // dres is now dL/dx1
   if (selective) {
     ctx.mlp.act.release();
@@ -359,7 +364,7 @@ void Block::backward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tens
     ln1_.recompute_output(ex, ctx.ln1, alloc, x);
   }
   // Attention branch: dL/dx = dL/dx1 + the path through ln1 and attention.
-  attn_.backward(ex, ctx.attn, alloc, dln, dres, ctx.ln1.y, seq, deferred);
+  attn_.backward(ex, ctx.attn, alloc, dln, dres, ctx.ln1.y, seq, deferred, drop);
   ln1_.backward(ex, dres, dln, x, ctx.ln1);
   ctx = BlockCtx{};
 }
@@ -492,7 +497,8 @@ Tensor Gpt::block_input(const GptCtx& ctx, int64_t l) const {
 }
 
 void Gpt::forward_layers(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& input,
-                         const SequenceLayout& layout, KvCache* cache, const ImageInput* images) const {
+                         const SequenceLayout& layout, KvCache* cache, const ImageInput* images,
+                         const LoraDropout* drop) const {
   ProfileScope scope(prof_, OpFamily::Other);
   SequenceLayout seq = layout;
   if (stage_.embedding) {
@@ -525,6 +531,12 @@ void Gpt::forward_layers(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Te
   ctx.B = B;
   ctx.T = T;
   ctx.seq = seq;
+  if (drop && !cache && cfg_.lora.enabled() && cfg_.lora.dropout > 0.0) {
+    auto d = std::make_shared<LoraDropout>(*drop);
+    d->positions.resize(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) d->positions[static_cast<size_t>(t)] = seq.position(t);
+    ctx.lora_dropout = std::move(d);
+  }
   ctx.resid.reserve(static_cast<size_t>(L + 1));
   // Without the embedding the first block reads the caller's input (ctx.input): no copy.
   for (int64_t l = 0; l <= L; ++l)
@@ -543,7 +555,7 @@ void Gpt::forward_layers(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Te
       blocks_[l].forward_cached(ex, ctx.blocks[l], alloc, ctx.resid[l + 1], block_input(ctx, l), cache->k[layer],
                                 cache->v[layer], cache->length);
     else
-      blocks_[l].forward(ex, ctx.blocks[l], alloc, ctx.resid[l + 1], block_input(ctx, l), seq);
+      blocks_[l].forward(ex, ctx.blocks[l], alloc, ctx.resid[l + 1], block_input(ctx, l), seq, ctx.lora_dropout.get());
   }
   if (!stage_.head) return;
   ln_f_.forward(ex, ctx.ln_f, alloc, ctx.resid[L]);
@@ -650,7 +662,7 @@ void Gpt::images_backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const T
 }
 
 Tensor Gpt::forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& input, const Tensor& targets,
-                    const SequenceLayout& seq, const ImageInput* images) const {
+                    const SequenceLayout& seq, const ImageInput* images, const LoraDropout* drop) const {
   if (targets.defined()) {
     TESSERA_CHECK(stage_.head, "Gpt::forward: targets given to the pipeline stage with layers [", stage_.first_layer,
                   ", ", stage_.end_layer, "), which has no head (the loss is the last stage's)");
@@ -658,7 +670,7 @@ Tensor Gpt::forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor&
     const int64_t T = stage_.embedding && seq.empty() ? input.dim(1) : seq.length();
     check_shape("Gpt::forward", "targets", targets, Shape{input.dim(0), T});
   }
-  forward_layers(ex, ctx, alloc, input, seq, nullptr, images);
+  forward_layers(ex, ctx, alloc, input, seq, nullptr, images, drop);
   if (!stage_.head) return ctx.resid.back();
   ctx.targets = targets;
   if (!targets.defined()) return Tensor();
@@ -802,7 +814,7 @@ void Gpt::backward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const OutputGr
     if (from.dy.data != dres.data) copy(ex, dres, from.dy);
   }
   for (int64_t l = L - 1; l >= 0; --l) {
-    blocks_[l].backward(ex, ctx.blocks[l], alloc, dres, block_input(ctx, l), ctx.seq, deferred);
+    blocks_[l].backward(ex, ctx.blocks[l], alloc, dres, block_input(ctx, l), ctx.seq, deferred, ctx.lora_dropout.get());
     ctx.resid[l + 1].release();
     ready(block_ids_[static_cast<size_t>(l)]);
   }
@@ -819,7 +831,8 @@ void Gpt::recompute(const Exec& ex, GptCtx& ctx, Allocator& alloc) const {
   ProfileScope scope(prof_, OpFamily::Other);
   const int64_t L = stage_.layers();
   TESSERA_CHECK(static_cast<int64_t>(ctx.blocks.size()) == L, "Gpt::recompute needs a forward first");
-  for (int64_t l = 0; l < L; ++l) blocks_[l].recompute(ex, ctx.blocks[l], alloc, block_input(ctx, l), ctx.seq);
+  for (int64_t l = 0; l < L; ++l)
+    blocks_[l].recompute(ex, ctx.blocks[l], alloc, block_input(ctx, l), ctx.seq, ctx.lora_dropout.get());
 }
 
 void Gpt::backward_weight(const Exec& ex, WeightGrads& deferred, const GradsReady& on_ready) const {

@@ -66,8 +66,9 @@ class Attention {
   // of the tp group's sequence (T = seq.length(); T_local = T / tp under sequence parallelism,
   // else T): a whole sequence [0, T), or under cp this cp rank's load-balanced chunks, whose
   // attention over the whole sequence is context_attention_forward's.
+  // drop: the adapters' dropout in a training forward (model/lora.h; null: none).
   void forward(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
-               const SequenceLayout& seq) const;
+               const SequenceLayout& seq, const LoraDropout* drop = nullptr) const;
   // Incremental decoding (B = 1, tp = 1), the same arithmetic with a cache: x (1, T, C) holds
   // positions [pos, pos + T); their keys and values are appended to the layer's cache_k and
   // cache_v (capacity, KV, D) at pos, and the queries attend to the cache's [0, pos + T).
@@ -76,24 +77,27 @@ class Attention {
   // dx (B, T_local, C) written with the gradient through the branch; dy (B, T_local, C). deferred:
   // the projections' weight gradients are left to it (zero-bubble's B, model/weight_grads.h).
   void backward(const Exec& ex, const AttentionCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy,
-                const Tensor& x, const SequenceLayout& seq, WeightGrads* deferred = nullptr) const;
+                const Tensor& x, const SequenceLayout& seq, WeightGrads* deferred = nullptr,
+                const LoraDropout* drop = nullptr) const;
   void set_profiler(Profiler* p);
 
  private:
   // The forward's first half, shared by both paths: ctx.q, k, v (RoPE at seq's positions) of xf
   // (B, T, C), the region's full-sequence input; ctx.out and lse allocated.
   void project_qkv(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& xf,
-                   const SequenceLayout& seq) const;
+                   const SequenceLayout& seq, const LoraDropout* drop) const;
   // Its second half: y from ctx.out through the row-parallel projection, leaving the region.
-  void project_out(const Exec& ex, const AttentionCtx& ctx, Allocator& alloc, const Tensor& y) const;
+  void project_out(const Exec& ex, const AttentionCtx& ctx, Allocator& alloc, const Tensor& y,
+                   const LoraDropout* drop) const;
   // The kernel's query offset over S keys: 0 (causal), or S - 1 (bidirectional: query i sits at
   // position S - 1 + i, after every key, so every key is visible).
   int64_t query_offset(int64_t S) const { return causal_ ? 0 : S - 1; }
   // k or v of this rank's KV heads (B, T, KV_local, D) from x (B, T, C).
-  void project_kv(const Exec& ex, const Linear& proj, Allocator& alloc, const Tensor& out, const Tensor& x) const;
+  void project_kv(const Exec& ex, const Linear& proj, Allocator& alloc, const Tensor& out, const Tensor& x,
+                  const LoraDropout* drop) const;
   // dx (B, T, C) += the gradient through k or v, from d (B, T, KV_local, D).
   void project_kv_backward(const Exec& ex, const Linear& proj, Allocator& alloc, const Tensor& dx, const Tensor& d,
-                           const Tensor& x, WeightGrads* deferred) const;
+                           const Tensor& x, WeightGrads* deferred, const LoraDropout* drop) const;
   TensorParallel tp_;
   ContextParallel cp_;
   Profiler* prof_ = nullptr;
@@ -120,10 +124,10 @@ class Mlp {
   Mlp(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, const TensorParallel& tp);
   // y, x (B, T_local, C), as Attention (seq gives T).
   void forward(const Exec& ex, MlpCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
-               const SequenceLayout& seq) const;
+               const SequenceLayout& seq, const LoraDropout* drop = nullptr) const;
   // dx (B, T_local, C) written; deferred as Attention::backward.
   void backward(const Exec& ex, const MlpCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy,
-                const Tensor& x, WeightGrads* deferred = nullptr) const;
+                const Tensor& x, WeightGrads* deferred = nullptr, const LoraDropout* drop = nullptr) const;
   // Selective recomputation: ctx.act (B, T, F) again from the kept ctx.h (and ctx.up), bitwise the
   // forward's.
   void recompute_activation(const Exec& ex, MlpCtx& ctx, Allocator& alloc) const;
@@ -160,21 +164,23 @@ class Block {
         const TensorParallel& tp, bool causal);
   // y (B, T_local, C) from x (B, T_local, C); seq as Attention::forward. Under full
   // recomputation ctx keeps nothing; under selective it drops ln1.y, ln2.y and mlp.act.
+  // drop: the adapters' dropout (model/lora.h; null: none), the same in backward and recompute.
   void forward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
-               const SequenceLayout& seq) const;
+               const SequenceLayout& seq, const LoraDropout* drop = nullptr) const;
   // Incremental decoding with the layer's KV cache, as Attention::forward_cached (inference only).
   void forward_cached(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
                       Buffer& cache_k, Buffer& cache_v, int64_t pos) const;
   // dres (B, T_local, C): on entry d loss / d y, on return d loss / d x; seq as in forward.
   // deferred: the linear layers' weight gradients are left to it (zero-bubble's B).
   void backward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& dres, const Tensor& x,
-                const SequenceLayout& seq, WeightGrads* deferred = nullptr) const;
+                const SequenceLayout& seq, WeightGrads* deferred = nullptr, const LoraDropout* drop = nullptr) const;
   // Full recomputation ahead of backward: re-runs the forward from the same x (its output y a
   // workspace, dropped) and keeps the whole context in ctx, as the forward under None does; the
   // next backward then recomputes nothing. A no-op when ctx is already saved (None, Selective, or
   // recomputed before). The same kernels on the same values as the recomputation inside backward,
   // so the gradients are bitwise the same.
-  void recompute(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& x, const SequenceLayout& seq) const;
+  void recompute(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& x, const SequenceLayout& seq,
+                 const LoraDropout* drop = nullptr) const;
   Recompute recompute() const { return recompute_; }
   void set_profiler(Profiler* p);
 
@@ -182,7 +188,7 @@ class Block {
   // The block's forward, saving its context; attend(y, x) runs the attention (either path).
   template <class Attend>
   void forward_saved(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
-                     const SequenceLayout& seq, Attend&& attend) const;
+                     const SequenceLayout& seq, const LoraDropout* drop, Attend&& attend) const;
   Recompute recompute_ = Recompute::None;
   Profiler* prof_ = nullptr;
   Norm ln1_, ln2_;
@@ -252,6 +258,8 @@ struct GptCtx {
   // kind = "vlm" with images: the vision tower's context and where its outputs went.
   std::shared_ptr<VisionCtx> vision;
   std::vector<int64_t> image_sample, image_start;
+  // A training forward's adapter dropout (model/lora.h), its positions those of seq; null: none.
+  std::shared_ptr<const LoraDropout> lora_dropout;
 };
 
 // The host numbers of loss sums like GptCtx::loss_sums: a device read (synchronizes ex), so once
@@ -293,8 +301,12 @@ class Gpt {
   // images (kind = "vlm", the stage with the embedding): each image's projected patches replace
   // the input embeddings (token and learned position) at its P placeholder positions; null or
   // empty: text only.
+  // drop (a training forward with lora.dropout > 0): the step, train.seed and the micro-batch's
+  // first sample index for the adapters' dropout masks (its positions are filled from seq); kept in
+  // ctx for the backward, which recomputes the masks. Null (evaluation, generation): no dropout.
   Tensor forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& input, const Tensor& targets,
-                 const SequenceLayout& seq = {}, const ImageInput* images = nullptr) const;
+                 const SequenceLayout& seq = {}, const ImageInput* images = nullptr,
+                 const LoraDropout* drop = nullptr) const;
   // Inference with a KV cache (the whole model, tp = 1): tokens (1, T) are the positions
   // [cache.length, cache.length + T); fills ctx.logits (T, V) and advances the cache, which
   // make_cache sized.
@@ -360,7 +372,7 @@ class Gpt {
  private:
   // The forward shared by training and cached inference.
   void forward_layers(const Exec& ex, GptCtx& ctx, Allocator& alloc, const Tensor& input, const SequenceLayout& seq,
-                      KvCache* cache, const ImageInput* images = nullptr) const;
+                      KvCache* cache, const ImageInput* images = nullptr, const LoraDropout* drop = nullptr) const;
   // kind = "vlm": runs the vision tower on images and writes its outputs over ctx.resid[0] at the
   // placeholder positions.
   void images_forward(const Exec& ex, GptCtx& ctx, Allocator& alloc, const ImageInput& images) const;

@@ -41,14 +41,14 @@ void Linear::add_lora(ParameterStore& ps, const std::string& name, ShardSpec wei
 int64_t Linear::in() const { return ps_->entry(weight_).local_shape[1]; }
 int64_t Linear::out() const { return ps_->entry(weight_).local_shape[0]; }
 
-void Linear::forward(const Exec& ex, const Tensor& y, const Tensor& x, bool with_bias) const {
+void Linear::forward(const Exec& ex, const Tensor& y, const Tensor& x, bool with_bias, const LoraDropout* drop) const {
   ProfileScope scope(prof_, OpFamily::Matmul);
   linear_forward(ex, y, x, ps_->compute_param(weight_), bias_ >= 0 && with_bias ? ps_->param(bias_) : Tensor());
-  if (lora_) lora_->forward(ex, y, x);
+  if (lora_) lora_->forward(ex, y, x, drop);
 }
 
 void Linear::backward(const Exec& ex, const Tensor& dx, const Tensor& dy, const Tensor& x, bool accumulate_dx,
-                      WeightGrads* deferred) const {
+                      WeightGrads* deferred, const LoraDropout* drop) const {
   ProfileScope scope(prof_, OpFamily::Matmul);
   const Tensor w = ps_->compute_param(weight_);  // the bf16 copy under mixed precision
   const int64_t n = dy.numel() / out();
@@ -57,8 +57,8 @@ void Linear::backward(const Exec& ex, const Tensor& dx, const Tensor& dy, const 
     // dx = dy W (+ dx): linear_backward's own GEMM for it, alone; dW and db go to W (deferred) or
     // nowhere (a frozen weight).
     if (dx.defined()) matmul(ex, dx.view({n, in()}), dy.view({n, out()}), w, false, false, 1.0, accumulate_dx ? 1.0 : 0.0);
-    if (lora_) lora_->backward(ex, dx, dy, x, /*weights=*/!deferred);
-    if (deferred) deferred->defer(ex, *this, dy, x);
+    if (lora_) lora_->backward(ex, dx, dy, x, /*weights=*/!deferred, drop);
+    if (deferred) deferred->defer(ex, *this, dy, x, lora_ && lora_->drops(drop) ? drop : nullptr);
     else weight_grads(ex, dy, x);  // the bias check
     return;
   }
@@ -69,7 +69,7 @@ void Linear::backward(const Exec& ex, const Tensor& dx, const Tensor& dy, const 
     linear_backward(ex, Tensor(), ps_->grad(weight_), db, dy, x, w);
     matmul(ex, dx.view({n, in()}), dy.view({n, out()}), w, false, false, 1.0, 1.0);  // dx += dy W
   }
-  if (lora_) lora_->backward(ex, dx, dy, x);
+  if (lora_) lora_->backward(ex, dx, dy, x, true, drop);
 }
 
 void Linear::weight_grads(const Exec& ex, const Tensor& dy, const Tensor& x) const {
@@ -84,10 +84,10 @@ void Linear::weight_grads(const Exec& ex, const Tensor& dy, const Tensor& x) con
   linear_backward(ex, Tensor(), dw, bias_ >= 0 ? ps_->grad(bias_) : Tensor(), dy, x, ps_->compute_param(weight_));
 }
 
-void Linear::backward_weight(const Exec& ex, const Tensor& dy, const Tensor& x) const {
+void Linear::backward_weight(const Exec& ex, const Tensor& dy, const Tensor& x, const LoraDropout* drop) const {
   ProfileScope scope(prof_, OpFamily::Matmul);
   weight_grads(ex, dy, x);
-  if (lora_) lora_->backward_weight(ex, dy, x);
+  if (lora_) lora_->backward_weight(ex, dy, x, drop);
 }
 
 // ---- Embedding ----

@@ -41,15 +41,18 @@ class Linear {
 
   // y (N, out), x (N, in); leading dims flatten into N. with_bias = false leaves the bias out (a
   // row-parallel layer adds it on one tp rank only, so that the sum over ranks holds it once).
-  void forward(const Exec& ex, const Tensor& y, const Tensor& x, bool with_bias = true) const;
+  // drop: the adapter's dropout in a training forward (model/lora.h; null: none).
+  void forward(const Exec& ex, const Tensor& y, const Tensor& x, bool with_bias = true,
+               const LoraDropout* drop = nullptr) const;
   // dx (N, in) written, or added to when accumulate_dx; dW and db accumulated. dx may be undefined.
   // With `deferred` (zero-bubble's B): dx only, and dW, db left to deferred->run() (which calls
   // backward_weight on copies of dy and x).
+  // drop: the forward's (the adapter's mask recomputed; deferred keeps a copy for W).
   void backward(const Exec& ex, const Tensor& dx, const Tensor& dy, const Tensor& x, bool accumulate_dx = false,
-                WeightGrads* deferred = nullptr) const;
+                WeightGrads* deferred = nullptr, const LoraDropout* drop = nullptr) const;
   // The weight half alone (W): dW += dy^T x, db += the sum of dy over N; the same kernel calls as
   // backward's, so a split backward accumulates bitwise what the whole one does.
-  void backward_weight(const Exec& ex, const Tensor& dy, const Tensor& x) const;
+  void backward_weight(const Exec& ex, const Tensor& dy, const Tensor& x, const LoraDropout* drop = nullptr) const;
 
   int64_t in() const;
   int64_t out() const;

@@ -12,7 +12,7 @@ namespace tessera {
 struct LoraConfig {
   int64_t rank = 0;      // r: the adapters' inner dimension; 0 = no adapters
   double alpha = 16.0;   // the update is scaled by alpha / r
-  double dropout = 0.0;  // on the adapter input (not built: must be 0)
+  double dropout = 0.0;  // on the adapter input, in training only (model/lora.h LoraDropout)
   // Linear layers of every block, named after the block: "attn.q", "attn.k", "attn.v",
   // "attn.proj", "mlp.fc", "mlp.proj" (gpt2), "mlp.gate", "mlp.up", "mlp.down" (llama); globs
   // ("attn.*", "mlp.*") allowed.
@@ -23,7 +23,7 @@ struct LoraConfig {
   bool operator==(const LoraConfig&) const = default;
 };
 
-// Throws tessera::Error naming the [lora] key for a rank < 0, alpha <= 0, a dropout other than 0,
+// Throws tessera::Error naming the [lora] key for a rank < 0, alpha <= 0, a dropout outside [0, 1),
 // an empty target list, or a target that names no linear layer of the preset (listing them).
 // Called by resolve() (model/config.h); defined in model/lora.cpp.
 void validate_lora(const LoraConfig& cfg, const std::string& preset);

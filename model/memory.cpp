@@ -160,7 +160,32 @@ struct BlockWork {
   N backward_selective;  // under selective recomputation, the recomputed tensors included
 };
 
-BlockWork block_workspace(const Dims& d) {
+// LoRA's temporaries (model/lora.h) at each adapted Linear of a block, 0 for a layer without an
+// adapter: (B T, r) (A x in forward; s dy B, then A x in backward) and, under lora.dropout, the
+// (B T, in_local) dropped input or input gradient beside it (the mask is recomputed, not kept).
+struct LoraTemps {
+  N q, k, v, proj, in, up, out;  // in: fc or gate; out: mlp.proj or down
+  N largest() const;
+};
+
+N LoraTemps::largest() const { return max(max(max(q, k), max(v, proj)), max(max(in, up), out)); }
+
+LoraTemps lora_temps(const ModelConfig& c, const Dims& d) {
+  if (!c.lora.enabled()) return {};
+  const bool dropout = c.lora.dropout > 0.0;
+  const auto tmp = [&](const char* layer, N in_local) {
+    if (!lora_targets_layer(c.lora, std::string("blocks.0.") + layer)) return N{};
+    return d.B * d.T * (N{c.lora.rank} + (dropout ? in_local : N{}));
+  };
+  const N C = d.C, Cl = d.Hl * d.D;
+  LoraTemps t{tmp("attn.q", C), tmp("attn.k", C), tmp("attn.v", C), tmp("attn.proj", Cl), {}, {}, {}};
+  t.in = tmp(d.swiglu ? "mlp.gate" : "mlp.fc", C);
+  t.up = d.swiglu ? tmp("mlp.up", C) : N{};
+  t.out = tmp(d.swiglu ? "mlp.down" : "mlp.proj", d.Fl);
+  return t;
+}
+
+BlockWork block_workspace(const Dims& d, const LoraTemps& lora = {}) {
   const N X = d.B * d.T * d.C;
   const N q = d.B * d.T * d.Hl * d.D, kv = d.B * d.T * d.KVl * d.D;
   const N kv_all = d.kv_replicated ? d.B * d.T * d.KVh * d.D : N{};  // all KV heads, before this rank's is picked
@@ -184,6 +209,22 @@ BlockWork block_workspace(const Dims& d) {
   // Selective: ln2's output and the activation's recomputed beside the MLP branch, then ln1's
   // beside the attention branch (Block::backward).
   w.backward_selective = Xl + max(Xl + F + mlp_bwd, Xl + attn_bwd);
+  if (d.sp) {  // LoRA: the largest temporary beside the branch's peak, an upper bound
+    w.forward = w.forward + lora.largest();
+    w.backward = w.backward + lora.largest();
+    w.backward_selective = w.backward_selective + lora.largest();
+    return w;
+  }
+  // LoRA without sequence parallelism, at each adapted layer's call. Forward: nothing else is a
+  // workspace there but k's and v's all-heads output (replicated KV). Backward: the MLP's second
+  // layer beside d(act), its first (and up) beside d(act) (and d(up)); the projection beside
+  // d(out), q, k and v beside dq, dk, dv (and k's or v's all-heads gradient).
+  w.forward = max(w.forward, max(max(max(lora.q, lora.proj), max(max(lora.in, lora.up), lora.out)),
+                                 kv_all + max(lora.k, lora.v)));
+  const N mlp_lora = max(mlp_bwd, max(F + lora.out, mlp_grads + max(lora.in, lora.up)));
+  const N attn_lora = max(attn_bwd, max(max(q + lora.proj, grads + lora.q), grads + kv_all + max(lora.k, lora.v)));
+  w.backward = Xl + max(mlp_lora, attn_lora);
+  w.backward_selective = Xl + max(Xl + F + mlp_lora, Xl + attn_lora);
   return w;
 }
 
@@ -289,20 +330,11 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
   const StageSpec st = resolve_stage(lay.stage, c);
   TESSERA_CHECK(lay.full_layers >= 0, "model_memory: full_layers = ", lay.full_layers, " must be >= 0");
   const Acts a = activations(d);
-  BlockWork w = block_workspace(d);
+  BlockWork w = block_workspace(d, lora_temps(c, d));
   const Bf16Scratch bf = lay.bf16 ? bf16_scratch(d) : Bf16Scratch{};
   w.forward = w.forward + bf.block_forward;
   w.backward = w.backward + bf.block_backward;
   w.backward_selective = w.backward_selective + bf.block_backward;
-  // LoRA (model/lora.h): an adapted Linear's (B T, r) temporary (A x in forward, s dy B or A x in
-  // backward) beside the branch's: added to the block's peaks, an upper bound (exact when the peak
-  // falls in an adapted layer, as in tests/app/test_memory_check.cpp's cases).
-  if (c.lora.enabled() && lora_parameters(c, d).v > 0) {
-    const N lora_tmp = d.B * d.T * N{c.lora.rank};
-    w.forward = w.forward + lora_tmp;
-    w.backward = w.backward + lora_tmp;
-    w.backward_selective = w.backward_selective + lora_tmp;
-  }
   const N X = d.B * d.T * d.C, Xl = d.B * d.Tl * d.C;
   const int64_t L = st.layers();
   std::vector<BlockCost> blocks;

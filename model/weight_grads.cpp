@@ -4,6 +4,7 @@
 #include "kernels/check.h"
 #include "kernels/elementwise.h"
 #include "model/layers.h"
+#include "model/lora.h"
 
 namespace tessera {
 
@@ -15,7 +16,8 @@ Buffer saved_copy(const Exec& ex, Allocator& alloc, const Tensor& t) {
 }
 }  // namespace
 
-void WeightGrads::defer(const Exec& ex, const Linear& layer, const Tensor& dy, const Tensor& x) {
+void WeightGrads::defer(const Exec& ex, const Linear& layer, const Tensor& dy, const Tensor& x,
+                        const LoraDropout* drop) {
   Step s;
   s.layer = &layer;
   const bool same_input = sharing_ && shared_copy_ && shared_source_.data == x.data && shared_source_.shape == x.shape &&
@@ -30,6 +32,7 @@ void WeightGrads::defer(const Exec& ex, const Linear& layer, const Tensor& dy, c
     }
   }
   s.dy = saved_copy(ex, *alloc_, dy);
+  if (drop) s.drop = std::make_shared<const LoraDropout>(*drop);
   steps_.push_back(std::move(s));
 }
 
@@ -45,7 +48,7 @@ void WeightGrads::run(const Exec& ex, const GradsReady& on_ready) {
   TESSERA_CHECK(!sharing_, "WeightGrads::run inside a SharedInput scope (the backward that records is not done)");
   for (Step& s : steps_) {
     if (s.layer) {
-      s.layer->backward_weight(ex, s.dy, *s.x);
+      s.layer->backward_weight(ex, s.dy, *s.x, s.drop.get());
       s.dy.release();
       s.x.reset();  // the last layer reading a shared input frees it
     } else if (on_ready) {

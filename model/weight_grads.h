@@ -15,6 +15,7 @@
 namespace tessera {
 
 class Linear;
+struct LoraDropout;  // model/lora.h
 
 // The weight-gradient work one stage backward (B) left for its W, for one micro-batch and chunk.
 // What stays in B: the norms' scales and biases (the fused norm kernels compute them with the input
@@ -31,7 +32,9 @@ class WeightGrads {
 
   // Records layer's weight gradient from dy (N, out) and x (N, in) (leading dims flatten into N):
   // both copied, since the caller's are temporaries or the context's.
-  void defer(const Exec& ex, const Linear& layer, const Tensor& dy, const Tensor& x);
+  // drop: the adapter's dropout (model/lora.h), copied for W (null: none).
+  void defer(const Exec& ex, const Linear& layer, const Tensor& dy, const Tensor& x,
+             const LoraDropout* drop = nullptr);
   // The gradients of parameters [first, end) are final once everything deferred so far has run:
   // run() reports the range to its on_ready there (Gpt::GradsReady's order, kept).
   void ready(int first, int end);
@@ -64,6 +67,7 @@ class WeightGrads {
     const Linear* layer = nullptr;  // null: a ready marker for [first, end)
     std::shared_ptr<Buffer> x;
     Buffer dy;
+    std::shared_ptr<const LoraDropout> drop;  // the adapter's dropout, or null
     int first = 0, end = 0;
   };
   Allocator* alloc_;

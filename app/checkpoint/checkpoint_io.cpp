@@ -685,8 +685,19 @@ bool CheckpointReader::has(const std::string& path) const {
 
 Shape CheckpointReader::shape(const std::string& path) const { return info(path).shape; }
 
+void CheckpointReader::use_model_base(std::unique_ptr<CheckpointReader> base) {
+  for (const TensorInfo& t : base->tensors())
+    if (t.path.rfind("/model/", 0) == 0 && !has(t.path)) {
+      tensors_.push_back(t);
+      from_base_.insert(t.path);
+    }
+  std::sort(tensors_.begin(), tensors_.end(), [](const TensorInfo& a, const TensorInfo& b) { return a.path < b.path; });
+  base_ = std::move(base);
+}
+
 void CheckpointReader::read(const std::string& path, int dim, int64_t start, const Shape& local_shape,
                             float* out) const {
+  if (from_base(path)) return base_->read(path, dim, start, local_shape, out);
   H5QuietErrors quiet;
   const TensorInfo& t = info(path);
   TESSERA_CHECK(t.dtype == "float32", path, " in ", path_, " has dtype ", t.dtype, "; tessera tensors are float32");

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <variant>
@@ -115,8 +117,19 @@ class CheckpointReader {
   void read(const std::string& path, int dim, int64_t start, const Shape& local_shape, float* out) const;
   std::vector<float> read_all(const std::string& path) const;
 
+  // An adapters-only checkpoint (lora.checkpoint = "adapters", app/checkpoint/adapter_checkpoint.h):
+  // every /model tensor of base this file lacks (the frozen base model) is listed, shaped and read
+  // as if this file held it, from base. Nothing else of base is seen (its meta, groups, /optim).
+  void use_model_base(std::unique_ptr<CheckpointReader> base);
+  // The file whose /model tensors stand in for those this one lacks (null: none).
+  const CheckpointReader* model_base() const { return base_.get(); }
+  // Whether path is read from the base (listed by tensors() but not stored in this file).
+  bool from_base(const std::string& path) const { return from_base_.count(path) > 0; }
+
  private:
   const TensorInfo& info(const std::string& path) const;
+  std::unique_ptr<CheckpointReader> base_;
+  std::set<std::string> from_base_;
   std::string path_;
   H5File file_;
   CheckpointMeta meta_;

@@ -19,6 +19,7 @@
 #include <set>
 #include <sstream>
 
+#include "app/checkpoint/adapter_checkpoint.h"
 #include "app/checkpoint/atomic_file.h"
 #include "app/checkpoint/checkpoint_plan.h"
 #include "kernels/check.h"
@@ -68,6 +69,7 @@ void add_slices(std::vector<TensorSlice>& out, const ParameterStore& ps, const s
                 const std::string& prefix, const std::string& suffix, const TrainingState& st, bool moments = false) {
   for (const ParamEntry& e : ps.entries()) {
     if (moments && e.frozen) continue;
+    if (!moments && e.frozen && !st.writes_frozen_model) continue;  // an adapters-only checkpoint
     TensorSlice s;
     s.path = prefix + e.spec.name + suffix;
     s.global_shape = e.spec.global_shape;
@@ -520,7 +522,9 @@ RestoredState restore_training_state(const std::string& path, ParameterStore& pa
 
 RestoredState restore_training_state(const std::string& path, ParameterStore& params, const OptimizerState& optimizer,
                                      MPI_Comm comm, const Exec& ex) {
-  CheckpointReader r(path, comm);
+  // An adapters-only LoRA checkpoint reads its base tensors from its base.
+  const std::unique_ptr<CheckpointReader> reader = open_model_checkpoint(path, comm);
+  const CheckpointReader& r = *reader;
   const std::set<std::string> frozen_before = frozen_in(r);
   check_shapes(r, expected_tensors(params, comm, frozen_before));
   std::string local_error;

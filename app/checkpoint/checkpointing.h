@@ -44,6 +44,9 @@ struct TrainingState {
   AttrMap seeds;                 // stored under /rng
   bool writes_tensors = true;    // false on data-parallel replicas: one copy of each element is written
   bool writes_replicated = true; // false on tp ranks > 0: tensors every tp rank holds whole are written once
+  // false (lora.checkpoint = "adapters", app/checkpoint/adapter_checkpoint.h): the frozen
+  // parameters' /model tensors are left out; the base checkpoint the /lora record names holds them.
+  bool writes_frozen_model = true;
 };
 
 // The /meta attribute naming the run a checkpoint belongs to (CheckpointMeta::extra).

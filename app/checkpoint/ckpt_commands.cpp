@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "app/checkpoint/adapter_checkpoint.h"
 #include "app/checkpoint/checkpoint_io.h"
 #include "app/checkpoint/hf_export.h"
 #include "app/checkpoint/peft_export.h"
@@ -157,7 +158,9 @@ int run_ckpt_inspect(const CkptInspectArgs& args, std::ostream& out) {
 int run_ckpt_export(const CkptExportArgs& args, std::ostream& out) {
   TESSERA_CHECK(args.format == "safetensors", "ckpt export: format \"", args.format,
                 "\" is not supported; the only format is safetensors");
-  CheckpointReader reader(args.file, MPI_COMM_SELF);
+  // An adapters-only LoRA checkpoint with its base (app/checkpoint/adapter_checkpoint.h).
+  const std::unique_ptr<CheckpointReader> opened = open_model_checkpoint(args.file, MPI_COMM_SELF);
+  const CheckpointReader& reader = *opened;
   if (!args.allow_non_finite) {
     const auto bad = nonfinite_model_tensors(reader);
     std::string names;

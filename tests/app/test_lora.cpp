@@ -80,7 +80,10 @@ TEST(LoraConfig, ShownInTheResolvedConfigAndRefusedNamingTheKey) {
                                    {"lora.targets", "attn.qkv"}));
   EXPECT_TRUE(testing::throws_with([] { config("llama", {"lora.rank=4", "lora.targets=[\"mlp.fc\"]"}); },
                                    {"lora.targets", "mlp.fc", "mlp.gate"}));
-  EXPECT_TRUE(testing::throws_with([] { config("gpt2", {"lora.rank=4", "lora.dropout=0.1"}); }, {"lora.dropout"}));
+  EXPECT_NO_THROW(config("gpt2", {"lora.rank=4", "lora.dropout=0.1"}));
+  EXPECT_TRUE(testing::throws_with([] { config("gpt2", {"lora.rank=4", "lora.dropout=1.0"}); }, {"lora.dropout"}));
+  EXPECT_TRUE(testing::throws_with([] { config("gpt2", {"lora.rank=4", "lora.dropout=0.1", "train.device=\"cuda\""}); },
+                                   {"lora.dropout = 0.1", "train.device = \"cuda\"", "no CUDA kernel"}));
   EXPECT_TRUE(testing::throws_with([] { config("gpt2", {"lora.rank=-1"}); }, {"lora.rank"}));
 }
 
@@ -129,6 +132,43 @@ TEST(LoraCheckpoints, NameTheBaseAndResumeOnlyWithItUnchanged) {
   fs::remove(base_file);
   EXPECT_TRUE(testing::throws_with([&] { Trainer t(config("gpt2", lora), (dir / "lora").string(), MPI_COMM_SELF); },
                                    {"[lora]", "no longer exists"}));
+  fs::remove_all(dir);
+}
+
+const std::vector<std::string> kDropout = {"lora.dropout=0.1"};
+
+// Every parameter and both moments of a and b, bit for bit.
+void expect_state_bitwise(Trainer& a, Trainer& b, const std::string& what) {
+  const auto equal = [](const Tensor& x, const Tensor& y) {
+    return x.numel() == y.numel() && std::equal(x.ptr<float>(), x.ptr<float>() + x.numel(), y.ptr<float>());
+  };
+  EXPECT_TRUE(equal(a.params().flat_params(), b.params().flat_params())) << what << ": parameters";
+  const FullOptimizerState sa = a.optimizer().gather_state(), sb = b.optimizer().gather_state();
+  EXPECT_TRUE(equal(sa.state.exp_avg, sb.state.exp_avg)) << what << ": exp_avg";
+  EXPECT_TRUE(equal(sa.state.exp_avg_sq, sb.state.exp_avg_sq)) << what << ": exp_avg_sq";
+}
+
+// lora.dropout = 0.1: training differs from p = 0 once B is nonzero (step 0's adapters add
+// nothing, so its loss is p = 0's), and a run resumed from its step-2 checkpoint continues bit for
+// bit: the mask depends on the step and the sample, not on the process.
+TEST(LoraDropout, ChangesTrainingAndResumesBitExact) {
+  testing::test_world();
+  namespace fs = std::filesystem;
+  const fs::path dir = testing::temp_dir("lora_dropout_resume");
+  const std::vector<std::string> lora = testing::with(testing::with(kBase, kLora), {"train.steps=4"});
+  const Trained plain = testing::train(config("gpt2", lora), MPI_COMM_NULL);
+  const Trained whole = testing::train(config("gpt2", testing::with(lora, kDropout)), MPI_COMM_NULL);
+  EXPECT_EQ(whole.losses[0], plain.losses[0]);
+  EXPECT_NE(whole.losses[2], plain.losses[2]);
+  {
+    Trainer first(config("gpt2", testing::with(testing::with(lora, kDropout), {"train.exit_after_steps=2"})),
+                  dir.string(), MPI_COMM_SELF);
+    first.run();
+  }
+  Trainer resumed(config("gpt2", testing::with(lora, kDropout)), dir.string(), MPI_COMM_SELF);
+  ASSERT_EQ(resumed.start_step(), 2);
+  for (int64_t s = 2; s < 4; ++s) EXPECT_EQ(resumed.step(s).loss, whole.losses[static_cast<size_t>(s)]) << s;
+  expect_state_bitwise(resumed, *whole.trainer, "resumed with dropout");
   fs::remove_all(dir);
 }
 
@@ -210,6 +250,31 @@ TEST(LoraLayouts, EqualTheOneRankRun) {
       const std::string what = preset + " " + name + " (rank " + std::to_string(world.rank()) + ")";
       MpiCommunicator comm = MpiCommunicator::duplicate(world.comm());
       Trained got = testing::train(config(preset, testing::with(testing::with(kBase, kLora), sets)), comm.comm());
+      testing::expect_losses_near(got.losses, one.losses, 1e-5, what);
+      testing::expect_state_near(*got.trainer, *one.trainer, 1e-5, what);
+    }
+  }
+}
+
+// Under mpiexec -n 2, with lora.dropout = 0.1: the masks are drawn at global coordinates (the
+// sample's index in the step's batch, the row's global position, the layer, the global input
+// feature), so dp 2 (samples split), tp 2 (row-parallel A split on its input features), tp 2 with
+// sequence parallelism (the region input gathered) and pp 2 (layers on two stages) draw the 1-rank
+// run's masks and equal it.
+TEST(LoraDropoutLayouts, EqualTheOneRankRun) {
+  MpiCommunicator world = MpiCommunicator::duplicate(testing::test_world());
+  ASSERT_EQ(world.size(), 2);
+  const std::vector<std::string> lora = testing::with(testing::with(kBase, kLora), kDropout);
+  for (const std::string preset : {"gpt2", "llama"}) {
+    const Trained one = testing::train(config(preset, lora), MPI_COMM_NULL);
+    const Trained plain = testing::train(config(preset, testing::with(kBase, kLora)), MPI_COMM_NULL);
+    EXPECT_NE(one.losses.back(), plain.losses.back()) << preset << ": dropout changed nothing";
+    for (const auto& [name, sets] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+             {"dp2", {}}, {"tp2", {"parallel.tp=2"}}, {"tp2_sp", {"parallel.tp=2", "parallel.sequence_parallel=true"}},
+             {"pp2", {"parallel.pp=2"}}}) {
+      const std::string what = preset + " dropout " + name + " (rank " + std::to_string(world.rank()) + ")";
+      MpiCommunicator comm = MpiCommunicator::duplicate(world.comm());
+      Trained got = testing::train(config(preset, testing::with(lora, sets)), comm.comm());
       testing::expect_losses_near(got.losses, one.losses, 1e-5, what);
       testing::expect_state_near(*got.trainer, *one.trainer, 1e-5, what);
     }

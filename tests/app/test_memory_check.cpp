@@ -286,7 +286,7 @@ TEST(MemoryCheck, AnInRunGrowthWithFreezeIsCheckedWithoutTheFrozenMoments) {
 // moments, no gradient for its matrices and embeddings): counted exactly. An adapted layer's (B T, r)
 // temporary is added to the block's peaks, an upper bound: exact when the peak falls in an adapted
 // layer (every layer adapted, the first case), else above the allocator's peak by at most B T r
-// elements. A LoRA run needs less than training the whole model.
+// elements (B T (r + F) with lora.dropout: the dropped input beside it, counted at each adapted layer). A LoRA run needs less than training the whole model.
 TEST(MemoryCheck, LoraEstimateEqualsTheAllocatorsPeak) {
   struct Case {
     std::vector<std::string> overrides;
@@ -295,6 +295,10 @@ TEST(MemoryCheck, LoraEstimateEqualsTheAllocatorsPeak) {
   const std::vector<Case> cases = {
       {{"lora.rank=2", "lora.targets=[\"attn.*\", \"mlp.*\"]"}, true},
       {{"model.preset=\"llama\"", "lora.rank=4", "lora.targets=[\"attn.q\", \"attn.v\"]"}, false},
+      // lora.dropout: the dropped input (B T, in_local) beside A x at each adapted layer (model/lora.h).
+      {{"lora.rank=2", "lora.targets=[\"attn.*\", \"mlp.*\"]", "lora.dropout=0.1"}, true},
+      {{"model.preset=\"llama\"", "lora.rank=4", "lora.targets=[\"attn.q\", \"attn.v\"]", "lora.dropout=0.1"}, false},
+      {{"lora.rank=2", "lora.targets=[\"mlp.proj\"]", "lora.dropout=0.1", "model.recompute=\"full\""}, false},
   };
   for (const Case& k : cases) {
     const Config cfg = tiny(k.overrides);
@@ -307,7 +311,9 @@ TEST(MemoryCheck, LoraEstimateEqualsTheAllocatorsPeak) {
     const int64_t estimate = estimate_training_memory(cfg, 13, lora).allocator_bytes();
     const int64_t peak = static_cast<int64_t>(measured_peak(cfg, MPI_COMM_NULL));
     // B <= global_batch on one rank
-    const int64_t tmp_bytes = cfg.train.global_batch * cfg.train.seq_len * cfg.lora.rank * 4;
+    // (with dropout, the dropped input beside it: at most the widest input, ffn_hidden)
+    const int64_t widest = cfg.lora.dropout > 0 ? mc.ffn_hidden : 0;
+    const int64_t tmp_bytes = cfg.train.global_batch * cfg.train.seq_len * (cfg.lora.rank + widest) * 4;
     if (k.exact) EXPECT_EQ(estimate, peak) << ::testing::PrintToString(k.overrides);
     EXPECT_GE(estimate, peak) << ::testing::PrintToString(k.overrides);
     EXPECT_LE(estimate - peak, tmp_bytes) << ::testing::PrintToString(k.overrides);

@@ -113,6 +113,106 @@ TEST(Lora, SplitBackwardEqualsTheWhole) {
   EXPECT_EQ(dx1.vec(), dx2.vec());
 }
 
+// Adapter dropout (model/lora.h LoraDropout): kN = 6 rows are 2 sequences of 3 positions.
+LoraDropout dropout_rows() {
+  LoraDropout d;
+  d.seed = 1337;
+  d.step = 4;
+  d.sample0 = 2;
+  d.positions = {0, 1, 2};
+  return d;
+}
+
+LoraConfig lora_dropout(int64_t rank, double alpha, double p) {
+  LoraConfig c = lora(rank, alpha);
+  c.dropout = p;
+  return c;
+}
+
+// With dropout the adapter reads dropout(x), the mask recomputed in backward: its gradients (x, A,
+// B, W) against central differences with the mask fixed (the same coordinates every call).
+TEST(Lora, DropoutBackwardMatchesFiniteDifferences) {
+  Allocator alloc;
+  ParameterStore ps(alloc, DType::F64);
+  Linear lin(ps, "blocks.1.mlp.proj", kIn, kOut, true, ShardSpec::replicated(), 0.5);
+  lin.add_lora(ps, "blocks.1.mlp.proj", ShardSpec::replicated(), false, lora_dropout(3, 5.0, 0.4));
+  ps.finalize();
+  ps.initialize(kCpu, 11);
+  const LoraAdapter& ad = *lin.lora();
+  set(ps.param(ad.b_id()), HostTensor<double>::uniform({kOut, 3}, 7));
+  const LoraDropout drop = dropout_rows();
+  auto x = HostTensor<double>::uniform({kN, kIn}, 3);
+  const auto w = HostTensor<double>::uniform({kN, kOut}, 4);
+  HostTensor<double> y({kN, kOut});
+  auto loss = [&] {
+    lin.forward(kCpu, y.t(), x.t(), true, &drop);
+    return testing::weighted_sum(y, w);
+  };
+  loss();
+  const std::vector<double> dropped = y.vec();
+  lin.forward(kCpu, y.t(), x.t());
+  EXPECT_NE(dropped, y.vec());  // the mask changes the output: the check below can fail
+  ps.zero_grads(kCpu);
+  HostTensor<double> dx({kN, kIn});
+  lin.backward(kCpu, dx.t(), w.t(), x.t(), false, nullptr, &drop);
+  const auto dA = get<double>(ps.grad(ad.a_id())), dB = get<double>(ps.grad(ad.b_id()));
+  const auto dW = get<double>(ps.grad(ps.find("blocks.1.mlp.proj.weight")));
+  testing::expect_gradient_matches(loss, x, dx, "x");
+  for (const auto& [id, analytic, what] :
+       {std::tuple{ad.a_id(), dA, "lora_A"}, std::tuple{ad.b_id(), dB, "lora_B"},
+        std::tuple{ps.find("blocks.1.mlp.proj.weight"), dW, "weight"}}) {
+    auto p = get<double>(ps.param(id));
+    auto loss_p = [&, id = id] {
+      set(ps.param(id), p);
+      return loss();
+    };
+    testing::expect_gradient_matches(loss_p, p, analytic, what);
+    set(ps.param(id), p);
+  }
+  // The split backward (B, then W with the mask recomputed again) gives the whole one's bitwise.
+  ps.zero_grads(kCpu);
+  HostTensor<double> dx2({kN, kIn});
+  ad.backward(kCpu, dx2.t(), w.t(), x.t(), /*weights=*/false, &drop);
+  ad.backward_weight(kCpu, w.t(), x.t(), &drop);
+  EXPECT_EQ(get<double>(ps.grad(ad.a_id())).vec(), dA.vec());
+  EXPECT_EQ(get<double>(ps.grad(ad.b_id())).vec(), dB.vec());
+}
+
+// lora.dropout = 0 with the coordinates given is the adapter without dropout, bit for bit; and the
+// base path is never dropped: a new adapter (B = 0) under dropout leaves the output unchanged.
+TEST(Lora, DropoutZeroIsBitwiseTheUndroppedAdapter) {
+  Allocator alloc;
+  ParameterStore ps(alloc, DType::F32);
+  Linear lin(ps, "blocks.0.attn.v", kIn, kOut, true, ShardSpec::replicated(), 0.3);
+  lin.add_lora(ps, "blocks.0.attn.v", ShardSpec::replicated(), false, lora_dropout(2, 4.0, 0.0));
+  ParameterStore ps_drop(alloc, DType::F32);
+  Linear lin_drop(ps_drop, "blocks.0.attn.v", kIn, kOut, true, ShardSpec::replicated(), 0.3);
+  lin_drop.add_lora(ps_drop, "blocks.0.attn.v", ShardSpec::replicated(), false, lora_dropout(2, 4.0, 0.5));
+  ps.finalize();
+  ps_drop.finalize();
+  ps.initialize(kCpu, 5);
+  ps_drop.initialize(kCpu, 5);
+  const LoraDropout drop = dropout_rows();
+  const auto x = HostTensor<float>::uniform({kN, kIn}, 1), dy = HostTensor<float>::uniform({kN, kOut}, 2);
+  HostTensor<float> y0({kN, kOut}), y1({kN, kOut});
+  lin_drop.forward(kCpu, y1.t(), x.t(), true, &drop);
+  lin.forward(kCpu, y0.t(), x.t());
+  EXPECT_EQ(y0.vec(), y1.vec());  // B = 0: only the base path, undropped
+  set(ps.param(lin.lora()->b_id()), HostTensor<float>::uniform({kOut, 2}, 9));
+  lin.forward(kCpu, y0.t(), x.t());
+  lin.forward(kCpu, y1.t(), x.t(), true, &drop);
+  EXPECT_EQ(y0.vec(), y1.vec());
+  HostTensor<float> dx0({kN, kIn}), dx1({kN, kIn});
+  ps.zero_grads(kCpu);
+  lin.backward(kCpu, dx0.t(), dy.t(), x.t());
+  const auto dA = get<float>(ps.grad(lin.lora()->a_id())), dB = get<float>(ps.grad(lin.lora()->b_id()));
+  ps.zero_grads(kCpu);
+  lin.backward(kCpu, dx1.t(), dy.t(), x.t(), false, nullptr, &drop);
+  EXPECT_EQ(dx0.vec(), dx1.vec());
+  EXPECT_EQ(get<float>(ps.grad(lin.lora()->a_id())).vec(), dA.vec());
+  EXPECT_EQ(get<float>(ps.grad(lin.lora()->b_id())).vec(), dB.vec());
+}
+
 TEST(Lora, NewAdapterLeavesTheOutputBitwiseUnchanged) {
   Allocator alloc;
   ParameterStore base(alloc, DType::F32), adapted(alloc, DType::F32);
@@ -232,7 +332,11 @@ TEST(Lora, BadSettingsNameTheKey) {
   EXPECT_TRUE(testing::throws_with([&] { validate_lora(c, "gpt2"); }, {"lora.alpha"}));
   c = lora(4, 8);
   c.dropout = 0.1;
-  EXPECT_TRUE(testing::throws_with([&] { validate_lora(c, "gpt2"); }, {"lora.dropout"}));
+  EXPECT_NO_THROW(validate_lora(c, "gpt2"));
+  for (double bad : {1.0, -0.1}) {
+    c.dropout = bad;
+    EXPECT_TRUE(testing::throws_with([&] { validate_lora(c, "gpt2"); }, {"lora.dropout", "[0, 1)"}));
+  }
   c = lora(-1, 8);
   EXPECT_TRUE(testing::throws_with([&] { validate_lora(c, "gpt2"); }, {"lora.rank"}));
 }
