@@ -134,7 +134,8 @@ StepPlan TokenPacker::plan_step(PackCursor at) const {
     TESSERA_CHECK(c.piece < static_cast<int64_t>(pieces.size()), "variable-length batches: the cursor's piece ",
                   c.piece, " is past document position ", c.document, "'s ", pieces.size(), " pieces");
     const DocumentPiece& p = pieces[static_cast<size_t>(c.piece)];
-    if (tokens + p.length > shape_.step_capacity()) break;
+    const bool new_epoch = c.piece == 0 && c.document % num_documents() == 0 && !(c == at);
+    if (new_epoch || tokens + p.length > shape_.step_capacity()) break;
     tokens += p.length;
     taken.push_back(p);
     c = c.piece + 1 < static_cast<int64_t>(pieces.size()) ? PackCursor{c.document, c.piece + 1}

@@ -81,7 +81,8 @@ struct StepPlan {
 
 // The packing and balancing rule (docs/data.md), in three steps:
 // 1. the step takes the pieces that follow the cursor, in order, while their tokens fit its capacity
-//    (dp x M x R x L);
+//    (dp x M x R x L) and they belong to the cursor's epoch (an epoch's last step may be short, and
+//    every epoch trains each token exactly once);
 // 2. first-fit decreasing packs them into the step's dp x M x R rows (longest first, ties in stream
 //    order, each into the first row with room); when one fits no row, the step drops its last piece
 //    in stream order and packs again (the first piece always fits);
