@@ -165,7 +165,12 @@ void expect_layouts_equal_one_rank(const std::string& preset) {
     MpiCommunicator comm = MpiCommunicator::duplicate(world.comm());
     Trained got = train(config(preset, token_settings(prefix) + l.sets), comm.comm());
     testing::expect_losses_near(got.losses, one.losses, 1e-5, what);
-    testing::expect_state_near(*got.trainer, *one.trainer, 1e-5, what);
+    // 3e-5 for the state, not the other layout tests' 1e-5: measured on llama tp 2 + sp after one
+    // step, every gradient (exp_avg) agrees with the 1-rank run's to 2.5e-7 of its family's scale
+    // (fp32 rounding of other summation orders), but blocks.0.mlp.down.weight moves by 1.4e-5:
+    // AdamW's first update m / (sqrt(v) + eps) turns the rounding of a gradient near eps into a
+    // visible step. (The same data as windows with the document mask: 2.5e-6 there.)
+    testing::expect_state_near(*got.trainer, *one.trainer, 3e-5, what);
   }
   MPI_Barrier(world.comm());
   if (world.rank() == 0) std::filesystem::remove_all(std::filesystem::path(prefix).parent_path());
