@@ -182,5 +182,40 @@ TEST(MakePackedBatch, RowsHoldPiecesWithTheirDocumentsPositionsAndPadding) {
   EXPECT_EQ(b.doc_position, (std::vector<int32_t>{0, 0, 0, 0, 0, 0, 0, 0, 0, 6, 6, 0, 0, 0, 0, 0, 0, 0}));
 }
 
+// The loader's producer (packed_batches) delivers one dp rank's micro-batches of consecutive steps,
+// from its cursor on, and nothing once cancelled.
+TEST(PackedBatches, DeliverOneRanksMicroBatchesStepAfterStep) {
+  testing::TempDir dir("packed_batches");
+  const std::string prefix = dir / "docs";
+  {
+    IndexedDatasetBuilder b(prefix, TokenDType::kUInt16);
+    for (int d = 0; d < 12; ++d) {
+      std::vector<int32_t> ids;
+      for (int i = 0; i < 2 + (d * 5) % 9; ++i) ids.push_back(1 + (d + i) % 50);
+      ids.push_back(kEot);
+      b.add_document(ids);
+    }
+    b.finalize();
+  }
+  const std::shared_ptr<const TokenWindowDataset> ds = open_token_dataset({prefix}, 4, 100);
+  const auto packer = std::make_shared<const TokenPacker>(find_documents(*ds, kEot), 3, true, shape(8, 1, 2, 2, 8));
+  const StepPlan first = packer->plan_step({});
+  const StepPlan second = packer->plan_step(first.next);
+  auto produce = packed_batches(ds, packer, first.next, 1, kEot);  // rank 1 from the second step
+  std::atomic<bool> cancel{false};
+  for (int m = 0; m < 2; ++m) {
+    const std::optional<Batch> b = produce(cancel);
+    ASSERT_TRUE(b.has_value());
+    const Batch want = make_packed_batch(*ds, second.ranks[1][static_cast<size_t>(m)], 8, kEot);
+    EXPECT_EQ(b->tokens, want.tokens) << "micro-batch " << m;
+    EXPECT_EQ(b->targets, want.targets) << "micro-batch " << m;
+  }
+  const Batch third = *produce(cancel);  // the next step's first micro-batch
+  EXPECT_EQ(third.tokens, make_packed_batch(*ds, packer->plan_step(second.next).ranks[1][0], 8, kEot).tokens);
+  cancel = true;
+  EXPECT_FALSE(produce(cancel).has_value());
+  EXPECT_THROW(packed_batches(ds, packer, {}, 2, kEot), Error);
+}
+
 }  // namespace
 }  // namespace tessera
