@@ -19,6 +19,7 @@
 
 #include "app/auto_layout.h"
 #include "app/memory_check.h"
+#include "app/token_batching.h"
 #include "data/tokenizer.h"
 #include "data/unicode_class.h"
 #include "kernels/check.h"
@@ -823,6 +824,7 @@ void validate(const Config& c, const Origins* origins) {
     fail(show("model.recompute_layers", c.model.recompute_layers, origins) + " blocks per chunk recompute fully, but " +
          show("model.n_layer", c.model.n_layer, origins) + " has fewer; use at most model.n_layer");
   }
+  check_token_batching(c);  // data.batching = "tokens" (app/token_batching.h)
   if (c.data.document_mask && c.data.task != "tokens") {
     fail(show("data.document_mask", c.data.document_mask, origins) + " needs documents, but " +
          show("data.task", c.data.task, origins) + " has none (its windows hold no end-of-text id): use data.task "

@@ -153,6 +153,7 @@ struct DataConfig {
   std::string tokenizer = "gpt2";
   std::string vocab_dir;
   bool document_mask = false;
+  std::string batching = "windows";  // variable-length batches: app/token_batching.h
 
   template <class V>
   void visit(V& v) {
@@ -181,6 +182,11 @@ struct DataConfig {
     v.field("document_mask", document_mask, "tokens: packed windows hold documents ending in the tokenizer's "
             "end-of-text id; a token attends only within its own document and positions restart at each "
             "document (CPU only)", Allowed::any());
+    v.field("batching", batching, "tokens: windows = fixed windows of train.seq_len cut from the stream; tokens = "
+            "variable-length batches: whole documents (longer ones cut into pieces of train.seq_len whose "
+            "positions continue) packed by train.tokens_per_micro_batch and balanced over dp, attention and "
+            "positions per document, the loss averaged over real tokens (docs/data.md; CPU only)",
+            Allowed::one_of({"windows", "tokens"}));
   }
   bool operator==(const DataConfig&) const = default;
 };
@@ -190,6 +196,7 @@ struct TrainConfig {
   int64_t global_batch = 32;
   int64_t micro_batch = 0;  // 0 = automatic (auto_micro_batch), chosen by the trainer for its layout
   int64_t seq_len = 64;
+  int64_t tokens_per_micro_batch = 0;  // data.batching = "tokens": app/token_batching.h
   int64_t seed = 1337;
   int64_t eval_every = 200;
   int64_t eval_batches = 4;
@@ -214,6 +221,9 @@ struct TrainConfig {
             "global_batch / dp and fits half the available memory by the estimate (printed in the run header)",
             Allowed::at_least(0).at_most(kMaxBatch));
     v.field("seq_len", seq_len, "tokens per training sequence", Allowed::at_least(2).at_most(kMaxSeqLen));
+    v.field("tokens_per_micro_batch", tokens_per_micro_batch, "data.batching = \"tokens\": the token budget of a "
+            "micro-batch, a multiple of train.seq_len (its rows; train.micro_batch follows from it); 0 = unset",
+            Allowed::at_least(0).at_most(kMaxSeqLen));
     v.field("dtype", dtype, "precision of the GEMMs: \"fp32\", or \"bf16\" (mixed precision: bf16 copies of the weights "
             "and bf16 GEMM inputs, fp32 accumulation; fp32 master weights, gradients, optimizer, loss, norms and "
             "checkpoints)", Allowed::one_of({"fp32", "bf16"}));

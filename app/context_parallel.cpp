@@ -27,6 +27,7 @@ Batch cp_share(const Batch& b, const ContextParallel& cp) {
         out.tokens.push_back(b.tokens[static_cast<size_t>(s * b.T + p)]);
         out.targets.push_back(b.targets[static_cast<size_t>(s * b.T + p)]);
         if (docs) out.doc_start.push_back(b.doc_start[static_cast<size_t>(s * b.T + p)]);
+        if (!b.doc_position.empty()) out.doc_position.push_back(b.doc_position[static_cast<size_t>(s * b.T + p)]);
       }
   // Every image of the batch, at its global start: the model writes the rows this rank holds.
   out.image_shape = b.image_shape;
@@ -39,7 +40,7 @@ Batch cp_share(const Batch& b, const ContextParallel& cp) {
 
 SequenceLayout share_layout(const Batch& share, const ContextParallel& cp, int64_t T) {
   const SequenceLayout seq = cp.layout(T);
-  return share.doc_start.empty() ? seq : seq.with_documents(share.B, share.doc_start);
+  return share.doc_start.empty() ? seq : seq.with_documents(share.B, share.doc_start, share.doc_position);
 }
 
 }  // namespace tessera

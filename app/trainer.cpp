@@ -108,7 +108,8 @@ std::unique_ptr<GridComms> grid_comms_of(const ProcessGrid& grid, MPI_Comm world
 
 // train.micro_batch = 0 (automatic) chosen for this layout and this node's memory, before anything
 // reads it (app/memory_check.h); a config that sets it is returned as it is.
-Config resolve_micro_batch(const Config& cfg, const std::string& run_dir, MPI_Comm comm) {
+Config resolve_micro_batch(const Config& given, const std::string& run_dir, MPI_Comm comm) {
+  const Config cfg = with_token_micro_batch(given);  // data.batching = "tokens": the budget's rows
   if (cfg.train.micro_batch > 0) return cfg;
   const ProcessGrid grid(grid_degrees(cfg.parallel), world_size_of(comm), world_rank_of(comm));
   const bool checkpoints = !checkpoint_dir(cfg, run_dir).empty() && comm != MPI_COMM_NULL;
@@ -206,6 +207,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
   // Which checkpoint to continue, and whose: a fresh start over another run's files is refused here,
   // before metrics.jsonl is opened (and truncated). Known before the model is built: train.freeze =
   // "original" reads the file's up-scaling record.
+  tokens_ = TokenBatching::open(cfg_, data_, grid_.dp_size(), accum_);  // null for data.batching = "windows"
   std::optional<RunStart> start;
   int64_t resume_step = -1;
   if (!ckpt_dir.empty() && comm != MPI_COMM_NULL) {
@@ -215,6 +217,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
       const GroupAttributes& groups = reader.group_attributes();
       if (auto it = groups.find(kUpscaleGroup); it != groups.end()) upscale_record_ = it->second;
       if (auto it = groups.find(kLoraGroup); it != groups.end()) lora_record_ = it->second;
+      if (tokens_) tokens_->set_cursor(TokenBatching::cursor_of(groups, *start->resume_from));
       resume_step = reader.meta().step;
     }
   }
@@ -657,12 +660,14 @@ std::optional<Trainer::Reduced> Trainer::forward_backward(int64_t s) {
   std::string read_error;
   try {
     if (!loader_)
-      loader_ = std::make_unique<DataLoader>(*data_.train, sampler_, layout_,
-                                             consumed_at_start_ + (s - start_step_) * cfg_.train.global_batch);
+      loader_ = tokens_ ? tokens_->loader(grid_.dp_rank())
+                        : std::make_unique<DataLoader>(*data_.train, sampler_, layout_,
+                                                       consumed_at_start_ + (s - start_step_) * cfg_.train.global_batch);
     for (int64_t m = 0; m < accum_; ++m) {
       std::optional<Batch> next = loader_->next([this] { return stop_requested(); });
       if (!next) break;  // a stop signal: the vote below sees it
-      if (data_.document_eot >= 0) mark_documents(*next, data_.document_eot);  // on the whole window
+      if (data_.document_eot >= 0 && next->doc_start.empty())  // (packed batches come with their documents)
+        mark_documents(*next, data_.document_eot);  // on the whole window
       batches.push_back(cp_share(*next, cp_));  // this cp rank's positions of each sequence
       const Batch& b = batches.back();
       my_targets += static_cast<double>(
@@ -672,6 +677,7 @@ std::optional<Trainer::Reduced> Trainer::forward_backward(int64_t s) {
     read_error = e.what();
   }
   if (vote_stop(read_error)) return std::nullopt;
+  if (tokens_) tokens_->advance();  // the step's batches are read: its cursor is the next step's
   std::vector<double> targets = {my_targets};
   sum_over_group(targets, dp_cp_group());
   const double loss_scale = targets[0] > 0 ? 1.0 / targets[0] : 0.0;
@@ -968,6 +974,13 @@ void Trainer::log_step(int64_t s, const StepResult& r, double step_seconds, doub
       .add("elapsed_s", elapsed)
       .add("tokens", static_cast<int64_t>(done) * cfg_.train.global_batch * cfg_.train.seq_len)
       .add("memory_peak_bytes", static_cast<int64_t>(alloc_.total_peak()));
+  if (tokens_) {  // variable-length batches: real tokens per step, their rate and dp imbalance since the last record
+    const TokenBatching::Window w = tokens_->take_window();
+    rec.add("real_tokens", w.tokens_per_step)
+        .add("real_tokens_per_s", step_seconds > 0 ? w.tokens_per_step / step_seconds : 0.0)
+        .add("dp_token_imbalance", w.imbalance_mean)
+        .add("dp_token_imbalance_max", w.imbalance_max);
+  }
   add_memory_peaks(rec, alloc_, comms_ && grid_.pp_size() > 1 ? comms_->pp.get() : nullptr);  // collective over pp
   if (comms_) {
     // Bytes this rank sent over the data-parallel group per step since the last record (ring
@@ -1108,6 +1121,7 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   if (!upscale_record_.empty()) st.extra_groups[kUpscaleGroup] = upscale_record_;  // carried on: "original", rewarm
   if (!lora_record_.empty()) st.extra_groups[kLoraGroup] = lora_record_;             // the base (app/lora.h)
   st.writes_frozen_model = !is_adapters_only(lora_record_);  // lora.checkpoint (app/checkpoint/adapter_checkpoint.h)
+  if (tokens_) st.extra_groups[kTokenBatchingGroup] = tokens_->record();            // where the next step starts
   st.step = steps_done;
   st.consumed_samples = consumed_at_start_ + (steps_done - start_step_) * cfg_.train.global_batch;
   st.tokens_seen = st.consumed_samples * cfg_.train.seq_len;

@@ -18,6 +18,7 @@
 #include "app/config.h"
 #include "app/metrics.h"
 #include "app/signals.h"
+#include "app/token_batching.h"
 #include "app/training_data.h"
 #include "data/addition.h"
 #include "data/loader.h"
@@ -164,6 +165,7 @@ class Trainer {
   Sampler sampler_;
   BatchLayout layout_;
   std::unique_ptr<DataLoader> loader_;  // created at the first step, positioned at it
+  std::unique_ptr<TokenBatching> tokens_;  // data.batching = "tokens" (app/token_batching.h); null for windows
   Device device_;          // train.device, resolved and agreed by every rank at start
   ComputeStream stream_;   // CUDA: the stream every op of the step and alloc_ use; CPU: none
   Allocator alloc_;        // on device_: the model, its gradients, the optimizer state, activations

@@ -128,7 +128,7 @@ TrainingData open_tokens(const Config& cfg) {
   }
   d.train = parts.size() == 1 ? parts[0] : std::make_shared<BlendedDataset>(parts, weights);
   if (!cfg.data.valid.empty()) d.valid = open_token_dataset({cfg.data.valid}, T, V);
-  if (cfg.data.document_mask) d.document_eot = tokenizer_eot(cfg);
+  if (cfg.data.document_mask || cfg.data.batching == "tokens") d.document_eot = tokenizer_eot(cfg);
   return d;
 }
 

@@ -56,6 +56,9 @@ struct Batch {
   std::vector<int32_t> tokens;
   std::vector<int32_t> targets;
   std::vector<int32_t> doc_start;
+  // doc_position (B, T), when not empty (variable-length batches, data/token_batching.h): the position
+  // each token's document start takes, so that the pieces of a long document continue their positions.
+  std::vector<int32_t> doc_position;
   ImageShape image_shape;
   int64_t image_tokens = 0;
   std::vector<uint8_t> images;  // (N, H, W, C)

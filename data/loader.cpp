@@ -5,14 +5,25 @@
 
 namespace tessera {
 
+namespace {
+// The windows' micro-batches: the Sampler's rows of each step, from the producer's position on.
+BatchProducer window_batches(const Dataset& dataset, const Sampler& sampler, const BatchLayout& layout,
+                             int64_t first_sample) {
+  validate(layout);
+  int64_t step_start = first_sample, micro = 0;  // producer position
+  return [&dataset, &sampler, layout, step_start, micro](const std::atomic<bool>& cancel) mutable {
+    std::optional<Batch> b = make_batch(dataset, sampler.micro_batch(step_start, micro, layout), cancel);
+    if (b && ++micro == layout.micro_batches()) micro = 0, step_start += layout.global_batch;
+    return b;
+  };
+}
+}  // namespace
+
 DataLoader::DataLoader(const Dataset& dataset, const Sampler& sampler, const BatchLayout& layout, int64_t first_sample,
                        int depth)
-    : dataset_(dataset),
-      sampler_(sampler),
-      layout_(layout),
-      next_step_start_(first_sample),
-      depth_(static_cast<size_t>(depth)) {
-  validate(layout_);
+    : DataLoader(window_batches(dataset, sampler, layout, first_sample), depth) {}
+
+DataLoader::DataLoader(BatchProducer produce, int depth) : produce_(std::move(produce)), depth_(static_cast<size_t>(depth)) {
   TESSERA_CHECK(depth >= 1, "loader depth must be at least 1");
   thread_ = std::thread([this] { run(); });
 }
@@ -34,9 +45,8 @@ void DataLoader::run() {
         cv_.wait(lock, [&] { return stop_ || ready_.size() < depth_; });
         if (stop_) return;
       }
-      std::optional<Batch> b = make_batch(dataset_, sampler_.micro_batch(next_step_start_, next_micro_, layout_), stop_);
+      std::optional<Batch> b = produce_(stop_);
       if (!b) return;  // destroyed while making it
-      if (++next_micro_ == layout_.micro_batches()) next_micro_ = 0, next_step_start_ += layout_.global_batch;
       {
         std::lock_guard<std::mutex> lock(mu_);
         ready_.push_back(std::move(*b));

@@ -21,12 +21,17 @@
 
 namespace tessera {
 
+// Makes the next micro-batch in training order, or nothing once `cancel` is set (checked between reads).
+using BatchProducer = std::function<std::optional<Batch>(const std::atomic<bool>& cancel)>;
+
 class DataLoader {
  public:
   // Delivers the micro-batches (micro_batches() per step) of the steps that start at global sample
   // positions first_sample, first_sample + global_batch, ...
   DataLoader(const Dataset& dataset, const Sampler& sampler, const BatchLayout& layout, int64_t first_sample,
              int depth = 4);
+  // Delivers what `produce` makes, in order (variable-length batches: data/token_batching.h).
+  explicit DataLoader(BatchProducer produce, int depth = 4);
   ~DataLoader();  // stops and joins the thread
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
@@ -43,10 +48,7 @@ class DataLoader {
 
  private:
   void run();
-  const Dataset& dataset_;
-  const Sampler& sampler_;
-  BatchLayout layout_;
-  int64_t next_step_start_, next_micro_ = 0;  // producer position
+  BatchProducer produce_;
   size_t depth_;
   std::mutex mu_;
   std::condition_variable cv_;

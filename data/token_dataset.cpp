@@ -87,7 +87,12 @@ void TokenWindowDataset::check_all_ids() const {
 
 void TokenWindowDataset::get(int64_t index, int32_t* out, uint8_t* loss_mask) const {
   TESSERA_CHECK(index >= 0 && index < num_samples_, "sample index ", index, " outside ", describe());
-  const int64_t begin = index * seq_len_, count = seq_len_ + 1;
+  read(index * seq_len_, seq_len_ + 1, out, loss_mask);
+}
+
+void TokenWindowDataset::read(int64_t begin, int64_t count, int32_t* out, uint8_t* loss_mask) const {
+  TESSERA_CHECK(begin >= 0 && count >= 0 && begin + count <= num_tokens(), "tokens [", begin, ", ", begin + count,
+                ") outside ", describe());
   int64_t done = 0;
   for (size_t k = segment_of(begin); done < count; ++k) {
     const int64_t from = begin + done - starts_[k];  // position within segment k

@@ -57,6 +57,9 @@ class TokenWindowDataset : public Dataset {
   std::string describe() const override;
 
   int64_t num_tokens() const { return starts_.back(); }
+  // Any run of the stream: tokens [begin, begin + count) into out, their loss-mask flags into
+  // loss_mask when not null (what get() reads for a window; variable-length batches read documents).
+  void read(int64_t begin, int64_t count, int32_t* out, uint8_t* loss_mask) const;
   const std::vector<TokenSegment>& segments() const { return segments_; }
 
  private:

@@ -50,18 +50,26 @@ SequenceLayout SequenceLayout::split(int64_t parts, int64_t index) const {
   }
   SequenceLayout part(std::move(out));
   if (!docs_) return part;
-  std::vector<int32_t> docs;
+  std::vector<int32_t> docs, positions;
   docs.reserve(static_cast<size_t>(doc_batch_ * n));
   for (int64_t b = 0; b < doc_batch_; ++b) {
     const int32_t* d = doc_starts(b, first);
     docs.insert(docs.end(), d, d + n);
+    if (doc_pos_) {
+      const int32_t* q = doc_pos_->data() + b * length_ + first;
+      positions.insert(positions.end(), q, q + n);
+    }
   }
-  return part.with_documents(doc_batch_, std::move(docs));
+  return part.with_documents(doc_batch_, std::move(docs), std::move(positions));
 }
 
-SequenceLayout SequenceLayout::with_documents(int64_t B, std::vector<int32_t> doc_start) const {
+SequenceLayout SequenceLayout::with_documents(int64_t B, std::vector<int32_t> doc_start,
+                                              std::vector<int32_t> doc_position) const {
   TESSERA_CHECK(B >= 1 && static_cast<int64_t>(doc_start.size()) == B * length_, "sequence layout: ",
                 doc_start.size(), " document starts for ", B, " sequences of ", length_, " rows");
+  const bool positioned = !doc_position.empty();
+  TESSERA_CHECK(!positioned || doc_position.size() == doc_start.size(), "sequence layout: ", doc_position.size(),
+                " document positions for ", B, " sequences of ", length_, " rows");
   for (int64_t b = 0; b < B; ++b) {
     int64_t row = 0;
     for (const SequenceChunk& c : chunks_)
@@ -72,11 +80,17 @@ SequenceLayout SequenceLayout::with_documents(int64_t B, std::vector<int32_t> do
         TESSERA_CHECK(i == 0 || d == pos || d == doc_start[static_cast<size_t>(b * length_ + row - 1)],
                       "sequence layout: sequence ", b, " row ", row, " (position ", pos, ") has its document start at ",
                       d, ", neither its own position nor the previous row's document start");
+        if (!positioned) continue;
+        const int32_t q = doc_position[static_cast<size_t>(b * length_ + row)];
+        TESSERA_CHECK(q >= 0 && (i == 0 || d == pos || q == doc_position[static_cast<size_t>(b * length_ + row - 1)]),
+                      "sequence layout: sequence ", b, " row ", row, " (position ", pos, ") has document position ",
+                      q, ": negative, or not its document's");
       }
   }
   SequenceLayout out = *this;
   out.doc_batch_ = B;
   out.docs_ = std::make_shared<const std::vector<int32_t>>(std::move(doc_start));
+  out.doc_pos_ = positioned ? std::make_shared<const std::vector<int32_t>>(std::move(doc_position)) : nullptr;
   return out;
 }
 
@@ -94,12 +108,19 @@ const int32_t* SequenceLayout::doc_starts(int64_t b, int64_t row) const {
 
 bool SequenceLayout::operator==(const SequenceLayout& o) const {
   if (chunks_ != o.chunks_ || has_documents() != o.has_documents()) return false;
-  return !docs_ || (doc_batch_ == o.doc_batch_ && *docs_ == *o.docs_);
+  if (!docs_) return true;
+  if (doc_batch_ != o.doc_batch_ || *docs_ != *o.docs_) return false;
+  for (int64_t b = 0; b < doc_batch_; ++b)
+    for (int64_t row = 0; row < length_; ++row)
+      if (doc_position(b, row) != o.doc_position(b, row)) return false;
+  return true;
 }
 
 int64_t SequenceLayout::end_position() const {
   int64_t e = 0;
   for (const SequenceChunk& c : chunks_) e = std::max(e, c.end());
+  if (!doc_pos_) return e;  // positions within documents are at most the chunks'
+  for (const SequenceRun& r : runs(doc_batch_)) e = std::max(e, r.position + r.length);
   return e;
 }
 
@@ -124,7 +145,7 @@ std::vector<SequenceRun> SequenceLayout::runs(int64_t B) const {
         for (int64_t i = 0; i < c.length;) {
           int64_t n = 1;
           while (i + n < c.length && d[row + i + n] == d[row + i]) ++n;
-          r.push_back({b, b + 1, row + i, n, c.start + i - d[row + i]});
+          r.push_back({b, b + 1, row + i, n, c.start + i - d[row + i] + doc_position(b, row + i)});
           i += n;
         }
         row += c.length;

@@ -59,7 +59,11 @@ class SequenceLayout {
   // start or the row's own position (the row starts a document). Positions then restart at each
   // document (runs() are cut at document starts and count a row's position from its document's
   // start), and attention masks the keys before a query's document start. Errors name the row.
-  SequenceLayout with_documents(int64_t B, std::vector<int32_t> doc_start) const;
+  // doc_position (B, length()), when not empty, continues a document cut into pieces (variable-length
+  // batches, data/token_batching.h): the position its document start takes instead of 0, the same
+  // for every row of a document and >= 0; positions then run from it.
+  SequenceLayout with_documents(int64_t B, std::vector<int32_t> doc_start,
+                                std::vector<int32_t> doc_position = {}) const;
   bool has_documents() const { return docs_ != nullptr; }
   // The (B, length()) document starts as a host I32 tensor over the layout's storage (valid while
   // the layout lives); undefined without documents.
@@ -70,7 +74,8 @@ class SequenceLayout {
   int64_t length() const { return length_; }  // local rows
   bool empty() const { return chunks_.empty(); }
   const std::vector<SequenceChunk>& chunks() const { return chunks_; }
-  // One past the largest position held (0 when empty): what must fit the model's positions.
+  // One past the largest position held (0 when empty): what must fit the model's positions. With
+  // documents, one past the largest position a row's document gives it.
   int64_t end_position() const;
   // The global position of local row `row`.
   int64_t position(int64_t row) const;
@@ -88,6 +93,10 @@ class SequenceLayout {
   int64_t length_ = 0;
   int64_t doc_batch_ = 0;                               // B of the documents
   std::shared_ptr<const std::vector<int32_t>> docs_;  // (B, length_) document starts; shared by copies
+  std::shared_ptr<const std::vector<int32_t>> doc_pos_;  // (B, length_) document positions, or null (all 0)
+  int32_t doc_position(int64_t b, int64_t row) const {
+    return doc_pos_ ? (*doc_pos_)[static_cast<size_t>(b * length_ + row)] : 0;
+  }
 };
 
 // The rows of t (B, T_local, ...) that a run covers, as a view (b_end - b_begin, length, ...): a

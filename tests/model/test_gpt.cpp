@@ -397,6 +397,92 @@ TEST_P(GptDocuments, WindowOfDocumentsEqualsDocumentsRunAlone) {
 
 INSTANTIATE_TEST_SUITE_P(Presets, GptDocuments, ::testing::Values("gpt2", "llama"));
 
+// Variable-length batches (data/token_batching.h): pieces of long documents continue their
+// document's positions (doc_position). Each piece of a packed row gives the per-token losses and the
+// parameter gradients of that piece run alone as a sequence of its own, positioned independently of
+// the layout code: gpt2 (learned positions) runs it at [0, n) in a model whose position rows
+// [0, n) are the original's rows [p, p + n), its position gradient moved back to rows [p, p + n);
+// llama (RoPE) runs it at [0, n), the attention scores depending only on relative positions. For
+// gpt2 a packed row with every position restarting at 0 differs (the positions have teeth).
+TEST_P(GptDocuments, PiecesAtContinuingPositionsEqualPiecesRunAlone) {
+  ModelConfig cfg = tiny_config(GetParam());
+  cfg.max_seq_len = 12;
+  const bool learned = GetParam() == "gpt2";
+  const int64_t B = 2, T = 12, C = cfg.n_embd;
+  const std::vector<std::vector<int64_t>> lengths = {{3, 5, 4}, {6, 1, 5}};     // per sequence
+  const std::vector<std::vector<int64_t>> positions = {{0, 4, 0}, {6, 0, 7}};  // each piece's first position
+  auto tokens = testing::random_ids({B, T}, 13, 21);
+  auto targets = testing::random_ids({B, T}, 13, 22);
+  targets[7] = kIgnoreIndex;
+  std::vector<int32_t> doc_start, doc_position;
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t start = 0;
+    for (size_t d = 0; d < lengths[static_cast<size_t>(b)].size(); ++d) {
+      const int64_t n = lengths[static_cast<size_t>(b)][d];
+      doc_start.insert(doc_start.end(), static_cast<size_t>(n), static_cast<int32_t>(start));
+      doc_position.insert(doc_position.end(), static_cast<size_t>(n),
+                          static_cast<int32_t>(positions[static_cast<size_t>(b)][d]));
+      start += n;
+    }
+  }
+  const SequenceLayout packed = SequenceLayout::contiguous(T).with_documents(B, doc_start, doc_position);
+  EXPECT_EQ(packed.end_position(), 12);
+  TinyModel window(cfg, DType::F64);
+  GptCtx ctx;
+  window.gpt.forward(kCpu, ctx, window.alloc, tokens.t(), targets.t(), packed);
+  const std::vector<double> losses(ctx.losses.tensor().ptr<double>(), ctx.losses.tensor().ptr<double>() + B * T);
+  window.gpt.backward(kCpu, ctx, window.alloc, 1.0);
+
+  std::vector<std::vector<double>> want(static_cast<size_t>(window.ps.size()));  // summed over the pieces
+  for (int id = 0; id < window.ps.size(); ++id) want[static_cast<size_t>(id)].assign(static_cast<size_t>(window.ps.grad(id).numel()), 0.0);
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t start = 0;
+    for (size_t d = 0; d < lengths[static_cast<size_t>(b)].size(); ++d) {
+      const int64_t n = lengths[static_cast<size_t>(b)][d], pos = positions[static_cast<size_t>(b)][d];
+      TinyModel alone(cfg, DType::F64);  // the same initial parameters (seed 7)
+      const int wpe = alone.ps.find("wpe.weight");
+      if (learned) {  // rows [0, n) take rows [pos, pos + n)
+        double* w = alone.ps.param(wpe).ptr<double>();
+        for (int64_t i = 0; i < n * C; ++i) w[i] = w[pos * C + i];
+      }
+      HostTensor<int32_t> tok({1, n}), tgt({1, n});
+      for (int64_t i = 0; i < n; ++i) {
+        tok[i] = tokens[b * T + start + i];
+        tgt[i] = targets[b * T + start + i];
+      }
+      GptCtx one;
+      alone.gpt.forward(kCpu, one, alone.alloc, tok.t(), tgt.t());
+      const double* l = one.losses.tensor().ptr<double>();
+      for (int64_t i = 0; i < n; ++i)
+        EXPECT_NEAR(losses[static_cast<size_t>(b * T + start + i)], l[i], 1e-12 * std::max(1.0, std::abs(l[i])))
+            << GetParam() << " sequence " << b << " position " << start + i;
+      alone.gpt.backward(kCpu, one, alone.alloc, 1.0);
+      for (int id = 0; id < alone.ps.size(); ++id) {
+        const double* g = alone.ps.grad(id).ptr<double>();
+        std::vector<double>& sum = want[static_cast<size_t>(id)];
+        const int64_t shift = learned && id == wpe ? pos * C : 0;  // row i's gradient is row pos + i's
+        const int64_t count = learned && id == wpe ? n * C : static_cast<int64_t>(sum.size());
+        for (int64_t i = 0; i < count; ++i) sum[static_cast<size_t>(shift + i)] += g[i];
+      }
+      start += n;
+    }
+  }
+  double model_scale = 0;
+  for (const auto& v : want)
+    for (double x : v) model_scale = std::max(model_scale, std::abs(x));
+  for (int id = 0; id < window.ps.size(); ++id)
+    EXPECT_LT(grad_error<double>(window.ps.grad(id), want[static_cast<size_t>(id)], 0.1 * model_scale), 1e-11)
+        << GetParam() << " gradient of " << window.ps.entry(id).spec.name;
+  if (!learned) return;
+  TinyModel restart(cfg, DType::F64);
+  GptCtx rc;
+  restart.gpt.forward(kCpu, rc, restart.alloc, tokens.t(), targets.t(),
+                      SequenceLayout::contiguous(T).with_documents(B, doc_start));
+  double diff = 0;
+  for (int64_t i = 0; i < B * T; ++i) diff = std::max(diff, std::abs(rc.losses.tensor().ptr<double>()[i] - losses[i]));
+  EXPECT_GT(diff, 1e-3) << GetParam();
+}
+
 namespace {
 
 // Bytes a forward keeps for backward, counted from the architecture (independently of the code):

@@ -154,6 +154,24 @@ TEST(SequenceLayout, DocumentsCutRunsAndRestartPositions) {
   EXPECT_TRUE(throws_with([&] { whole.runs(3); }, {"3 sequences", "documents are marked for 2"}));
 }
 
+// Variable-length batches: a document's position (doc_position) shifts its runs' positions, is
+// kept by a split and by equality, and counts in end_position().
+TEST(SequenceLayout, DocumentPositionsContinuePieces) {
+  // Documents [0, 3) at position 0 and [3, 8) continuing a document at position 16.
+  const std::vector<int32_t> starts = {0, 0, 0, 3, 3, 3, 3, 3};
+  const SequenceLayout s = SequenceLayout::contiguous(8).with_documents(1, starts, {0, 0, 0, 16, 16, 16, 16, 16});
+  EXPECT_EQ(run_list(s, 1), (std::vector<std::vector<int64_t>>{{0, 0, 3, 0}, {0, 3, 5, 16}}));
+  EXPECT_EQ(s.end_position(), 21);
+  EXPECT_EQ(SequenceLayout::contiguous(8).with_documents(1, starts).end_position(), 8);
+  EXPECT_EQ(run_list(s.split(2, 1), 1), (std::vector<std::vector<int64_t>>{{0, 0, 4, 17}}));
+  EXPECT_FALSE(s == SequenceLayout::contiguous(8).with_documents(1, starts));
+  EXPECT_TRUE(s == SequenceLayout::contiguous(8).with_documents(1, starts, {0, 0, 0, 16, 16, 16, 16, 16}));
+  EXPECT_TRUE(throws_with([&] { SequenceLayout::contiguous(8).with_documents(1, starts, {0, 0}); },
+                          {"2 document positions"}));
+  EXPECT_TRUE(throws_with([&] { SequenceLayout::contiguous(8).with_documents(1, starts, {0, 0, 0, 16, 2, 16, 16, 16}); },
+                          {"row 4", "document position 2"}));
+}
+
 TEST(SequenceLayout, RefusesInconsistentDocuments) {
   const SequenceLayout s = SequenceLayout::contiguous(4);
   EXPECT_TRUE(throws_with([&] { s.with_documents(1, {0, 0, 0}); }, {"3 document starts for 1 sequences of 4 rows"}));
