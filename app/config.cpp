@@ -24,6 +24,7 @@
 #include "kernels/check.h"
 #include "model/gpt.h"
 #include "model/memory.h"
+#include "parallel/tp_overlap.h"
 
 namespace tessera {
 
@@ -784,6 +785,9 @@ void validate(const Config& c, const Origins* origins) {
   copy.visit(ranges);
   validate_lora(c.lora, c.model.preset);  // model/lora_config.h: the targets against the preset's layers
   check_grid_size(c);
+  if (c.parallel.layout == "explicit")  // parallel/tp_overlap.h
+    check_tp_overlap(c.parallel.tp_overlap_chunks, c.parallel.tp, c.parallel.sequence_parallel,
+                     c.train.seq_len / std::max<int64_t>(c.parallel.cp, 1));
   if (c.optim.min_lr > c.optim.lr) {
     fail(show("optim.min_lr", c.optim.min_lr, origins) + " must be <= " + show("optim.lr", c.optim.lr, origins));
   }
