@@ -2,7 +2,7 @@
 // under sequence parallelism, double precision), the model with its region edges cut into k chunks
 // equals the same shard without overlap: the loss and every gradient bit for bit, for both presets
 // (gpt2: LayerNorm, GELU, tied head; llama: RMSNorm, SwiGLU, grouped KV heads, replicated under
-// tp4), for chunk counts with and without remainders, and with full recomputation (the forward
+// tp4), for chunk counts with and without remainders, and with full and selective recomputation (the forward
 // re-run inside the backward takes the chunked path too). Bit-equal because no sum changes order:
 // chunks cut the sequence, GEMM rows are independent of the rows beside them, the weight gradients
 // run once over the whole gathered sequence, and each reduce-scatter element sums the same tp
@@ -82,7 +82,8 @@ TEST_P(GptTpOverlapSlow, ChunkedEdgesEqualTheBlockingShardBitForBit) {
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   return info.param.preset + "_k" + std::to_string(info.param.chunks) +
-         (info.param.recompute == Recompute::Full ? "_recompute" : "");
+         (info.param.recompute == Recompute::Full ? "_recompute" : "") +
+         (info.param.recompute == Recompute::Selective ? "_selective" : "");
 }
 
 // T = 12: tp2 holds 6 positions per rank (k = 4: chunks 2, 2, 1, 1), tp4 holds 3 (k = 2: 2, 1;
