@@ -11,8 +11,8 @@ MPICH's progress thread (MPIR_CVAR_ASYNC_PROGRESS=1), to see which way MPI progr
   scripts/bench/tp_overlap_bench.py [--rounds 3] [--tp 2,4] [--chunks 1,2,4] [--async-progress] [--json out.json]
 
 Runs `tessera train` under mpiexec (one OpenMP thread per rank) on a 2-layer GPT (C = 256,
-T = 128, batch 4) of the quickstart config, 6 steps, and reads the last metrics.jsonl record
-(the 3 steps since the previous one; the first 3 warm up).
+T = 128, batch 4) of the quickstart config, 12 steps, and reads the last metrics.jsonl record
+(the 6 steps since the previous one; the first 6 warm up).
 """
 import argparse
 import json
@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 MODEL = ["model.n_layer=2", "model.n_embd=256", "model.n_head=4", "train.seq_len=128", "train.micro_batch=4",
          "train.global_batch=4", "train.eval_every=0", "data.val_examples=8", "train.eval_batches=1",
          "optim.warmup_steps=2", "checkpoint.at_end=false", "parallel.sequence_parallel=true", "train.profile=true"]
-STEPS, EVERY = 6, 3
+STEPS, EVERY = 12, 6
 
 
 def load():
@@ -85,7 +85,10 @@ def main():
     runs = {c: [] for c in cases}
     for _ in range(args.rounds):  # rounds outermost: a slow minute of the neighbours hits every case alike
         for c in cases:
-            runs[c].append(run(*c, args.workdir))
+            r = run(*c, args.workdir)
+            runs[c].append(r)
+            print(f"# tp {r['tp']} k {r['chunks']} async {int(r['async_progress'])}: {r['step_s']:.4f} s/step, load "
+                  f"{r['load_before']}", file=sys.stderr, flush=True)
     print("| tp | k | async progress | step s (median) | rounds | vs k = 1 | comm exposed ms/step | comm hidden ms/step "
           "| matmul ms/step | load before runs | loss |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -97,7 +100,7 @@ def main():
         last = rs[-1]["table"]
         exposed, hidden, mm = row_value(last, "communication"), row_value(last, "comm hidden"), row_value(last, "matmul")
         print(f"| {c[0]} | {c[1]} | {'yes' if c[2] else 'no'} | {med:.4f} | "
-              f"{', '.join(f'{r['step_s']:.4f}' for r in rs)} | {med / base:.3f} | {exposed:.2f} | {hidden:.2f} | "
+              f"{', '.join('%.4f' % r['step_s'] for r in rs)} | {med / base:.3f} | {exposed:.2f} | {hidden:.2f} | "
               f"{mm:.2f} | {', '.join(r['load_before'] for r in rs)} | {rs[-1]['loss']:.6f} |", flush=True)
         results.append(dict(tp=c[0], chunks=c[1], async_progress=c[2], median_step_s=med, runs=rs))
     for c in cases:
