@@ -66,11 +66,11 @@ class Profiler {
   void add(OpFamily f, double seconds, int64_t calls = 1);
   // The clock's current reading (what scopes measure with), for callers timing spans themselves.
   double now() const { return clock_(); }
-  // Communication hidden behind compute: the time an asynchronous op was in flight (from its start
-  // to the wait or test that saw it complete) less the time the host waited for it, which the
-  // caller charges to OpFamily::Communication as exposed. Concurrent with the families' time, so
-  // not part of total_seconds(); table() reports it in a row below the total. An upper bound: an
-  // op may complete before the host looks.
+  // Communication hidden behind compute: of the time an asynchronous op was in flight (from its
+  // start to the wait or test that saw it complete), what the host spent outside communication
+  // (the caller charges its waits to OpFamily::Communication as exposed). Concurrent with the
+  // families' time, so not part of total_seconds(); table() reports it in a row below the total.
+  // An upper bound: an op may complete before the host looks.
   void add_hidden(double seconds) {
     hidden_seconds_ += seconds;
     ++hidden_calls_;

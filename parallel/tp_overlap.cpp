@@ -3,7 +3,6 @@
 #include "parallel/tp_overlap.h"
 
 #include <algorithm>
-#include <optional>
 #include <utility>
 
 #include "kernels/check.h"
@@ -73,54 +72,51 @@ void SequenceChunks::unpack_local(const Exec& ex, const Tensor& local, const Ten
 
 namespace {
 
-// One chunk's collective: the time it started, and when the host saw it complete. Waiting is
-// exposed communication; the rest of its flight ran beside compute (hidden).
+// One chunk's collective: when it started and when the host saw it complete. Waiting for it is
+// exposed communication (charged by the wait's scope); of the rest of its flight, the time the host
+// spent outside communication scopes (computing) is hidden communication. Time spent waiting for
+// another chunk's op while this one flies is neither: it is that op's exposed time.
 class TimedOp {
  public:
-  TimedOp(Profiler* prof, CommHandle handle, double started)
-      : prof_(prof), handle_(std::move(handle)), started_(started) {}
+  TimedOp(Profiler* prof, CommHandle handle)
+      : prof_(prof), handle_(std::move(handle)), started_(clock()), comm_at_start_(comm_seconds()) {}
   TimedOp(TimedOp&&) noexcept = default;
   TimedOp& operator=(TimedOp&&) noexcept = default;
 
   // Lets MPI progress the op (between GEMMs); notes when it completed.
   void poll() {
-    if (handle_.done()) return;
-    if (handle_.test() && prof_) completed_ = prof_->now();
+    if (!handle_.done() && handle_.test()) account();
   }
   // The result is ready for ex's next ops (a host wait on the CPU, a stream wait for NCCL).
   void finish(const Exec& ex) {
-    if (handle_.done() && !prof_) return;
-    double waited = 0;
-    if (!handle_.done()) {
-      const double t0 = prof_ ? prof_->now() : 0;
-      {
-        ProfileScope scope(prof_, OpFamily::Communication);
-        handle_.wait_on(ex);
-      }
-      if (prof_) {
-        completed_ = prof_->now();
-        waited = completed_ - t0;
-      }
+    if (handle_.done()) return;
+    {
+      ProfileScope scope(prof_, OpFamily::Communication);
+      handle_.wait_on(ex);
     }
-    if (prof_ && !accounted_) {
-      prof_->add_hidden(std::max(0.0, completed_ - started_ - waited));
-      accounted_ = true;
-    }
+    account();
   }
 
  private:
+  double clock() const { return prof_ ? prof_->now() : 0.0; }
+  double comm_seconds() const { return prof_ ? prof_->entry(OpFamily::Communication).seconds : 0.0; }
+  void account() {
+    if (prof_) prof_->add_hidden(std::max(0.0, (clock() - started_) - (comm_seconds() - comm_at_start_)));
+  }
   Profiler* prof_;
   CommHandle handle_;
-  double started_ = 0, completed_ = 0;
-  bool accounted_ = false;
+  double started_ = 0, comm_at_start_ = 0;
 };
 
 // Starts an op under a communication scope (the MPI call's own time is exposed).
 template <class Start>
 TimedOp start_timed(Profiler* prof, Start start) {
-  ProfileScope scope(prof, OpFamily::Communication);
-  const double t = prof ? prof->now() : 0;
-  return TimedOp(prof, start(), t);
+  CommHandle handle;
+  {
+    ProfileScope scope(prof, OpFamily::Communication);
+    handle = start();
+  }
+  return TimedOp(prof, std::move(handle));
 }
 
 void check_full(const char* op, const Tensor& full, int64_t B, int64_t T) {
