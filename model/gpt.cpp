@@ -166,10 +166,10 @@ void Attention::forward(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, con
   ProfileScope scope(prof_, OpFamily::Attention);  // the kernel; projections and edges time themselves
   const bool over_cp = attends_over_cp(seq, cp_);
   const int64_t T = seq.length();
+  Buffer gathered;  // lives to the end, as model/memory.h counts it
   if (overlaps(tp_)) {
     project_qkv_overlapped(ex, ctx, alloc, x, seq);
   } else {
-    Buffer gathered;
     const Tensor xf = enter_region(ex, tp_, alloc, gathered, x, T);  // (B, T, C)
     project_qkv(ex, ctx, alloc, xf, seq);
   }
@@ -205,12 +205,13 @@ void Attention::backward(const Exec& ex, const AttentionCtx& ctx, Allocator& all
   ProfileScope scope(prof_, OpFamily::Attention);
   const Tensor& q = ctx.q;
   const int64_t B = q.dim(0), T = q.dim(1), H = q.dim(2), D = q.dim(3), KV = ctx.k.tensor().dim(2);
-  Buffer dout = workspace(alloc, x.dtype, {B, T, H, D});
+  Buffer dy_gathered, dout;  // dy_gathered lives to the end, as model/memory.h counts it
   if (overlaps(tp_)) {
+    dout = workspace(alloc, x.dtype, {B, T, H, D});
     proj_backward_overlapped(ex, ctx, alloc, dout, dy, deferred);
   } else {
-    Buffer dy_gathered;
     const Tensor dyf = leave_region_backward(ex, tp_, alloc, dy_gathered, dy, T);  // (B, T, C)
+    dout = workspace(alloc, x.dtype, {B, T, H, D});
     proj_.backward(ex, dout.tensor().view({B, T, H * D}), dyf, ctx.out.tensor().view({B, T, H * D}), false, deferred);
   }
   Buffer dq = workspace(alloc, x.dtype, {B, T, H, D});
