@@ -25,6 +25,7 @@
 #include "kernels/check.h"
 #include "model/gpt.h"
 #include "model/memory.h"
+#include "parallel/tp_overlap.h"
 
 namespace tessera {
 
@@ -792,6 +793,13 @@ void validate(const Config& c, const Origins* origins) {
          "file (checkpoint.init_from): an adapters-only checkpoint reads its base tensors from there, and a base "
          "drawn from train.seed is in no file");
   check_grid_size(c);
+  if (c.lora.enabled() && c.lora.dropout > 0 && c.parallel.tp_overlap_chunks > 1)  // model/gpt.cpp's overlapped edges
+    fail(show("lora.dropout", c.lora.dropout, origins) + " with parallel.tp_overlap_chunks = " +
+         std::to_string(c.parallel.tp_overlap_chunks) + ": the chunked tensor-parallel edges do not apply adapter "
+         "dropout yet; set lora.dropout = 0 or parallel.tp_overlap_chunks = 1");
+  if (c.parallel.layout == "explicit")  // parallel/tp_overlap.h
+    check_tp_overlap(c.parallel.tp_overlap_chunks, c.parallel.tp, c.parallel.sequence_parallel,
+                     c.train.seq_len / std::max<int64_t>(c.parallel.cp, 1));
   if (c.optim.min_lr > c.optim.lr) {
     fail(show("optim.min_lr", c.optim.min_lr, origins) + " must be <= " + show("optim.lr", c.optim.lr, origins));
   }

@@ -307,6 +307,7 @@ struct ParallelConfig {
   int64_t cp = 1;
   std::string cp_comm = "ring";
   bool sequence_parallel = false;
+  int64_t tp_overlap_chunks = 1;  // parallel/tp_overlap.h
   int64_t zero = 0;
   double bucket_mb = 25.0;
   bool overlap_grad_reduce = true;
@@ -342,6 +343,10 @@ struct ParallelConfig {
             Allowed::one_of({"ring", "allgather"}));
     v.field("sequence_parallel", sequence_parallel, "split norms and residuals along the sequence "
             "over the tp group", Allowed::any());
+    v.field("tp_overlap_chunks", tp_overlap_chunks, "sequence parallelism: cut each tensor-parallel all-gather "
+            "and reduce-scatter (and their backward twins) into this many chunks along the sequence, each chunk's "
+            "collective running beside the next chunk's GEMMs; 1 = no overlap; > 1 needs parallel.tp > 1, "
+            "sequence_parallel = true and at most train.seq_len / (cp x tp) (docs/parallel.md)", Allowed::at_least(1));
     v.field("zero", zero, "ZeRO stage: 0 = replicated optimizer state, 1 = sharded over dp",
             Allowed::closed(0, 1));
     v.field("bucket_mb", bucket_mb, "data parallel: gradients are summed in buckets of about this many MiB",

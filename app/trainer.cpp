@@ -203,7 +203,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
   if (watchdog && comms_) comms_->watch(*watchdog, grid_, cfg_.parallel.timeout_s);
   cp_ = context_parallel_of(cfg_.parallel, comms_.get());
   // The tp ranks of a dp replica hold one model between them and read the same batches.
-  if (grid_.tp_size() > 1) tp_ = TensorParallel{comms_->tp.get(), cfg_.parallel.sequence_parallel};
+  if (grid_.tp_size() > 1) tp_ = TensorParallel{comms_->tp.get(), cfg_.parallel.sequence_parallel, cfg_.parallel.tp_overlap_chunks};
   // Which checkpoint to continue, and whose: a fresh start over another run's files is refused here,
   // before metrics.jsonl is opened (and truncated). Known before the model is built: train.freeze =
   // "original" reads the file's up-scaling record.
@@ -604,7 +604,7 @@ void Trainer::switch_layout(const ParallelConfig& next) {
   if (world_ != MPI_COMM_NULL && world > 1) comms_ = grid_comms_of(grid_, world_, ex_, cfg_.parallel.comm);
   if (watchdog_ && comms_) comms_->watch(*watchdog_, grid_, cfg_.parallel.timeout_s);
   cp_ = context_parallel_of(cfg_.parallel, comms_.get());
-  if (grid_.tp_size() > 1) tp_ = TensorParallel{comms_->tp.get(), cfg_.parallel.sequence_parallel};
+  if (grid_.tp_size() > 1) tp_ = TensorParallel{comms_->tp.get(), cfg_.parallel.sequence_parallel, cfg_.parallel.tp_overlap_chunks};
   accum_ = tessera::grad_accum_steps(cfg_, grid_.dp_size());
   layout_ = BatchLayout{cfg_.train.global_batch, cfg_.train.micro_batch, grid_.dp_size(), grid_.dp_rank()};
   dp_bytes_at_record_ = tp_bytes_at_record_ = pp_bytes_at_record_ = cp_bytes_at_record_ = 0;  // new counters

@@ -55,6 +55,8 @@ void Profiler::reset() {
   TESSERA_CHECK(stack_.empty(), "Profiler::reset() with ", stack_.size(), " scope(s) still open");
   entries_ = {};
   steps_ = 0;
+  hidden_seconds_ = 0;
+  hidden_calls_ = 0;
 }
 
 double Profiler::total_seconds() const {
@@ -90,6 +92,7 @@ std::string Profiler::table() const {
   out += line;
   for (int i : rows) row(op_family_name(static_cast<OpFamily>(i)), entries_[i].seconds, entries_[i].calls);
   row("total", total, total_calls());
+  if (hidden_calls_ > 0) row("comm hidden", hidden_seconds_, hidden_calls_);
   return out;
 }
 

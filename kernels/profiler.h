@@ -64,6 +64,18 @@ class Profiler {
 
   // Charges time measured elsewhere (e.g. a wait timed by the caller) to a family.
   void add(OpFamily f, double seconds, int64_t calls = 1);
+  // The clock's current reading (what scopes measure with), for callers timing spans themselves.
+  double now() const { return clock_(); }
+  // Communication hidden behind compute: of the time an asynchronous op was in flight (from its
+  // start to the wait or test that saw it complete), what the host spent outside communication
+  // (the caller charges its waits to OpFamily::Communication as exposed). Concurrent with the
+  // families' time, so not part of total_seconds(); table() reports it in a row below the total.
+  // An upper bound: an op may complete before the host looks.
+  void add_hidden(double seconds) {
+    hidden_seconds_ += seconds;
+    ++hidden_calls_;
+  }
+  double hidden_seconds() const { return hidden_seconds_; }
 
   // What ProfileScope calls; open/close must pair up in LIFO order.
   void open(OpFamily f);
@@ -84,7 +96,9 @@ class Profiler {
   // One row per family that was called, slowest first, then a total row:
   //   family           ms/step       %   calls/step
   //   matmul            812.40   71.3%          148
-  // ms/step and calls/step divide by steps() (by 1 before the first end_step()).
+  // ms/step and calls/step divide by steps() (by 1 before the first end_step()). When any hidden
+  // communication was added, a last row "comm hidden" (ms/step, its % of the total, ops/step)
+  // follows the total: overlapped, so not counted in it.
   std::string table() const;
 
  private:
@@ -98,6 +112,8 @@ class Profiler {
   std::array<Entry, kOpFamilyCount> entries_{};
   std::vector<Open> stack_;
   int64_t steps_ = 0;
+  double hidden_seconds_ = 0;
+  int64_t hidden_calls_ = 0;
 };
 
 // Times its lifetime into profiler's family; with a null profiler it does nothing (no clock read).

@@ -12,6 +12,7 @@
 #include "kernels/gelu.h"
 #include "kernels/swiglu.h"
 #include "parallel/context_attention.h"
+#include "parallel/tp_overlap.h"
 #include "model/vision.h"
 
 namespace tessera {
@@ -100,29 +101,61 @@ void Attention::project_kv_backward(const Exec& ex, const Linear& proj, Allocato
   proj.backward(ex, dx, all.tensor().view({B, T, n_kv_head_ * D}), x, true, deferred, drop);
 }
 
-void Attention::project_qkv(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& xf,
-                            const SequenceLayout& seq, const LoraDropout* drop) const {
-  const int64_t B = xf.dim(0), T = xf.dim(1);
+void Attention::allocate_qkv(AttentionCtx& ctx, Allocator& alloc, DType dtype, int64_t B, int64_t T) const {
   const int64_t H = q_.out() / head_dim_, KV = kv_replicated_ ? 1 : k_.out() / head_dim_, D = head_dim_;
-  ctx.q = activation(alloc, xf.dtype, {B, T, H, D});
-  ctx.k = activation(alloc, xf.dtype, {B, T, KV, D});
-  ctx.v = activation(alloc, xf.dtype, {B, T, KV, D});
-  q_.forward(ex, ctx.q.tensor().view({B, T, H * D}), xf, true, drop);
-  project_kv(ex, k_, alloc, ctx.k, xf, drop);
-  project_kv(ex, v_, alloc, ctx.v, xf, drop);
+  ctx.q = activation(alloc, dtype, {B, T, H, D});
+  ctx.k = activation(alloc, dtype, {B, T, KV, D});
+  ctx.v = activation(alloc, dtype, {B, T, KV, D});
+}
+
+void Attention::rotate_qk(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const SequenceLayout& seq) const {
   if (rope_) {
     ProfileScope rope(prof_, OpFamily::Rope);
     rotary_.forward(ex, ctx.q, ctx.q, seq);
     rotary_.forward(ex, ctx.k, ctx.k, seq);
   }
-  ctx.out = activation(alloc, xf.dtype, {B, T, H, D});
-  ctx.lse = activation(alloc, xf.dtype, {B, H, T});
+  const Tensor& q = ctx.q;
+  ctx.out = activation(alloc, q.dtype, q.shape);
+  ctx.lse = activation(alloc, q.dtype, {q.dim(0), q.dim(2), q.dim(1)});
+}
+
+void Attention::project_qkv(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& xf,
+                            const SequenceLayout& seq, const LoraDropout* drop) const {
+  const int64_t B = xf.dim(0), T = xf.dim(1);
+  allocate_qkv(ctx, alloc, xf.dtype, B, T);
+  q_.forward(ex, ctx.q.tensor().view({B, T, q_.out()}), xf, true, drop);
+  project_kv(ex, k_, alloc, ctx.k, xf, drop);
+  project_kv(ex, v_, alloc, ctx.v, xf, drop);
+  rotate_qk(ex, ctx, alloc, seq);
+}
+
+void Attention::project_qkv_overlapped(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& x,
+                                      const SequenceLayout& seq) const {
+  const int64_t B = x.dim(0), T = seq.length();
+  allocate_qkv(ctx, alloc, x.dtype, B, T);
+  const int64_t KV = ctx.k.tensor().dim(2), D = head_dim_;
+  auto kv_rows = [&](const Linear& proj) {  // rows (N, n, KV D) viewed as project_kv's (N, n, KV, D)
+    return [&, p = &proj](const Tensor& y, const Tensor& xr) {
+      project_kv(ex, *p, alloc, y.view({y.dim(0), y.dim(1), KV, D}), xr, nullptr);
+    };
+  };
+  gather_then_gemms(ex, tp_, alloc, x,
+                    {{ctx.q.tensor().view({B, T, q_.out()}), [&](const Tensor& y, const Tensor& xr) { q_.forward(ex, y, xr); }},
+                     {ctx.k.tensor().view({B, T, KV * D}), kv_rows(k_)},
+                     {ctx.v.tensor().view({B, T, KV * D}), kv_rows(v_)}});
+  rotate_qk(ex, ctx, alloc, seq);
 }
 
 void Attention::project_out(const Exec& ex, const AttentionCtx& ctx, Allocator& alloc, const Tensor& y,
                             const LoraDropout* drop) const {
   const Tensor& out = ctx.out;
   const int64_t B = out.dim(0), T = out.dim(1), HD = out.dim(2) * out.dim(3);
+  if (overlaps(tp_)) {
+    gemms_then_reduce_scatter(ex, tp_, alloc, y, {{out.view({B, T, HD}), [&](const Tensor& yr, const Tensor& xr) {
+                                proj_.forward(ex, yr, xr, /*with_bias=*/tp_.rank() == 0);
+                              }}});
+    return;
+  }
   // The row-parallel projection's partial sums, then their sum over tp (bias added once).
   Buffer partial;
   const Tensor yf = region_full(tp_, alloc, partial, y, T);
@@ -135,9 +168,13 @@ void Attention::forward(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, con
   ProfileScope scope(prof_, OpFamily::Attention);  // the kernel; projections and edges time themselves
   const bool over_cp = attends_over_cp(seq, cp_);
   const int64_t T = seq.length();
-  Buffer gathered;
-  const Tensor xf = enter_region(ex, tp_, alloc, gathered, x, T);  // (B, T, C)
-  project_qkv(ex, ctx, alloc, xf, seq, drop);
+  Buffer gathered;  // lives to the end, as model/memory.h counts it
+  if (overlaps(tp_)) {
+    project_qkv_overlapped(ex, ctx, alloc, x, seq);
+  } else {
+    const Tensor xf = enter_region(ex, tp_, alloc, gathered, x, T);  // (B, T, C)
+    project_qkv(ex, ctx, alloc, xf, seq, drop);
+  }
   if (over_cp)
     context_attention_forward(ex, cp_, alloc, ctx.out, ctx.lse, ctx.q, ctx.k, ctx.v, seq);
   else
@@ -171,11 +208,16 @@ void Attention::backward(const Exec& ex, const AttentionCtx& ctx, Allocator& all
   ProfileScope scope(prof_, OpFamily::Attention);
   const Tensor& q = ctx.q;
   const int64_t B = q.dim(0), T = q.dim(1), H = q.dim(2), D = q.dim(3), KV = ctx.k.tensor().dim(2);
-  Buffer dy_gathered;
-  const Tensor dyf = leave_region_backward(ex, tp_, alloc, dy_gathered, dy, T);  // (B, T, C)
-  Buffer dout = workspace(alloc, x.dtype, {B, T, H, D});
-  proj_.backward(ex, dout.tensor().view({B, T, H * D}), dyf, ctx.out.tensor().view({B, T, H * D}), false, deferred,
-                 drop);
+  Buffer dy_gathered, dout;  // dy_gathered lives to the end, as model/memory.h counts it
+  if (overlaps(tp_)) {
+    dout = workspace(alloc, x.dtype, {B, T, H, D});
+    proj_backward_overlapped(ex, ctx, alloc, dout, dy, deferred);
+  } else {
+    const Tensor dyf = leave_region_backward(ex, tp_, alloc, dy_gathered, dy, T);  // (B, T, C)
+    dout = workspace(alloc, x.dtype, {B, T, H, D});
+    proj_.backward(ex, dout.tensor().view({B, T, H * D}), dyf, ctx.out.tensor().view({B, T, H * D}), false, deferred,
+                   drop);
+  }
   Buffer dq = workspace(alloc, x.dtype, {B, T, H, D});
   Buffer dk = workspace(alloc, x.dtype, {B, T, KV, D});
   Buffer dv = workspace(alloc, x.dtype, {B, T, KV, D});
@@ -191,6 +233,10 @@ void Attention::backward(const Exec& ex, const AttentionCtx& ctx, Allocator& all
     rotary_.backward(ex, dq, dq, seq);
     rotary_.backward(ex, dk, dk, seq);
   }
+  if (overlaps(tp_)) {
+    qkv_backward_overlapped(ex, alloc, dx, dq, dk, dv, x, T, deferred);
+    return;
+  }
   // The input gradient over the full sequence, partial over tp; then summed (or reduce-scattered).
   Buffer x_gathered, dx_full;
   const Tensor xf = enter_region(ex, tp_, alloc, x_gathered, x, T);
@@ -200,6 +246,54 @@ void Attention::backward(const Exec& ex, const AttentionCtx& ctx, Allocator& all
   project_kv_backward(ex, k_, alloc, dxf, dk, xf, deferred, drop);
   project_kv_backward(ex, v_, alloc, dxf, dv, xf, deferred, drop);
   enter_region_backward(ex, tp_, alloc, dx, dxf);
+}
+
+// The row layer's backward with dy gathered chunk by chunk: dout's rows (the input gradient) as
+// each chunk arrives, then the weight gradients once over the whole gathered dy (the same GEMM on
+// the same operands as without overlap).
+void Attention::proj_backward_overlapped(const Exec& ex, const AttentionCtx& ctx, Allocator& alloc,
+                                         const Tensor& dout, const Tensor& dy, WeightGrads* deferred) const {
+  const int64_t B = dout.dim(0), T = dout.dim(1), HD = dout.dim(2) * dout.dim(3);
+  Buffer dyf = workspace(alloc, dy.dtype, {B, T, dy.dim(2)});
+  gather_then_gemms(ex, tp_, alloc, dy, {{dout.view({B, T, HD}), [&](const Tensor& d, const Tensor& g) {
+                      proj_.backward_input(ex, d, g, /*accumulate_dx=*/false);
+                    }}}, dyf);
+  proj_.backward(ex, Tensor(), dyf, ctx.out.tensor().view({B, T, HD}), false, deferred);
+}
+
+// The column layers' backward: weight gradients over the whole gathered x, then the input
+// gradient's rows chunk by chunk, each chunk reduce-scattered beside the next one's GEMMs.
+void Attention::qkv_backward_overlapped(const Exec& ex, Allocator& alloc, const Tensor& dx, const Tensor& dq,
+                                        const Tensor& dk, const Tensor& dv, const Tensor& x, int64_t T,
+                                        WeightGrads* deferred) const {
+  const int64_t B = dq.dim(0), HD = dq.dim(2) * dq.dim(3), KVD = dk.dim(2) * dk.dim(3);
+  {
+    Buffer x_gathered;
+    const Tensor xf = enter_region(ex, tp_, alloc, x_gathered, x, T);
+    const WeightGrads::SharedInput one_x(deferred);  // q, k and v read the same xf
+    q_.backward(ex, Tensor(), dq.view({B, T, HD}), xf, false, deferred);
+    project_kv_backward(ex, k_, alloc, Tensor(), dk, xf, deferred);
+    project_kv_backward(ex, v_, alloc, Tensor(), dv, xf, deferred);
+  }
+  gemms_then_reduce_scatter(
+      ex, tp_, alloc, dx,
+      {{dq.view({B, T, HD}), [&](const Tensor& d, const Tensor& g) { q_.backward_input(ex, d, g, false); }},
+       {dk.view({B, T, KVD}), [&](const Tensor& d, const Tensor& g) { project_kv_backward_input(ex, k_, alloc, d, g); }},
+       {dv.view({B, T, KVD}), [&](const Tensor& d, const Tensor& g) { project_kv_backward_input(ex, v_, alloc, d, g); }}});
+}
+
+void Attention::project_kv_backward_input(const Exec& ex, const Linear& proj, Allocator& alloc, const Tensor& dx,
+                                          const Tensor& d) const {
+  if (!kv_replicated_) {
+    proj.backward_input(ex, dx, d, /*accumulate_dx=*/true);
+    return;
+  }
+  // d holds this rank's one KV head: zero for the others, as project_kv_backward.
+  const int64_t N = d.numel() / head_dim_, D = head_dim_;
+  Buffer all = workspace(alloc, d.dtype, {N, n_kv_head_ * D});
+  fill_zero(ex, all);
+  paste_columns(ex, all, d.view({N, D}), kv_head_ * D);
+  proj.backward_input(ex, dx, all, true);
 }
 
 // ---- Mlp ----
@@ -221,6 +315,10 @@ Mlp::Mlp(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, co
 void Mlp::forward(const Exec& ex, MlpCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
                   const SequenceLayout& seq, const LoraDropout* drop) const {
   ProfileScope scope(prof_, OpFamily::Activation);
+  if (overlaps(tp_)) {
+    forward_overlapped(ex, ctx, alloc, y, x);
+    return;
+  }
   const int64_t B = x.dim(0), T = seq.length(), F = in_.out();
   Buffer gathered;
   const Tensor xf = enter_region(ex, tp_, alloc, gathered, x, T);  // (B, T, C)
@@ -255,6 +353,10 @@ void Mlp::recompute_activation(const Exec& ex, MlpCtx& ctx, Allocator& alloc) co
 void Mlp::backward(const Exec& ex, const MlpCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy,
                    const Tensor& x, WeightGrads* deferred, const LoraDropout* drop) const {
   ProfileScope scope(prof_, OpFamily::Activation);
+  if (overlaps(tp_)) {
+    backward_overlapped(ex, ctx, alloc, dx, dy, x, deferred);
+    return;
+  }
   const int64_t T = ctx.act.tensor().dim(1);
   Buffer dy_gathered;
   const Tensor dyf = leave_region_backward(ex, tp_, alloc, dy_gathered, dy, T);
@@ -274,6 +376,54 @@ void Mlp::backward(const Exec& ex, const MlpCtx& ctx, Allocator& alloc, const Te
     up_.backward(ex, dxf, dup, xf, /*accumulate_dx=*/true, deferred, drop);
   }
   enter_region_backward(ex, tp_, alloc, dx, dxf);
+}
+
+void Mlp::forward_overlapped(const Exec& ex, MlpCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const {
+  const int64_t B = x.dim(0), T = x.dim(1) * tp_.size(), F = in_.out();
+  ctx.h = activation(alloc, x.dtype, {B, T, F});
+  ctx.act = activation(alloc, x.dtype, {B, T, F});
+  std::vector<GatheredOutput> outputs{{ctx.h, [&](const Tensor& h, const Tensor& xr) { in_.forward(ex, h, xr); }}};
+  if (kind_ == MlpKind::SwiGlu) {
+    ctx.up = activation(alloc, x.dtype, {B, T, F});
+    outputs.push_back({ctx.up, [&](const Tensor& u, const Tensor& xr) { up_.forward(ex, u, xr); }});
+  }
+  gather_then_gemms(ex, tp_, alloc, x, outputs);
+  activate(ex, ctx);
+  gemms_then_reduce_scatter(ex, tp_, alloc, y, {{ctx.act, [&](const Tensor& yr, const Tensor& ar) {
+                              out_.forward(ex, yr, ar, /*with_bias=*/tp_.rank() == 0);
+                            }}});
+}
+
+// As Attention's overlapped backward: input-gradient GEMMs chunk by chunk beside the collectives,
+// weight gradients once over the whole sequence.
+void Mlp::backward_overlapped(const Exec& ex, const MlpCtx& ctx, Allocator& alloc, const Tensor& dx,
+                              const Tensor& dy, const Tensor& x, WeightGrads* deferred) const {
+  const Tensor& act = ctx.act;
+  const int64_t B = act.dim(0), T = act.dim(1);
+  Buffer dact = workspace(alloc, x.dtype, act.shape);
+  {
+    Buffer dyf = workspace(alloc, dy.dtype, {B, T, dy.dim(2)});
+    gather_then_gemms(ex, tp_, alloc, dy, {{dact, [&](const Tensor& d, const Tensor& g) {
+                        out_.backward_input(ex, d, g, /*accumulate_dx=*/false);
+                      }}}, dyf);
+    out_.backward(ex, Tensor(), dyf, act, false, deferred);
+  }
+  Buffer x_gathered, dup;
+  const Tensor xf = enter_region(ex, tp_, alloc, x_gathered, x, T);
+  std::vector<ScatteredInput> inputs{{dact, [&](const Tensor& d, const Tensor& g) { in_.backward_input(ex, d, g, false); }}};
+  if (kind_ == MlpKind::Gelu) {
+    gelu_backward(ex, dact, dact, ctx.h);  // in place: dact becomes dh
+    in_.backward(ex, Tensor(), dact, xf, false, deferred);
+  } else {
+    dup = workspace(alloc, x.dtype, ctx.up.tensor().shape);
+    swiglu_backward(ex, dact, dup, dact, ctx.h, ctx.up);  // dact becomes dgate
+    const WeightGrads::SharedInput one_x(deferred);        // gate and up read the same xf
+    in_.backward(ex, Tensor(), dact, xf, false, deferred);
+    up_.backward(ex, Tensor(), dup, xf, false, deferred);
+    inputs.push_back({dup, [&](const Tensor& d, const Tensor& g) { up_.backward_input(ex, d, g, true); }});
+  }
+  x_gathered.release();
+  gemms_then_reduce_scatter(ex, tp_, alloc, dx, inputs);
 }
 
 // ---- Block ----

@@ -89,6 +89,21 @@ class Attention {
   // Its second half: y from ctx.out through the row-parallel projection, leaving the region.
   void project_out(const Exec& ex, const AttentionCtx& ctx, Allocator& alloc, const Tensor& y,
                    const LoraDropout* drop) const;
+  // project_qkv's pieces: ctx.q, k, v (B, T, ·) allocated; then RoPE and ctx.out, lse allocated.
+  void allocate_qkv(AttentionCtx& ctx, Allocator& alloc, DType dtype, int64_t B, int64_t T) const;
+  void rotate_qk(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const SequenceLayout& seq) const;
+  // Under parallel.tp_overlap_chunks > 1 (parallel/tp_overlap.h): the region's edges and their
+  // GEMMs chunk by chunk. x, dy, dx (B, T / tp, C); dout, dq, dk, dv over the full sequence T.
+  void project_qkv_overlapped(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& x,
+                              const SequenceLayout& seq) const;
+  void proj_backward_overlapped(const Exec& ex, const AttentionCtx& ctx, Allocator& alloc, const Tensor& dout,
+                                const Tensor& dy, WeightGrads* deferred) const;
+  void qkv_backward_overlapped(const Exec& ex, Allocator& alloc, const Tensor& dx, const Tensor& dq,
+                               const Tensor& dk, const Tensor& dv, const Tensor& x, int64_t T,
+                               WeightGrads* deferred) const;
+  // dx rows (N, C) += the input gradient through k or v from d rows (N, KV_local D), no weights.
+  void project_kv_backward_input(const Exec& ex, const Linear& proj, Allocator& alloc, const Tensor& dx,
+                                 const Tensor& d) const;
   // The kernel's query offset over S keys: 0 (causal), or S - 1 (bidirectional: query i sits at
   // position S - 1 + i, after every key, so every key is visible).
   int64_t query_offset(int64_t S) const { return causal_ ? 0 : S - 1; }
@@ -136,6 +151,11 @@ class Mlp {
  private:
   // ctx.act (allocated) from ctx.h (and ctx.up): GELU or SwiGLU.
   void activate(const Exec& ex, const MlpCtx& ctx) const;
+  // Under parallel.tp_overlap_chunks > 1 (parallel/tp_overlap.h): forward and backward with the
+  // region's edges and their GEMMs chunk by chunk.
+  void forward_overlapped(const Exec& ex, MlpCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const;
+  void backward_overlapped(const Exec& ex, const MlpCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy,
+                           const Tensor& x, WeightGrads* deferred) const;
   TensorParallel tp_;
   Profiler* prof_ = nullptr;
   MlpKind kind_ = MlpKind::Gelu;

@@ -72,6 +72,14 @@ void Linear::backward(const Exec& ex, const Tensor& dx, const Tensor& dy, const 
   if (lora_) lora_->backward(ex, dx, dy, x, true, drop);
 }
 
+void Linear::backward_input(const Exec& ex, const Tensor& dx, const Tensor& dy, bool accumulate_dx) const {
+  ProfileScope scope(prof_, OpFamily::Matmul);
+  const int64_t n = dy.numel() / out();
+  matmul(ex, dx.view({n, in()}), dy.view({n, out()}), ps_->compute_param(weight_), false, false, 1.0,
+         accumulate_dx ? 1.0 : 0.0);
+  if (lora_) lora_->backward(ex, dx, dy, Tensor(), /*weights=*/false);
+}
+
 void Linear::weight_grads(const Exec& ex, const Tensor& dy, const Tensor& x) const {
   const Tensor dw = ps_->grad(weight_);
   if (!dw.defined()) {

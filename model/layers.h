@@ -53,6 +53,11 @@ class Linear {
   // The weight half alone (W): dW += dy^T x, db += the sum of dy over N; the same kernel calls as
   // backward's, so a split backward accumulates bitwise what the whole one does.
   void backward_weight(const Exec& ex, const Tensor& dy, const Tensor& x, const LoraDropout* drop = nullptr) const;
+  // The input half alone, on any rows: dx (N, in) = dy W (or += when accumulate_dx), LoRA's part
+  // included; the same GEMM as backward's dx, row for row. The weight half is then backward with an
+  // undefined dx (which also defers it under zero-bubble): tensor-parallel overlap runs the dx GEMM
+  // chunk by chunk (parallel/tp_overlap.h) and the weight gradients once over the whole sequence.
+  void backward_input(const Exec& ex, const Tensor& dx, const Tensor& dy, bool accumulate_dx) const;
 
   int64_t in() const;
   int64_t out() const;

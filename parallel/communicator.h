@@ -160,6 +160,8 @@ class Communicator {
   // Times the blocking ops (start to completion) as OpFamily::Communication; null: off. The
   // asynchronous ops' waits are the caller's to time.
   void set_profiler(Profiler* p) { profiler_ = p; }
+  // The profiler set above (null: off); callers timing their own async waits charge it.
+  Profiler* profiler() const { return profiler_; }
   // Every wait on an op of this communicator (blocking form, CommHandle::wait and wait_on, the
   // handle's destructor) is reported to slot, which must outlive the ops; null: not watched (the
   // default).

@@ -28,6 +28,9 @@ namespace tessera {
 struct TensorParallel {
   Communicator* comm = nullptr;    // the tensor-parallel group; null: tp = 1
   bool sequence_parallel = false;  // ignored when tp = 1
+  // parallel.tp_overlap_chunks: > 1 cuts the sequence-parallel edges into this many chunks along
+  // the sequence, each chunk's collective beside the next chunk's GEMMs (parallel/tp_overlap.h).
+  int64_t overlap_chunks = 1;
 
   int64_t size() const { return comm ? comm->size() : 1; }
   int64_t rank() const { return comm ? comm->rank() : 0; }

@@ -125,6 +125,23 @@ TEST(Config, DocumentMaskIsRefusedWhereItCannotApply) {
   EXPECT_FALSE(Config{}.data.document_mask);
 }
 
+// parallel.tp_overlap_chunks (parallel/tp_overlap.h): refused without tp, without sequence
+// parallelism, and beyond one chunk per local position.
+TEST(Config, TpOverlapChunksNeedSequenceParallelTp) {
+  auto parse = [](std::vector<std::string> sets) { return parse_config_string("", "t.toml", sets); };
+  EXPECT_TRUE(testing::throws_with([&] { parse({"parallel.tp_overlap_chunks=2"}); },
+                                   {"parallel.tp_overlap_chunks = 2", "parallel.tp = 1"}));
+  EXPECT_TRUE(testing::throws_with([&] { parse({"parallel.tp=2", "parallel.tp_overlap_chunks=2"}); },
+                                   {"parallel.tp_overlap_chunks = 2", "parallel.sequence_parallel = true"}));
+  EXPECT_TRUE(testing::throws_with(
+      [&] { parse({"parallel.tp=2", "parallel.sequence_parallel=true", "train.seq_len=8", "parallel.tp_overlap_chunks=5"}); },
+      {"parallel.tp_overlap_chunks = 5", "at most 4"}));
+  EXPECT_TRUE(testing::throws_with([&] { parse({"parallel.tp_overlap_chunks=0"}); }, {"tp_overlap_chunks"}));
+  const Config ok = parse({"parallel.tp=2", "parallel.sequence_parallel=true", "parallel.tp_overlap_chunks=4"});
+  EXPECT_EQ(ok.parallel.tp_overlap_chunks, 4);
+  EXPECT_EQ(Config{}.parallel.tp_overlap_chunks, 1);
+}
+
 TEST(Config, FullFileParses) {
   Config c = parse(R"(
 [model]

@@ -73,6 +73,31 @@ TEST_F(ProfilerTest, CountsAndTimesAddUp) {
   EXPECT_EQ(fake_reads, 8);  // two clock reads per scope
 }
 
+// Overlapped communication (parallel/tp_overlap.h): the wait is charged to communication, the
+// rest of the op's flight to "comm hidden", which runs beside the families and stays out of the
+// total; reset clears it, and a profile without it prints no such row.
+TEST_F(ProfilerTest, HiddenCommunicationIsReportedBesideTheTotal) {
+  Profiler prof(&fake_clock);
+  EXPECT_EQ(prof.table().find("comm hidden"), std::string::npos);
+  timed(&prof, OpFamily::Matmul, 3.0);
+  timed(&prof, OpFamily::Communication, 1.0);  // the exposed wait
+  prof.add_hidden(2.0);                         // in flight beside the matmul
+  prof.add_hidden(0.5);
+  prof.end_step();
+  EXPECT_DOUBLE_EQ(prof.hidden_seconds(), 2.5);
+  EXPECT_DOUBLE_EQ(prof.total_seconds(), 4.0);
+  const std::vector<std::string> lines = lines_of(prof.table());
+  ASSERT_EQ(lines.size(), 5u);  // header, matmul, communication, total, comm hidden
+  EXPECT_EQ(lines[3].rfind("total", 0), 0u) << lines[3];
+  EXPECT_EQ(lines[4].rfind("comm hidden", 0), 0u) << lines[4];
+  EXPECT_NE(lines[4].find("2500.00"), std::string::npos) << lines[4];  // ms per step
+  EXPECT_NE(lines[4].find("62.5%"), std::string::npos) << lines[4];    // of the 4 s total
+  EXPECT_DOUBLE_EQ(fake_now, prof.now());
+  prof.reset();
+  EXPECT_DOUBLE_EQ(prof.hidden_seconds(), 0.0);
+  EXPECT_EQ(prof.table().find("comm hidden"), std::string::npos);
+}
+
 TEST_F(ProfilerTest, NestedScopesChargeSelfTime) {
   Profiler prof(&fake_clock);
   {
