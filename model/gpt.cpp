@@ -272,8 +272,8 @@ void Attention::qkv_backward_overlapped(const Exec& ex, Allocator& alloc, const 
     const Tensor xf = enter_region(ex, tp_, alloc, x_gathered, x, T);
     const WeightGrads::SharedInput one_x(deferred);  // q, k and v read the same xf
     q_.backward(ex, Tensor(), dq.view({B, T, HD}), xf, false, deferred);
-    project_kv_backward(ex, k_, alloc, Tensor(), dk, xf, deferred);
-    project_kv_backward(ex, v_, alloc, Tensor(), dv, xf, deferred);
+    project_kv_backward(ex, k_, alloc, Tensor(), dk, xf, deferred, nullptr);
+    project_kv_backward(ex, v_, alloc, Tensor(), dv, xf, deferred, nullptr);
   }
   gemms_then_reduce_scatter(
       ex, tp_, alloc, dx,
