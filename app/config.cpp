@@ -24,6 +24,7 @@
 #include "kernels/check.h"
 #include "model/gpt.h"
 #include "model/memory.h"
+#include "parallel/tp_compression.h"
 
 namespace tessera {
 
@@ -852,6 +853,9 @@ void validate(const Config& c, const Origins* origins) {
       const auto it = origins->find(key);
       return it == origins->end() ? std::nullopt : std::optional<std::string>(it->second);
     });
+  check_tp_compression(resolve_tp_compression(c.parallel.tp_comm_compression, c.parallel.tp_comm_compression_forward,
+                                              c.parallel.tp_comm_compression_backward),
+                       c.train.device, c.model.recompute != "none" || c.model.recompute_layers > 0);
   check_model(c);
   check_pipeline(c, c.parallel.dp > 0 ? c.parallel.dp : 0, origins);
   check_sizes(c, origins);
