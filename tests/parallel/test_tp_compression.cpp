@@ -130,7 +130,7 @@ TEST(TpCompression, AllGatherMatchesTheExactGatherWithinTheBound) {
     // The bytes moved are the wire's: (p - 1) / p of p shards.
     const int64_t words = tp_wire_words(mode, rows, cols);
     EXPECT_EQ(w.comm.counters().all_gather, (w.p - 1) * words * 4);
-    EXPECT_LT(words * 4, n * 4 * (mode == TpCompressionMode::Bf16 ? 0.51 : 0.27));
+    EXPECT_EQ(words * 4, std::llround(tp_bytes_factor(mode, cols) * n * 4));  // 1/2, or (C + 4) / 4C
     for (int q = 0; q < w.p; ++q) {
       const std::vector<float> want = activations(n, 10 + static_cast<uint32_t>(q));
       for (int64_t i = 0; i < rows; ++i) {
@@ -299,7 +299,7 @@ TEST(TpCompression, BytesFactorsOfTheModes) {
   EXPECT_DOUBLE_EQ(tp_bytes_factor(TpCompressionMode::Int8, 768), 772.0 / 3072.0);
   // The factor is the wire's: of a (rows, C) F32 tensor, up to the last word's padding.
   EXPECT_EQ(tp_wire_words(TpCompressionMode::Int8, 10, 768) * 4,
-            static_cast<int64_t>(tp_bytes_factor(TpCompressionMode::Int8, 768) * 10 * 768 * 4));
+            std::llround(tp_bytes_factor(TpCompressionMode::Int8, 768) * 10 * 768 * 4));
 }
 
 }  // namespace
