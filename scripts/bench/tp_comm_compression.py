@@ -56,7 +56,7 @@ def train(a, run_dir, ranks, sets):
     args = ["mpiexec", "-n", str(ranks), a.tessera, "train", a.config, "--run-dir", run_dir,
             "--set", f"data.valid={a.data}_val", "--set", f"data.train=[{{path=\"{a.data}\", weight=1.0}}]",
             "--set", "log.progress=\"lines\"", "--set", "checkpoint.resume=\"none\""]
-    for s in sets:
+    for s in a.set + sets:
         args += ["--set", s]
     run(args, os.path.join(run_dir, "train.log"))
     return records(run_dir)
@@ -70,9 +70,10 @@ def layout_sets(tp, sp):
 
 def error_study(a):
     base = os.path.join(a.out_dir, "pretrain")
-    train(a, base, 2, layout_sets(2, True) + [f"train.steps={a.pretrain_steps}", f"train.eval_every={a.pretrain_steps}",
-                                             f"checkpoint.dir=\"{base}/checkpoints\"", "checkpoint.every=0"])
     ckpt = os.path.join(base, "checkpoints", f"step_{a.pretrain_steps:08d}.h5")
+    if not os.path.exists(ckpt):  # a checkpoint of an earlier call is reused
+        train(a, base, 2, layout_sets(2, True) + [f"train.steps={a.pretrain_steps}", f"train.eval_every={a.pretrain_steps}",
+                                                 f"checkpoint.dir=\"{base}/checkpoints\"", "checkpoint.every=0"])
     out = {}
     for mode in ["bf16", "int8", "int8-ef"]:
         d = os.path.join(a.out_dir, f"probe_{mode}")
@@ -215,6 +216,8 @@ def main():
     p.add_argument("--plan-config", default="configs/gpt2-350m.toml")
     p.add_argument("--plan-micro-batch", type=int, default=4)
     p.add_argument("--cluster", default="h100-sxm-80g")
+    p.add_argument("--set", action="append", default=[], help="a config override for every training run "
+                   "(e.g. train.global_batch=8 on a small machine)")
     p.add_argument("--only", default="error,train,plan", help="which studies, comma-separated")
     p.add_argument("--out-dir", default="runs/tp_comm_compression")
     a = p.parse_args()
@@ -239,8 +242,10 @@ def main():
     if "train" in only:
         results = training_study(a)
         cfg = open(a.config).read()
-        gb = int(re.search(r"global_batch\s*=\s*(\d+)", cfg).group(1))
-        sl = int(re.search(r"seq_len\s*=\s*(\d+)", cfg).group(1))
+        for o in a.set:  # the overrides win over the file
+            cfg += "\n" + o.split(".", 1)[-1]
+        gb = int(re.findall(r"global_batch\s*=\s*(\d+)", cfg)[-1])
+        sl = int(re.findall(r"seq_len\s*=\s*(\d+)", cfg)[-1])
         summary = {k: summarize(v, gb * sl) for k, v in results.items()}
         report += [f"## Training ({a.config}, {a.steps} steps, same seed)", "", training_table(summary), ""]
         plot_losses(summary, os.path.join(a.out_dir, "tp_comm_loss.png"))
