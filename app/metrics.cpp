@@ -153,17 +153,19 @@ void add_tp_compression_probe(JsonRecord& rec, const TpCompression& c) {
   for (const auto& [slot, e] : c.probe_errors()) sites = std::max(sites, slot.site + 1);
   for (TpDirection d : {TpDirection::Forward, TpDirection::Backward})
     for (bool leave : {false, true}) {
-      std::vector<double> errors(static_cast<size_t>(sites), std::nan(""));
+      std::vector<double> errors(static_cast<size_t>(sites), std::nan("")), summed = errors;
       bool any = false;
       for (const auto& [slot, e] : c.probe_errors())
         if (slot.direction == d && slot.leave == leave && slot.site >= 0 && e.exact2 > 0) {
           errors[static_cast<size_t>(slot.site)] = std::sqrt(e.error2 / e.exact2);
+          summed[static_cast<size_t>(slot.site)] = e.summed_relative_error();
           any = true;
         }
-      if (any)
-        rec.add(std::string("tp_comm_rel_error_") + (d == TpDirection::Forward ? "forward_" : "backward_") +
-                    (leave ? "leave" : "enter"),
-                errors);
+      const std::string key = std::string(d == TpDirection::Forward ? "forward_" : "backward_") + (leave ? "leave" : "enter");
+      if (any) {
+        rec.add("tp_comm_rel_error_" + key, errors);
+        rec.add("tp_comm_rel_error_summed_" + key, summed);
+      }
     }
   const std::vector<int64_t>& h = c.probe_histogram();
   rec.add("tp_comm_value_hist", std::vector<double>(h.begin(), h.end()));

@@ -42,7 +42,8 @@ void add_memory_peaks(JsonRecord& rec, const Allocator& alloc, Communicator* pp)
 // parallel.tp_comm_compression_probe: per edge and direction, the relative error (||compressed -
 // exact|| / ||exact|| over the run so far) of each site's collective, indexed by site (a block's
 // attention 2 l, its MLP 2 l + 1; NaN where a site has none), as tp_comm_rel_error_{forward,
-// backward}_{enter,leave}; and tp_comm_value_hist, the probe's histogram (parallel/tp_compression.h).
+// backward}_{enter,leave}; the same of the results summed over the calls (what error feedback
+// keeps small) as tp_comm_rel_error_summed_*; and tp_comm_value_hist, the probe's histogram (parallel/tp_compression.h).
 void add_tp_compression_probe(JsonRecord& rec, const TpCompression& c);
 
 // Appends records to <run dir>/metrics.jsonl, flushed per line so a killed run keeps its history.

@@ -149,12 +149,27 @@ float* TpCompression::residual(const TpSlot& slot, int64_t n) {
 
 void TpCompression::add_probe(const TpSlot& slot, const float* got, const float* exact, int64_t n) {
   ProbeError& e = probe_errors_[slot];
+  if (static_cast<int64_t>(e.sum_got.size()) != n) {  // a new shape starts the sums again
+    e.sum_got.assign(static_cast<size_t>(n), 0.0);
+    e.sum_exact.assign(static_cast<size_t>(n), 0.0);
+  }
   for (int64_t i = 0; i < n; ++i) {
     const double d = static_cast<double>(got[i]) - exact[i];
     e.error2 += d * d;
     e.exact2 += static_cast<double>(exact[i]) * exact[i];
+    e.sum_got[static_cast<size_t>(i)] += got[i];
+    e.sum_exact[static_cast<size_t>(i)] += exact[i];
   }
   ++e.calls;
+}
+
+double TpCompression::ProbeError::summed_relative_error() const {
+  double d2 = 0, x2 = 0;
+  for (size_t i = 0; i < sum_got.size(); ++i) {
+    d2 += (sum_got[i] - sum_exact[i]) * (sum_got[i] - sum_exact[i]);
+    x2 += sum_exact[i] * sum_exact[i];
+  }
+  return x2 > 0 ? std::sqrt(d2 / x2) : 0.0;
 }
 
 void TpCompression::add_probe_values(const float* x, int64_t rows, int64_t cols) {

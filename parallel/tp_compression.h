@@ -125,6 +125,10 @@ class TpCompression {
   struct ProbeError {
     double error2 = 0, exact2 = 0;  // sums of (compressed - exact)^2 and exact^2 over the calls
     int64_t calls = 0;
+    // The results summed over the calls, compressed and exact: what error feedback keeps close
+    // (||sum_got - sum_exact|| / ||sum_exact||), where the per-call error above may even grow.
+    std::vector<double> sum_got, sum_exact;
+    double summed_relative_error() const;
   };
   void set_probe(bool on) { probe_ = on; }
   bool probing() const { return probe_; }

@@ -23,6 +23,7 @@ import json
 import math
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -52,6 +53,7 @@ def prepare(a):
 
 
 def train(a, run_dir, ranks, sets):
+    shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run each call (its checkpoints too)
     os.makedirs(run_dir, exist_ok=True)
     args = ["mpiexec", "-n", str(ranks), a.tessera, "train", a.config, "--run-dir", run_dir,
             "--set", f"data.valid={a.data}_val", "--set", f"data.train=[{{path=\"{a.data}\", weight=1.0}}]",
@@ -78,7 +80,7 @@ def error_study(a):
     for mode in ["bf16", "int8", "int8-ef"]:
         d = os.path.join(a.out_dir, f"probe_{mode}")
         recs = train(a, d, 2, layout_sets(2, True) + [
-            f"checkpoint.init_from=\"{ckpt}\"", f"train.steps={a.probe_steps}", "train.eval_every=0",
+            f"checkpoint.init_from=\"{ckpt}\"", "checkpoint.at_end=false", f"train.steps={a.probe_steps}", "train.eval_every=0",
             f"log.every={a.probe_steps}", "optim.warmup_steps=0", "optim.lr=1e-4", "optim.min_lr=1e-4",
             f"parallel.tp_comm_compression=\"{mode}\"", "parallel.tp_comm_compression_probe=true"])
         last = [r for r in recs if "tp_comm_value_hist" in r][-1]
@@ -86,20 +88,42 @@ def error_study(a):
     return out
 
 
+EDGES = [("forward_enter", "fwd all-gather"), ("forward_leave", "fwd reduce-scatter"),
+         ("backward_leave", "bwd all-gather"), ("backward_enter", "bwd reduce-scatter")]
+
+
+def value(rec, key, site):
+    v = rec.get(key) or []
+    return v[site] if site < len(v) else None
+
+
 def error_table(probes):
-    keys = [("tp_comm_rel_error_forward_enter", "fwd all-gather"), ("tp_comm_rel_error_forward_leave", "fwd reduce-scatter"),
-            ("tp_comm_rel_error_backward_leave", "bwd all-gather"), ("tp_comm_rel_error_backward_enter", "bwd reduce-scatter")]
-    lines = ["| site (layer.part) | collective | " + " | ".join(probes) + " |",
-             "|---|---|" + "---|" * len(probes)]
-    sites = max(len(probes[m].get(k, []) or []) for m in probes for k, _ in keys)
+    """Per site and collective: the per-step relative error, and that of the results summed over the
+    probed steps (what error feedback bounds), of each mode."""
+    lines = ["| site (layer.part) | collective | " + " | ".join(f"{m} per step" for m in probes) + " | " +
+             " | ".join(f"{m} summed" for m in probes) + " |", "|---|---|" + "---|" * (2 * len(probes))]
+    sites = max(len(probes[m].get("tp_comm_rel_error_" + k) or []) for m in probes for k, _ in EDGES)
+    fmt = lambda v: "-" if v is None else f"{v:.2e}"
     for s in range(sites):
         name = f"{s // 2}.{'attn' if s % 2 == 0 else 'mlp'}"
-        for k, label in keys:
-            vals = []
+        for k, label in EDGES:
+            per = [fmt(value(probes[m], "tp_comm_rel_error_" + k, s)) for m in probes]
+            summed = [fmt(value(probes[m], "tp_comm_rel_error_summed_" + k, s)) for m in probes]
+            lines.append(f"| {name} | {label} | " + " | ".join(per) + " | " + " | ".join(summed) + " |")
+    return "\n".join(lines)
+
+
+def error_means(probes):
+    """The mean over sites of each edge's errors, per mode."""
+    lines = ["| collective | " + " | ".join(f"{m} per step" for m in probes) + " | " +
+             " | ".join(f"{m} summed" for m in probes) + " |", "|---|" + "---|" * (2 * len(probes))]
+    for k, label in EDGES:
+        row = []
+        for prefix in ("tp_comm_rel_error_", "tp_comm_rel_error_summed_"):
             for m in probes:
-                v = (probes[m].get(k) or [None] * sites)[s] if s < len(probes[m].get(k) or []) else None
-                vals.append("-" if v is None else f"{v:.2e}")
-            lines.append(f"| {name} | {label} | " + " | ".join(vals) + " |")
+                v = [x for x in probes[m].get(prefix + k) or [] if x is not None]
+                row.append(f"{statistics.mean(v):.2e}" if v else "-")
+        lines.append(f"| {label} | " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
@@ -232,7 +256,9 @@ def main():
     if "error" in only:
         probes = error_study(a)
         report += [f"## Relative error per layer (trained {a.pretrain_steps} steps, then {a.probe_steps} probed steps "
-                   "per mode; ||compressed - exact|| / ||exact|| over the probed steps)", "", error_table(probes), ""]
+                   "per mode; per step: ||compressed - exact|| / ||exact|| over the probed steps' results; summed: "
+                   "the same of the results summed over the probed steps)", "", "Mean over the layers:", "",
+                   error_means(probes), "", "Per layer:", "", error_table(probes), ""]
         hist = probes["int8"]["tp_comm_value_hist"]
         n, total = len(hist), sum(hist)
         near = sum(h for i, h in enumerate(hist) if abs(-1 + (i + 0.5) * 2 / n) < 0.1) / total
