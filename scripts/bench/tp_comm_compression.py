@@ -142,7 +142,7 @@ def plot_hist(hist, path):
     ax.set_yscale("log")
     ax.set_xlabel("value / max |value| of its row (the int8 grid: steps of 1/127)")
     ax.set_ylabel("fraction of values")
-    ax.set_title("forward tp-collective inputs of a trained model (Shakespeare GPT-2, tp 2 + sp)")
+    ax.set_title("forward tp inputs, trained Shakespeare GPT-2 (tp 2 + sp)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
