@@ -26,6 +26,7 @@
 #include "model/gpt.h"
 #include "model/memory.h"
 #include "parallel/tp_overlap.h"
+#include "parallel/tp_compression.h"
 
 namespace tessera {
 
@@ -797,6 +798,13 @@ void validate(const Config& c, const Origins* origins) {
     fail(show("lora.dropout", c.lora.dropout, origins) + " with parallel.tp_overlap_chunks = " +
          std::to_string(c.parallel.tp_overlap_chunks) + ": the chunked tensor-parallel edges do not apply adapter "
          "dropout yet; set lora.dropout = 0 or parallel.tp_overlap_chunks = 1");
+  const auto compressed = [](const std::string& m) { return !m.empty() && m != "none"; };
+  if (c.parallel.tp_overlap_chunks > 1 &&
+      (compressed(c.parallel.tp_comm_compression) || compressed(c.parallel.tp_comm_compression_forward) ||
+       compressed(c.parallel.tp_comm_compression_backward)))  // parallel/tp_overlap.h
+    fail("parallel.tp_comm_compression (or its _forward / _backward) with " +
+         show("parallel.tp_overlap_chunks", c.parallel.tp_overlap_chunks, origins) + ": the chunked edges move exact "
+         "collectives; compression and overlap do not combine yet: choose one");
   if (c.parallel.layout == "explicit")  // parallel/tp_overlap.h
     check_tp_overlap(c.parallel.tp_overlap_chunks, c.parallel.tp, c.parallel.sequence_parallel,
                      c.train.seq_len / std::max<int64_t>(c.parallel.cp, 1));
@@ -869,6 +877,9 @@ void validate(const Config& c, const Origins* origins) {
       const auto it = origins->find(key);
       return it == origins->end() ? std::nullopt : std::optional<std::string>(it->second);
     });
+  check_tp_compression(resolve_tp_compression(c.parallel.tp_comm_compression, c.parallel.tp_comm_compression_forward,
+                                              c.parallel.tp_comm_compression_backward),
+                       c.train.device, c.model.recompute != "none" || c.model.recompute_layers > 0);
   check_model(c);
   check_pipeline(c, c.parallel.dp > 0 ? c.parallel.dp : 0, origins);
   check_sizes(c, origins);

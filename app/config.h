@@ -308,6 +308,11 @@ struct ParallelConfig {
   std::string cp_comm = "ring";
   bool sequence_parallel = false;
   int64_t tp_overlap_chunks = 1;  // parallel/tp_overlap.h
+  // Compressed tp communication (parallel/tp_compression.h): both directions, or each on its own.
+  std::string tp_comm_compression = "none";
+  std::string tp_comm_compression_forward;   // "": as tp_comm_compression
+  std::string tp_comm_compression_backward;  // "": as tp_comm_compression
+  bool tp_comm_compression_probe = false;    // measurement: the exact collective beside each compressed one
   int64_t zero = 0;
   double bucket_mb = 25.0;
   bool overlap_grad_reduce = true;
@@ -347,6 +352,22 @@ struct ParallelConfig {
             "and reduce-scatter (and their backward twins) into this many chunks along the sequence, each chunk's "
             "collective running beside the next chunk's GEMMs; 1 = no overlap; > 1 needs parallel.tp > 1, "
             "sequence_parallel = true and at most train.seq_len / (cp x tp) (docs/parallel.md)", Allowed::at_least(1));
+    v.field("tp_comm_compression", tp_comm_compression, "lossy compression of the transformer blocks' "
+            "tensor-parallel collectives (sp all-gather / reduce-scatter, plain-tp all-reduce), both directions: "
+            "none (exact), bf16 (2 bytes an element), int8 (1 byte an element + an fp32 scale per row of C; sums in "
+            "fp32) or int8-ef (int8 with error feedback: each collective's quantization residual is added to its "
+            "next input); CPU only; embedding, LM head and loss stay exact (docs/training.md, Compression)",
+            Allowed::one_of({"none", "bf16", "int8", "int8-ef"}));
+    v.field("tp_comm_compression_forward", tp_comm_compression_forward, "the forward (activations) direction's "
+            "parallel.tp_comm_compression; \"\" = as parallel.tp_comm_compression",
+            Allowed::one_of({"", "none", "bf16", "int8", "int8-ef"}));
+    v.field("tp_comm_compression_probe", tp_comm_compression_probe, "measurement: run the exact collective "
+            "beside every compressed one and log the relative error of each layer's result (tp_comm_rel_error_*) "
+            "and a histogram of the forward inputs over their row's max |x| (tp_comm_value_hist) in metrics.jsonl; "
+            "the twins' bytes are left out of tp_bytes_per_step", Allowed::any());
+    v.field("tp_comm_compression_backward", tp_comm_compression_backward, "the backward (activation gradients) "
+            "direction's parallel.tp_comm_compression; \"\" = as parallel.tp_comm_compression",
+            Allowed::one_of({"", "none", "bf16", "int8", "int8-ef"}));
     v.field("zero", zero, "ZeRO stage: 0 = replicated optimizer state, 1 = sharded over dp",
             Allowed::closed(0, 1));
     v.field("bucket_mb", bucket_mb, "data parallel: gradients are summed in buckets of about this many MiB",

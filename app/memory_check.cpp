@@ -23,6 +23,7 @@
 #include "data/scenes.h"
 #include "model/gpt.h"
 #include "model/memory.h"
+#include "parallel/tp_compression.h"
 #include "model/stage_cut.h"
 #include "parallel/mpi.h"
 #include "parallel/pipeline_schedule.h"
@@ -213,6 +214,7 @@ struct RankModel {
   MemoryItem transient;   // the training step's activations and temporaries
   int64_t eval_bytes = 0; // the evaluation forward (addition task), 0 when none
   std::string eval_what;
+  int64_t tp_feedback = 0; // parallel.tp_comm_compression = "int8-ef": its residuals (elements, fp32)
 };
 
 // The elements of the frozen parameters a rank holds: its chunks' parameters registered on a store
@@ -438,6 +440,10 @@ MemoryEstimate estimate_for(const Config& cfg, const MemoryLayout& layout, const
        mul(2, zero ? shard : Tr), true, model_keys + ", parallel.zero = 1" + (F > 0 ? ", train.freeze" : ""),
        kFloatBytes);
 
+  if (rm.tp_feedback > 0)  // parallel/tp_compression.h: kept from step to step
+    item("tensor-parallel error-feedback residuals (parallel.tp_comm_compression = \"int8-ef\")", rm.tp_feedback,
+         true, "parallel.tp_comm_compression{,_forward,_backward}, train.micro_batch, train.seq_len", kFloatBytes);
+
   // The largest transient: a training step's, the evaluation forward, or the ZeRO-1 gather.
   MemoryItem transient = rm.transient;
   if (rm.eval_bytes > transient.bytes) transient = {rm.eval_what, rm.eval_bytes, true, "data.val_examples"};
@@ -507,8 +513,14 @@ MemoryEstimate estimate_training_memory(const Config& cfg, int64_t data_vocab_si
                         ", " + p.cp_comm + ")";
     return r;
   };
+  const TpCompressionModes tp_modes =
+      resolve_tp_compression(p.tp_comm_compression, p.tp_comm_compression_forward, p.tp_comm_compression_backward);
   const auto with_frozen = [&](RankModel r, const std::vector<StageSpec>& chunks) {
     r.frozen = frozen_elements(mc, chunks, tp, layout.frozen, &r.no_grad);
+    int64_t layers = 0;  // the error-feedback residuals: one set per block this rank runs
+    for (const StageSpec& c : chunks) layers += resolve_stage(c, mc).layers();
+    r.tp_feedback = mul(layers, tp_feedback_elements(tp_modes, cfg.train.micro_batch, local.train.seq_len, mc.n_embd,
+                                                     tp, sp));
     return r;
   };
   if (p.pp == 1)

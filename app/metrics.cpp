@@ -10,6 +10,7 @@
 
 #include "kernels/check.h"
 #include "parallel/host_sums.h"
+#include "parallel/tp_compression.h"
 
 namespace tessera {
 
@@ -145,6 +146,29 @@ void ProgressPrinter::message(const std::string& text) {
 void ProgressPrinter::finish() {
   if (line_open_) std::cout << std::endl;
   line_open_ = false;
+}
+
+void add_tp_compression_probe(JsonRecord& rec, const TpCompression& c) {
+  int sites = 0;
+  for (const auto& [slot, e] : c.probe_errors()) sites = std::max(sites, slot.site + 1);
+  for (TpDirection d : {TpDirection::Forward, TpDirection::Backward})
+    for (bool leave : {false, true}) {
+      std::vector<double> errors(static_cast<size_t>(sites), std::nan("")), summed = errors;
+      bool any = false;
+      for (const auto& [slot, e] : c.probe_errors())
+        if (slot.direction == d && slot.leave == leave && slot.site >= 0 && e.exact2 > 0) {
+          errors[static_cast<size_t>(slot.site)] = std::sqrt(e.error2 / e.exact2);
+          summed[static_cast<size_t>(slot.site)] = e.summed_relative_error();
+          any = true;
+        }
+      const std::string key = std::string(d == TpDirection::Forward ? "forward_" : "backward_") + (leave ? "leave" : "enter");
+      if (any) {
+        rec.add("tp_comm_rel_error_" + key, errors);
+        rec.add("tp_comm_rel_error_summed_" + key, summed);
+      }
+    }
+  const std::vector<int64_t>& h = c.probe_histogram();
+  rec.add("tp_comm_value_hist", std::vector<double>(h.begin(), h.end()));
 }
 
 }  // namespace tessera

@@ -13,6 +13,8 @@
 #include "parallel/pipeline_timing.h"
 
 namespace tessera {
+class TpCompression;  // parallel/tp_compression.h
+
 
 // One JSON object: numeric and string fields in insertion order.
 class JsonRecord {
@@ -36,6 +38,13 @@ void add_pipeline_times(JsonRecord& rec, const PipelineBubble& b);
 // rank (one without pp): "peak_bytes_params": [rank 0, rank 1, ...], likewise grads, optim, acts,
 // workspace and comm. Collective over `pp` (null: this rank alone).
 void add_memory_peaks(JsonRecord& rec, const Allocator& alloc, Communicator* pp);
+
+// parallel.tp_comm_compression_probe: per edge and direction, the relative error (||compressed -
+// exact|| / ||exact|| over the run so far) of each site's collective, indexed by site (a block's
+// attention 2 l, its MLP 2 l + 1; NaN where a site has none), as tp_comm_rel_error_{forward,
+// backward}_{enter,leave}; the same of the results summed over the calls (what error feedback
+// keeps small) as tp_comm_rel_error_summed_*; and tp_comm_value_hist, the probe's histogram (parallel/tp_compression.h).
+void add_tp_compression_probe(JsonRecord& rec, const TpCompression& c);
 
 // Appends records to <run dir>/metrics.jsonl, flushed per line so a killed run keeps its history.
 class MetricsWriter {

@@ -20,6 +20,7 @@
 #include "kernels/check.h"
 #include "model/memory.h"
 #include "parallel/mpi.h"
+#include "parallel/tp_compression.h"
 #include "plan/calibrate.h"
 
 namespace tessera {
@@ -74,6 +75,11 @@ plan::Workload workload_of(const Config& cfg) {
   w.model = resolve(to_model_config(cfg, data_vocab_size(cfg)));
   w.seq_len = cfg.train.seq_len;
   w.global_batch = cfg.train.global_batch;
+  const ParallelConfig& p = cfg.parallel;  // parallel.tp_comm_compression: the tp collectives' bytes
+  const TpCompressionModes modes =
+      resolve_tp_compression(p.tp_comm_compression, p.tp_comm_compression_forward, p.tp_comm_compression_backward);
+  w.tp_bytes_forward = tp_bytes_factor(modes.forward, w.model.n_embd);
+  w.tp_bytes_backward = tp_bytes_factor(modes.backward, w.model.n_embd);
   return w;
 }
 

@@ -42,6 +42,7 @@
 #include "parallel/mpi_communicator.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/schedule.h"
+#include "parallel/tp_compression.h"
 
 namespace tessera {
 
@@ -50,6 +51,18 @@ static_assert(kIgnoreTarget == kIgnoreIndex, "data and kernels must agree on the
 namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+TpCompressionModes tp_compression_modes(const ParallelConfig& p) {
+  return resolve_tp_compression(p.tp_comm_compression, p.tp_comm_compression_forward, p.tp_comm_compression_backward);
+}
+// parallel.tp_comm_compression: the run's compression and its residuals; null when exact.
+std::unique_ptr<TpCompression> make_tp_compression(const ParallelConfig& p, Allocator& alloc) {
+  const TpCompressionModes modes = tp_compression_modes(p);
+  if (!modes.any()) return nullptr;
+  auto c = std::make_unique<TpCompression>(modes, alloc);
+  c->set_probe(p.tp_comm_compression_probe);
+  return c;
+}
 }  // namespace
 
 void validate_layout(const Config& c, const ModelConfig& m, int64_t world) {
@@ -203,7 +216,9 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
   if (watchdog && comms_) comms_->watch(*watchdog, grid_, cfg_.parallel.timeout_s);
   cp_ = context_parallel_of(cfg_.parallel, comms_.get());
   // The tp ranks of a dp replica hold one model between them and read the same batches.
-  if (grid_.tp_size() > 1) tp_ = TensorParallel{comms_->tp.get(), cfg_.parallel.sequence_parallel, cfg_.parallel.tp_overlap_chunks};
+  tp_compression_ = make_tp_compression(cfg_.parallel, alloc_);  // parallel.tp_comm_compression
+  if (grid_.tp_size() > 1) tp_ = TensorParallel{comms_->tp.get(), cfg_.parallel.sequence_parallel,
+                                              cfg_.parallel.tp_overlap_chunks, tp_compression_.get()};
   // Which checkpoint to continue, and whose: a fresh start over another run's files is refused here,
   // before metrics.jsonl is opened (and truncated). Known before the model is built: train.freeze =
   // "original" reads the file's up-scaling record.
@@ -596,6 +611,7 @@ void Trainer::switch_layout(const ParallelConfig& next) {
   groups_ = GradGroups{};
   loader_.reset();  // made again at the next step, at its position, for the new dp rank
   tp_ = TensorParallel{};
+  tp_compression_.reset();
   cp_ = ContextParallel{};
   comms_.reset();
   cfg_.parallel = next;
@@ -604,7 +620,9 @@ void Trainer::switch_layout(const ParallelConfig& next) {
   if (world_ != MPI_COMM_NULL && world > 1) comms_ = grid_comms_of(grid_, world_, ex_, cfg_.parallel.comm);
   if (watchdog_ && comms_) comms_->watch(*watchdog_, grid_, cfg_.parallel.timeout_s);
   cp_ = context_parallel_of(cfg_.parallel, comms_.get());
-  if (grid_.tp_size() > 1) tp_ = TensorParallel{comms_->tp.get(), cfg_.parallel.sequence_parallel, cfg_.parallel.tp_overlap_chunks};
+  tp_compression_ = make_tp_compression(cfg_.parallel, alloc_);  // parallel.tp_comm_compression
+  if (grid_.tp_size() > 1) tp_ = TensorParallel{comms_->tp.get(), cfg_.parallel.sequence_parallel,
+                                              cfg_.parallel.tp_overlap_chunks, tp_compression_.get()};
   accum_ = tessera::grad_accum_steps(cfg_, grid_.dp_size());
   layout_ = BatchLayout{cfg_.train.global_batch, cfg_.train.micro_batch, grid_.dp_size(), grid_.dp_rank()};
   dp_bytes_at_record_ = tp_bytes_at_record_ = pp_bytes_at_record_ = cp_bytes_at_record_ = 0;  // new counters
@@ -988,7 +1006,10 @@ void Trainer::log_step(int64_t s, const StepResult& r, double step_seconds, doub
     // all-gather of (p-1)/p each), plus a few scalars; and over the tp group (tensor_parallel.h edges).
     const int64_t steps = std::max<int64_t>(1, done - step_at_record_);
     // (under cp the dp x cp group's, which carries the gradient reduction then)
-    const int64_t sent = dp_cp_group()->bytes_sent(), tp_sent = comms_->tp->bytes_sent(), pp_sent = comms_->pp->bytes_sent();
+    const int64_t sent = dp_cp_group()->bytes_sent(), pp_sent = comms_->pp->bytes_sent();
+    // (less the exact twins parallel.tp_comm_compression_probe runs beside the compressed collectives)
+    const int64_t tp_sent = comms_->tp->bytes_sent() - (tp_compression_ ? tp_compression_->probe_bytes() : 0);
+    if (tp_compression_ && tp_compression_->probing()) add_tp_compression_probe(rec, *tp_compression_);
     rec.add("dp_bytes_per_step", (sent - dp_bytes_at_record_) / steps);
     if (grid_.tp_size() > 1) rec.add("tp_bytes_per_step", (tp_sent - tp_bytes_at_record_) / steps);
     dp_bytes_at_record_ = sent;
@@ -1010,6 +1031,7 @@ void Trainer::log_step(int64_t s, const StepResult& r, double step_seconds, doub
 
 bool Trainer::evaluate(int64_t s, TrainSummary& summary) {
   if (!data_.valid && !data_.task && !data_.scenes && !data_.captions) return true;
+  const TpCompression::Paused no_feedback(tp_compression_.get());  // evaluation is no step of the residuals
   const auto t0 = Clock::now();
   // Every rank asks before each forward: a stop anywhere abandons the evaluation on all ranks at
   // the same batch (tensor-parallel forwards are collective), and the stop vote that follows
@@ -1096,6 +1118,10 @@ void Trainer::print_header() {
        << (grid_.pp_size() > 1 ? " x pp " + std::to_string(grid_.pp_size()) + " (" + cfg_.parallel.pp_schedule + ")" : "")
        << (grid_.tp_size() > 1 && cfg_.parallel.sequence_parallel ? " (sequence parallel)" : "") << "; "
        << params_->numel() << " parameters per rank";
+  if (tp_compression_ && grid_.tp_size() > 1)
+    os << "\ntp communication: compressed, forward " << tp_compression_name(tp_compression_->mode(TpDirection::Forward))
+       << ", backward " << tp_compression_name(tp_compression_->mode(TpDirection::Backward))
+       << " (lossy; parallel.tp_comm_compression)";
   if (cfg_.train.dtype == "bf16")
     os << "\nprecision: bf16 GEMM inputs (weights' bf16 copy), fp32 accumulation, master weights, optimizer and "
           "loss; CPU kernel "

@@ -34,6 +34,7 @@
 #include "parallel/grid_comms.h"
 #include "parallel/pipeline_timing.h"
 #include "parallel/process_grid.h"
+#include "parallel/tp_compression.h"
 #include "parallel/watchdog.h"
 
 namespace tessera {
@@ -172,6 +173,9 @@ class Trainer {
   // Where the model and optimizer run: alloc_'s device and stream; on the CPU, alloc_ also serves
   // the ops' short-lived buffers (Exec::workspace).
   Exec ex_;
+  // parallel.tp_comm_compression (null: exact): its error-feedback residuals live in alloc_ and
+  // outlive the model chunks that point at it.
+  std::unique_ptr<TpCompression> tp_compression_;
   std::unique_ptr<ParameterStore> params_;
   std::vector<std::unique_ptr<Gpt>> chunks_;  // this rank's model chunks: one, or vpp (interleaved)
   const Gpt* model_ = nullptr;                // chunks_.front(): the model's config, evaluation

@@ -433,9 +433,9 @@ Block::Block(ParameterStore& ps, int index, const ModelConfig& cfg, Recompute re
     : recompute_(recompute) {
   const std::string p = "blocks." + std::to_string(index);
   ln1_ = Norm(ps, p + ".ln1", cfg, tp.sequence_sharded());
-  attn_ = Attention(ps, p + ".attn", cfg, tp, cp);
+  attn_ = Attention(ps, p + ".attn", cfg, tp.at_site(2 * index), cp);  // sites: parallel.tp_comm_compression
   ln2_ = Norm(ps, p + ".ln2", cfg, tp.sequence_sharded());
-  mlp_ = Mlp(ps, p + ".mlp", cfg, tp);
+  mlp_ = Mlp(ps, p + ".mlp", cfg, tp.at_site(2 * index + 1));
 }
 
 Block::Block(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, Recompute recompute,

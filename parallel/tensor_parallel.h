@@ -25,12 +25,24 @@
 
 namespace tessera {
 
+class TpCompression;  // parallel/tp_compression.h
+
 struct TensorParallel {
   Communicator* comm = nullptr;    // the tensor-parallel group; null: tp = 1
   bool sequence_parallel = false;  // ignored when tp = 1
   // parallel.tp_overlap_chunks: > 1 cuts the sequence-parallel edges into this many chunks along
   // the sequence, each chunk's collective beside the next chunk's GEMMs (parallel/tp_overlap.h).
   int64_t overlap_chunks = 1;
+  // parallel.tp_comm_compression: the run's compression (owned by the trainer; null: exact) and
+  // the layer region these edges belong to (a block's attention 2 l, its MLP 2 l + 1; -1: exact,
+  // e.g. the embedding and the LM head). Only the region edges below compress.
+  TpCompression* compression = nullptr;
+  int site = -1;
+  TensorParallel at_site(int s) const {
+    TensorParallel t = *this;
+    t.site = s;
+    return t;
+  }
 
   int64_t size() const { return comm ? comm->size() : 1; }
   int64_t rank() const { return comm ? comm->rank() : 0; }

@@ -207,17 +207,18 @@ ChunkTime chunk_time(const Workload& w, const Layout& l, const ClusterSpec& c, c
     t.flops += blocks * b.flops;
     // Tensor parallel: per block two regions (attention, MLP), each an all-reduce of the (N, C)
     // activations forward and one backward (sequence parallel: an all-gather and a reduce-scatter
-    // of the same bytes instead of each).
-    const double x = d.N * d.C * kAct;
-    const double region = all_reduce_seconds(x, l.tp, links.tp);
+    // of the same bytes instead of each). Compressed (parallel.tp_comm_compression): the bytes of
+    // each direction scaled by its factor, the algorithms' volumes unchanged.
+    const double x = d.N * d.C * kAct, xf = x * w.tp_bytes_forward, xb = x * w.tp_bytes_backward;
+    const double region = all_reduce_seconds(xf, l.tp, links.tp);
     t.tp_forward += blocks * 2 * region;
-    t.tp_backward += blocks * 2 * region;
-    t.tp_bytes += blocks * 4 * all_reduce_bytes(x, l.tp);
+    t.tp_backward += blocks * 2 * all_reduce_seconds(xb, l.tp, links.tp);
+    t.tp_bytes += blocks * 2 * (all_reduce_bytes(xf, l.tp) + all_reduce_bytes(xb, l.tp));
     if (l.sp && l.tp > 1) {
       // Sequence parallel: backward gathers each region's input again for the weight gradients
       // (model/gpt.cpp, Megatron's way: the gathered input is not kept from the forward).
-      t.tp_backward += blocks * 2 * all_gather_seconds(x, l.tp, links.tp);
-      t.tp_bytes += blocks * 2 * all_gather_bytes(x, l.tp);
+      t.tp_backward += blocks * 2 * all_gather_seconds(xf, l.tp, links.tp);
+      t.tp_bytes += blocks * 2 * all_gather_bytes(xf, l.tp);
     }
     // Context parallel: K and V of the rank's T positions, kv = 2 B T KVl D elements.
     if (l.cp > 1) {
@@ -249,7 +250,7 @@ ChunkTime chunk_time(const Workload& w, const Layout& l, const ClusterSpec& c, c
     if (full > 0) {
       t.recompute += full * b.forward;
       t.tp_backward += full * 2 * region;
-      t.tp_bytes += full * 2 * all_reduce_bytes(x, l.tp);
+      t.tp_bytes += full * 2 * all_reduce_bytes(xf, l.tp);
       t.flops += full * b.flops / 3;
     }
     t.backward += t.recompute;

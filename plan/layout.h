@@ -41,6 +41,9 @@ struct Workload {
   ModelConfig model;
   int64_t seq_len = 1024;
   int64_t global_batch = 32;
+  // parallel.tp_comm_compression: the blocks' tp collectives move this fraction of their fp32 bytes,
+  // forward (activations) and backward (gradients) (parallel/tp_compression.h tp_bytes_factor).
+  double tp_bytes_forward = 1.0, tp_bytes_backward = 1.0;
   int64_t micro_batches(const Layout& l) const { return global_batch / (l.micro_batch * l.dp); }
 };
 

@@ -110,6 +110,24 @@ TEST(Config, NcclNeedsCuda) {
   EXPECT_EQ(ok.parallel.comm, "nccl");
 }
 
+// parallel.tp_comm_compression (parallel/tp_compression.h): the values, CUDA refused, forward error
+// feedback refused with recomputation, each direction on its own.
+TEST(Config, TpCommCompressionIsValidated) {
+  EXPECT_TRUE(testing::throws_with([] { parse_config_string("", "t.toml", {"parallel.tp_comm_compression=\"int4\""}); },
+                                   {"parallel.tp_comm_compression", "int4", "int8-ef"}));
+  EXPECT_TRUE(testing::throws_with(
+      [] { parse_config_string("", "t.toml", {"parallel.tp_comm_compression=\"int8\"", "train.device=\"cuda\""}); },
+      {"runs on the CPU only", "parallel.tp_comm_compression = \"none\""}));
+  EXPECT_TRUE(testing::throws_with(
+      [] { parse_config_string("", "t.toml", {"parallel.tp_comm_compression=\"int8-ef\"", "model.recompute=\"full\""}); },
+      {"parallel.tp_comm_compression_forward = \"int8-ef\" with model.recompute"}));
+  const Config ok = parse_config_string("", "t.toml", {"parallel.tp_comm_compression_backward=\"int8-ef\"",
+                                                         "model.recompute=\"full\""});
+  EXPECT_EQ(ok.parallel.tp_comm_compression, "none");
+  EXPECT_EQ(ok.parallel.tp_comm_compression_backward, "int8-ef");
+  parse_config_string("", "t.toml", {"train.device=\"cuda\""});  // "none" runs anywhere
+}
+
 // data.document_mask needs documents (token datasets) and the CPU's attention kernel.
 TEST(Config, DocumentMaskIsRefusedWhereItCannotApply) {
   EXPECT_TRUE(testing::throws_with([] { parse_config_string("", "t.toml", {"data.document_mask=true"}); },

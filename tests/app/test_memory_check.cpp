@@ -336,7 +336,10 @@ TEST(MemoryCheckLayouts, EstimateEqualsEachRanksPeak) {
     int64_t tp, dp;
   };
   for (const Layout& l : {Layout{{"parallel.tp=2", "parallel.sequence_parallel=true"}, 2, 1},
-                          Layout{{"train.micro_batch=4"}, 1, 2}, Layout{{"train.micro_batch=4", "parallel.zero=1"}, 1, 2}}) {
+                          Layout{{"train.micro_batch=4"}, 1, 2}, Layout{{"train.micro_batch=4", "parallel.zero=1"}, 1, 2},
+                          // parallel.tp_comm_compression: the error-feedback residuals, kept from step to step
+                          Layout{{"parallel.tp=2", "parallel.sequence_parallel=true", "parallel.tp_comm_compression=\"int8-ef\""}, 2, 1},
+                          Layout{{"parallel.tp=2", "parallel.tp_comm_compression_backward=\"int8-ef\""}, 2, 1}}) {
     const Config cfg = tiny(l.overrides);
     const MemoryEstimate e = estimate_training_memory(cfg, 13, MemoryLayout{l.tp, l.dp, false});
     EXPECT_EQ(static_cast<size_t>(e.allocator_bytes()), measured_peak(cfg, world))

@@ -225,6 +225,29 @@ TEST(CostModel, TensorParallelCollectivesAreExposed) {
                                  4 * 2 * 2 * all_gather_seconds(x, 2, c.intra), 1e-12);
 }
 
+// parallel.tp_comm_compression: the blocks' collectives move each direction's factor of their
+// bytes (4 micro-batches x 2 blocks x 2 regions, forward and backward); the embedding's, the
+// head's and the loss's stay as they were.
+TEST(CostModel, CompressedTensorParallelBytesScaleTheBlocksCollectives) {
+  ClusterSpec c = compute_only();
+  c.intra = {100e9, 2e-6};
+  Workload w = llama(2, 1000, 128, 4);
+  Layout l;
+  l.tp = 2;
+  l.dp = 1;
+  const StepCost exact = predict_step(w, l, c);
+  w.tp_bytes_forward = 0.25;
+  w.tp_bytes_backward = 0.5;
+  const StepCost packed = predict_step(w, l, c);
+  const double x = 1.0 * 128 * 512 * 4;
+  EXPECT_NEAR(exact.groups[0].bytes - packed.groups[0].bytes,
+              4 * 2 * 2 * (all_reduce_bytes(x, 2) * 0.75 + all_reduce_bytes(x, 2) * 0.5), 1e-6);
+  EXPECT_NEAR(exact.tp_exposed - packed.tp_exposed,
+              4 * 2 * 2 * (2 * all_reduce_seconds(x, 2, c.intra) - all_reduce_seconds(x / 4, 2, c.intra) -
+                           all_reduce_seconds(x / 2, 2, c.intra)),
+              1e-12);
+}
+
 TEST(CostModel, PartsAddUpToTheStep) {
   const ClusterSpec c = [] {
     ClusterSpec h;
