@@ -6,7 +6,8 @@
 // relative error |g - g_exact| / |g_exact| per parameter group (a layer's name across the blocks,
 // e.g. "attn.q.weight"), for the groups whose gradients differ (the others are bitwise equal).
 //
-//   build/bench/activation_compression_grads TOKENS.bin [n_layer n_head n_embd batch seq_len rank]
+//   build/bench/activation_compression_grads TOKENS.bin [n_layer n_head n_embd batch seq_len rank vocab]
+// (vocab: 50257 for GPT-2 ids, 257 for byte ids)
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -57,13 +58,13 @@ std::string group_of(const std::string& name) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s TOKENS.bin [n_layer n_head n_embd batch seq_len rank]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s TOKENS.bin [n_layer n_head n_embd batch seq_len rank vocab]\n", argv[0]);
     return 2;
   }
   const auto arg = [&](int i, int64_t fallback) { return argc > i ? std::atoll(argv[i]) : fallback; };
   ModelConfig cfg;
   cfg.preset = "gpt2";
-  cfg.vocab_size = 50257;
+  cfg.vocab_size = arg(8, 50257);
   cfg.n_layer = arg(2, 4);
   cfg.n_head = arg(3, 4);
   cfg.n_embd = arg(4, 128);

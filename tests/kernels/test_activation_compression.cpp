@@ -54,7 +54,9 @@ TEST(ActivationCompression, Int8ErrorIsAtMostAbsmaxOver254PerRow) {
     for (int64_t j = 0; j < m; ++j) worst = std::max(worst, std::fabs(static_cast<double>(x[i * m + j]) - y[i * m + j]));
     // The bound, plus fp32's rounding of the scale and of the product q * scale.
     EXPECT_LE(worst, absmax / 254.0 * (1 + 1e-6) + absmax * 1e-7) << "row " << i;
-    if (absmax > 0) EXPECT_GT(worst, 0.0) << "row " << i << ": int8 must lose something";
+    if (absmax > 0) {
+      EXPECT_GT(worst, 0.0) << "row " << i << ": int8 must lose something";
+    }
   }
 }
 

@@ -42,12 +42,12 @@ ModelConfig small_config(const std::string& preset) {
   return c;
 }
 
-struct Run {
+struct StepResult {
   double loss = 0;
   std::map<std::string, std::vector<float>> grads;  // by parameter name
 };
 
-Run train_step(const ModelConfig& cfg, const std::vector<ActivationCompression>& compression, bool bf16 = false,
+StepResult train_step(const ModelConfig& cfg, const std::vector<ActivationCompression>& compression, bool bf16 = false,
                bool pass_policy = true) {
   Allocator alloc;
   ParameterStore ps(alloc, DType::F32);
@@ -61,7 +61,7 @@ Run train_step(const ModelConfig& cfg, const std::vector<ActivationCompression>&
   auto targets = testing::random_ids({B, T}, static_cast<int32_t>(cfg.vocab_size), 2);
   GptCtx ctx;
   gpt.forward(kCpu, ctx, alloc, tokens.t(), targets.t());
-  Run r;
+  StepResult r;
   r.loss = read_loss_sums(kCpu, ctx.loss_sums).mean();
   gpt.backward(kCpu, ctx, alloc, 1.0 / static_cast<double>(B * T));
   for (int id = 0; id < ps.size(); ++id) {
@@ -92,7 +92,7 @@ std::string group_of(const std::string& name) {
 }
 
 // |a - b| / |b| per group, over the group's parameters.
-std::map<std::string, double> group_errors(const Run& got, const Run& want) {
+std::map<std::string, double> group_errors(const StepResult& got, const StepResult& want) {
   std::map<std::string, std::pair<double, double>> sums;
   for (const auto& [name, w] : want.grads) {
     const std::vector<float>& g = got.grads.at(name);
@@ -111,8 +111,8 @@ class GptCompressionTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GptCompressionTest, NoneIsTheModelWithoutCompression) {
   const ModelConfig cfg = small_config(GetParam());
-  const Run plain = train_step(cfg, {}, false, /*pass_policy=*/false);
-  const Run none = train_step(cfg, every_layer(CompressionMethod::None));
+  const StepResult plain = train_step(cfg, {}, false, /*pass_policy=*/false);
+  const StepResult none = train_step(cfg, every_layer(CompressionMethod::None));
   EXPECT_EQ(none.loss, plain.loss);
   for (const auto& [name, g] : plain.grads) EXPECT_EQ(none.grads.at(name), g) << name;
 }
@@ -126,16 +126,18 @@ struct Bound {
 
 TEST_P(GptCompressionTest, OnlyTheCompressedInputsWeightGradientsChangeWithinTheirBounds) {
   const ModelConfig cfg = small_config(GetParam());
-  const Run exact = train_step(cfg, {});
+  const StepResult exact = train_step(cfg, {});
   // Bounds ~3x the worst group measured on these models (docs/training.md, "Compression").
-  for (const Bound& b : {Bound{CompressionMethod::Int8, 0, 1.5e-2, 1e-4}, Bound{CompressionMethod::Bf16, 0, 1e-2, 1e-5},
+  for (const Bound& b : {Bound{CompressionMethod::Int8, 0, 2.5e-2, 1e-4}, Bound{CompressionMethod::Bf16, 0, 5e-3, 1e-5},
                          Bound{CompressionMethod::LowRank, 4, 1.0, 5e-2}, Bound{CompressionMethod::LowRank, 64, 1e-5, 0}}) {
     const std::string what = std::string(compression_name(b.method)) + " r=" + std::to_string(b.rank);
-    const Run run = train_step(cfg, every_layer(b.method, b.rank));
+    const StepResult run = train_step(cfg, every_layer(b.method, b.rank));
     EXPECT_EQ(run.loss, exact.loss) << what << ": the forward reads the exact tensors";
     const std::map<std::string, double> errors = group_errors(run, exact);
     for (const auto& [name, g] : exact.grads)
-      if (!reads_compressed_input(name)) EXPECT_EQ(run.grads.at(name), g) << what << ": " << name;
+      if (!reads_compressed_input(name)) {
+        EXPECT_EQ(run.grads.at(name), g) << what << ": " << name;
+      }
     for (const auto& [group, e] : errors) {
       if (!reads_compressed_input("blocks.0." + group)) continue;
       EXPECT_LE(e, b.max_error) << what << ": " << group;
@@ -147,8 +149,8 @@ TEST_P(GptCompressionTest, OnlyTheCompressedInputsWeightGradientsChangeWithinThe
 
 TEST_P(GptCompressionTest, Bf16UnderMixedPrecisionIsBitwiseNone) {
   const ModelConfig cfg = small_config(GetParam());
-  const Run none = train_step(cfg, {}, /*bf16=*/true);
-  const Run bf16 = train_step(cfg, every_layer(CompressionMethod::Bf16), /*bf16=*/true);
+  const StepResult none = train_step(cfg, {}, /*bf16=*/true);
+  const StepResult bf16 = train_step(cfg, every_layer(CompressionMethod::Bf16), /*bf16=*/true);
   EXPECT_EQ(bf16.loss, none.loss);
   for (const auto& [name, g] : none.grads) EXPECT_EQ(bf16.grads.at(name), g) << name;
   // and it is not the f32 run's: the GEMMs really rounded.
@@ -157,8 +159,8 @@ TEST_P(GptCompressionTest, Bf16UnderMixedPrecisionIsBitwiseNone) {
 
 TEST_P(GptCompressionTest, APerLayerPolicyCompressesOnlyItsLayers) {
   const ModelConfig cfg = small_config(GetParam());
-  const Run exact = train_step(cfg, {});
-  const Run run = train_step(cfg, compression_policy("none", {"none", "int8"}, 16, 2));
+  const StepResult exact = train_step(cfg, {});
+  const StepResult run = train_step(cfg, compression_policy("none", {"none", "int8"}, 16, 2));
   for (const auto& [name, g] : exact.grads) {
     if (name.rfind("blocks.1.", 0) == 0 && reads_compressed_input(name))
       EXPECT_NE(run.grads.at(name), g) << name;
