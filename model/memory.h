@@ -70,7 +70,7 @@ struct ModelMemoryLayout {
   // only) keeps its normed inputs and its MLP's last input in compressed form
   // (kernels/activation_compression.h compressed_bytes, exact: F32 activations) and restores each
   // branch's just before its backward.
-  std::vector<ActivationCompression> compression;
+  std::vector<ActivationCompression> compression = {};
 };
 
 // Element counts (of the parameter dtype) on one rank.
