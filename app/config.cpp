@@ -23,6 +23,7 @@
 #include "data/tokenizer.h"
 #include "data/unicode_class.h"
 #include "kernels/check.h"
+#include "model/compression_policy.h"
 #include "model/gpt.h"
 #include "model/memory.h"
 #include "parallel/tp_overlap.h"
@@ -841,6 +842,7 @@ void validate(const Config& c, const Origins* origins) {
          show("model.n_layer", c.model.n_layer, origins) + " has fewer; use at most model.n_layer");
   }
   check_token_batching(c);  // data.batching = "tokens" (app/token_batching.h)
+  activation_compression_policy(c);  // model.activation_compression*: the names, the rank, recompute, device
   if (c.data.document_mask && c.data.task != "tokens") {
     fail(show("data.document_mask", c.data.document_mask, origins) + " needs documents, but " +
          show("data.task", c.data.task, origins) + " has none (its windows hold no end-of-text id): use data.task "
@@ -1067,6 +1069,16 @@ std::vector<Recompute> recompute_policy(const Config& c, const std::vector<Stage
 }
 
 std::vector<Recompute> recompute_policy(const Config& c) { return recompute_policy(c, {}); }
+
+std::vector<ActivationCompression> activation_compression_policy(const Config& c) {
+  const ModelSection& m = c.model;
+  auto policy = compression_policy(m.activation_compression, m.activation_compression_layers,
+                                   m.activation_compression_rank, m.n_layer);
+  if (any_compression(policy) && c.train.device == "cuda")
+    fail("model.activation_compression is not built for train.device = \"cuda\": use \"none\" there");
+  check_compression_policy(policy, recompute_policy(c));
+  return policy;
+}
 
 std::string run_dir(const Config& c) { return (std::filesystem::path(c.log.dir) / c.train.name).string(); }
 

@@ -17,6 +17,7 @@
 namespace tessera {
 
 enum class Recompute;  // model/gpt.h
+struct ActivationCompression;  // kernels/activation_compression.h
 struct StageSpec;      // model/gpt.h
 
 // The values a field accepts: for numbers a range (each end inclusive or exclusive) plus at most
@@ -72,6 +73,10 @@ struct ModelSection : ModelConfig {
   }
   std::string recompute = "none";
   int64_t recompute_layers = 0;
+  // Compressed saved activations (model/compression_policy.h, docs/training.md "Compression").
+  std::string activation_compression = "none";
+  std::vector<std::string> activation_compression_layers;
+  int64_t activation_compression_rank = 16;
 
   template <class V>
   void visit(V& v) {
@@ -109,6 +114,16 @@ struct ModelSection : ModelConfig {
     v.field("recompute_layers", recompute_layers, "blocks per pipeline chunk (the first ones; per model "
             "when pp = 1) that recompute fully; the others follow recompute. At most model.n_layer",
             Allowed::at_least(0).at_most(kMaxLayers));
+    v.field("activation_compression", activation_compression, "how each block stores the inputs only its "
+            "weight-gradient GEMMs read in backward (the normed inputs and the MLP's last layer's input): none "
+            "(exact), bf16 (rounded to bfloat16), int8 (per-row absmax scales) or lowrank (a rank-r randomized "
+            "projection); lossy except none; blocks must not recompute (docs/training.md \"Compression\")",
+            Allowed::one_of({"none", "bf16", "int8", "lowrank"}));
+    v.field("activation_compression_layers", activation_compression_layers, "per layer, first layer first: one "
+            "of none, bf16, int8, lowrank for each of model.n_layer blocks, in place of activation_compression; "
+            "[] = every block activation_compression", Allowed::any());
+    v.field("activation_compression_rank", activation_compression_rank, "the rank r of activation_compression = "
+            "lowrank (at most the tensor's rows and columns)", Allowed::at_least(1).at_most(kMaxWidth));
   }
   bool operator==(const ModelSection&) const = default;
 };
@@ -614,6 +629,9 @@ Recompute recompute_kind(const std::string& name);  // "none", "selective", "ful
 bool recompute_in_bubbles(const Config& c);
 std::vector<Recompute> recompute_policy(const Config& c, const std::vector<StageSpec>& chunks);
 std::vector<Recompute> recompute_policy(const Config& c);
+// model.activation_compression, _layers and _rank as one entry per layer of the whole model
+// (model/compression_policy.h), checked against model.recompute and train.device.
+std::vector<ActivationCompression> activation_compression_policy(const Config& c);
 
 // <log.dir>/<train.name>; and checkpoint.dir, or <dir>/checkpoints when it is empty, where dir is
 // the run directory actually used (--run-dir may replace run_dir(c)); "" when both are empty.

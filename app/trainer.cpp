@@ -446,8 +446,9 @@ void Trainer::build_model(const ModelConfig& mc, const std::set<std::string>& fr
   // for the optimizer, the reduction and the checkpoint.
   const std::vector<StageSpec> chunks = chunks_of(cfg_, mc, grid_);
   const std::vector<Recompute> recompute = recompute_policy(cfg_, chunks);
+  const std::vector<ActivationCompression> compression = activation_compression_policy(cfg_);
   for (const StageSpec& chunk : chunks)
-    chunks_.push_back(std::make_unique<Gpt>(mc, *params_, recompute, tp_, chunk, cp_));
+    chunks_.push_back(std::make_unique<Gpt>(mc, *params_, recompute, tp_, chunk, cp_, compression));
   model_ = chunks_.front().get();
   mc_ = mc;
   frozen_.assign(frozen.begin(), frozen.end());

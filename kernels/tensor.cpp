@@ -11,6 +11,7 @@ size_t dtype_size(DType dt) {
     case DType::F64: return 8;
     case DType::BF16: return 2;
     case DType::I32: return 4;
+    case DType::I8: return 1;
   }
   return 0;
 }
@@ -21,6 +22,7 @@ const char* dtype_name(DType dt) {
     case DType::F64: return "f64";
     case DType::BF16: return "bf16";
     case DType::I32: return "i32";
+    case DType::I8: return "i8";
   }
   return "?";
 }

@@ -13,7 +13,8 @@
 namespace tessera {
 
 // F64 exists for the reference path (finite-difference tests); BF16 for mixed precision later.
-enum class DType : uint8_t { F32, F64, BF16, I32 };
+// I8: the codes of int8-compressed activations (kernels/activation_compression.h).
+enum class DType : uint8_t { F32, F64, BF16, I32, I8 };
 size_t dtype_size(DType dt);
 const char* dtype_name(DType dt);
 
@@ -21,6 +22,7 @@ template <typename T> constexpr DType dtype_of();
 template <> constexpr DType dtype_of<float>() { return DType::F32; }
 template <> constexpr DType dtype_of<double>() { return DType::F64; }
 template <> constexpr DType dtype_of<int32_t>() { return DType::I32; }
+template <> constexpr DType dtype_of<int8_t>() { return DType::I8; }
 
 enum class DeviceKind : uint8_t { CPU, CUDA };
 

@@ -12,6 +12,7 @@
 #include "kernels/gelu.h"
 #include "kernels/swiglu.h"
 #include "parallel/context_attention.h"
+#include "model/compression_policy.h"
 #include "parallel/tp_overlap.h"
 #include "model/vision.h"
 
@@ -429,9 +430,11 @@ void Mlp::backward_overlapped(const Exec& ex, const MlpCtx& ctx, Allocator& allo
 // ---- Block ----
 
 Block::Block(ParameterStore& ps, int index, const ModelConfig& cfg, Recompute recompute, const TensorParallel& tp,
-             const ContextParallel& cp)
-    : recompute_(recompute) {
+             const ContextParallel& cp, ActivationCompression compression)
+    : recompute_(recompute), compression_(compression) {
   const std::string p = "blocks." + std::to_string(index);
+  TESSERA_CHECK(!compression.active() || recompute == Recompute::None, p, ": activation compression \"",
+                compression_name(compression.method), "\" needs a block that keeps its inputs (no recomputation)");
   ln1_ = Norm(ps, p + ".ln1", cfg, tp.sequence_sharded());
   attn_ = Attention(ps, p + ".attn", cfg, tp.at_site(2 * index), cp);  // sites: parallel.tp_comm_compression
   ln2_ = Norm(ps, p + ".ln2", cfg, tp.sequence_sharded());
@@ -471,6 +474,13 @@ void Block::forward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tenso
     ctx.ln2.y.release();
     ctx.mlp.act.release();
   }
+  if (compression_.active()) compress_inputs(ex, ctx, alloc);
+}
+
+void Block::compress_inputs(const Exec& ex, BlockCtx& ctx, Allocator& alloc) const {
+  ctx.compressed.ln1_y = compress_activation(ex, alloc, std::move(ctx.ln1.y), compression_);
+  ctx.compressed.ln2_y = compress_activation(ex, alloc, std::move(ctx.ln2.y), compression_);
+  ctx.compressed.mlp_act = compress_activation(ex, alloc, std::move(ctx.mlp.act), compression_);
 }
 
 void Block::forward_cached(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
@@ -499,20 +509,28 @@ void Block::backward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tens
   }
   // Selective: each branch's dropped tensors are recomputed just before its backward and released
   // after it, so one branch's are alive at a time (model/memory.cpp counts them so).
-  const bool selective = !ctx.ln2.y.defined();
+  // Compression: likewise each branch's compressed inputs are restored just before its backward
+  // (their compressed form released) and the restored ones released after it.
+  const bool compressed = ctx.compressed.ln2_y.defined();
+  const bool selective = !ctx.ln2.y.defined() && !compressed;
   // MLP branch: dres holds dL/dy = dL/dx1 (skip path) + the path through ln2 and the MLP.
   Buffer dln = workspace(alloc, x.dtype, x.shape);
   if (selective) {
     ln2_.recompute_output(ex, ctx.ln2, alloc, ctx.x1);
     mlp_.recompute_activation(ex, ctx.mlp, alloc);
   }
+  if (compressed) {
+    ctx.ln2.y = decompress_activation(ex, alloc, std::move(ctx.compressed.ln2_y));
+    ctx.mlp.act = decompress_activation(ex, alloc, std::move(ctx.compressed.mlp_act));
+  }
   mlp_.backward(ex, ctx.mlp, alloc, dln, dres, ctx.ln2.y, deferred, drop);
   ln2_.backward(ex, dres, dln, ctx.x1, ctx.ln2);  // dres is now dL/dx1
-  if (selective) {
+  if (selective || compressed) {
     ctx.mlp.act.release();
     ctx.ln2.y.release();
-    ln1_.recompute_output(ex, ctx.ln1, alloc, x);
   }
+  if (selective) ln1_.recompute_output(ex, ctx.ln1, alloc, x);
+  if (compressed) ctx.ln1.y = decompress_activation(ex, alloc, std::move(ctx.compressed.ln1_y));
   // Attention branch: dL/dx = dL/dx1 + the path through ln1 and attention.
   attn_.backward(ex, ctx.attn, alloc, dln, dres, ctx.ln1.y, seq, deferred, drop);
   ln1_.backward(ex, dres, dln, x, ctx.ln1);
@@ -594,7 +612,7 @@ StageSpec resolve_stage(const StageSpec& stage, const ModelConfig& cfg) {
 // ---- Gpt ----
 
 Gpt::Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> recompute, TensorParallel tp,
-         StageSpec stage, ContextParallel cp)
+         StageSpec stage, ContextParallel cp, std::vector<ActivationCompression> compression)
     : cfg_(resolve(cfg)),
       stage_(resolve_stage(stage, cfg_)),
       ps_(&ps),
@@ -604,6 +622,9 @@ Gpt::Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> reco
                 ps.layout().tp_rank, " of ", ps.layout().tp_size, ", the model for rank ", tp.rank(), " of ", tp.size());
   TESSERA_CHECK(recompute.empty() || static_cast<int64_t>(recompute.size()) == cfg_.n_layer, "recompute policy has ",
                 recompute.size(), " entries for ", cfg_.n_layer, " layers");
+  TESSERA_CHECK(compression.empty() || static_cast<int64_t>(compression.size()) == cfg_.n_layer,
+                "activation compression policy has ", compression.size(), " entries for ", cfg_.n_layer, " layers");
+  check_compression_policy(compression, recompute);
   // Each part registers a contiguous run of parameter ids; remember them for GradsReady.
   auto registered = [&](auto&& make) {
     const int first = ps.size();
@@ -622,7 +643,7 @@ Gpt::Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> reco
   for (int64_t l = stage_.first_layer; l < stage_.end_layer; ++l)
     block_ids_.push_back(registered([&] {
       blocks_.emplace_back(ps, static_cast<int>(l), cfg_, recompute.empty() ? Recompute::None : recompute[l], tp_,
-                           cp);
+                           cp, compression.empty() ? ActivationCompression{} : compression[l]);
     }));
   ln_f_ids_ = registered([&] {
     if (stage_.head) ln_f_ = Norm(ps, "ln_f", cfg_, tp_.sequence_sharded());

@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/activation_compression.h"
 #include "kernels/allocator.h"
 #include "kernels/exec.h"
 #include "kernels/tensor.h"
@@ -170,14 +171,25 @@ struct BlockCtx {
   Buffer x1;  // (B, T, C) residual stream after attention
   NormCtx ln2;
   MlpCtx mlp;
+  // model.activation_compression: the inputs only a weight-gradient GEMM reads in backward, held
+  // compressed from the end of the forward until their branch's backward (ln1.y, ln2.y and
+  // mlp.act are then undefined in between). The attention output stays exact: the attention
+  // kernel's backward reads it too.
+  struct Compressed {
+    CompressedTensor ln1_y;    // (B, T_local, C), q/k/v's input
+    CompressedTensor ln2_y;    // (B, T_local, C), the MLP's first layer's input
+    CompressedTensor mlp_act;  // (B, T, F_local), the MLP's last layer's input
+  } compressed;
 };
 
 // Pre-norm transformer block: x1 = x + attn(ln1(x)); y = x1 + mlp(ln2(x1)).
 class Block {
  public:
   Block() = default;
+  // compression: how the block stores the inputs only its weight-gradient GEMMs read
+  // (kernels/activation_compression.h); active only under Recompute::None (an Error otherwise).
   Block(ParameterStore& ps, int index, const ModelConfig& cfg, Recompute recompute, const TensorParallel& tp,
-        const ContextParallel& cp = {});
+        const ContextParallel& cp = {}, ActivationCompression compression = {});
   // A block under another name prefix ("vision.blocks.0"); causal = false for bidirectional
   // attention (the vision encoder).
   Block(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, Recompute recompute,
@@ -202,14 +214,18 @@ class Block {
   void recompute(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& x, const SequenceLayout& seq,
                  const LoraDropout* drop = nullptr) const;
   Recompute recompute() const { return recompute_; }
+  const ActivationCompression& compression() const { return compression_; }
   void set_profiler(Profiler* p);
 
  private:
+  // After a forward under compression: ln1.y, ln2.y and mlp.act into ctx.compressed, one at a time.
+  void compress_inputs(const Exec& ex, BlockCtx& ctx, Allocator& alloc) const;
   // The block's forward, saving its context; attend(y, x) runs the attention (either path).
   template <class Attend>
   void forward_saved(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
                      const SequenceLayout& seq, const LoraDropout* drop, Attend&& attend) const;
   Recompute recompute_ = Recompute::None;
+  ActivationCompression compression_;
   Profiler* prof_ = nullptr;
   Norm ln1_, ln2_;
   Attention attn_;
@@ -305,8 +321,10 @@ class Gpt {
   // sum_grad_over_embedding_group: Megatron's approach.
   // cp: the context-parallel group; its ranks share every sequence, each forward taking its
   // chunks' tokens with seq = cp.layout(T) (parallel/context_attention.h).
+  // compression: one per layer of the whole model as recompute (model/compression_policy.h), or
+  // empty for none.
   Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> recompute = {}, TensorParallel tp = {},
-      StageSpec stage = {}, ContextParallel cp = {});
+      StageSpec stage = {}, ContextParallel cp = {}, std::vector<ActivationCompression> compression = {});
 
   // The forward of the stage. input: token ids (B, T) I32 for a stage with the embedding, else the
   // previous stage's output (B, T_local, C), which the caller keeps unchanged until backward.

@@ -158,6 +158,10 @@ Acts activations(const Dims& d) {
 struct BlockWork {
   N forward, backward;
   N backward_selective;  // under selective recomputation, the recomputed tensors included
+  // Its two branches: the MLP's with ln2's output and the activation's restored beside it, the
+  // attention's with ln1's (backward_selective is the larger); with `extra` (the bf16 rounding and
+  // LoRA temporaries model_memory adds to each backward) not yet added.
+  N mlp_branch, attention_branch, extra;
 };
 
 // LoRA's temporaries (model/lora.h) at each adapted Linear of a block, 0 for a layer without an
@@ -208,11 +212,12 @@ BlockWork block_workspace(const Dims& d, const LoraTemps& lora = {}) {
   w.backward = Xl + max(mlp_bwd, attn_bwd);
   // Selective: ln2's output and the activation's recomputed beside the MLP branch, then ln1's
   // beside the attention branch (Block::backward).
-  w.backward_selective = Xl + max(Xl + F + mlp_bwd, Xl + attn_bwd);
   if (d.sp) {  // LoRA: the largest temporary beside the branch's peak, an upper bound
     w.forward = w.forward + lora.largest();
     w.backward = w.backward + lora.largest();
-    w.backward_selective = w.backward_selective + lora.largest();
+    w.mlp_branch = Xl + Xl + F + mlp_bwd + lora.largest();
+    w.attention_branch = Xl + Xl + attn_bwd + lora.largest();
+    w.backward_selective = max(w.mlp_branch, w.attention_branch);
     return w;
   }
   // LoRA without sequence parallelism, at each adapted layer's call. Forward: nothing else is a
@@ -224,7 +229,9 @@ BlockWork block_workspace(const Dims& d, const LoraTemps& lora = {}) {
   const N mlp_lora = max(mlp_bwd, max(F + lora.out, mlp_grads + max(lora.in, lora.up)));
   const N attn_lora = max(attn_bwd, max(max(q + lora.proj, grads + lora.q), grads + kv_all + max(lora.k, lora.v)));
   w.backward = Xl + max(mlp_lora, attn_lora);
-  w.backward_selective = Xl + max(Xl + F + mlp_lora, Xl + attn_lora);
+  w.mlp_branch = Xl + Xl + F + mlp_lora;
+  w.attention_branch = Xl + Xl + attn_lora;
+  w.backward_selective = max(w.mlp_branch, w.attention_branch);
   return w;
 }
 
@@ -233,16 +240,49 @@ BlockWork block_workspace(const Dims& d, const LoraTemps& lora = {}) {
 // backward at its highest beside everything kept (its own context included).
 struct BlockCost {
   N kept, backward;
+  N forward;  // its forward at its highest beside what the blocks before it kept (its context included)
 };
+
+// A compressing block (Recompute::None, Block::compress_inputs): in forward, after its whole
+// context and temporaries, ln1's output, ln2's output and the activation are compressed one at a
+// time (each: its compressed form and workspace beside it, then it is released). In backward
+// (Block::backward) the MLP branch's two are restored (each allocated, then its compressed form
+// released) beside dln, the branch runs as under selective recomputation with ln1's still
+// compressed, then ln1's is restored for the attention branch.
+struct CompressedBlock {
+  N kept, forward, backward;  // backward: beside the kept context (as BlockCost's)
+};
+
+CompressedBlock compressed_block(const ActivationCompression& c, const Dims& d, const Acts& a, const BlockWork& w) {
+  const N Xl = d.B * d.Tl * d.C, F = d.B * d.T * d.Fl;
+  const auto elements = [](int64_t bytes) { return N{bytes / 4}; };  // F32 elements (whole: see compressed_bytes)
+  const N norm_c = elements(compressed_bytes(c, (d.B * d.Tl).v, d.C.v));
+  const N norm_ws = elements(compression_workspace_bytes(c, (d.B * d.Tl).v, d.C.v));
+  const N act_c = elements(compressed_bytes(c, (d.B * d.T).v, d.Fl.v));
+  const N act_ws = elements(compression_workspace_bytes(c, (d.B * d.T).v, d.Fl.v));
+  const N S = a.block_selective;  // the context without the three
+  CompressedBlock b;
+  b.kept = S + N{2} * norm_c + act_c;
+  // Forward: S + 2 Xl + F = a.block is the whole context.
+  b.forward = max(max(a.block + w.forward, a.block + norm_ws + norm_c),
+                  max(S + Xl + F + norm_c + norm_ws + norm_c, S + F + N{2} * norm_c + act_ws + act_c));
+  // Backward: dln, then ln2's restored (ln2's compressed still there), the activation's restored
+  // (its compressed still there), the MLP branch beside ln1's compressed form, ln1's restored.
+  const N kept_ln1 = S + norm_c;
+  b.backward = max(max(b.kept + Xl + Xl, kept_ln1 + Xl + Xl + F + act_c),
+                   max(kept_ln1 + w.mlp_branch + w.extra, S + w.attention_branch + w.extra));
+  b.backward = N{max(b.backward, kept_ln1 + Xl + Xl).v - b.kept.v};  // beside its own kept context
+  return b;
+}
 
 BlockCost block_cost(Recompute p, const Acts& a, const BlockWork& w, N Xl) {
   switch (p) {
-    case Recompute::None: return {a.block, w.backward};
-    case Recompute::Selective: return {a.block_selective, w.backward_selective};
+    case Recompute::None: return {a.block, w.backward, a.block + w.forward};
+    case Recompute::Selective: return {a.block_selective, w.backward_selective, a.block + w.forward};
     case Recompute::Full: break;
   }
   // Backward re-runs the forward (its output y a workspace), then runs beside what that re-created.
-  return {N{}, max(Xl + a.block + w.forward, a.block + w.backward)};
+  return {N{}, max(Xl + a.block + w.forward, a.block + w.backward), a.block + w.forward};
 }
 
 // What a split backward (B) copies for its W (model/weight_grads.h): every Linear's input and
@@ -335,13 +375,23 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
   w.forward = w.forward + bf.block_forward;
   w.backward = w.backward + bf.block_backward;
   w.backward_selective = w.backward_selective + bf.block_backward;
+  w.extra = bf.block_backward;  // LoRA's temporaries are in the branches already (block_workspace)
   const N X = d.B * d.T * d.C, Xl = d.B * d.Tl * d.C;
   const int64_t L = st.layers();
   std::vector<BlockCost> blocks;
   std::vector<bool> full;  // the blocks that recompute fully
   for (int64_t l = 0; l < L; ++l) {
     const Recompute p = l < lay.full_layers ? Recompute::Full : lay.recompute;
-    blocks.push_back(block_cost(p, a, w, Xl));
+    const size_t layer = static_cast<size_t>(st.first_layer + l);
+    const ActivationCompression comp = layer < lay.compression.size() ? lay.compression[layer] : ActivationCompression{};
+    TESSERA_CHECK(!comp.active() || p == Recompute::None, "model_memory: layer ", layer,
+                  " compresses its saved inputs but recomputes (model/compression_policy.h)");
+    if (comp.active()) {
+      const CompressedBlock cb = compressed_block(comp, d, a, w);
+      blocks.push_back({cb.kept, cb.backward, cb.forward});
+    } else {
+      blocks.push_back(block_cost(p, a, w, Xl));
+    }
     full.push_back(p == Recompute::Full);
   }
   // The stage's residual stream: its blocks' outputs and, with the embedding, the embedding's
@@ -358,7 +408,7 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
   // drops what it does not keep), beside the residual stream and the earlier blocks' contexts.
   N kept_blocks{}, blocks_forward = resid + vis.forward;
   for (const BlockCost& b : blocks) {
-    blocks_forward = max(blocks_forward, base + kept_blocks + a.block + w.forward);
+    blocks_forward = max(blocks_forward, base + kept_blocks + b.forward);
     kept_blocks = kept_blocks + b.kept;
   }
   const N head_acts = st.head ? a.head + a.loss : N{};

@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
+#include "kernels/activation_compression.h"
 #include "kernels/check.h"
 #include "model/config.h"
 #include "model/gpt.h"
@@ -63,6 +65,12 @@ struct ModelMemoryLayout {
   // ModelMemory::recompute_peak and ::recomputed count R, and backward_peak is then the backward
   // that finds the contexts there (it recomputes nothing).
   bool recompute_ahead = false;
+  // model.activation_compression: one entry per layer of the whole model (the stage uses its own
+  // layers'; model/compression_policy.h), empty for none. A compressing block (Recompute::None
+  // only) keeps its normed inputs and its MLP's last input in compressed form
+  // (kernels/activation_compression.h compressed_bytes, exact: F32 activations) and restores each
+  // branch's just before its backward.
+  std::vector<ActivationCompression> compression = {};
 };
 
 // Element counts (of the parameter dtype) on one rank.

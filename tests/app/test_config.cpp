@@ -1,6 +1,8 @@
 // Tests app/config.h: defaults, parsing, every error message (key, file:line, suggestion), --set
 // overrides, cross-field validation, the to_toml round trip and that docs/config.md is current.
 #include "app/config.h"
+#include "kernels/activation_compression.h"
+#include "model/compression_policy.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -788,6 +790,33 @@ TEST(ConfigModel, RecomputeKeysAreChecked) {
   expect_contains(parse_error("[model]\nn_layer = 3\nrecompute_layers = 4\n"),
                   {"model.recompute_layers = 4 (configs/x.toml:3)", "model.n_layer = 3 (configs/x.toml:2)"});
   EXPECT_NO_THROW(parse("[model]\nn_layer = 3\nrecompute = \"selective\"\nrecompute_layers = 3\n"));
+}
+
+// model.activation_compression* (model/compression_policy.h): each bad value names its key and
+// value; compression in a recomputing block and on CUDA is refused; the policy is one entry per layer.
+TEST(ConfigModel, ActivationCompressionKeysAreChecked) {
+  expect_contains(parse_error("[model]\nactivation_compression = \"int4\"\n"),
+                  {"model.activation_compression = \"int4\"", "\"none\", \"bf16\", \"int8\", \"lowrank\""});
+  expect_contains(parse_error("[model]\nactivation_compression_rank = 0\n"), {"model.activation_compression_rank = 0"});
+  expect_contains(parse_error("[model]\nn_layer = 2\nactivation_compression_layers = [\"int8\", \"fp8\"]\n"),
+                  {"model.activation_compression_layers[1] = \"fp8\""});
+  expect_contains(parse_error("[model]\nn_layer = 3\nactivation_compression_layers = [\"int8\"]\n"),
+                  {"model.activation_compression_layers has 1 entries", "model.n_layer = 3"});
+  expect_contains(parse_error("[model]\nrecompute = \"selective\"\nactivation_compression = \"int8\"\n"),
+                  {"model.activation_compression = \"int8\" on layer 0", "selective"});
+  expect_contains(parse_error("[model]\nrecompute_layers = 1\nactivation_compression = \"bf16\"\n"),
+                  {"model.activation_compression = \"bf16\" on layer 0", "full"});
+  expect_contains(parse_error("[model]\nactivation_compression = \"lowrank\"\n[train]\ndevice = \"cuda\"\n"),
+                  {"model.activation_compression is not built for train.device = \"cuda\""});
+  const Config c = parse("[model]\nn_layer = 3\nrecompute_layers = 1\nactivation_compression_layers = [\"none\", "
+                         "\"int8\", \"lowrank\"]\nactivation_compression_rank = 4\n");
+  const std::vector<ActivationCompression> policy = activation_compression_policy(c);
+  ASSERT_EQ(policy.size(), 3u);
+  EXPECT_EQ(policy[0].method, CompressionMethod::None);
+  EXPECT_EQ(policy[1].method, CompressionMethod::Int8);
+  EXPECT_EQ(policy[2], (ActivationCompression{CompressionMethod::LowRank, 4}));
+  EXPECT_EQ(activation_compression_policy(Config{}).size(), 12u);
+  EXPECT_FALSE(any_compression(activation_compression_policy(Config{})));
 }
 
 // ---- Documentation -------------------------------------------------------------------------

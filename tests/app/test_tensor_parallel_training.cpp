@@ -63,6 +63,34 @@ TEST(TensorParallelTrainingSlow, Gpt2TwoRankLayoutsEqualTheOneRankRun) {
   expect_layouts_equal_one_rank("gpt2", {{"tp2", 2, tp_sets(2, false)}, {"tp2sp", 2, tp_sets(2, true)}});
 }
 
+// model.activation_compression under tp2 + sequence parallelism and two pipeline stages: each rank
+// compresses its own shards, and the losses and final checkpoint equal the 1-rank run with the
+// same compression (bf16 is elementwise, so every layout rounds the same values; int8's row scales
+// do not depend on the pipeline cut). int8 under tp is not compared: its per-row scales then cover
+// a rank's columns of the MLP activation (docs/training.md, "Compressed saved activations").
+TEST(TensorParallelTrainingSlow, ActivationCompressionLayoutsEqualTheOneRankRun) {
+  const fs::path dir = testing::temp_dir("layouts_actcomp");
+  std::ofstream(dir / "tiny.toml") << config("gpt2");
+  const std::vector<std::string> pp2 = {"--set", "parallel.pp=2"};
+  for (const std::string method : {"bf16", "int8"}) {
+    const std::vector<std::string> compress = {"--set", "model.activation_compression=" + method};
+    auto r = testing::train_run(dir, "tiny.toml", "one_" + method, 1, settings(6, compress));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto want = testing::losses(dir / ("one_" + method) / "metrics.jsonl");
+    ASSERT_EQ(want.size(), 6u);
+    std::vector<Layout> layouts = {{"pp2_" + method, 2, with(pp2, compress)}};
+    if (method == "bf16") layouts.push_back({"tp2sp_" + method, 2, with(tp_sets(2, true), compress)});
+    for (const Layout& l : layouts) {
+      r = testing::train_run(dir, "tiny.toml", l.name, l.ranks, settings(6, l.sets));
+      ASSERT_EQ(r.exit_code, 0) << l.name << ": " << r.output;
+      testing::expect_losses_near(testing::losses(dir / l.name / "metrics.jsonl"), want, 1e-5, l.name);
+      testing::expect_checkpoints_near(dir / l.name / "checkpoints" / "step_00000006.h5",
+                                       dir / ("one_" + method) / "checkpoints" / "step_00000006.h5", 1e-5, l.name);
+    }
+  }
+  fs::remove_all(dir);
+}
+
 // A checkpoint written under one layout continues under another: the resumed losses equal those
 // of the uninterrupted 1-rank run (8 steps), so parameters, both AdamW moments, the step and the
 // data position all came through.

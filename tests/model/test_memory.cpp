@@ -180,6 +180,69 @@ TEST_P(ModelMemoryTest, RecomputeLayersEqualTheAllocatorsCounts) {
       }
 }
 
+// model.activation_compression (kernels/activation_compression.h): a compressing block keeps its
+// normed inputs and its MLP's last input compressed, and the counts stay exact: each method, a
+// per-layer mix with uncompressed blocks, the whole model and each of two stages, beside
+// model.recompute_layers' fully recomputing blocks (which never compress).
+TEST_P(ModelMemoryTest, CompressionEqualsTheAllocatorsCounts) {
+  const Case k = GetParam();
+  if (k.recompute != Recompute::None) GTEST_SKIP() << "compression needs blocks that keep their inputs";
+  const int64_t L = 4, B = 2, T = 10;
+  const ModelConfig cfg = resolve(small_config(k.preset, L));
+  const ActivationCompression none{}, bf16{CompressionMethod::Bf16}, int8{CompressionMethod::Int8},
+      lowrank{CompressionMethod::LowRank, 3};
+  const std::vector<std::vector<ActivationCompression>> policies = {
+      {bf16, bf16, bf16, bf16}, {int8, int8, int8, int8}, {lowrank, lowrank, lowrank, lowrank}, {int8, none, lowrank, bf16}};
+  for (size_t p = 0; p < policies.size(); ++p)
+    for (int64_t full_layers : {0, 1})
+      for (int64_t stages : {1, 2})
+        for (int64_t s = 0; s < stages; ++s) {
+          const StageSpec spec = StageSpec::split(L, stages, s);
+          const std::string what = "policy " + std::to_string(p) + ", " + std::to_string(full_layers) +
+                                   " full, stage " + std::to_string(s) + " of " + std::to_string(stages);
+          std::vector<Recompute> recompute(static_cast<size_t>(L), Recompute::None);
+          std::vector<ActivationCompression> compression = policies[p];
+          for (int64_t l = spec.first_layer; l < std::min(spec.end_layer, spec.first_layer + full_layers); ++l) {
+            recompute[static_cast<size_t>(l)] = Recompute::Full;
+            compression[static_cast<size_t>(l)] = none;
+          }
+          ModelMemoryLayout layout{B, T, 1, false, Recompute::None, spec, full_layers};
+          layout.compression = compression;
+          const ModelMemory m = model_memory(cfg, layout);
+          Allocator alloc, caller;
+          ParameterStore ps(alloc, DType::F32);
+          Gpt gpt(cfg, ps, recompute, {}, spec, {}, compression);
+          ps.finalize();
+          ps.initialize(testing::kCpu, 3);
+          const size_t state = alloc.total_current();
+          auto tokens = testing::random_ids({B, T}, cfg.vocab_size, 1);
+          auto targets = testing::random_ids({B, T}, cfg.vocab_size, 2);
+          Buffer input(caller, DType::F32, {B, T, cfg.n_embd}, MemCategory::Activations);
+          Buffer dy(caller, DType::F32, {B, T, cfg.n_embd}, MemCategory::Workspace);
+          Buffer dx(caller, DType::F32, {B, T, cfg.n_embd}, MemCategory::Workspace);
+          fill_zero(testing::kCpu, input);
+          fill_zero(testing::kCpu, dy);
+          GptCtx ctx;
+          gpt.forward(testing::kCpu, ctx, alloc, spec.embedding ? tokens.t() : input.tensor(),
+                      spec.head ? targets.t() : Tensor(), SequenceLayout::contiguous(T));
+          EXPECT_EQ(alloc.counter(MemCategory::Activations).current, 4u * static_cast<size_t>(m.activations)) << what;
+          const size_t forward = alloc.total_peak() - state, counted_forward = 4u * static_cast<size_t>(m.forward_peak);
+          EXPECT_TRUE(forward == counted_forward || (spec.head && forward == counted_forward + ModelMemory::kLossSumsBytes))
+              << what << ": forward measured " << forward << " bytes, counted " << counted_forward;
+          gpt.backward(testing::kCpu, ctx, alloc, spec.head ? Gpt::OutputGrad::loss(0.01) : Gpt::OutputGrad::output(dy),
+                       spec.embedding ? Tensor() : dx.tensor());
+          const size_t peak = alloc.total_peak() - state, counted = 4u * static_cast<size_t>(m.training_peak);
+          EXPECT_TRUE(peak == counted || (spec.head && peak == counted + ModelMemory::kLossSumsBytes))
+              << what << ": measured " << peak << " bytes, counted " << counted;
+          // Compression saves: fewer activations than the same layout without it.
+          bool compressing = false;
+          for (int64_t l = spec.first_layer; l < spec.end_layer; ++l) compressing |= compression[static_cast<size_t>(l)].active();
+          ModelMemoryLayout plain = layout;
+          plain.compression.clear();
+          if (compressing) EXPECT_LT(m.activations, model_memory(cfg, plain).activations) << what;
+        }
+}
+
 // kind = "vlm": the vision tower's parameters, its context (kept from the embedding's forward to its
 // backward) and its backward's temporaries are counted exactly too: both presets, each
 // recomputation policy of the language model's blocks (the encoder keeps everything), with no,
