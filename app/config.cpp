@@ -795,6 +795,10 @@ void validate(const Config& c, const Origins* origins) {
          "file (checkpoint.init_from): an adapters-only checkpoint reads its base tensors from there, and a base "
          "drawn from train.seed is in no file");
   check_grid_size(c);
+  if (c.lora.enabled() && c.lora.dropout > 0 && c.data.batching == "tokens")  // app/lora.h's sample index
+    fail(show("lora.dropout", c.lora.dropout, origins) + " with data.batching = \"tokens\": the adapter dropout mask "
+         "is keyed by a window's index in the global batch, which packed rows (dealt to dp ranks by load) do not "
+         "have yet; set lora.dropout = 0 or data.batching = \"windows\"");
   if (c.lora.enabled() && c.lora.dropout > 0 && c.parallel.tp_overlap_chunks > 1)  // model/gpt.cpp's overlapped edges
     fail(show("lora.dropout", c.lora.dropout, origins) + " with parallel.tp_overlap_chunks = " +
          std::to_string(c.parallel.tp_overlap_chunks) + ": the chunked tensor-parallel edges do not apply adapter "

@@ -162,6 +162,34 @@ TEST(Config, TpOverlapChunksNeedSequenceParallelTp) {
   EXPECT_EQ(Config{}.parallel.tp_overlap_chunks, 1);
 }
 
+// Overlap's chunked edges move exact collectives and apply no adapter dropout: both refused beside it.
+TEST(Config, TpOverlapRefusesCompressionAndAdapterDropout) {
+  auto parse = [](std::vector<std::string> sets) { return parse_config_string("", "t.toml", sets); };
+  const std::vector<std::string> overlap = {"parallel.tp=2", "parallel.sequence_parallel=true",
+                                            "parallel.tp_overlap_chunks=2"};
+  auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> sets = overlap;
+    sets.insert(sets.end(), more.begin(), more.end());
+    return sets;
+  };
+  EXPECT_TRUE(testing::throws_with([&] { parse(with({"parallel.tp_comm_compression=\"int8\""})); },
+                                   {"parallel.tp_comm_compression", "parallel.tp_overlap_chunks = 2"}));
+  EXPECT_TRUE(testing::throws_with([&] { parse(with({"parallel.tp_comm_compression_backward=\"bf16\""})); },
+                                   {"_backward", "parallel.tp_overlap_chunks = 2"}));
+  EXPECT_TRUE(testing::throws_with([&] { parse(with({"lora.rank=4", "lora.targets=[\"attn.q\"]", "lora.dropout=0.1"})); },
+                                   {"lora.dropout = 0.1", "parallel.tp_overlap_chunks = 2"}));
+  EXPECT_NO_THROW(parse(with({"lora.rank=4", "lora.targets=[\"attn.q\"]"})));
+}
+
+TEST(Config, AdapterDropoutRefusesTokenBatching) {
+  EXPECT_TRUE(testing::throws_with(
+      [&] {
+        parse_config_string("", "t.toml", {"lora.rank=4", "lora.targets=[\"attn.q\"]", "lora.dropout=0.1",
+                                           "data.batching=\"tokens\"", "train.tokens_per_micro_batch=256"});
+      },
+      {"lora.dropout = 0.1", "data.batching = \"tokens\""}));
+}
+
 TEST(Config, FullFileParses) {
   Config c = parse(R"(
 [model]
