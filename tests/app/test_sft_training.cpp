@@ -1,10 +1,12 @@
 // Supervised fine-tuning data in the trainer: a dataset written by `tessera prepare --sft` (a loss
 // mask beside it, packed records under data.document_mask) trains the 1-rank run's losses, final
 // parameters and AdamW moments (1e-5: fp32, other summation orders) on dp 2, tp 2 with sequence
-// parallelism, pp 2 (1F1B) and cp 2, for GPT-2 and LLaMA, with the data-parallel ranks of a step
+// parallelism, pp 2 (1F1B) and cp 2, and on four ranks dp 2 x tp 2 (sp), tp 2 (sp) x pp 2 and dp 2 x
+// cp 2, for GPT-2 and LLaMA, with the data-parallel ranks of a step
 // holding different numbers of trained targets (the loss is the mean over the global batch's
-// trained targets, not a mean of per-rank means). Runs under `mpiexec -n 2` (ctest
-// SftLayouts.two_ranks, label mpi; the suite means nothing on one rank).
+// trained targets, not a mean of per-rank means). Runs under `mpiexec -n 2` or `-n 4` (ctest
+// SftLayouts.two_ranks and SftLayouts.four_ranks, label mpi; the suite means
+// nothing on one rank).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -111,11 +113,18 @@ void expect_sft_layouts_equal_one_rank(const std::string& preset) {
   const Trained all = train(parse_config_string(config, preset + ".toml", sft_settings(prefix + "_nomask")), MPI_COMM_NULL);
   EXPECT_GT(std::abs(all.losses[0] - one.losses[0]), 1e-3 * one.losses[0]) << preset;
 
-  const std::vector<std::pair<std::string, std::vector<std::string>>> layouts = {
-      {"dp2", {}},
-      {"tp2sp", {"parallel.tp=2", "parallel.sequence_parallel=true"}},
-      {"pp2_1f1b", {"parallel.pp=2", "parallel.pp_schedule=\"1f1b\""}},
-      {"cp2_ring", {"parallel.cp=2", "parallel.cp_comm=\"ring\""}}};
+  // Two ranks: each dimension alone; four: the hybrids (dp is what the others leave).
+  const std::vector<std::pair<std::string, std::vector<std::string>>> layouts =
+      world.size() == 2
+          ? std::vector<std::pair<std::string, std::vector<std::string>>>{
+                {"dp2", {}},
+                {"tp2sp", {"parallel.tp=2", "parallel.sequence_parallel=true"}},
+                {"pp2_1f1b", {"parallel.pp=2", "parallel.pp_schedule=\"1f1b\""}},
+                {"cp2_ring", {"parallel.cp=2", "parallel.cp_comm=\"ring\""}}}
+          : std::vector<std::pair<std::string, std::vector<std::string>>>{
+                {"dp2_tp2sp", {"parallel.tp=2", "parallel.sequence_parallel=true"}},
+                {"tp2sp_pp2", {"parallel.tp=2", "parallel.sequence_parallel=true", "parallel.pp=2"}},
+                {"dp2_cp2", {"parallel.cp=2", "parallel.cp_comm=\"ring\""}}};
   for (const auto& [name, sets] : layouts) {
     const std::string what = preset + " sft " + name + " (rank " + std::to_string(world.rank()) + ")";
     MpiCommunicator comm = MpiCommunicator::duplicate(world.comm());
@@ -136,11 +145,11 @@ int world_size() {
 }  // namespace
 
 TEST(SftLayouts, Gpt2EqualsTheOneRankRun) {
-  if (world_size() != 2) GTEST_SKIP() << "the layouts are of two ranks";
+  if (world_size() != 2 && world_size() != 4) GTEST_SKIP() << "the layouts are of two or four ranks";
   expect_sft_layouts_equal_one_rank("gpt2");
 }
 TEST(SftLayouts, LlamaEqualsTheOneRankRun) {
-  if (world_size() != 2) GTEST_SKIP() << "the layouts are of two ranks";
+  if (world_size() != 2 && world_size() != 4) GTEST_SKIP() << "the layouts are of two or four ranks";
   expect_sft_layouts_equal_one_rank("llama");
 }
 
