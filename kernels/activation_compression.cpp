@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/cpu/gemm_bf16.h"
+#include "kernels/int8_rows.h"
 #include "kernels/matmul.h"
 #include "kernels/philox.h"
 
@@ -15,7 +16,6 @@ namespace tessera {
 
 namespace {
 
-constexpr int64_t kInt8Max = 127;
 // Omega's Philox stream: fixed, so a run's compression is reproducible (and every tensor of a
 // given width sees the same sketch).
 constexpr philox::Key kSketchKey = {0x5EC7C0DEu, 0xAC7C0411u};
@@ -67,18 +67,7 @@ void int8_compress(CompressedTensor& c, Allocator& alloc, const Tensor& x) {
   int8_t* q = c.data.ptr<int8_t>();
   float* scales = c.aux.ptr<float>();
 #pragma omp parallel for schedule(static) if (mx.n * mx.m > (1 << 16))
-  for (int64_t i = 0; i < mx.n; ++i) {
-    const float* row = in + i * mx.m;
-    float absmax = 0.0f;
-    for (int64_t j = 0; j < mx.m; ++j) absmax = std::max(absmax, std::fabs(row[j]));
-    const float scale = absmax / static_cast<float>(kInt8Max);
-    scales[i] = scale;
-    int8_t* out = q + i * mx.m;
-    for (int64_t j = 0; j < mx.m; ++j) {
-      const double v = scale > 0.0f ? std::nearbyint(static_cast<double>(row[j]) / scale) : 0.0;
-      out[j] = static_cast<int8_t>(std::clamp<double>(v, -kInt8Max, kInt8Max));
-    }
-  }
+  for (int64_t i = 0; i < mx.n; ++i) scales[i] = quantize_row_int8(in + i * mx.m, mx.m, q + i * mx.m);
 }
 
 void int8_decompress(const CompressedTensor& c, const Tensor& x) {
@@ -87,8 +76,7 @@ void int8_decompress(const CompressedTensor& c, const Tensor& x) {
   const float* scales = c.aux.ptr<float>();
   float* out = x.ptr<float>();
 #pragma omp parallel for schedule(static) if (mx.n * mx.m > (1 << 16))
-  for (int64_t i = 0; i < mx.n; ++i)
-    for (int64_t j = 0; j < mx.m; ++j) out[i * mx.m + j] = static_cast<float>(q[i * mx.m + j]) * scales[i];
+  for (int64_t i = 0; i < mx.n; ++i) dequantize_row_int8(q + i * mx.m, mx.m, scales[i], out + i * mx.m);
 }
 
 // ---- LowRank ----

@@ -9,6 +9,7 @@
 
 #include "kernels/check.h"
 #include "kernels/cpu/gemm_bf16.h"
+#include "kernels/int8_rows.h"
 
 namespace tessera {
 
@@ -54,18 +55,6 @@ void check_tp_compression(const TpCompressionModes& modes, const std::string& de
 
 namespace {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// A row's int8 scale: max |x| / 127 (0 for a zero row, whose values all decode to 0).
-float row_scale(const float* x, int64_t cols) {
-  float m = 0.0f;
-  for (int64_t j = 0; j < cols; ++j) m = std::max(m, std::fabs(x[j]));
-  return m / 127.0f;
-}
-
-int8_t quantize(float v, float inv_scale) {
-  const float q = std::nearbyint(v * inv_scale);
-  return static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f));
-}
 }  // namespace
 
 int64_t tp_wire_words(TpCompressionMode mode, int64_t rows, int64_t cols) {
@@ -102,14 +91,10 @@ void tp_encode_with_feedback(TpCompressionMode mode, const float* x, float* e, i
     const float* xi = x + i * cols;
     float* ei = e ? e + i * cols : nullptr;
     for (int64_t j = 0; j < cols; ++j) row[static_cast<size_t>(j)] = ei ? xi[j] + ei[j] : xi[j];
-    const float s = row_scale(row.data(), cols);
+    const float s = quantize_row_int8(row.data(), cols, q + i * cols);
     scales[i] = s;
-    const float inv = s > 0.0f ? 1.0f / s : 0.0f;
-    for (int64_t j = 0; j < cols; ++j) {
-      const int8_t v = quantize(row[static_cast<size_t>(j)], inv);
-      q[i * cols + j] = v;
-      if (ei) ei[j] = row[static_cast<size_t>(j)] - s * static_cast<float>(v);
-    }
+    if (ei)
+      for (int64_t j = 0; j < cols; ++j) ei[j] = row[static_cast<size_t>(j)] - s * static_cast<float>(q[i * cols + j]);
   }
 }
 
@@ -125,11 +110,7 @@ void tp_decode(TpCompressionMode mode, const int32_t* wire, int64_t rows, int64_
   TESSERA_CHECK(mode != TpCompressionMode::None, "tp_decode: mode \"none\" has no wire format");
   const auto* scales = reinterpret_cast<const float*>(wire);
   const auto* q = reinterpret_cast<const int8_t*>(wire + rows);
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j) {
-      const float v = scales[i] * static_cast<float>(q[i * cols + j]);
-      x[i * cols + j] = accumulate ? x[i * cols + j] + v : v;
-    }
+  for (int64_t i = 0; i < rows; ++i) dequantize_row_int8(q + i * cols, cols, scales[i], x + i * cols, accumulate);
 }
 
 // ---- Error-feedback state --------------------------------------------------------------------
@@ -174,7 +155,7 @@ double TpCompression::ProbeError::summed_relative_error() const {
 
 void TpCompression::add_probe_values(const float* x, int64_t rows, int64_t cols) {
   for (int64_t i = 0; i < rows; ++i) {
-    const float m = row_scale(x + i * cols, cols) * 127.0f;
+    const float m = row_absmax(x + i * cols, cols);
     if (m == 0.0f) continue;
     for (int64_t j = 0; j < cols; ++j) {
       const int bin = static_cast<int>((x[i * cols + j] / m + 1.0f) * 0.5f * kProbeBins);
