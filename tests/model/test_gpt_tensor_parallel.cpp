@@ -15,6 +15,7 @@
 #include "mpi_testing.h"
 #include "parallel/mpi_communicator.h"
 #include "testing.h"
+#include "tp_model_testing.h"
 
 namespace tessera {
 using testing::kCpu;
@@ -26,31 +27,6 @@ struct Case {
   Recompute recompute;
 };
 
-ModelConfig tp_config(const std::string& preset) {
-  ModelConfig c;
-  c.preset = preset;
-  c.vocab_size = 37;  // prime: every tp > 1 pads its vocabulary shard
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_kv_head = preset == "llama" ? 2 : 0;  // llama under tp 4: fewer KV heads than ranks
-  c.n_embd = 16;
-  c.ffn_hidden = 24;
-  c.max_seq_len = 8;
-  c.init_std = 0.3;
-  return c;
-}
-
-struct Model {
-  Allocator alloc;
-  ParameterStore ps;
-  Gpt gpt;
-  Model(const ModelConfig& cfg, ShardLayout layout, Recompute rc, TensorParallel tp, StageSpec stage = {})
-      : ps(alloc, DType::F64, layout),
-        gpt(cfg, ps, std::vector<Recompute>(static_cast<size_t>(cfg.n_layer), rc), tp, stage) {
-    ps.finalize();
-    ps.initialize(kCpu, 11);
-  }
-};
 
 // Element `local` of shard entry e against the whole tensor w (global row-major): padding -> 0.
 double whole_value(const ParamEntry& e, const std::vector<double>& w, int64_t local) {
@@ -63,9 +39,9 @@ TEST_P(GptTensorParallel, ShardsEqualTheWholeModel) {
   const Case c = GetParam();
   MpiCommunicator comm = MpiCommunicator::duplicate(testing::test_world());
   const int tp = comm.size(), rank = comm.rank();
-  const ModelConfig cfg = tp_config(c.preset);
-  Model whole(cfg, {}, c.recompute, {});
-  Model shard(cfg, {tp, rank}, c.recompute, TensorParallel{&comm, c.sequence_parallel});
+  const ModelConfig cfg = testing::tp_model_config(c.preset, 8);
+  testing::TpModel whole(cfg, {}, c.recompute, {});
+  testing::TpModel shard(cfg, {tp, rank}, c.recompute, TensorParallel{&comm, c.sequence_parallel});
 
   // Initialization: each shard is the slice of the whole tensor (padding rows zero).
   for (int id = 0; id < shard.ps.size(); ++id) {
@@ -116,8 +92,8 @@ TEST_P(GptTensorParallel, MemoryEqualsTheAnalyticModel) {
   const Case c = GetParam();
   MpiCommunicator comm = MpiCommunicator::duplicate(testing::test_world());
   const int tp = comm.size(), rank = comm.rank();
-  const ModelConfig cfg = tp_config(c.preset);
-  Model shard(cfg, {tp, rank}, c.recompute, TensorParallel{&comm, c.sequence_parallel});
+  const ModelConfig cfg = testing::tp_model_config(c.preset, 8);
+  testing::TpModel shard(cfg, {tp, rank}, c.recompute, TensorParallel{&comm, c.sequence_parallel});
   const int64_t B = 2, T = 8;
   const ModelMemory m = model_memory(cfg, {B, T, tp, c.sequence_parallel, c.recompute});
   EXPECT_EQ(m.parameters, shard.ps.numel()) << "rank " << rank;
@@ -142,11 +118,11 @@ TEST_P(GptTensorParallel, TwoStagesEqualTheOneStageShard) {
   const Case c = GetParam();
   MpiCommunicator comm = MpiCommunicator::duplicate(testing::test_world());
   const int tp = comm.size(), rank = comm.rank();
-  const ModelConfig cfg = tp_config(c.preset);
+  const ModelConfig cfg = testing::tp_model_config(c.preset, 8);
   const TensorParallel group{&comm, c.sequence_parallel};
-  Model one(cfg, {tp, rank}, c.recompute, group);
-  Model s0(cfg, {tp, rank}, c.recompute, group, StageSpec::split(cfg.n_layer, 2, 0));
-  Model s1(cfg, {tp, rank}, c.recompute, group, StageSpec::split(cfg.n_layer, 2, 1));
+  testing::TpModel one(cfg, {tp, rank}, c.recompute, group);
+  testing::TpModel s0(cfg, {tp, rank}, c.recompute, group, StageSpec::split(cfg.n_layer, 2, 0));
+  testing::TpModel s1(cfg, {tp, rank}, c.recompute, group, StageSpec::split(cfg.n_layer, 2, 1));
   const int64_t B = 2, T = 8, Tl = c.sequence_parallel ? T / tp : T;
   auto tokens = testing::random_ids({B, T}, cfg.vocab_size, 15);
   auto targets = testing::random_ids({B, T}, cfg.vocab_size, 16);
@@ -169,7 +145,7 @@ TEST_P(GptTensorParallel, TwoStagesEqualTheOneStageShard) {
     const Tensor w = one.ps.grad(id);
     std::vector<double> sum(static_cast<size_t>(w.numel()), 0.0);
     int holders = 0;
-    for (const Model* s : {&s0, &s1}) {
+    for (const testing::TpModel* s : {&s0, &s1}) {
       const int sid = s->ps.find(name);
       if (sid < 0) continue;
       ++holders;

@@ -14,6 +14,7 @@
 #include "mpi_testing.h"
 #include "parallel/mpi_communicator.h"
 #include "testing.h"
+#include "tp_model_testing.h"
 
 namespace tessera {
 using testing::kCpu;
@@ -25,30 +26,6 @@ struct Case {
   Recompute recompute;
 };
 
-ModelConfig overlap_config(const std::string& preset) {
-  ModelConfig c;
-  c.preset = preset;
-  c.vocab_size = 37;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_kv_head = preset == "llama" ? 2 : 0;  // llama under tp 4: fewer KV heads than ranks
-  c.n_embd = 16;
-  c.ffn_hidden = 24;
-  c.max_seq_len = 12;
-  c.init_std = 0.3;
-  return c;
-}
-
-struct Model {
-  Allocator alloc;
-  ParameterStore ps;
-  Gpt gpt;
-  Model(const ModelConfig& cfg, ShardLayout layout, Recompute rc, TensorParallel tp)
-      : ps(alloc, DType::F64, layout), gpt(cfg, ps, std::vector<Recompute>(static_cast<size_t>(cfg.n_layer), rc), tp) {
-    ps.finalize();
-    ps.initialize(kCpu, 11);
-  }
-};
 
 class GptTpOverlapSlow : public ::testing::TestWithParam<Case> {};
 
@@ -57,9 +34,9 @@ TEST_P(GptTpOverlapSlow, ChunkedEdgesEqualTheBlockingShardBitForBit) {
   MpiCommunicator comm = MpiCommunicator::duplicate(testing::test_world());
   const int tp = comm.size(), rank = comm.rank();
   if (tp == 1) GTEST_SKIP() << "needs a tp group (mpiexec -n 2 or 4)";
-  const ModelConfig cfg = overlap_config(c.preset);
-  Model plain(cfg, {tp, rank}, c.recompute, TensorParallel{&comm, true});
-  Model chunked(cfg, {tp, rank}, c.recompute, TensorParallel{&comm, true, c.chunks});
+  const ModelConfig cfg = testing::tp_model_config(c.preset, 12);
+  testing::TpModel plain(cfg, {tp, rank}, c.recompute, TensorParallel{&comm, true});
+  testing::TpModel chunked(cfg, {tp, rank}, c.recompute, TensorParallel{&comm, true, c.chunks});
   const int64_t B = 2, T = 12;
   auto tokens = testing::random_ids({B, T}, cfg.vocab_size, 5);
   auto targets = testing::random_ids({B, T}, cfg.vocab_size, 6);
