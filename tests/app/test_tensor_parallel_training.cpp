@@ -68,6 +68,11 @@ TEST(TensorParallelTrainingSlow, Gpt2TwoRankLayoutsEqualTheOneRankRun) {
 // same compression (bf16 is elementwise, so every layout rounds the same values; int8's row scales
 // do not depend on the pipeline cut). int8 under tp is not compared: its per-row scales then cover
 // a rank's columns of the MLP activation (docs/training.md, "Compressed saved activations").
+// Tolerances: losses 1e-5 for both; the int8 checkpoint 1e-4. pp 2 sums the tied embedding's two
+// gradients in another order than 1 rank (a last-bit difference), and a value that then lands on
+// the other side of an int8 rounding boundary moves by a step of max|row| / 127 in the saved MLP
+// input, which the MLP projection's weight gradient reads: measured 1.9e-5 of the largest
+// parameter on an Intel Xeon with AVX-512 (2026-12-06); within 1e-5 in earlier sessions on AMD Zen 4.
 TEST(TensorParallelTrainingSlow, ActivationCompressionLayoutsEqualTheOneRankRun) {
   const fs::path dir = testing::temp_dir("layouts_actcomp");
   std::ofstream(dir / "tiny.toml") << config("gpt2");
@@ -85,7 +90,8 @@ TEST(TensorParallelTrainingSlow, ActivationCompressionLayoutsEqualTheOneRankRun)
       ASSERT_EQ(r.exit_code, 0) << l.name << ": " << r.output;
       testing::expect_losses_near(testing::losses(dir / l.name / "metrics.jsonl"), want, 1e-5, l.name);
       testing::expect_checkpoints_near(dir / l.name / "checkpoints" / "step_00000006.h5",
-                                       dir / ("one_" + method) / "checkpoints" / "step_00000006.h5", 1e-5, l.name);
+                                       dir / ("one_" + method) / "checkpoints" / "step_00000006.h5",
+                                       method == "int8" ? 1e-4 : 1e-5, l.name);
     }
   }
   fs::remove_all(dir);
