@@ -885,7 +885,7 @@ void validate(const Config& c, const Origins* origins) {
     });
   check_tp_compression(resolve_tp_compression(c.parallel.tp_comm_compression, c.parallel.tp_comm_compression_forward,
                                               c.parallel.tp_comm_compression_backward),
-                       c.train.device, c.model.recompute != "none" || c.model.recompute_layers > 0);
+                       c.train.device);
   check_model(c);
   check_pipeline(c, c.parallel.dp > 0 ? c.parallel.dp : 0, origins);
   check_sizes(c, origins);

@@ -301,11 +301,19 @@ struct Policy {
   // pp = 1 the one-stage schedule recomputes inside backward, as "full").
   bool bubble = false;
   std::vector<ActivationCompression> compression;  // model.activation_compression, per layer
+  TpCompressionModes tp_compression;  // parallel.tp_comm_compression: a re-run's replay words (forward int8-ef)
   // A pipeline chunk without the head: the trainer keeps its output, sent, past its backward.
   ModelMemoryLayout layout(int64_t B, int64_t T, int64_t tp, bool sp, const StageSpec& stage = {},
                            bool split_backward = false, bool recompute_ahead = false) const {
     return {B,  T, tp, sp, kind, stage, full_layers, !stage.head, split_backward, vlm ? B : 0, bf16, recompute_ahead,
-            compression};
+            compression, tp_compression};
+  }
+  // The evaluation forward: its compressed collectives are paused (no feedback), so it keeps no
+  // replay words.
+  ModelMemoryLayout eval_layout(int64_t B, int64_t T, int64_t tp, bool sp, const StageSpec& stage = {}) const {
+    ModelMemoryLayout l = layout(B, T, tp, sp, stage);
+    l.tp_compression = {};
+    return l;
   }
 };
 
@@ -347,7 +355,7 @@ RankModel whole_model(const Config& cfg, const ModelConfig& mc, int64_t tp, bool
                  true, kActivationKeys};
   if (cfg.data.task == "addition") {
     const auto [B, T] = eval_batch(cfg, mc, tp, sp);
-    const ModelMemory eval = model_memory(mc, policy.layout(B, T, tp, sp));
+    const ModelMemory eval = model_memory(mc, policy.eval_layout(B, T, tp, sp));
     // Plus the prompts' ids, uploaded through the allocator for the forward.
     r.eval_bytes = add(mul(std::max(eval.inference_peak, add(eval.inference_kept, logits_at_elements(mc, B, tp))),
                            kFloatBytes),
@@ -356,7 +364,7 @@ RankModel whole_model(const Config& cfg, const ModelConfig& mc, int64_t tp, bool
   }
   if (cfg.data.task == "scenes" && cfg.data.val_examples > 0) {
     const auto [B, T] = caption_batch(cfg, mc, tp, sp);
-    const ModelMemory eval = model_memory(mc, policy.layout(B, T, tp, sp));
+    const ModelMemory eval = model_memory(mc, policy.eval_layout(B, T, tp, sp));
     r.eval_bytes = add(add(mul(std::max(eval.inference_peak, add(eval.inference_kept, logits_at_elements(mc, B, tp))),
                                kFloatBytes),
                            mul(mul(B, T), kIdBytes)),
@@ -398,7 +406,7 @@ RankModel pipeline_rank(const Config& cfg, const ModelConfig& mc, const std::vec
     const auto [B, T] = eval_batch(cfg, mc, tp, sp);
     const int64_t Tle = sp ? T / tp : T;
     for (const StageSpec& c : chunks) {
-      const ModelMemory eval = model_memory(mc, policy.layout(B, T, tp, sp, c));
+      const ModelMemory eval = model_memory(mc, policy.eval_layout(B, T, tp, sp, c));
       const int64_t kept = add(eval.inference_kept, c.head ? logits_at_elements(mc, B, tp) : 0);
       int64_t b = mul(std::max(eval.inference_peak, kept), kFloatBytes);
       b = add(b, c.embedding ? mul(mul(B, T), kIdBytes) : mul(mul(mul(B, Tle), mc.n_embd), kFloatBytes));
@@ -499,9 +507,12 @@ MemoryEstimate estimate_training_memory(const Config& cfg, int64_t data_vocab_si
   const ModelConfig mc = resolve(to_model_config(cfg, data_vocab_size));
   const int64_t tp = layout.tp;
   const bool sp = cfg.parallel.sequence_parallel && tp > 1;
-  const Policy policy{recompute_kind(cfg.model.recompute), cfg.model.recompute_layers, mc.is_vlm(),
-                      cfg.train.dtype == "bf16", recompute_in_bubbles(cfg), activation_compression_policy(cfg)};
   const ParallelConfig& p = cfg.parallel;
+  const TpCompressionModes tp_modes =
+      resolve_tp_compression(p.tp_comm_compression, p.tp_comm_compression_forward, p.tp_comm_compression_backward);
+  const Policy policy{recompute_kind(cfg.model.recompute), cfg.model.recompute_layers, mc.is_vlm(),
+                      cfg.train.dtype == "bf16", recompute_in_bubbles(cfg), activation_compression_policy(cfg),
+                      tp_modes};
   // Context parallelism: a cp rank holds seq_len / cp positions of every sequence, so each
   // activation of the model (and the evaluation's) is that of the shorter sequence; parameters,
   // gradients and moments are not divided (the stage cut is the trainer's, by the whole length).
@@ -515,8 +526,6 @@ MemoryEstimate estimate_training_memory(const Config& cfg, int64_t data_vocab_si
                         ", " + p.cp_comm + ")";
     return r;
   };
-  const TpCompressionModes tp_modes =
-      resolve_tp_compression(p.tp_comm_compression, p.tp_comm_compression_forward, p.tp_comm_compression_backward);
   const auto with_frozen = [&](RankModel r, const std::vector<StageSpec>& chunks) {
     r.frozen = frozen_elements(mc, chunks, tp, layout.frozen, &r.no_grad);
     int64_t layers = 0;  // the error-feedback residuals: one set per block this rank runs

@@ -147,7 +147,7 @@ void Attention::project_qkv_overlapped(const Exec& ex, AttentionCtx& ctx, Alloca
   rotate_qk(ex, ctx, alloc, seq);
 }
 
-void Attention::project_out(const Exec& ex, const AttentionCtx& ctx, Allocator& alloc, const Tensor& y,
+void Attention::project_out(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& y,
                             const LoraDropout* drop) const {
   const Tensor& out = ctx.out;
   const int64_t B = out.dim(0), T = out.dim(1), HD = out.dim(2) * out.dim(3);
@@ -161,7 +161,7 @@ void Attention::project_out(const Exec& ex, const AttentionCtx& ctx, Allocator& 
   Buffer partial;
   const Tensor yf = region_full(tp_, alloc, partial, y, T);
   proj_.forward(ex, yf, out.view({B, T, HD}), /*with_bias=*/tp_.rank() == 0, drop);
-  leave_region(ex, tp_, alloc, y, yf);
+  leave_region(ex, tp_, alloc, y, yf, &ctx.leave);
 }
 
 void Attention::forward(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
@@ -334,7 +334,7 @@ void Mlp::forward(const Exec& ex, MlpCtx& ctx, Allocator& alloc, const Tensor& y
   Buffer partial;
   const Tensor yf = region_full(tp_, alloc, partial, y, T);
   out_.forward(ex, yf, ctx.act, /*with_bias=*/tp_.rank() == 0, drop);
-  leave_region(ex, tp_, alloc, y, yf);
+  leave_region(ex, tp_, alloc, y, yf, &ctx.leave);
 }
 
 void Mlp::activate(const Exec& ex, const MlpCtx& ctx) const {
@@ -466,9 +466,20 @@ void Block::forward_saved(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const
 
 void Block::forward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
                     const SequenceLayout& seq, const LoraDropout* drop) const {
+  // Full: the re-run of this forward replays what its error-feedback collectives receive now (a
+  // first forward: nothing an earlier one kept is replayed).
+  for (TpReceived* r : {&ctx.attn.leave, &ctx.mlp.leave}) {
+    r->wire.release();
+    r->keep = recompute_ == Recompute::Full;
+  }
   forward_saved(ex, ctx, alloc, y, x, seq, drop,
                 [&](const Tensor& ya, const Tensor& xa) { attn_.forward(ex, ctx.attn, alloc, ya, xa, seq, drop); });
-  if (recompute_ == Recompute::Full) ctx = BlockCtx{};  // keep only x, which the caller owns
+  if (recompute_ == Recompute::Full) {  // keep only x, which the caller owns, and what the re-run replays
+    BlockCtx kept;
+    kept.attn.leave = std::move(ctx.attn.leave);
+    kept.mlp.leave = std::move(ctx.mlp.leave);
+    ctx = std::move(kept);
+  }
   if (recompute_ == Recompute::Selective) {  // keep the GEMM outputs, drop what is cheap to redo
     ctx.ln1.y.release();
     ctx.ln2.y.release();

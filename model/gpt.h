@@ -19,6 +19,7 @@
 #include "model/parameters.h"
 #include "model/weight_grads.h"
 #include "parallel/context_attention.h"
+#include "parallel/tp_compression.h"
 
 namespace tessera {
 
@@ -32,6 +33,9 @@ namespace tessera {
 // - Full: keep only the block's input and re-run its whole forward during backward, or earlier
 //   through Gpt::recompute (model.recompute = "bubble": the pipeline schedule's R action runs it
 //   where the rank would wait; the backward then finds the context saved and recomputes nothing).
+//   Under forward error feedback (parallel.tp_comm_compression_forward = "int8-ef") the forward
+//   also keeps what each region's leaving collective received (AttentionCtx::leave,
+//   MlpCtx::leave), and the re-run decodes that instead of communicating: bitwise the first.
 enum class Recompute { None, Selective, Full };
 
 // Keys and values of the positions generated so far, per layer, for incremental decoding
@@ -49,6 +53,7 @@ struct AttentionCtx {
   Buffer v;    // (B, T, KV, D)
   Buffer out;  // (B, T, H, D)
   Buffer lse;  // (B, H, T)
+  TpReceived leave;  // full recomputation under forward "int8-ef": the output's collective, for the replay
 };
 
 // Causal multi-head (grouped-query) self-attention with its q, k, v and output projections.
@@ -88,7 +93,7 @@ class Attention {
   void project_qkv(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& xf,
                    const SequenceLayout& seq, const LoraDropout* drop) const;
   // Its second half: y from ctx.out through the row-parallel projection, leaving the region.
-  void project_out(const Exec& ex, const AttentionCtx& ctx, Allocator& alloc, const Tensor& y,
+  void project_out(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& y,
                    const LoraDropout* drop) const;
   // project_qkv's pieces: ctx.q, k, v (B, T, ·) allocated; then RoPE and ctx.out, lse allocated.
   void allocate_qkv(AttentionCtx& ctx, Allocator& alloc, DType dtype, int64_t B, int64_t T) const;
@@ -130,6 +135,7 @@ struct MlpCtx {
   Buffer h;     // (B, T, F) gelu: fc output; swiglu: gate projection
   Buffer up;    // (B, T, F) swiglu only: up projection
   Buffer act;   // (B, T, F) gelu(h) or silu(h) * up: the down projection's input
+  TpReceived leave;  // as AttentionCtx::leave
 };
 
 // GPT-2 MLP (fc, GELU, proj) or LLaMA's (gate, up, SwiGLU, down). Tensor parallel: the hidden

@@ -377,6 +377,8 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
   w.backward_selective = w.backward_selective + bf.block_backward;
   w.extra = bf.block_backward;  // LoRA's temporaries are in the branches already (block_workspace)
   const N X = d.B * d.T * d.C, Xl = d.B * d.Tl * d.C;
+  // A fully recomputing block's kept replay words, both regions (ModelMemoryLayout::tp_compression).
+  const N replay = N{2} * N{tp_replay_words(lay.tp_compression, d.B.v, d.T.v, d.C.v, lay.tp, d.sp)};
   const int64_t L = st.layers();
   std::vector<BlockCost> blocks;
   std::vector<bool> full;  // the blocks that recompute fully
@@ -390,7 +392,12 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
       const CompressedBlock cb = compressed_block(comp, d, a, w);
       blocks.push_back({cb.kept, cb.backward, cb.forward});
     } else {
-      blocks.push_back(block_cost(p, a, w, Xl));
+      BlockCost b = block_cost(p, a, w, Xl);
+      if (p == Recompute::Full) {  // the replay words, kept from the forward's peak on
+        b.kept = b.kept + replay;
+        b.forward = b.forward + replay;
+      }
+      blocks.push_back(b);
     }
     full.push_back(p == Recompute::Full);
   }
@@ -446,6 +453,7 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
       recompute_peak = max(recompute_peak, acts + recomputed + Xl + a.block + w.forward);
       recomputed = recomputed + a.block;
       blocks[static_cast<size_t>(l)] = block_cost(Recompute::None, a, w, Xl);
+      blocks[static_cast<size_t>(l)].kept = a.block + replay;  // the replay words go with its backward
     }
   }
   m.recompute_peak = lay.recompute_ahead ? recompute_peak.v : 0;
@@ -481,7 +489,10 @@ ActivationParts activation_parts(const ModelConfig& cfg, const ModelMemoryLayout
   const BlockWork w = block_workspace(d);
   const N Xl = d.B * d.Tl * d.C;
   const VisionCost vis = c.is_vlm() ? vision_cost(c, lay, lay.images) : VisionCost{};
-  return {Xl.v, (block_cost(lay.recompute, a, w, Xl).kept + Xl).v, (a.head + a.loss).v, vis.kept.v};
+  const N replay = lay.recompute == Recompute::Full
+                       ? N{2} * N{tp_replay_words(lay.tp_compression, d.B.v, d.T.v, d.C.v, lay.tp, d.sp)}
+                       : N{};
+  return {Xl.v, (block_cost(lay.recompute, a, w, Xl).kept + Xl + replay).v, (a.head + a.loss).v, vis.kept.v};
 }
 
 }  // namespace tessera

@@ -12,6 +12,7 @@
 #include "kernels/check.h"
 #include "model/config.h"
 #include "model/gpt.h"
+#include "parallel/tp_compression.h"
 
 namespace tessera {
 
@@ -71,6 +72,11 @@ struct ModelMemoryLayout {
   // (kernels/activation_compression.h compressed_bytes, exact: F32 activations) and restores each
   // branch's just before its backward.
   std::vector<ActivationCompression> compression = {};
+  // parallel.tp_comm_compression{,_forward}: with forward "int8-ef" (tp > 1) a fully recomputing
+  // block keeps what each region's leaving collective received, for its re-run to replay
+  // (parallel/tp_compression.h TpReceived, tp_replay_words a region): allocated at the region's
+  // end in the forward (the reduce-scatter's staging alive), released when the block's backward ends.
+  TpCompressionModes tp_compression = {};
 };
 
 // Element counts (of the parameter dtype) on one rank.

@@ -30,10 +30,10 @@ Edge edge_of(const TensorParallel& tp, bool leave, TpDirection d) {
   return {TpSlot{tp.site, leave, d, 0}, tp.compression};
 }
 
-void all_reduce_edge(const TensorParallel& tp, const Tensor& t, const Edge& e) {
+void all_reduce_edge(const TensorParallel& tp, const Tensor& t, const Edge& e, TpReceived* received = nullptr) {
   if (!tp.active()) return;
   if (e.compression)
-    compressed_all_reduce(*tp.comm, *e.compression, e.slot, t);
+    compressed_all_reduce(*tp.comm, *e.compression, e.slot, t, received);
   else
     tp.comm->all_reduce(t, ReduceOp::Sum);
 }
@@ -41,7 +41,7 @@ void all_reduce_edge(const TensorParallel& tp, const Tensor& t, const Edge& e) {
 void gather_edge(const Exec& ex, const TensorParallel& tp, Allocator& alloc, const Tensor& full, const Tensor& local,
                  const Edge& e);
 void reduce_scatter_edge(const Exec& ex, const TensorParallel& tp, Allocator& alloc, const Tensor& local,
-                         const Tensor& full, const Edge& e);
+                         const Tensor& full, const Edge& e, TpReceived* received = nullptr);
 }  // namespace
 
 void all_reduce_tp(const TensorParallel& tp, const Tensor& t) { all_reduce_edge(tp, t, {}); }
@@ -73,7 +73,7 @@ void gather_edge(const Exec& ex, const TensorParallel& tp, Allocator& alloc, con
 }
 
 void reduce_scatter_edge(const Exec& ex, const TensorParallel& tp, Allocator& alloc, const Tensor& local,
-                         const Tensor& full, const Edge& e) {
+                         const Tensor& full, const Edge& e, TpReceived* received) {
   const int64_t B = check_sequence_pair("reduce_scatter_sequence", tp, full, local);
   const int64_t R = tp.size(), chunk = local.dim(1) * local.dim(2);
   Buffer staging(alloc, full.dtype, {R, B, chunk}, MemCategory::Workspace);
@@ -81,7 +81,7 @@ void reduce_scatter_edge(const Exec& ex, const TensorParallel& tp, Allocator& al
   for (int64_t r = 0; r < R; ++r)
     copy_columns(ex, staging.tensor().slice_rows(r, r + 1).view({B, chunk}), wide, r * chunk);
   if (e.compression)
-    compressed_reduce_scatter(*tp.comm, *e.compression, e.slot, staging, local);
+    compressed_reduce_scatter(*tp.comm, *e.compression, e.slot, staging, local, received);
   else
     tp.comm->reduce_scatter(staging, local, ReduceOp::Sum);
 }
@@ -97,14 +97,14 @@ Tensor gather_region(const Exec& ex, const TensorParallel& tp, Allocator& alloc,
 }
 
 void reduce_region(const Exec& ex, const TensorParallel& tp, Allocator& alloc, const Tensor& y_local,
-                   const Tensor& y_full, const Edge& e) {
+                   const Tensor& y_full, const Edge& e, TpReceived* received = nullptr) {
   if (tp.sequence_sharded()) {
-    reduce_scatter_edge(ex, tp, alloc, y_local, y_full, e);
+    reduce_scatter_edge(ex, tp, alloc, y_local, y_full, e, received);
     return;
   }
   TESSERA_CHECK(y_local.data == y_full.data, "leave_region: without sequence parallelism the local and full outputs "
                 "are one tensor");
-  all_reduce_edge(tp, y_full, e);
+  all_reduce_edge(tp, y_full, e, received);
 }
 }  // namespace
 
@@ -114,8 +114,8 @@ Tensor enter_region(const Exec& ex, const TensorParallel& tp, Allocator& alloc, 
 }
 
 void leave_region(const Exec& ex, const TensorParallel& tp, Allocator& alloc, const Tensor& y_local,
-                  const Tensor& y_full) {
-  reduce_region(ex, tp, alloc, y_local, y_full, edge_of(tp, /*leave=*/true, TpDirection::Forward));
+                  const Tensor& y_full, TpReceived* received) {
+  reduce_region(ex, tp, alloc, y_local, y_full, edge_of(tp, /*leave=*/true, TpDirection::Forward), received);
 }
 
 Tensor region_full(const TensorParallel& tp, Allocator& alloc, Buffer& storage, const Tensor& local, int64_t T) {

@@ -25,7 +25,8 @@
 
 namespace tessera {
 
-class TpCompression;  // parallel/tp_compression.h
+class TpCompression;      // parallel/tp_compression.h
+struct TpReceived;
 
 struct TensorParallel {
   Communicator* comm = nullptr;    // the tensor-parallel group; null: tp = 1
@@ -77,9 +78,10 @@ Tensor enter_region(const Exec& ex, const TensorParallel& tp, Allocator& alloc, 
 void enter_region_backward(const Exec& ex, const TensorParallel& tp, Allocator& alloc, const Tensor& dx_local,
                            const Tensor& dx_full);
 // Leaving a region (forward): y_local from the rank's partial output y_full (all-reduce in place,
-// y_local = y_full; or reduce-scatter).
+// y_local = y_full; or reduce-scatter). received: where a forward with error feedback keeps what it
+// received for a recomputed forward to replay (parallel/tp_compression.h TpReceived), or null.
 void leave_region(const Exec& ex, const TensorParallel& tp, Allocator& alloc, const Tensor& y_local,
-                  const Tensor& y_full);
+                  const Tensor& y_full, TpReceived* received = nullptr);
 // Where a region's full-sequence result goes before leave_region (its output) or
 // enter_region_backward (its input gradient): `local` (B, T_local, C) itself without sequence
 // parallelism, else a (B, T, C) workspace buffer in `storage`.

@@ -40,15 +40,11 @@ TpCompressionModes resolve_tp_compression(const std::string& both, const std::st
   return m;
 }
 
-void check_tp_compression(const TpCompressionModes& modes, const std::string& device, bool recomputes) {
+void check_tp_compression(const TpCompressionModes& modes, const std::string& device) {
   if (!modes.any()) return;
   TESSERA_CHECK(device != "cuda", "parallel.tp_comm_compression (forward \"", tp_compression_name(modes.forward),
                 "\", backward \"", tp_compression_name(modes.backward), "\") runs on the CPU only: its codecs have no "
                 "CUDA kernels yet; set train.device = \"cpu\" or parallel.tp_comm_compression = \"none\"");
-  TESSERA_CHECK(!(recomputes && modes.forward == TpCompressionMode::Int8Ef),
-                "parallel.tp_comm_compression_forward = \"int8-ef\" with model.recompute: a recomputed forward would "
-                "quantize with another residual than the forward it replays, so its activations would differ; use "
-                "\"int8\" forward (error feedback backward is fine) or model.recompute = \"none\"");
 }
 
 // ---- Codec ---------------------------------------------------------------------------------
@@ -184,6 +180,19 @@ int64_t tp_feedback_elements(const TpCompressionModes& modes, int64_t B, int64_t
   return 2 * region;
 }
 
+int64_t tp_replay_words(const TpCompressionModes& modes, int64_t B, int64_t T, int64_t C, int64_t tp,
+                        bool sequence_parallel) {
+  if (tp <= 1 || modes.forward != TpCompressionMode::Int8Ef) return 0;
+  const TpCompressionMode m = modes.forward;
+  if (sequence_parallel) return (tp - 1) * tp_wire_words(m, B * T / tp, C);
+  int64_t words = 0;  // the all-reduce's ranges: rows [q R / p, (q + 1) R / p) of R = B T
+  for (int64_t q = 0; q < tp; ++q) {
+    const int64_t rows = B * T * (q + 1) / tp - B * T * q / tp;
+    if (rows > 0) words += tp_wire_words(m, rows, C);
+  }
+  return words;
+}
+
 double tp_bytes_factor(TpCompressionMode mode, int64_t C) {
   switch (mode) {
     case TpCompressionMode::None: return 1.0;
@@ -243,10 +252,11 @@ void exchange(Communicator& comm, std::vector<std::vector<int32_t>>& send, std::
   if (!ops.empty()) comm.batch_send_recv(ops);
 }
 
-// Phase 1 of a reduce: out (ranges[rank()] rows) = own rows exact + the others' rows decoded; x is
-// this rank's partial (rows, cols), e its residual (or null).
-void reduce_ranges(Communicator& comm, TpCompressionMode mode, const float* x, float* e, int64_t cols,
-                   const std::vector<RowRange>& ranges, float* out) {
+// Phase 1 of a reduce, the exchange: every rank q != rank() gets this rank's encoding of x's rows
+// ranges[q] (x: this rank's partial (rows, cols); e: its residual, or null). Returns what this rank
+// received: recv[q], rank q's encoding of the rows ranges[rank()].
+std::vector<std::vector<int32_t>> exchange_ranges(Communicator& comm, TpCompressionMode mode, const float* x, float* e,
+                                                  int64_t cols, const std::vector<RowRange>& ranges) {
   const int p = comm.size(), r = comm.rank();
   std::vector<std::vector<int32_t>> send(static_cast<size_t>(p)), recv(static_cast<size_t>(p));
   for (int q = 0; q < p; ++q) {
@@ -262,16 +272,34 @@ void reduce_ranges(Communicator& comm, TpCompressionMode mode, const float* x, f
     if (q != r && mine.count() > 0)
       recv[static_cast<size_t>(q)].resize(static_cast<size_t>(tp_wire_words(mode, mine.count(), cols)));
   exchange(comm, send, recv, /*tag=*/7101);
-  // The sum in rank order, whatever the rank: q's part is x itself on q.
+  return recv;
+}
+
+// Phase 1 of a reduce, the sum: out (mine's rows) = x's own rows exact + the other ranks' decoded
+// (wire_of(q): rank q's encoding of them), in rank order whatever the rank.
+template <class WireOf>
+void sum_ranges(TpCompressionMode mode, const float* x, int64_t cols, RowRange mine, int r, int p, WireOf&& wire_of,
+                float* out) {
   const int64_t n = mine.count() * cols;
   std::fill_n(out, n, 0.0f);
+  if (n == 0) return;
   for (int q = 0; q < p; ++q) {
     if (q == r) {
       for (int64_t i = 0; i < n; ++i) out[i] += x[mine.first * cols + i];
-    } else if (mine.count() > 0) {
-      tp_decode(mode, recv[static_cast<size_t>(q)].data(), mine.count(), cols, out, /*accumulate=*/true);
+    } else {
+      tp_decode(mode, wire_of(q), mine.count(), cols, out, /*accumulate=*/true);
     }
   }
+}
+
+// received->wire = the words of `parts` (in order), when it asks for them.
+void keep_received(TpCompression& c, TpReceived* received, const std::vector<const std::vector<int32_t>*>& parts) {
+  if (!received || !received->keep) return;
+  int64_t words = 0;
+  for (const auto* w : parts) words += static_cast<int64_t>(w->size());
+  received->wire = Buffer(c.allocator(), DType::I32, {words}, MemCategory::Activations);
+  int32_t* out = received->wire.ptr<int32_t>();
+  for (const auto* w : parts) out = std::copy(w->begin(), w->end(), out);
 }
 }  // namespace
 
@@ -296,26 +324,46 @@ void compressed_all_gather(Communicator& comm, TpCompression& c, const TpSlot& s
 }
 
 void compressed_reduce_scatter(Communicator& comm, TpCompression& c, const TpSlot& slot, const Tensor& full,
-                               const Tensor& local) {
+                               const Tensor& local, TpReceived* received) {
   check_f32("compressed_reduce_scatter", local);
   check_f32("compressed_reduce_scatter", full);
   const int64_t n = local.numel(), cols = cols_of(local), rows = n / cols;
-  const int p = comm.size();
+  const int p = comm.size(), r = comm.rank();
   TESSERA_CHECK(full.numel() == p * n, "compressed_reduce_scatter: full holds ", full.numel(), " elements, not ", p,
                 " x ", n);
+  const TpCompressionMode mode = c.mode(slot.direction);
   // Chunk q of full is rows [q rows, (q + 1) rows) of full viewed as (p rows, cols).
   std::vector<RowRange> ranges;
   for (int q = 0; q < p; ++q) ranges.push_back({q * rows, (q + 1) * rows});
+  const RowRange mine = ranges[static_cast<size_t>(r)];
+  if (received && received->recorded()) {  // the replay: the other ranks' chunks as the first call got them
+    const int64_t words = tp_wire_words(mode, rows, cols);
+    TESSERA_CHECK(received->wire.tensor().numel() == (p - 1) * words, "compressed_reduce_scatter: the kept chunks hold ",
+                  received->wire.tensor().numel(), " words, not ", p - 1, " x ", words);
+    const int32_t* kept = received->wire.ptr<int32_t>();
+    sum_ranges(mode, full.ptr<float>(), cols, mine, r, p, [&](int q) { return kept + (q < r ? q : q - 1) * words; },
+               local.ptr<float>());
+    return;
+  }
   std::vector<float> exact;
   if (c.probing()) exact = probe_exact(comm, c, slot, full, [&](const Tensor& in, const Tensor& out) {
       comm.reduce_scatter(in, out, ReduceOp::Sum);
     }, n);
-  reduce_ranges(comm, c.mode(slot.direction), full.ptr<float>(), c.residual(slot, p * n), cols, ranges,
-                local.ptr<float>());
+  float* e = c.residual(slot, p * n);
+  const auto recv = exchange_ranges(comm, mode, full.ptr<float>(), e, cols, ranges);
+  sum_ranges(mode, full.ptr<float>(), cols, mine, r, p, [&](int q) { return recv[static_cast<size_t>(q)].data(); },
+             local.ptr<float>());
+  if (e) {
+    std::vector<const std::vector<int32_t>*> parts;
+    for (int q = 0; q < p; ++q)
+      if (q != r) parts.push_back(&recv[static_cast<size_t>(q)]);
+    keep_received(c, received, parts);
+  }
   if (c.probing()) c.add_probe(slot, local.ptr<float>(), exact.data(), n);
 }
 
-void compressed_all_reduce(Communicator& comm, TpCompression& c, const TpSlot& slot, const Tensor& t) {
+void compressed_all_reduce(Communicator& comm, TpCompression& c, const TpSlot& slot, const Tensor& t,
+                           TpReceived* received) {
   check_f32("compressed_all_reduce", t);
   const int64_t n = t.numel(), cols = cols_of(t), rows = n / cols;
   const int p = comm.size(), r = comm.rank();
@@ -323,6 +371,19 @@ void compressed_all_reduce(Communicator& comm, TpCompression& c, const TpSlot& s
   std::vector<RowRange> ranges;
   for (int q = 0; q < p; ++q) ranges.push_back(row_range(rows, p, q));
   const RowRange mine = ranges[static_cast<size_t>(r)];
+  float* x = t.ptr<float>();
+  if (received && received->recorded()) {  // the replay: every range of the sum as the first call decoded it
+    const int32_t* w = received->wire.ptr<int32_t>();
+    for (int q = 0; q < p; ++q) {
+      const RowRange g = ranges[static_cast<size_t>(q)];
+      if (g.count() == 0) continue;
+      tp_decode(mode, w, g.count(), cols, x + g.first * cols);
+      w += tp_wire_words(mode, g.count(), cols);
+    }
+    TESSERA_CHECK(w == received->wire.ptr<int32_t>() + received->wire.tensor().numel(),
+                  "compressed_all_reduce: the kept ranges do not match the tensor's ", rows, " rows");
+    return;
+  }
   std::vector<float> exact;
   if (c.probing()) exact = probe_exact(comm, c, slot, t, [&](const Tensor& in, const Tensor& out) {
       copy_values(in, out);
@@ -330,8 +391,9 @@ void compressed_all_reduce(Communicator& comm, TpCompression& c, const TpSlot& s
     }, n);
   // Phase 1: this rank's range of the sum.
   std::vector<float> sum(static_cast<size_t>(mine.count() * cols));
-  float* x = t.ptr<float>();
-  reduce_ranges(comm, mode, x, c.residual(slot, n), cols, ranges, sum.data());
+  float* e = c.residual(slot, n);
+  const auto recv1 = exchange_ranges(comm, mode, x, e, cols, ranges);
+  sum_ranges(mode, x, cols, mine, r, p, [&](int q) { return recv1[static_cast<size_t>(q)].data(); }, sum.data());
   // Phase 2: every range of the sum, encoded once by its owner and decoded by everyone.
   TpSlot second = slot;
   second.phase = 1;
@@ -347,12 +409,15 @@ void compressed_all_reduce(Communicator& comm, TpCompression& c, const TpSlot& s
     if (g.count() > 0) recv[static_cast<size_t>(q)].resize(static_cast<size_t>(tp_wire_words(mode, g.count(), cols)));
   }
   exchange(comm, send, recv, /*tag=*/7102);
+  std::vector<const std::vector<int32_t>*> parts;
   for (int q = 0; q < p; ++q) {
     const RowRange g = ranges[static_cast<size_t>(q)];
     if (g.count() == 0) continue;
-    const int32_t* w = q == r ? wire.data() : recv[static_cast<size_t>(q)].data();
-    tp_decode(mode, w, g.count(), cols, x + g.first * cols);
+    const std::vector<int32_t>& w = q == r ? wire : recv[static_cast<size_t>(q)];
+    tp_decode(mode, w.data(), g.count(), cols, x + g.first * cols);
+    parts.push_back(&w);
   }
+  if (e) keep_received(c, received, parts);
   if (c.probing()) c.add_probe(slot, x, exact.data(), n);
 }
 

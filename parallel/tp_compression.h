@@ -65,9 +65,9 @@ struct TpCompressionModes {
 TpCompressionModes resolve_tp_compression(const std::string& both, const std::string& forward,
                                           const std::string& backward);
 // Throws (naming the keys) where the modes cannot run: train.device = "cuda" (no CUDA kernels
-// for the codecs yet), or forward error feedback with recomputation (a recomputed forward would
-// see another residual than the forward it replays, so its activations would differ).
-void check_tp_compression(const TpCompressionModes& modes, const std::string& device, bool recomputes);
+// for the codecs yet). Forward error feedback runs under recomputation: the replayed forward reuses
+// what the first one received (TpReceived below).
+void check_tp_compression(const TpCompressionModes& modes, const std::string& device);
 
 // ---- The codec (F32 rows of C values) ------------------------------------------------------
 
@@ -114,6 +114,7 @@ class TpCompression {
   void set_paused(bool paused) { paused_ = paused; }
   bool paused() const { return paused_; }
   int64_t residual_bytes() const;  // what the residuals hold now
+  Allocator& allocator() const { return *alloc_; }
   void reset() { residuals_.clear(); }
 
   // The probe (parallel.tp_comm_compression_probe, a measurement): every compressed collective also
@@ -161,6 +162,27 @@ class TpCompression {
   int64_t probe_bytes_ = 0;
 };
 
+// What a forward collective with error feedback received, kept for a recomputed forward
+// (model.recompute = "full", "bubble", model.recompute_layers) to replay: the replay decodes these
+// words instead of communicating, so the residual moves once per forward of a micro-batch and the
+// replayed output is bit-equal to the first. The block asks for it (keep) when it will replay;
+// the first call with feedback fills `wire` (MemCategory::Activations: kept for the backward, as
+// tp_replay_words counts it), the next one replays it. Never filled without feedback (a paused
+// evaluation, plain int8, bf16): those collectives repeat exactly when run again.
+//   reduce-scatter  the p - 1 other ranks' encoded chunks of this rank's rows, in rank order
+//   all-reduce      the encoded ranges of the sum (phase 2), every rank's, in rank order
+struct TpReceived {
+  bool keep = false;
+  Buffer wire;  // I32 words
+  bool recorded() const { return wire.defined(); }
+};
+
+// I32 words one region's forward leave keeps in a TpReceived (0 without forward "int8-ef"), for a
+// micro-batch of B sequences of T positions, C channels, over tp ranks: sequence parallel, p - 1
+// encoded chunks of B T / tp rows; plain tp, the encoded sum of all B T rows.
+int64_t tp_replay_words(const TpCompressionModes& modes, int64_t B, int64_t T, int64_t C, int64_t tp,
+                        bool sequence_parallel);
+
 // Elements of the residuals one layer keeps under error feedback, for a micro-batch of B sequences
 // of T positions, C channels, over tp ranks, per direction with "int8-ef": sequence parallel, the
 // reduce-scatter's partial (B T C, the rank's own chunk idle) and backward the gather's shard
@@ -179,10 +201,14 @@ double tp_bytes_factor(TpCompressionMode mode, int64_t C);
 // full (p, rows, cols) = every rank's local (rows, cols), decoded.
 void compressed_all_gather(Communicator& comm, TpCompression& c, const TpSlot& slot, const Tensor& local,
                            const Tensor& full);
-// local (rows, cols) = the sum over ranks of chunk rank() of full (p, rows, cols).
+// local (rows, cols) = the sum over ranks of chunk rank() of full (p, rows, cols). received (may
+// be null): recorded, the sum of this rank's chunk and the kept chunks, with no communication;
+// else filled when it asks (keep) and the slot has a residual.
 void compressed_reduce_scatter(Communicator& comm, TpCompression& c, const TpSlot& slot, const Tensor& full,
-                               const Tensor& local);
-// In place: t = the sum over ranks of t (identical on every rank).
-void compressed_all_reduce(Communicator& comm, TpCompression& c, const TpSlot& slot, const Tensor& t);
+                               const Tensor& local, TpReceived* received = nullptr);
+// In place: t = the sum over ranks of t (identical on every rank). received: as above (recorded,
+// t = the kept ranges decoded).
+void compressed_all_reduce(Communicator& comm, TpCompression& c, const TpSlot& slot, const Tensor& t,
+                           TpReceived* received = nullptr);
 
 }  // namespace tessera

@@ -14,6 +14,9 @@
 
     scripts/bench/tp_comm_compression.py                                   # all three, defaults
     scripts/bench/tp_comm_compression.py --steps 60 --pretrain-steps 40 --probe-steps 5   # a quick check
+    scripts/bench/tp_comm_compression.py --only train --tokenizer byte --layouts tp2+sp --steps 300
+        # (2) on the text as bytes (vocabulary 257, as scripts/bench/activation_compression.py: the
+        # blocks, whose collectives are compressed, dominate instead of a 50257-wide LM head)
 
 Writes <out-dir>/{tp_comm_compression.md, tp_comm_loss.png, tp_comm_hist.png}. Standard library
 plus matplotlib (the PNGs are skipped without it). Ranks run under `mpiexec -n N`.
@@ -48,8 +51,8 @@ def prepare(a):
     if os.path.exists(a.data + ".bin"):
         return
     os.makedirs(os.path.dirname(a.data) or ".", exist_ok=True)
-    run([a.tessera, "prepare", "--input", a.text, "--tokenizer", "gpt2", "--vocab", a.vocab, "--val-fraction", "0.1",
-         "--out", a.data], a.data + ".prepare.log")
+    run([a.tessera, "prepare", "--input", a.text, "--tokenizer", a.tokenizer, "--vocab", a.vocab, "--val-fraction",
+         "0.1", "--out", a.data], a.data + ".prepare.log")
 
 
 def train(a, run_dir, ranks, sets):
@@ -57,7 +60,8 @@ def train(a, run_dir, ranks, sets):
     os.makedirs(run_dir, exist_ok=True)
     args = ["mpiexec", "-n", str(ranks), a.tessera, "train", a.config, "--run-dir", run_dir,
             "--set", f"data.valid={a.data}_val", "--set", f"data.train=[{{path=\"{a.data}\", weight=1.0}}]",
-            "--set", "log.progress=\"lines\"", "--set", "checkpoint.resume=\"none\""]
+            "--set", "log.progress=\"lines\"", "--set", "checkpoint.resume=\"none\"",
+            "--set", f"data.tokenizer=\"{a.tokenizer}\"", "--set", f"data.vocab_dir=\"{a.vocab}\""]
     for s in a.set + sets:
         args += ["--set", s]
     run(args, os.path.join(run_dir, "train.log"))
@@ -151,7 +155,7 @@ def plot_hist(hist, path):
 
 def training_study(a):
     results = {}
-    for label, tp, sp in LAYOUTS:
+    for label, tp, sp in a.layouts:
         for mode in MODES:
             d = os.path.join(a.out_dir, f"train_{label}_{mode}")
             recs = train(a, d, tp, layout_sets(tp, sp) + [
@@ -167,38 +171,42 @@ def summarize(recs, tokens_per_step):
     tps = statistics.median(r["tokens_per_s"] for r in steps[1:] or steps)
     tp_bytes = statistics.median(r.get("tp_bytes_per_step", 0) for r in steps[1:] or steps)
     return {"val": evals[-1]["val_loss"] if evals else float("nan"), "step_s": tokens_per_step / tps,
-            "tp_bytes": tp_bytes, "curve": [(r["step"], r["loss"]) for r in steps]}
+            "tp_bytes": tp_bytes, "curve": [(r["step"], r["loss"]) for r in steps],
+            "peak": max(r.get("memory_peak_bytes", 0) for r in steps), "loss": steps[-1]["loss"]}
 
 
-def plot_losses(summary, path):
+def plot_losses(summary, layouts, title, path):
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    fig, axes = plt.subplots(1, len(LAYOUTS), figsize=(12, 4), sharey=True)
-    for ax, (label, _, _) in zip(axes, LAYOUTS):
+    fig, axes = plt.subplots(1, len(layouts), figsize=(6 * len(layouts), 4), sharey=True, squeeze=False)
+    fig.suptitle(title, fontsize=9)
+    for ax, (label, _, _) in zip(axes[0], layouts):
         for mode in MODES:
             c = summary[(label, mode)]["curve"]
             ax.plot([s for s, _ in c], [l for _, l in c], label=mode)
         ax.set_title(label)
         ax.set_xlabel("step")
         ax.legend()
-    axes[0].set_ylabel("training loss")
+    axes[0][0].set_ylabel("training loss")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
-def training_table(summary):
-    lines = ["| layout | mode | final val loss | vs none | tp bytes/step/rank | vs none | step time (s) |",
-             "|---|---|---|---|---|---|---|"]
-    for label, _, _ in LAYOUTS:
+def training_table(summary, layouts):
+    lines = ["| layout | mode | final loss | final val loss | vs none | tp bytes/step/rank | vs none | "
+             "peak memory (rank 0) | step time (s) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for label, _, _ in layouts:
         ref = summary[(label, "none")]
         for mode in MODES:
             s = summary[(label, mode)]
-            lines.append(f"| {label} | {mode} | {s['val']:.4f} | {s['val'] - ref['val']:+.4f} | {s['tp_bytes']:.0f} | "
-                         f"{s['tp_bytes'] / ref['tp_bytes']:.3f} | {s['step_s']:.3f} |")
+            lines.append(f"| {label} | {mode} | {s['loss']:.4f} | {s['val']:.4f} | {s['val'] - ref['val']:+.4f} | "
+                         f"{s['tp_bytes']:.0f} | {s['tp_bytes'] / ref['tp_bytes']:.3f} | {s['peak'] / 2**20:.1f} MiB | "
+                         f"{s['step_s']:.3f} |")
     return "\n".join(lines)
 
 
@@ -231,6 +239,9 @@ def main():
     p.add_argument("--config", default="configs/shakespeare-gpt2.toml")
     p.add_argument("--text", default="/work/shared/data/tinyshakespeare.txt")
     p.add_argument("--vocab", default="/work/shared/data/gpt2", help="GPT-2 encoder.json + vocab.bpe")
+    p.add_argument("--tokenizer", choices=("gpt2", "byte"), default="gpt2")
+    p.add_argument("--layouts", default="tp2+sp,tp4", help="the training study's layouts: " +
+                   ", ".join(l for l, _, _ in LAYOUTS))
     p.add_argument("--data", default="runs/tp_comm_compression/data/shakespeare")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--eval-every", type=int, default=50)
@@ -245,6 +256,9 @@ def main():
     p.add_argument("--only", default="error,train,plan", help="which studies, comma-separated")
     p.add_argument("--out-dir", default="runs/tp_comm_compression")
     a = p.parse_args()
+    a.layouts = [l for l in LAYOUTS if l[0] in a.layouts.split(",")]
+    if a.tokenizer != "gpt2" and a.data == p.get_default("data"):
+        a.data += "_" + a.tokenizer
     os.makedirs(a.out_dir, exist_ok=True)
     only = set(a.only.split(","))
     report = []
@@ -273,8 +287,10 @@ def main():
         gb = int(re.findall(r"global_batch\s*=\s*(\d+)", cfg)[-1])
         sl = int(re.findall(r"seq_len\s*=\s*(\d+)", cfg)[-1])
         summary = {k: summarize(v, gb * sl) for k, v in results.items()}
-        report += [f"## Training ({a.config}, {a.steps} steps, same seed)", "", training_table(summary), ""]
-        plot_losses(summary, os.path.join(a.out_dir, "tp_comm_loss.png"))
+        report += [f"## Training ({a.config}, {a.tokenizer} tokens, batch {gb} x {sl}, {a.steps} steps, same seed)", "",
+                   training_table(summary, a.layouts), ""]
+        plot_losses(summary, a.layouts, f"Tiny Shakespeare ({a.tokenizer}), GPT-2 4 x 128, batch {gb} x {sl}: "
+                    "parallel.tp_comm_compression", os.path.join(a.out_dir, "tp_comm_loss.png"))
     text = "\n".join(report)
     open(os.path.join(a.out_dir, "tp_comm_compression.md"), "w").write(text)
     print(text)

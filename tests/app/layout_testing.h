@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,19 @@ inline void expect_checkpoints_near(const fs::path& got, const fs::path& want, d
     double diff = 0;
     for (size_t i = 0; i < x.size(); ++i) diff = std::max(diff, double(std::abs(x[i] - y[i])));
     EXPECT_LT(diff / scale[family(t.path)], rel) << what << " " << t.path;
+  }
+}
+
+// Every tensor of checkpoint `got` bit-equal to `want`'s (parameters and both AdamW moments).
+inline void expect_checkpoints_equal(const fs::path& got, const fs::path& want, const std::string& what) {
+  CheckpointReader a(got.string(), test_world()), b(want.string(), test_world());
+  ASSERT_EQ(a.tensors().size(), b.tensors().size()) << what;
+  for (const auto& t : b.tensors()) {
+    const auto x = a.read_all(t.path), y = b.read_all(t.path);
+    ASSERT_EQ(x.size(), y.size()) << what << " " << t.path;
+    size_t differ = 0;
+    for (size_t i = 0; i < x.size(); ++i) differ += std::memcmp(&x[i], &y[i], sizeof(x[i])) != 0;
+    EXPECT_EQ(differ, 0u) << what << " " << t.path << ": elements not bit-equal";
   }
 }
 

@@ -113,16 +113,19 @@ TEST(Config, NcclNeedsCuda) {
 }
 
 // parallel.tp_comm_compression (parallel/tp_compression.h): the values, CUDA refused, forward error
-// feedback refused with recomputation, each direction on its own.
+// feedback accepted with recomputation (the re-run replays what the forward received), each
+// direction on its own.
 TEST(Config, TpCommCompressionIsValidated) {
   EXPECT_TRUE(testing::throws_with([] { parse_config_string("", "t.toml", {"parallel.tp_comm_compression=\"int4\""}); },
                                    {"parallel.tp_comm_compression", "int4", "int8-ef"}));
   EXPECT_TRUE(testing::throws_with(
       [] { parse_config_string("", "t.toml", {"parallel.tp_comm_compression=\"int8\"", "train.device=\"cuda\""}); },
       {"runs on the CPU only", "parallel.tp_comm_compression = \"none\""}));
-  EXPECT_TRUE(testing::throws_with(
-      [] { parse_config_string("", "t.toml", {"parallel.tp_comm_compression=\"int8-ef\"", "model.recompute=\"full\""}); },
-      {"parallel.tp_comm_compression_forward = \"int8-ef\" with model.recompute"}));
+  for (const std::string recompute : {"full", "selective", "bubble"})
+    EXPECT_EQ(parse_config_string("", "t.toml", {"parallel.tp_comm_compression=\"int8-ef\"",
+                                                 "model.recompute=\"" + recompute + "\""})
+                  .parallel.tp_comm_compression,
+              "int8-ef");
   const Config ok = parse_config_string("", "t.toml", {"parallel.tp_comm_compression_backward=\"int8-ef\"",
                                                          "model.recompute=\"full\""});
   EXPECT_EQ(ok.parallel.tp_comm_compression, "none");

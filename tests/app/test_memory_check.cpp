@@ -339,7 +339,12 @@ TEST(MemoryCheckLayouts, EstimateEqualsEachRanksPeak) {
                           Layout{{"train.micro_batch=4"}, 1, 2}, Layout{{"train.micro_batch=4", "parallel.zero=1"}, 1, 2},
                           // parallel.tp_comm_compression: the error-feedback residuals, kept from step to step
                           Layout{{"parallel.tp=2", "parallel.sequence_parallel=true", "parallel.tp_comm_compression=\"int8-ef\""}, 2, 1},
-                          Layout{{"parallel.tp=2", "parallel.tp_comm_compression_backward=\"int8-ef\""}, 2, 1}}) {
+                          Layout{{"parallel.tp=2", "parallel.tp_comm_compression_backward=\"int8-ef\""}, 2, 1},
+                          // forward "int8-ef" under full recomputation: the replay words a block keeps
+                          Layout{{"parallel.tp=2", "parallel.sequence_parallel=true", "parallel.tp_comm_compression=\"int8-ef\"",
+                                  "model.recompute=\"full\""}, 2, 1},
+                          Layout{{"parallel.tp=2", "parallel.tp_comm_compression_forward=\"int8-ef\"",
+                                  "model.recompute_layers=1"}, 2, 1}}) {
     const Config cfg = tiny(l.overrides);
     const MemoryEstimate e = estimate_training_memory(cfg, 13, MemoryLayout{l.tp, l.dp, false});
     EXPECT_EQ(static_cast<size_t>(e.allocator_bytes()), measured_peak(cfg, world))

@@ -14,6 +14,7 @@
 #include "app/memory_check.h"
 #include "app/trainer.h"
 #include "app/training_data.h"
+#include "parallel/tp_compression.h"
 #include "plan/calibrate.h"
 #include "cli_testing.h"
 #include "error_testing.h"
@@ -164,6 +165,53 @@ TEST(PlanCommand, RecomputesTheLeastLayersThatFit) {
 // layouts"): the published Megatron-LM layouts of Narayanan et al. 2021, Table 1, on the A100 preset
 // pass the trainer's checks, and the predicted throughput, counted as the paper counts it (its
 // equation 3, recomputation included), lies within 25% of the published per-GPU TFLOP/s.
+// The lossy options are the user's: the planner prices what a config sets and never sets them
+// itself. model.activation_compression = "int8": every planned layout keeps it without
+// recomputation (the trainer refuses both in one block), its planned memory is the trainer's
+// estimate with the compressed activations (expect_trainer_accepts) and below the same layout's
+// without. parallel.tp_comm_compression = "int8": a tp 2 + sp layout's predicted tp bytes drop,
+// but not to int8's (C + 4) / 4C of them (the embedding's, the head's and the loss's stay exact),
+// and its tp time with them. A config without either plans neither.
+TEST(PlanCommand, PricesTheConfigsCompressionAndNeverChoosesIt) {
+  const Config plain = parse(kSmall);
+  Config act = plain;
+  act.model.activation_compression = "int8";
+  const plan::PlanChecks plain_checks = trainer_checks(plain, 2);
+  const plan::PlanResult r = plan_for(act, 2, local(2), 20);
+  ASSERT_FALSE(r.top.empty());
+  for (const plan::Candidate& x : r.top) {
+    expect_trainer_accepts(act, local(2), 2, x);
+    EXPECT_EQ(apply_layout(act, x.layout).model.activation_compression, "int8");
+    EXPECT_EQ(x.layout.recompute, Recompute::None);
+    EXPECT_EQ(x.layout.recompute_layers, 0);
+    EXPECT_LT(x.memory.device, plain_checks.memory(x.layout).device) << plan::describe(x.layout);
+  }
+  for (const plan::Candidate& x : plan_for(plain, 2, local(2), 20).top) {
+    const Config c = apply_layout(plain, x.layout);
+    EXPECT_EQ(c.model.activation_compression, "none");
+    EXPECT_EQ(c.parallel.tp_comm_compression, "none");
+    EXPECT_EQ(c.parallel.tp_comm_compression_forward, "");
+    EXPECT_EQ(c.parallel.tp_comm_compression_backward, "");
+  }
+  Config tpc = plain;
+  tpc.parallel.tp_comm_compression = "int8";
+  plan::Layout l;
+  l.tp = 2;
+  l.sp = true;
+  l.micro_batch = 4;
+  const auto tp_traffic = [&](const Config& c) {
+    for (const plan::GroupTraffic& g : plan::predict_step(workload_of(c), l, local(2)).groups)
+      if (g.group == "tp") return g;
+    return plan::GroupTraffic{};
+  };
+  const plan::GroupTraffic exact = tp_traffic(plain), int8 = tp_traffic(tpc);
+  ASSERT_GT(exact.bytes, 0);
+  const double factor = tp_bytes_factor(TpCompressionMode::Int8, plain.model.n_embd);
+  EXPECT_LT(int8.bytes, exact.bytes);
+  EXPECT_GT(int8.bytes, factor * exact.bytes);
+  EXPECT_LT(int8.seconds, exact.seconds);
+}
+
 TEST(PlanCommand, PublishedMegatronLayoutsArePredictedNearTheirThroughput) {
   struct Row {
     int64_t heads, hidden, layers, tp, pp, gpus, batch;

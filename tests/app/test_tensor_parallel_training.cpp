@@ -97,6 +97,48 @@ TEST(TensorParallelTrainingSlow, ActivationCompressionLayoutsEqualTheOneRankRun)
   fs::remove_all(dir);
 }
 
+// parallel.tp_comm_compression = "int8-ef" (both directions) under recomputation: the re-run of a
+// fully recomputing block's forward replays what its error-feedback collectives received at the
+// first forward (parallel/tp_compression.h TpReceived) instead of communicating again, so the
+// residuals move once per micro-batch and every recomputing run's losses and final checkpoint
+// (parameters, both moments) are bit-equal to the run without recomputation on the same layout.
+void expect_recomputation_bit_equal(const std::string& name, int ranks, const std::vector<std::string>& layout,
+                                    const std::vector<std::vector<std::string>>& recomputations) {
+  const fs::path dir = testing::temp_dir("tp_ef_recompute_" + name);
+  std::ofstream(dir / "tiny.toml") << config("gpt2");
+  const std::vector<std::string> ef = with(layout, {"--set", "parallel.tp_comm_compression=\"int8-ef\""});
+  auto r = testing::train_run(dir, "tiny.toml", "keep", ranks, settings(6, ef));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto want = testing::losses(dir / "keep" / "metrics.jsonl");
+  ASSERT_EQ(want.size(), 6u);
+  for (size_t i = 0; i < recomputations.size(); ++i) {
+    const std::string run = "recompute" + std::to_string(i);
+    r = testing::train_run(dir, "tiny.toml", run, ranks, settings(6, with(ef, recomputations[i])));
+    const std::string what = name + " " + ::testing::PrintToString(recomputations[i]);
+    ASSERT_EQ(r.exit_code, 0) << what << ": " << r.output;
+    testing::expect_losses_near(testing::losses(dir / run / "metrics.jsonl"), want, 0.0, what);
+    testing::expect_checkpoints_equal(dir / run / "checkpoints" / "step_00000006.h5",
+                                      dir / "keep" / "checkpoints" / "step_00000006.h5", what);
+  }
+  fs::remove_all(dir);
+}
+
+const std::vector<std::string> kFull = {"--set", "model.recompute=\"full\""};
+const std::vector<std::string> kSelective = {"--set", "model.recompute=\"selective\""};
+
+TEST(TensorParallelTraining, TpErrorFeedbackUnderRecomputationEqualsNoRecomputation) {
+  expect_recomputation_bit_equal("tp2sp", 2, tp_sets(2, true), {kFull, kSelective});
+}
+
+// Four ranks: tp 4 (the all-reduce's replay) with full recomputation and with the first layer's
+// (model.recompute_layers), tp 2 + sp x pp 2 recomputing in the pipeline's bubbles ("bubble": the
+// schedule's R action re-runs the forward ahead of the backward).
+TEST(TensorParallelTrainingSlow, TpErrorFeedbackUnderRecomputationFourRanks) {
+  expect_recomputation_bit_equal("tp4", 4, tp_sets(4, false), {kFull, {"--set", "model.recompute_layers=1"}});
+  expect_recomputation_bit_equal("tp2sp_pp2", 4, with(tp_sets(2, true), {"--set", "parallel.pp=2"}),
+                                 {{"--set", "model.recompute=\"bubble\""}});
+}
+
 // A checkpoint written under one layout continues under another: the resumed losses equal those
 // of the uninterrupted 1-rank run (8 steps), so parameters, both AdamW moments, the step and the
 // data position all came through.

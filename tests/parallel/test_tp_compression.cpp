@@ -2,13 +2,15 @@
 // max |row| / 254 an element), error feedback bounding the error of a sum over steps, the
 // compressed collectives against the exact ones on 1, 2 and 4 ranks (within the bounds the codec
 // gives, and identical on every rank where the exact one is), "none" bit-equal to the uncompressed
-// region edges, the bytes they count, the residuals' size, and the validation messages.
+// region edges, the bytes they count, the residuals' size, the replay of a recomputed forward's
+// collective (bit-equal, no bytes, the residuals untouched), and the validation messages.
 #include "parallel/tp_compression.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -275,6 +277,71 @@ TEST(TpCompression, ResidualsHoldWhatTheMemoryModelCounts) {
     }
 }
 
+// A recomputed forward under forward error feedback (model.recompute = "full"): the first leave
+// that asks keeps what it received (tp_replay_words of it, as activations); the replay gives the
+// first result bit for bit, sends nothing and leaves the residuals as the first call left them.
+// Communicating again instead (what the replay must not do) moves the residuals and the result.
+TEST(TpCompression, ARecomputedLeaveReplaysWhatTheForwardReceived) {
+  World w;
+  if (w.p == 1) GTEST_SKIP() << "one rank: the edges move nothing";
+  for (bool sp : {false, true}) {
+    Allocator alloc;
+    const TpCompressionModes modes{TpCompressionMode::Int8Ef, TpCompressionMode::None};
+    TpCompression c(modes, alloc);
+    const TensorParallel tp{&w.comm, sp, 1, &c, 0};
+    const int64_t T = kTl * w.p, Tl = sp ? kTl : T, n = kB * T * kC;
+    const std::vector<float> partial = activations(n, 70 + static_cast<uint32_t>(w.r));
+    const auto leave = [&](TpReceived* received) {  // one forward's leave of the same partial output
+      std::vector<float> pf = partial, y(static_cast<size_t>(kB * Tl * kC));
+      const Tensor pt(pf.data(), DType::F32, {kB, T, kC}), yl(y.data(), DType::F32, {kB, Tl, kC});
+      leave_region(kCpu, tp, alloc, sp ? yl : pt, pt, received);
+      return sp ? y : pf;
+    };
+    // The residuals: the reduction's (p x the local result under sp, the whole tensor under plain
+    // tp) and plain tp's second phase (this rank's range of the rows).
+    const int64_t rows = kB * T, mine = (rows * (w.r + 1) / w.p - rows * w.r / w.p) * kC;
+    const auto residuals = [&] {
+      std::vector<float> e(c.residual({0, true, TpDirection::Forward, 0}, n),
+                           c.residual({0, true, TpDirection::Forward, 0}, n) + n);
+      if (!sp) {
+        const float* e1 = c.residual({0, true, TpDirection::Forward, 1}, mine);
+        e.insert(e.end(), e1, e1 + mine);
+      }
+      return e;
+    };
+    leave(nullptr);  // an earlier step: the residuals are not zero
+    TpReceived received;
+    received.keep = true;
+    const std::vector<float> first = leave(&received);
+    ASSERT_TRUE(received.recorded()) << "sp " << sp;
+    const int64_t words = tp_replay_words(modes, kB, T, kC, w.p, sp);
+    EXPECT_EQ(received.wire.tensor().numel(), words) << "sp " << sp;
+    EXPECT_EQ(alloc.counter(MemCategory::Activations).current, static_cast<size_t>(words * 4)) << "sp " << sp;
+    const std::vector<float> after_first = residuals();
+    w.comm.reset_counters();
+    const std::vector<float> replayed = leave(&received);
+    EXPECT_EQ(w.comm.bytes_sent(), 0) << "sp " << sp;
+    ASSERT_EQ(replayed.size(), first.size());
+    EXPECT_EQ(std::memcmp(replayed.data(), first.data(), first.size() * sizeof(float)), 0) << "sp " << sp;
+    const std::vector<float> after_replay = residuals();
+    EXPECT_EQ(std::memcmp(after_replay.data(), after_first.data(), after_first.size() * sizeof(float)), 0)
+        << "sp " << sp;
+    // Communicating again: a new quantization of partial + the residual.
+    TpReceived not_kept;
+    const std::vector<float> again = leave(&not_kept);
+    EXPECT_FALSE(not_kept.recorded());
+    EXPECT_GT(w.comm.bytes_sent(), 0);
+    EXPECT_NE(std::memcmp(residuals().data(), after_first.data(), after_first.size() * sizeof(float)), 0);
+    EXPECT_NE(std::memcmp(again.data(), first.data(), first.size() * sizeof(float)), 0) << "sp " << sp;
+    // Paused (evaluation): no feedback, nothing kept.
+    TpCompression::Paused paused(&c);
+    TpReceived in_eval;
+    in_eval.keep = true;
+    leave(&in_eval);
+    EXPECT_FALSE(in_eval.recorded());
+  }
+}
+
 TEST(TpCompression, ValidationNamesTheKeyAndTheValue) {
   EXPECT_TRUE(testing::throws_with([] { resolve_tp_compression("int4", "", ""); },
                         {"parallel.tp_comm_compression = \"int4\"", "\"int8-ef\""}));
@@ -284,13 +351,11 @@ TEST(TpCompression, ValidationNamesTheKeyAndTheValue) {
   EXPECT_EQ(m.forward, TpCompressionMode::Int8);
   EXPECT_EQ(m.backward, TpCompressionMode::Bf16);
   EXPECT_EQ(resolve_tp_compression("bf16", "int8-ef", "").forward, TpCompressionMode::Int8Ef);
-  EXPECT_TRUE(testing::throws_with([&] { check_tp_compression(m, "cuda", false); },
+  EXPECT_TRUE(testing::throws_with([&] { check_tp_compression(m, "cuda"); },
                         {"runs on the CPU only", "train.device = \"cpu\""}));
-  check_tp_compression({}, "cuda", true);  // "none" runs anywhere
-  check_tp_compression(m, "cpu", true);
-  EXPECT_TRUE(testing::throws_with([] { check_tp_compression({TpCompressionMode::Int8Ef, TpCompressionMode::None}, "cpu", true); },
-                        {"parallel.tp_comm_compression_forward = \"int8-ef\" with model.recompute"}));
-  check_tp_compression({TpCompressionMode::Int8, TpCompressionMode::Int8Ef}, "cpu", true);
+  check_tp_compression({}, "cuda");  // "none" runs anywhere
+  check_tp_compression(m, "cpu");
+  check_tp_compression({TpCompressionMode::Int8Ef, TpCompressionMode::Int8Ef}, "cpu");
 }
 
 TEST(TpCompression, BytesFactorsOfTheModes) {
