@@ -288,7 +288,8 @@ int64_t logits_at_elements(const ModelConfig& mc, int64_t B, int64_t tp) {
 }
 
 const char* kActivationKeys =
-    "train.micro_batch, train.seq_len, model.recompute = \"selective\" or \"full\", model.recompute_layers, parallel.tp";
+    "train.micro_batch, train.seq_len, model.recompute = \"selective\" or \"full\", model.recompute_layers, "
+    "model.recompute_ops, parallel.tp";
 
 // model.recompute and model.recompute_layers, as model_memory takes them; vlm: every sequence
 // carries an image (the most a micro-batch holds).
@@ -301,11 +302,12 @@ struct Policy {
   // pp = 1 the one-stage schedule recomputes inside backward, as "full").
   bool bubble = false;
   std::vector<ActivationCompression> compression;  // model.activation_compression, per layer
+  std::vector<RecomputeOps> recompute_ops;         // model.recompute_ops, per layer
   // A pipeline chunk without the head: the trainer keeps its output, sent, past its backward.
   ModelMemoryLayout layout(int64_t B, int64_t T, int64_t tp, bool sp, const StageSpec& stage = {},
                            bool split_backward = false, bool recompute_ahead = false) const {
     return {B,  T, tp, sp, kind, stage, full_layers, !stage.head, split_backward, vlm ? B : 0, bf16, recompute_ahead,
-            compression};
+            compression, recompute_ops};
   }
 };
 
@@ -500,7 +502,8 @@ MemoryEstimate estimate_training_memory(const Config& cfg, int64_t data_vocab_si
   const int64_t tp = layout.tp;
   const bool sp = cfg.parallel.sequence_parallel && tp > 1;
   const Policy policy{recompute_kind(cfg.model.recompute), cfg.model.recompute_layers, mc.is_vlm(),
-                      cfg.train.dtype == "bf16", recompute_in_bubbles(cfg), activation_compression_policy(cfg)};
+                      cfg.train.dtype == "bf16", recompute_in_bubbles(cfg), activation_compression_policy(cfg),
+                      recompute_ops_policy(cfg)};
   const ParallelConfig& p = cfg.parallel;
   // Context parallelism: a cp rank holds seq_len / cp positions of every sequence, so each
   // activation of the model (and the evaluation's) is that of the shorter sequence; parameters,
