@@ -26,6 +26,7 @@
 #include "model/compression_policy.h"
 #include "model/gpt.h"
 #include "model/memory.h"
+#include "model/recompute_ops.h"
 #include "parallel/tp_overlap.h"
 #include "parallel/tp_compression.h"
 
@@ -847,6 +848,7 @@ void validate(const Config& c, const Origins* origins) {
   }
   check_token_batching(c);  // data.batching = "tokens" (app/token_batching.h)
   activation_compression_policy(c);  // model.activation_compression*: the names, the rank, recompute, device
+  recompute_ops_policy(c);           // model.recompute_ops*: the names, and what they do not combine with
   if (c.data.document_mask && c.data.task != "tokens") {
     fail(show("data.document_mask", c.data.document_mask, origins) + " needs documents, but " +
          show("data.task", c.data.task, origins) + " has none (its windows hold no end-of-text id): use data.task "
@@ -1083,6 +1085,46 @@ std::vector<ActivationCompression> activation_compression_policy(const Config& c
   check_compression_policy(policy, recompute_policy(c));
   return policy;
 }
+
+std::vector<RecomputeOps> recompute_ops_policy(const Config& c, const std::vector<StageSpec>& chunks) {
+  const ModelSection& m = c.model;
+  std::vector<RecomputeOps> ops = recompute_ops_policy(m.recompute_ops, m.recompute_ops_layers, m.n_layer);
+  const RecomputeOps any = united(ops);  // for the checks below
+  if (!any.any()) return ops;
+  const std::string keys = m.recompute_ops_layers.empty() ? "model.recompute_ops" : "model.recompute_ops_layers";
+  const std::string what = keys + " (" + recompute_ops_name(any) + ")";
+  if (m.recompute != "none")
+    fail(what + " chooses what blocks that keep their context recompute, but model.recompute = \"" + m.recompute +
+         "\" already recomputes every block: set model.recompute = \"none\" (model.recompute_layers may still make "
+         "the first blocks of each chunk recompute fully)");
+  if (c.parallel.layout == "auto")
+    fail(what + " with parallel.layout = \"auto\": the planner chooses model.recompute, not the ops; set the "
+         "layout explicitly or model.recompute_ops = []");
+  const std::vector<ActivationCompression> compression = activation_compression_policy(c);
+  for (size_t l = 0; l < ops.size(); ++l)
+    if (ops[l].any() && compression[l].active())
+      fail(keys + " recomputes \"" + recompute_ops_name(ops[l]) + "\" on layer " + std::to_string(l) +
+           ", which model.activation_compression compresses (\"" + compression_name(compression[l].method) +
+           "\"): a block either recomputes or compresses its inputs; choose one per layer");
+  const bool gemms = any.qkv || any.mlp_in;  // the region re-entered and the column-parallel GEMMs again
+  if (gemms && c.parallel.tp_overlap_chunks > 1)
+    fail(what + " with parallel.tp_overlap_chunks = " + std::to_string(c.parallel.tp_overlap_chunks) +
+         ": qkv and mlp_in re-run their GEMMs unchunked, which rounds differently from the chunked forward; "
+         "use the ops norm, attn, mlp_act or parallel.tp_overlap_chunks = 1");
+  if (any.reruns_gemms() && c.parallel.cp > 1)
+    fail(what + " with parallel.cp = " + std::to_string(c.parallel.cp) + ": qkv, attn and mlp_in are not built for "
+         "context parallelism (the ring attention's recomputation is not counted in the memory estimate); use norm, "
+         "mlp_act or parallel.cp = 1");
+  if (gemms && c.lora.enabled())
+    fail(what + " with lora.rank = " + std::to_string(c.lora.rank) + ": the memory estimate does not count the "
+         "adapters' temporaries in a recomputed GEMM; use norm, attn, mlp_act or no adapters");
+  const std::vector<Recompute> recompute = recompute_policy(c, chunks);
+  for (size_t l = 0; l < ops.size(); ++l)
+    if (recompute[l] != Recompute::None) ops[l] = {};  // model.recompute_layers: these recompute fully
+  return ops;
+}
+
+std::vector<RecomputeOps> recompute_ops_policy(const Config& c) { return recompute_ops_policy(c, {}); }
 
 std::string run_dir(const Config& c) { return (std::filesystem::path(c.log.dir) / c.train.name).string(); }
 

@@ -19,6 +19,7 @@ namespace tessera {
 enum class Recompute;  // model/gpt.h
 struct ActivationCompression;  // kernels/activation_compression.h
 struct StageSpec;      // model/gpt.h
+struct RecomputeOps;   // model/recompute_ops.h
 
 // The values a field accepts: for numbers a range (each end inclusive or exclusive) plus at most
 // one sentinel outside it (parallel.dp = -1); for strings a list of choices. Empty: any value.
@@ -73,6 +74,9 @@ struct ModelSection : ModelConfig {
   }
   std::string recompute = "none";
   int64_t recompute_layers = 0;
+  // Per-op recomputation (model/recompute_ops.h, docs/training.md "Recomputation").
+  std::vector<std::string> recompute_ops;
+  std::vector<std::string> recompute_ops_layers;
   // Compressed saved activations (model/compression_policy.h, docs/training.md "Compression").
   std::string activation_compression = "none";
   std::vector<std::string> activation_compression_layers;
@@ -114,6 +118,15 @@ struct ModelSection : ModelConfig {
     v.field("recompute_layers", recompute_layers, "blocks per pipeline chunk (the first ones; per model "
             "when pp = 1) that recompute fully; the others follow recompute. At most model.n_layer",
             Allowed::at_least(0).at_most(kMaxLayers));
+    v.field("recompute_ops", recompute_ops, "per-op recomputation of blocks under recompute = none: what each "
+            "block drops after its forward and recomputes in backward, any of norm (the two norms' outputs), qkv (the "
+            "attention's q, k, v: their GEMMs again), attn (the attention output and lse: the attention forward "
+            "again), mlp_in (the MLP activation's input: its first GEMM(s) again), mlp_act (the activation's output), "
+            "or the sets selective (norm, mlp_act) and all; [] = none (docs/training.md \"Recomputation\")",
+            Allowed::any());
+    v.field("recompute_ops_layers", recompute_ops_layers, "per layer, first layer first: each block's ops "
+            "joined by + (\"norm+qkv\", \"selective\", \"none\"), in place of recompute_ops; [] = every block "
+            "recompute_ops", Allowed::any());
     v.field("activation_compression", activation_compression, "how each block stores the inputs only its "
             "weight-gradient GEMMs read in backward (the normed inputs and the MLP's last layer's input): none "
             "(exact), bf16 (rounded to bfloat16), int8 (per-row absmax scales) or lowrank (a rank-r randomized "
@@ -632,6 +645,11 @@ std::vector<Recompute> recompute_policy(const Config& c);
 // model.activation_compression, _layers and _rank as one entry per layer of the whole model
 // (model/compression_policy.h), checked against model.recompute and train.device.
 std::vector<ActivationCompression> activation_compression_policy(const Config& c);
+// model.recompute_ops / model.recompute_ops_layers: one entry per layer of the model, empty for the
+// layers that recompute_policy(c, chunks) makes recompute (selective or full); an Error names the
+// keys that do not combine with them (model/recompute_ops.h).
+std::vector<RecomputeOps> recompute_ops_policy(const Config& c, const std::vector<StageSpec>& chunks);
+std::vector<RecomputeOps> recompute_ops_policy(const Config& c);
 
 // <log.dir>/<train.name>; and checkpoint.dir, or <dir>/checkpoints when it is empty, where dir is
 // the run directory actually used (--run-dir may replace run_dir(c)); "" when both are empty.

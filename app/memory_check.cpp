@@ -288,7 +288,8 @@ int64_t logits_at_elements(const ModelConfig& mc, int64_t B, int64_t tp) {
 }
 
 const char* kActivationKeys =
-    "train.micro_batch, train.seq_len, model.recompute = \"selective\" or \"full\", model.recompute_layers, parallel.tp";
+    "train.micro_batch, train.seq_len, model.recompute = \"selective\" or \"full\", model.recompute_layers, "
+    "model.recompute_ops, parallel.tp";
 
 // model.recompute and model.recompute_layers, as model_memory takes them; vlm: every sequence
 // carries an image (the most a micro-batch holds).
@@ -302,11 +303,12 @@ struct Policy {
   bool bubble = false;
   std::vector<ActivationCompression> compression;  // model.activation_compression, per layer
   TpCompressionModes tp_compression;  // parallel.tp_comm_compression: a re-run's replay words (forward int8-ef)
+  std::vector<RecomputeOps> recompute_ops;         // model.recompute_ops, per layer
   // A pipeline chunk without the head: the trainer keeps its output, sent, past its backward.
   ModelMemoryLayout layout(int64_t B, int64_t T, int64_t tp, bool sp, const StageSpec& stage = {},
                            bool split_backward = false, bool recompute_ahead = false) const {
     return {B,  T, tp, sp, kind, stage, full_layers, !stage.head, split_backward, vlm ? B : 0, bf16, recompute_ahead,
-            compression, tp_compression};
+            compression, tp_compression, recompute_ops};
   }
   // The evaluation forward: its compressed collectives are paused (no feedback), so it keeps no
   // replay words.

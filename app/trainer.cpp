@@ -447,8 +447,9 @@ void Trainer::build_model(const ModelConfig& mc, const std::set<std::string>& fr
   const std::vector<StageSpec> chunks = chunks_of(cfg_, mc, grid_);
   const std::vector<Recompute> recompute = recompute_policy(cfg_, chunks);
   const std::vector<ActivationCompression> compression = activation_compression_policy(cfg_);
+  const std::vector<RecomputeOps> recompute_ops = recompute_ops_policy(cfg_, chunks);
   for (const StageSpec& chunk : chunks)
-    chunks_.push_back(std::make_unique<Gpt>(mc, *params_, recompute, tp_, chunk, cp_, compression));
+    chunks_.push_back(std::make_unique<Gpt>(mc, *params_, recompute, tp_, chunk, cp_, compression, recompute_ops));
   model_ = chunks_.front().get();
   mc_ = mc;
   frozen_.assign(frozen.begin(), frozen.end());

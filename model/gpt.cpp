@@ -109,25 +109,50 @@ void Attention::allocate_qkv(AttentionCtx& ctx, Allocator& alloc, DType dtype, i
   ctx.v = activation(alloc, dtype, {B, T, KV, D});
 }
 
-void Attention::rotate_qk(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const SequenceLayout& seq) const {
-  if (rope_) {
-    ProfileScope rope(prof_, OpFamily::Rope);
-    rotary_.forward(ex, ctx.q, ctx.q, seq);
-    rotary_.forward(ex, ctx.k, ctx.k, seq);
-  }
+void Attention::rotate_qk(const Exec& ex, AttentionCtx& ctx, const SequenceLayout& seq) const {
+  if (!rope_) return;
+  ProfileScope rope(prof_, OpFamily::Rope);
+  rotary_.forward(ex, ctx.q, ctx.q, seq);
+  rotary_.forward(ex, ctx.k, ctx.k, seq);
+}
+
+void Attention::allocate_out(AttentionCtx& ctx, Allocator& alloc) const {
   const Tensor& q = ctx.q;
   ctx.out = activation(alloc, q.dtype, q.shape);
   ctx.lse = activation(alloc, q.dtype, {q.dim(0), q.dim(2), q.dim(1)});
 }
 
 void Attention::project_qkv(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& xf,
-                            const SequenceLayout& seq, const LoraDropout* drop) const {
+                            const SequenceLayout& seq, const LoraDropout* drop, bool with_out) const {
   const int64_t B = xf.dim(0), T = xf.dim(1);
   allocate_qkv(ctx, alloc, xf.dtype, B, T);
   q_.forward(ex, ctx.q.tensor().view({B, T, q_.out()}), xf, true, drop);
   project_kv(ex, k_, alloc, ctx.k, xf, drop);
   project_kv(ex, v_, alloc, ctx.v, xf, drop);
-  rotate_qk(ex, ctx, alloc, seq);
+  rotate_qk(ex, ctx, seq);
+  if (with_out) allocate_out(ctx, alloc);
+}
+
+void Attention::recompute_qkv(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& x,
+                              const SequenceLayout& seq, const LoraDropout* drop) const {
+  Buffer gathered;
+  const Tensor xf = enter_region(ex, tp_, alloc, gathered, x, seq.length());  // (B, T, C)
+  project_qkv(ex, ctx, alloc, xf, seq, drop, /*with_out=*/false);
+}
+
+void Attention::attend(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const SequenceLayout& seq) const {
+  if (attends_over_cp(seq, cp_))
+    context_attention_forward(ex, cp_, alloc, ctx.out, ctx.lse, ctx.q, ctx.k, ctx.v, seq);
+  else
+    attention_forward(ex, ctx.out, ctx.lse, ctx.q, ctx.k, ctx.v, query_offset(seq.length()), 0, seq.doc_starts());
+}
+
+void Attention::recompute_attention(const Exec& ex, AttentionCtx& ctx, Allocator& alloc,
+                                    const SequenceLayout& seq) const {
+  ProfileScope scope(prof_, OpFamily::Attention);
+  TESSERA_CHECK(ctx.q.defined(), "Attention::recompute_attention needs q, k and v");
+  allocate_out(ctx, alloc);
+  attend(ex, ctx, alloc, seq);
 }
 
 void Attention::project_qkv_overlapped(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& x,
@@ -144,7 +169,8 @@ void Attention::project_qkv_overlapped(const Exec& ex, AttentionCtx& ctx, Alloca
                     {{ctx.q.tensor().view({B, T, q_.out()}), [&](const Tensor& y, const Tensor& xr) { q_.forward(ex, y, xr); }},
                      {ctx.k.tensor().view({B, T, KV * D}), kv_rows(k_)},
                      {ctx.v.tensor().view({B, T, KV * D}), kv_rows(v_)}});
-  rotate_qk(ex, ctx, alloc, seq);
+  rotate_qk(ex, ctx, seq);
+  allocate_out(ctx, alloc);
 }
 
 void Attention::project_out(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& y,
@@ -167,7 +193,6 @@ void Attention::project_out(const Exec& ex, AttentionCtx& ctx, Allocator& alloc,
 void Attention::forward(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x,
                         const SequenceLayout& seq, const LoraDropout* drop) const {
   ProfileScope scope(prof_, OpFamily::Attention);  // the kernel; projections and edges time themselves
-  const bool over_cp = attends_over_cp(seq, cp_);
   const int64_t T = seq.length();
   Buffer gathered;  // lives to the end, as model/memory.h counts it
   if (overlaps(tp_)) {
@@ -176,10 +201,7 @@ void Attention::forward(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, con
     const Tensor xf = enter_region(ex, tp_, alloc, gathered, x, T);  // (B, T, C)
     project_qkv(ex, ctx, alloc, xf, seq, drop);
   }
-  if (over_cp)
-    context_attention_forward(ex, cp_, alloc, ctx.out, ctx.lse, ctx.q, ctx.k, ctx.v, seq);
-  else
-    attention_forward(ex, ctx.out, ctx.lse, ctx.q, ctx.k, ctx.v, query_offset(T), 0, seq.doc_starts());
+  attend(ex, ctx, alloc, seq);
   project_out(ex, ctx, alloc, y, drop);
 }
 
@@ -351,6 +373,20 @@ void Mlp::recompute_activation(const Exec& ex, MlpCtx& ctx, Allocator& alloc) co
   activate(ex, ctx);
 }
 
+void Mlp::recompute_input(const Exec& ex, MlpCtx& ctx, Allocator& alloc, const Tensor& x, const SequenceLayout& seq,
+                          const LoraDropout* drop) const {
+  ProfileScope scope(prof_, OpFamily::Activation);
+  const int64_t B = x.dim(0), T = seq.length(), F = in_.out();
+  Buffer gathered;
+  const Tensor xf = enter_region(ex, tp_, alloc, gathered, x, T);  // (B, T, C)
+  ctx.h = activation(alloc, x.dtype, {B, T, F});
+  in_.forward(ex, ctx.h, xf, true, drop);
+  if (kind_ == MlpKind::SwiGlu) {
+    ctx.up = activation(alloc, x.dtype, {B, T, F});
+    up_.forward(ex, ctx.up, xf, true, drop);
+  }
+}
+
 void Mlp::backward(const Exec& ex, const MlpCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy,
                    const Tensor& x, WeightGrads* deferred, const LoraDropout* drop) const {
   ProfileScope scope(prof_, OpFamily::Activation);
@@ -430,11 +466,17 @@ void Mlp::backward_overlapped(const Exec& ex, const MlpCtx& ctx, Allocator& allo
 // ---- Block ----
 
 Block::Block(ParameterStore& ps, int index, const ModelConfig& cfg, Recompute recompute, const TensorParallel& tp,
-             const ContextParallel& cp, ActivationCompression compression)
-    : recompute_(recompute), compression_(compression) {
+             const ContextParallel& cp, ActivationCompression compression, RecomputeOps ops)
+    : recompute_(recompute),
+      compression_(compression),
+      ops_(recompute == Recompute::Selective ? RecomputeOps::selective() : ops) {
   const std::string p = "blocks." + std::to_string(index);
   TESSERA_CHECK(!compression.active() || recompute == Recompute::None, p, ": activation compression \"",
                 compression_name(compression.method), "\" needs a block that keeps its inputs (no recomputation)");
+  TESSERA_CHECK(!ops.any() || recompute == Recompute::None, p, ": recompute ops \"", recompute_ops_name(ops),
+                "\" need a block that keeps its context (model.recompute = \"none\")");
+  TESSERA_CHECK(!ops.any() || !compression.active(), p, ": recompute ops \"", recompute_ops_name(ops),
+                "\" and activation compression \"", compression_name(compression.method), "\" on the same block");
   ln1_ = Norm(ps, p + ".ln1", cfg, tp.sequence_sharded());
   attn_ = Attention(ps, p + ".attn", cfg, tp.at_site(2 * index), cp);  // sites: parallel.tp_comm_compression
   ln2_ = Norm(ps, p + ".ln2", cfg, tp.sequence_sharded());
@@ -443,7 +485,7 @@ Block::Block(ParameterStore& ps, int index, const ModelConfig& cfg, Recompute re
 
 Block::Block(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, Recompute recompute,
              const TensorParallel& tp, bool causal)
-    : recompute_(recompute) {
+    : recompute_(recompute), ops_(recompute == Recompute::Selective ? RecomputeOps::selective() : RecomputeOps{}) {
   ln1_ = Norm(ps, name + ".ln1", cfg, tp.sequence_sharded());
   attn_ = Attention(ps, name + ".attn", cfg, tp, {}, causal);
   ln2_ = Norm(ps, name + ".ln2", cfg, tp.sequence_sharded());
@@ -480,12 +522,52 @@ void Block::forward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tenso
     kept.mlp.leave = std::move(ctx.mlp.leave);
     ctx = std::move(kept);
   }
-  if (recompute_ == Recompute::Selective) {  // keep the GEMM outputs, drop what is cheap to redo
+  drop_recomputed(ctx);
+  if (compression_.active()) compress_inputs(ex, ctx, alloc);
+}
+
+void Block::drop_recomputed(BlockCtx& ctx) const {
+  if (ops_.norm) {
     ctx.ln1.y.release();
     ctx.ln2.y.release();
-    ctx.mlp.act.release();
   }
-  if (compression_.active()) compress_inputs(ex, ctx, alloc);
+  if (ops_.qkv) {
+    ctx.attn.q.release();
+    ctx.attn.k.release();
+    ctx.attn.v.release();
+  }
+  if (ops_.attn) {
+    ctx.attn.out.release();
+    ctx.attn.lse.release();
+  }
+  if (ops_.mlp_in) {
+    ctx.mlp.h.release();
+    ctx.mlp.up.release();
+  }
+  if (ops_.mlp_act) ctx.mlp.act.release();
+}
+
+void Block::recompute_mlp_branch(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const SequenceLayout& seq,
+                                 const LoraDropout* drop) const {
+  if (ops_.norm) ln2_.recompute_output(ex, ctx.ln2, alloc, ctx.x1);
+  if (ops_.mlp_in) mlp_.recompute_input(ex, ctx.mlp, alloc, ctx.ln2.y, seq, drop);
+  if (ops_.mlp_act) mlp_.recompute_activation(ex, ctx.mlp, alloc);
+}
+
+void Block::release_mlp_branch(BlockCtx& ctx) const {
+  if (ops_.mlp_act) ctx.mlp.act.release();
+  if (ops_.mlp_in) {
+    ctx.mlp.up.release();
+    ctx.mlp.h.release();
+  }
+  if (ops_.norm) ctx.ln2.y.release();
+}
+
+void Block::recompute_attention_branch(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& x,
+                                       const SequenceLayout& seq, const LoraDropout* drop) const {
+  if (ops_.norm) ln1_.recompute_output(ex, ctx.ln1, alloc, x);
+  if (ops_.qkv) attn_.recompute_qkv(ex, ctx.attn, alloc, ctx.ln1.y, seq, drop);
+  if (ops_.attn) attn_.recompute_attention(ex, ctx.attn, alloc, seq);
 }
 
 void Block::compress_inputs(const Exec& ex, BlockCtx& ctx, Allocator& alloc) const {
@@ -518,29 +600,28 @@ void Block::backward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tens
     forward_saved(ex, ctx, alloc, y, x, seq, drop,
                   [&](const Tensor& ya, const Tensor& xa) { attn_.forward(ex, ctx.attn, alloc, ya, xa, seq, drop); });
   }
-  // Selective: each branch's dropped tensors are recomputed just before its backward and released
-  // after it, so one branch's are alive at a time (model/memory.cpp counts them so).
-  // Compression: likewise each branch's compressed inputs are restored just before its backward
-  // (their compressed form released) and the restored ones released after it.
+  // Recomputed ops (ops_, selective's included): each branch's dropped tensors are recomputed just
+  // before its backward and released after it, so one branch's are alive at a time
+  // (model/memory.cpp counts them so). Compression: likewise each branch's compressed inputs are
+  // restored just before its backward (their compressed form released) and the restored ones
+  // released after it. A context recomputed whole (above, or by Gpt::recompute) lacks nothing.
   const bool compressed = ctx.compressed.ln2_y.defined();
-  const bool selective = !ctx.ln2.y.defined() && !compressed;
+  const bool ops = ops_.any();  // never with compression nor Full (the constructor's checks)
   // MLP branch: dres holds dL/dy = dL/dx1 (skip path) + the path through ln2 and the MLP.
   Buffer dln = workspace(alloc, x.dtype, x.shape);
-  if (selective) {
-    ln2_.recompute_output(ex, ctx.ln2, alloc, ctx.x1);
-    mlp_.recompute_activation(ex, ctx.mlp, alloc);
-  }
+  if (ops) recompute_mlp_branch(ex, ctx, alloc, seq, drop);
   if (compressed) {
     ctx.ln2.y = decompress_activation(ex, alloc, std::move(ctx.compressed.ln2_y));
     ctx.mlp.act = decompress_activation(ex, alloc, std::move(ctx.compressed.mlp_act));
   }
   mlp_.backward(ex, ctx.mlp, alloc, dln, dres, ctx.ln2.y, deferred, drop);
   ln2_.backward(ex, dres, dln, ctx.x1, ctx.ln2);  // dres is now dL/dx1
-  if (selective || compressed) {
+  if (ops) release_mlp_branch(ctx);
+  if (compressed) {
     ctx.mlp.act.release();
     ctx.ln2.y.release();
   }
-  if (selective) ln1_.recompute_output(ex, ctx.ln1, alloc, x);
+  if (ops) recompute_attention_branch(ex, ctx, alloc, x, seq, drop);
   if (compressed) ctx.ln1.y = decompress_activation(ex, alloc, std::move(ctx.compressed.ln1_y));
   // Attention branch: dL/dx = dL/dx1 + the path through ln1 and attention.
   attn_.backward(ex, ctx.attn, alloc, dln, dres, ctx.ln1.y, seq, deferred, drop);
@@ -623,7 +704,8 @@ StageSpec resolve_stage(const StageSpec& stage, const ModelConfig& cfg) {
 // ---- Gpt ----
 
 Gpt::Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> recompute, TensorParallel tp,
-         StageSpec stage, ContextParallel cp, std::vector<ActivationCompression> compression)
+         StageSpec stage, ContextParallel cp, std::vector<ActivationCompression> compression,
+         std::vector<RecomputeOps> recompute_ops)
     : cfg_(resolve(cfg)),
       stage_(resolve_stage(stage, cfg_)),
       ps_(&ps),
@@ -636,6 +718,9 @@ Gpt::Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> reco
   TESSERA_CHECK(compression.empty() || static_cast<int64_t>(compression.size()) == cfg_.n_layer,
                 "activation compression policy has ", compression.size(), " entries for ", cfg_.n_layer, " layers");
   check_compression_policy(compression, recompute);
+  TESSERA_CHECK(recompute_ops.empty() || static_cast<int64_t>(recompute_ops.size()) == cfg_.n_layer,
+                "recompute ops policy has ", recompute_ops.size(), " entries for ", cfg_.n_layer, " layers");
+  check_recompute_ops(recompute_ops, recompute);
   // Each part registers a contiguous run of parameter ids; remember them for GradsReady.
   auto registered = [&](auto&& make) {
     const int first = ps.size();
@@ -654,7 +739,8 @@ Gpt::Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> reco
   for (int64_t l = stage_.first_layer; l < stage_.end_layer; ++l)
     block_ids_.push_back(registered([&] {
       blocks_.emplace_back(ps, static_cast<int>(l), cfg_, recompute.empty() ? Recompute::None : recompute[l], tp_,
-                           cp, compression.empty() ? ActivationCompression{} : compression[l]);
+                           cp, compression.empty() ? ActivationCompression{} : compression[l],
+                           recompute_ops.empty() ? RecomputeOps{} : recompute_ops[l]);
     }));
   ln_f_ids_ = registered([&] {
     if (stage_.head) ln_f_ = Norm(ps, "ln_f", cfg_, tp_.sequence_sharded());

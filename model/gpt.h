@@ -17,6 +17,7 @@
 #include "model/config.h"
 #include "model/layers.h"
 #include "model/parameters.h"
+#include "model/recompute_ops.h"
 #include "model/weight_grads.h"
 #include "parallel/context_attention.h"
 #include "parallel/tp_compression.h"
@@ -25,10 +26,11 @@ namespace tessera {
 
 // Activation recomputation per block (docs/training.md, "Recomputation"):
 // - None: keep everything the backward reads.
-// - Selective: keep every GEMM output (q, k, v, the attention output and its lse, fc or gate and
-//   up) and the residual x1; drop the outputs of the cheap elementwise ops whose inputs are kept
-//   (the two norms' outputs and the activation function's output, (B, T_local, C) x 2 + (B, T, F))
-//   and recompute them in backward with the same kernels, so the gradients are bitwise those of
+// - Selective: RecomputeOps::selective() (model/recompute_ops.h, which names other op sets too):
+//   keep every GEMM output (q, k, v, the attention output and its lse, fc or gate and up) and the
+//   residual x1; drop the outputs of the cheap elementwise ops whose inputs are kept (the two
+//   norms' outputs and the activation function's output, (B, T_local, C) x 2 + (B, T, F)) and
+//   recompute them in backward with the same kernels, so the gradients are bitwise those of
 //   None. The attention probabilities are recomputed from the lse under every policy (the kernel).
 // - Full: keep only the block's input and re-run its whole forward during backward, or earlier
 //   through Gpt::recompute (model.recompute = "bubble": the pipeline schedule's R action runs it
@@ -85,19 +87,29 @@ class Attention {
   void backward(const Exec& ex, const AttentionCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy,
                 const Tensor& x, const SequenceLayout& seq, WeightGrads* deferred = nullptr,
                 const LoraDropout* drop = nullptr) const;
+  // Per-op recomputation (model/recompute_ops.h), bitwise the forward's: "qkv": ctx.q, k, v
+  // (allocated) again from x (B, T_local, C), the region re-entered (re-gathered under sequence
+  // parallelism, released before returning), RoPE at seq's positions; "attn": ctx.out and lse
+  // (allocated) again from ctx.q, k, v.
+  void recompute_qkv(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& x, const SequenceLayout& seq,
+                     const LoraDropout* drop) const;
+  void recompute_attention(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const SequenceLayout& seq) const;
   void set_profiler(Profiler* p);
 
  private:
   // The forward's first half, shared by both paths: ctx.q, k, v (RoPE at seq's positions) of xf
-  // (B, T, C), the region's full-sequence input; ctx.out and lse allocated.
+  // (B, T, C), the region's full-sequence input; ctx.out and lse allocated (with_out).
   void project_qkv(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& xf,
-                   const SequenceLayout& seq, const LoraDropout* drop) const;
+                   const SequenceLayout& seq, const LoraDropout* drop, bool with_out = true) const;
   // Its second half: y from ctx.out through the row-parallel projection, leaving the region.
   void project_out(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& y,
                    const LoraDropout* drop) const;
-  // project_qkv's pieces: ctx.q, k, v (B, T, ·) allocated; then RoPE and ctx.out, lse allocated.
+  // project_qkv's pieces: ctx.q, k, v (B, T, ·) allocated; RoPE; ctx.out, lse allocated.
   void allocate_qkv(AttentionCtx& ctx, Allocator& alloc, DType dtype, int64_t B, int64_t T) const;
-  void rotate_qk(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const SequenceLayout& seq) const;
+  void rotate_qk(const Exec& ex, AttentionCtx& ctx, const SequenceLayout& seq) const;
+  void allocate_out(AttentionCtx& ctx, Allocator& alloc) const;
+  // ctx.out and lse from ctx.q, k, v: the attention kernel, or over cp.
+  void attend(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const SequenceLayout& seq) const;
   // Under parallel.tp_overlap_chunks > 1 (parallel/tp_overlap.h): the region's edges and their
   // GEMMs chunk by chunk. x, dy, dx (B, T / tp, C); dout, dq, dk, dv over the full sequence T.
   void project_qkv_overlapped(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& x,
@@ -153,6 +165,11 @@ class Mlp {
   // Selective recomputation: ctx.act (B, T, F) again from the kept ctx.h (and ctx.up), bitwise the
   // forward's.
   void recompute_activation(const Exec& ex, MlpCtx& ctx, Allocator& alloc) const;
+  // Per-op recomputation "mlp_in": ctx.h (and ctx.up) (allocated) again from x (B, T_local, C), the
+  // region re-entered (re-gathered under sequence parallelism, released before returning), bitwise
+  // the forward's.
+  void recompute_input(const Exec& ex, MlpCtx& ctx, Allocator& alloc, const Tensor& x, const SequenceLayout& seq,
+                       const LoraDropout* drop) const;
   void set_profiler(Profiler* p);
 
  private:
@@ -194,8 +211,10 @@ class Block {
   Block() = default;
   // compression: how the block stores the inputs only its weight-gradient GEMMs read
   // (kernels/activation_compression.h); active only under Recompute::None (an Error otherwise).
+  // ops: what it recomputes op by op (model/recompute_ops.h); only under Recompute::None and without
+  // compression (an Error otherwise). Recompute::Selective is RecomputeOps::selective().
   Block(ParameterStore& ps, int index, const ModelConfig& cfg, Recompute recompute, const TensorParallel& tp,
-        const ContextParallel& cp = {}, ActivationCompression compression = {});
+        const ContextParallel& cp = {}, ActivationCompression compression = {}, RecomputeOps ops = {});
   // A block under another name prefix ("vision.blocks.0"); causal = false for bidirectional
   // attention (the vision encoder).
   Block(ParameterStore& ps, const std::string& name, const ModelConfig& cfg, Recompute recompute,
@@ -221,9 +240,20 @@ class Block {
                  const LoraDropout* drop = nullptr) const;
   Recompute recompute() const { return recompute_; }
   const ActivationCompression& compression() const { return compression_; }
+  const RecomputeOps& recompute_ops() const { return ops_; }
   void set_profiler(Profiler* p);
 
  private:
+  // After a forward: release what ops_ recomputes (the rest of the context stays).
+  void drop_recomputed(BlockCtx& ctx) const;
+  // Before each branch's backward: what ops_ dropped of that branch, in the forward's order (the
+  // MLP's: ln2's output, h (and up), the activation; the attention's: ln1's output, q, k, v, out and
+  // lse); after it, release them again (model/memory.cpp counts them so: one branch's at a time).
+  void recompute_mlp_branch(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const SequenceLayout& seq,
+                            const LoraDropout* drop) const;
+  void recompute_attention_branch(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tensor& x,
+                                  const SequenceLayout& seq, const LoraDropout* drop) const;
+  void release_mlp_branch(BlockCtx& ctx) const;
   // After a forward under compression: ln1.y, ln2.y and mlp.act into ctx.compressed, one at a time.
   void compress_inputs(const Exec& ex, BlockCtx& ctx, Allocator& alloc) const;
   // The block's forward, saving its context; attend(y, x) runs the attention (either path).
@@ -232,6 +262,7 @@ class Block {
                      const SequenceLayout& seq, const LoraDropout* drop, Attend&& attend) const;
   Recompute recompute_ = Recompute::None;
   ActivationCompression compression_;
+  RecomputeOps ops_;
   Profiler* prof_ = nullptr;
   Norm ln1_, ln2_;
   Attention attn_;
@@ -328,9 +359,11 @@ class Gpt {
   // cp: the context-parallel group; its ranks share every sequence, each forward taking its
   // chunks' tokens with seq = cp.layout(T) (parallel/context_attention.h).
   // compression: one per layer of the whole model as recompute (model/compression_policy.h), or
-  // empty for none.
+  // empty for none. recompute_ops: likewise, per-op recomputation (model/recompute_ops.h), for the
+  // layers whose recompute is None.
   Gpt(const ModelConfig& cfg, ParameterStore& ps, std::vector<Recompute> recompute = {}, TensorParallel tp = {},
-      StageSpec stage = {}, ContextParallel cp = {}, std::vector<ActivationCompression> compression = {});
+      StageSpec stage = {}, ContextParallel cp = {}, std::vector<ActivationCompression> compression = {},
+      std::vector<RecomputeOps> recompute_ops = {});
 
   // The forward of the stage. input: token ids (B, T) I32 for a stage with the embedding, else the
   // previous stage's output (B, T_local, C), which the caller keeps unchanged until backward.

@@ -157,11 +157,13 @@ Acts activations(const Dims& d) {
 // reduce-scatters stage one, without it the regions are views and cost nothing.
 struct BlockWork {
   N forward, backward;
-  N backward_selective;  // under selective recomputation, the recomputed tensors included
   // Its two branches: the MLP's with ln2's output and the activation's restored beside it, the
-  // attention's with ln1's (backward_selective is the larger); with `extra` (the bf16 rounding and
+  // attention's with ln1's (a compressing block restores so); with `extra` (the bf16 rounding and
   // LoRA temporaries model_memory adds to each backward) not yet added.
   N mlp_branch, attention_branch, extra;
+  // Each branch's backward workspace beyond dln and the tensors recomputed for it (LoRA's
+  // temporaries included, `extra` not), and the bf16 rounding a recomputed Linear's forward adds.
+  N mlp_backward, attention_backward, extra_forward;
 };
 
 // LoRA's temporaries (model/lora.h) at each adapted Linear of a block, 0 for a layer without an
@@ -215,9 +217,10 @@ BlockWork block_workspace(const Dims& d, const LoraTemps& lora = {}) {
   if (d.sp) {  // LoRA: the largest temporary beside the branch's peak, an upper bound
     w.forward = w.forward + lora.largest();
     w.backward = w.backward + lora.largest();
-    w.mlp_branch = Xl + Xl + F + mlp_bwd + lora.largest();
-    w.attention_branch = Xl + Xl + attn_bwd + lora.largest();
-    w.backward_selective = max(w.mlp_branch, w.attention_branch);
+    w.mlp_backward = mlp_bwd + lora.largest();
+    w.attention_backward = attn_bwd + lora.largest();
+    w.mlp_branch = Xl + Xl + F + w.mlp_backward;
+    w.attention_branch = Xl + Xl + w.attention_backward;
     return w;
   }
   // LoRA without sequence parallelism, at each adapted layer's call. Forward: nothing else is a
@@ -229,9 +232,10 @@ BlockWork block_workspace(const Dims& d, const LoraTemps& lora = {}) {
   const N mlp_lora = max(mlp_bwd, max(F + lora.out, mlp_grads + max(lora.in, lora.up)));
   const N attn_lora = max(attn_bwd, max(max(q + lora.proj, grads + lora.q), grads + kv_all + max(lora.k, lora.v)));
   w.backward = Xl + max(mlp_lora, attn_lora);
+  w.mlp_backward = mlp_lora;
+  w.attention_backward = attn_lora;
   w.mlp_branch = Xl + Xl + F + mlp_lora;
   w.attention_branch = Xl + Xl + attn_lora;
-  w.backward_selective = max(w.mlp_branch, w.attention_branch);
   return w;
 }
 
@@ -275,10 +279,46 @@ CompressedBlock compressed_block(const ActivationCompression& c, const Dims& d, 
   return b;
 }
 
-BlockCost block_cost(Recompute p, const Acts& a, const BlockWork& w, N Xl) {
+// What a block under per-op recomputation (model/recompute_ops.h; Block::drop_recomputed and
+// Block::backward) drops of its context, per branch.
+struct DroppedOps {
+  N mlp, attention;
+};
+
+DroppedOps dropped_ops(const RecomputeOps& o, const Dims& d) {
+  const N Xl = d.B * d.Tl * d.C, F = d.B * d.T * d.Fl;
+  const N q = d.B * d.T * d.Hl * d.D, kv = d.B * d.T * d.KVl * d.D, lse = d.B * d.Hl * d.T;
+  const N zero{};
+  return {(o.norm ? Xl : zero) + (o.mlp_in ? N{d.swiglu ? 2 : 1} * F : zero) + (o.mlp_act ? F : zero),
+          (o.norm ? Xl : zero) + (o.qkv ? q + N{2} * kv : zero) + (o.attn ? q + lse : zero)};
+}
+
+// A block under per-op recomputation: its forward allocates the whole context, then drops the ops'
+// tensors. Its backward: dln; the MLP branch's dropped tensors recomputed in the forward's order
+// (ln2's output; the region re-entered, X under sequence parallelism, beside h (and up) while the
+// GEMMs run; the activation), the branch beside them, then released; likewise the attention
+// branch's (ln1's output; X beside q, k, v and all KV heads' projection when they are replicated;
+// out and lse). Selective is the set {norm, mlp_act}.
+BlockCost ops_block_cost(const RecomputeOps& o, const Dims& d, const Acts& a, const BlockWork& w) {
+  const DroppedOps drop = dropped_ops(o, d);
+  const N Xl = d.B * d.Tl * d.C, X_sp = d.sp ? d.B * d.T * d.C : N{}, F = d.B * d.T * d.Fl, zero{};
+  const N q = d.B * d.T * d.Hl * d.D, kv = d.B * d.T * d.KVl * d.D;
+  const N kv_all = d.kv_replicated ? d.B * d.T * d.KVh * d.D : N{};
+  const N norm = o.norm ? Xl : zero;
+  const N mlp_gemms = o.mlp_in ? norm + X_sp + N{d.swiglu ? 2 : 1} * F + w.extra_forward : zero;
+  const N qkv_gemms = o.qkv ? norm + X_sp + q + N{2} * kv + kv_all + w.extra_forward : zero;
+  const N mlp = Xl + max(drop.mlp + w.mlp_backward + w.extra, mlp_gemms);
+  const N attention = Xl + max(drop.attention + w.attention_backward + w.extra, qkv_gemms);
+  return {N{a.block.v - drop.mlp.v - drop.attention.v}, max(mlp, attention), a.block + w.forward};
+}
+
+BlockCost block_cost(Recompute p, const Acts& a, const BlockWork& w, N Xl, const Dims& d,
+                     const RecomputeOps& ops = {}) {
   switch (p) {
-    case Recompute::None: return {a.block, w.backward, a.block + w.forward};
-    case Recompute::Selective: return {a.block_selective, w.backward_selective, a.block + w.forward};
+    case Recompute::None:
+      if (ops.any()) return ops_block_cost(ops, d, a, w);
+      return {a.block, w.backward, a.block + w.forward};
+    case Recompute::Selective: return ops_block_cost(RecomputeOps::selective(), d, a, w);
     case Recompute::Full: break;
   }
   // Backward re-runs the forward (its output y a workspace), then runs beside what that re-created.
@@ -374,8 +414,8 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
   const Bf16Scratch bf = lay.bf16 ? bf16_scratch(d) : Bf16Scratch{};
   w.forward = w.forward + bf.block_forward;
   w.backward = w.backward + bf.block_backward;
-  w.backward_selective = w.backward_selective + bf.block_backward;
   w.extra = bf.block_backward;  // LoRA's temporaries are in the branches already (block_workspace)
+  w.extra_forward = bf.block_forward;
   const N X = d.B * d.T * d.C, Xl = d.B * d.Tl * d.C;
   // A fully recomputing block's kept replay words, both regions (ModelMemoryLayout::tp_compression).
   const N replay = N{2} * N{tp_replay_words(lay.tp_compression, d.B.v, d.T.v, d.C.v, lay.tp, d.sp)};
@@ -388,11 +428,15 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
     const ActivationCompression comp = layer < lay.compression.size() ? lay.compression[layer] : ActivationCompression{};
     TESSERA_CHECK(!comp.active() || p == Recompute::None, "model_memory: layer ", layer,
                   " compresses its saved inputs but recomputes (model/compression_policy.h)");
+    const RecomputeOps ops = p == Recompute::None && layer < lay.recompute_ops.size() ? lay.recompute_ops[layer]
+                                                                                    : RecomputeOps{};
+    TESSERA_CHECK(!comp.active() || !ops.any(), "model_memory: layer ", layer,
+                  " compresses its saved inputs and recomputes ops (model/recompute_ops.h)");
     if (comp.active()) {
       const CompressedBlock cb = compressed_block(comp, d, a, w);
       blocks.push_back({cb.kept, cb.backward, cb.forward});
     } else {
-      BlockCost b = block_cost(p, a, w, Xl);
+      BlockCost b = block_cost(p, a, w, Xl, d, ops);
       if (p == Recompute::Full) {  // the replay words, kept from the forward's peak on
         b.kept = b.kept + replay;
         b.forward = b.forward + replay;
@@ -452,7 +496,7 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
       if (!full[static_cast<size_t>(l)]) continue;
       recompute_peak = max(recompute_peak, acts + recomputed + Xl + a.block + w.forward);
       recomputed = recomputed + a.block;
-      blocks[static_cast<size_t>(l)] = block_cost(Recompute::None, a, w, Xl);
+      blocks[static_cast<size_t>(l)] = block_cost(Recompute::None, a, w, Xl, d);
       blocks[static_cast<size_t>(l)].kept = a.block + replay;  // the replay words go with its backward
     }
   }
@@ -482,6 +526,24 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
   return m;
 }
 
+RecomputeOpsCost recompute_ops_cost(const ModelConfig& cfg, const ModelMemoryLayout& lay, const RecomputeOps& o) {
+  const ModelConfig c = resolve(cfg);
+  const Dims d = dims_of(c, lay);
+  const DroppedOps drop = dropped_ops(o, d);
+  const N rows = d.B * d.T, kv_cols = (d.kv_replicated ? d.KVh : d.KVl) * d.D, q = rows * d.Hl * d.D;
+  const auto flops = [](N n) { return 2.0 * static_cast<double>(n.v); };
+  RecomputeOpsCost cost;
+  cost.elements_saved = (drop.mlp + drop.attention).v;
+  cost.bytes_saved = (N{4} * (drop.mlp + drop.attention)).v;
+  if (o.qkv) cost.gemm_flops += flops(rows * d.C * (d.Hl * d.D + N{2} * kv_cols));
+  if (o.mlp_in) cost.gemm_flops += flops(N{d.swiglu ? 2 : 1} * rows * d.C * d.Fl);
+  if (o.attn) cost.attention_flops = 2.0 * flops(d.B * d.Hl * d.D * N{d.T.v * (d.T.v + 1) / 2});
+  if (o.norm) cost.elementwise += (N{2} * d.B * d.Tl * d.C).v;
+  if (o.mlp_act) cost.elementwise += (rows * d.Fl).v;
+  if (o.qkv && !d.learned_positions) cost.elementwise += (q + rows * d.KVl * d.D).v;  // RoPE
+  return cost;
+}
+
 ActivationParts activation_parts(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
   const ModelConfig c = resolve(cfg);
   const Dims d = dims_of(c, lay);
@@ -492,7 +554,7 @@ ActivationParts activation_parts(const ModelConfig& cfg, const ModelMemoryLayout
   const N replay = lay.recompute == Recompute::Full
                        ? N{2} * N{tp_replay_words(lay.tp_compression, d.B.v, d.T.v, d.C.v, lay.tp, d.sp)}
                        : N{};
-  return {Xl.v, (block_cost(lay.recompute, a, w, Xl).kept + Xl + replay).v, (a.head + a.loss).v, vis.kept.v};
+  return {Xl.v, (block_cost(lay.recompute, a, w, Xl, d).kept + Xl + replay).v, (a.head + a.loss).v, vis.kept.v};
 }
 
 }  // namespace tessera

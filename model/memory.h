@@ -13,6 +13,7 @@
 #include "model/config.h"
 #include "model/gpt.h"
 #include "parallel/tp_compression.h"
+#include "model/recompute_ops.h"
 
 namespace tessera {
 
@@ -77,6 +78,9 @@ struct ModelMemoryLayout {
   // (parallel/tp_compression.h TpReceived, tp_replay_words a region): allocated at the region's
   // end in the forward (the reduce-scatter's staging alive), released when the block's backward ends.
   TpCompressionModes tp_compression = {};
+  // model.recompute_ops: one entry per layer of the whole model (model/recompute_ops.h), empty for
+  // none; applies to the blocks whose policy is Recompute::None (not the full_layers).
+  std::vector<RecomputeOps> recompute_ops = {};
 };
 
 // Element counts (of the parameter dtype) on one rank.
@@ -103,6 +107,23 @@ struct ModelMemory {
 // Of a pipeline stage (layout.stage): its parameters only (the last stage's copy of a tied
 // embedding included), and what its forward and backward allocate.
 ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& layout);
+
+// What per-op recomputation (model/recompute_ops.h) trades in one block on this rank, for one
+// micro-batch of `layout` (its batch, seq_len, tp and sequence_parallel are read), so a planner can
+// choose ops per layer: the elements its kept context shrinks by (the activation peak's change is
+// model_memory's: the backward holds one branch's recomputed tensors at a time), and the forward
+// work its backward runs again. FLOPs: 2 m n k per GEMM (all KV heads' k and v when they are
+// replicated over tp); the attention kernel's QK^T and PV over the causal pairs, 2 x 2 D per
+// (query, visible key), B H_local T (T + 1) / 2 pairs.
+struct RecomputeOpsCost {
+  int64_t elements_saved = 0;   // activation elements (F32 in training: bytes_saved = 4x)
+  int64_t bytes_saved = 0;
+  double gemm_flops = 0;        // qkv: q, k, v; mlp_in: fc, or gate and up
+  double attention_flops = 0;   // attn: the attention forward
+  int64_t elementwise = 0;      // elements the recomputed elementwise ops write: norm 2 (B, T_local, C),
+                                // mlp_act (B, T, F_local), RoPE's q and k under qkv (llama)
+};
+RecomputeOpsCost recompute_ops_cost(const ModelConfig& cfg, const ModelMemoryLayout& layout, const RecomputeOps& ops);
 
 // What one micro-batch's forward keeps for backward, by part (elements on one rank): the
 // activation side of the pipeline cut's cost model (model/stage_cut.h). The model's activations

@@ -3,6 +3,7 @@
 #include "app/config.h"
 #include "kernels/activation_compression.h"
 #include "model/compression_policy.h"
+#include "model/recompute_ops.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -848,6 +849,43 @@ TEST(ConfigModel, ActivationCompressionKeysAreChecked) {
   EXPECT_EQ(policy[2], (ActivationCompression{CompressionMethod::LowRank, 4}));
   EXPECT_EQ(activation_compression_policy(Config{}).size(), 12u);
   EXPECT_FALSE(any_compression(activation_compression_policy(Config{})));
+}
+
+// model.recompute_ops* (model/recompute_ops.h): names checked with their key; what does not combine
+// with them refused naming both keys; the policy per layer, empty on the layers that recompute fully.
+TEST(ConfigModel, RecomputeOpsKeysAreChecked) {
+  auto parse = [](std::vector<std::string> sets) { return parse_config_string("", "t.toml", sets); };
+  EXPECT_TRUE(testing::throws_with([&] { parse({"model.recompute_ops=[\"norm\", \"softmax\"]"}); },
+                                   {"model.recompute_ops[1] = \"softmax\" is not an op"}));
+  EXPECT_TRUE(testing::throws_with([&] { parse({"model.n_layer=2", "model.recompute_ops_layers=[\"qkv\"]"}); },
+                                   {"model.recompute_ops_layers has 1 entries", "model.n_layer = 2"}));
+  EXPECT_TRUE(testing::throws_with([&] { parse({"model.recompute_ops=[\"qkv\"]", "model.recompute=\"selective\""}); },
+                                   {"model.recompute_ops (qkv)", "model.recompute = \"selective\""}));
+  EXPECT_TRUE(testing::throws_with([&] { parse({"model.recompute_ops=[\"attn\"]", "parallel.layout=\"auto\""}); },
+                                   {"model.recompute_ops (attn)", "parallel.layout = \"auto\""}));
+  EXPECT_TRUE(testing::throws_with(
+      [&] { parse({"model.n_layer=2", "model.recompute_ops_layers=[\"none\", \"norm\"]",
+                   "model.activation_compression=\"int8\""}); },
+      {"model.recompute_ops_layers recomputes \"norm\" on layer 1", "model.activation_compression (\"int8\")"}));
+  EXPECT_TRUE(testing::throws_with(
+      [&] { parse({"model.recompute_ops=[\"mlp_in\"]", "parallel.tp=2", "parallel.sequence_parallel=true",
+                   "parallel.tp_overlap_chunks=2"}); },
+      {"model.recompute_ops (mlp_in)", "parallel.tp_overlap_chunks = 2"}));
+  EXPECT_NO_THROW(parse({"model.recompute_ops=[\"attn\", \"selective\"]", "parallel.tp=2",
+                         "parallel.sequence_parallel=true", "parallel.tp_overlap_chunks=2"}));
+  EXPECT_TRUE(testing::throws_with([&] { parse({"model.recompute_ops=[\"attn\"]", "parallel.cp=2"}); },
+                                   {"model.recompute_ops (attn)", "parallel.cp = 2"}));
+  EXPECT_NO_THROW(parse({"model.recompute_ops=[\"selective\"]", "parallel.cp=2"}));
+  EXPECT_TRUE(testing::throws_with([&] { parse({"model.recompute_ops=[\"qkv\"]", "lora.rank=4"}); },
+                                   {"model.recompute_ops (qkv)", "lora.rank = 4"}));
+  const Config c = parse({"model.n_layer=3", "model.recompute_layers=1",
+                          "model.recompute_ops_layers=[\"all\", \"norm+qkv\", \"none\"]"});
+  const std::vector<RecomputeOps> ops = recompute_ops_policy(c);
+  ASSERT_EQ(ops.size(), 3u);
+  EXPECT_EQ(ops[0], RecomputeOps{}) << "layer 0 recomputes fully (model.recompute_layers)";
+  EXPECT_EQ(ops[1], (RecomputeOps{true, true, false, false, false}));
+  EXPECT_EQ(ops[2], RecomputeOps{});
+  EXPECT_EQ(recompute_ops_policy(Config{}), std::vector<RecomputeOps>(12));
 }
 
 // ---- Documentation -------------------------------------------------------------------------
