@@ -783,6 +783,40 @@ void check_pipeline(const Config& c, int64_t dp_size, const Origins* origins) {
   }
 }
 
+// parallel.cp_mode = "dynamic" (app/dynamic_cp.h) against what it composes with: packed documents
+// (data.batching = "tokens"), a cp group to plan over, the ring (subgroups run point-to-point only),
+// one pipeline stage and no tensor parallelism (a pass's rows differ per cp rank: the pipeline's
+// schedule and the tp group's collectives are not built for that), an explicit layout.
+void check_dynamic_cp(const Config& c, const Origins* origins) {
+  const ParallelConfig& p = c.parallel;
+  if (p.cp_mode != "dynamic") {
+    if (!p.cp_calibration.empty())
+      fail(show("parallel.cp_calibration", p.cp_calibration, origins) + " is dynamic cp's cost model, but " +
+           show("parallel.cp_mode", p.cp_mode, origins) + ": set parallel.cp_mode = \"dynamic\" or remove it");
+    return;
+  }
+  const std::string mode = show("parallel.cp_mode", p.cp_mode, origins);
+  if (c.data.batching != "tokens")
+    fail(mode + " plans whole documents per row, but " + show("data.batching", c.data.batching, origins) +
+         ": use data.batching = \"tokens\"");
+  if (p.layout == "auto")
+    fail(mode + " needs the cp degree given, but " + show("parallel.layout", p.layout, origins) +
+         " plans it: use parallel.layout = \"explicit\"");
+  if (p.cp < 2)
+    fail(mode + " chooses per row among the cp ranks, but " + show("parallel.cp", p.cp, origins) +
+         ": set parallel.cp >= 2 or parallel.cp_mode = \"static\"");
+  if (p.cp_comm != "ring")
+    fail(mode + " runs split rows' rings over subgroups, point to point, but " +
+         show("parallel.cp_comm", p.cp_comm, origins) + " all-gathers over the whole cp group: use "
+         "parallel.cp_comm = \"ring\"");
+  if (p.tp > 1)
+    fail(mode + " gives each cp rank its own rows, which tensor parallelism is not built for: " +
+         show("parallel.tp", p.tp, origins) + "; use parallel.tp = 1");
+  if (p.pp > 1)
+    fail(mode + " gives each cp rank its own passes, which the pipeline schedules are not built for: " +
+         show("parallel.pp", p.pp, origins) + "; use parallel.pp = 1");
+}
+
 void validate(const Config& c, const Origins* origins) {
   Config copy = c;
   RangeChecker ranges;
@@ -847,6 +881,7 @@ void validate(const Config& c, const Origins* origins) {
          show("model.n_layer", c.model.n_layer, origins) + " has fewer; use at most model.n_layer");
   }
   check_token_batching(c);  // data.batching = "tokens" (app/token_batching.h)
+  check_dynamic_cp(c, origins);  // parallel.cp_mode = "dynamic" (app/dynamic_cp.h)
   activation_compression_policy(c);  // model.activation_compression*: the names, the rank, recompute, device
   recompute_ops_policy(c);           // model.recompute_ops*: the names, and what they do not combine with
   if (c.data.document_mask && c.data.task != "tokens") {

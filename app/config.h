@@ -334,6 +334,8 @@ struct ParallelConfig {
   std::string pp_schedule = "1f1b";
   int64_t cp = 1;
   std::string cp_comm = "ring";
+  std::string cp_mode = "static";  // "dynamic": rows split or kept whole per micro-batch (app/dynamic_cp.h)
+  std::string cp_calibration;      // dynamic: the cost model's file; "": measured at start
   bool sequence_parallel = false;
   int64_t tp_overlap_chunks = 1;  // parallel/tp_overlap.h
   // Compressed tp communication (parallel/tp_compression.h): both directions, or each on its own.
@@ -374,6 +376,13 @@ struct ParallelConfig {
     v.field("cp_comm", cp_comm, "context-parallel attention: ring (K/V passed around the cp ring, overlapped "
             "with attention) or allgather (K/V all-gathered once per layer; cheap with few KV heads)",
             Allowed::one_of({"ring", "allgather"}));
+    v.field("cp_mode", cp_mode, "static (every row split over the whole cp group) or dynamic (data.batching = "
+            "\"tokens\", ring: per micro-batch each row runs whole on one cp rank or split over an aligned subgroup "
+            "of 2..cp ranks, chosen by a cost model measured at start so that the slowest cp rank is fastest; "
+            "docs/parallel.md)", Allowed::one_of({"static", "dynamic"}));
+    v.field("cp_calibration", cp_calibration, "parallel.cp_mode = \"dynamic\": a cost-model file (the "
+            "cp_calibration.toml a run writes into its directory) to plan with instead of timing the model and "
+            "the ring at start; \"\" = measure", Allowed::any());
     v.field("sequence_parallel", sequence_parallel, "split norms and residuals along the sequence "
             "over the tp group", Allowed::any());
     v.field("tp_overlap_chunks", tp_overlap_chunks, "sequence parallelism: cut each tensor-parallel all-gather "

@@ -215,6 +215,9 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
   watchdog_ = watchdog;
   if (watchdog && comms_) comms_->watch(*watchdog, grid_, cfg_.parallel.timeout_s);
   cp_ = context_parallel_of(cfg_.parallel, comms_.get());
+  // parallel.cp_mode = "dynamic": the model's attention rings over the subgroup each pass selects.
+  dynamic_cp_ = DynamicCp::open(cfg_, cp_.comm);
+  if (dynamic_cp_) cp_.comm = dynamic_cp_->comm();
   // The tp ranks of a dp replica hold one model between them and read the same batches.
   tp_compression_ = make_tp_compression(cfg_.parallel, alloc_);  // parallel.tp_comm_compression
   if (grid_.tp_size() > 1) tp_ = TensorParallel{comms_->tp.get(), cfg_.parallel.sequence_parallel,
@@ -319,6 +322,13 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
   }
   apply_rewarm();
   params_->refresh_compute_copy(ex_);  // from the initialized or resumed masters (bf16 only)
+  if (dynamic_cp_) {  // the cost model, timed on this model (collective over cp) or read from its file
+    dynamic_cp_line_ = dynamic_cp_->calibrate(cfg_, *model_, ex_, alloc_);
+    if (lead_ && !run_dir_.empty()) {
+      std::ofstream out(run_dir_ + "/" + kCpCalibrationFile);
+      out << cp_cost_toml(dynamic_cp_->cost());
+    }
+  }
   if (cfg_.train.profile) {
     profiling_ = true;
     // A GPU queues its ops: each scope waits for its own (per-family times, slower steps).
@@ -672,7 +682,8 @@ Communicator* Trainer::dp_cp_group() {
 // and the norm, or nothing when the ranks voted to stop before the forwards (nothing has changed
 // then).
 std::optional<Trainer::Reduced> Trainer::forward_backward(int64_t s) {
-  std::vector<Batch> batches;
+  std::vector<Batch> batches;  // the micro-batches; parallel.cp_mode = "dynamic": this cp rank's passes
+  std::vector<CpPlacement> groups;  // dynamic: each pass's cp subgroup (DynamicCp::passes)
   double my_targets = 0;  // counted on the host, where the batches are: no device read
   // The batches are read (or fail to be read) before anything changes, and the ranks agree on
   // the outcome before the first collective of the step: a rank stopped by a signal while it waits
@@ -688,11 +699,23 @@ std::optional<Trainer::Reduced> Trainer::forward_backward(int64_t s) {
       if (!next) break;  // a stop signal: the vote below sees it
       if (data_.document_eot >= 0 && next->doc_start.empty())  // (packed batches come with their documents)
         mark_documents(*next, data_.document_eot);  // on the whole window
-      batches.push_back(cp_share(*next, cp_));  // this cp rank's positions of each sequence
-      const Batch& b = batches.back();
+      if (dynamic_cp_) {  // this cp rank's passes: its whole rows, its share of each split subgroup's
+        for (DynamicCp::Pass& p : dynamic_cp_->passes(*next)) {
+          groups.push_back(p.group);
+          batches.push_back(std::move(p.batch));
+        }
+        if (m + 1 == accum_ && batches.empty()) {  // nothing planned here this step: a pass of no targets
+          DynamicCp::Pass idle = dynamic_cp_->idle_pass(*next);
+          groups.push_back(idle.group);
+          batches.push_back(std::move(idle.batch));
+        }
+      } else {
+        batches.push_back(cp_share(*next, cp_));  // this cp rank's positions of each sequence
+      }
+    }
+    for (const Batch& b : batches)
       my_targets += static_cast<double>(
           std::count_if(b.targets.begin(), b.targets.end(), [](int32_t t) { return t != kIgnoreTarget; }));
-    }
   } catch (const std::exception& e) {
     read_error = e.what();
   }
@@ -718,7 +741,18 @@ std::optional<Trainer::Reduced> Trainer::forward_backward(int64_t s) {
   };
   std::map<int64_t, InFlight> in_flight;
   StepCallbacks run;
+  // Dynamic cp: each pass runs with its subgroup selected (the attention's ring, or none), timed.
+  const auto pass_group = [&](int64_t m) {
+    return dynamic_cp_ ? groups.at(static_cast<size_t>(m)) : CpPlacement{};
+  };
+  CpSubgroupComm* const subgroups = dynamic_cp_ ? dynamic_cp_->comm() : nullptr;
+  const auto busy = [&](std::chrono::steady_clock::time_point t0) {
+    if (dynamic_cp_)
+      dynamic_cp_->add_busy(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  };
   run.forward = [&](int64_t m) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const CpSubgroupScope scope(subgroups, pass_group(m).first, pass_group(m).ranks);
     const Batch& b = batches.at(static_cast<size_t>(m));
     InFlight& f = in_flight[m];
     f.tokens = upload(ex_, alloc_, Tensor(const_cast<int32_t*>(b.tokens.data()), DType::I32, {b.B, b.T}),
@@ -730,11 +764,15 @@ std::optional<Trainer::Reduced> Trainer::forward_backward(int64_t s) {
     model_->forward(ex_, f.ctx, alloc_, f.tokens, f.targets, share_layout(b, cp_, cfg_.train.seq_len), f.images.get(),
                     drop ? &*drop : nullptr);
     accumulate(ex_, step_sums, f.ctx.loss_sums);
+    busy(t0);
   };
   run.backward = [&](int64_t m, bool last) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const CpSubgroupScope scope(subgroups, pass_group(m).first, pass_group(m).ranks);
     // Only the last backward communicates: earlier ones only accumulate locally.
     model_->backward(ex_, in_flight.at(m).ctx, alloc_, loss_scale, last ? grads_hook() : Gpt::GradsReady{});
     in_flight.erase(m);
+    busy(t0);
   };
   run_schedule(one_stage_schedule(static_cast<int64_t>(batches.size())).actions_of(grid_.pp_rank()), run);
   return finish_step(step_reads, targets[0], true);
@@ -994,6 +1032,14 @@ void Trainer::log_step(int64_t s, const StepResult& r, double step_seconds, doub
       .add("elapsed_s", elapsed)
       .add("tokens", static_cast<int64_t>(done) * cfg_.train.global_batch * cfg_.train.seq_len)
       .add("memory_peak_bytes", static_cast<int64_t>(alloc_.total_peak()));
+  if (dynamic_cp_) {  // the plans' rows split and whole per step, and the cp ranks' busy time (collective over cp)
+    const DynamicCp::Window w = dynamic_cp_->take_window(std::max<int64_t>(1, done - step_at_record_));
+    rec.add("cp_rows_split", w.rows_split)
+        .add("cp_rows_whole", w.rows_whole)
+        .add("cp_predicted_imbalance", w.predicted_imbalance)
+        .add("cp_busy_s", w.busy_s)
+        .add("cp_busy_imbalance", w.busy_imbalance);
+  }
   if (tokens_) {  // variable-length batches: real tokens per step, their rate and dp imbalance since the last record
     const TokenBatching::Window w = tokens_->take_window();
     rec.add("real_tokens", w.tokens_per_step)
@@ -1131,6 +1177,7 @@ void Trainer::print_header() {
   if (ckpt_) os << "\nrun id " << ckpt_->run_id();
   os << "\n" << memory_line_;
   if (!pp_cut_line_.empty()) os << "\n" << pp_cut_line_;
+  if (!dynamic_cp_line_.empty()) os << "\n" << dynamic_cp_line_;
   progress_.message(os.str());
   if (!resumed_from_.empty())
     progress_.message("resumed from " + resumed_from_ + " at step " + std::to_string(start_step_));

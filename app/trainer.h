@@ -16,6 +16,7 @@
 
 #include "app/checkpoint/checkpointing.h"
 #include "app/config.h"
+#include "app/dynamic_cp.h"
 #include "app/metrics.h"
 #include "app/signals.h"
 #include "app/token_batching.h"
@@ -93,6 +94,8 @@ class Trainer {
   // Throws DataError (every rank) when a batch cannot be read.
   StepResult step(int64_t s);
   const ParameterStore& params() const { return *params_; }
+  // parallel.cp_mode = "dynamic": its planner's counts and cost model (null for static cp).
+  const DynamicCp* dynamic_cp() const { return dynamic_cp_.get(); }
   // The optimizer, for its moments (gather_state(): collective over dp under ZeRO-1); tests.
   DataParallelOptimizer& optimizer() { return *opt_; }
   int64_t start_step() const { return start_step_; }
@@ -167,6 +170,8 @@ class Trainer {
   BatchLayout layout_;
   std::unique_ptr<DataLoader> loader_;  // created at the first step, positioned at it
   std::unique_ptr<TokenBatching> tokens_;  // data.batching = "tokens" (app/token_batching.h); null for windows
+  std::unique_ptr<DynamicCp> dynamic_cp_;  // parallel.cp_mode = "dynamic" (app/dynamic_cp.h); null for static
+  std::string dynamic_cp_line_;            // its cost model, for the header
   Device device_;          // train.device, resolved and agreed by every rank at start
   ComputeStream stream_;   // CUDA: the stream every op of the step and alloc_ use; CPU: none
   Allocator alloc_;        // on device_: the model, its gradients, the optimizer state, activations

@@ -43,13 +43,13 @@ def load():
         return f.read().split()[0]
 
 
-def make_corpus(workdir, docs, median, sigma, max_len, seed):
+def make_corpus(workdir, docs, median, sigma, max_len, seed, min_len=16):
     rng = random.Random(seed)
     path = os.path.join(workdir, "corpus.jsonl")
     lengths = []
     with open(path, "w") as f:
         for _ in range(docs):
-            n = int(min(max_len, max(16, rng.lognormvariate(math.log(median), sigma))))
+            n = int(min(max_len, max(min_len, rng.lognormvariate(math.log(median), sigma))))
             text = ""
             while len(text) < n:
                 text += rng.choice(WORDS) + " "

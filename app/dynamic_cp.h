@@ -1,0 +1,92 @@
+// The trainer's side of dynamic context parallelism (parallel.cp_mode = "dynamic", docs/parallel.md):
+// the cost model measured at start (or read from parallel.cp_calibration), each micro-batch planned
+// (parallel/dynamic_cp.h) and cut into this cp rank's passes (its whole rows as one batch, its share
+// of each split subgroup's rows as another), and the step's plan and busy-time numbers for the
+// metrics. The model's attention holds the CpSubgroupComm; a pass runs inside a CpSubgroupScope of
+// its group, so the same model runs whole rows (no ring) and split rows (the subgroup's ring).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "app/config.h"
+#include "data/dataset.h"
+#include "kernels/allocator.h"
+#include "kernels/exec.h"
+#include "model/gpt.h"
+#include "parallel/context_attention.h"
+#include "parallel/cp_subgroup.h"
+#include "parallel/dynamic_cp.h"
+
+namespace tessera {
+
+// The calibration file a run writes into its directory (and parallel.cp_calibration reads).
+inline constexpr const char* kCpCalibrationFile = "cp_calibration.toml";
+
+// The document lengths of row r of a packed batch (runs of equal doc_start; the padding is one).
+std::vector<int64_t> row_documents(const Batch& b, int64_t r);
+
+// Rows `rows` of b as a batch (tokens, targets, documents and positions).
+Batch batch_rows(const Batch& b, const std::vector<int64_t>& rows);
+
+// The cost model in TOML ([cp_cost] token_s, pair_s, ring_step_s, ring_token_s) and back; reading
+// is an Error naming the file and the key for a missing, non-numeric or negative value.
+std::string cp_cost_toml(const CpCostModel& m);
+CpCostModel read_cp_cost(const std::string& path);
+
+class DynamicCp {
+ public:
+  // Null unless parallel.cp_mode = "dynamic". cp: the grid's cp communicator (size >= 2).
+  static std::unique_ptr<DynamicCp> open(const Config& cfg, Communicator* cp);
+
+  CpSubgroupComm* comm() { return comm_.get(); }
+
+  // The cost model: parallel.cp_calibration's, or measured here (collective over the cp group):
+  // model's forward + backward of one row of seq_len timed whole (on every cp rank, loss scale 0:
+  // the gradients are unchanged; the fastest of 3) with one document and with eight, fitted to
+  // token_s and pair_s; a ring exchange of a small message and of a row's K/V timed over the cp
+  // group (the fastest of 9), fitted to ring_step_s (3 n_layer exchanges of the small one's time:
+  // K/V forward, K/V and their gradients backward) and ring_token_s. Every constant is averaged over the cp group and broadcast from its
+  // first rank, so every rank plans alike. Returns the line the header prints.
+  std::string calibrate(const Config& cfg, const Gpt& model, const Exec& ex, Allocator& alloc);
+  const CpCostModel& cost() const { return cost_; }
+  void set_cost(const CpCostModel& m) { cost_ = m; }
+
+  struct Pass {
+    CpPlacement group;
+    Batch batch;  // whole: its rows; split: this rank's share of its rows (load-balanced chunks)
+  };
+  // This cp rank's passes of micro-batch b (R, L), in cp_passes' order; the plan counted for the
+  // metrics.
+  std::vector<Pass> passes(const Batch& b);
+  // A pass of b's first row with no targets: run by a cp rank whose step has no pass at all, so that
+  // it still takes part in the gradient reduction (its contribution is zero).
+  Pass idle_pass(const Batch& b) const;
+
+  // Seconds this rank spent in its passes' forwards and backwards (added by the trainer).
+  void add_busy(double s) { busy_s_ += s; }
+
+  // Since the last take_window: rows split and whole per step, the plans' predicted imbalance
+  // (mean), and the measured busy seconds per step: this rank's, and max / mean - 1 over the cp
+  // group (collective over the cp group).
+  struct Window {
+    double rows_split = 0, rows_whole = 0, predicted_imbalance = 0, busy_s = 0, busy_imbalance = 0;
+  };
+  Window take_window(int64_t steps);
+  // Rows planned since the start, and how many of them were split (never reset: tests read them).
+  int64_t rows_planned() const { return rows_total_; }
+  int64_t rows_split_total() const { return split_total_; }
+
+ private:
+  std::unique_ptr<CpSubgroupComm> comm_;
+  Communicator* cp_ = nullptr;
+  int64_t length_ = 0;
+  CpCostModel cost_;
+  int64_t plans_ = 0, split_ = 0, whole_ = 0;
+  double imbalance_sum_ = 0, busy_s_ = 0;
+  int64_t rows_total_ = 0, split_total_ = 0;
+};
+
+}  // namespace tessera

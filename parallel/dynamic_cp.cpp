@@ -1,0 +1,254 @@
+// Dynamic context parallelism's planner: costs of a row per placement, greedy placement and
+// single-row improvement (dynamic_cp.h).
+#include "parallel/dynamic_cp.h"
+
+#include <algorithm>
+#include <numeric>
+#include <sstream>
+
+#include "kernels/check.h"
+
+namespace tessera {
+
+std::string CpCostModel::str() const {
+  std::ostringstream o;
+  o << "token " << token_s * 1e9 << " ns, pair " << pair_s * 1e9 << " ns, ring step " << ring_step_s * 1e6
+    << " us + " << ring_token_s * 1e9 << " ns per K/V position";
+  return o.str();
+}
+
+double CpPlan::max_s() const { return rank_s.empty() ? 0.0 : *std::max_element(rank_s.begin(), rank_s.end()); }
+
+double CpPlan::imbalance() const {
+  if (rank_s.empty()) return 0.0;
+  const double mean = std::accumulate(rank_s.begin(), rank_s.end(), 0.0) / static_cast<double>(rank_s.size());
+  return mean > 0 ? max_s() / mean - 1.0 : 0.0;
+}
+
+int64_t CpPlan::split_rows() const {
+  return std::count_if(rows.begin(), rows.end(), [](const CpPlacement& p) { return p.split(); });
+}
+
+std::vector<int64_t> cp_split_sizes(int64_t cp, int64_t length) {
+  std::vector<int64_t> sizes;
+  for (int64_t s = 2; s <= cp; ++s)
+    if (cp % s == 0 && length % (2 * s) == 0) sizes.push_back(s);
+  return sizes;
+}
+
+namespace {
+
+void check_row(const std::vector<int64_t>& docs, int64_t length) {
+  int64_t total = 0;
+  for (int64_t d : docs) {
+    TESSERA_CHECK(d > 0, "dynamic cp: a document of length ", d, " (documents are at least 1 position)");
+    total += d;
+  }
+  TESSERA_CHECK(total == length, "dynamic cp: a row's documents cover ", total, " positions, not the row's ", length);
+}
+
+// Sum over positions p in [a, b) of (p - start(p) + 1): each query's visible keys under the causal
+// document mask. starts: each document's first position, ascending.
+int64_t pairs_in(const std::vector<int64_t>& docs, int64_t a, int64_t b) {
+  int64_t pairs = 0, start = 0;
+  for (int64_t d : docs) {
+    const int64_t lo = std::max(a, start), hi = std::min(b, start + d);
+    if (lo < hi) {  // positions lo..hi-1 of a document starting at `start`: (p - start + 1) summed
+      const int64_t first = lo - start + 1, last = hi - start;
+      pairs += (first + last) * (last - first + 1) / 2;
+    }
+    start += d;
+  }
+  return pairs;
+}
+
+}  // namespace
+
+int64_t cp_row_pairs(const std::vector<int64_t>& docs, int64_t length, int64_t ranks, int64_t index) {
+  check_row(docs, length);
+  if (ranks == 1) return pairs_in(docs, 0, length);
+  TESSERA_CHECK(length % (2 * ranks) == 0 && index >= 0 && index < ranks, "dynamic cp: member ", index, " of ",
+                ranks, " ranks over a row of ", length, " positions (needs a multiple of ", 2 * ranks, ")");
+  const int64_t c = length / (2 * ranks);
+  const int64_t mirror = 2 * ranks - 1 - index;
+  return pairs_in(docs, index * c, (index + 1) * c) + pairs_in(docs, mirror * c, (mirror + 1) * c);
+}
+
+std::vector<double> cp_row_cost(const std::vector<int64_t>& docs, int64_t length, int64_t ranks,
+                                const CpCostModel& m) {
+  std::vector<double> cost(static_cast<size_t>(ranks));
+  const double tokens = static_cast<double>(length) / static_cast<double>(ranks);
+  const double ring = ranks > 1 ? static_cast<double>(ranks - 1) * (m.ring_step_s + m.ring_token_s * tokens) : 0.0;
+  for (int64_t i = 0; i < ranks; ++i)
+    cost[static_cast<size_t>(i)] =
+        m.token_s * tokens + m.pair_s * static_cast<double>(cp_row_pairs(docs, length, ranks, i)) + ring;
+  return cost;
+}
+
+std::vector<double> cp_rank_seconds(const std::vector<std::vector<int64_t>>& rows, int64_t length, int64_t cp,
+                                    const std::vector<CpPlacement>& placements, const CpCostModel& m) {
+  TESSERA_CHECK(rows.size() == placements.size(), "dynamic cp: ", rows.size(), " rows, ", placements.size(),
+                " placements");
+  std::vector<double> load(static_cast<size_t>(cp), 0.0);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const CpPlacement& p = placements[i];
+    TESSERA_CHECK(p.first >= 0 && p.first + p.ranks <= cp && p.first % p.ranks == 0, "dynamic cp: placement [",
+                  p.first, ", ", p.first + p.ranks, ") outside cp = ", cp, " or not aligned");
+    const std::vector<double> c = cp_row_cost(rows[i], length, p.ranks, m);
+    for (int64_t j = 0; j < p.ranks; ++j) load[static_cast<size_t>(p.first + j)] += c[static_cast<size_t>(j)];
+  }
+  return load;
+}
+
+namespace {
+
+// Every placement a row can take, in preference order (whole before split, fewer ranks, lower rank).
+std::vector<CpPlacement> placements_of(int64_t cp, int64_t length) {
+  std::vector<CpPlacement> all;
+  for (int64_t r = 0; r < cp; ++r) all.push_back({r, 1});
+  for (int64_t s : cp_split_sizes(cp, length))
+    for (int64_t f = 0; f < cp; f += s) all.push_back({f, s});
+  return all;
+}
+
+// (slowest rank, sum of squares): the order plans are compared in.
+std::pair<double, double> score(const std::vector<double>& load) {
+  double sq = 0;
+  for (double l : load) sq += l * l;
+  return {*std::max_element(load.begin(), load.end()), sq};
+}
+
+void add(std::vector<double>& load, const CpPlacement& p, const std::vector<double>& cost, double sign) {
+  for (int64_t j = 0; j < p.ranks; ++j) load[static_cast<size_t>(p.first + j)] += sign * cost[static_cast<size_t>(j)];
+}
+
+}  // namespace
+
+namespace {
+
+// Depth-first branch and bound over the rows (longest first), each over every placement; a branch
+// ends when its slowest rank, or the work left spread evenly, cannot beat the best plan found.
+struct Search {
+  const std::vector<CpPlacement>& options;
+  const std::vector<std::vector<std::vector<double>>>& costs;  // [row][ranks][member]
+  const std::vector<size_t>& order;
+  std::vector<double> rest;  // rest[k]: the least total work of rows order[k..] (whole: no ring)
+  int64_t budget;            // nodes left; exhausted: the best so far stands
+  std::vector<double> load;
+  std::vector<CpPlacement> now, best;
+  double best_max;
+
+  void run(size_t k) {
+    if (budget-- <= 0) return;
+    if (k == order.size()) {
+      const double m = *std::max_element(load.begin(), load.end());
+      if (m < best_max * (1 - 1e-12)) best_max = m, best = now;
+      return;
+    }
+    const size_t i = order[k];
+    for (const CpPlacement& o : options) {
+      const std::vector<double>& c = costs[i][static_cast<size_t>(o.ranks)];
+      add(load, o, c, +1);
+      const double m = *std::max_element(load.begin(), load.end());
+      const double sum = std::accumulate(load.begin(), load.end(), 0.0);
+      const double bound = std::max(m, (sum + rest[k + 1]) / static_cast<double>(load.size()));
+      if (bound < best_max * (1 - 1e-12)) {
+        now[i] = o;
+        run(k + 1);
+      }
+      add(load, o, c, -1);
+    }
+  }
+};
+
+}  // namespace
+
+CpPlan plan_dynamic_cp(const std::vector<std::vector<int64_t>>& rows, int64_t length, int64_t cp,
+                       const CpCostModel& m, int64_t search_nodes) {
+  TESSERA_CHECK(cp >= 1, "dynamic cp: cp = ", cp);
+  const std::vector<CpPlacement> options = placements_of(cp, length);
+  // costs[i][s]: row i's member costs over s ranks (s = 1: whole), for every size an option uses.
+  std::vector<std::vector<std::vector<double>>> costs(rows.size(), std::vector<std::vector<double>>(
+                                                                        static_cast<size_t>(cp + 1)));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    costs[i][1] = cp_row_cost(rows[i], length, 1, m);
+    for (int64_t s : cp_split_sizes(cp, length)) costs[i][static_cast<size_t>(s)] = cp_row_cost(rows[i], length, s, m);
+  }
+  const auto cost_of = [&](size_t i, const CpPlacement& p) -> const std::vector<double>& {
+    return costs[i][static_cast<size_t>(p.ranks)];
+  };
+  // Greedy: longest first (ties: row order).
+  std::vector<size_t> order(rows.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return costs[a][1][0] > costs[b][1][0]; });
+  CpPlan plan;
+  plan.rows.assign(rows.size(), CpPlacement{});
+  std::vector<double> load(static_cast<size_t>(cp), 0.0);
+  for (size_t i : order) {
+    std::pair<double, double> best{0, 0};
+    size_t pick = 0;
+    for (size_t o = 0; o < options.size(); ++o) {
+      add(load, options[o], cost_of(i, options[o]), +1);
+      const std::pair<double, double> sc = score(load);
+      add(load, options[o], cost_of(i, options[o]), -1);
+      if (o == 0 || sc < best) best = sc, pick = o;
+    }
+    plan.rows[i] = options[pick];
+    add(load, options[pick], cost_of(i, options[pick]), +1);
+  }
+  // Single-row moves while one improves the score (each strictly lowers it: terminates).
+  const auto better = [](std::pair<double, double> a, std::pair<double, double> b) {
+    const double tol = 1e-12 * std::max(1.0, std::abs(b.first));
+    return a.first < b.first - tol || (a.first <= b.first + tol && a.second < b.second * (1 - 1e-12));
+  };
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const std::pair<double, double> now = score(load);
+      add(load, plan.rows[i], cost_of(i, plan.rows[i]), -1);
+      size_t pick = options.size();
+      std::pair<double, double> best = now;
+      for (size_t o = 0; o < options.size(); ++o) {
+        if (options[o] == plan.rows[i]) continue;
+        add(load, options[o], cost_of(i, options[o]), +1);
+        const std::pair<double, double> sc = score(load);
+        add(load, options[o], cost_of(i, options[o]), -1);
+        if (better(sc, best)) best = sc, pick = o;
+      }
+      if (pick < options.size()) plan.rows[i] = options[pick], moved = true;
+      add(load, plan.rows[i], cost_of(i, plan.rows[i]), +1);
+    }
+  }
+  // Then the exact search from that bound, within its node budget.
+  Search search{options, costs, order, std::vector<double>(rows.size() + 1, 0.0), search_nodes,
+                std::vector<double>(static_cast<size_t>(cp), 0.0), plan.rows, plan.rows, score(load).first};
+  for (size_t k = rows.size(); k-- > 0;) search.rest[k] = search.rest[k + 1] + costs[order[k]][1][0];
+  search.run(0);
+  plan.rows = search.best;
+  plan.optimal = search.budget >= 0;
+  plan.rank_s = cp_rank_seconds(rows, length, cp, plan.rows, m);  // recomputed: no drift from the moves
+  return plan;
+}
+
+std::vector<CpPass> cp_passes(const CpPlan& plan, int64_t rank) {
+  std::vector<CpPass> passes;
+  CpPass whole{{rank, 1}, {}};
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    const CpPlacement& p = plan.rows[i];
+    if (!p.contains(rank)) continue;
+    if (!p.split()) {
+      whole.rows.push_back(static_cast<int64_t>(i));
+      continue;
+    }
+    auto it = std::find_if(passes.begin(), passes.end(), [&](const CpPass& q) { return q.group == p; });
+    if (it == passes.end()) passes.push_back({p, {}}), it = passes.end() - 1;
+    it->rows.push_back(static_cast<int64_t>(i));
+  }
+  std::sort(passes.begin(), passes.end(), [](const CpPass& a, const CpPass& b) {
+    return std::make_pair(a.group.first, a.group.ranks) < std::make_pair(b.group.first, b.group.ranks);
+  });
+  if (!whole.rows.empty()) passes.push_back(std::move(whole));
+  return passes;
+}
+
+}  // namespace tessera

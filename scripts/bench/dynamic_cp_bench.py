@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Dynamic context parallelism (parallel.cp_mode = "dynamic", docs/parallel.md) against static cp and
+against dp alone, on 4 ranks (mpiexec -n 4, one OpenMP thread per rank) with variable-length batches
+(data.batching = "tokens") of a long-tailed corpus: document lengths log-normal in bytes, clipped to
+[64, --max-len] (varlen_bench.py's generator). The same GPT-2-style model and the same rows per step
+in every layout, alternating, `--rounds` times each: dp 4, static cp 4 (ring), dynamic cp 4 (its cost
+model measured at start). Reads the last metrics.jsonl record (the steps since the previous record:
+the first ones warm up): real tokens/s and, for dynamic cp, the rows split / whole per step, the
+planner's predicted imbalance and the measured busy-time imbalance over the cp ranks (max / mean - 1;
+busy time includes the waits inside a split row's ring). Prints the load average before each run
+and the medians.
+
+  cmake --build build -j2 --target tessera
+  scripts/bench/dynamic_cp_bench.py [--rounds 3] [--steps 6] [--docs 1500] [--json out.json]
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from varlen_bench import ROOT, TESSERA, load, make_corpus  # noqa: E402
+
+# GPT-2 preset, 4 blocks of width 128, rows of seq_len positions, 16 rows per step (micro-batches
+# of 4 rows: 1 per rank on dp 4, 4 accumulated on cp 4).
+def model(seq_len, max_len):
+    return ["model.preset=\"gpt2\"", "model.n_layer=4", "model.n_head=4", "model.n_embd=128",
+            f"train.seq_len={seq_len}", f"model.max_seq_len={max_len}", "train.global_batch=16",
+            "train.eval_every=0", "optim.warmup_steps=2", "checkpoint.at_end=false", "data.task=\"tokens\"",
+            "data.tokenizer=\"byte\"", "data.batching=\"tokens\"", f"train.tokens_per_micro_batch={4 * seq_len}"]
+
+
+LAYOUTS = {
+    "dp4": ["parallel.dp=4"],
+    "static cp4": ["parallel.dp=1", "parallel.cp=4"],
+    "dynamic cp4": ["parallel.dp=1", "parallel.cp=4", "parallel.cp_mode=\"dynamic\""],
+}
+
+
+def run(layout, prefix, args, workdir):
+    run_dir = tempfile.mkdtemp(dir=workdir)
+    sets = model(args.seq_len, args.max_len) + LAYOUTS[layout] + [
+        f"data.train=[{{path=\"{prefix}\"}}]", f"train.steps={args.steps}", f"log.every={args.steps // 2}"]
+    cmd = ["mpiexec", "-n", "4", TESSERA, "train", os.path.join(ROOT, "configs", "quickstart.toml"),
+           "--run-dir", run_dir]
+    for s in sets:
+        cmd += ["--set", s]
+    before = load()
+    out = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"failed: {' '.join(cmd)}\n{out.stdout}\n{out.stderr}")
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        records = [json.loads(line) for line in f if '"loss"' in line]
+    calib = ""
+    if os.path.exists(os.path.join(run_dir, "cp_calibration.toml")):
+        with open(os.path.join(run_dir, "cp_calibration.toml")) as f:
+            calib = f.read()
+    shutil.rmtree(run_dir)
+    r = records[-1]
+    return dict(layout=layout, real_tokens_per_s=r["real_tokens_per_s"], loss=r["loss"], load=before,
+                rows_split=r.get("cp_rows_split"), rows_whole=r.get("cp_rows_whole"),
+                predicted_imbalance=r.get("cp_predicted_imbalance"), busy_imbalance=r.get("cp_busy_imbalance"),
+                calibration=calib, cmd=" ".join(cmd[:6] + ["<run dir>"] + cmd[8:]))
+
+
+def pct(x):
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--docs", type=int, default=1500)
+    ap.add_argument("--median", type=float, default=120, help="median document length (bytes)")
+    ap.add_argument("--sigma", type=float, default=1.2, help="log-normal sigma")
+    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--max-len", type=int, default=2048)
+    ap.add_argument("--json")
+    ap.add_argument("--workdir", default=tempfile.gettempdir())
+    args = ap.parse_args()
+    workdir = tempfile.mkdtemp(dir=args.workdir)
+    prefix, lengths = make_corpus(workdir, args.docs, args.median, args.sigma, args.max_len, 1, min_len=64)
+    q = lambda f: lengths[int(f * (len(lengths) - 1))]
+    print(f"corpus: {len(lengths)} documents, lengths (bytes) min {lengths[0]} median {q(0.5)} p90 {q(0.9)} "
+          f"p99 {q(0.99)} max {lengths[-1]}; seq_len {args.seq_len}: "
+          f"{sum(n > args.seq_len for n in lengths)} documents are cut")
+    print(f"4 ranks, {args.steps} steps, the last {args.steps // 2} measured; 16 rows x {args.seq_len} positions "
+          "per step")
+    print("| layout | round | real tokens/s | rows split / whole per step | predicted imbalance | "
+          "busy imbalance | load before |")
+    print("|---|---|---|---|---|---|---|")
+    results = []
+    for i in range(args.rounds):
+        for layout in LAYOUTS:
+            r = run(layout, prefix, args, workdir)
+            results.append(r)
+            rows = "-" if r["rows_split"] is None else f"{r['rows_split']:.1f} / {r['rows_whole']:.1f}"
+            print(f"| {layout} | {i + 1} | {r['real_tokens_per_s']:.0f} | {rows} | {pct(r['predicted_imbalance'])} | "
+                  f"{pct(r['busy_imbalance'])} | {r['load']} |", flush=True)
+    for layout in LAYOUTS:
+        rows = [r for r in results if r["layout"] == layout]
+        print(f"median {layout}: real tokens/s {statistics.median(r['real_tokens_per_s'] for r in rows):.0f}")
+        print("command:", rows[0]["cmd"])
+    for r in results:
+        if r["calibration"]:
+            print("a measured cost model (cp_calibration.toml):\n" + r["calibration"])
+            break
+    shutil.rmtree(workdir)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
