@@ -479,6 +479,9 @@ TEST(CostModel, BubbleRecomputationIsPlacedByTheSchedule) {
   EXPECT_GT(bubble.step, none.step);
   EXPECT_NEAR(bubble.compute + bubble.recompute, full.compute + full.recompute, 1e-12 * full.step);
   EXPECT_EQ(recompute_text(b), "bubble");
+  // The search's lower bound (no pipeline) is "full"'s: the same work on every rank.
+  EXPECT_NEAR(predict_step(w, b, c, group_links(b, c), false).step, predict_step(w, l, c, group_links(l, c), false).step,
+              1e-12 * full.step);
   Layout one = b;
   one.pp = 1, one.dp = 2;
   Layout one_full = one;
