@@ -84,10 +84,13 @@ COVER = {
 }
 
 
-def sh(cmd, env=None):
+def sh(cmd, env=None, fatal=True):
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode != 0:
-        sys.exit(f"failed: {' '.join(cmd)}\n{out.stdout}\n{out.stderr}")
+        if fatal:
+            sys.exit(f"failed: {' '.join(cmd)}\n{out.stdout}\n{out.stderr}")
+        print(f"failed (layout dropped): {' '.join(cmd)}\n{out.stderr[-2000:]}", flush=True)
+        return None
     return out.stdout
 
 
@@ -122,7 +125,9 @@ def measure(model, ranks, keys, steps, workdir):
     run_dir = tempfile.mkdtemp(dir=workdir)
     cmd = ["mpiexec", "-n", str(ranks), TESSERA, "train", CONFIG, "--run-dir", run_dir] + \
         sets(model, keys + [f"train.steps={steps}", "log.every=2"])
-    sh(cmd, dict(os.environ, OMP_NUM_THREADS="1"))
+    if sh(cmd, dict(os.environ, OMP_NUM_THREADS="1"), fatal=False) is None:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return None
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         records = [json.loads(line) for line in f if '"loss"' in line]
     shutil.rmtree(run_dir)
@@ -257,9 +262,17 @@ def run_case(model, ranks, args, workdir):
         rows.append(dict(name=name, keys=keys, predicted=predict(model, ranks, keys, cluster), runs=[], loads=[]))
     for _ in range(args.rounds):  # rounds interleaved: a change of load hits every layout alike
         for r in rows:
+            if r.get("failed"):
+                continue
             before = load()
-            r["runs"].append(measure(model, ranks, r["keys"], args.steps, workdir))
+            m = measure(model, ranks, r["keys"], args.steps, workdir)
+            if m is None:
+                r["failed"] = True
+                continue
+            r["runs"].append(m)
             r["loads"].append((before + load()) / 2)
+    dropped = [r["name"] for r in rows if r.get("failed")]
+    rows = [r for r in rows if not r.get("failed")]
     for r in rows:
         r["measured"] = {k: statistics.median(x[k] for x in r["runs"]) for k in r["runs"][0]}
         r["error"] = r["predicted"]["step_s"] / r["measured"]["step_s"] - 1
@@ -270,7 +283,7 @@ def run_case(model, ranks, args, workdir):
               f"{' '.join(f'{x:.1f}' for x in r['loads'])} |", flush=True)
     s = summarize(rows, choice)
     print(json.dumps(s, indent=1), flush=True)
-    return dict(model=model, ranks=ranks, calibration=cal_out, calibration_s=cal_s, cluster=open(cluster).read(),
+    return dict(model=model, ranks=ranks, dropped=dropped, calibration=cal_out, calibration_s=cal_s, cluster=open(cluster).read(),
                 plan=plan_out, rows=rows, summary=s)
 
 
@@ -314,6 +327,7 @@ def write_docs(cases, command, cpu_name, flags, started, path_md, path_png):
         lines += [f"## {c['model']} on {c['ranks']} ranks", "",
                   f"Calibration ({c['calibration_s']:.0f} s): `mpiexec -n {c['ranks']} tessera plan --calibrate` "
                   "at the model's shapes; its log:", "", "```"] + c["calibration"].strip().splitlines() + ["```", "",
+                  ("Dropped (training failed): " + ", ".join(c["dropped"]) + "." if c["dropped"] else ""), "",
                   "| layout | predicted ms | measured ms (median; rounds) | error | device MiB pred / peak | tp MB/step pred / meas | load |",
                   "|---|---|---|---|---|---|---|"]
         for r in c["rows"]:
@@ -368,6 +382,9 @@ def main():
     started = load()
     print(f"CPU: {cpu_name} ({flags}), {os.cpu_count()} cores; load {started}; ranks {ranks}, rounds {args.rounds}")
     workdir = tempfile.mkdtemp(prefix="plan_validate_")
+    global TESSERA  # a copy: rebuilding build/tessera during the run does not touch it
+    shutil.copy2(TESSERA, os.path.join(workdir, "tessera"))
+    TESSERA = os.path.join(workdir, "tessera")
     cases = [run_case(m, r, args, workdir) for r in ranks for m in args.models.split(",")]
     shutil.rmtree(workdir)
     command = "scripts/bench/plan_validate.py " + " ".join(sys.argv[1:])
