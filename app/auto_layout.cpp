@@ -63,7 +63,8 @@ std::string encode_choice(const AutoLayoutChoice& c) {
   std::ostringstream os;
   os << l.dp << ' ' << l.tp << ' ' << l.pp << ' ' << l.vpp << ' ' << l.cp << ' ' << int(l.sp) << ' ' << l.zero << ' '
      << pipeline_kind_name(l.schedule) << ' ' << int(l.cp_ring) << ' ' << l.micro_batch << ' '
-     << plan::recompute_name(l.recompute) << ' ' << int(l.bf16) << ' ' << c.ranks << ' ' << exact(c.step_seconds)
+     << (l.recompute_bubble ? "bubble" : plan::recompute_name(l.recompute)) << ' ' << l.recompute_layers << ' '
+     << int(l.bf16) << ' ' << c.ranks << ' ' << exact(c.step_seconds)
      << ' ' << exact(c.tokens_per_s) << ' ' << exact(c.memory_bytes) << ' ' << exact(c.usable_bytes) << ' '
      << c.cluster;
   return os.str();
@@ -76,11 +77,12 @@ AutoLayoutChoice decode_choice(const std::string& text) {
   int sp = 0, ring = 0, bf16 = 0;
   std::string schedule, recompute;
   in >> l.dp >> l.tp >> l.pp >> l.vpp >> l.cp >> sp >> l.zero >> schedule >> ring >> l.micro_batch >> recompute >>
-      bf16 >> c.ranks;
+      l.recompute_layers >> bf16 >> c.ranks;
   TESSERA_CHECK(!in.fail(), "parallel.layout = \"auto\": malformed choice \"", text, "\"");
   l.sp = sp != 0, l.cp_ring = ring != 0, l.bf16 = bf16 != 0;
   l.schedule = parse_pipeline_kind(schedule);
   l.recompute = recompute_kind(recompute);
+  l.recompute_bubble = recompute == "bubble";
   c.step_seconds = read_exact(in, text);
   c.tokens_per_s = read_exact(in, text);
   c.memory_bytes = read_exact(in, text);

@@ -44,7 +44,7 @@ Config apply_layout(const Config& base, const Layout& l) {
   p.zero = l.zero;
   c.train.micro_batch = l.micro_batch;
   c.train.dtype = l.bf16 ? "bf16" : "fp32";
-  c.model.recompute = plan::recompute_name(l.recompute);
+  c.model.recompute = l.recompute_bubble && l.recompute == Recompute::Full ? "bubble" : plan::recompute_name(l.recompute);
   c.model.recompute_layers = l.recompute_layers;
   p.layout = "explicit";  // the layout is now given (an "auto" config would refuse its own keys)
   return c;
@@ -66,6 +66,7 @@ plan::Layout layout_of(const Config& cfg, int64_t ranks) {
   l.micro_batch = cfg.train.micro_batch;
   l.recompute = recompute_kind(cfg.model.recompute);
   l.recompute_layers = l.recompute == Recompute::Full ? 0 : cfg.model.recompute_layers;
+  l.recompute_bubble = cfg.model.recompute == "bubble" && l.pp > 1;
   l.bf16 = cfg.train.dtype == "bf16";
   return l;
 }
@@ -322,10 +323,10 @@ int predict_config_layout(const PlanArgs& args, const Config& cfg, const Cluster
   char line[512];
   std::snprintf(line, sizeof line,
                 "predicted: step_s=%.6g tokens_per_s=%.6g mfu=%.4g bubble=%.4g tp_bytes=%.6g cp_bytes=%.6g "
-                "pp_bytes=%.6g dp_bytes=%.6g memory_bytes=%lld\n",
+                "pp_bytes=%.6g dp_bytes=%.6g memory_bytes=%lld device_bytes=%lld\n",
                 c.cost.step, c.cost.tokens_per_s, c.cost.mfu, c.cost.bubble_fraction, group(c.cost, "tp").bytes,
                 group(c.cost, "cp").bytes, group(c.cost, "pp").bytes, group(c.cost, "dp").bytes,
-                (long long)c.planned_bytes);
+                (long long)c.planned_bytes, (long long)c.memory.device);
   out << line;
   return 0;
 }
@@ -401,7 +402,9 @@ int run_calibrate_command(const PlanArgs& args, std::ostream& out) {
       std::vector<std::string> config_overrides;
       for (const std::string& s : args.overrides)
         if (!is_cluster_key(s)) config_overrides.push_back(s);
-      options.shapes = plan::model_gemm_shapes(workload_of(load_config(args.config_path, config_overrides)), ranks);
+      const plan::Workload w = workload_of(load_config(args.config_path, config_overrides));
+      options.shapes = plan::model_gemm_shapes(w, ranks);
+      options.ops = plan::model_op_shapes(w, ranks);
     } catch (const Error& e) {
       error = e.what();
     }

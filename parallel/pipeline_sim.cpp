@@ -202,7 +202,7 @@ class Simulation {
         return redo + c.backward + (st.split.count(k) ? 0.0 : c.weight);
       }
       case ActionKind::BackwardWeight: return c.weight;
-      case ActionKind::Recompute: return c.forward;
+      case ActionKind::Recompute: return c.recompute >= 0 ? c.recompute : c.forward;
       default: return 0;
     }
   }

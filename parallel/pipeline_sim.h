@@ -23,6 +23,7 @@ enum class P2pWait : uint8_t {
 // One model chunk's times for one micro-batch: forward, input gradient (B), weight gradient (W).
 struct ChunkCost {
   double forward = 0, backward = 0, weight = 0;
+  double recompute = -1;  // an R action's time (the recomputed forward); < 0: forward's
 };
 
 struct SimOptions {

@@ -1,6 +1,7 @@
 // The local calibration of plan/calibrate.h: each measurement on every rank at once, between
 // barriers, through the kernels and the communicator training uses.
 #include "plan/calibrate.h"
+#include "plan/calibrate_ops.h"
 
 #include <algorithm>
 #include <chrono>
@@ -21,23 +22,28 @@ namespace {
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-// The fastest of `repeats` runs of f (after one warm-up), seconds.
-double best_of(int repeats, const std::function<void()>& f) {
-  f();
-  double best = INFINITY;
-  for (int i = 0; i < repeats; ++i) {
-    const double t0 = now();
-    f();
-    best = std::min(best, now() - t0);
-  }
-  return best;
-}
-
 // The mean of a value over the ranks.
 double mean_over(MPI_Comm world, double v) {
   double sum = 0;
   check_mpi(MPI_Allreduce(&v, &sum, 1, MPI_DOUBLE, MPI_SUM, world), "MPI_Allreduce");
   return sum / comm_size(world);
+}
+
+// Seconds per run of f: after a warm-up, every rank runs f the same number of times back to back,
+// at least min_seconds on the slowest rank, all starting together (the load training puts on the
+// machine); the mean per run, averaged over the ranks.
+double timed_mean(MPI_Comm world, double min_seconds, const std::function<void()>& f) {
+  f();
+  MPI_Barrier(world);
+  double t0 = now();
+  f();
+  double once = now() - t0;
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &once, 1, MPI_DOUBLE, MPI_MAX, world), "MPI_Allreduce");
+  const int64_t runs = std::clamp<int64_t>(int64_t(std::ceil(min_seconds / std::max(once, 1e-9))), 3, 1000000);
+  MPI_Barrier(world);
+  t0 = now();
+  for (int64_t i = 0; i < runs; ++i) f();
+  return mean_over(world, (now() - t0) / double(runs));
 }
 
 void fill(std::vector<float>& v, float scale) {
@@ -112,8 +118,8 @@ ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const Cal
     const Tensor tc(c.data(), DType::F32, {size, size}), tb16(b16.data(), DType::BF16, {size, size});
     if (bf16) convert(ex, tb16, tb);
     MPI_Barrier(world);
-    const double seconds = best_of(o.repeats, [&] { matmul(ex, tc, ta, bf16 ? tb16 : tb, false, true); });
-    return mean_over(world, 2.0 * double(size * size * size) / seconds);
+    const double seconds = timed_mean(world, o.min_seconds, [&] { matmul(ex, tc, ta, bf16 ? tb16 : tb, false, true); });
+    return 2.0 * double(size * size * size) / seconds;
   };
   std::vector<double> flops, rates;
   for (int64_t size = std::max<int64_t>(16, n / 8); size <= n; size *= 2) {
@@ -168,8 +174,8 @@ ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const Cal
       convert(ex, tb16, tb);
       for (bool bf16 : {false, true}) {
         MPI_Barrier(world);
-        const double seconds = best_of(o.repeats, [&] { matmul(ex, tc, ta, bf16 ? tb16 : tb, false, true); });
-        const double rate = mean_over(world, 2.0 * double(t.m) * double(t.n) * double(t.k) / seconds);
+        const double seconds = timed_mean(world, o.min_seconds, [&] { matmul(ex, tc, ta, bf16 ? tb16 : tb, false, true); });
+        const double rate = 2.0 * double(t.m) * double(t.n) * double(t.k) / seconds;
         s.gemm_rates.push_back({shape.m, shape.n, shape.k, bf16, rate});
         lo = std::min(lo, rate), hi = std::max(hi, rate);
       }
@@ -179,13 +185,24 @@ ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const Cal
     say(line);
   }
 
+  // The other op families at the model's shapes (plan/calibrate_ops.h).
+  if (!o.ops.empty()) {
+    s.op_times = o.ops;
+    const double t0 = now();
+    time_ops(ex, o, s.op_times, [&](const std::function<void()>& run) { return timed_mean(world, o.min_seconds, run); });
+    std::snprintf(line, sizeof line, "ops at the model's shapes (attention, norms, residual, activation, %sembedding, "
+                  "cross-entropy, AdamW, gradient norm): %zu shapes in %.1f s", has_op_times(s, OpKind::RopeForward) ? "RoPE, " : "",
+                  s.op_times.size(), now() - t0);
+    say(line);
+  }
+
   // Memory bandwidth: y = x + y over stream_elements floats (two reads, one write).
   {
     const int64_t m = o.stream_elements;
     std::vector<float> x(size_t(m), 1.0f), y(size_t(m), 2.0f);
     const Tensor tx(x.data(), DType::F32, {m}), ty(y.data(), DType::F32, {m});
     MPI_Barrier(world);
-    const double bw = mean_over(world, 3.0 * 4.0 * double(m) / best_of(o.repeats, [&] { residual_forward(ex, ty, tx, ty); }));
+    const double bw = 3.0 * 4.0 * double(m) / timed_mean(world, o.min_seconds, [&] { residual_forward(ex, ty, tx, ty); });
     s.memory_bandwidth = bw;
     std::snprintf(line, sizeof line, "memory bandwidth per rank: %.1f GB/s", bw / 1e9);
     say(line);
@@ -195,9 +212,9 @@ ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const Cal
     std::vector<float> x(64, 1.0f), y(64, 2.0f);
     const Tensor tx(x.data(), DType::F32, {64}), ty(y.data(), DType::F32, {64});
     MPI_Barrier(world);
-    const double per_op = mean_over(world, best_of(o.repeats, [&] {
-                                      for (int i = 0; i < 1000; ++i) residual_forward(ex, ty, tx, ty);
-                                    }) / 1000);
+    const double per_op = timed_mean(world, o.min_seconds, [&] {
+                            for (int i = 0; i < 1000; ++i) residual_forward(ex, ty, tx, ty);
+                          }) / 1000;
     s.op_latency = per_op;
     std::snprintf(line, sizeof line, "least time of an op: %.2f us", per_op * 1e6);
     say(line);

@@ -16,7 +16,11 @@
 namespace tessera::plan {
 
 struct CalibrationOptions {
-  int repeats = 5;           // each measurement's repetitions (the best, or for collectives the median, is kept)
+  // Each op (GEMM, elementwise, attention, optimizer) is timed as the mean over at least min_seconds
+  // of back-to-back runs, every rank running the same count at the same time (as in training: a
+  // loaded machine's time, not the best of a few short runs).
+  double min_seconds = 0.05;
+  int repeats = 5;           // the collectives' repetitions (the median is kept)
   int64_t gemm_size = 1024;  // the GEMMs' M = N = K
   int64_t stream_elements = int64_t{16} << 20;  // fp32 elements per tensor of the bandwidth measurement
   int64_t max_message = int64_t{16} << 20;      // bytes of the largest all-reduce
@@ -24,7 +28,18 @@ struct CalibrationOptions {
   // above max_gemm_flops is timed with fewer rows (m) until below, the rest of its shape kept.
   std::vector<GemmShape> shapes;
   double max_gemm_flops = 2e9;
+  // The other op families to time (model_op_shapes: a model's step), each at its shape; seconds
+  // are filled in. An op over max_op_elements (its largest tensor) is timed at a shape with fewer
+  // rows (or elements) and scaled back by op_work.
+  std::vector<OpTime> ops;
+  double max_op_elements = double(int64_t{32} << 20);
 };
+
+// The shapes of every op family but the GEMMs that a model's step runs (cluster.h OpKind), at each
+// tp the grid allows (with and without sequence parallelism) and micro-batches 1, 2, 4, 8 (those
+// dividing the global batch), without cp; AdamW (fp32 and with the bf16 copy) and the gradient norm
+// at the model's parameters / 1, 2, 4, ... 2 x ranks (the shards a rank can hold). Each once.
+std::vector<OpTime> model_op_shapes(const Workload& w, int64_t ranks);
 
 // The GEMM shapes of a model's step on `ranks` ranks: every Linear's forward, dX and dW and the LM
 // head (cost_model.h gemm_shapes) at each tp the grid allows and micro-batches 1, 2, 4, 8 (those

@@ -255,6 +255,57 @@ double measured_gemm_rate(const ClusterSpec& c, double m, double n, double k, bo
   return rate;
 }
 
+namespace {
+struct OpInfo {
+  const char* name;
+  size_t dims;
+};
+constexpr OpInfo kOps[kOpKinds] = {
+    {"attention_forward", 6}, {"attention_backward", 6}, {"layernorm_forward", 2}, {"layernorm_backward", 2},
+    {"rmsnorm_forward", 2},   {"rmsnorm_backward", 2},   {"residual_forward", 1},  {"residual_backward", 1},
+    {"gelu_forward", 1},      {"gelu_backward", 1},      {"swiglu_forward", 1},    {"swiglu_backward", 1},
+    {"rope_forward", 1},      {"rope_backward", 1},      {"embedding_forward", 3}, {"embedding_backward", 3},
+    {"cross_entropy_forward", 2}, {"cross_entropy_backward", 2}, {"adamw", 1}, {"grad_norm", 1},
+};
+}  // namespace
+
+const char* op_name(OpKind op) { return kOps[int(op)].name; }
+size_t op_shape_size(OpKind op) { return kOps[int(op)].dims; }
+
+double op_work(OpKind op, const std::vector<double>& shape) {
+  TESSERA_CHECK(shape.size() == op_shape_size(op), "op_work: ", op_name(op), " takes ", op_shape_size(op),
+                " dims, not ", shape.size());
+  if (op == OpKind::EmbeddingForward || op == OpKind::EmbeddingBackward) return shape[0] * shape[1];
+  if (op == OpKind::AttentionForward || op == OpKind::AttentionBackward)
+    return shape[0] * shape[1] * shape[2] * shape[3] * shape[5];
+  double w = 1;
+  for (double x : shape) w *= x;
+  return w;
+}
+
+bool has_op_times(const ClusterSpec& c, OpKind op) {
+  for (const OpTime& t : c.op_times)
+    if (t.op == op) return true;
+  return false;
+}
+
+double measured_op_seconds(const ClusterSpec& c, OpKind op, const std::vector<double>& shape, bool bf16) {
+  const OpTime* nearest = nullptr;
+  double best = INFINITY;
+  bool best_dtype = false;
+  for (const OpTime& t : c.op_times) {
+    if (t.op != op || t.shape.size() != shape.size()) continue;
+    double d = 0;
+    for (size_t i = 0; i < shape.size(); ++i) d += std::fabs(std::log(std::max(shape[i], 1.0) / double(t.shape[i])));
+    const bool dtype = t.bf16 == bf16;
+    // The asked dtype first, then the nearest shape.
+    if ((dtype && !best_dtype) || (dtype == best_dtype && d < best)) best = d, best_dtype = dtype, nearest = &t;
+  }
+  if (!nearest || (nearest->bf16 && !bf16)) return 0;  // bf16 measurements never stand for fp32
+  std::vector<double> measured(nearest->shape.begin(), nearest->shape.end());
+  return nearest->seconds * op_work(op, shape) / op_work(op, measured);
+}
+
 LocalMachine this_machine(int64_t ranks, double memory_available) {
   LocalMachine m;
   m.ranks = ranks;
@@ -347,6 +398,49 @@ std::vector<GemmRate> parse_gemm_rates(const toml::node& node, const std::string
   }
   return out;
 }
+// cluster.op_times = [[op, [dims...], "fp32" | "bf16", microseconds], ...]
+std::vector<OpTime> parse_op_times(const toml::node& node, const std::string& source) {
+  const std::string what = "cluster.op_times (" + at(source, node) + ")";
+  const toml::array* rows = node.as_array();
+  TESSERA_CHECK(rows != nullptr, what, " must be an array of [op, [dims...], \"fp32\" or \"bf16\", microseconds]");
+  std::vector<OpTime> out;
+  for (const toml::node& row : *rows) {
+    const toml::array* r = row.as_array();
+    TESSERA_CHECK(r && r->size() == 4, what, ": entry ", out.size(),
+                  " must be [op, [dims...], \"fp32\" or \"bf16\", microseconds]");
+    OpTime t;
+    const toml::node* name = r->get(0);
+    TESSERA_CHECK(name && name->is_string(), what, ": entry ", out.size(), " field 0 must be an op's name");
+    bool found = false;
+    std::string names;
+    for (int k = 0; k < kOpKinds; ++k) {
+      names += std::string(names.empty() ? "" : ", ") + op_name(OpKind(k));
+      if (name->as_string()->get() == op_name(OpKind(k))) t.op = OpKind(k), found = true;
+    }
+    TESSERA_CHECK(found, what, ": entry ", out.size(), " names no op: \"", name->as_string()->get(),
+                  "\" (ops: ", names, ")");
+    const toml::array* dims = r->get(1) ? r->get(1)->as_array() : nullptr;
+    TESSERA_CHECK(dims && dims->size() == op_shape_size(t.op), what, ": entry ", out.size(), " (", op_name(t.op),
+                  ") field 1 must be its shape: ", op_shape_size(t.op), " positive integers");
+    for (const toml::node& x : *dims) {
+      TESSERA_CHECK(x.is_integer() && x.as_integer()->get() > 0, what, ": entry ", out.size(), " (", op_name(t.op),
+                    ") field 1 must be its shape: ", op_shape_size(t.op), " positive integers");
+      t.shape.push_back(x.as_integer()->get());
+    }
+    const toml::node* dtype = r->get(2);
+    TESSERA_CHECK(dtype && dtype->is_string() &&
+                      (dtype->as_string()->get() == "fp32" || dtype->as_string()->get() == "bf16"),
+                  what, ": entry ", out.size(), " field 2 must be \"fp32\" or \"bf16\"");
+    t.bf16 = dtype->as_string()->get() == "bf16";
+    const toml::node* us = r->get(3);
+    const double micro = us && us->is_number() ? us->value<double>().value_or(0) : 0;
+    TESSERA_CHECK(micro > 0 && std::isfinite(micro), what, ": entry ", out.size(),
+                  " field 3 must be a positive time in microseconds");
+    t.seconds = micro * 1e-6;
+    out.push_back(t);
+  }
+  return out;
+}
 }  // namespace
 
 ClusterSpec parse_cluster(const std::string& text, const std::string& source, const LocalMachine& local) {
@@ -381,11 +475,19 @@ ClusterSpec parse_cluster(const std::string& text, const std::string& source, co
                   at(source, *v), ") was written by a newer tessera; this one reads versions 1 to ",
                   kClusterFormatVersion, ": calibrate again with this build, or plan with the newer one");
   }
+  int64_t version = 1;
+  if (const toml::node* v = t->get("format_version")) version = v->as_integer()->get();
   if (const toml::node* g = t->get("gemm_rates")) s.gemm_rates = parse_gemm_rates(*g, source);
+  if (const toml::node* o = t->get("op_times")) {
+    TESSERA_CHECK(version >= 3, "cluster.op_times (", at(source, *o), ") needs format_version = 3 or later; ", source,
+                  " says ", version, t->get("format_version") ? "" : " (no format_version key)",
+                  ": calibrate again with this build");
+    s.op_times = parse_op_times(*o, source);
+  }
   std::set<std::string> given;
   for (auto&& [k, node] : *t) {
     const std::string key(k.str());
-    if (key == "base" || key == "format_version" || key == "gemm_rates") continue;
+    if (key == "base" || key == "format_version" || key == "gemm_rates" || key == "op_times") continue;
     const Field* f = find_field(key);
     if (!f) {
       const std::string near = closest_key(key);
@@ -469,12 +571,27 @@ std::string cluster_to_toml(const ClusterSpec& s) {
     }
     os << "\n";
   }
-  os << "# the file's format (1: no gemm_rates)\nformat_version = " << kClusterFormatVersion << "\n";
+  os << "# the file's format (1: no gemm_rates, 2: no op_times)\nformat_version = " << kClusterFormatVersion << "\n";
   if (!s.gemm_rates.empty()) {
     os << "# measured GEMM rates at the model's shapes: [m, n, k, dtype, GFLOP/s] of (m, k) x (k, n)\ngemm_rates = [\n";
     for (const GemmRate& g : s.gemm_rates)
       os << "  [" << g.m << ", " << g.n << ", " << g.k << ", \"" << (g.bf16 ? "bf16" : "fp32") << "\", "
          << g.flops / kGB << "],\n";
+    os << "]\n";
+  }
+  if (!s.op_times.empty()) {
+    os << "# measured op times by shape: [op, [dims...], dtype, microseconds] (the mean over >= 50 ms of runs)\n"
+          "op_times = [\n";
+    for (const OpTime& t : s.op_times) {
+      os << "  [\"" << op_name(t.op) << "\", [";
+      for (size_t i = 0; i < t.shape.size(); ++i) os << (i ? ", " : "") << t.shape[i];
+      std::ostringstream us;
+      us.precision(9);
+      us << t.seconds * 1e6;
+      std::string txt = us.str();
+      if (txt.find_first_of(".eE") == std::string::npos) txt += ".0";
+      os << "], \"" << (t.bf16 ? "bf16" : "fp32") << "\", " << txt << "],\n";
+    }
     os << "]\n";
   }
   return os.str();
@@ -483,9 +600,13 @@ std::string cluster_to_toml(const ClusterSpec& s) {
 std::vector<ClusterKey> cluster_keys() {
   std::vector<ClusterKey> keys{{"base", "a preset to start from (its keys are then all optional)"}};
   for (const Field& f : fields()) keys.push_back({f.key, f.meaning});
-  keys.push_back({"format_version", "the file's format: 1 (no such key) or 2; later versions are refused"});
+  keys.push_back({"format_version", "the file's format: 1 (no such key), 2 (gemm_rates) or 3 (op_times); later "
+                                    "versions are refused"});
   keys.push_back({"gemm_rates", "[[m, n, k, \"fp32\" or \"bf16\", GFLOP/s], ...]: GEMM rates measured at the "
                                 "model's shapes (`tessera plan --calibrate CONFIG`)"});
+  keys.push_back({"op_times", "[[op, [dims...], \"fp32\" or \"bf16\", microseconds], ...]: the other op families' "
+                              "times at the model's shapes (attention, norms, residual, activation, RoPE, embedding, "
+                              "cross-entropy, AdamW, gradient norm; format_version 3)"});
   return keys;
 }
 

@@ -29,9 +29,39 @@ struct GemmRate {
   bool operator==(const GemmRate&) const = default;
 };
 
+// The op families of a training step besides the GEMMs, each timed by shape by `tessera plan
+// --calibrate CONFIG` (plan/calibrate.h) as the trainer's kernels run them. Each has a fixed shape:
+//   attention_forward, attention_backward   [b, t, s, h, kv, d]  (t queries over s keys, causal)
+//   layernorm_*, rmsnorm_*                  [rows, c]
+//   residual_*, gelu_*, swiglu_*, rope_*    [elements]           (swiglu: of its output; rope: of q or k)
+//   embedding_*                             [rows, c, vocab]
+//   cross_entropy_*                         [rows, vocab]
+//   adamw, grad_norm                        [elements]           (adamw "bf16": with the bf16 compute copy)
+enum class OpKind : uint8_t {
+  AttentionForward, AttentionBackward, LayerNormForward, LayerNormBackward, RmsNormForward, RmsNormBackward,
+  ResidualForward, ResidualBackward, GeluForward, GeluBackward, SwigluForward, SwigluBackward, RopeForward,
+  RopeBackward, EmbeddingForward, EmbeddingBackward, CrossEntropyForward, CrossEntropyBackward, AdamW, GradNorm,
+};
+inline constexpr int kOpKinds = int(OpKind::GradNorm) + 1;
+const char* op_name(OpKind op);           // "attention_forward", ... (the file's spelling)
+size_t op_shape_size(OpKind op);          // the length of its shape (above)
+double op_work(OpKind op, const std::vector<double>& shape);  // what its time scales with (the product of its
+                                                              // dims; embedding: rows x c; attention: b t s h d)
+
+// One op's measured time at one shape: the mean of its repetitions over at least ~50 ms, every
+// calibrated rank running it at the same time.
+struct OpTime {
+  OpKind op = OpKind::ResidualForward;
+  std::vector<int64_t> shape;
+  bool bf16 = false;
+  double seconds = 0;
+  bool operator==(const OpTime&) const = default;
+};
+
 // The version of the cluster file that cluster_to_toml writes: 1 had no format_version key (and is
-// read as before), 2 adds gemm_rates. A file of a later version is refused.
-inline constexpr int64_t kClusterFormatVersion = 2;
+// read as before), 2 adds gemm_rates, 3 adds op_times. A file of a later version is refused, and
+// op_times in a file that says it is of version 1 or 2.
+inline constexpr int64_t kClusterFormatVersion = 3;
 
 struct ClusterSpec {
   std::string name = "custom";
@@ -54,6 +84,9 @@ struct ClusterSpec {
   // Measured GEMM rates by shape (calibration): when it holds the GEMM's dtype, a GEMM takes the rate
   // of the nearest measured shape instead of the roofline's peak x efficiency; empty: the roofline.
   std::vector<GemmRate> gemm_rates;
+  // Measured times of the other op families by shape (calibration): when it holds an op, the cost
+  // model times that op from the nearest measured shape (measured_op_seconds) instead of the roofline.
+  std::vector<OpTime> op_times;
 
   double peak_flops(bool bf16) const { return bf16 ? peak_flops_bf16 : peak_flops_fp32; }
   double usable_memory() const { return device_memory * usable_memory_fraction; }
@@ -62,6 +95,13 @@ struct ClusterSpec {
 // The rate of the measured shape nearest to (m, n, k) of that dtype (distance: the sum of the
 // |log| ratios of m, n and k); 0 when none of that dtype was measured.
 double measured_gemm_rate(const ClusterSpec& c, double m, double n, double k, bool bf16);
+
+// The time of op at shape from the measured shape of that op nearest to it (the sum of the |log|
+// ratios of the dims), scaled by op_work(shape) / op_work(measured): exactly the measured time at a
+// measured shape. Entries of the asked dtype first; a bf16 op with only fp32 entries takes those (on
+// the CPU the trainer keeps activations in fp32 under both dtypes). 0 when the op was not measured.
+double measured_op_seconds(const ClusterSpec& c, OpKind op, const std::vector<double>& shape, bool bf16);
+bool has_op_times(const ClusterSpec& c, OpKind op);
 
 // What the `local` cluster is made of: this machine, shared by the planned ranks.
 struct LocalMachine {

@@ -101,6 +101,15 @@ struct Roofline {
   }
   double compute(double flops) const { return std::max(flops / peak, latency); }
   double stream(double elements) const { return std::max(elements * kAct / bandwidth, latency); }
+  // The op's measured time at this shape (calibration: measured_op_seconds), else `roofline`.
+  double op(OpKind kind, const std::vector<double>& shape, double roofline) const {
+    if (measured && has_op_times(*measured, kind)) {
+      const double t = measured_op_seconds(*measured, kind, shape, bf16);
+      if (t > 0) return std::max(t, latency);
+    }
+    return roofline;
+  }
+  bool measures(OpKind kind) const { return measured && has_op_times(*measured, kind); }
 };
 
 // One Linear of the block: in -> out features on N rows; forward (x W^T), dX (dY W) and dW (dY^T x).
@@ -137,6 +146,35 @@ Dims dims_of(const Workload& w, const Layout& l) {
   return d;
 }
 
+// A block's elementwise ops: the two norms, the two residual adds, the activation, RoPE.
+struct ElementwiseOps {
+  double norm_forward = 0, act_forward = 0;  // one norm's and the activation's forward
+  double forward = 0, backward = 0;          // all of them
+};
+ElementwiseOps elementwise_ops(const Dims& d, const Roofline& r) {
+  const double q = d.Hl * d.D, kv = d.KVl * d.D;
+  const OpKind norm_f = d.layernorm ? OpKind::LayerNormForward : OpKind::RmsNormForward;
+  const OpKind norm_b = d.layernorm ? OpKind::LayerNormBackward : OpKind::RmsNormBackward;
+  const OpKind act_f = d.swiglu ? OpKind::SwigluForward : OpKind::GeluForward;
+  const OpKind act_b = d.swiglu ? OpKind::SwigluBackward : OpKind::GeluBackward;
+  const std::vector<double> rows = {d.Nr, d.C}, stream = {d.Nr * d.C}, hidden = {d.N * d.Fl};
+  const double norm = r.stream(2 * d.Nr * d.C), add = r.stream(3 * d.Nr * d.C);
+  const double act = r.stream((d.swiglu ? 3 : 2) * d.N * d.Fl);
+  ElementwiseOps e;
+  e.norm_forward = r.op(norm_f, rows, norm);
+  e.act_forward = r.op(act_f, hidden, act);
+  e.forward = 2 * e.norm_forward + 2 * r.op(OpKind::ResidualForward, stream, add) + e.act_forward;
+  e.backward = 2 * r.op(norm_b, rows, 2 * norm) + 2 * r.op(OpKind::ResidualBackward, stream, 2 * add) +
+               r.op(act_b, hidden, 2 * act);
+  if (d.rope) {
+    const double rope = r.stream(2 * d.N * (q + kv));
+    const bool f = r.measures(OpKind::RopeForward), b = r.measures(OpKind::RopeBackward);
+    e.forward += f ? r.op(OpKind::RopeForward, {d.N * q}, 0) + r.op(OpKind::RopeForward, {d.N * kv}, 0) : rope;
+    e.backward += b ? r.op(OpKind::RopeBackward, {d.N * q}, 0) + r.op(OpKind::RopeBackward, {d.N * kv}, 0) : 2 * rope;
+  }
+  return e;
+}
+
 // One block's forward without communication, and its backward halves.
 struct BlockCompute {
   double forward = 0, dx = 0, dw = 0, flops = 0;
@@ -162,17 +200,18 @@ BlockCompute block_compute(const Dims& d, const Roofline& r) {
   // chunks make it half on every rank); backward recomputes the probabilities from the saved lse:
   // 5 products against the forward's 2.
   const double attn_flops = 2 * 2 * d.B * d.Hl * d.T * d.Tfull * d.D * 0.5;
-  b.attention_forward = r.compute(attn_flops);
-  b.attention_backward = r.compute(2.5 * attn_flops);
+  const std::vector<double> attn = {d.B, d.T, d.Tfull, d.Hl, d.KVl, d.D};
+  b.attention_forward = r.op(OpKind::AttentionForward, attn, r.compute(attn_flops));
+  b.attention_backward = r.op(OpKind::AttentionBackward, attn, r.compute(2.5 * attn_flops));
   b.flops += 3.5 * attn_flops;
-  // Elementwise (fp32 element traffic): two norms (read x, write y), two residual adds (2 reads,
-  // 1 write), the activation (GELU: 1 read 1 write; SwiGLU: 2 reads 1 write), RoPE on q and k.
-  const double norm = 2 * d.Nr * d.C, act = (d.swiglu ? 3 : 2) * d.N * d.Fl;
-  double ew = 2 * r.stream(norm) + 2 * r.stream(3 * d.Nr * d.C) + r.stream(act);
-  if (d.rope) ew += r.stream(2 * d.N * (q + kv));
-  b.norms_and_activation = 2 * r.stream(norm) + r.stream(act);
-  b.forward += b.attention_forward + ew;
-  b.dx += b.attention_backward + 2 * ew;  // backward reads the saved input and the gradient, writes one
+  // Elementwise, measured by shape when calibrated, else the roofline of their fp32 element traffic:
+  // two norms (read x, write y), two residual adds (2 reads, 1 write), the activation (GELU: 1 read
+  // 1 write; SwiGLU: 2 reads 1 write), RoPE on q and k; each backward twice its forward's traffic
+  // (it reads the saved input and the gradient, writes one).
+  const ElementwiseOps e = elementwise_ops(d, r);
+  b.norms_and_activation = 2 * e.norm_forward + e.act_forward;
+  b.forward += b.attention_forward + e.forward;
+  b.dx += b.attention_backward + e.backward;
   return b;
 }
 
@@ -242,6 +281,7 @@ ChunkTime chunk_time(const Workload& w, const Layout& l, const ClusterSpec& c, c
       t.cp_forward += blocks * fwd;
       t.cp_backward += blocks * bwd;
       t.cp_backward += full * fwd;
+      t.recompute_comm += full * fwd;
     }
     // Recomputation: selective re-runs the norms and the activation function; full the whole
     // block forward, its tensor-parallel collectives and context-parallel transfers with it. The
@@ -250,6 +290,7 @@ ChunkTime chunk_time(const Workload& w, const Layout& l, const ClusterSpec& c, c
     if (full > 0) {
       t.recompute += full * b.forward;
       t.tp_backward += full * 2 * region;
+      t.recompute_comm += full * 2 * region;
       t.tp_bytes += full * 2 * all_reduce_bytes(xf, l.tp);
       t.flops += full * b.flops / 3;
     }
@@ -258,8 +299,9 @@ ChunkTime chunk_time(const Workload& w, const Layout& l, const ClusterSpec& c, c
   const double x = d.N * d.C * kAct;
   if (chunk.embedding) {
     // Look-up (and learned positions) writing the (Nr, C) stream; backward scatters the gradient.
-    t.forward += r.stream(3 * d.N * d.C);
-    t.backward += r.stream(2 * d.N * d.C);
+    const std::vector<double> emb = {d.N, d.C, d.Vl};
+    t.forward += r.op(OpKind::EmbeddingForward, emb, r.stream(3 * d.N * d.C));
+    t.backward += r.op(OpKind::EmbeddingBackward, emb, r.stream(2 * d.N * d.C));
     // Vocabulary-parallel: leave the region (an all-reduce; sequence parallel: a reduce-scatter,
     // its backward an all-gather).
     if (l.sp) {
@@ -283,8 +325,13 @@ ChunkTime chunk_time(const Workload& w, const Layout& l, const ClusterSpec& c, c
     // Final norm, the LM head (N, C) -> (N, Vl), the vocabulary-parallel cross-entropy over the
     // logits (softmax read twice, loss gradient written in place).
     const LinearCost head = linear(r, d.N, d.C, d.Vl);
-    t.forward += r.stream(2 * d.Nr * d.C) + head.forward + r.stream(2 * d.N * d.Vl);
-    t.backward += r.stream(3 * d.Nr * d.C) + head.dx + r.stream(d.N * d.Vl);
+    const OpKind norm_f = d.layernorm ? OpKind::LayerNormForward : OpKind::RmsNormForward;
+    const OpKind norm_b = d.layernorm ? OpKind::LayerNormBackward : OpKind::RmsNormBackward;
+    const std::vector<double> rows = {d.Nr, d.C}, logits = {d.N, d.Vl};
+    t.forward += r.op(norm_f, rows, r.stream(2 * d.Nr * d.C)) + head.forward +
+                 r.op(OpKind::CrossEntropyForward, logits, r.stream(2 * d.N * d.Vl));
+    t.backward += r.op(norm_b, rows, r.stream(3 * d.Nr * d.C)) + head.dx +
+                  r.op(OpKind::CrossEntropyBackward, logits, r.stream(d.N * d.Vl));
     t.weight += head.dw;
     t.flops += head.flops;
     // Entering the head's region (backward all-reduce; sequence parallel: forward all-gather,
@@ -335,6 +382,10 @@ double tp_partial_elements(const Workload& w, const Layout& l, const std::vector
   return n;
 }
 
+// model.recompute = "bubble" as the trainer runs it: with pp > 1 the schedule's R actions
+// (app/config.h recompute_in_bubbles).
+bool bubble_recompute(const Layout& l) { return l.recompute_bubble && l.recompute == Recompute::Full && l.pp > 1; }
+
 // The pipeline step: the simulator on the schedule's action lists with each chunk's costs and
 // p2p time as the message latency. Past 8 pp micro-batches the steady phase repeats, so the step is
 // extrapolated from two short ones (as app/memory_check.cpp does for the memory peak).
@@ -343,15 +394,16 @@ SimResult simulate_pipeline(const Layout& l, int64_t m, const std::vector<ChunkC
   SimOptions o;
   o.chunks = costs;
   o.latency = transfer;
+  const bool bubble = bubble_recompute(l);
   const auto run = [&](int64_t micro_batches) {
-    if (cache) return simulate(cache->schedule(l.pp, l.vpp, micro_batches, l.schedule), o);
-    return simulate(pipeline_schedule(l.pp, l.vpp, micro_batches, l.schedule), o);
+    if (cache) return simulate(cache->schedule(l.pp, l.vpp, micro_batches, l.schedule, bubble), o);
+    return simulate(pipeline_schedule(l.pp, l.vpp, micro_batches, l.schedule, bubble), o);
   };
   busy->assign(size_t(l.pp), 0.0);
   for (int64_t r = 0; r < l.pp; ++r)
     for (int64_t v = 0; v < l.vpp; ++v) {
       const ChunkCost& k = costs[size_t(v * l.pp + r)];
-      (*busy)[size_t(r)] += double(m) * (k.forward + k.backward + k.weight);
+      (*busy)[size_t(r)] += double(m) * (k.forward + k.backward + k.weight + std::max(k.recompute, 0.0));
     }
   if (m <= 8 * l.pp) return run(m);
   const int64_t m1 = 4 * l.pp + m % l.pp, periods = (m - m1) / l.pp;
@@ -363,10 +415,11 @@ SimResult simulate_pipeline(const Layout& l, int64_t m, const std::vector<ChunkC
 
 }  // namespace
 
-const Schedule& CostCache::schedule(int64_t pp, int64_t vpp, int64_t micro_batches, PipelineKind kind) {
-  const auto key = std::make_tuple(pp, vpp, micro_batches, int(kind));
+const Schedule& CostCache::schedule(int64_t pp, int64_t vpp, int64_t micro_batches, PipelineKind kind, bool bubble) {
+  const auto key = std::make_tuple(pp, vpp, micro_batches, int(kind), bubble);
   auto it = schedules_.find(key);
-  if (it == schedules_.end()) it = schedules_.emplace(key, pipeline_schedule(pp, vpp, micro_batches, kind)).first;
+  if (it == schedules_.end())
+    it = schedules_.emplace(key, pipeline_schedule(pp, vpp, micro_batches, kind, bubble)).first;
   return it->second;
 }
 
@@ -413,7 +466,13 @@ StepCost predict_step(const Workload& w, const Layout& l, const ClusterSpec& c, 
   std::vector<ChunkCost> costs;
   for (const StageSpec& chunk : cut) {
     times.push_back(chunk_time(w, l, c, links, chunk));
-    costs.push_back({times.back().f(), times.back().b(), times.back().w()});
+    const ChunkTime& t = times.back();
+    if (bubble_recompute(l)) {  // the recomputation (and its collectives) as the schedule's R actions
+      const double r = t.recompute + t.recompute_comm;
+      costs.push_back({t.f(), t.b() - r, t.w(), r});
+    } else {
+      costs.push_back({t.f(), t.b(), t.w()});
+    }
   }
   const Dims d = dims_of(w, l);
   const double x_pp = d.B * d.T / (l.sp && l.tp > 1 ? double(l.tp) : 1.0) * d.C * kAct;  // (B, T_local, C)
@@ -424,7 +483,8 @@ StepCost predict_step(const Workload& w, const Layout& l, const ClusterSpec& c, 
   if (l.pp == 1 || !simulate) {
     busy.assign(size_t(l.pp), 0.0);
     for (size_t v = 0; v < costs.size(); ++v)
-      busy[v % size_t(l.pp)] += double(m) * (costs[v].forward + costs[v].backward + costs[v].weight);
+      busy[v % size_t(l.pp)] +=
+          double(m) * (costs[v].forward + costs[v].backward + costs[v].weight + std::max(costs[v].recompute, 0.0));
     makespan = *std::max_element(busy.begin(), busy.end());
   } else {
     const SimResult sim = simulate_pipeline(l, m, costs, transfer, cache, &busy);
@@ -499,7 +559,12 @@ StepCost predict_step(const Workload& w, const Layout& l, const ClusterSpec& c, 
     // written; the norm reads the gradients; bf16 writes the compute copy of every parameter.
     const double owned = zero ? std::ceil(params / double(shards)) : params;
     const double opt_bytes = owned * (7 * 4 + 4) + (l.bf16 ? params * 2 : 0.0);
-    const double optimizer = std::max(opt_bytes / c.memory_bandwidth, 3 * c.op_latency);
+    double optimizer = std::max(opt_bytes / c.memory_bandwidth, 3 * c.op_latency);
+    if (has_op_times(c, OpKind::AdamW) && has_op_times(c, OpKind::GradNorm)) {
+      const double adamw = measured_op_seconds(c, OpKind::AdamW, {owned}, l.bf16);
+      const double norm = measured_op_seconds(c, OpKind::GradNorm, {owned}, false);
+      if (adamw > 0 && norm > 0) optimizer = std::max(adamw, c.op_latency) + std::max(norm, c.op_latency);
+    }
     const double total = tp_sum + dp_exposed + emb + optimizer;
     if (total > after) {
       after = total;

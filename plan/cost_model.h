@@ -65,6 +65,7 @@ struct ChunkTime {
   double backward = 0;   // B: input gradients, attention and elementwise backward, recomputation
   double weight = 0;     // W: the linear layers' weight gradients
   double recompute = 0;  // the part of backward that recomputation adds
+  double recompute_comm = 0;  // the part of tp_backward and cp_backward that full recomputation adds
   double tp_forward = 0, tp_backward = 0;  // tensor-parallel collectives (blocking: all exposed)
   double cp_forward = 0, cp_backward = 0;  // context-parallel transfers, the part attention does not hide
   double tp_bytes = 0, cp_bytes = 0;       // bytes this rank sends over each group
@@ -112,7 +113,7 @@ struct StepCost {
 // parameter count by (tp, sequence parallel, pp, vpp) for one workload.
 class CostCache {
  public:
-  const Schedule& schedule(int64_t pp, int64_t vpp, int64_t micro_batches, PipelineKind kind);
+  const Schedule& schedule(int64_t pp, int64_t vpp, int64_t micro_batches, PipelineKind kind, bool bubble = false);
   struct Stages {
     std::vector<StageSpec> cut;      // cut_stages (the whole model when pp = 1)
     std::vector<double> parameters;  // per pipeline rank: its chunks' parameters (elements)
@@ -120,7 +121,7 @@ class CostCache {
   const Stages& stages(const Workload& w, const Layout& l);
 
  private:
-  std::map<std::tuple<int64_t, int64_t, int64_t, int>, Schedule> schedules_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int, bool>, Schedule> schedules_;
   std::map<std::tuple<int64_t, bool, int64_t, int64_t>, Stages> stages_;
 };
 

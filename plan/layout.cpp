@@ -13,6 +13,7 @@ const char* recompute_name(Recompute r) {
 }
 
 std::string recompute_text(const Layout& l) {
+  if (l.recompute_bubble && l.recompute == Recompute::Full) return "bubble";
   if (l.recompute_layers <= 0 || l.recompute == Recompute::Full) return recompute_name(l.recompute);
   return std::string(recompute_name(l.recompute) == std::string("selective") ? "sel" : "none") + "+" +
          std::to_string(l.recompute_layers) + "f";

@@ -21,6 +21,9 @@ struct Layout {
   int64_t micro_batch = 1;          // train.micro_batch
   Recompute recompute = Recompute::None;  // model.recompute: the blocks recompute_layers leaves
   int64_t recompute_layers = 0;     // model.recompute_layers: the first k blocks of each chunk recompute in full
+  // model.recompute = "bubble" (recompute Full, pp > 1): the schedule's R actions run the
+  // recomputation where the rank would wait (parallel/pipeline_schedule.h), not inside the backward.
+  bool recompute_bubble = false;
   bool bf16 = false;                // train.dtype
 
   int64_t ranks() const { return dp * tp * pp * cp; }
@@ -29,7 +32,7 @@ struct Layout {
 
 // "none", "selective", "full" (model.recompute's spelling).
 const char* recompute_name(Recompute r);
-// The layout's recomputation: recompute_name, or "none+2f" (2 blocks a chunk in full, the rest none)
+// The layout's recomputation: recompute_name ("bubble" for recompute_bubble), or "none+2f" (2 blocks a chunk in full, the rest none)
 // when recompute_layers > 0.
 std::string recompute_text(const Layout& l);
 // "dp 8 tp 1 pp 1 cp 1 mb 4 1f1b none fp32"-style, every field, for messages and tests.

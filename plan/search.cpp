@@ -72,9 +72,11 @@ double static_bytes(const Layout& l, double parameters) {
 // Everything of a layout but its micro-batch and recomputation: the key under which a layout found
 // over memory rules out those with a larger micro-batch and less recomputation (the trainer's
 // automatic micro-batch takes the same monotonicity; recomputation only ever frees activations).
-using MemoryKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t, int, bool, bool>;
+// "bubble" recomputation holds a chunk's recomputed blocks from R to B (more than "full"): a family
+// of its own.
+using MemoryKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t, int, bool, bool, bool>;
 MemoryKey memory_key(const Layout& l) {
-  return {l.dp, l.tp, l.pp, l.vpp, l.cp, l.sp, l.zero, int(l.schedule), l.cp_ring, l.bf16};
+  return {l.dp, l.tp, l.pp, l.vpp, l.cp, l.sp, l.zero, int(l.schedule), l.cp_ring, l.bf16, l.recompute_bubble};
 }
 int saving(Recompute r) { return r == Recompute::Full ? 2 : r == Recompute::Selective ? 1 : 0; }
 struct OverPoint {
@@ -172,6 +174,11 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
                       l.sp = sp, l.schedule = kind, l.vpp = vpp, l.zero = zero, l.cp_ring = ring;
                       l.micro_batch = mb, l.recompute = rc, l.bf16 = bf16;
                       pending.push_back({l, 0, li});
+                      if (rc == Recompute::Full && pp > 1 && space.recompute_bubble) {
+                        Layout b = l;
+                        b.recompute_bubble = true;
+                        pending.push_back({b, 0, li});
+                      }
                       if (!space.recompute_layers_every || rc == Recompute::Full) continue;
                       const int64_t most = max_chunk_blocks(cache.stages(w, l).cut, mc.n_layer);
                       for (int64_t k = 1; k < most; ++k) {  // brute force: every k a layout
@@ -186,7 +193,19 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
   st.layouts = int64_t(pending.size());
 
   // ---- bounds, then exact costs and checks in bound order ----
-  for (Pending& p : pending) p.bound = predict_step(w, p.layout, cluster, links[p.links], false, &cache).step;
+  for (size_t i = 0; i < pending.size(); ++i) {
+    Pending& p = pending[i];
+    // "bubble" right after its "full" twin: the same work, so the same bound (the pipeline is left out).
+    if (p.layout.recompute_bubble && i > 0) {
+      Layout twin = p.layout;
+      twin.recompute_bubble = false;
+      if (pending[i - 1].layout == twin) {
+        p.bound = pending[i - 1].bound;
+        continue;
+      }
+    }
+    p.bound = predict_step(w, p.layout, cluster, links[p.links], false, &cache).step;
+  }
   std::stable_sort(pending.begin(), pending.end(), [](const Pending& a, const Pending& b) { return a.bound < b.bound; });
   std::map<MemoryKey, std::vector<OverPoint>> over;  // (micro-batch, recomputation) found over memory
   std::vector<Candidate>& top = out.top;

@@ -22,6 +22,8 @@ namespace tessera::plan {
 struct SearchSpace {
   std::vector<bool> bf16 = {false, true};  // train.dtype: fp32, bf16
   std::vector<Recompute> recompute = {Recompute::None, Recompute::Selective, Recompute::Full};
+  // With "full" and pp > 1, also model.recompute = "bubble" (the schedule's R actions).
+  bool recompute_bubble = true;
   std::vector<PipelineKind> schedules = {PipelineKind::OneFOneB, PipelineKind::GPipe, PipelineKind::Interleaved,
                                          PipelineKind::ZeroBubbleH1};
   int64_t micro_batch = 0;  // 0: every divisor of global_batch / dp; else only this one

@@ -300,3 +300,22 @@ TEST(PipelineSim, TimelineJson) {
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// An R action takes the chunk's own recompute time when given (the planner's: the recomputed
+// blocks, not the embedding or head), else its forward. GPipe, 2 stages, 1 micro-batch, f = 1,
+// b = 2 (w = 0), R before each B: rank 1 runs F [1, 2], R [2, 2 + r], B [2 + r, 4 + r]; rank 0's R
+// fills its wait, its B [4 + r, 6 + r].
+TEST(PipelineSim, RecomputeActionsTakeTheirOwnCost) {
+  const Schedule s = pipeline_schedule(2, 1, 1, PipelineKind::GPipe, true);
+  SimOptions o;
+  o.chunks.assign(2, ChunkCost{1, 2, 0, 0.5});
+  EXPECT_NEAR(simulate(s, o).makespan, 6.5, 1e-12);
+  o.chunks.assign(2, ChunkCost{1, 2, 0});  // no recompute time given: the forward's
+  EXPECT_NEAR(simulate(s, o).makespan, 7.0, 1e-12);
+}
+
+}  // namespace
+}  // namespace tessera

@@ -9,7 +9,12 @@
 #include <sstream>
 
 #include "mpi_testing.h"
+#include "kernels/exec.h"
+#include "plan/calibrate_ops.h"
 #include "plan/cost_model.h"
+
+#include <chrono>
+#include <cmath>
 
 namespace tessera::plan {
 namespace {
@@ -46,6 +51,7 @@ TEST(Calibrate, OneRankMeasuresComputeAndKeepsTheLinks) {
   m.memory_available = 1e9;
   CalibrationOptions o;
   o.repeats = 1;
+  o.min_seconds = 1e-3;
   o.gemm_size = 128;
   o.stream_elements = 1 << 16;
   std::ostringstream log;
@@ -120,6 +126,7 @@ TEST(Calibrate, MeasuresTheModelsGemmShapes) {
   lm.memory_available = 1e9;
   CalibrationOptions o;
   o.repeats = 1;
+  o.min_seconds = 1e-3;
   o.gemm_size = 64;
   o.stream_elements = 1 << 12;
   o.shapes = {shapes.front(), shapes.back()};
@@ -134,6 +141,87 @@ TEST(Calibrate, MeasuresTheModelsGemmShapes) {
   EXPECT_TRUE(c.gemm_rates[1].bf16);
   EXPECT_EQ(c.gemm_rates[3].k, shapes.back().k);
   EXPECT_NE(log.str().find("GEMMs at the model's 2 shapes"), std::string::npos) << log.str();
+}
+
+}  // namespace
+}  // namespace tessera::plan
+
+namespace tessera::plan {
+namespace {
+
+Workload tiny(const std::string& preset, int64_t kv_heads) {
+  ModelConfig m;
+  m.preset = preset;
+  m.vocab_size = 300;
+  m.n_layer = 2;
+  m.n_head = 4;
+  m.n_kv_head = kv_heads;
+  m.n_embd = 64;
+  m.max_seq_len = 32;
+  return {resolve(m), 32, 8};
+}
+
+bool has(const std::vector<OpTime>& ops, OpKind op, const std::vector<int64_t>& shape, bool bf16 = false) {
+  return std::any_of(ops.begin(), ops.end(), [&](const OpTime& t) { return t.op == op && t.shape == shape && t.bf16 == bf16; });
+}
+
+// The op shapes of a step: a GQA LLaMA on 2 ranks (tp 1 and 2, micro-batches 1 .. 8), each once.
+TEST(Calibrate, ModelOpShapesAreTheSteps) {
+  const Workload w = tiny("llama", 2);  // 4 heads of 16, 2 KV heads, F = ffn_hidden
+  const std::vector<OpTime> ops = model_op_shapes(w, 2);
+  const int64_t F = w.model.ffn_hidden;
+  EXPECT_TRUE(has(ops, OpKind::AttentionForward, {1, 32, 32, 4, 2, 16}));
+  EXPECT_TRUE(has(ops, OpKind::AttentionBackward, {8, 32, 32, 2, 1, 16}));  // tp 2: 2 heads, 1 KV head
+  EXPECT_TRUE(has(ops, OpKind::RmsNormForward, {256, 64}));
+  EXPECT_TRUE(has(ops, OpKind::RmsNormBackward, {128, 64}));  // sequence parallel at tp 2, micro-batch 8
+  EXPECT_TRUE(has(ops, OpKind::SwigluBackward, {8 * 32 * F / 2}));
+  EXPECT_TRUE(has(ops, OpKind::RopeForward, {32 * 2 * 16}));  // k of micro-batch 1: 2 KV heads
+  EXPECT_TRUE(has(ops, OpKind::EmbeddingForward, {64, 64, 150}));  // tp 2: half the vocabulary
+  EXPECT_TRUE(has(ops, OpKind::CrossEntropyBackward, {128, 300}));
+  EXPECT_TRUE(has(ops, OpKind::AdamW, {ops.back().shape[0]}, true));
+  EXPECT_FALSE(std::any_of(ops.begin(), ops.end(), [](const OpTime& t) {
+    return t.op == OpKind::LayerNormForward || t.op == OpKind::GeluForward;
+  }));
+  for (size_t i = 0; i < ops.size(); ++i) {
+    EXPECT_EQ(ops[i].shape.size(), op_shape_size(ops[i].op)) << op_name(ops[i].op);
+    for (size_t j = 0; j < i; ++j) EXPECT_FALSE(ops[i] == ops[j]) << op_name(ops[i].op);
+  }
+  // GPT-2: LayerNorm and GELU, no RoPE.
+  const std::vector<OpTime> g = model_op_shapes(tiny("gpt2", 0), 1);
+  EXPECT_TRUE(has(g, OpKind::LayerNormForward, {32, 64}));
+  EXPECT_TRUE(has(g, OpKind::GeluForward, {32 * tiny("gpt2", 0).model.ffn_hidden}));
+  EXPECT_FALSE(std::any_of(g.begin(), g.end(), [](const OpTime& t) { return t.op == OpKind::RopeForward; }));
+}
+
+// Every op of both models runs through the trainer's kernel at its shape and gets a positive time
+// (one rank, short runs: the plumbing, not the machine's numbers); one over max_op_elements is timed
+// smaller and keeps its shape; calibrate_local writes them as op_times.
+TEST(Calibrate, OpsAreTimedThroughTheKernels) {
+  testing::test_world();
+  CalibrationOptions o;
+  o.min_seconds = 1e-4;
+  for (const Workload& w : {tiny("gpt2", 0), tiny("llama", 2)}) {
+    std::vector<OpTime> ops = model_op_shapes(w, 2);
+    time_ops(Exec::cpu(), o, ops, [](const std::function<void()>& run) {
+      const auto t0 = std::chrono::steady_clock::now();
+      run();
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    });
+    for (const OpTime& t : ops) EXPECT_TRUE(t.seconds > 0 && std::isfinite(t.seconds)) << op_name(t.op);
+  }
+  std::vector<OpTime> big = {{OpKind::ResidualForward, {1 << 20}, false, 0}};
+  o.max_op_elements = 1 << 12;
+  time_ops(Exec::cpu(), o, big, [&](const std::function<void()>&) { return 1e-6; });
+  EXPECT_EQ(big[0].shape, std::vector<int64_t>{1 << 20});
+  EXPECT_NEAR(big[0].seconds, 1e-6 * 256, 1e-12);  // timed at 4096 elements, scaled by 256
+  LocalMachine m;
+  m.memory_available = 1e9;
+  CalibrationOptions c;
+  c.min_seconds = 1e-4, c.gemm_size = 64, c.stream_elements = 1 << 12, c.max_message = 1 << 14;
+  c.ops = model_op_shapes(tiny("gpt2", 0), 1);
+  const ClusterSpec spec = calibrate_local(MPI_COMM_SELF, m, c, nullptr);
+  ASSERT_EQ(spec.op_times.size(), c.ops.size());
+  EXPECT_GT(measured_op_seconds(spec, OpKind::AttentionForward, {1, 32, 32, 4, 4, 16}, false), 0);
 }
 
 }  // namespace

@@ -100,7 +100,7 @@ TEST(Cluster, GemmRatesAndTheFormatVersion) {
   ClusterSpec s = preset("a100-80g");
   s.gemm_rates = {{1024, 768, 768, false, 1.5e12}, {1024, 768, 768, true, 3.25e12}, {7, 64, 4096, false, 2e11}};
   const std::string text = cluster_to_toml(s);
-  EXPECT_NE(text.find("format_version = 2"), std::string::npos) << text;
+  EXPECT_NE(text.find("format_version = 3"), std::string::npos) << text;
   const ClusterSpec back = parse_cluster(text, "c.toml");
   ASSERT_EQ(back.gemm_rates.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
@@ -117,8 +117,8 @@ TEST(Cluster, GemmRatesAndTheFormatVersion) {
   EXPECT_EQ(measured_gemm_rate(preset("a100-80g"), 8, 64, 4000, true), 0.0);
   // Format 1 (no format_version, no gemm_rates): as before.
   EXPECT_TRUE(parse_cluster("[cluster]\nbase = \"a100-80g\"\nname = \"old\"\n", "old.toml").gemm_rates.empty());
-  EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\nformat_version = 3\n", "new.toml"); },
-                          {"cluster.format_version = 3", "new.toml:3", "newer tessera", "versions 1 to 2"}));
+  EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\nformat_version = 4\n", "new.toml"); },
+                          {"cluster.format_version = 4", "new.toml:3", "newer tessera", "versions 1 to 3"}));
   EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\ngemm_rates = [[1, 2, 3, \"fp16\", 5.0]]\n", "g.toml"); },
                           {"cluster.gemm_rates (g.toml:3", "\"fp32\" or \"bf16\""}));
   EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\ngemm_rates = [[1, 2, 3, \"fp32\"]]\n", "g.toml"); },
@@ -180,6 +180,70 @@ TEST(Cluster, LoadTakesAFileOrAPreset) {
   EXPECT_EQ(load_cluster("h200-141g").name, "h200-141g");
   EXPECT_TRUE(throws_with([] { load_cluster("/no/such/cluster.toml"); },
                           {"--cluster /no/such/cluster.toml: no such file, and no preset of that name"}));
+}
+
+}  // namespace
+}  // namespace tessera::plan
+
+namespace tessera::plan {
+namespace {
+
+// Format 3: op_times, written and read back; the nearest measured shape scaled by the op's work;
+// files of format 1 and 2 read as before and refuse op_times; malformed entries name the entry.
+TEST(Cluster, OpTimesAndFormatThree) {
+  ClusterSpec s = preset("a100-80g");
+  s.op_times = {{OpKind::AttentionForward, {2, 256, 256, 8, 4, 64}, false, 1.5e-3},
+                {OpKind::LayerNormBackward, {512, 768}, false, 2.5e-5},
+                {OpKind::AdamW, {1000000}, true, 4e-4},
+                {OpKind::AdamW, {1000000}, false, 6e-4}};
+  const std::string text = cluster_to_toml(s);
+  EXPECT_NE(text.find("format_version = 3"), std::string::npos) << text;
+  EXPECT_NE(text.find("[\"attention_forward\", [2, 256, 256, 8, 4, 64], \"fp32\", 1500.0]"), std::string::npos) << text;
+  const ClusterSpec back = parse_cluster(text, "c.toml");
+  ASSERT_EQ(back.op_times.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(back.op_times[i].op, s.op_times[i].op);
+    EXPECT_EQ(back.op_times[i].shape, s.op_times[i].shape);
+    EXPECT_EQ(back.op_times[i].bf16, s.op_times[i].bf16);
+    EXPECT_NEAR(back.op_times[i].seconds, s.op_times[i].seconds, 1e-12);
+  }
+  // At a measured shape its time; elsewhere scaled by the work: attention b t s h d (4 x the batch,
+  // half the keys: 2x), a norm rows x c, AdamW its elements.
+  EXPECT_DOUBLE_EQ(measured_op_seconds(back, OpKind::AttentionForward, {2, 256, 256, 8, 4, 64}, false), 1.5e-3);
+  EXPECT_NEAR(measured_op_seconds(back, OpKind::AttentionForward, {8, 256, 128, 8, 4, 64}, false), 3e-3, 1e-15);
+  EXPECT_NEAR(measured_op_seconds(back, OpKind::LayerNormBackward, {256, 768}, false), 1.25e-5, 1e-17);
+  EXPECT_NEAR(measured_op_seconds(back, OpKind::AdamW, {3000000}, true), 1.2e-3, 1e-15);
+  EXPECT_NEAR(measured_op_seconds(back, OpKind::AdamW, {3000000}, false), 1.8e-3, 1e-15);
+  // bf16 asked, only fp32 measured: the fp32 entry (the trainer's activations are fp32 under both);
+  // fp32 asked, only bf16 measured: none. An op not measured: 0.
+  EXPECT_DOUBLE_EQ(measured_op_seconds(back, OpKind::LayerNormBackward, {512, 768}, true), 2.5e-5);
+  ClusterSpec only16 = back;
+  only16.op_times = {{OpKind::AdamW, {10}, true, 1e-6}};
+  EXPECT_EQ(measured_op_seconds(only16, OpKind::AdamW, {10}, false), 0.0);
+  EXPECT_EQ(measured_op_seconds(back, OpKind::GeluForward, {100}, false), 0.0);
+  EXPECT_TRUE(has_op_times(back, OpKind::AdamW));
+  EXPECT_FALSE(has_op_times(back, OpKind::GeluForward));
+  // Format 2 (and 1) files: no op_times; one that has them is refused, asking for version 3.
+  EXPECT_TRUE(parse_cluster("[cluster]\nbase = \"a100-80g\"\nformat_version = 2\n", "v2.toml").op_times.empty());
+  EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\nformat_version = 2\n"
+                                             "op_times = [[\"adamw\", [10], \"fp32\", 1.0]]\n", "v2.toml"); },
+                          {"cluster.op_times (v2.toml:4)", "format_version = 3", "says 2"}));
+  EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\n"
+                                             "op_times = [[\"adamw\", [10], \"fp32\", 1.0]]\n", "v1.toml"); },
+                          {"cluster.op_times (v1.toml:3)", "no format_version key"}));
+  const auto v3 = [](const std::string& entry) {
+    return "[cluster]\nbase = \"a100-80g\"\nformat_version = 3\nop_times = [" + entry + "]\n";
+  };
+  EXPECT_TRUE(throws_with([&] { parse_cluster(v3("[\"softmax\", [10], \"fp32\", 1.0]"), "o.toml"); },
+                          {"cluster.op_times (o.toml:4)", "entry 0", "\"softmax\"", "attention_forward"}));
+  EXPECT_TRUE(throws_with([&] { parse_cluster(v3("[\"layernorm_forward\", [10], \"fp32\", 1.0]"), "o.toml"); },
+                          {"entry 0 (layernorm_forward)", "2 positive integers"}));
+  EXPECT_TRUE(throws_with([&] { parse_cluster(v3("[\"gelu_forward\", [10], \"fp16\", 1.0]"), "o.toml"); },
+                          {"entry 0", "\"fp32\" or \"bf16\""}));
+  EXPECT_TRUE(throws_with([&] { parse_cluster(v3("[\"gelu_forward\", [10], \"fp32\", 0.0]"), "o.toml"); },
+                          {"entry 0", "positive time in microseconds"}));
+  EXPECT_TRUE(throws_with([&] { parse_cluster(v3("[\"gelu_forward\", [10], \"fp32\"]"), "o.toml"); },
+                          {"entry 0 must be [op, [dims...]"}));
 }
 
 }  // namespace

@@ -367,3 +367,127 @@ TEST(CostModel, CollectivesUseTheirOwnFitWhenCalibrated) {
 
 }  // namespace
 }  // namespace tessera::plan
+
+#include "plan/calibrate.h"
+
+namespace tessera::plan {
+namespace {
+
+// A cluster where nothing costs (GEMMs, attention and the streamed ops at an endless rate): what
+// the step holds is what op_times adds.
+ClusterSpec free_cluster() {
+  ClusterSpec c = compute_only();
+  c.peak_flops_fp32 = c.peak_flops_bf16 = 1e30;
+  return c;
+}
+
+Workload gpt2(int64_t layers, int64_t vocab, int64_t seq_len, int64_t global_batch) {
+  ModelConfig m;
+  m.preset = "gpt2";
+  m.vocab_size = vocab;
+  m.n_layer = layers;
+  m.n_head = 4;
+  m.n_embd = 256;
+  m.max_seq_len = seq_len;
+  return {resolve(m), seq_len, global_batch};
+}
+
+// Seconds given to each op family (any shape) in the hand-computed cases below.
+double op_seconds(OpKind op) {
+  switch (op) {
+    case OpKind::AttentionForward: return 1e-3;
+    case OpKind::AttentionBackward: return 2e-3;
+    case OpKind::LayerNormForward: case OpKind::RmsNormForward: return 1e-4;
+    case OpKind::LayerNormBackward: case OpKind::RmsNormBackward: return 2e-4;
+    case OpKind::ResidualForward: return 1e-5;
+    case OpKind::ResidualBackward: return 2e-5;
+    case OpKind::GeluForward: case OpKind::SwigluForward: return 1e-6;
+    case OpKind::GeluBackward: case OpKind::SwigluBackward: return 2e-6;
+    case OpKind::RopeForward: return 1e-7;
+    case OpKind::RopeBackward: return 2e-7;
+    case OpKind::EmbeddingForward: return 3e-4;
+    case OpKind::EmbeddingBackward: return 4e-4;
+    case OpKind::CrossEntropyForward: return 5e-4;
+    case OpKind::CrossEntropyBackward: return 6e-4;
+    case OpKind::AdamW: return 7e-3;
+    case OpKind::GradNorm: return 8e-3;
+  }
+  return 0;
+}
+
+// Measured op times (calibration's op_times, at the shapes model_op_shapes names for the model)
+// replace the roofline: with every op of a family at one time, the step is the count of each op
+// in the step times its time, computed by hand.
+TEST(CostModel, MeasuredOpTimesReplaceTheRoofline) {
+  for (const bool llama_model : {false, true}) {
+    const Workload w = llama_model ? llama(4, 4096, 256, 16) : gpt2(3, 1000, 128, 16);
+    ClusterSpec c = free_cluster();
+    c.op_times = model_op_shapes(w, 2);
+    for (OpTime& t : c.op_times) t.seconds = op_seconds(t.op) * (t.bf16 ? 0.5 : 1.0);
+    Layout l;
+    l.micro_batch = 4;
+    const double L = double(w.model.n_layer), m = double(w.micro_batches(l));  // 4 micro-batches
+    // A block: attention, two norms, two residual adds, the activation (and RoPE on q and k), forward
+    // and backward; the embedding; the head's norm and cross-entropy; then AdamW and the norm.
+    const double rope = llama_model ? 2 * (1e-7 + 2e-7) : 0;
+    const double block = 1e-3 + 2e-3 + 2 * (1e-4 + 2e-4) + 2 * (1e-5 + 2e-5) + (1e-6 + 2e-6) + rope;
+    const double micro_batch = L * block + (3e-4 + 4e-4) + (1e-4 + 2e-4) + (5e-4 + 6e-4);
+    const StepCost s = predict_step(w, l, c);
+    EXPECT_NEAR(s.step, m * micro_batch + 7e-3 + 8e-3, 1e-9) << llama_model;
+    EXPECT_NEAR(s.optimizer, 7e-3 + 8e-3, 1e-12);
+    // Under bf16: AdamW's bf16 entry (half), the rest from the fp32 entries (the trainer's fp32 activations).
+    l.bf16 = true;
+    EXPECT_NEAR(predict_step(w, l, c).step, m * micro_batch + 3.5e-3 + 8e-3, 1e-9) << llama_model;
+    l.bf16 = false;
+    // Micro-batch 16 was not measured: each op from the nearest measured shape, scaled by its work.
+    // With times that grow as the work (1 ns per unit), twice the rows at half the micro-batches
+    // give the step of micro-batch 8 (the optimizer's shapes are the same).
+    for (OpTime& t : c.op_times)
+      t.seconds = 1e-9 * op_work(t.op, std::vector<double>(t.shape.begin(), t.shape.end()));
+    Layout big = l, eight = l;
+    big.micro_batch = 16, eight.micro_batch = 8;
+    const StepCost s8 = predict_step(w, eight, c), s16 = predict_step(w, big, c);
+    EXPECT_NEAR(s16.step, s8.step, 1e-9 * s8.step) << llama_model;
+    EXPECT_GT(s8.step, 0.01) << llama_model;  // (not a step of nothing)
+  }
+  // Without op_times: the roofline, as before (nothing but the FLOPs here).
+  const Workload w = gpt2(3, 1000, 128, 16);
+  Layout l;
+  l.micro_batch = 4;
+  EXPECT_LT(predict_step(w, l, free_cluster()).step, 1e-12);
+}
+
+// model.recompute = "bubble": the recomputation runs as the schedule's R actions, where the rank
+// would wait, so the step is at most "full"'s and at least "none"'s, with the same work on every rank;
+// with one stage (no pipeline, no R) it is "full".
+TEST(CostModel, BubbleRecomputationIsPlacedByTheSchedule) {
+  const Workload w = llama(4, 4096, 256, 8);
+  ClusterSpec c = compute_only();
+  c.intra = {1e9, 1e-5};  // the pp transfers cost something
+  Layout l;
+  l.pp = 2, l.dp = 1, l.micro_batch = 4;  // 2 micro-batches: a large bubble to fill
+  l.schedule = PipelineKind::OneFOneB;
+  l.recompute = Recompute::Full;
+  const StepCost full = predict_step(w, l, c);
+  Layout b = l;
+  b.recompute_bubble = true;
+  const StepCost bubble = predict_step(w, b, c);
+  Layout n = l;
+  n.recompute = Recompute::None;
+  const StepCost none = predict_step(w, n, c);
+  EXPECT_LT(bubble.step, full.step * (1 - 1e-3));
+  EXPECT_GT(bubble.step, none.step);
+  EXPECT_NEAR(bubble.compute + bubble.recompute, full.compute + full.recompute, 1e-12 * full.step);
+  EXPECT_EQ(recompute_text(b), "bubble");
+  // The search's lower bound (no pipeline) is "full"'s: the same work on every rank.
+  EXPECT_NEAR(predict_step(w, b, c, group_links(b, c), false).step, predict_step(w, l, c, group_links(l, c), false).step,
+              1e-12 * full.step);
+  Layout one = b;
+  one.pp = 1, one.dp = 2;
+  Layout one_full = one;
+  one_full.recompute_bubble = false;
+  EXPECT_DOUBLE_EQ(predict_step(w, one, c).step, predict_step(w, one_full, c).step);
+}
+
+}  // namespace
+}  // namespace tessera::plan

@@ -1,0 +1,27 @@
+// Timing the op families besides the GEMMs (cluster.h OpKind) for `tessera plan --calibrate`
+// (plan/calibrate.h): each op through the kernel the trainer calls, on buffers of its shape.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "kernels/exec.h"
+#include "plan/calibrate.h"
+#include "plan/cluster.h"
+
+namespace tessera::plan {
+
+// A function that runs op once at shape (cluster.h gives each op's dims) on buffers it allocates
+// and `keep` holds; the op has run once (its saved tensors written) when this returns.
+std::function<void()> op_runner(OpKind op, const std::vector<int64_t>& shape, bool bf16, const Exec& ex,
+                                 std::shared_ptr<void>& keep);
+
+// Fills in each op's seconds: `timed` (the calibration's mean over >= min_seconds, every rank
+// together) of op_runner at the op's shape, or, when that shape's largest tensor exceeds
+// o.max_op_elements (the attention's FLOPs o.max_gemm_flops), at a shape with a smaller leading
+// dim, scaled back by op_work.
+void time_ops(const Exec& ex, const CalibrationOptions& o, std::vector<OpTime>& ops,
+              const std::function<double(const std::function<void()>&)>& timed);
+
+}  // namespace tessera::plan
