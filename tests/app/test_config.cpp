@@ -863,7 +863,7 @@ TEST(ConfigModel, RecomputeOpsKeysAreChecked) {
   EXPECT_TRUE(testing::throws_with(
       [&] { parse({"model.n_layer=2", "model.recompute_ops_layers=[\"none\", \"norm\"]",
                    "model.activation_compression=\"int8\""}); },
-      {"model.recompute_ops_layers recomputes \"norm\" on layer 1", "model.activation_compression (\"int8\")"}));
+      {"model.recompute_ops_layers recomputes \"norm\" on layer 1", "model.activation_compression compresses (\"int8\")"}));
   EXPECT_TRUE(testing::throws_with(
       [&] { parse({"model.recompute_ops=[\"mlp_in\"]", "parallel.tp=2", "parallel.sequence_parallel=true",
                    "parallel.tp_overlap_chunks=2"}); },
