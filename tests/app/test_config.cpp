@@ -873,6 +873,10 @@ TEST(ConfigModel, RecomputeOpsKeysAreChecked) {
   EXPECT_TRUE(testing::throws_with([&] { parse({"model.recompute_ops=[\"attn\"]", "parallel.cp=2"}); },
                                    {"model.recompute_ops (attn)", "parallel.cp = 2"}));
   EXPECT_NO_THROW(parse({"model.recompute_ops=[\"selective\"]", "parallel.cp=2"}));
+  EXPECT_TRUE(testing::throws_with(
+      [&] { parse({"model.recompute_ops=[\"qkv\"]", "parallel.tp=2", "parallel.tp_comm_compression=\"int8-ef\""}); },
+      {"model.recompute_ops (qkv)", "parallel.tp_comm_compression_forward = \"int8-ef\""}));
+  EXPECT_NO_THROW(parse({"model.recompute_ops=[\"attn\"]", "parallel.tp=2", "parallel.tp_comm_compression=\"int8-ef\""}));
   EXPECT_TRUE(testing::throws_with([&] { parse({"model.recompute_ops=[\"qkv\"]", "lora.rank=4"}); },
                                    {"model.recompute_ops (qkv)", "lora.rank = 4"}));
   const Config c = parse({"model.n_layer=3", "model.recompute_layers=1",
