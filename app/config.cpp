@@ -1150,6 +1150,12 @@ std::vector<RecomputeOps> recompute_ops_policy(const Config& c, const std::vecto
     fail(what + " with parallel.cp = " + std::to_string(c.parallel.cp) + ": qkv, attn and mlp_in are not built for "
          "context parallelism (the ring attention's recomputation is not counted in the memory estimate); use norm, "
          "mlp_act or parallel.cp = 1");
+  const TpCompressionModes tp_modes = resolve_tp_compression(
+      c.parallel.tp_comm_compression, c.parallel.tp_comm_compression_forward, c.parallel.tp_comm_compression_backward);
+  if (gemms && tp_modes.forward == TpCompressionMode::Int8Ef)
+    fail(what + " with parallel.tp_comm_compression_forward = \"int8-ef\": the re-entered region's all-gather "
+         "would quantize with another residual than the forward's; use the ops norm, attn, mlp_act or forward "
+         "\"int8\"");
   if (gemms && c.lora.enabled())
     fail(what + " with lora.rank = " + std::to_string(c.lora.rank) + ": the memory estimate does not count the "
          "adapters' temporaries in a recomputed GEMM; use norm, attn, mlp_act or no adapters");

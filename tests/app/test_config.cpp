@@ -866,7 +866,7 @@ TEST(ConfigModel, RecomputeOpsKeysAreChecked) {
   EXPECT_TRUE(testing::throws_with(
       [&] { parse({"model.n_layer=2", "model.recompute_ops_layers=[\"none\", \"norm\"]",
                    "model.activation_compression=\"int8\""}); },
-      {"model.recompute_ops_layers recomputes \"norm\" on layer 1", "model.activation_compression (\"int8\")"}));
+      {"model.recompute_ops_layers recomputes \"norm\" on layer 1", "model.activation_compression compresses (\"int8\")"}));
   EXPECT_TRUE(testing::throws_with(
       [&] { parse({"model.recompute_ops=[\"mlp_in\"]", "parallel.tp=2", "parallel.sequence_parallel=true",
                    "parallel.tp_overlap_chunks=2"}); },
@@ -876,6 +876,10 @@ TEST(ConfigModel, RecomputeOpsKeysAreChecked) {
   EXPECT_TRUE(testing::throws_with([&] { parse({"model.recompute_ops=[\"attn\"]", "parallel.cp=2"}); },
                                    {"model.recompute_ops (attn)", "parallel.cp = 2"}));
   EXPECT_NO_THROW(parse({"model.recompute_ops=[\"selective\"]", "parallel.cp=2"}));
+  EXPECT_TRUE(testing::throws_with(
+      [&] { parse({"model.recompute_ops=[\"qkv\"]", "parallel.tp=2", "parallel.tp_comm_compression=\"int8-ef\""}); },
+      {"model.recompute_ops (qkv)", "parallel.tp_comm_compression_forward = \"int8-ef\""}));
+  EXPECT_NO_THROW(parse({"model.recompute_ops=[\"attn\"]", "parallel.tp=2", "parallel.tp_comm_compression=\"int8-ef\""}));
   EXPECT_TRUE(testing::throws_with([&] { parse({"model.recompute_ops=[\"qkv\"]", "lora.rank=4"}); },
                                    {"model.recompute_ops (qkv)", "lora.rank = 4"}));
   const Config c = parse({"model.n_layer=3", "model.recompute_layers=1",
