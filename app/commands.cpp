@@ -194,7 +194,7 @@ void register_generate(CLI::App& app, int& exit_code) {
 void register_plan(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<PlanArgs>();
   auto* cmd = app.add_subcommand("plan", "Choose the parallel layout: search every layout of N ranks, predict each one's "
-                                         "step time on a cluster, print the best (docs/planner.md)");
+                                         "step time on a cluster, print the best (docs/planning.md)");
   cmd->add_option("config", args->config_path, "Config file (TOML) to plan for");
   cmd->add_option("--gpus", args->gpus, "Ranks (devices) to plan for");
   cmd->add_option("--cluster", args->cluster, "A [cluster] TOML file, or a preset: h100-sxm-80g, h100-sxm-80g-ib4, "

@@ -422,7 +422,7 @@ struct ParallelConfig {
     v.field("layout", layout, "explicit: the layout keys above as given; auto: `tessera train` plans them at "
             "start for the ranks it has (the planner of `tessera plan`: dp, tp, pp, vpp, pp_schedule, cp, cp_comm, "
             "sequence_parallel, zero, model.recompute and, when 0, train.micro_batch) and prints the choice; "
-            "those keys must then be left unset (docs/planner.md)", Allowed::one_of({"explicit", "auto"}));
+            "those keys must then be left unset (docs/planning.md)", Allowed::one_of({"explicit", "auto"}));
     v.field("cluster", cluster, "parallel.layout = \"auto\": the cluster planned for: local (this machine's "
             "ranks), a preset (h100-sxm-80g, h100-sxm-80g-ib4, h200-141g, h200-141g-ib4, a100-80g) or a [cluster] "
             "TOML file such as `tessera plan --calibrate` writes", Allowed::any());

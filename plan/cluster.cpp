@@ -1,5 +1,5 @@
 // Cluster descriptions: the [cluster] keys as one table (key, unit, range, member), read from TOML with
-// toml++ and written back; the presets from the vendors' data sheets (sources in docs/planner.md).
+// toml++ and written back; the presets from the vendors' data sheets (sources in docs/planning.md).
 #include "plan/cluster.h"
 
 #include <toml++/toml.h>
@@ -217,10 +217,10 @@ std::string at(const std::string& source, const toml::node& n) {
   return line > 0 ? source + ":" + std::to_string(line) : source;
 }
 
-// The vendors' figures (docs/planner.md cites each): per-device dense peaks, HBM size and bandwidth,
+// The vendors' figures (docs/planning.md cites each): per-device dense peaks, HBM size and bandwidth,
 // NVLink per direction (half the data sheets' bidirectional figure), the node's InfiniBand
 // bandwidth shared by its 8 GPUs. The latencies, op latency, efficiency and usable fraction are
-// the planner's assumptions, the same for every preset (docs/planner.md says why).
+// the planner's assumptions, the same for every preset (docs/planning.md says why).
 ClusterSpec gpu_node(std::string name, std::string description, double memory_gib, double bf16_tflops,
                      double fp32_tflops, double hbm_gbs, double nvlink_gbs_bidirectional, double ib_gbits_per_node) {
   ClusterSpec s;
@@ -327,7 +327,7 @@ ClusterSpec local_cluster(const LocalMachine& m) {
   s.name = "local";
   s.description = "this machine's CPU shared by " + std::to_string(m.ranks) +
                   " MPI ranks: the fp32 peak of kernels/backend_info.h and MemAvailable split between them, the "
-                  "rest documented defaults (docs/planner.md); `tessera plan --calibrate` measures them";
+                  "rest documented defaults (docs/planning.md); `tessera plan --calibrate` measures them";
   s.source = "preset";
   s.devices_per_node = m.ranks;
   s.device_memory = m.memory_available > 0 ? m.memory_available / ranks : 8 * kGiB;
@@ -455,7 +455,7 @@ ClusterSpec parse_cluster(const std::string& text, const std::string& source, co
     TESSERA_CHECK(k.str() == "cluster", "unknown table or key \"", k.str(), "\" in ", at(source, node),
                   ": a cluster file holds one [cluster] table");
   const toml::table* t = root["cluster"].as_table();
-  TESSERA_CHECK(t != nullptr, source, " has no [cluster] table (docs/planner.md lists its keys)");
+  TESSERA_CHECK(t != nullptr, source, " has no [cluster] table (docs/planning.md lists its keys)");
   ClusterSpec s;
   bool based = false;
   if (const toml::node* base = t->get("base")) {

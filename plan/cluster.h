@@ -1,6 +1,6 @@
 // A cluster description for the planner: what one device computes, holds and moves, and the links
 // between devices within a node and across nodes. Read from a [cluster] TOML table, or a named
-// preset (H100/H200/A100 nodes of 8, the vendors' published figures: docs/planner.md), or `local`
+// preset (H100/H200/A100 nodes of 8, the vendors' published figures: docs/planning.md), or `local`
 // (this machine's MPI ranks: documented defaults, or what `tessera plan --calibrate` measured).
 #pragma once
 
@@ -123,7 +123,7 @@ std::vector<std::string> preset_names();
 ClusterSpec preset(const std::string& name, const LocalMachine& local = {});
 
 // `local`: one node of local.ranks devices, each the ranks' share of the CPU's fp32 peak and of the
-// available memory, with documented defaults for the rest (docs/planner.md); `tessera plan
+// available memory, with documented defaults for the rest (docs/planning.md); `tessera plan
 // --calibrate` measures them instead.
 ClusterSpec local_cluster(const LocalMachine& local);
 

@@ -4,7 +4,7 @@
 // its group's ranks use (alpha-beta, ring algorithms), exposed where the trainer blocks on it and
 // overlapped where it does not; the pipeline's step from the simulator (parallel/pipeline_sim.h)
 // running the schedule's real action lists with each chunk's costs; then the gradient reduction
-// and the optimizer. Equations and their sources: docs/planner.md.
+// and the optimizer. Equations and their sources: docs/planning.md.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The planner at cluster scale, in simulation only (docs/planner.md, "Against published layouts"):
+"""The planner at cluster scale, in simulation only (docs/planning.md, "Against published layouts"):
 the GPT models of Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
 Clusters Using Megatron-LM" (SC21, arXiv:2104.04473), Table 1 (weak scaling on Selene's DGX A100
 nodes: 8 x A100 80GB, 8 x 200 Gb/s HDR InfiniBand each; vocabulary 51,200, sequence 2048, mixed
@@ -15,7 +15,7 @@ time. The published step time is F / (GPUs x published TFLOP/s).
   cmake --build build -j2 --target tessera
   scripts/bench/plan_megatron.py [--rows 145.6B,1T] [--no-search] [--markdown out.md]
 
-The search at 3072 GPUs takes minutes on a 2-core machine (docs/planner.md); --no-search skips it.
+The search at 3072 GPUs takes minutes on a 2-core machine (docs/planning.md); --no-search skips it.
 """
 import argparse
 import os

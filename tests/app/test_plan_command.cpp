@@ -161,7 +161,7 @@ TEST(PlanCommand, RecomputesTheLeastLayersThatFit) {
             std::string::npos);
 }
 
-// At cluster scale, in simulation (scripts/bench/plan_megatron.py, docs/planner.md "Against published
+// At cluster scale, in simulation (scripts/bench/plan_megatron.py, docs/planning.md "Against published
 // layouts"): the published Megatron-LM layouts of Narayanan et al. 2021, Table 1, on the A100 preset
 // pass the trainer's checks, and the predicted throughput, counted as the paper counts it (its
 // equation 3, recomputation included), lies within 25% of the published per-GPU TFLOP/s.
