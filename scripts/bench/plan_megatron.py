@@ -13,7 +13,9 @@ recomputation included), F = 96 B s l h^2 (1 + s / (6 h) + V / (16 l h)), divide
 time. The published step time is F / (GPUs x published TFLOP/s).
 
   cmake --build build -j2 --target tessera
-  scripts/bench/plan_megatron.py [--rows 145.6B,1T] [--no-search] [--markdown out.md]
+  scripts/bench/plan_megatron.py [--rows 145.6B,1T,175B-384] [--no-search] [--markdown out.md]
+
+Table 2's GPT-3 175B rows (PTD-P, 384/768/1536 GPUs) follow Table 1's, as 175B-<GPUs>.
 
 The search at 3072 GPUs takes minutes on a 2-core machine (docs/planning.md); --no-search skips it.
 """
@@ -38,6 +40,14 @@ TABLE_1 = [
     ("310.1B", 128, 16384, 96, 8, 16, 1920, 2160, 155),
     ("529.6B", 128, 20480, 105, 8, 35, 2520, 2520, 163),
     ("1T", 160, 25600, 128, 8, 64, 3072, 3072, 163),
+]
+# Table 2 of the same paper, its PTD-P rows for GPT-3 175B (96 layers, 96 heads, hidden 12288;
+# "174.6" billion parameters there): model-parallel size 96, batch 1536, micro-batch 1, on 384, 768
+# and 1536 GPUs. The table gives only tp x pp = 96: tp 8 (one DGX node) x pp 12 is assumed here.
+TABLE_2 = [
+    ("175B-384", 96, 12288, 96, 8, 12, 384, 1536, 153),
+    ("175B-768", 96, 12288, 96, 8, 12, 768, 1536, 149),
+    ("175B-1536", 96, 12288, 96, 8, 12, 1536, 1536, 141),
 ]
 
 
@@ -93,7 +103,7 @@ def main():
              "|---|---|---|---|---|---|---|---|"]
     print(lines[0], flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        for name, heads, hidden, layers, tp, pp, gpus, batch, tflops in TABLE_1:
+        for name, heads, hidden, layers, tp, pp, gpus, batch, tflops in TABLE_1 + TABLE_2:
             if names and name not in names:
                 continue
             config = os.path.join(tmp, name + ".toml")
