@@ -345,18 +345,23 @@ void Mlp::forward(const Exec& ex, MlpCtx& ctx, Allocator& alloc, const Tensor& y
   const int64_t B = x.dim(0), T = seq.length(), F = in_.out();
   Buffer gathered;
   const Tensor xf = enter_region(ex, tp_, alloc, gathered, x, T);  // (B, T, C)
-  ctx.h = activation(alloc, x.dtype, {B, T, F});
   ctx.act = activation(alloc, x.dtype, {B, T, F});
-  in_.forward(ex, ctx.h, xf, true, drop);
-  if (kind_ == MlpKind::SwiGlu) {
-    ctx.up = activation(alloc, x.dtype, {B, T, F});
-    up_.forward(ex, ctx.up, xf, true, drop);
-  }
+  project_in(ex, ctx, alloc, xf, drop);
   activate(ex, ctx);
   Buffer partial;
   const Tensor yf = region_full(tp_, alloc, partial, y, T);
   out_.forward(ex, yf, ctx.act, /*with_bias=*/tp_.rank() == 0, drop);
   leave_region(ex, tp_, alloc, y, yf, &ctx.leave);
+}
+
+void Mlp::project_in(const Exec& ex, MlpCtx& ctx, Allocator& alloc, const Tensor& xf, const LoraDropout* drop) const {
+  const int64_t B = xf.dim(0), T = xf.dim(1), F = in_.out();
+  ctx.h = activation(alloc, xf.dtype, {B, T, F});
+  in_.forward(ex, ctx.h, xf, true, drop);
+  if (kind_ == MlpKind::SwiGlu) {
+    ctx.up = activation(alloc, xf.dtype, {B, T, F});
+    up_.forward(ex, ctx.up, xf, true, drop);
+  }
 }
 
 void Mlp::activate(const Exec& ex, const MlpCtx& ctx) const {
@@ -376,15 +381,8 @@ void Mlp::recompute_activation(const Exec& ex, MlpCtx& ctx, Allocator& alloc) co
 void Mlp::recompute_input(const Exec& ex, MlpCtx& ctx, Allocator& alloc, const Tensor& x, const SequenceLayout& seq,
                           const LoraDropout* drop) const {
   ProfileScope scope(prof_, OpFamily::Activation);
-  const int64_t B = x.dim(0), T = seq.length(), F = in_.out();
   Buffer gathered;
-  const Tensor xf = enter_region(ex, tp_, alloc, gathered, x, T);  // (B, T, C)
-  ctx.h = activation(alloc, x.dtype, {B, T, F});
-  in_.forward(ex, ctx.h, xf, true, drop);
-  if (kind_ == MlpKind::SwiGlu) {
-    ctx.up = activation(alloc, x.dtype, {B, T, F});
-    up_.forward(ex, ctx.up, xf, true, drop);
-  }
+  project_in(ex, ctx, alloc, enter_region(ex, tp_, alloc, gathered, x, seq.length()), drop);  // (B, T, C)
 }
 
 void Mlp::backward(const Exec& ex, const MlpCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy,
@@ -527,10 +525,8 @@ void Block::forward(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const Tenso
 }
 
 void Block::drop_recomputed(BlockCtx& ctx) const {
-  if (ops_.norm) {
-    ctx.ln1.y.release();
-    ctx.ln2.y.release();
-  }
+  release_mlp_branch(ctx);
+  if (ops_.norm) ctx.ln1.y.release();
   if (ops_.qkv) {
     ctx.attn.q.release();
     ctx.attn.k.release();
@@ -540,11 +536,6 @@ void Block::drop_recomputed(BlockCtx& ctx) const {
     ctx.attn.out.release();
     ctx.attn.lse.release();
   }
-  if (ops_.mlp_in) {
-    ctx.mlp.h.release();
-    ctx.mlp.up.release();
-  }
-  if (ops_.mlp_act) ctx.mlp.act.release();
 }
 
 void Block::recompute_mlp_branch(const Exec& ex, BlockCtx& ctx, Allocator& alloc, const SequenceLayout& seq,

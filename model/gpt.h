@@ -173,6 +173,9 @@ class Mlp {
   void set_profiler(Profiler* p);
 
  private:
+  // ctx.h (and ctx.up) allocated and projected from xf (B, T, C), the region's full-sequence input:
+  // the forward's first GEMM(s), shared with recompute_input.
+  void project_in(const Exec& ex, MlpCtx& ctx, Allocator& alloc, const Tensor& xf, const LoraDropout* drop) const;
   // ctx.act (allocated) from ctx.h (and ctx.up): GELU or SwiGLU.
   void activate(const Exec& ex, const MlpCtx& ctx) const;
   // Under parallel.tp_overlap_chunks > 1 (parallel/tp_overlap.h): forward and backward with the
@@ -244,7 +247,8 @@ class Block {
   void set_profiler(Profiler* p);
 
  private:
-  // After a forward: release what ops_ recomputes (the rest of the context stays).
+  // After a forward: release what ops_ recomputes (the rest of the context stays): the MLP branch's
+  // as release_mlp_branch, then the attention branch's.
   void drop_recomputed(BlockCtx& ctx) const;
   // Before each branch's backward: what ops_ dropped of that branch, in the forward's order (the
   // MLP's: ln2's output, h (and up), the activation; the attention's: ln1's output, q, k, v, out and
