@@ -18,12 +18,11 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from varlen_bench import ROOT, TESSERA, load, make_corpus  # noqa: E402
+from varlen_bench import make_corpus, train  # noqa: E402
 
 # GPT-2 preset, 4 blocks of width 128, rows of seq_len positions, 16 rows per step (micro-batches
 # of 4 rows: 1 per rank on dp 4, 4 accumulated on cp 4).
@@ -42,24 +41,10 @@ LAYOUTS = {
 
 
 def run(layout, prefix, args, workdir):
-    run_dir = tempfile.mkdtemp(dir=workdir)
     sets = model(args.seq_len, args.max_len) + LAYOUTS[layout] + [
         f"data.train=[{{path=\"{prefix}\"}}]", f"train.steps={args.steps}", f"log.every={args.steps // 2}"]
-    cmd = ["mpiexec", "-n", "4", TESSERA, "train", os.path.join(ROOT, "configs", "quickstart.toml"),
-           "--run-dir", run_dir]
-    for s in sets:
-        cmd += ["--set", s]
-    before = load()
-    out = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(f"failed: {' '.join(cmd)}\n{out.stdout}\n{out.stderr}")
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        records = [json.loads(line) for line in f if '"loss"' in line]
-    calib = ""
-    if os.path.exists(os.path.join(run_dir, "cp_calibration.toml")):
-        with open(os.path.join(run_dir, "cp_calibration.toml")) as f:
-            calib = f.read()
-    shutil.rmtree(run_dir)
+    records, before, cmd, kept = train(4, sets, workdir, keep=["cp_calibration.toml"])
+    calib = kept["cp_calibration.toml"]
     r = records[-1]
     return dict(layout=layout, real_tokens_per_s=r["real_tokens_per_s"], loss=r["loss"], load=before,
                 rows_split=r.get("cp_rows_split"), rows_whole=r.get("cp_rows_whole"),

@@ -64,11 +64,12 @@ def make_corpus(workdir, docs, median, sigma, max_len, seed, min_len=16):
     return prefix, lengths
 
 
-def run(mode, prefix, steps, workdir):
+def train(ranks, sets, workdir, keep=()):
+    """`tessera train configs/quickstart.toml` on `ranks` ranks with `sets` in a fresh run directory
+    (removed after): its training records (metrics.jsonl lines with a loss), the load average before
+    it, the command, and the text of each file named in `keep` ("" when the run wrote none)."""
     run_dir = tempfile.mkdtemp(dir=workdir)
-    sets = MODEL + MODES[mode] + [f"data.train=[{{path=\"{prefix}\"}}]", f"train.steps={steps}",
-                                  f"log.every={steps // 2}"]
-    cmd = ["mpiexec", "-n", "2", TESSERA, "train", os.path.join(ROOT, "configs", "quickstart.toml"),
+    cmd = ["mpiexec", "-n", str(ranks), TESSERA, "train", os.path.join(ROOT, "configs", "quickstart.toml"),
            "--run-dir", run_dir]
     for s in sets:
         cmd += ["--set", s]
@@ -78,7 +79,18 @@ def run(mode, prefix, steps, workdir):
         sys.exit(f"failed: {' '.join(cmd)}\n{out.stdout}\n{out.stderr}")
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         records = [json.loads(line) for line in f if '"loss"' in line]
+    kept = {}
+    for name in keep:
+        path = os.path.join(run_dir, name)
+        kept[name] = open(path).read() if os.path.exists(path) else ""
     shutil.rmtree(run_dir)
+    return records, before, cmd, kept
+
+
+def run(mode, prefix, steps, workdir):
+    sets = MODEL + MODES[mode] + [f"data.train=[{{path=\"{prefix}\"}}]", f"train.steps={steps}",
+                                  f"log.every={steps // 2}"]
+    records, before, cmd, _ = train(2, sets, workdir)
     r = records[-1]
     positions = 16 * 256
     real = r["real_tokens_per_s"] if mode == "tokens" else r["tokens_per_s"]
