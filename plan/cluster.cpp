@@ -366,6 +366,24 @@ ClusterSpec preset(const std::string& name, const LocalMachine& local) {
 }
 
 namespace {
+// Field i of a calibration table's entry (what: the table, for the message): "bf16" (true) or
+// "fp32" (false).
+bool dtype_field(const toml::array& r, size_t i, const std::string& what, size_t entry) {
+  const toml::node* dtype = r.get(i);
+  TESSERA_CHECK(dtype && dtype->is_string() &&
+                    (dtype->as_string()->get() == "fp32" || dtype->as_string()->get() == "bf16"),
+                what, ": entry ", entry, " field ", i, " must be \"fp32\" or \"bf16\"");
+  return dtype->as_string()->get() == "bf16";
+}
+
+// Field i: a positive finite number (`must`: what it is, for the message).
+double positive_field(const toml::array& r, size_t i, const std::string& what, size_t entry, const char* must) {
+  const toml::node* x = r.get(i);
+  const double v = x && x->is_number() ? x->value<double>().value_or(0) : 0;
+  TESSERA_CHECK(v > 0 && std::isfinite(v), what, ": entry ", entry, " field ", i, " must be ", must);
+  return v;
+}
+
 // cluster.gemm_rates = [[m, n, k, "fp32" | "bf16", GFLOP/s], ...]
 std::vector<GemmRate> parse_gemm_rates(const toml::node& node, const std::string& source) {
   const std::string what = "cluster.gemm_rates (" + at(source, node) + ")";
@@ -384,16 +402,8 @@ std::vector<GemmRate> parse_gemm_rates(const toml::node& node, const std::string
                   " must be [m, n, k, \"fp32\" or \"bf16\", GFLOP/s]");
     GemmRate g;
     g.m = positive_int(0), g.n = positive_int(1), g.k = positive_int(2);
-    const toml::node* dtype = r->get(3);
-    TESSERA_CHECK(dtype && dtype->is_string() &&
-                      (dtype->as_string()->get() == "fp32" || dtype->as_string()->get() == "bf16"),
-                  what, ": entry ", out.size(), " field 3 must be \"fp32\" or \"bf16\"");
-    g.bf16 = dtype->as_string()->get() == "bf16";
-    const toml::node* rate = r->get(4);
-    const double gflops = rate && rate->is_number() ? rate->value<double>().value_or(0) : 0;
-    TESSERA_CHECK(gflops > 0 && std::isfinite(gflops), what, ": entry ", out.size(),
-                  " field 4 must be a positive rate in GFLOP/s");
-    g.flops = gflops * kGB;
+    g.bf16 = dtype_field(*r, 3, what, out.size());
+    g.flops = positive_field(*r, 4, what, out.size(), "a positive rate in GFLOP/s") * kGB;
     out.push_back(g);
   }
   return out;
@@ -427,16 +437,8 @@ std::vector<OpTime> parse_op_times(const toml::node& node, const std::string& so
                     ") field 1 must be its shape: ", op_shape_size(t.op), " positive integers");
       t.shape.push_back(x.as_integer()->get());
     }
-    const toml::node* dtype = r->get(2);
-    TESSERA_CHECK(dtype && dtype->is_string() &&
-                      (dtype->as_string()->get() == "fp32" || dtype->as_string()->get() == "bf16"),
-                  what, ": entry ", out.size(), " field 2 must be \"fp32\" or \"bf16\"");
-    t.bf16 = dtype->as_string()->get() == "bf16";
-    const toml::node* us = r->get(3);
-    const double micro = us && us->is_number() ? us->value<double>().value_or(0) : 0;
-    TESSERA_CHECK(micro > 0 && std::isfinite(micro), what, ": entry ", out.size(),
-                  " field 3 must be a positive time in microseconds");
-    t.seconds = micro * 1e-6;
+    t.bf16 = dtype_field(*r, 2, what, out.size());
+    t.seconds = positive_field(*r, 3, what, out.size(), "a positive time in microseconds") * 1e-6;
     out.push_back(t);
   }
   return out;
