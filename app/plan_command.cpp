@@ -14,6 +14,7 @@
 
 #include "app/launch.h"
 #include "app/memory_check.h"
+#include "app/pp_cut.h"
 #include "app/trainer.h"
 #include "app/training_data.h"
 #include "kernels/allocator.h"
@@ -386,6 +387,45 @@ std::string cpu_model() {
 }
 }  // namespace
 
+// cluster.h chain_scale_*: the whole model forward and backward (app/pp_cut.h measure_stage_time:
+// one stage of every block with the embedding and the head, one micro-batch of up to 8 sequences,
+// tp = pp = cp = 1, no recomputation), on every rank at once as training runs them, against the
+// calibrated op times summed for the same work (plan/cost_model.h StepCost::compute).
+void calibrate_chain_scale(MPI_Comm world, const Config& base, plan::ClusterSpec& c, std::ostream* out) {
+  Config cfg = base;
+  ParallelConfig& p = cfg.parallel;
+  p.tp = p.pp = p.vpp = p.cp = 1, p.zero = 0, p.sequence_parallel = false, p.pp_layers.clear();
+  cfg.model.recompute = "none", cfg.model.recompute_layers = 0;
+  cfg.model.recompute_ops.clear(), cfg.model.recompute_ops_layers.clear();
+  int64_t mb = 8;
+  while (mb > 1 && cfg.train.global_batch % mb != 0) mb /= 2;
+  cfg.train.micro_batch = mb;
+  for (const bool bf16 : {false, true}) {
+    cfg.train.dtype = bf16 ? "bf16" : "fp32";
+    const ModelConfig mc = to_model_config(cfg, data_vocab_size(cfg));
+    MPI_Barrier(world);
+    const double mine = measure_stage_time(cfg, mc, Exec::cpu(), {resolve(mc).n_layer}, 0, 5);
+    double sum = 0;
+    MPI_Allreduce(&mine, &sum, 1, MPI_DOUBLE, MPI_SUM, world);
+    const double measured = sum / double(comm_size(world));
+    plan::Layout l;
+    l.micro_batch = mb, l.bf16 = bf16;
+    plan::Workload w = workload_of(cfg);
+    w.global_batch = mb;
+    const plan::StepCost s = plan::predict_step(w, l, c);
+    const double predicted = s.compute / double(s.micro_batches);
+    (bf16 ? c.chain_scale_bf16 : c.chain_scale_fp32) = measured / predicted;
+    if (out) {
+      char line[256];
+      std::snprintf(line, sizeof line,
+                    "the model forward + backward (micro-batch %lld, %s, every rank at once): %.2f ms measured, "
+                    "%.2f ms from its ops' times: chain scale %.3f\n",
+                    (long long)mb, bf16 ? "bf16" : "fp32", 1e3 * measured, 1e3 * predicted, measured / predicted);
+      *out << line;
+    }
+  }
+}
+
 int run_calibrate_command(const PlanArgs& args, std::ostream& out) {
   MPI_Comm world = MPI_COMM_WORLD;
   const bool lead = comm_rank(world) == 0;
@@ -397,12 +437,14 @@ int run_calibrate_command(const PlanArgs& args, std::ostream& out) {
             "ranks, then plan with --cluster FILE";
   // With a config: the GEMMs also at the shapes of its step (plan/calibrate.h model_gemm_shapes).
   plan::CalibrationOptions options;
+  Config cfg;
   if (error.empty() && !args.config_path.empty()) {
     try {
       std::vector<std::string> config_overrides;
       for (const std::string& s : args.overrides)
         if (!is_cluster_key(s)) config_overrides.push_back(s);
-      const plan::Workload w = workload_of(load_config(args.config_path, config_overrides));
+      cfg = load_config(args.config_path, config_overrides);
+      const plan::Workload w = workload_of(cfg);
       options.shapes = plan::model_gemm_shapes(w, ranks);
       options.ops = plan::model_op_shapes(w, ranks);
     } catch (const Error& e) {
@@ -415,6 +457,14 @@ int run_calibrate_command(const PlanArgs& args, std::ostream& out) {
   const plan::LocalMachine local = plan::this_machine(ranks, double(avail.bytes));
   if (lead) out << "calibrating " << ranks << " rank" << (ranks > 1 ? "s" : "") << " on this machine\n";
   plan::ClusterSpec c = plan::calibrate_local(world, local, options, lead ? &out : nullptr);
+  if (!args.config_path.empty()) {
+    try {
+      calibrate_chain_scale(world, cfg, c, lead ? &out : nullptr);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    throw_if_any_failed(world, error);
+  }
   if (lead) {
     char host[256] = "?";
     gethostname(host, sizeof host - 1);

@@ -16,6 +16,7 @@
 #include "kernels/embedding.h"
 #include "kernels/gelu.h"
 #include "kernels/layernorm.h"
+#include "kernels/matmul.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/swiglu.h"
@@ -41,8 +42,10 @@ std::vector<OpTime> model_op_shapes(const Workload& w, int64_t ranks) {
     for (int64_t mb = 1; mb <= 8; mb *= 2) {
       if (w.global_batch % mb != 0) continue;
       const int64_t N = mb * T;
-      add(OpKind::AttentionForward, {mb, T, T, H, KV, D});
-      add(OpKind::AttentionBackward, {mb, T, T, H, KV, D});
+      // Fewer KV heads than tp ranks: k and v are replicated and each rank attends with its one KV head.
+      const int64_t KVa = m.kv_heads() % tp == 0 ? KV : 1;
+      add(OpKind::AttentionForward, {mb, T, T, H, KVa, D});
+      add(OpKind::AttentionBackward, {mb, T, T, H, KVa, D});
       for (int64_t rows : {N, tp > 1 && N % tp == 0 ? N / tp : N}) {  // without and with sequence parallelism
         add(layernorm ? OpKind::LayerNormForward : OpKind::RmsNormForward, {rows, C});
         add(layernorm ? OpKind::LayerNormBackward : OpKind::RmsNormBackward, {rows, C});
@@ -57,6 +60,15 @@ std::vector<OpTime> model_op_shapes(const Workload& w, int64_t ranks) {
       add(OpKind::EmbeddingBackward, {N, C, V});
       add(OpKind::CrossEntropyForward, {N, V});
       add(OpKind::CrossEntropyBackward, {N, V});
+      // The Linears (rows N: under sequence parallelism they run on the gathered sequence): q, k and
+      // v, the attention's output, the MLP's one or two inputs and its output (biases as the model
+      // has them), and the LM head (none); fp32 and with the weight's bf16 copy.
+      const int64_t bias = m.bias ? 1 : 0;
+      const std::vector<std::vector<int64_t>> linears = {
+          {N, C, H * D, bias}, {N, C, KV * D, bias}, {N, H * D, C, bias}, {N, C, F, bias}, {N, F, C, bias}, {N, C, V, 0}};
+      for (const std::vector<int64_t>& shape : linears)
+        for (OpKind op : {OpKind::LinearForward, OpKind::LinearBackwardInput, OpKind::LinearBackwardWeight})
+          for (bool bf16 : {false, true}) add(op, shape, bf16);
     }
   }
   CostCache cache;
@@ -110,6 +122,9 @@ std::vector<int64_t> timed_shape(const OpTime& t, const CalibrationOptions& o) {
       case OpKind::AttentionBackward: return double(s[0] * std::max(s[1], s[2]) * s[3] * s[5]);
       case OpKind::EmbeddingForward:
       case OpKind::EmbeddingBackward: return double(std::max(s[0], s[2]) * s[1]);
+      case OpKind::LinearForward:
+      case OpKind::LinearBackwardInput:
+      case OpKind::LinearBackwardWeight: return double(std::max({s[0] * s[1], s[0] * s[2], s[1] * s[2]}));
       default: {
         double n = 1;
         for (int64_t d : s) n *= double(d);
@@ -117,10 +132,12 @@ std::vector<int64_t> timed_shape(const OpTime& t, const CalibrationOptions& o) {
       }
     }
   };
-  const auto attention_flops = [&] { return 2.0 * double(s[0] * s[1] * s[2] * s[3] * s[5]); };
-  const bool attention = t.op == OpKind::AttentionForward || t.op == OpKind::AttentionBackward;
-  while (s[0] > 1 && (largest() > o.max_op_elements || (attention && attention_flops() > o.max_gemm_flops)))
-    s[0] = (s[0] + 1) / 2;
+  const auto flops = [&] {
+    if (t.op == OpKind::AttentionForward || t.op == OpKind::AttentionBackward)
+      return 2.0 * double(s[0] * s[1] * s[2] * s[3] * s[5]);
+    return is_linear(t.op) ? 2.0 * double(s[0] * s[1] * s[2]) : 0.0;
+  };
+  while (s[0] > 1 && (largest() > o.max_op_elements || flops() > o.max_gemm_flops)) s[0] = (s[0] + 1) / 2;
   return s;
 }
 
@@ -215,6 +232,24 @@ std::function<void()> op_runner(OpKind op, const std::vector<int64_t>& s, bool b
       AdamWStep step;
       step.lr = 1e-6, step.weight_decay = 0.1;
       return [=] { adamw_update(ex, p, g, m, v, step, compute); };
+    }
+    case OpKind::LinearForward:
+    case OpKind::LinearBackwardInput:
+    case OpKind::LinearBackwardWeight: {
+      // As model/layers.cpp runs a Linear: forward linear_forward; dx = dy W (matmul, as backward_input);
+      // dW += dy^T x and the bias gradient (linear_backward without dx, as weight_grads).
+      const int64_t N = s[0], in = s[1], out = s[2];
+      const Tensor x = b->f({N, in}), y = b->f({N, out}), dy = b->f({N, out}, 1e-3f), dx = b->f({N, in});
+      const Tensor w32 = b->f({out, in}, 0.1f), dw = b->f({out, in}, 0);
+      const Tensor bias = s[3] ? b->f({out}) : Tensor(), dbias = s[3] ? b->f({out}, 0) : Tensor();
+      Tensor w = w32;
+      if (bf16) {
+        w = b->bf16({out, in});
+        convert(ex, w, w32);
+      }
+      if (op == OpKind::LinearForward) return [=] { linear_forward(ex, y, x, w, bias); };
+      if (op == OpKind::LinearBackwardInput) return [=] { matmul(ex, dx, dy, w, false, false); };
+      return [=] { linear_backward(ex, Tensor(), dw, dbias, dy, x, w); };
     }
     case OpKind::GradNorm: {
       const Tensor g = b->f({s[0]}, 1e-3f);

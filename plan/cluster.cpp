@@ -127,6 +127,11 @@ const std::vector<Field>& fields() {
     async.set = [](ClusterSpec& s, const Value& v) { s.async_progress = std::get<bool>(v); };
     async.get = [](const ClusterSpec& s) { return Value(s.async_progress); };
     t.push_back(async);
+    for (const auto& [key, member] : {std::pair{"chain_scale_fp32", &ClusterSpec::chain_scale_fp32},
+                                      std::pair{"chain_scale_bf16", &ClusterSpec::chain_scale_bf16}})
+      t.push_back(number(key, "the whole model's forward + backward measured over the sum of its ops' calibrated times "
+                         "(ops in a chain lose the cache they were timed with); multiplies every computation; 1 = none",
+                         member, 1, 0, true, 1e30, false));
     return t;
   }();
   return table;
@@ -266,6 +271,7 @@ constexpr OpInfo kOps[kOpKinds] = {
     {"gelu_forward", 1},      {"gelu_backward", 1},      {"swiglu_forward", 1},    {"swiglu_backward", 1},
     {"rope_forward", 1},      {"rope_backward", 1},      {"embedding_forward", 3}, {"embedding_backward", 3},
     {"cross_entropy_forward", 2}, {"cross_entropy_backward", 2}, {"adamw", 1}, {"grad_norm", 1},
+    {"linear_forward", 4}, {"linear_backward_input", 4}, {"linear_backward_weight", 4},
 };
 }  // namespace
 
@@ -278,6 +284,7 @@ double op_work(OpKind op, const std::vector<double>& shape) {
   if (op == OpKind::EmbeddingForward || op == OpKind::EmbeddingBackward) return shape[0] * shape[1];
   if (op == OpKind::AttentionForward || op == OpKind::AttentionBackward)
     return shape[0] * shape[1] * shape[2] * shape[3] * shape[5];
+  if (is_linear(op)) return shape[0] * shape[1] * shape[2];  // the GEMM's multiply-adds; the bias is a flag
   double w = 1;
   for (double x : shape) w *= x;
   return w;
@@ -295,8 +302,11 @@ double measured_op_seconds(const ClusterSpec& c, OpKind op, const std::vector<do
   bool best_dtype = false;
   for (const OpTime& t : c.op_times) {
     if (t.op != op || t.shape.size() != shape.size()) continue;
+    const bool linear = is_linear(op);
+    if (linear && (t.bf16 != bf16 || double(t.shape[3]) != shape[3])) continue;
     double d = 0;
-    for (size_t i = 0; i < shape.size(); ++i) d += std::fabs(std::log(std::max(shape[i], 1.0) / double(t.shape[i])));
+    for (size_t i = 0; i < (linear ? 3 : shape.size()); ++i)
+      d += std::fabs(std::log(std::max(shape[i], 1.0) / double(t.shape[i])));
     const bool dtype = t.bf16 == bf16;
     // The asked dtype first, then the nearest shape.
     if ((dtype && !best_dtype) || (dtype == best_dtype && d < best)) best = d, best_dtype = dtype, nearest = &t;
@@ -433,8 +443,13 @@ std::vector<OpTime> parse_op_times(const toml::node& node, const std::string& so
     TESSERA_CHECK(dims && dims->size() == op_shape_size(t.op), what, ": entry ", out.size(), " (", op_name(t.op),
                   ") field 1 must be its shape: ", op_shape_size(t.op), " positive integers");
     for (const toml::node& x : *dims) {
-      TESSERA_CHECK(x.is_integer() && x.as_integer()->get() > 0, what, ": entry ", out.size(), " (", op_name(t.op),
-                    ") field 1 must be its shape: ", op_shape_size(t.op), " positive integers");
+      if (is_linear(t.op) && t.shape.size() == 3) {  // the bias flag
+        TESSERA_CHECK(x.is_integer() && (x.as_integer()->get() == 0 || x.as_integer()->get() == 1), what, ": entry ",
+                      out.size(), " (", op_name(t.op), ") field 1 must be [rows, in, out, bias] with bias 0 or 1");
+      } else {
+        TESSERA_CHECK(x.is_integer() && x.as_integer()->get() > 0, what, ": entry ", out.size(), " (", op_name(t.op),
+                      ") field 1 must be its shape: ", op_shape_size(t.op), " positive integers");
+      }
       t.shape.push_back(x.as_integer()->get());
     }
     t.bf16 = dtype_field(*r, 2, what, out.size());
@@ -485,6 +500,10 @@ ClusterSpec parse_cluster(const std::string& text, const std::string& source, co
                   " says ", version, t->get("format_version") ? "" : " (no format_version key)",
                   ": calibrate again with this build");
     s.op_times = parse_op_times(*o, source);
+    for (const OpTime& op : s.op_times)
+      TESSERA_CHECK(version >= 4 || !is_linear(op.op), "cluster.op_times (", at(source, *o), ") holds ", op_name(op.op),
+                    ", which needs format_version = 4 or later; ", source, " says ", version,
+                    ": calibrate again with this build");
   }
   std::set<std::string> given;
   for (auto&& [k, node] : *t) {
@@ -573,7 +592,7 @@ std::string cluster_to_toml(const ClusterSpec& s) {
     }
     os << "\n";
   }
-  os << "# the file's format (1: no gemm_rates, 2: no op_times)\nformat_version = " << kClusterFormatVersion << "\n";
+  os << "# the file's format (1: no gemm_rates, 2: no op_times, 3: no linear_* ops)\nformat_version = " << kClusterFormatVersion << "\n";
   if (!s.gemm_rates.empty()) {
     os << "# measured GEMM rates at the model's shapes: [m, n, k, dtype, GFLOP/s] of (m, k) x (k, n)\ngemm_rates = [\n";
     for (const GemmRate& g : s.gemm_rates)
@@ -602,8 +621,8 @@ std::string cluster_to_toml(const ClusterSpec& s) {
 std::vector<ClusterKey> cluster_keys() {
   std::vector<ClusterKey> keys{{"base", "a preset to start from (its keys are then all optional)"}};
   for (const Field& f : fields()) keys.push_back({f.key, f.meaning});
-  keys.push_back({"format_version", "the file's format: 1 (no such key), 2 (gemm_rates) or 3 (op_times); later "
-                                    "versions are refused"});
+  keys.push_back({"format_version", "the file's format: 1 (no such key), 2 (gemm_rates), 3 (op_times) or 4 (the "
+                                    "linear_* ops in op_times); later versions are refused"});
   keys.push_back({"gemm_rates", "[[m, n, k, \"fp32\" or \"bf16\", GFLOP/s], ...]: GEMM rates measured at the "
                                 "model's shapes (`tessera plan --calibrate CONFIG`)"});
   keys.push_back({"op_times", "[[op, [dims...], \"fp32\" or \"bf16\", microseconds], ...]: the other op families' "

@@ -37,12 +37,19 @@ struct GemmRate {
 //   embedding_*                             [rows, c, vocab]
 //   cross_entropy_*                         [rows, vocab]
 //   adamw, grad_norm                        [elements]           (adamw "bf16": with the bf16 compute copy)
+//   linear_forward, linear_backward_input,  [rows, in, out, bias] (bias 1 with one, 0 without; "bf16": the
+//   linear_backward_weight                                        weight's bf16 copy, as train.dtype = "bf16")
+// A Linear's three GEMMs as model/layers.cpp runs them: y = x W^T (+ bias), dx = dy W, and
+// dW += dy^T x (+ the bias gradient; under bf16 the rounding of dy), each with its operands' layout
+// and dtypes, which the square GEMM of gemm_rates does not have.
 enum class OpKind : uint8_t {
   AttentionForward, AttentionBackward, LayerNormForward, LayerNormBackward, RmsNormForward, RmsNormBackward,
   ResidualForward, ResidualBackward, GeluForward, GeluBackward, SwigluForward, SwigluBackward, RopeForward,
   RopeBackward, EmbeddingForward, EmbeddingBackward, CrossEntropyForward, CrossEntropyBackward, AdamW, GradNorm,
+  LinearForward, LinearBackwardInput, LinearBackwardWeight,
 };
-inline constexpr int kOpKinds = int(OpKind::GradNorm) + 1;
+inline constexpr int kOpKinds = int(OpKind::LinearBackwardWeight) + 1;
+inline bool is_linear(OpKind op) { return op >= OpKind::LinearForward; }
 const char* op_name(OpKind op);           // "attention_forward", ... (the file's spelling)
 size_t op_shape_size(OpKind op);          // the length of its shape (above)
 double op_work(OpKind op, const std::vector<double>& shape);  // what its time scales with (the product of its
@@ -59,9 +66,10 @@ struct OpTime {
 };
 
 // The version of the cluster file that cluster_to_toml writes: 1 had no format_version key (and is
-// read as before), 2 adds gemm_rates, 3 adds op_times. A file of a later version is refused, and
-// op_times in a file that says it is of version 1 or 2.
-inline constexpr int64_t kClusterFormatVersion = 3;
+// read as before), 2 adds gemm_rates, 3 adds op_times, 4 the linear_* ops in op_times. A file of a
+// later version is refused, op_times in a file that says it is of version 1 or 2, and linear_* ops
+// in one of version 3.
+inline constexpr int64_t kClusterFormatVersion = 4;
 
 struct ClusterSpec {
   std::string name = "custom";
@@ -81,6 +89,10 @@ struct ClusterSpec {
   double op_latency = 0;                 // seconds: the least time any one op (kernel) takes
   Link intra, inter;                     // within a node, across nodes
   bool async_progress = true;            // collectives started asynchronously progress while the device computes
+  // The whole model's forward + backward measured (one micro-batch, every rank at once) over the sum
+  // of its calibrated op times, by dtype: ops that run in a chain find the inputs evicted that their
+  // calibration ran with in cache. Multiplies every computation; 1 = the ops' times as measured alone.
+  double chain_scale_fp32 = 1, chain_scale_bf16 = 1;
   // Measured GEMM rates by shape (calibration): when it holds the GEMM's dtype, a GEMM takes the rate
   // of the nearest measured shape instead of the roofline's peak x efficiency; empty: the roofline.
   std::vector<GemmRate> gemm_rates;
@@ -89,6 +101,7 @@ struct ClusterSpec {
   std::vector<OpTime> op_times;
 
   double peak_flops(bool bf16) const { return bf16 ? peak_flops_bf16 : peak_flops_fp32; }
+  double chain_scale(bool bf16) const { return bf16 ? chain_scale_bf16 : chain_scale_fp32; }
   double usable_memory() const { return device_memory * usable_memory_fraction; }
 };
 
@@ -99,7 +112,9 @@ double measured_gemm_rate(const ClusterSpec& c, double m, double n, double k, bo
 // The time of op at shape from the measured shape of that op nearest to it (the sum of the |log|
 // ratios of the dims), scaled by op_work(shape) / op_work(measured): exactly the measured time at a
 // measured shape. Entries of the asked dtype first; a bf16 op with only fp32 entries takes those (on
-// the CPU the trainer keeps activations in fp32 under both dtypes). 0 when the op was not measured.
+// the CPU the trainer keeps activations in fp32 under both dtypes), except the linear_* ops (a bf16
+// GEMM is another kernel), which take only their dtype and their bias flag (the distance over rows,
+// in and out). 0 when the op was not measured.
 double measured_op_seconds(const ClusterSpec& c, OpKind op, const std::vector<double>& shape, bool bf16);
 bool has_op_times(const ClusterSpec& c, OpKind op);
 

@@ -116,14 +116,18 @@ struct Roofline {
 struct LinearCost {
   double forward = 0, dx = 0, dw = 0, flops = 0;
 };
-LinearCost linear(const Roofline& r, double rows, double in, double out) {
-  return {r.gemm(rows, out, in, kAct, r.weight_bytes), r.gemm(rows, in, out, kAct, r.weight_bytes),
-          r.gemm(out, in, rows, kAct, kAct), 6 * rows * in * out};
+// Calibrated (linear_* op times, as model/layers.cpp runs the Linear: operand layouts, the bias,
+// bf16 rounding), else each GEMM at its measured rate or the roofline.
+LinearCost linear(const Roofline& r, double rows, double in, double out, bool bias) {
+  const std::vector<double> shape = {rows, in, out, bias ? 1.0 : 0.0};
+  return {r.op(OpKind::LinearForward, shape, r.gemm(rows, out, in, kAct, r.weight_bytes)),
+          r.op(OpKind::LinearBackwardInput, shape, r.gemm(rows, in, out, kAct, r.weight_bytes)),
+          r.op(OpKind::LinearBackwardWeight, shape, r.gemm(out, in, rows, kAct, kAct)), 6 * rows * in * out};
 }
 
 struct Dims {
-  double B, T, Tfull, N, Nr, C, D, Hl, KVl, Fl, Vl;
-  bool swiglu, layernorm, rope;
+  double B, T, Tfull, N, Nr, C, D, Hl, KVl, KVa, Fl, Vl;
+  bool swiglu, layernorm, rope, bias;
 };
 
 Dims dims_of(const Workload& w, const Layout& l) {
@@ -138,11 +142,13 @@ Dims dims_of(const Workload& w, const Layout& l) {
   d.D = double(m.head_dim());
   d.Hl = double(m.n_head / l.tp);
   d.KVl = double(m.kv_heads() % l.tp == 0 ? m.kv_heads() / l.tp : m.kv_heads());
+  d.KVa = m.kv_heads() % l.tp == 0 ? d.KVl : 1.0;  // replicated K and V: each rank attends with its one KV head
   d.Fl = double(m.ffn_hidden / l.tp);
   d.Vl = double((m.vocab_size + l.tp - 1) / l.tp);
   d.swiglu = m.mlp == MlpKind::SwiGlu;
   d.layernorm = m.norm == NormKind::LayerNorm;
   d.rope = m.position == PositionKind::Rope;
+  d.bias = m.bias;
   return d;
 }
 
@@ -185,22 +191,17 @@ struct BlockCompute {
 BlockCompute block_compute(const Dims& d, const Roofline& r) {
   BlockCompute b;
   const double q = d.Hl * d.D, kv = d.KVl * d.D;
-  std::vector<LinearCost> lin = {linear(r, d.N, d.C, q), linear(r, d.N, d.C, kv), linear(r, d.N, d.C, kv),
-                                 linear(r, d.N, q, d.C)};
-  if (d.swiglu) {
-    lin.push_back(linear(r, d.N, d.C, d.Fl));
-    lin.push_back(linear(r, d.N, d.C, d.Fl));
-    lin.push_back(linear(r, d.N, d.Fl, d.C));
-  } else {
-    lin.push_back(linear(r, d.N, d.C, d.Fl));
-    lin.push_back(linear(r, d.N, d.Fl, d.C));
-  }
+  std::vector<LinearCost> lin = {linear(r, d.N, d.C, q, d.bias), linear(r, d.N, d.C, kv, d.bias),
+                                 linear(r, d.N, d.C, kv, d.bias), linear(r, d.N, q, d.C, d.bias)};
+  if (d.swiglu) lin.push_back(linear(r, d.N, d.C, d.Fl, d.bias));
+  lin.push_back(linear(r, d.N, d.C, d.Fl, d.bias));
+  lin.push_back(linear(r, d.N, d.Fl, d.C, d.bias));
   for (const LinearCost& c : lin) b.forward += c.forward, b.dx += c.dx, b.dw += c.dw, b.flops += c.flops;
   // Causal attention over a cp rank's queries: about half the T x (cp T) square (the load-balanced
   // chunks make it half on every rank); backward recomputes the probabilities from the saved lse:
   // 5 products against the forward's 2.
   const double attn_flops = 2 * 2 * d.B * d.Hl * d.T * d.Tfull * d.D * 0.5;
-  const std::vector<double> attn = {d.B, d.T, d.Tfull, d.Hl, d.KVl, d.D};
+  const std::vector<double> attn = {d.B, d.T, d.Tfull, d.Hl, d.KVa, d.D};
   b.attention_forward = r.op(OpKind::AttentionForward, attn, r.compute(attn_flops));
   b.attention_backward = r.op(OpKind::AttentionBackward, attn, r.compute(2.5 * attn_flops));
   b.flops += 3.5 * attn_flops;
@@ -223,7 +224,7 @@ std::vector<GemmShape> gemm_shapes(const Workload& w, const Layout& l) {
   r.record = &shapes;
   const Dims d = dims_of(w, l);
   block_compute(d, r);
-  linear(r, d.N, d.C, d.Vl);  // the LM head
+  linear(r, d.N, d.C, d.Vl, false);  // the LM head
   std::sort(shapes.begin(), shapes.end());
   shapes.erase(std::unique(shapes.begin(), shapes.end()), shapes.end());
   return shapes;
@@ -324,7 +325,7 @@ ChunkTime chunk_time(const Workload& w, const Layout& l, const ClusterSpec& c, c
   if (chunk.head) {
     // Final norm, the LM head (N, C) -> (N, Vl), the vocabulary-parallel cross-entropy over the
     // logits (softmax read twice, loss gradient written in place).
-    const LinearCost head = linear(r, d.N, d.C, d.Vl);
+    const LinearCost head = linear(r, d.N, d.C, d.Vl, false);
     const OpKind norm_f = d.layernorm ? OpKind::LayerNormForward : OpKind::RmsNormForward;
     const OpKind norm_b = d.layernorm ? OpKind::LayerNormBackward : OpKind::RmsNormBackward;
     const std::vector<double> rows = {d.Nr, d.C}, logits = {d.N, d.Vl};
@@ -348,6 +349,9 @@ ChunkTime chunk_time(const Workload& w, const Layout& l, const ClusterSpec& c, c
     t.tp_forward += all_gather_seconds(d.N * kAct * l.tp, l.tp, links.tp) + all_reduce_seconds(d.N * kAct, l.tp, links.tp);
     t.tp_bytes += all_gather_bytes(d.N * kAct * l.tp, l.tp) + all_reduce_bytes(d.N * kAct, l.tp);
   }
+  // The ops in a chain, as calibrated (cluster.h chain_scale): every computation, no communication.
+  const double chain = c.chain_scale(l.bf16);
+  t.forward *= chain, t.backward *= chain, t.weight *= chain, t.recompute *= chain;
   return t;
 }
 

@@ -103,6 +103,14 @@ def load():
         return float(f.read().split()[0])
 
 
+def cpu_times():
+    """(nice, total) jiffies of all CPUs from /proc/stat: the share of the machine that niced jobs
+    (other work run under `nice -n 19` beside the measurements) took between two readings."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return v[1], sum(v)
+
+
 def cpu():
     name, flags = "?", ""
     with open("/proc/cpuinfo") as f:
@@ -264,13 +272,15 @@ def run_case(model, ranks, args, workdir):
         for r in rows:
             if r.get("failed"):
                 continue
-            before = load()
+            before, (nice0, total0) = load(), cpu_times()
             m = measure(model, ranks, r["keys"], args.steps, workdir)
             if m is None:
                 r["failed"] = True
                 continue
+            nice1, total1 = cpu_times()
             r["runs"].append(m)
             r["loads"].append((before + load()) / 2)
+            r.setdefault("nice_share", []).append((nice1 - nice0) / max(1, total1 - total0))
     dropped = [r["name"] for r in rows if r.get("failed")]
     rows = [r for r in rows if not r.get("failed")]
     for r in rows:
@@ -289,6 +299,13 @@ def run_case(model, ranks, args, workdir):
 
 def runs_text(row):
     return ", ".join("%.0f" % (1e3 * x["step_s"]) for x in row["runs"])
+
+
+def nice_text(row):
+    """The CPU share niced jobs took during each round, where the run recorded it."""
+    if not row.get("nice_share"):
+        return ""
+    return " (niced " + " ".join(f"{100 * x:.0f}%" for x in row["nice_share"]) + ")"
 
 
 def pct(x):
@@ -335,7 +352,7 @@ def write_docs(cases, command, cpu_name, flags, started, path_md, path_png):
             lines.append(f"| {r['name']} | {1e3 * p['step_s']:.1f} | {1e3 * m['step_s']:.1f} "
                          f"({runs_text(r)}) | {100 * r['error']:+.0f}% | "
                          f"{p['device'] / 2**20:.2f} / {m['peak'] / 2**20:.2f} | {p['tp'] / 1e6:.2f} / {m['tp'] / 1e6:.2f} | "
-                         f"{' '.join(f'{x:.1f}' for x in r['loads'])} |")
+                         f"{' '.join(f'{x:.1f}' for x in r['loads'])}{nice_text(r)} |")
         lines.append("")
     with open(path_md, "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -373,7 +390,15 @@ def main():
     p.add_argument("--top", type=int, default=20)
     p.add_argument("--json")
     p.add_argument("--docs", action="store_true", help="write docs/plan_validation.md and .png")
+    p.add_argument("--from-json", help="comma-separated --json files of earlier runs: write --docs from them, run nothing")
     args = p.parse_args()
+    if args.from_json:
+        runs = [json.load(open(f)) for f in args.from_json.split(",")]
+        cases = [c for r in runs for c in r["cases"]]
+        command = "\n    ".join(r["command"] for r in runs)
+        write_docs(cases, command, runs[0]["cpu"], runs[0]["flags"], runs[0].get("started", float("nan")),
+                   os.path.join(ROOT, "docs", "plan_validation.md"), os.path.join(ROOT, "docs", "plan_validation.png"))
+        return
     ranks = [int(r) for r in args.ranks.split(",")]
     for r in ranks:
         if r not in COVER:
@@ -390,7 +415,7 @@ def main():
     command = "scripts/bench/plan_validate.py " + " ".join(sys.argv[1:])
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(cpu=cpu_name, flags=flags, command=command, cases=cases), f, indent=1)
+            json.dump(dict(cpu=cpu_name, flags=flags, command=command, started=started, cases=cases), f, indent=1)
     if args.docs:
         write_docs(cases, command, cpu_name, flags, started, os.path.join(ROOT, "docs", "plan_validation.md"),
                    os.path.join(ROOT, "docs", "plan_validation.png"))

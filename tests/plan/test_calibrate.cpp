@@ -186,8 +186,28 @@ TEST(Calibrate, ModelOpShapesAreTheSteps) {
     EXPECT_EQ(ops[i].shape.size(), op_shape_size(ops[i].op)) << op_name(ops[i].op);
     for (size_t j = 0; j < i; ++j) EXPECT_FALSE(ops[i] == ops[j]) << op_name(ops[i].op);
   }
-  // GPT-2: LayerNorm and GELU, no RoPE.
+  // The Linears at tp 2, micro-batch 8 (256 rows): q (2 heads of 16), k (1 KV head), the output,
+  // SwiGLU's gate and its output, the head (half the vocabulary, no bias), in both dtypes.
+  for (OpKind op : {OpKind::LinearForward, OpKind::LinearBackwardInput, OpKind::LinearBackwardWeight})
+    for (bool bf16 : {false, true}) {
+      EXPECT_TRUE(has(ops, op, {256, 64, 32, 0}, bf16)) << op_name(op);
+      EXPECT_TRUE(has(ops, op, {256, 64, 16, 0}, bf16)) << op_name(op);
+      EXPECT_TRUE(has(ops, op, {256, 32, 64, 0}, bf16)) << op_name(op);
+      EXPECT_TRUE(has(ops, op, {256, 64, F / 2, 0}, bf16)) << op_name(op);
+      EXPECT_TRUE(has(ops, op, {256, F / 2, 64, 0}, bf16)) << op_name(op);
+      EXPECT_TRUE(has(ops, op, {256, 64, 150, 0}, bf16)) << op_name(op);
+    }
+  // At 4 ranks tp 4 leaves 1 query head per rank over 2 KV heads: k and v are replicated and each
+  // rank attends with one KV head (a shape the attention kernel accepts), while k's Linear computes both.
+  const std::vector<OpTime> four = model_op_shapes(w, 4);
+  EXPECT_TRUE(has(four, OpKind::AttentionForward, {1, 32, 32, 1, 1, 16}));
+  EXPECT_TRUE(has(four, OpKind::LinearForward, {32, 64, 32, 0}));
+  for (const OpTime& t : four)
+    if (t.op == OpKind::AttentionForward || t.op == OpKind::AttentionBackward)
+      EXPECT_EQ(t.shape[3] % t.shape[4], 0) << t.shape[3] << " heads over " << t.shape[4];
+  // GPT-2: LayerNorm and GELU, no RoPE; Linears with their biases.
   const std::vector<OpTime> g = model_op_shapes(tiny("gpt2", 0), 1);
+  EXPECT_TRUE(has(g, OpKind::LinearBackwardWeight, {32, 64, 64, 1}, true));
   EXPECT_TRUE(has(g, OpKind::LayerNormForward, {32, 64}));
   EXPECT_TRUE(has(g, OpKind::GeluForward, {32 * tiny("gpt2", 0).model.ffn_hidden}));
   EXPECT_FALSE(std::any_of(g.begin(), g.end(), [](const OpTime& t) { return t.op == OpKind::RopeForward; }));

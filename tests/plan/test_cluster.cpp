@@ -100,7 +100,7 @@ TEST(Cluster, GemmRatesAndTheFormatVersion) {
   ClusterSpec s = preset("a100-80g");
   s.gemm_rates = {{1024, 768, 768, false, 1.5e12}, {1024, 768, 768, true, 3.25e12}, {7, 64, 4096, false, 2e11}};
   const std::string text = cluster_to_toml(s);
-  EXPECT_NE(text.find("format_version = 3"), std::string::npos) << text;
+  EXPECT_NE(text.find("format_version = 4"), std::string::npos) << text;
   const ClusterSpec back = parse_cluster(text, "c.toml");
   ASSERT_EQ(back.gemm_rates.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
@@ -117,8 +117,8 @@ TEST(Cluster, GemmRatesAndTheFormatVersion) {
   EXPECT_EQ(measured_gemm_rate(preset("a100-80g"), 8, 64, 4000, true), 0.0);
   // Format 1 (no format_version, no gemm_rates): as before.
   EXPECT_TRUE(parse_cluster("[cluster]\nbase = \"a100-80g\"\nname = \"old\"\n", "old.toml").gemm_rates.empty());
-  EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\nformat_version = 4\n", "new.toml"); },
-                          {"cluster.format_version = 4", "new.toml:3", "newer tessera", "versions 1 to 3"}));
+  EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\nformat_version = 5\n", "new.toml"); },
+                          {"cluster.format_version = 5", "new.toml:3", "newer tessera", "versions 1 to 4"}));
   EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\ngemm_rates = [[1, 2, 3, \"fp16\", 5.0]]\n", "g.toml"); },
                           {"cluster.gemm_rates (g.toml:3", "\"fp32\" or \"bf16\""}));
   EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\ngemm_rates = [[1, 2, 3, \"fp32\"]]\n", "g.toml"); },
@@ -197,7 +197,7 @@ TEST(Cluster, OpTimesAndFormatThree) {
                 {OpKind::AdamW, {1000000}, true, 4e-4},
                 {OpKind::AdamW, {1000000}, false, 6e-4}};
   const std::string text = cluster_to_toml(s);
-  EXPECT_NE(text.find("format_version = 3"), std::string::npos) << text;
+  EXPECT_NE(text.find("format_version = 4"), std::string::npos) << text;
   EXPECT_NE(text.find("[\"attention_forward\", [2, 256, 256, 8, 4, 64], \"fp32\", 1500.0]"), std::string::npos) << text;
   const ClusterSpec back = parse_cluster(text, "c.toml");
   ASSERT_EQ(back.op_times.size(), 4u);
@@ -244,6 +244,41 @@ TEST(Cluster, OpTimesAndFormatThree) {
                           {"entry 0", "positive time in microseconds"}));
   EXPECT_TRUE(throws_with([&] { parse_cluster(v3("[\"gelu_forward\", [10], \"fp32\"]"), "o.toml"); },
                           {"entry 0 must be [op, [dims...]"}));
+}
+
+// Format 4: the linear_* ops, [rows, in, out, bias] with bias 0 or 1; looked up only at their own
+// dtype and bias flag (a bf16 GEMM is another kernel), the nearest (rows, in, out) scaled by
+// rows x in x out; refused in a file of version 3.
+TEST(Cluster, LinearOpTimesAndFormatFour) {
+  ClusterSpec s = preset("a100-80g");
+  s.op_times = {{OpKind::LinearForward, {512, 256, 1024, 1}, false, 2e-3},
+                {OpKind::LinearForward, {512, 256, 1024, 1}, true, 1e-3},
+                {OpKind::LinearForward, {512, 256, 13, 0}, false, 5e-5},
+                {OpKind::LinearBackwardWeight, {512, 256, 1024, 1}, false, 4e-3}};
+  const std::string text = cluster_to_toml(s);
+  EXPECT_NE(text.find("[\"linear_forward\", [512, 256, 13, 0], \"fp32\", 50.0]"), std::string::npos) << text;
+  const ClusterSpec back = parse_cluster(text, "c.toml");
+  ASSERT_EQ(back.op_times.size(), 4u);
+  EXPECT_EQ(back.op_times[2].shape, (std::vector<int64_t>{512, 256, 13, 0}));
+  EXPECT_DOUBLE_EQ(measured_op_seconds(back, OpKind::LinearForward, {512, 256, 1024, 1}, false), 2e-3);
+  EXPECT_DOUBLE_EQ(measured_op_seconds(back, OpKind::LinearForward, {512, 256, 1024, 1}, true), 1e-3);
+  EXPECT_NEAR(measured_op_seconds(back, OpKind::LinearForward, {1024, 256, 1024, 1}, false), 4e-3, 1e-15);
+  // Without a bias: only the entry without one, however far its shape (the head's 13 outputs).
+  EXPECT_NEAR(measured_op_seconds(back, OpKind::LinearForward, {512, 256, 1024, 0}, false), 5e-5 * 1024 / 13, 1e-12);
+  // bf16 asked, only fp32 measured: none (unlike the elementwise ops).
+  EXPECT_EQ(measured_op_seconds(back, OpKind::LinearBackwardWeight, {512, 256, 1024, 1}, true), 0.0);
+  EXPECT_EQ(measured_op_seconds(back, OpKind::LinearBackwardInput, {512, 256, 1024, 1}, false), 0.0);
+  const auto file = [](int version, const std::string& dims) {
+    return "[cluster]\nbase = \"a100-80g\"\nformat_version = " + std::to_string(version) +
+           "\nop_times = [[\"linear_backward_input\", " + dims + ", \"fp32\", 1.0]]\n";
+  };
+  EXPECT_EQ(parse_cluster(file(4, "[8, 16, 32, 0]"), "l.toml").op_times.size(), 1u);
+  EXPECT_TRUE(throws_with([&] { parse_cluster(file(3, "[8, 16, 32, 0]"), "l.toml"); },
+                          {"cluster.op_times (l.toml:4)", "linear_backward_input", "format_version = 4", "says 3"}));
+  EXPECT_TRUE(throws_with([&] { parse_cluster(file(4, "[8, 16, 32, 2]"), "l.toml"); },
+                          {"entry 0 (linear_backward_input)", "bias 0 or 1"}));
+  EXPECT_TRUE(throws_with([&] { parse_cluster(file(4, "[8, 0, 32, 1]"), "l.toml"); },
+                          {"entry 0 (linear_backward_input)", "4 positive integers"}));
 }
 
 }  // namespace

@@ -411,6 +411,9 @@ double op_seconds(OpKind op) {
     case OpKind::CrossEntropyBackward: return 6e-4;
     case OpKind::AdamW: return 7e-3;
     case OpKind::GradNorm: return 8e-3;
+    case OpKind::LinearForward: return 1e-8;
+    case OpKind::LinearBackwardInput: return 2e-8;
+    case OpKind::LinearBackwardWeight: return 3e-8;
   }
   return 0;
 }
@@ -431,13 +434,17 @@ TEST(CostModel, MeasuredOpTimesReplaceTheRoofline) {
     // and backward; the embedding; the head's norm and cross-entropy; then AdamW and the norm.
     const double rope = llama_model ? 2 * (1e-7 + 2e-7) : 0;
     const double block = 1e-3 + 2e-3 + 2 * (1e-4 + 2e-4) + 2 * (1e-5 + 2e-5) + (1e-6 + 2e-6) + rope;
-    const double micro_batch = L * block + (3e-4 + 4e-4) + (1e-4 + 2e-4) + (5e-4 + 6e-4);
+    // The Linears: q, k, v, the output, the MLP's two (SwiGLU: three) per block, and the head; each
+    // forward, input and weight gradient (1 + 2 + 3) x 1e-8.
+    const double linears = (L * (llama_model ? 7 : 6) + 1) * 6e-8;
+    const double micro_batch = L * block + (3e-4 + 4e-4) + (1e-4 + 2e-4) + (5e-4 + 6e-4) + linears;
     const StepCost s = predict_step(w, l, c);
     EXPECT_NEAR(s.step, m * micro_batch + 7e-3 + 8e-3, 1e-9) << llama_model;
     EXPECT_NEAR(s.optimizer, 7e-3 + 8e-3, 1e-12);
-    // Under bf16: AdamW's bf16 entry (half), the rest from the fp32 entries (the trainer's fp32 activations).
+    // Under bf16: AdamW's and the Linears' bf16 entries (half), the rest from the fp32 entries (the
+    // trainer's fp32 activations).
     l.bf16 = true;
-    EXPECT_NEAR(predict_step(w, l, c).step, m * micro_batch + 3.5e-3 + 8e-3, 1e-9) << llama_model;
+    EXPECT_NEAR(predict_step(w, l, c).step, m * (micro_batch - linears / 2) + 3.5e-3 + 8e-3, 1e-9) << llama_model;
     l.bf16 = false;
     // Micro-batch 16 was not measured: each op from the nearest measured shape, scaled by its work.
     // With times that grow as the work (1 ns per unit), twice the rows at half the micro-batches
