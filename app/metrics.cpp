@@ -72,13 +72,16 @@ void add_pipeline_times(JsonRecord& rec, const PipelineBubble& b) {
 void add_memory_peaks(JsonRecord& rec, const Allocator& alloc, Communicator* pp) {
   const int64_t n = pp ? pp->size() : 1, rank = pp ? pp->rank() : 0;
   // [category][rank], this rank's column filled: the sum is a gather.
-  std::vector<double> all(static_cast<size_t>(kNumMemCategories * n), 0.0);
+  // (the last row: each stage's whole peak, which the categories' peaks, reached at different times, do not sum to)
+  std::vector<double> all(static_cast<size_t>((kNumMemCategories + 1) * n), 0.0);
   for (int c = 0; c < kNumMemCategories; ++c)
     all[static_cast<size_t>(c * n + rank)] = static_cast<double>(alloc.counter(static_cast<MemCategory>(c)).peak);
+  all[static_cast<size_t>(kNumMemCategories * n + rank)] = static_cast<double>(alloc.total_peak());
   sum_over_group(all, pp);
   for (int c = 0; c < kNumMemCategories; ++c)
     rec.add(std::string("peak_bytes_") + mem_category_name(static_cast<MemCategory>(c)),
             std::vector<double>(all.begin() + c * n, all.begin() + (c + 1) * n));
+  rec.add("peak_bytes_by_stage", std::vector<double>(all.end() - n, all.end()));
 }
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append)

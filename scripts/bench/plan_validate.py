@@ -140,7 +140,8 @@ def measure(model, ranks, keys, steps, workdir):
         records = [json.loads(line) for line in f if '"loss"' in line]
     shutil.rmtree(run_dir)
     r = records[-1]  # the last 2 steps (the first records warm up)
-    peak = max((rec.get("memory_peak_bytes", 0) for rec in records), default=0)
+    # the largest pipeline rank's peak (the estimate is the largest rank's); rank 0's where not recorded
+    peak = max((max(rec.get("peak_bytes_by_stage", [rec.get("memory_peak_bytes", 0)])) for rec in records), default=0)
     return {"step_s": 32 * 64 / r["tokens_per_s"], "tp": r.get("tp_bytes_per_step", 0),
             "cp": r.get("cp_bytes_per_step", 0), "pp": r.get("pp_bytes_per_step", 0),
             "dp": r.get("dp_bytes_per_step", 0), "peak": peak}
@@ -330,7 +331,7 @@ def write_docs(cases, command, cpu_name, flags, started, path_md, path_png):
              f"(1 minute) at the start was {started:.1f}, and each layout's loads are in its row. One OpenMP",
              "thread per rank. Step times: the median over the rounds (interleaved) of the last metrics record",
              "(2 steps); memory: the planner's device bytes of the largest rank against the allocator's peak",
-             "on rank 0 (`memory_peak_bytes`; for pp layouts rank 0 holds the first stage; for ZeRO-1 layouts",
+             "of the largest pipeline rank (`peak_bytes_by_stage`; with dp, tp or cp: their rank 0's); for ZeRO-1 layouts",
              "from a separate 2-step run that writes a checkpoint at step 1, because the estimate keeps the",
              "moments' gather a checkpoint needs and the timed runs write none).", ""]
     lines += ["| model | ranks | layouts | median abs error | max error | Spearman | top choice vs fastest | memory pred/meas - 1 | targets met |",

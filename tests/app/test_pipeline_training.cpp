@@ -268,6 +268,11 @@ TEST(PipelineTraining, TwoStagesStopResumeAndEqualTheOneRankRun) {
     EXPECT_GT(b, 0);
     EXPECT_LT(b, whole_params[0]);
   }
+  // Each stage's whole peak: rank 0's is memory_peak_bytes, and each at least its parameters' peak.
+  const std::vector<double> stage_total = last_array(dir / "pp" / "metrics.jsonl", "peak_bytes_by_stage");
+  ASSERT_EQ(stage_total.size(), 2u);
+  EXPECT_EQ(stage_total[0], last_value(dir / "pp" / "metrics.jsonl", "memory_peak_bytes"));
+  for (size_t r = 0; r < 2; ++r) EXPECT_GT(stage_total[r], stage_params[r]);
   fs::remove_all(dir);
 }
 

@@ -393,6 +393,15 @@ TEST(PlanCommand, CalibrateWritesAClusterFileThatPlansRead) {
   const plan::ClusterSpec cs = plan::load_cluster(shaped.string());
   const Config small = load_config(d.config.string());
   EXPECT_EQ(cs.gemm_rates.size(), 2 * plan::model_gemm_shapes(workload_of(small), 2).size());
+  // The Linears as the model runs them, and the chain scales from the model itself run forward and
+  // backward (a ratio near 1: the same work, in a chain; not pinned, the machine is shared).
+  EXPECT_TRUE(plan::has_op_times(cs, plan::OpKind::LinearBackwardWeight));
+  EXPECT_NE(s.output.find("the model forward + backward (micro-batch"), std::string::npos) << s.output;
+  for (const double scale : {cs.chain_scale_fp32, cs.chain_scale_bf16}) {
+    EXPECT_GT(scale, 0.2) << s.output;
+    EXPECT_LT(scale, 20.0) << s.output;
+    EXPECT_NE(scale, 1.0) << s.output;  // measured, not the default
+  }
   const RunResult ps = run_tessera({"plan", d.config.string(), "--gpus", "2", "--cluster", shaped.string()}, d.dir);
   EXPECT_EQ(ps.exit_code, 0) << ps.output;
 }

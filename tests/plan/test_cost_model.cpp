@@ -225,6 +225,31 @@ TEST(CostModel, TensorParallelCollectivesAreExposed) {
                                  4 * 2 * 2 * all_gather_seconds(x, 2, c.intra), 1e-12);
 }
 
+// cluster chain_scale_*: every computation (forward, backward, weight gradients, recomputation) of
+// its dtype scaled, the tensor-parallel collectives and the optimizer not.
+TEST(CostModel, ChainScaleMultipliesTheComputationOnly) {
+  ClusterSpec c = compute_only();
+  c.intra = {100e9, 2e-6};
+  c.memory_bandwidth = 1e12;  // the optimizer costs something
+  const Workload w = llama(2, 1000, 128, 4);
+  Layout l;
+  l.tp = 2, l.dp = 1, l.recompute = Recompute::Full;
+  const StepCost base = predict_step(w, l, c);
+  ClusterSpec scaled = c;
+  scaled.chain_scale_fp32 = 1.5;
+  scaled.chain_scale_bf16 = 4;  // (another dtype's: unused)
+  const StepCost s = predict_step(w, l, scaled);
+  EXPECT_GT(base.compute, 0);
+  EXPECT_GT(base.recompute, 0);
+  EXPECT_NEAR(s.compute, 1.5 * base.compute, 1e-12);
+  EXPECT_NEAR(s.recompute, 1.5 * base.recompute, 1e-12);
+  EXPECT_NEAR(s.tp_exposed, base.tp_exposed, 1e-12);
+  EXPECT_NEAR(s.optimizer, base.optimizer, 1e-12);
+  EXPECT_NEAR(s.step - base.step, 0.5 * (base.compute + base.recompute), 1e-12);
+  l.bf16 = true;
+  EXPECT_NEAR(predict_step(w, l, scaled).compute, 4 * predict_step(w, l, c).compute, 1e-12);
+}
+
 // parallel.tp_comm_compression: the blocks' collectives move each direction's factor of their
 // bytes (4 micro-batches x 2 blocks x 2 regions, forward and backward); the embedding's, the
 // head's and the loss's stay as they were.
