@@ -19,6 +19,8 @@
 #include "model/memory.h"
 #include "model/stage_cut.h"
 #include "parallel/mpi.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/pipeline_sim.h"
 
 namespace tessera {
 
@@ -227,6 +229,17 @@ void unpack(const std::vector<double>& v, int64_t pp, MeasuredCut& c) {
   c.times.blocks.assign(v.begin() + pp + 3, v.end());
 }
 
+// The makespan of one step of m micro-batches under cfg's schedule for a cut given as chunks (model
+// order), each chunk's forward, input gradient and weight gradient a third of its parts' time (the
+// backward's two matmuls per forward one).
+double simulated_step(const PartTimes& t, const std::vector<int64_t>& chunk_blocks, const Config& cfg, int64_t m) {
+  const int64_t K = static_cast<int64_t>(chunk_blocks.size());
+  SimOptions options;
+  for (double c : rank_times(t, chunk_blocks, K)) options.chunks.push_back(ChunkCost{c / 3, c / 3, c / 3});
+  const Schedule s = pipeline_schedule(cfg.parallel.pp, cfg.parallel.vpp, m, parse_pipeline_kind(cfg.parallel.pp_schedule));
+  return simulate(s, options).makespan;
+}
+
 }  // namespace
 
 PartTimes measure_part_times(const Config& cfg, const ModelConfig& mc, const Exec& ex, int repeats) {
@@ -312,6 +325,9 @@ std::string MeasuredCut::describe() const {
   os << "\n  stage times (ms): predicted " << ms_list(predicted);
   if (!measured.empty()) os << ", measured " << ms_list(measured);
   os << "; the FLOPs cut's predicted " << ms_list(flops_predicted);
+  if (micro_batches > 0)
+    os << "\n  step of " << micro_batches << " micro-batches, simulated from the parts (ms): " << 1e3 * simulated_step
+       << "; the FLOPs cut's " << 1e3 * flops_simulated_step;
   return os.str();
 }
 
@@ -354,6 +370,11 @@ MeasuredCut measured_cut(const Config& cfg, const ModelConfig& mc, int64_t data_
   out.predicted = stage_times(out.times, out.blocks, vpp);
   for (const StageSpec& s : cut_stages(m, cfg.train.seq_len, pp, vpp)) out.flops_blocks.push_back(s.layers());
   out.flops_predicted = rank_times(out.times, out.flops_blocks, pp);
+  if (cfg.train.micro_batch > 0) {
+    out.micro_batches = grad_accum_steps(cfg, layout.dp);
+    out.simulated_step = simulated_step(out.times, stage_chunks(out.blocks, vpp), cfg, out.micro_batches);
+    out.flops_simulated_step = simulated_step(out.times, out.flops_blocks, cfg, out.micro_batches);
+  }
   return out;
 }
 

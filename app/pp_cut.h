@@ -55,6 +55,11 @@ struct MeasuredCut {
   // entries; vpp = 1: per stage; with vpp > 1 its chunks need not be equal within a stage).
   std::vector<int64_t> flops_blocks;
   std::vector<double> flops_predicted;  // its stage times from the same parts
+  // The step's makespan under the run's schedule, simulated (parallel/pipeline_sim.h) from the same
+  // parts for the measured cut and the FLOPs cut (each chunk's forward, input gradient and weight
+  // gradient a third of its time); 0 when the micro-batches per step are not known.
+  double simulated_step = 0, flops_simulated_step = 0;
+  int64_t micro_batches = 0;  // per step, for the simulation
   // The header's lines: the cut, predicted and measured stage times, the FLOPs cut's prediction.
   std::string describe() const;
 };

@@ -127,8 +127,12 @@ TEST(PpCut, InjectedTimesGiveTheirInterleavedCut) {
   EXPECT_NE(stage_chunks(cut.blocks, 2), cut.flops_blocks);
   EXPECT_LT(*std::max_element(cut.predicted.begin(), cut.predicted.end()),
             *std::max_element(cut.flops_predicted.begin(), cut.flops_predicted.end()));
+  // The interleaved step of 4 micro-batches, simulated from the same times: shorter too.
+  EXPECT_EQ(cut.micro_batches, 4);
+  EXPECT_LT(cut.simulated_step, cut.flops_simulated_step);
   const std::string header = cut.describe();
   EXPECT_NE(header.find("in parallel.vpp = 2 equal chunks each: chunks ["), std::string::npos) << header;
+  EXPECT_NE(header.find("step of 4 micro-batches, simulated from the parts (ms): "), std::string::npos) << header;
   EXPECT_NE(header.find("the FLOPs rule's chunks: ["), std::string::npos) << header;
 }
 
@@ -147,10 +151,10 @@ TEST(PpCut, HeavyTowerGetsTheEncodersStage) {
             (std::vector<int64_t>{0, 2}));
 }
 
-// The estimate of pipeline stage r holding n of the 4 blocks (the others on the other stage).
-double stage_bytes(const Config& cfg, int64_t r, int64_t n) {
+// The estimate of pipeline stage r holding n of the L blocks (the others on the other stage).
+double stage_bytes(const Config& cfg, int64_t r, int64_t n, int64_t L = 4) {
   Config c = cfg;
-  c.parallel.pp_layers = r == 0 ? std::vector<int64_t>{n, 4 - n} : std::vector<int64_t>{4 - n, n};
+  c.parallel.pp_layers = r == 0 ? std::vector<int64_t>{n, L - n} : std::vector<int64_t>{L - n, n};
   MemoryLayout l{1, 1, false};
   l.pp_rank = r;
   return static_cast<double>(estimate_training_memory(c, kVocab, l).total());
@@ -180,6 +184,31 @@ TEST(PpCut, MemoryCapMovesTheCut) {
   cfg.train.max_memory_gib = 0.5 * stage_bytes(cfg, 1, 1) / (1024.0 * 1024.0 * 1024.0);  // nothing fits
   EXPECT_TRUE(throws_with([&] { measured_cut(cfg, mc, kVocab, layout, Exec::cpu(), MPI_COMM_NULL, timer, false); },
                           {"parallel.pp_cut", "fits in memory"}));
+}
+
+// The same with 2 chunks per stage (interleaved, 8 blocks): injected times want [6, 2] (a head worth
+// 4 blocks: 2 x 3 against 2 x 1 + 4); a cap between what the stages need with [4, 4] and what stage
+// 0 needs with 6 blocks (its two chunks of 3) gives [4, 4].
+TEST(PpCut, MemoryCapMovesTheInterleavedCut) {
+  const std::vector<std::string> big = {"model.n_embd=256", "model.n_head=4", "train.seq_len=128", "model.max_seq_len=128",
+                                        "train.global_batch=32", "train.micro_batch=8", "model.n_layer=8",
+                                        "parallel.vpp=2", "parallel.pp_schedule=\"interleaved\""};
+  Config cfg = tiny(big);
+  const ModelConfig mc = resolve(to_model_config(cfg, kVocab));
+  const PartTimer timer = [](const Config&, const ModelConfig& m, const Exec&) {
+    PartTimes t;
+    t.blocks.assign(static_cast<size_t>(m.n_layer), 1.0);
+    t.head = 4.0;
+    return t;
+  };
+  const MemoryLayout layout{1, 1, false};
+  EXPECT_EQ(measured_cut(cfg, mc, kVocab, layout, Exec::cpu(), MPI_COMM_NULL, timer, false).blocks,
+            (std::vector<int64_t>{6, 2}));
+  const double even = std::max(stage_bytes(cfg, 0, 4, 8), stage_bytes(cfg, 1, 4, 8)), six = stage_bytes(cfg, 0, 6, 8);
+  ASSERT_LT(even, six) << "the test's premise: stage 0 with 6 blocks needs the most";
+  cfg.train.max_memory_gib = 0.5 * (even + six) / (1024.0 * 1024.0 * 1024.0);
+  EXPECT_EQ(measured_cut(cfg, mc, kVocab, layout, Exec::cpu(), MPI_COMM_NULL, timer, false).blocks,
+            (std::vector<int64_t>{4, 4}));
 }
 
 // Under mpiexec (ctest PpCut.two_ranks): the real timing pass on rank 0, and every rank holds rank 0's
