@@ -370,10 +370,15 @@ MeasuredCut measured_cut(const Config& cfg, const ModelConfig& mc, int64_t data_
   out.predicted = stage_times(out.times, out.blocks, vpp);
   for (const StageSpec& s : cut_stages(m, cfg.train.seq_len, pp, vpp)) out.flops_blocks.push_back(s.layers());
   out.flops_predicted = rank_times(out.times, out.flops_blocks, pp);
-  if (cfg.train.micro_batch > 0) {
-    out.micro_batches = grad_accum_steps(cfg, layout.dp);
-    out.simulated_step = simulated_step(out.times, stage_chunks(out.blocks, vpp), cfg, out.micro_batches);
-    out.flops_simulated_step = simulated_step(out.times, out.flops_blocks, cfg, out.micro_batches);
+  if (cfg.train.micro_batch > 0) {  // a print only: a step the schedule refuses (checked later) prints none
+    try {
+      const int64_t steps = grad_accum_steps(cfg, layout.dp);
+      out.simulated_step = simulated_step(out.times, stage_chunks(out.blocks, vpp), cfg, steps);
+      out.flops_simulated_step = simulated_step(out.times, out.flops_blocks, cfg, steps);
+      out.micro_batches = steps;
+    } catch (const Error&) {
+      out.simulated_step = out.flops_simulated_step = 0;
+    }
   }
   return out;
 }
