@@ -761,9 +761,10 @@ void check_pipeline(const Config& c, int64_t dp_size, const Origins* origins) {
   if (p.pp_cut == "measured" && !p.pp_layers.empty())
     fail(show("parallel.pp_cut", p.pp_cut, origins) + " measures the cut at start, but " + layers +
          " gives one by hand: set one of them (parallel.pp_layers = [] or parallel.pp_cut = \"flops\")");
-  if (p.pp_cut == "measured" && p.pp > 1 && p.vpp > 1)
-    fail(show("parallel.pp_cut", p.pp_cut, origins) + " cuts one chunk per stage, but " + vpp +
-         "; use parallel.pp_cut = \"flops\" with the interleaved schedule");
+  // With vpp > 1 it gives each stage vpp equal chunks, as pp_layers does (model/stage_cut_measured.h).
+  if (p.pp_cut == "measured" && p.pp > 1 && c.model.n_layer % p.vpp != 0)
+    fail(show("parallel.pp_cut", p.pp_cut, origins) + " gives each stage " + vpp + " equal chunks (as " +
+         "parallel.pp_layers does), but " + n_layer + " is not a multiple of it; use parallel.pp_cut = \"flops\"");
   // With train.micro_batch = 0 the count is known once the micro-batch is chosen: checked again then.
   if (dp_size > 0 && p.pp > 1 && p.pp_schedule != "gpipe" && c.train.micro_batch > 0) {
     const int64_t m = grad_accum_steps(c, dp_size);

@@ -364,8 +364,9 @@ struct ParallelConfig {
             Allowed::at_least(0).at_most(kMaxLayers));
     v.field("pp_cut", pp_cut, "how the stages are cut when parallel.pp_layers = []: flops (a per-layer cost "
             "estimate) or measured (a short timing pass of every block, the embedding, the vision tower and the head "
-            "on rank 0 before training, then the cut whose slowest stage is fastest within the memory limit; "
-            "parallel.vpp = 1; docs/parallel.md)", Allowed::one_of({"flops", "measured"}));
+            "on rank 0 before training, then the cut whose slowest stage is fastest within the memory limit; with "
+            "parallel.vpp > 1 a stage's time is its vpp chunks', which hold equal blocks as in parallel.pp_layers, "
+            "so model.n_layer must be a multiple of vpp; docs/parallel.md)", Allowed::one_of({"flops", "measured"}));
     v.field("vpp", vpp, "virtual pipeline chunks per stage (parallel.pp_schedule = \"interleaved\"): the model "
             "is cut into pp x vpp chunks and rank r holds chunks r, r + pp, ...", Allowed::at_least(1).at_most(kMaxLayers));
     v.field("pp_schedule", pp_schedule, "pipeline schedule: gpipe (all forwards, then all backwards), 1f1b, "

@@ -19,6 +19,8 @@
 #include "model/memory.h"
 #include "model/stage_cut.h"
 #include "parallel/mpi.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/pipeline_sim.h"
 
 namespace tessera {
 
@@ -129,12 +131,12 @@ std::vector<int64_t> starts_of(const std::vector<int64_t>& blocks) {
   return s;
 }
 
-// A full cut with stage r holding n blocks (the others their least: one block, none for a VLM's
-// stage 0 (encoder_stage); the rest on the first other stage): what estimate_training_memory reads
-// for stage r, whose estimate depends only on its position and count. Empty when the others cannot
-// hold their least.
-std::vector<int64_t> cut_around(int64_t pp, int64_t L, int64_t r, int64_t n, bool encoder_stage) {
-  std::vector<int64_t> blocks(static_cast<size_t>(pp), 1);
+// A full cut with stage r holding n blocks (the others their least: one block per chunk, none for a
+// VLM's stage 0 (encoder_stage); the rest on the first other stage): what estimate_training_memory
+// reads for stage r, whose estimate depends only on its position and its chunks' counts. Empty when
+// the others cannot hold their least.
+std::vector<int64_t> cut_around(int64_t pp, int64_t vpp, int64_t L, int64_t r, int64_t n, bool encoder_stage) {
+  std::vector<int64_t> blocks(static_cast<size_t>(pp), vpp);
   if (encoder_stage) blocks[0] = 0;
   blocks[static_cast<size_t>(r)] = n;
   int64_t placed = 0;
@@ -174,7 +176,7 @@ StageFits stage_fits(const Config& cfg, int64_t L, bool encoder_stage, int64_t d
     const auto key = std::make_pair(r, n);
     if (auto it = memo->find(key); it != memo->end()) return it->second;
     bool ok = false;
-    const std::vector<int64_t> blocks = cut_around(cfg.parallel.pp, L, r, n, encoder_stage);
+    const std::vector<int64_t> blocks = cut_around(cfg.parallel.pp, cfg.parallel.vpp, L, r, n, encoder_stage);
     if (!blocks.empty()) {
       Config c = cfg;
       c.parallel.pp_layers = blocks;
@@ -225,6 +227,17 @@ void unpack(const std::vector<double>& v, int64_t pp, MeasuredCut& c) {
   c.times.vision = v[static_cast<size_t>(pp) + 1];
   c.times.head = v[static_cast<size_t>(pp) + 2];
   c.times.blocks.assign(v.begin() + pp + 3, v.end());
+}
+
+// The makespan of one step of m micro-batches under cfg's schedule for a cut given as chunks (model
+// order), each chunk's forward, input gradient and weight gradient a third of its parts' time (the
+// backward's two matmuls per forward one).
+double simulated_step(const PartTimes& t, const std::vector<int64_t>& chunk_blocks, const Config& cfg, int64_t m) {
+  const int64_t K = static_cast<int64_t>(chunk_blocks.size());
+  SimOptions options;
+  for (double c : rank_times(t, chunk_blocks, K)) options.chunks.push_back(ChunkCost{c / 3, c / 3, c / 3});
+  const Schedule s = pipeline_schedule(cfg.parallel.pp, cfg.parallel.vpp, m, parse_pipeline_kind(cfg.parallel.pp_schedule));
+  return simulate(s, options).makespan;
 }
 
 }  // namespace
@@ -279,13 +292,13 @@ PartTimes measure_part_times(const Config& cfg, const ModelConfig& mc, const Exe
   return t;
 }
 
-double measure_stage_time(const Config& cfg, const ModelConfig& mc, const Exec& ex, const std::vector<int64_t>& stage_blocks,
+double measure_stage_time(const Config& cfg, const ModelConfig& mc, const Exec& ex, const std::vector<int64_t>& chunk_blocks,
                           int64_t index, int repeats) {
   const ModelConfig m = resolve(mc);
-  const std::vector<int64_t> starts = starts_of(stage_blocks);
-  const int64_t last = static_cast<int64_t>(stage_blocks.size()) - 1;
-  TESSERA_CHECK(index >= 0 && index <= last && starts.back() == m.n_layer, "measure_stage_time: stage ", index, " of ",
-                count_list(stage_blocks), " for model.n_layer = ", m.n_layer);
+  const std::vector<int64_t> starts = starts_of(chunk_blocks);
+  const int64_t last = static_cast<int64_t>(chunk_blocks.size()) - 1;
+  TESSERA_CHECK(index >= 0 && index <= last && starts.back() == m.n_layer, "measure_stage_time: chunk ", index, " of ",
+                count_list(chunk_blocks), " for model.n_layer = ", m.n_layer);
   const StageSpec stage{starts[static_cast<size_t>(index)], starts[static_cast<size_t>(index) + 1], index == 0, index == last};
   const MicroBatch mb(cfg, m, ex);
   return median_time(cfg, m, ex, mb, stage, index == 0 && m.is_vlm(), repeats);
@@ -293,8 +306,12 @@ double measure_stage_time(const Config& cfg, const ModelConfig& mc, const Exec& 
 
 std::string MeasuredCut::describe() const {
   std::ostringstream os;
-  os << "pipeline cut (parallel.pp_cut = \"measured\"): blocks per stage " << count_list(blocks)
-     << " (the FLOPs rule's: " << count_list(flops_blocks) << ")";
+  os << "pipeline cut (parallel.pp_cut = \"measured\"): blocks per stage " << count_list(blocks);
+  if (vpp > 1)
+    os << " in parallel.vpp = " << vpp << " equal chunks each: chunks " << count_list(stage_chunks(blocks, vpp))
+       << " (the FLOPs rule's chunks: " << count_list(flops_blocks) << ")";
+  else
+    os << " (the FLOPs rule's: " << count_list(flops_blocks) << ")";
   double lo = 0, hi = 0, sum = 0;
   if (!times.blocks.empty()) {
     lo = *std::min_element(times.blocks.begin(), times.blocks.end());
@@ -308,27 +325,36 @@ std::string MeasuredCut::describe() const {
   os << "\n  stage times (ms): predicted " << ms_list(predicted);
   if (!measured.empty()) os << ", measured " << ms_list(measured);
   os << "; the FLOPs cut's predicted " << ms_list(flops_predicted);
+  if (micro_batches > 0)
+    os << "\n  step of " << micro_batches << " micro-batches, simulated from the parts (ms): " << 1e3 * simulated_step
+       << "; the FLOPs cut's " << 1e3 * flops_simulated_step;
   return os.str();
 }
 
 MeasuredCut measured_cut(const Config& cfg, const ModelConfig& mc, int64_t data_vocab_size, const MemoryLayout& layout,
                          const Exec& ex, MPI_Comm comm, const PartTimer& timer, bool measure_stages) {
   const ModelConfig m = resolve(mc);
-  const int64_t pp = cfg.parallel.pp, L = m.n_layer;
-  TESSERA_CHECK(cfg.parallel.vpp == 1, "parallel.pp_cut = \"measured\" cuts one chunk per stage, but parallel.vpp = ",
-                cfg.parallel.vpp, "; use parallel.pp_cut = \"flops\" with the interleaved schedule");
+  const int64_t pp = cfg.parallel.pp, vpp = cfg.parallel.vpp, L = m.n_layer;
+  // A VLM's encoder may have a stage of its own with one chunk per stage (model/stage_cut.h).
+  const bool encoder_stage = m.is_vlm() && pp > 1 && vpp == 1;
   const MemoryRoom room = memory_room(comm);  // collective
   const bool lead = comm == MPI_COMM_NULL || comm_rank(comm) == 0;
   MeasuredCut out;
+  out.vpp = vpp;
   std::string error;
   if (lead) {
     try {
       out.times = timer ? timer(cfg, m, ex) : measure_part_times(cfg, m, ex);
       TESSERA_CHECK(static_cast<int64_t>(out.times.blocks.size()) == L, "parallel.pp_cut = \"measured\": ",
                     out.times.blocks.size(), " block times for model.n_layer = ", L);
-      out.blocks = cut_by_time(out.times, pp, m.is_vlm() && pp > 1, stage_fits(cfg, L, m.is_vlm() && pp > 1, data_vocab_size, layout, room));
-      if (measure_stages)
-        for (int64_t r = 0; r < pp; ++r) out.measured.push_back(measure_stage_time(cfg, m, ex, out.blocks, r));
+      out.blocks = cut_by_time(out.times, pp, encoder_stage,
+                               stage_fits(cfg, L, encoder_stage, data_vocab_size, layout, room), vpp);
+      if (measure_stages) {  // each chunk built whole; a stage's time is its chunks' sum
+        const std::vector<int64_t> chunks = stage_chunks(out.blocks, vpp);
+        out.measured.assign(static_cast<size_t>(pp), 0.0);
+        for (int64_t c = 0; c < pp * vpp; ++c)
+          out.measured[static_cast<size_t>(c % pp)] += measure_stage_time(cfg, m, ex, chunks, c);
+      }
     } catch (const Error& e) {
       error = e.what();
     }
@@ -341,9 +367,19 @@ MeasuredCut measured_cut(const Config& cfg, const ModelConfig& mc, int64_t data_
     check_mpi(MPI_Bcast(v.data(), static_cast<int>(v.size()), MPI_DOUBLE, 0, comm), "MPI_Bcast (pp_cut)");
     unpack(v, pp, out);
   }
-  out.predicted = stage_times(out.times, out.blocks);
-  for (const StageSpec& s : cut_stages(m, cfg.train.seq_len, pp, 1)) out.flops_blocks.push_back(s.layers());
-  out.flops_predicted = stage_times(out.times, out.flops_blocks);
+  out.predicted = stage_times(out.times, out.blocks, vpp);
+  for (const StageSpec& s : cut_stages(m, cfg.train.seq_len, pp, vpp)) out.flops_blocks.push_back(s.layers());
+  out.flops_predicted = rank_times(out.times, out.flops_blocks, pp);
+  if (cfg.train.micro_batch > 0) {  // a print only: a step the schedule refuses (checked later) prints none
+    try {
+      const int64_t steps = grad_accum_steps(cfg, layout.dp);
+      out.simulated_step = simulated_step(out.times, stage_chunks(out.blocks, vpp), cfg, steps);
+      out.flops_simulated_step = simulated_step(out.times, out.flops_blocks, cfg, steps);
+      out.micro_batches = steps;
+    } catch (const Error&) {
+      out.simulated_step = out.flops_simulated_step = 0;
+    }
+  }
   return out;
 }
 

@@ -1,7 +1,9 @@
 // parallel.pp_cut = "measured": a short timing pass before training (each part of the model built
 // alone on world rank 0, its forward + backward of one micro-batch timed, the median of a few
 // repeats), broadcast, and the cut it gives (model/stage_cut_measured.h) under the memory limit,
-// computed from the same numbers on every rank, so every rank holds the identical cut.
+// computed from the same numbers on every rank, so every rank holds the identical cut. With the
+// interleaved schedule (parallel.vpp > 1) the cut is in the parallel.pp_layers form: each stage's
+// vpp chunks hold the same number of blocks.
 #pragma once
 
 #include <mpi.h>
@@ -36,19 +38,28 @@ inline constexpr int kPpCutRepeats = 3;
 // A difference below zero (noise, a part far cheaper than a block) counts as 0.
 PartTimes measure_part_times(const Config& cfg, const ModelConfig& mc, const Exec& ex, int repeats = kPpCutRepeats);
 
-// The seconds of stage `index` of a cut, built whole (its blocks, and the embedding, vision tower and
-// head where it holds them) and timed as measure_part_times times a part: what the header prints
-// beside the prediction (the sum of the stage's parts).
-double measure_stage_time(const Config& cfg, const ModelConfig& mc, const Exec& ex, const std::vector<int64_t>& stage_blocks,
+// The seconds of chunk `index` of a cut (chunk_blocks: blocks per chunk, model order; vpp = 1: per
+// stage), built whole (its blocks, and the embedding, vision tower and head where it holds them)
+// and timed as measure_part_times times a part: what the header prints beside the prediction (the
+// sum of the parts; a stage's measured time is the sum of its chunks').
+double measure_stage_time(const Config& cfg, const ModelConfig& mc, const Exec& ex, const std::vector<int64_t>& chunk_blocks,
                           int64_t index, int repeats = kPpCutRepeats);
 
 struct MeasuredCut {
   PartTimes times;                      // the measured parts (rank 0's, broadcast)
-  std::vector<int64_t> blocks;          // the measured cut: blocks per stage
-  std::vector<double> predicted;        // its stage times from the parts
-  std::vector<double> measured;         // its stages timed whole (rank 0 only; empty elsewhere)
-  std::vector<int64_t> flops_blocks;    // the FLOPs rule's cut (model/stage_cut.h), for comparison
+  int64_t vpp = 1;                      // chunks per stage (parallel.vpp)
+  std::vector<int64_t> blocks;          // the measured cut: blocks per stage (parallel.pp_layers' form)
+  std::vector<double> predicted;        // its stage times from the parts (a stage: the sum of its chunks)
+  std::vector<double> measured;         // its stages' chunks timed whole, summed (rank 0 only; empty elsewhere)
+  // The FLOPs rule's cut (model/stage_cut.h), for comparison: blocks per chunk, model order (pp x vpp
+  // entries; vpp = 1: per stage; with vpp > 1 its chunks need not be equal within a stage).
+  std::vector<int64_t> flops_blocks;
   std::vector<double> flops_predicted;  // its stage times from the same parts
+  // The step's makespan under the run's schedule, simulated (parallel/pipeline_sim.h) from the same
+  // parts for the measured cut and the FLOPs cut (each chunk's forward, input gradient and weight
+  // gradient a third of its time); 0 when the micro-batches per step are not known.
+  double simulated_step = 0, flops_simulated_step = 0;
+  int64_t micro_batches = 0;  // per step, for the simulation
   // The header's lines: the cut, predicted and measured stage times, the FLOPs cut's prediction.
   std::string describe() const;
 };
@@ -57,8 +68,8 @@ struct MeasuredCut {
 // skewed costs here (called on rank 0 only).
 using PartTimer = std::function<PartTimes(const Config&, const ModelConfig&, const Exec&)>;
 
-// The measured cut of cfg's model (mc, resolved) for parallel.pp stages (parallel.vpp = 1), each
-// stage's memory estimate (app/memory_check.h, stage r holding n blocks, for `layout`'s tp and dp)
+// The measured cut of cfg's model (mc, resolved) for parallel.pp stages of parallel.vpp chunks each,
+// each stage's memory estimate (app/memory_check.h, stage r holding n blocks, for `layout`'s tp and dp)
 // within this node's available memory (shared by its ranks; not checked with train.memory_check =
 // false) and train.max_memory_gib. Collective over comm (MPI_COMM_NULL: one process): rank 0
 // times, broadcasts the times, every rank cuts; an error on rank 0 is thrown on every rank.

@@ -5,10 +5,11 @@ measured time"; results in docs/performance.md "Pipeline cut: measured against F
 parallel.pp_cut = "flops" and "measured", alternating, `--rounds` times each; reads the last
 metrics.jsonl record (the steps since the previous record: the first ones warm up) for the step's
 makespan (pp_step_s), the bubble and tokens/s; prints the cuts and the header's predicted and measured
-stage times, the load average (/proc/loadavg) before each run, and the medians.
+stage times, the load average (/proc/loadavg) before each run, and the medians. `--vpp 2` runs the
+interleaved schedule (parallel.vpp = 2 chunks per stage) instead of 1f1b.
 
   cmake --build build -j2 --target tessera
-  scripts/bench/pp_cut_bench.py [--rounds 3] [--steps 8] [--only head,vlm] [--json out.json]
+  scripts/bench/pp_cut_bench.py [--rounds 3] [--steps 8] [--only head,vlm] [--vpp 1] [--json out.json]
 """
 import argparse
 import json
@@ -47,10 +48,12 @@ def load():
         return f.read().split()[0]
 
 
-def run(model, mode, steps, workdir):
+def run(model, mode, steps, workdir, vpp=1):
     config, sets, _ = MODELS[model]
     run_dir = tempfile.mkdtemp(dir=workdir)
     sets = sets + ["parallel.pp=2", f'parallel.pp_cut="{mode}"', f"train.steps={steps}", f"log.every={steps // 2}"]
+    if vpp > 1:
+        sets += [f"parallel.vpp={vpp}", 'parallel.pp_schedule="interleaved"']
     cmd = ["mpiexec", "-n", "2", os.path.join(ROOT, "build", "tessera"), "train",
            os.path.join(ROOT, "configs", config), "--run-dir", run_dir]
     for s in sets:
@@ -75,17 +78,19 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--only", default=",".join(MODELS))
+    ap.add_argument("--vpp", type=int, default=1, help="chunks per stage (> 1: the interleaved schedule)")
     ap.add_argument("--json")
     ap.add_argument("--workdir", default=tempfile.gettempdir())
     args = ap.parse_args()
     results = []
     for model in args.only.split(","):
-        print(f"\n## {model}: {MODELS[model][2]}, pp 2 (1f1b), {args.steps} steps, the last {args.steps // 2} measured")
+        schedule = "1f1b" if args.vpp == 1 else f"interleaved, vpp {args.vpp}"
+        print(f"\n## {model}: {MODELS[model][2]}, pp 2 ({schedule}), {args.steps} steps, the last {args.steps // 2} measured")
         print("| cut | round | step s (pp_step_s) | bubble | tokens/s | load before |")
         print("|---|---|---|---|---|---|")
         for i in range(args.rounds):
             for mode in ("flops", "measured"):
-                r = run(model, mode, args.steps, args.workdir)
+                r = run(model, mode, args.steps, args.workdir, args.vpp)
                 results.append(r)
                 print(f"| {mode} | {i + 1} | {r['step_s']:.4f} | {100 * r['bubble']:.1f}% | {r['tokens_per_s']:.0f} | "
                       f"{r['load']} |", flush=True)

@@ -2,7 +2,8 @@
 // positive time for every block, the embedding and the head, and for a vision-language model's
 // tower; injected part times give cut_by_time's cut, which differs from the FLOPs cut when the head
 // is slower than the formula says; train.max_memory_gib moves the cut to one whose every stage
-// fits; end to end (`slow`): `tessera train` on pp 2 with the measured cut prints it and trains the
+// fits; with the interleaved schedule (vpp 2) the same, the cut in the pp_layers form; end to end
+// (`slow`): `tessera train` on pp 2 (and pp 2 vpp 2) with the measured cut prints it and trains the
 // losses of the same cut given as parallel.pp_layers, and the 1-rank run's within 1e-5.
 #include "app/pp_cut.h"
 
@@ -37,14 +38,16 @@ Config tiny(const std::vector<std::string>& more = {}) {
   return parse_config_string(testing::kTinyConfig, "tiny.toml", sets);
 }
 
-TEST(PpCutConfig, MeasuredRefusesAHandCutAndVirtualChunks) {
+TEST(PpCutConfig, MeasuredRefusesAHandCutAndADepthVppDoesNotDivide) {
   EXPECT_EQ(tiny().parallel.pp_cut, "flops");
   EXPECT_EQ(tiny({"parallel.pp_cut=\"measured\""}).parallel.pp_cut, "measured");
   EXPECT_TRUE(throws_with([] { tiny({"parallel.pp_cut=\"measured\"", "parallel.pp_layers=[1, 3]"}); },
                           {"parallel.pp_cut", "parallel.pp_layers", "set one of them"}));
+  // The interleaved schedule: accepted where vpp divides the depth (each stage's chunks equal).
+  EXPECT_EQ(tiny({"parallel.pp_cut=\"measured\"", "parallel.vpp=2", "parallel.pp_schedule=\"interleaved\""}).parallel.vpp, 2);
   EXPECT_TRUE(throws_with([] {
-    tiny({"parallel.pp_cut=\"measured\"", "parallel.vpp=2", "parallel.pp_schedule=\"interleaved\""});
-  }, {"parallel.pp_cut", "parallel.vpp", "one chunk per stage"}));
+    tiny({"parallel.pp_cut=\"measured\"", "parallel.vpp=2", "parallel.pp_schedule=\"interleaved\"", "model.n_layer=5"});
+  }, {"parallel.pp_cut", "parallel.vpp = 2", "model.n_layer = 5", "not a multiple"}));
   EXPECT_TRUE(throws_with([] { tiny({"parallel.pp_cut=\"timed\""}); }, {"parallel.pp_cut", "timed"}));
 }
 
@@ -103,6 +106,36 @@ TEST(PpCut, InjectedTimesGiveTheirCut) {
   EXPECT_NE(header.find("the FLOPs cut's predicted"), std::string::npos) << header;
 }
 
+// The interleaved schedule (8 blocks, 2 stages of 2 chunks), a head 4 blocks slower than the formula:
+// the cut is cut_by_time's with vpp 2, in the pp_layers form, not the FLOPs rule's chunks, and its
+// predicted slowest stage is faster; the header names the chunks.
+TEST(PpCut, InjectedTimesGiveTheirInterleavedCut) {
+  const Config cfg = tiny({"model.n_layer=8", "parallel.vpp=2", "parallel.pp_schedule=\"interleaved\"",
+                           "parallel.pp_cut=\"measured\""});
+  const ModelConfig mc = resolve(to_model_config(cfg, kVocab));
+  const LayerCosts costs = layer_costs(mc, cfg.train.seq_len);
+  const PartTimer timer = [&](const Config&, const ModelConfig& m, const Exec&) {
+    PartTimes t;
+    t.blocks.assign(static_cast<size_t>(m.n_layer), 1.0);
+    t.embedding = costs.weight(costs.embedding);
+    t.head = costs.weight(costs.head) + 4.0;
+    return t;
+  };
+  const MeasuredCut cut = measured_cut(cfg, mc, kVocab, MemoryLayout{1, 1, false}, Exec::cpu(), MPI_COMM_NULL, timer, false);
+  EXPECT_EQ(cut.blocks, cut_by_time(timer(cfg, mc, Exec::cpu()), 2, false, {}, 2));
+  ASSERT_EQ(cut.flops_blocks.size(), 4u);  // the FLOPs rule's chunks
+  EXPECT_NE(stage_chunks(cut.blocks, 2), cut.flops_blocks);
+  EXPECT_LT(*std::max_element(cut.predicted.begin(), cut.predicted.end()),
+            *std::max_element(cut.flops_predicted.begin(), cut.flops_predicted.end()));
+  // The interleaved step of 4 micro-batches, simulated from the same times: shorter too.
+  EXPECT_EQ(cut.micro_batches, 4);
+  EXPECT_LT(cut.simulated_step, cut.flops_simulated_step);
+  const std::string header = cut.describe();
+  EXPECT_NE(header.find("in parallel.vpp = 2 equal chunks each: chunks ["), std::string::npos) << header;
+  EXPECT_NE(header.find("step of 4 micro-batches, simulated from the parts (ms): "), std::string::npos) << header;
+  EXPECT_NE(header.find("the FLOPs rule's chunks: ["), std::string::npos) << header;
+}
+
 // A VLM whose injected tower outweighs its two language blocks: the encoder's stage alone, [0, 2]
 // (the memory check reads stage 1 holding every block).
 TEST(PpCut, HeavyTowerGetsTheEncodersStage) {
@@ -118,10 +151,10 @@ TEST(PpCut, HeavyTowerGetsTheEncodersStage) {
             (std::vector<int64_t>{0, 2}));
 }
 
-// The estimate of pipeline stage r holding n of the 4 blocks (the others on the other stage).
-double stage_bytes(const Config& cfg, int64_t r, int64_t n) {
+// The estimate of pipeline stage r holding n of the L blocks (the others on the other stage).
+double stage_bytes(const Config& cfg, int64_t r, int64_t n, int64_t L = 4) {
   Config c = cfg;
-  c.parallel.pp_layers = r == 0 ? std::vector<int64_t>{n, 4 - n} : std::vector<int64_t>{4 - n, n};
+  c.parallel.pp_layers = r == 0 ? std::vector<int64_t>{n, L - n} : std::vector<int64_t>{L - n, n};
   MemoryLayout l{1, 1, false};
   l.pp_rank = r;
   return static_cast<double>(estimate_training_memory(c, kVocab, l).total());
@@ -151,6 +184,31 @@ TEST(PpCut, MemoryCapMovesTheCut) {
   cfg.train.max_memory_gib = 0.5 * stage_bytes(cfg, 1, 1) / (1024.0 * 1024.0 * 1024.0);  // nothing fits
   EXPECT_TRUE(throws_with([&] { measured_cut(cfg, mc, kVocab, layout, Exec::cpu(), MPI_COMM_NULL, timer, false); },
                           {"parallel.pp_cut", "fits in memory"}));
+}
+
+// The same with 2 chunks per stage (interleaved, 8 blocks): injected times want [6, 2] (a head worth
+// 4 blocks: 2 x 3 against 2 x 1 + 4); a cap between what the stages need with [4, 4] and what stage
+// 0 needs with 6 blocks (its two chunks of 3) gives [4, 4].
+TEST(PpCut, MemoryCapMovesTheInterleavedCut) {
+  const std::vector<std::string> big = {"model.n_embd=256", "model.n_head=4", "train.seq_len=128", "model.max_seq_len=128",
+                                        "train.global_batch=32", "train.micro_batch=8", "model.n_layer=8",
+                                        "parallel.vpp=2", "parallel.pp_schedule=\"interleaved\""};
+  Config cfg = tiny(big);
+  const ModelConfig mc = resolve(to_model_config(cfg, kVocab));
+  const PartTimer timer = [](const Config&, const ModelConfig& m, const Exec&) {
+    PartTimes t;
+    t.blocks.assign(static_cast<size_t>(m.n_layer), 1.0);
+    t.head = 4.0;
+    return t;
+  };
+  const MemoryLayout layout{1, 1, false};
+  EXPECT_EQ(measured_cut(cfg, mc, kVocab, layout, Exec::cpu(), MPI_COMM_NULL, timer, false).blocks,
+            (std::vector<int64_t>{6, 2}));
+  const double even = std::max(stage_bytes(cfg, 0, 4, 8), stage_bytes(cfg, 1, 4, 8)), six = stage_bytes(cfg, 0, 6, 8);
+  ASSERT_LT(even, six) << "the test's premise: stage 0 with 6 blocks needs the most";
+  cfg.train.max_memory_gib = 0.5 * (even + six) / (1024.0 * 1024.0 * 1024.0);
+  EXPECT_EQ(measured_cut(cfg, mc, kVocab, layout, Exec::cpu(), MPI_COMM_NULL, timer, false).blocks,
+            (std::vector<int64_t>{4, 4}));
 }
 
 // Under mpiexec (ctest PpCut.two_ranks): the real timing pass on rank 0, and every rank holds rank 0's
@@ -203,6 +261,37 @@ TEST(PpCutSlow, MeasuredCutTrainsAsItsHandCutAndTheOneRankRun) {
   const std::vector<double> measured = testing::losses(dir / "measured" / "metrics.jsonl");
   EXPECT_EQ(measured, testing::losses(dir / "by_hand" / "metrics.jsonl")) << "cut " << layers;
   testing::expect_losses_near(measured, want, 1e-5, "pp2 measured cut " + layers);
+  fs::remove_all(dir);
+}
+
+// The same end to end on the interleaved schedule: pp 2 of 2 chunks each over six blocks (the cut is
+// [2, 4] or [4, 2]: chunks of 1 and 2 blocks), the measured cut against the same cut by hand bit
+// for bit, and against the 1-rank run within 1e-5. `slow`.
+TEST(PpCutSlow, MeasuredInterleavedCutTrainsAsItsHandCutAndTheOneRankRun) {
+  const fs::path dir = testing::temp_dir("pp_cut_vpp");
+  std::ofstream(dir / "tiny.toml") << testing::kTinyConfig;
+  const std::vector<std::string> base = {"--set", "model.n_layer=6",   "--set", "train.steps=4", "--set",
+                                         "train.global_batch=8", "--set", "train.micro_batch=2", "--set", "log.every=1"};
+  const std::vector<std::string> interleaved = {"--set", "parallel.pp=2", "--set", "parallel.vpp=2", "--set",
+                                                "parallel.pp_schedule=\"interleaved\""};
+  auto r = testing::train_run(dir, "tiny.toml", "one", 1, base);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<double> want = testing::losses(dir / "one" / "metrics.jsonl");
+  ASSERT_EQ(want.size(), 4u);
+  r = testing::train_run(dir, "tiny.toml", "measured", 2,
+                         testing::with(testing::with(base, interleaved), {"--set", "parallel.pp_cut=\"measured\""}));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string cut = line_after(r.output, "blocks per stage ");
+  ASSERT_FALSE(cut.empty()) << r.output;
+  EXPECT_NE(cut.find("in parallel.vpp = 2 equal chunks each"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(", measured ["), std::string::npos) << r.output;
+  const std::string layers = cut.substr(0, cut.find(']') + 1);  // "[a, b]"
+  r = testing::train_run(dir, "tiny.toml", "by_hand", 2,
+                         testing::with(testing::with(base, interleaved), {"--set", "parallel.pp_layers=" + layers}));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<double> measured = testing::losses(dir / "measured" / "metrics.jsonl");
+  EXPECT_EQ(measured, testing::losses(dir / "by_hand" / "metrics.jsonl")) << "cut " << layers;
+  testing::expect_losses_near(measured, want, 1e-5, "pp2 vpp2 measured cut " + layers);
   fs::remove_all(dir);
 }
 

@@ -4,7 +4,9 @@
 // least; the memory limit is kept; a vision-language model's
 // stage 0 may hold no block; ties go to the earlier stages holding fewer blocks; with a head (or a
 // vision tower) slower than the FLOPs formula says, the measured cut differs from the FLOPs cut
-// (model/stage_cut.h) and its slowest stage is faster.
+// (model/stage_cut.h) and its slowest stage is faster. With virtual chunks (parallel.vpp > 1): a
+// stage's time is its chunks' sum; the cut equals brute force over every chunk cut in the
+// parallel.pp_layers form (equal chunks per stage), and a slow head moves it off the FLOPs cut.
 #include "model/stage_cut_measured.h"
 
 #include <gtest/gtest.h>
@@ -76,6 +78,23 @@ TEST(StageCutMeasured, StageTimesAddTheirParts) {
   EXPECT_TRUE(throws_with([&] { stage_times(t, {2, 2}); }, {"4 blocks", "5"}));
 }
 
+// Interleaved: chunk c on rank c % pp, the embedding and vision on chunk 0, the head on the last.
+TEST(StageCutMeasured, StageTimesSumEachStagesChunks) {
+  PartTimes t;
+  t.blocks = {1, 2, 3, 4, 5, 6};
+  t.embedding = 0.5;
+  t.head = 10;
+  // Chunks [1 | 2 3 | 4 | 5 6] on 2 ranks: rank 0 holds chunks 0 and 2, rank 1 chunks 1 and 3.
+  EXPECT_EQ(rank_times(t, {1, 2, 1, 2}, 2), (std::vector<double>{0.5 + 1 + 4, 2 + 3 + 5 + 6 + 10}));
+  // The same cut in the pp_layers form: [2, 4] with vpp = 2.
+  EXPECT_EQ(stage_chunks({2, 4}, 2), (std::vector<int64_t>{1, 2, 1, 2}));
+  EXPECT_EQ(stage_times(t, {2, 4}, 2), rank_times(t, {1, 2, 1, 2}, 2));
+  // vpp = 3 on 2 ranks: [1 | 1 | 1 | 1 | 1 | 1], rank 0 the odd blocks.
+  EXPECT_EQ(stage_times(t, {3, 3}, 3), (std::vector<double>{0.5 + 1 + 3 + 5, 2 + 4 + 6 + 10}));
+  EXPECT_TRUE(throws_with([&] { stage_times(t, {3, 3}, 2); }, {"stage 0", "3 blocks", "multiple of vpp = 2"}));
+  EXPECT_TRUE(throws_with([&] { rank_times(t, {1, 2, 3}, 2); }, {"3 chunks", "2 ranks"}));
+}
+
 TEST(StageCutMeasured, HandComputedCuts) {
   // Identical blocks, nothing else: the even split.
   EXPECT_EQ(cut_by_time(uniform(6, 1.0), 3, false), (std::vector<int64_t>{2, 2, 2}));
@@ -99,6 +118,30 @@ TEST(StageCutMeasured, HandComputedCuts) {
   // fewer on the earlier stage).
   const std::vector<int64_t> no_encoder = cut_by_time(uniform(6, 1.0, 0, 0, 6), 3, false);
   EXPECT_EQ(no_encoder, (std::vector<int64_t>{1, 2, 3}));
+}
+
+TEST(StageCutMeasured, HandComputedInterleavedCuts) {
+  // Blocks 1..8 over 2 stages of 2 chunks: stage 0 holds the first a blocks of each round of 4,
+  // a = 1: 1 + 5 = 6 against 30; a = 2: 1 + 2 + 5 + 6 = 14 against 22; a = 3: 24 against 12.
+  PartTimes ramp;
+  ramp.blocks = {1, 2, 3, 4, 5, 6, 7, 8};
+  EXPECT_EQ(cut_by_time(ramp, 2, false, {}, 2), (std::vector<int64_t>{4, 4}));
+  EXPECT_EQ(stage_times(ramp, {4, 4}, 2), (std::vector<double>{14, 22}));
+  // Identical blocks and a head worth 4 over 2 x 2 chunks: 2a against 2 (4 - a) + 4, equal at a = 3.
+  EXPECT_EQ(cut_by_time(uniform(8, 1.0, 0, 4), 2, false, {}, 2), (std::vector<int64_t>{6, 2}));
+  // A head worth 2: a = 2 (4 | 6) and a = 3 (6 | 4) tie on the slowest and the squares; the fewer
+  // blocks on stage 0 win.
+  EXPECT_EQ(cut_by_time(uniform(8, 1.0, 0, 2), 2, false, {}, 2), (std::vector<int64_t>{4, 4}));
+  // vpp = 3, 12 blocks, 2 stages, a head worth 4: 3a against 3 (4 - a) + 4, best at a = 3 (9 | 7).
+  EXPECT_EQ(cut_by_time(uniform(12, 1.0, 0, 4), 2, false, {}, 3), (std::vector<int64_t>{9, 3}));
+  // The memory limit reads the stage's blocks (all its chunks'): stage 0 at most 4 of them.
+  EXPECT_EQ(cut_by_time(uniform(8, 1.0, 0, 4), 2, false, [](int64_t r, int64_t n) { return r != 0 || n <= 4; }, 2),
+            (std::vector<int64_t>{4, 4}));
+  // Refused: a depth that vpp does not divide, and more chunks than blocks.
+  EXPECT_TRUE(throws_with([&] { cut_by_time(uniform(7, 1.0), 2, false, {}, 2); },
+                          {"parallel.pp_cut", "parallel.vpp = 2", "model.n_layer = 7", "multiple"}));
+  EXPECT_TRUE(throws_with([&] { cut_by_time(uniform(6, 1.0), 2, false, {}, 6); },
+                          {"parallel.pp = 2", "parallel.vpp = 6", "model.n_layer = 6"}));
 }
 
 TEST(StageCutMeasured, TiesGoToFewerBlocksOnEarlierStages) {
@@ -176,6 +219,91 @@ TEST(StageCutMeasured, EqualsBruteForceOnSmallCases) {
   EXPECT_GT(refused, 0);
 }
 
+// Every cut of L blocks into pp x vpp chunks (each at least one block), in turn, as chunk counts in
+// model order: all compositions, not only the pp_layers form (the caller filters).
+void each_chunk_cut(int64_t L, int64_t chunks, const std::function<void(const std::vector<int64_t>&)>& visit) {
+  std::vector<int64_t> blocks(static_cast<size_t>(chunks), 0);
+  std::function<void(int64_t, int64_t)> place = [&](int64_t c, int64_t left) {
+    if (c == chunks - 1) {
+      blocks[static_cast<size_t>(c)] = left;
+      if (left >= 1) visit(blocks);
+      return;
+    }
+    for (int64_t n = 1; n <= left - (chunks - 1 - c); ++n) {
+      blocks[static_cast<size_t>(c)] = n;
+      place(c + 1, left - n);
+    }
+  };
+  place(0, L);
+}
+
+// Random part times and memory limits with vpp = 2 and 3 (L = vpp x M, M up to 6, pp up to 4):
+// brute force over every chunk cut, kept where each stage's chunks are equal (the pp_layers form,
+// what the trainer can run) and every stage fits, priced by rank_times; cut_by_time's cut reaches
+// the least slowest stage and, among those, the least sum of squares, and is in that form.
+TEST(StageCutMeasured, InterleavedEqualsBruteForceOnSmallCases) {
+  std::mt19937 rng(20261207);
+  std::uniform_real_distribution<double> cost(0.0, 10.0);
+  std::uniform_int_distribution<int> coin(0, 3);
+  int checked = 0, refused = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const int64_t vpp = 2 + trial % 2, M = 1 + (trial / 2) % 6, pp = 1 + (trial / 12) % 4, L = vpp * M;
+    if (pp > M) continue;
+    PartTimes t;
+    for (int64_t l = 0; l < L; ++l) t.blocks.push_back(cost(rng));
+    t.embedding = cost(rng) * 0.3;
+    t.head = cost(rng) * (coin(rng) + 1);
+    std::vector<int64_t> cap(static_cast<size_t>(pp), L);
+    if (coin(rng) != 0)
+      for (int64_t& c : cap) c = vpp * (1 + static_cast<int64_t>(rng() % static_cast<unsigned>(M)));
+    const StageFits fits = [&](int64_t r, int64_t n) { return n <= cap[static_cast<size_t>(r)]; };
+    // The cuts the trainer can run, each as stage totals.
+    std::vector<std::vector<int64_t>> runnable;
+    each_chunk_cut(L, pp * vpp, [&](const std::vector<int64_t>& chunks) {
+      std::vector<int64_t> stages(static_cast<size_t>(pp), 0);
+      for (size_t c = 0; c < chunks.size(); ++c) {
+        if (chunks[c] != chunks[c % static_cast<size_t>(pp)]) return;  // unequal chunks on one stage
+        stages[c % static_cast<size_t>(pp)] += chunks[c];
+      }
+      for (int64_t r = 0; r < pp; ++r)
+        if (!fits(r, stages[static_cast<size_t>(r)])) return;
+      runnable.push_back(stages);
+    });
+    const auto times = [&](const std::vector<int64_t>& stages) { return rank_times(t, stage_chunks(stages, vpp), pp); };
+    double best = -1;
+    for (const auto& b : runnable) {
+      const std::vector<double> s = times(b);
+      const double m = *std::max_element(s.begin(), s.end());
+      if (best < 0 || m < best) best = m;
+    }
+    double evenest = -1;
+    for (const auto& b : runnable) {
+      const std::vector<double> s = times(b);
+      if (*std::max_element(s.begin(), s.end()) != best) continue;
+      double q = 0;
+      for (double x : s) q += x * x;
+      if (evenest < 0 || q < evenest) evenest = q;
+    }
+    if (runnable.empty()) {
+      EXPECT_TRUE(throws_with([&] { cut_by_time(t, pp, false, fits, vpp); }, {"parallel.pp_cut", "fits in memory"}))
+          << "trial " << trial;
+      ++refused;
+      continue;
+    }
+    const std::vector<int64_t> got = cut_by_time(t, pp, false, fits, vpp);
+    EXPECT_NE(std::find(runnable.begin(), runnable.end(), got), runnable.end())
+        << "trial " << trial << ": not a runnable cut that fits";
+    const std::vector<double> s = times(got);
+    double q = 0;
+    for (double x : s) q += x * x;
+    EXPECT_EQ(*std::max_element(s.begin(), s.end()), best) << "trial " << trial << ": L " << L << ", pp " << pp << ", vpp " << vpp;
+    EXPECT_EQ(q, evenest) << "trial " << trial << ": L " << L << ", pp " << pp << ", vpp " << vpp;
+    ++checked;
+  }
+  EXPECT_GT(checked, 100);
+  EXPECT_GT(refused, 0);
+}
+
 // The FLOPs rule's cut, as block counts.
 std::vector<int64_t> flops_cut(const ModelConfig& cfg, int64_t T, int64_t pp) {
   std::vector<int64_t> out;
@@ -214,6 +342,32 @@ TEST(StageCutMeasured, SlowHeadMovesTheCutAndBalancesBetterThanFlops) {
   EXPECT_NE(by_time, by_flops);
   EXPECT_GT(by_time[0], by_flops[0]);
   EXPECT_LT(slowest(measured, by_time), slowest(measured, by_flops) - 0.5e-3);
+}
+
+// The same GPT-2 on 2 stages of 2 chunks (interleaved). The FLOPs rule balances chunks (each
+// chunk's weight), not stages: under a head 4 blocks slower than the formula, the measured cut
+// (stage totals, in equal chunks) differs from the FLOPs rule's chunks and its slowest stage is
+// faster.
+TEST(StageCutMeasured, SlowHeadMovesTheInterleavedCutAndBalancesBetterThanFlops) {
+  ModelConfig cfg;
+  cfg.n_layer = 8;
+  cfg.n_head = 4;
+  cfg.n_embd = 64;
+  cfg.vocab_size = 1024;
+  cfg.max_seq_len = 128;
+  cfg = resolve(cfg);
+  const int64_t T = 128, pp = 2, vpp = 2;
+  std::vector<int64_t> by_flops;  // chunks, model order
+  for (const StageSpec& s : cut_stages(cfg, T, pp, vpp)) by_flops.push_back(s.layers());
+  PartTimes measured = flops_times(cfg, T, 1e-3);
+  measured.head += 4e-3;
+  const std::vector<int64_t> by_time = cut_by_time(measured, pp, false, {}, vpp);
+  const std::vector<double> flops_stages = rank_times(measured, by_flops, pp), time_stages = stage_times(measured, by_time, vpp);
+  EXPECT_NE(stage_chunks(by_time, vpp), by_flops);
+  EXPECT_LT(*std::max_element(time_stages.begin(), time_stages.end()),
+            *std::max_element(flops_stages.begin(), flops_stages.end()) - 0.5e-3)
+      << "measured chunks " << ::testing::PrintToString(stage_chunks(by_time, vpp)) << ", FLOPs chunks "
+      << ::testing::PrintToString(by_flops);
 }
 
 // A vision-language model whose tower is 5 blocks slower than the formula: the measured cut gives
