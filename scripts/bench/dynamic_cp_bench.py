@@ -10,6 +10,15 @@ planner's predicted imbalance and the measured busy-time imbalance over the cp r
 busy time includes the waits inside a split row's ring). Prints the load average before each run
 and the medians.
 
+The cost model's prediction beside the measurement: the dynamic run's records carry, per step, the
+predicted seconds of the slowest cp rank's passes under its plans (cp_predicted_s) and under static
+cp's (every row split over the 4 ranks, cp_predicted_static_s: the same batches, as the static run
+reads them), from the cost model it measured (its cp_calibration.toml). Beside them: the measured
+slowest rank's busy seconds per step (cp_busy_max_s, dynamic only) and the measured step seconds
+(real tokens / real tokens/s: the passes plus the gradient reduction and the update, which the model
+leaves out); predicted tokens/s = real tokens per step / predicted seconds. dp 4 has no prediction (no
+cost model runs there).
+
   cmake --build build -j2 --target tessera
   scripts/bench/dynamic_cp_bench.py [--rounds 3] [--steps 6] [--docs 1500] [--json out.json]
 """
@@ -46,10 +55,30 @@ def run(layout, prefix, args, workdir):
     records, before, cmd, kept = train(4, sets, workdir, keep=["cp_calibration.toml"])
     calib = kept["cp_calibration.toml"]
     r = records[-1]
-    return dict(layout=layout, real_tokens_per_s=r["real_tokens_per_s"], loss=r["loss"], load=before,
+    tps = r["real_tokens_per_s"]
+    return dict(layout=layout, real_tokens_per_s=tps, real_tokens=r["real_tokens"],
+                step_s=r["real_tokens"] / tps if tps > 0 else None, loss=r["loss"], load=before,
                 rows_split=r.get("cp_rows_split"), rows_whole=r.get("cp_rows_whole"),
                 predicted_imbalance=r.get("cp_predicted_imbalance"), busy_imbalance=r.get("cp_busy_imbalance"),
-                calibration=calib, cmd=" ".join(cmd[:6] + ["<run dir>"] + cmd[8:]))
+                predicted_s=r.get("cp_predicted_s"), predicted_static_s=r.get("cp_predicted_static_s"),
+                busy_max_s=r.get("cp_busy_max_s"), calibration=calib,
+                cmd=" ".join(cmd[:6] + ["<run dir>"] + cmd[8:]))
+
+
+def predictions(results):
+    """Per round, the cost model's seconds and tokens/s for static and dynamic cp 4 from that round's
+    dynamic run (None for dp 4), set on each result as `predicted` and `predicted_tokens_per_s`."""
+    for i in range(0, len(results), len(LAYOUTS)):
+        rnd = results[i:i + len(LAYOUTS)]
+        dyn = next(r for r in rnd if r["layout"] == "dynamic cp4")
+        for r in rnd:
+            p = {"dynamic cp4": dyn["predicted_s"], "static cp4": dyn["predicted_static_s"]}.get(r["layout"])
+            r["predicted"] = p
+            r["predicted_tokens_per_s"] = r["real_tokens"] / p if p else None
+
+
+def ms(x):
+    return "-" if x is None else f"{1e3 * x:.0f}"
 
 
 def pct(x):
@@ -87,9 +116,21 @@ def main():
             rows = "-" if r["rows_split"] is None else f"{r['rows_split']:.1f} / {r['rows_whole']:.1f}"
             print(f"| {layout} | {i + 1} | {r['real_tokens_per_s']:.0f} | {rows} | {pct(r['predicted_imbalance'])} | "
                   f"{pct(r['busy_imbalance'])} | {r['load']} |", flush=True)
+    predictions(results)
+    print("\nThe cost model's prediction (from each round's dynamic run) beside the measurement, per step:")
+    print("| layout | round | predicted passes ms | measured busy max ms | measured step ms | "
+          "predicted tokens/s | measured tokens/s |")
+    print("|---|---|---|---|---|---|---|")
+    for i, r in enumerate(results):
+        ptps = "-" if r["predicted_tokens_per_s"] is None else f"{r['predicted_tokens_per_s']:.0f}"
+        print(f"| {r['layout']} | {i // len(LAYOUTS) + 1} | {ms(r['predicted'])} | {ms(r['busy_max_s'])} | "
+              f"{ms(r['step_s'])} | {ptps} | {r['real_tokens_per_s']:.0f} |")
     for layout in LAYOUTS:
         rows = [r for r in results if r["layout"] == layout]
-        print(f"median {layout}: real tokens/s {statistics.median(r['real_tokens_per_s'] for r in rows):.0f}")
+        med = statistics.median(r["real_tokens_per_s"] for r in rows)
+        pred = [r["predicted_tokens_per_s"] for r in rows if r["predicted_tokens_per_s"]]
+        print(f"median {layout}: real tokens/s {med:.0f}" +
+              (f", predicted {statistics.median(pred):.0f}" if pred else ""))
         print("command:", rows[0]["cmd"])
     for r in results:
         if r["calibration"]:
