@@ -1,7 +1,10 @@
 // Tests app/dynamic_cp.h (parallel.cp_mode = "dynamic"): the config's refusals, a packed row's
-// documents and rows, the calibration file, and (DynamicCpLayouts.*, under mpiexec -n 4) dynamic cp 2,
-// cp 4 and dp 2 x cp 2 training the 1-rank run's losses and final state, with the cost model forcing
-// every row split, measured at start, and forcing every row whole. Documents long-tailed: most of
+// documents and rows, the calibration file and the checkpoint's record of the cost model;
+// (DynamicCpResume.*, under mpiexec -n 2) a resume bit for bit; and (DynamicCpLayouts.*, under
+// mpiexec -n 4) dynamic cp 2, cp 4, dp 2 x cp 2, tp 2 x cp 2 and tp 2 + sp x cp 2 training the 1-rank
+// run's losses and final state, with the cost model forcing every row split, measured at start,
+// forcing every row whole, and piling every row on one rank, each run's memory estimate against
+// the allocator's peak (app/memory_check.h). Documents long-tailed: most of
 // 3 to 10 bytes, one in five of 30 to 47, with seq_len 24 (the long ones cut into pieces whose
 // positions continue to 47 < model.max_seq_len = 48).
 #include "app/dynamic_cp.h"
@@ -196,7 +199,9 @@ TEST(DynamicCpResume, ResumesBitExactlyWithTheCheckpointsCostModel) {
     EXPECT_EQ(got.ring_token_s, want.ring_token_s) << what;
     for (int64_t s = 2; s < 4; ++s)
       EXPECT_EQ(resumed.step(s).loss, uninterrupted.losses[static_cast<size_t>(s)]) << what << " step " << s;
-    if (!measured) EXPECT_GT(resumed.dynamic_cp()->rows_split_total(), 0) << what << ": the split model split nothing";
+    if (!measured) {
+      EXPECT_GT(resumed.dynamic_cp()->rows_split_total(), 0) << what << ": the split model split nothing";
+    }
     const Tensor a = resumed.params().flat_params(), b = uninterrupted.trainer->params().flat_params();
     ASSERT_EQ(a.numel(), b.numel());
     EXPECT_EQ(std::memcmp(a.ptr<float>(), b.ptr<float>(), static_cast<size_t>(a.numel()) * sizeof(float)), 0)
@@ -217,6 +222,7 @@ struct Layout {
   std::string name;
   std::vector<std::string> sets;
   int ranks;
+  std::vector<std::string> costs;  // the cost models it trains with (names in expect_layouts_equal_one_rank)
 };
 
 // Ranks [0, n) of world as a communicator (MPI_COMM_NULL on the others).
@@ -234,16 +240,18 @@ void expect_memory_bound(const Config& cfg, const Trainer& got, MPI_Comm comm, b
   const Config resolved = with_token_micro_batch(cfg);
   int ranks = 1;
   MPI_Comm_size(comm, &ranks);
-  const int64_t dp = ranks / (resolved.parallel.cp * std::max<int64_t>(1, resolved.parallel.tp));
+  const int64_t tp = std::max<int64_t>(1, resolved.parallel.tp), dp = ranks / (resolved.parallel.cp * tp);
   const double estimate = static_cast<double>(
-      estimate_training_memory(resolved, data_vocab_size(resolved), MemoryLayout{1, dp, false}).allocator_bytes());
+      estimate_training_memory(resolved, data_vocab_size(resolved), MemoryLayout{tp, dp, false}).allocator_bytes());
   const double peak = static_cast<double>(got.allocator().total_peak());
   double most = peak;
   MPI_Allreduce(&peak, &most, 1, MPI_DOUBLE, MPI_MAX, comm);
   std::cout << "[ memory ] " << what << ": estimate " << estimate << " B, this rank's peak " << peak
             << ", the largest rank's " << most << ", estimate / largest " << estimate / most << "\n";
   EXPECT_GE(estimate, peak) << what << ": the estimate is below this rank's allocator peak";
-  if (piled) EXPECT_LE(estimate, 1.05 * most) << what << ": every row on one rank, yet the estimate is 5% above its peak";
+  if (piled) {
+    EXPECT_LE(estimate, 1.05 * most) << what << ": every row on one rank, yet the estimate is 5% above its peak";
+  }
 }
 
 void expect_layouts_equal_one_rank(const std::string& preset) {
@@ -268,13 +276,17 @@ void expect_layouts_equal_one_rank(const std::string& preset) {
   ASSERT_EQ(one.losses.size(), 4u);
   const std::vector<std::pair<std::string, std::string>> costs = {
       {"split", dir + "/split.toml"}, {"measured", ""}, {"whole", dir + "/whole.toml"}, {"pile", dir + "/pile.toml"}};
-  const std::vector<Layout> layouts = {{"cp2", {"parallel.cp=2"}, 2},
-                                       {"cp4", {"parallel.cp=4"}, 4},
-                                       {"dp2_cp2", {"parallel.dp=2", "parallel.cp=2"}, 4},
-                                       {"tp2_cp2", {"parallel.tp=2", "parallel.cp=2"}, 4},
-                                       {"tp2sp_cp2", {"parallel.tp=2", "parallel.sequence_parallel=true", "parallel.cp=2"}, 4}};
+  const std::vector<std::string> all = {"split", "measured", "whole", "pile"};
+  const std::vector<Layout> layouts = {
+      {"cp2", {"parallel.cp=2"}, 2, all},
+      {"cp4", {"parallel.cp=4"}, 4, all},
+      {"dp2_cp2", {"parallel.dp=2", "parallel.cp=2"}, 4, {"split", "measured", "pile"}},
+      // tp: the measured cost model broadcast over the tp group; pile: idle passes under tp
+      {"tp2_cp2", {"parallel.tp=2", "parallel.cp=2"}, 4, {"split", "measured", "pile"}},
+      {"tp2sp_cp2", {"parallel.tp=2", "parallel.sequence_parallel=true", "parallel.cp=2"}, 4, {"split", "measured"}}};
   for (const Layout& l : layouts)
     for (const auto& [cost_name, file] : costs) {
+      if (std::find(l.costs.begin(), l.costs.end(), cost_name) == l.costs.end()) continue;
       const std::string what = preset + " dynamic " + l.name + " " + cost_name + " (rank " +
                                std::to_string(world.rank()) + ")";
       MpiCommunicator holder = MpiCommunicator::duplicate(world.comm());
@@ -297,6 +309,15 @@ void expect_layouts_equal_one_rank(const std::string& preset) {
           EXPECT_EQ(d->rows_split_total(), 0) << what;
         } else {
           EXPECT_GT(d->cost().pair_s + d->cost().token_s, 0) << what;
+        }
+        // Every rank of a dp replica plans with the same numbers (under tp each tp rank's cp group
+        // measures its own; dp replicas plan their own batches, each with its cp group's model).
+        if (l.name.rfind("dp", 0) != 0) {
+          const CpCostModel& c = d->cost();
+          std::vector<double> mine = {c.token_s, c.pair_s, c.ring_step_s, c.ring_token_s}, lo(4), hi(4);
+          MPI_Allreduce(mine.data(), lo.data(), 4, MPI_DOUBLE, MPI_MIN, comm);
+          MPI_Allreduce(mine.data(), hi.data(), 4, MPI_DOUBLE, MPI_MAX, comm);
+          EXPECT_EQ(lo, hi) << what << ": the ranks' cost models differ";
         }
       }
       MPI_Barrier(world.comm());
