@@ -786,8 +786,8 @@ void check_pipeline(const Config& c, int64_t dp_size, const Origins* origins) {
 
 // parallel.cp_mode = "dynamic" (app/dynamic_cp.h) against what it composes with: packed documents
 // (data.batching = "tokens"), a cp group to plan over, the ring (subgroups run point-to-point only),
-// one pipeline stage and no tensor parallelism (a pass's rows differ per cp rank: the pipeline's
-// schedule and the tp group's collectives are not built for that), an explicit layout.
+// one pipeline stage (a pass's rows differ per cp rank: the pipeline's schedule is not built for
+// that; a tp group shares its cp rank's plan, so tensor parallelism composes), an explicit layout.
 void check_dynamic_cp(const Config& c, const Origins* origins) {
   const ParallelConfig& p = c.parallel;
   if (p.cp_mode != "dynamic") {
@@ -810,9 +810,6 @@ void check_dynamic_cp(const Config& c, const Origins* origins) {
     fail(mode + " runs split rows' rings over subgroups, point to point, but " +
          show("parallel.cp_comm", p.cp_comm, origins) + " all-gathers over the whole cp group: use "
          "parallel.cp_comm = \"ring\"");
-  if (p.tp > 1)
-    fail(mode + " gives each cp rank its own rows, which tensor parallelism is not built for: " +
-         show("parallel.tp", p.tp, origins) + "; use parallel.tp = 1");
   if (p.pp > 1)
     fail(mode + " gives each cp rank its own passes, which the pipeline schedules are not built for: " +
          show("parallel.pp", p.pp, origins) + "; use parallel.pp = 1");

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <sstream>
+#include <type_traits>
 
 #include "app/context_parallel.h"
 #include "kernels/check.h"
@@ -73,15 +74,68 @@ CpCostModel read_cp_cost(const std::string& path) {
   return m;
 }
 
-std::unique_ptr<DynamicCp> DynamicCp::open(const Config& cfg, Communicator* cp) {
+AttrMap cp_cost_record(const CpCostModel& m, int64_t seq_len, int64_t cp) {
+  return {{"token_s", m.token_s},         {"pair_s", m.pair_s}, {"ring_step_s", m.ring_step_s},
+          {"ring_token_s", m.ring_token_s}, {"seq_len", seq_len}, {"cp", cp}};
+}
+
+std::optional<CpCostModel> cp_cost_of(const GroupAttributes& groups, const std::string& path, int64_t seq_len,
+                                      int64_t cp, std::string* why) {
+  const auto it = groups.find(kDynamicCpGroup);
+  if (it == groups.end()) {
+    if (why) *why = path + " has no " + kDynamicCpGroup + " record (saved without dynamic cp)";
+    return std::nullopt;
+  }
+  const auto get = [&](const char* key, auto& out) {
+    using T = std::decay_t<decltype(out)>;
+    const auto a = it->second.find(key);
+    TESSERA_CHECK(a != it->second.end() && std::holds_alternative<T>(a->second), path, ": ", kDynamicCpGroup,
+                  " has no ", std::is_same_v<T, double> ? "number" : "integer", " attribute ", key);
+    out = std::get<T>(a->second);
+  };
+  int64_t at_len = 0, at_cp = 0;
+  get("seq_len", at_len);
+  get("cp", at_cp);
+  if (at_len != seq_len || at_cp != cp) {
+    if (why)
+      *why = path + "'s cost model was measured for train.seq_len = " + std::to_string(at_len) +
+             ", parallel.cp = " + std::to_string(at_cp) + ", not " + std::to_string(seq_len) + ", " +
+             std::to_string(cp);
+    return std::nullopt;
+  }
+  CpCostModel m;
+  get("token_s", m.token_s);
+  get("pair_s", m.pair_s);
+  get("ring_step_s", m.ring_step_s);
+  get("ring_token_s", m.ring_token_s);
+  return m;
+}
+
+std::unique_ptr<DynamicCp> DynamicCp::open(const Config& cfg, Communicator* cp, Communicator* tp) {
   if (cfg.parallel.cp_mode != "dynamic") return nullptr;
   TESSERA_CHECK(cp && cp->size() >= 2, "parallel.cp_mode = \"dynamic\" needs a cp group of 2 or more ranks");
   auto d = std::make_unique<DynamicCp>();
   d->cp_ = cp;
+  d->tp_ = tp && tp->size() > 1 ? tp : nullptr;
   d->comm_ = std::make_unique<CpSubgroupComm>(*cp);
   d->length_ = cfg.train.seq_len;
-  if (!cfg.parallel.cp_calibration.empty()) d->cost_ = read_cp_cost(cfg.parallel.cp_calibration);
+  if (!cfg.parallel.cp_calibration.empty()) {
+    d->cost_ = read_cp_cost(cfg.parallel.cp_calibration);
+    d->cost_from_ = cfg.parallel.cp_calibration;
+  }
   return d;
+}
+
+void DynamicCp::resume_from(const GroupAttributes& groups, const std::string& path) {
+  if (!cost_from_.empty()) return;  // parallel.cp_calibration, named by the user
+  std::string why;
+  if (const std::optional<CpCostModel> m = cp_cost_of(groups, path, length_, cp_->size(), &why)) {
+    cost_ = *m;
+    cost_from_ = "checkpoint " + path;
+  } else {
+    cost_from_.clear();
+    resume_note_ = why + "; measured again";
+  }
 }
 
 namespace {
@@ -154,7 +208,8 @@ std::string DynamicCp::calibrate(const Config& cfg, const Gpt& model, const Exec
   const int repeats = 3;
   const ModelConfig& mc = model.config();
   const int64_t L = length_;
-  if (cfg.parallel.cp_calibration.empty()) {
+  const bool measure = cost_from_.empty();
+  if (measure) {
     // Whole rows: one document, and eight (the attention's pairs differ, the tokens do not).
     const std::vector<int64_t> one = {L};
     std::vector<int64_t> eight;
@@ -178,18 +233,32 @@ std::string DynamicCp::calibrate(const Config& cfg, const Gpt& model, const Exec
     m.ring_token_s = exchanges * per_float * static_cast<double>(kv_floats_per_token);
     cost_ = m;
   }
-  // Every rank plans with the same numbers: the cp group's mean, as its first rank holds it.
+  // Every rank plans with the same numbers: the cp group's mean of the measured ones, as its first
+  // rank holds it (a file's or a checkpoint's are not averaged: the same values, kept exactly).
   std::vector<double> v = {cost_.token_s, cost_.pair_s, cost_.ring_step_s, cost_.ring_token_s};
   const Tensor t(v.data(), DType::F64, {4});
-  cp_->all_reduce(t, ReduceOp::Average);
+  if (measure) cp_->all_reduce(t, ReduceOp::Average);
   cp_->broadcast(t, 0);
+  if (tp_) tp_->broadcast(t, 0);  // the tp group runs the same passes: its first rank's cp group's numbers
   cost_ = CpCostModel{v[0], v[1], v[2], v[3]};
   std::ostringstream o;
-  o << "dynamic cp cost model (" << (cfg.parallel.cp_calibration.empty() ? "measured" : cfg.parallel.cp_calibration)
+  o << "dynamic cp cost model (" << (measure ? "measured" + (resume_note_.empty() ? "" : ": " + resume_note_) : cost_from_)
     << "): " << cost_.str() << "; a whole row of " << L << " tokens, one document: "
     << (cost_.token_s * static_cast<double>(L) + cost_.pair_s * static_cast<double>(L * (L + 1) / 2)) * 1e3 << " ms";
   return o.str();
 }
+
+namespace {
+// The cost model's seconds of the slowest cp rank when every row is split over the whole cp group
+// (static cp); 0 when seq_len does not allow it.
+double static_cp_seconds(const std::vector<std::vector<int64_t>>& rows, int64_t length, int64_t cp,
+                         const CpCostModel& m) {
+  if (length % (2 * cp) != 0) return 0;
+  const std::vector<CpPlacement> all(rows.size(), CpPlacement{0, cp});
+  const std::vector<double> s = cp_rank_seconds(rows, length, cp, all, m);
+  return *std::max_element(s.begin(), s.end());
+}
+}  // namespace
 
 std::vector<DynamicCp::Pass> DynamicCp::passes(const Batch& b) {
   TESSERA_CHECK(b.T == length_, "dynamic cp: a micro-batch of rows of ", b.T, " positions, not train.seq_len = ", length_);
@@ -200,6 +269,8 @@ std::vector<DynamicCp::Pass> DynamicCp::passes(const Batch& b) {
   split_ += plan.split_rows();
   whole_ += b.B - plan.split_rows();
   imbalance_sum_ += plan.imbalance();
+  predicted_s_ += plan.max_s();
+  predicted_static_s_ += static_cp_seconds(rows, length_, cp_->size(), cost_);
   rows_total_ += b.B;
   split_total_ += plan.split_rows();
   std::vector<Pass> out;
@@ -226,14 +297,17 @@ DynamicCp::Window DynamicCp::take_window(int64_t steps) {
   w.rows_split = static_cast<double>(split_) / n;
   w.rows_whole = static_cast<double>(whole_) / n;
   w.predicted_imbalance = plans_ > 0 ? imbalance_sum_ / static_cast<double>(plans_) : 0.0;
+  w.predicted_s = predicted_s_ / n;
+  w.predicted_static_s = predicted_static_s_ / n;
   w.busy_s = busy_s_ / n;
   std::vector<double> mine = {w.busy_s}, all(static_cast<size_t>(cp_->size()));
   cp_->all_gather(Tensor(mine.data(), DType::F64, {1}), Tensor(all.data(), DType::F64, {cp_->size()}));
   double sum = 0, max = 0;
   for (double x : all) sum += x, max = std::max(max, x);
   w.busy_imbalance = sum > 0 ? max / (sum / static_cast<double>(all.size())) - 1.0 : 0.0;
+  w.busy_max_s = max;
   plans_ = split_ = whole_ = 0;
-  imbalance_sum_ = busy_s_ = 0;
+  imbalance_sum_ = busy_s_ = predicted_s_ = predicted_static_s_ = 0;
   return w;
 }
 

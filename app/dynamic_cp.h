@@ -8,9 +8,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "app/checkpoint/checkpoint_io.h"
 #include "app/config.h"
 #include "data/dataset.h"
 #include "kernels/allocator.h"
@@ -36,22 +38,45 @@ Batch batch_rows(const Batch& b, const std::vector<int64_t>& rows);
 std::string cp_cost_toml(const CpCostModel& m);
 CpCostModel read_cp_cost(const std::string& path);
 
+// The checkpoint's record of the cost model a run planned with (token_s, pair_s, ring_step_s,
+// ring_token_s, and the seq_len and cp it was measured for), so that a resume plans the same rows
+// alike without parallel.cp_calibration.
+inline constexpr const char* kDynamicCpGroup = "/dynamic_cp";
+AttrMap cp_cost_record(const CpCostModel& m, int64_t seq_len, int64_t cp);
+// The record's cost model when groups hold one measured for seq_len and cp; nullopt when there is no
+// record or it was for another seq_len or cp (*why says which). A malformed record is an Error
+// naming path and the attribute.
+std::optional<CpCostModel> cp_cost_of(const GroupAttributes& groups, const std::string& path, int64_t seq_len,
+                                      int64_t cp, std::string* why);
+
 class DynamicCp {
  public:
-  // Null unless parallel.cp_mode = "dynamic". cp: the grid's cp communicator (size >= 2).
-  static std::unique_ptr<DynamicCp> open(const Config& cfg, Communicator* cp);
+  // Null unless parallel.cp_mode = "dynamic". cp: the grid's cp communicator (size >= 2); tp: the
+  // tp group (null for tp = 1), whose ranks must plan alike (they run the same passes).
+  static std::unique_ptr<DynamicCp> open(const Config& cfg, Communicator* cp, Communicator* tp = nullptr);
 
   CpSubgroupComm* comm() { return comm_.get(); }
 
-  // The cost model: parallel.cp_calibration's, or measured here (collective over the cp group):
-  // model's forward + backward of one row of seq_len timed whole (on every cp rank, loss scale 0:
-  // the gradients are unchanged; the fastest of 3) with one document and with eight, fitted to
-  // token_s and pair_s; a ring exchange of a small message and of a row's K/V timed over the cp
-  // group (the fastest of 9), fitted to ring_step_s (3 n_layer exchanges of the small one's time:
-  // K/V forward, K/V and their gradients backward) and ring_token_s. Every constant is averaged over the cp group and broadcast from its
-  // first rank, so every rank plans alike. Returns the line the header prints.
+  // A resumed run: the cost model of checkpoint `path`'s record, when it has one for this seq_len and
+  // cp and parallel.cp_calibration is not set (the file, named by the user, wins); else calibrate
+  // measures as for a fresh run.
+  void resume_from(const GroupAttributes& groups, const std::string& path);
+  // The record save_checkpoint writes (kDynamicCpGroup).
+  AttrMap record() const { return cp_cost_record(cost_, length_, cp_->size()); }
+
+  // The cost model: parallel.cp_calibration's, the resumed checkpoint's, or measured here
+  // (collective over the cp group): model's forward + backward of one row of seq_len timed whole (on
+  // every cp rank, loss scale 0: the gradients are unchanged; the fastest of 3) with one document
+  // and with eight, fitted to token_s and pair_s; a ring exchange of a small message and of a row's
+  // K/V timed over the cp group (the fastest of 9), fitted to ring_step_s (3 n_layer exchanges of
+  // the small one's time: K/V forward, K/V and their gradients backward) and ring_token_s. Measured
+  // constants are averaged over the cp group and broadcast from its first rank, then from the tp
+  // group's first rank (each tp rank has its own cp group), so every rank plans alike. Collective
+  // over the cp and tp groups. Returns the line the header prints.
   std::string calibrate(const Config& cfg, const Gpt& model, const Exec& ex, Allocator& alloc);
   const CpCostModel& cost() const { return cost_; }
+  // Where the cost model came from: the file, "checkpoint <path>", or "" (measured).
+  const std::string& cost_from() const { return cost_from_; }
   void set_cost(const CpCostModel& m) { cost_ = m; }
 
   struct Pass {
@@ -69,10 +94,13 @@ class DynamicCp {
   void add_busy(double s) { busy_s_ += s; }
 
   // Since the last take_window: rows split and whole per step, the plans' predicted imbalance
-  // (mean), and the measured busy seconds per step: this rank's, and max / mean - 1 over the cp
-  // group (collective over the cp group).
+  // (mean), the cost model's seconds per step of the slowest cp rank's passes (the sum over the
+  // micro-batches of each plan's slowest rank) under these plans and under static cp's (every row
+  // split over the whole group), and the measured busy seconds per step: this rank's, the slowest
+  // cp rank's, and max / mean - 1 over the cp group (collective over the cp group).
   struct Window {
-    double rows_split = 0, rows_whole = 0, predicted_imbalance = 0, busy_s = 0, busy_imbalance = 0;
+    double rows_split = 0, rows_whole = 0, predicted_imbalance = 0, predicted_s = 0, predicted_static_s = 0;
+    double busy_s = 0, busy_max_s = 0, busy_imbalance = 0;
   };
   Window take_window(int64_t steps);
   // Rows planned since the start, and how many of them were split (never reset: tests read them).
@@ -82,10 +110,13 @@ class DynamicCp {
  private:
   std::unique_ptr<CpSubgroupComm> comm_;
   Communicator* cp_ = nullptr;
+  Communicator* tp_ = nullptr;
   int64_t length_ = 0;
   CpCostModel cost_;
+  std::string cost_from_;  // where cost_ came from ("" until known: calibrate measures)
+  std::string resume_note_;  // why a resumed run measures again (the checkpoint's record did not fit)
   int64_t plans_ = 0, split_ = 0, whole_ = 0;
-  double imbalance_sum_ = 0, busy_s_ = 0;
+  double imbalance_sum_ = 0, busy_s_ = 0, predicted_s_ = 0, predicted_static_s_ = 0;
   int64_t rows_total_ = 0, split_total_ = 0;
 };
 

@@ -25,6 +25,7 @@
 #include "model/memory.h"
 #include "parallel/tp_compression.h"
 #include "model/stage_cut.h"
+#include "parallel/dynamic_cp.h"
 #include "parallel/mpi.h"
 #include "parallel/pipeline_schedule.h"
 
@@ -258,15 +259,17 @@ int64_t frozen_elements(const ModelConfig& mc, const std::vector<StageSpec>& chu
 // incoming, double-buffered); all-gather forward 1 + cp (its own and the gathered), backward
 // 2 + 2 cp (the gathered K/V and their gradients). Counted as added to the model's peak (an upper
 // bound: the model's own peak need not fall in its attention).
-int64_t context_attention_bytes(const Config& cfg, const ModelConfig& mc, int64_t tp) {
+// ring: the cp ranks a row is split over (parallel.cp under static cp; a subgroup's size under
+// dynamic cp).
+int64_t context_attention_bytes(const Config& cfg, const ModelConfig& mc, int64_t tp, int64_t ring_ranks) {
   const ParallelConfig& p = cfg.parallel;
-  if (p.cp <= 1) return 0;
-  const int64_t B = cfg.train.micro_batch, L = cfg.train.seq_len / p.cp, D = mc.head_dim();
+  if (ring_ranks <= 1) return 0;
+  const int64_t B = cfg.train.micro_batch, L = cfg.train.seq_len / ring_ranks, D = mc.head_dim();
   const int64_t H = mc.n_head / tp, KV = mc.kv_heads() % tp == 0 ? mc.kv_heads() / tp : 1;
   const int64_t q = mul(mul(B, L), mul(H, D)), lse = mul(B, mul(H, L)), kv = mul(2, mul(mul(B, L), mul(KV, D)));
   const bool ring = p.cp_comm != "allgather";
-  const int64_t forward = add(add(mul(5, q) / 2, mul(3, lse) / 2), mul(ring ? 2 : 1 + p.cp, kv));
-  const int64_t backward = add(add(mul(4, q), lse), mul(ring ? 6 : 2 + 2 * p.cp, kv));
+  const int64_t forward = add(add(mul(5, q) / 2, mul(3, lse) / 2), mul(ring ? 2 : 1 + ring_ranks, kv));
+  const int64_t backward = add(add(mul(4, q), lse), mul(ring ? 6 : 2 + 2 * ring_ranks, kv));
   return mul(std::max(forward, backward), kFloatBytes);
 }
 
@@ -505,7 +508,10 @@ std::vector<int64_t> candidate_ranks(int64_t pp) {
 
 }  // namespace
 
-MemoryEstimate estimate_training_memory(const Config& cfg, int64_t data_vocab_size, const MemoryLayout& layout) {
+// The estimate with each row split over `split` cp ranks (1: whole rows, no ring): its activations at
+// seq_len / split positions and the ring's buffers over split ranks.
+static MemoryEstimate estimate_at_cp_split(const Config& cfg, int64_t data_vocab_size, const MemoryLayout& layout,
+                                    int64_t split) {
   const ModelConfig mc = resolve(to_model_config(cfg, data_vocab_size));
   const int64_t tp = layout.tp;
   const bool sp = cfg.parallel.sequence_parallel && tp > 1;
@@ -519,13 +525,13 @@ MemoryEstimate estimate_training_memory(const Config& cfg, int64_t data_vocab_si
   // activation of the model (and the evaluation's) is that of the shorter sequence; parameters,
   // gradients and moments are not divided (the stage cut is the trainer's, by the whole length).
   Config local = cfg;
-  if (p.cp > 1 && cfg.train.seq_len % p.cp == 0) local.train.seq_len = cfg.train.seq_len / p.cp;
-  const int64_t cp_bytes = context_attention_bytes(cfg, mc, tp);
+  if (split > 1 && cfg.train.seq_len % split == 0) local.train.seq_len = cfg.train.seq_len / split;
+  const int64_t cp_bytes = context_attention_bytes(cfg, mc, tp, split);
   const auto with_cp = [&](RankModel r) {
     if (cp_bytes == 0) return r;
     r.transient.bytes = add(r.transient.bytes, cp_bytes);
     r.transient.what += " and context-parallel attention's K/V buffers (parallel.cp = " + std::to_string(p.cp) +
-                        ", " + p.cp_comm + ")";
+                        ", " + p.cp_comm + (split != p.cp ? ", rows split over " + std::to_string(split) : "") + ")";
     return r;
   };
   const auto with_frozen = [&](RankModel r, const std::vector<StageSpec>& chunks) {
@@ -553,6 +559,22 @@ MemoryEstimate estimate_training_memory(const Config& cfg, int64_t data_vocab_si
         cfg, layout,
         with_cp(with_frozen(pipeline_rank(local, mc, cut, r, m, walks, tp, sp, policy), rank_chunks(cut, p.pp, r))));
     if (most.items.empty() || e.total() > most.total()) most = std::move(e);
+  }
+  return most;
+}
+
+// Static cp: every row split over the whole cp group. Dynamic cp (parallel.cp_mode = "dynamic",
+// app/dynamic_cp.h): a pass holds whole rows (up to a micro-batch's, all of it on one rank when
+// the plan puts it there: the 1-rank run's activations) or its share of rows split over a subgroup
+// of s ranks (every s the planner may choose, parallel/dynamic_cp.h cp_split_sizes); the passes
+// run one after another, so the bound is the largest of these.
+MemoryEstimate estimate_training_memory(const Config& cfg, int64_t data_vocab_size, const MemoryLayout& layout) {
+  const ParallelConfig& p = cfg.parallel;
+  if (p.cp_mode != "dynamic" || p.cp <= 1) return estimate_at_cp_split(cfg, data_vocab_size, layout, p.cp);
+  MemoryEstimate most = estimate_at_cp_split(cfg, data_vocab_size, layout, 1);
+  for (int64_t s : cp_split_sizes(p.cp, cfg.train.seq_len)) {
+    MemoryEstimate e = estimate_at_cp_split(cfg, data_vocab_size, layout, s);
+    if (e.total() > most.total()) most = std::move(e);
   }
   return most;
 }

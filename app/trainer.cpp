@@ -216,7 +216,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
   if (watchdog && comms_) comms_->watch(*watchdog, grid_, cfg_.parallel.timeout_s);
   cp_ = context_parallel_of(cfg_.parallel, comms_.get());
   // parallel.cp_mode = "dynamic": the model's attention rings over the subgroup each pass selects.
-  dynamic_cp_ = DynamicCp::open(cfg_, cp_.comm);
+  dynamic_cp_ = DynamicCp::open(cfg_, cp_.comm, grid_.tp_size() > 1 ? comms_->tp.get() : nullptr);
   if (dynamic_cp_) cp_.comm = dynamic_cp_->comm();
   // The tp ranks of a dp replica hold one model between them and read the same batches.
   tp_compression_ = make_tp_compression(cfg_.parallel, alloc_);  // parallel.tp_comm_compression
@@ -236,6 +236,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
       if (auto it = groups.find(kUpscaleGroup); it != groups.end()) upscale_record_ = it->second;
       if (auto it = groups.find(kLoraGroup); it != groups.end()) lora_record_ = it->second;
       if (tokens_) tokens_->set_cursor(TokenBatching::cursor_of(groups, *start->resume_from));
+      if (dynamic_cp_) dynamic_cp_->resume_from(groups, *start->resume_from);  // its cost model: the same plans
       resume_step = reader.meta().step;
     }
   }
@@ -1037,7 +1038,10 @@ void Trainer::log_step(int64_t s, const StepResult& r, double step_seconds, doub
     rec.add("cp_rows_split", w.rows_split)
         .add("cp_rows_whole", w.rows_whole)
         .add("cp_predicted_imbalance", w.predicted_imbalance)
+        .add("cp_predicted_s", w.predicted_s)
+        .add("cp_predicted_static_s", w.predicted_static_s)
         .add("cp_busy_s", w.busy_s)
+        .add("cp_busy_max_s", w.busy_max_s)
         .add("cp_busy_imbalance", w.busy_imbalance);
   }
   if (tokens_) {  // variable-length batches: real tokens per step, their rate and dp imbalance since the last record
@@ -1197,6 +1201,7 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   if (!lora_record_.empty()) st.extra_groups[kLoraGroup] = lora_record_;             // the base (app/lora.h)
   st.writes_frozen_model = !is_adapters_only(lora_record_);  // lora.checkpoint (app/checkpoint/adapter_checkpoint.h)
   if (tokens_) st.extra_groups[kTokenBatchingGroup] = tokens_->record();            // where the next step starts
+  if (dynamic_cp_) st.extra_groups[kDynamicCpGroup] = dynamic_cp_->record();      // the cost model planned with
   st.step = steps_done;
   st.consumed_samples = consumed_at_start_ + (steps_done - start_step_) * cfg_.train.global_batch;
   st.tokens_seen = st.consumed_samples * cfg_.train.seq_len;
