@@ -89,6 +89,63 @@ bool inferred_over(const std::vector<OverPoint>& points, const Layout& l) {
   return false;
 }
 
+// A layout's per-block recomputation options (plan/recompute_choice.h): full first, then the op sets
+// the layout allows (none that reruns a GEMM with cp > 1), most bytes freed first, then keeping the
+// block. The order is the order of blocks within a chunk (as model.recompute_layers recomputes
+// the first blocks fully).
+struct BlockOptions {
+  std::vector<BlockOption> options;
+  std::vector<RecomputeOps> ops;  // per option; option 0 (full) and the last (keep) hold none
+};
+BlockOptions block_options(const Workload& w, const Layout& l, const ClusterSpec& c, const GroupLinks& links,
+                           const std::vector<RecomputeOps>& sets) {
+  ModelMemoryLayout m;
+  m.batch = l.micro_batch;
+  m.seq_len = w.seq_len / l.cp;
+  m.tp = l.tp;
+  m.sequence_parallel = l.sp && l.tp > 1;
+  const int64_t kept = activation_parts(w.model, m).block;
+  m.recompute = Recompute::Full;
+  const double full = 4.0 * double(kept - activation_parts(w.model, m).block);
+  m.recompute = Recompute::None;
+  std::vector<std::pair<BlockOption, RecomputeOps>> mid;
+  for (const RecomputeOps& o : sets) {
+    if (!o.any() || (l.cp > 1 && o.reruns_gemms())) continue;
+    mid.push_back({{block_recompute_seconds(w, l, c, links, o, false), double(recompute_ops_cost(w.model, m, o).bytes_saved)}, o});
+  }
+  std::stable_sort(mid.begin(), mid.end(), [](const auto& a, const auto& b) { return a.first.saved > b.first.saved; });
+  BlockOptions b;
+  b.options.push_back({block_recompute_seconds(w, l, c, links, {}, true), full});
+  b.ops.push_back({});
+  for (const auto& [option, ops] : mid) b.options.push_back(option), b.ops.push_back(ops);
+  b.options.push_back({0, 0});
+  b.ops.push_back({});
+  return b;
+}
+
+// The layout with a mix's blocks: counts[0] in full (recompute_layers), then each op set's blocks.
+Layout with_mix(Layout l, const BlockOptions& b, const std::vector<int64_t>& counts) {
+  l.recompute_layers = counts[0];
+  l.recompute_ops.assign(size_t(counts[0]), RecomputeOps{});
+  for (size_t o = 1; o + 1 < counts.size(); ++o) l.recompute_ops.insert(l.recompute_ops.end(), size_t(counts[o]), b.ops[o]);
+  if (l.recompute_ops.size() == size_t(l.recompute_layers)) l.recompute_ops.clear();
+  return l;
+}
+
+// Every mix of `blocks` blocks over n options (brute force), but all kept and all in full.
+void every_mix(int64_t n, int64_t blocks, std::vector<int64_t>& counts, size_t o, int64_t left,
+               const std::function<void(const std::vector<int64_t>&)>& visit) {
+  if (o + 1 == size_t(n)) {
+    counts[o] = left;
+    if (counts[0] < blocks && counts[o] < blocks) visit(counts);
+    return;
+  }
+  for (int64_t k = 0; k <= left; ++k) {
+    counts[o] = k;
+    every_mix(n, blocks, counts, o + 1, left - k, visit);
+  }
+}
+
 struct Pending {
   Layout layout;
   double bound = 0;
@@ -96,6 +153,13 @@ struct Pending {
 };
 
 }  // namespace
+
+std::vector<RecomputeOps> default_recompute_op_sets() {
+  const RecomputeOps norm{true, false, false, false, false}, act{false, false, false, false, true};
+  const RecomputeOps mlp_in{false, false, false, true, false}, attn{false, false, true, false, false};
+  return {norm, act, RecomputeOps::selective(), RecomputeOps::selective() | mlp_in, RecomputeOps::selective() | attn,
+          RecomputeOps::all()};
+}
 
 PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t ranks, const SearchSpace& space,
                           const PlanChecks& checks, int64_t top_k) {
@@ -179,6 +243,14 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
                         b.recompute_bubble = true;
                         pending.push_back({b, 0, li});
                       }
+                      if (space.recompute_ops_every && rc == Recompute::None && !space.recompute_op_sets.empty()) {
+                        const BlockOptions b = block_options(w, l, cluster, links[li], space.recompute_op_sets);
+                        const int64_t most = max_chunk_blocks(cache.stages(w, l).cut, mc.n_layer);
+                        std::vector<int64_t> counts(b.options.size(), 0);
+                        every_mix(int64_t(b.options.size()), most, counts, 0, most,
+                                  [&](const std::vector<int64_t>& n) { pending.push_back({with_mix(l, b, n), 0, li}); });
+                        continue;
+                      }
                       if (!space.recompute_layers_every || rc == Recompute::Full) continue;
                       const int64_t most = max_chunk_blocks(cache.stages(w, l).cut, mc.n_layer);
                       for (int64_t k = 1; k < most; ++k) {  // brute force: every k a layout
@@ -224,7 +296,8 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
     std::vector<OverPoint>& known = over[memory_key(l)];
     // Over-memory points are recorded for recompute_layers = 0 (in bisection mode: once no k fits
     // either), so they rule out only what they cover.
-    if (l.recompute_layers == 0 && inferred_over(known, l)) {
+    const bool plain = l.recompute_layers == 0 && l.recompute_ops.empty();  // no recomputation per layer
+    if (plain && inferred_over(known, l)) {
       ++st.over_memory_inferred;
       continue;
     }
@@ -245,25 +318,44 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
       if (double(c.planned_bytes) > usable) {
         // The least recomputation per layer that fits (plan/recompute_choice.h): more blocks of each
         // chunk recomputed in full, never all (that is model.recompute = "full", a layout of its own).
-        const bool choose = space.recompute_layers && !space.recompute_layers_every && checks.memory &&
-                            l.recompute != Recompute::Full && l.recompute_layers == 0;
-        const int64_t most = choose ? max_chunk_blocks(cache.stages(w, l).cut, mc.n_layer) - 1 : 0;
+        const bool choose = space.recompute_layers && !space.recompute_layers_every && !space.recompute_ops_every &&
+                            checks.memory && l.recompute != Recompute::Full && plain;
+        const int64_t most = choose ? max_chunk_blocks(cache.stages(w, l).cut, mc.n_layer) : 0;
         MemoryUse fitting;
-        const RecomputeChoice k = least_recompute_layers(1, most, [&](int64_t layers) {
-          Layout lk = l;
-          lk.recompute_layers = layers;
+        const auto fits = [&](const Layout& lk) {
           const MemoryUse m = checks.memory(lk);
           if (double(planned(m)) > usable) return false;
           fitting = m;  // the last that fits is the least (bisection ends on it)
           return true;
-        });
-        if (k.layers < 0) {
+        };
+        // Per op (recompute "none" only: the trainer takes ops only there): the frontier of mixes,
+        // all kept (index 0) and all in full (model.recompute = "full", a layout of its own) left out.
+        const bool per_op = choose && l.recompute == Recompute::None && !space.recompute_op_sets.empty();
+        Layout chosen = l;
+        bool found = false;
+        if (per_op) {
+          const BlockOptions b = block_options(w, l, cluster, links[p.links], space.recompute_op_sets);
+          std::vector<RecomputeMix> mixes = recompute_frontier(b.options, most);
+          std::erase_if(mixes, [&](const RecomputeMix& x) { return x.counts[0] == most; });
+          const RecomputeChoice k = least_recompute_layers(1, int64_t(mixes.size()) - 1, [&](int64_t i) {
+            return fits(with_mix(l, b, mixes[size_t(i)].counts));
+          });
+          if ((found = k.layers >= 0)) chosen = with_mix(l, b, mixes[size_t(k.layers)].counts);
+        } else {
+          const RecomputeChoice k = least_recompute_layers(1, most - 1, [&](int64_t layers) {
+            Layout lk = l;
+            lk.recompute_layers = layers;
+            return fits(lk);
+          });
+          if ((found = k.layers >= 0)) chosen.recompute_layers = k.layers;
+        }
+        if (!found) {
           ++st.over_memory;
-          if (l.recompute_layers == 0) known.push_back({l.micro_batch, saving(l.recompute)});
+          if (plain) known.push_back({l.micro_batch, saving(l.recompute)});
           continue;
         }
         ++st.recompute_chosen;
-        l.recompute_layers = k.layers;
+        l = chosen;
         c = Candidate{l, predict_step(w, l, cluster, links[p.links], true, &cache), fitting, 0};
         c.planned_bytes = planned(c.memory);
         if (c.cost.step > kth()) continue;
@@ -282,6 +374,7 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
         Layout a = x.layout, b = l;
         a.micro_batch = b.micro_batch = 0;
         a.recompute_layers = b.recompute_layers = 0;
+        a.recompute_ops.clear(), b.recompute_ops.clear();
         return a == b;
       });
       if (same != top.end()) {
