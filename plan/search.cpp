@@ -96,6 +96,11 @@ bool inferred_over(const std::vector<OverPoint>& points, const Layout& l) {
 struct BlockOptions {
   std::vector<BlockOption> options;
   std::vector<RecomputeOps> ops;  // per option; option 0 (full) and the last (keep) hold none
+  // Per option, what it frees as the chunk's last block: the memory peak is that block's backward
+  // beside everything the others keep (model/memory.h model_memory), and its backward recomputes
+  // one branch's tensors at a time, so of its bytes only the other branch's stay freed there (a
+  // full block's none: its backward re-creates its whole context).
+  std::vector<double> last_saved;
 };
 BlockOptions block_options(const Workload& w, const Layout& l, const ClusterSpec& c, const GroupLinks& links,
                            const std::vector<RecomputeOps>& sets) {
@@ -117,32 +122,72 @@ BlockOptions block_options(const Workload& w, const Layout& l, const ClusterSpec
   BlockOptions b;
   b.options.push_back({block_recompute_seconds(w, l, c, links, {}, true), full});
   b.ops.push_back({});
-  for (const auto& [option, ops] : mid) b.options.push_back(option), b.ops.push_back(ops);
+  b.last_saved.push_back(0);
+  const auto bytes = [&](const RecomputeOps& o) { return double(recompute_ops_cost(w.model, m, o).bytes_saved); };
+  for (const auto& [option, ops] : mid) {
+    b.options.push_back(option), b.ops.push_back(ops);
+    const double norm = ops.norm ? bytes({true, false, false, false, false}) / 2 : 0.0;  // one norm a branch
+    const double mlp = norm + bytes({false, false, false, ops.mlp_in, ops.mlp_act});
+    const double attention = norm + bytes({false, ops.qkv, ops.attn, false, false});
+    b.last_saved.push_back(std::min(mlp, attention));
+  }
   b.options.push_back({0, 0});
   b.ops.push_back({});
+  b.last_saved.push_back(0);
   return b;
 }
 
-// The layout with a mix's blocks: counts[0] in full (recompute_layers), then each op set's blocks.
-Layout with_mix(Layout l, const BlockOptions& b, const std::vector<int64_t>& counts) {
+// A chunk's mix: counts of the options for all blocks but the last, which takes option `last`.
+struct ChunkMix {
+  std::vector<int64_t> counts;
+  size_t last = 0;
+  double seconds = 0, saved = 0;  // saved: the others' bytes freed and the last's (last_saved)
+};
+
+// The frontier of chunk mixes of `blocks` blocks: the frontier of the first blocks - 1
+// (recompute_frontier), each with every option but full as the last block, pruned again by
+// (seconds, saved). All kept is its first.
+std::vector<ChunkMix> chunk_frontier(const BlockOptions& b, int64_t blocks) {
+  std::vector<ChunkMix> all;
+  if (blocks < 1) return all;
+  for (const RecomputeMix& m : recompute_frontier(b.options, blocks - 1))
+    for (size_t o = 1; o < b.options.size(); ++o)  // (full blocks come first in a chunk)
+      all.push_back({m.counts, o, m.seconds + b.options[o].seconds, m.saved + b.last_saved[o]});
+  std::stable_sort(all.begin(), all.end(), [](const ChunkMix& x, const ChunkMix& y) {
+    return x.seconds != y.seconds ? x.seconds < y.seconds : x.saved > y.saved;
+  });
+  std::vector<ChunkMix> frontier;
+  for (ChunkMix& x : all)
+    if (frontier.empty() || x.saved > frontier.back().saved) frontier.push_back(std::move(x));
+  return frontier;
+}
+
+// The layout with a mix's blocks: counts[0] in full (recompute_layers), then each op set's blocks,
+// then those kept; `last` (an option but full, or -1) then takes the block after them.
+Layout with_mix(Layout l, const BlockOptions& b, const std::vector<int64_t>& counts, int64_t last = -1) {
   l.recompute_layers = counts[0];
   l.recompute_ops.assign(size_t(counts[0]), RecomputeOps{});
   for (size_t o = 1; o + 1 < counts.size(); ++o) l.recompute_ops.insert(l.recompute_ops.end(), size_t(counts[o]), b.ops[o]);
+  if (last >= 0) {
+    l.recompute_ops.insert(l.recompute_ops.end(), size_t(counts.back()), RecomputeOps{});
+    l.recompute_ops.push_back(b.ops[size_t(last)]);
+  }
+  while (l.recompute_ops.size() > size_t(l.recompute_layers) && !l.recompute_ops.back().any()) l.recompute_ops.pop_back();
   if (l.recompute_ops.size() == size_t(l.recompute_layers)) l.recompute_ops.clear();
   return l;
 }
 
-// Every mix of `blocks` blocks over n options (brute force), but all kept and all in full.
-void every_mix(int64_t n, int64_t blocks, std::vector<int64_t>& counts, size_t o, int64_t left,
+// Every mix of `left` blocks over the options from o on (brute force).
+void every_mix(std::vector<int64_t>& counts, size_t o, int64_t left,
                const std::function<void(const std::vector<int64_t>&)>& visit) {
-  if (o + 1 == size_t(n)) {
+  if (o + 1 == counts.size()) {
     counts[o] = left;
-    if (counts[0] < blocks && counts[o] < blocks) visit(counts);
+    visit(counts);
     return;
   }
   for (int64_t k = 0; k <= left; ++k) {
     counts[o] = k;
-    every_mix(n, blocks, counts, o + 1, left - k, visit);
+    every_mix(counts, o + 1, left - k, visit);
   }
 }
 
@@ -246,9 +291,14 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
                       if (space.recompute_ops_every && rc == Recompute::None && !space.recompute_op_sets.empty()) {
                         const BlockOptions b = block_options(w, l, cluster, links[li], space.recompute_op_sets);
                         const int64_t most = max_chunk_blocks(cache.stages(w, l).cut, mc.n_layer);
+                        // Every mix of the chunk's first blocks, then every option but full last.
                         std::vector<int64_t> counts(b.options.size(), 0);
-                        every_mix(int64_t(b.options.size()), most, counts, 0, most,
-                                  [&](const std::vector<int64_t>& n) { pending.push_back({with_mix(l, b, n), 0, li}); });
+                        every_mix(counts, 0, most - 1, [&](const std::vector<int64_t>& n) {
+                          for (size_t last = 1; last < b.options.size(); ++last) {
+                            const Layout x = with_mix(l, b, n, int64_t(last));
+                            if (x.recompute_layers > 0 || !x.recompute_ops.empty()) pending.push_back({x, 0, li});
+                          }
+                        });
                         continue;
                       }
                       if (!space.recompute_layers_every || rc == Recompute::Full) continue;
@@ -335,12 +385,12 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
         bool found = false;
         if (per_op) {
           const BlockOptions b = block_options(w, l, cluster, links[p.links], space.recompute_op_sets);
-          std::vector<RecomputeMix> mixes = recompute_frontier(b.options, most);
-          std::erase_if(mixes, [&](const RecomputeMix& x) { return x.counts[0] == most; });
+          std::vector<ChunkMix> mixes = chunk_frontier(b, most);
+          const auto mixed = [&](size_t i) { return with_mix(l, b, mixes[i].counts, int64_t(mixes[i].last)); };
           const RecomputeChoice k = least_recompute_layers(1, int64_t(mixes.size()) - 1, [&](int64_t i) {
-            return fits(with_mix(l, b, mixes[size_t(i)].counts));
+            return fits(mixed(size_t(i)));
           });
-          if ((found = k.layers >= 0)) chosen = with_mix(l, b, mixes[size_t(k.layers)].counts);
+          if ((found = k.layers >= 0)) chosen = mixed(size_t(k.layers));
         } else {
           const RecomputeChoice k = least_recompute_layers(1, most - 1, [&](int64_t layers) {
             Layout lk = l;

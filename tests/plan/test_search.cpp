@@ -15,6 +15,7 @@
 #include "model/stage_cut.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/process_grid.h"
+#include "plan/recompute_choice.h"
 
 namespace tessera::plan {
 namespace {
@@ -227,7 +228,8 @@ PlanChecks exact_checks(const Workload& w) {
 // Per-op recomputation: the dynamic programme's choice (the frontier of mixes of keep, each op set
 // and full per block, bisected with the memory estimate) gives the top layouts' steps of
 // enumerating every mix as a layout of its own, on budgets between "full" and "none" at one
-// micro-batch, on 1 and 2 ranks (pp 2 included); on some budget the best mixes op sets.
+// micro-batch ("selective" with every model.recompute_layers), on 1 and 2 ranks (pp 2 included); on
+// some budget the best mixes op sets.
 TEST(Search, RecomputeOpsEqualBruteForce) {
   const Workload w = small_llama();
   const PlanChecks checks = exact_checks(w);
@@ -247,6 +249,7 @@ TEST(Search, RecomputeOpsEqualBruteForce) {
       dp.max_vpp = every.max_vpp = 2;
       dp.recompute_op_sets = every.recompute_op_sets = default_recompute_op_sets();
       every.recompute_ops_every = true;
+      every.recompute_layers_every = true;  // and "selective" with every k
       const PlanResult a = search_layouts(w, c, ranks, dp, checks, 8);
       const PlanResult b = search_layouts(w, c, ranks, every, checks, 8);
       const std::string what = std::to_string(f) + " of the way, " + std::to_string(ranks) + " ranks";
@@ -288,9 +291,9 @@ TEST(Search, OpSetsArePricedByRecomputeOpsCost) {
     EXPECT_NEAR(t.b() - keep.b(), block_recompute_seconds(w, l, c, links, o, false), 1e-15);
     ModelMemoryLayout mo = m;
     mo.recompute_ops = {o};
-    mo.stage = block;
+    mo.stage = StageSpec{0, 1, true, false};  // (a stage from layer 0 holds the embedding)
     ModelMemoryLayout mk = m;
-    mk.stage = block;
+    mk.stage = mo.stage;
     EXPECT_EQ(model_memory(w.model, mk).activations - model_memory(w.model, mo).activations, cost.elements_saved)
         << recompute_ops_name(o);
     previous = t.recompute;
