@@ -403,7 +403,8 @@ TEST(PlanCommand, EmittedConfigTrainsUnchanged) {
   input.train.name = planned.train.name;
   for (const ConfigChange& change : config_changes(input, planned)) {
     const bool layout = change.key.rfind("parallel.", 0) == 0 || change.key == "train.micro_batch" ||
-                        change.key == "train.dtype" || change.key == "model.recompute";
+                        change.key == "train.dtype" || change.key == "model.recompute" ||
+                        change.key == "model.recompute_layers" || change.key == "model.recompute_ops_layers";
     EXPECT_TRUE(layout) << change.key << " " << change.before << " -> " << change.after;
   }
   const RunResult train = run_program(TESSERA_MPIEXEC, {"-n", "2", TESSERA_BINARY, "train", out.string(), "--run-dir",
