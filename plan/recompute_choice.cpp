@@ -38,36 +38,58 @@ int64_t max_chunk_blocks(const std::vector<StageSpec>& cut, int64_t n_layer) {
   return most;
 }
 
+namespace {
+
+// A frontier point during the programme: its sums and how it was reached (the point of the
+// previous step it extends, by index, and the option added).
+struct Point {
+  double seconds = 0, saved = 0;
+  int64_t from = -1;
+  int option = -1;
+};
+
+}  // namespace
+
 std::vector<RecomputeMix> recompute_frontier(const std::vector<BlockOption>& options, int64_t blocks) {
   TESSERA_CHECK(blocks >= 0, "recompute_frontier: blocks = ", blocks, " must be >= 0");
   for (const BlockOption& o : options)
     TESSERA_CHECK(o.seconds >= 0 && o.saved >= 0, "recompute_frontier: an option with seconds ", o.seconds,
                   " and saved ", o.saved, "; both must be >= 0");
-  std::vector<RecomputeMix> frontier = {RecomputeMix{std::vector<int64_t>(options.size(), 0), 0, 0}};
-  if (options.empty()) return blocks == 0 ? frontier : std::vector<RecomputeMix>{};
+  if (options.empty() && blocks > 0) return {};
+  // Least seconds first; at equal seconds the most saved.
+  const auto before = [](const Point& a, const Point& b) {
+    return a.seconds != b.seconds ? a.seconds < b.seconds : a.saved > b.saved;
+  };
+  std::vector<std::vector<Point>> steps = {{Point{}}};  // steps[i]: the frontier of i-block mixes
+  std::vector<Point> merged, shifted, next;
   for (int64_t i = 0; i < blocks; ++i) {
-    std::vector<RecomputeMix> next;
-    next.reserve(frontier.size() * options.size());
-    for (const RecomputeMix& m : frontier)
-      for (size_t o = 0; o < options.size(); ++o) {
-        RecomputeMix x = m;
-        ++x.counts[o];
-        x.seconds += options[o].seconds;
-        x.saved += options[o].saved;
-        next.push_back(std::move(x));
-      }
-    // Least seconds first; at equal seconds the most saved, then the largest counts (a fixed choice
-    // among equal mixes, whatever order they were reached in).
-    std::sort(next.begin(), next.end(), [](const RecomputeMix& a, const RecomputeMix& b) {
-      if (a.seconds != b.seconds) return a.seconds < b.seconds;
-      if (a.saved != b.saved) return a.saved > b.saved;
-      return a.counts > b.counts;
-    });
-    frontier.clear();
-    for (RecomputeMix& x : next)  // kept when it frees more than every faster one
-      if (frontier.empty() || x.saved > frontier.back().saved) frontier.push_back(std::move(x));
+    const std::vector<Point>& f = steps.back();
+    // Each option shifts the (sorted) frontier by its sums; the shifted copies merged stay sorted.
+    merged.clear();
+    for (size_t o = 0; o < options.size(); ++o) {
+      shifted.clear();
+      for (size_t j = 0; j < f.size(); ++j)
+        shifted.push_back({f[j].seconds + options[o].seconds, f[j].saved + options[o].saved, int64_t(j), int(o)});
+      next.resize(merged.size() + shifted.size());
+      std::merge(merged.begin(), merged.end(), shifted.begin(), shifted.end(), next.begin(), before);
+      std::swap(merged, next);
+    }
+    std::vector<Point> frontier;
+    for (const Point& x : merged)  // kept when it frees more than every faster one
+      if (frontier.empty() || x.saved > frontier.back().saved) frontier.push_back(x);
+    steps.push_back(std::move(frontier));
   }
-  return frontier;
+  std::vector<RecomputeMix> out;
+  for (const Point& end : steps.back()) {
+    RecomputeMix m{std::vector<int64_t>(options.size(), 0), end.seconds, end.saved};
+    const Point* p = &end;
+    for (int64_t i = blocks; i > 0; --i) {  // walk back through the steps
+      ++m.counts[size_t(p->option)];
+      p = &steps[size_t(i - 1)][size_t(p->from)];
+    }
+    out.push_back(std::move(m));
+  }
+  return out;
 }
 
 }  // namespace tessera::plan

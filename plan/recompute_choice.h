@@ -52,11 +52,12 @@ struct RecomputeMix {
   double saved = 0;    // and of their bytes freed
 };
 // The Pareto frontier of the mixes of `blocks` blocks over `options` by (seconds, saved): every mix
-// that no other beats in both (least seconds first; at equal seconds the most saved, one of equal
-// mixes: the lexicographically largest counts, i.e. the earlier options). A dynamic programme over
-// the blocks: after i blocks, the frontier of i-block mixes, each extended by every option, then
-// pruned. Strictly increasing in both seconds and saved; options[] with seconds or saved < 0 are an
-// Error.
+// that no other beats in both (least seconds first; at equal seconds the most saved; of equal mixes
+// one). A dynamic programme over the blocks: after i blocks, the frontier of i-block mixes, each
+// extended by every option (each option's shifted copy of a sorted frontier is sorted: merged, not
+// sorted again), then pruned; each point keeps where it came from, so the counts are read back
+// at the end. O(blocks x frontier x options^2). Strictly increasing in both seconds and saved;
+// options[] with seconds or saved < 0 are an Error.
 std::vector<RecomputeMix> recompute_frontier(const std::vector<BlockOption>& options, int64_t blocks);
 
 }  // namespace tessera::plan

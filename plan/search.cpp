@@ -330,6 +330,8 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
   }
   std::stable_sort(pending.begin(), pending.end(), [](const Pending& a, const Pending& b) { return a.bound < b.bound; });
   std::map<MemoryKey, std::vector<OverPoint>> over;  // (micro-batch, recomputation) found over memory
+  std::map<std::tuple<int64_t, int64_t, bool, int64_t, bool, bool, int64_t>,
+           std::pair<BlockOptions, std::vector<ChunkMix>>> frontiers;  // per-op recomputation's, by what sets them
   std::vector<Candidate>& top = out.top;
   // Better: a shorter step, or within rounding of it less memory (layouts that differ only in what
   // the model cannot tell apart, e.g. the micro-batch of a compute-bound step, rank by memory).
@@ -384,8 +386,16 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
         Layout chosen = l;
         bool found = false;
         if (per_op) {
-          const BlockOptions b = block_options(w, l, cluster, links[p.links], space.recompute_op_sets);
-          std::vector<ChunkMix> mixes = chunk_frontier(b, most);
+          // The options and their frontier depend on what a block's work and bytes do: cached.
+          const auto key = std::make_tuple(l.micro_batch, l.tp, l.sp, l.cp, l.cp_ring, l.bf16, most);
+          auto it = frontiers.find(key);
+          if (it == frontiers.end()) {
+            BlockOptions opts = block_options(w, l, cluster, links[p.links], space.recompute_op_sets);
+            std::vector<ChunkMix> front = chunk_frontier(opts, most);
+            it = frontiers.emplace(key, std::make_pair(std::move(opts), std::move(front))).first;
+          }
+          const BlockOptions& b = it->second.first;
+          const std::vector<ChunkMix>& mixes = it->second.second;
           const auto mixed = [&](size_t i) { return with_mix(l, b, mixes[i].counts, int64_t(mixes[i].last)); };
           const RecomputeChoice k = least_recompute_layers(1, int64_t(mixes.size()) - 1, [&](int64_t i) {
             return fits(mixed(size_t(i)));
