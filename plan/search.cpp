@@ -401,13 +401,25 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
             return fits(mixed(size_t(i)));
           });
           if ((found = k.layers >= 0)) chosen = mixed(size_t(k.layers));
+        }
+        // Whole blocks only: the least k in full. With op sets too, the faster of the two (the bytes
+        // that order the frontier are not the peak, so a mix the frontier dropped may fit where the
+        // ones kept do not: op sets then never do worse than whole blocks).
+        const MemoryUse per_op_fit = fitting;
+        const RecomputeChoice k = least_recompute_layers(1, most - 1, [&](int64_t layers) {
+          Layout lk = l;
+          lk.recompute_layers = layers;
+          return fits(lk);
+        });
+        if (k.layers >= 0) {
+          Layout lk = l;
+          lk.recompute_layers = k.layers;
+          const bool faster = !found || predict_step(w, lk, cluster, links[p.links], true, &cache).step <
+                                            predict_step(w, chosen, cluster, links[p.links], true, &cache).step;
+          if (faster) chosen = lk, found = true;
+          else fitting = per_op_fit;
         } else {
-          const RecomputeChoice k = least_recompute_layers(1, most - 1, [&](int64_t layers) {
-            Layout lk = l;
-            lk.recompute_layers = layers;
-            return fits(lk);
-          });
-          if ((found = k.layers >= 0)) chosen.recompute_layers = k.layers;
+          fitting = per_op_fit;
         }
         if (!found) {
           ++st.over_memory;
