@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <ctime>
 #include <cstdio>
@@ -20,9 +21,12 @@
 #include "kernels/allocator.h"
 #include "kernels/check.h"
 #include "model/memory.h"
+#include "model/recompute_ops.h"
+#include "model/stage_cut.h"
 #include "parallel/mpi.h"
 #include "parallel/tp_compression.h"
 #include "plan/calibrate.h"
+#include "plan/recompute_choice.h"
 
 namespace tessera {
 
@@ -30,7 +34,7 @@ using plan::Candidate;
 using plan::ClusterSpec;
 using plan::Layout;
 
-Config apply_layout(const Config& base, const Layout& l) {
+Config apply_layout(const Config& base, const Layout& l, int64_t data_vocab) {
   Config c = base;
   ParallelConfig& p = c.parallel;
   p.dp = l.dp;
@@ -47,9 +51,62 @@ Config apply_layout(const Config& base, const Layout& l) {
   c.train.dtype = l.bf16 ? "bf16" : "fp32";
   c.model.recompute = l.recompute_bubble && l.recompute == Recompute::Full ? "bubble" : plan::recompute_name(l.recompute);
   c.model.recompute_layers = l.recompute_layers;
+  c.model.recompute_ops.clear();
+  c.model.recompute_ops_layers.clear();
+  if (!l.recompute_ops.empty()) {  // per layer of the stages train cuts for this pp x vpp
+    const ModelConfig mc = to_model_config(c, data_vocab >= 0 ? data_vocab : data_vocab_size(c));
+    const std::vector<StageSpec> cut =
+        l.pp * l.vpp > 1 ? cut_stages(mc, c.train.seq_len, l.pp, l.vpp) : std::vector<StageSpec>{};
+    c.model.recompute_ops_layers = plan::recompute_ops_layers(l, cut, mc.n_layer);
+  }
   p.layout = "explicit";  // the layout is now given (an "auto" config would refuse its own keys)
   return c;
 }
+
+std::vector<RecomputeOps> recompute_op_sets_for(const Config& cfg) {
+  const ModelSection& m = cfg.model;
+  if (!m.recompute_ops.empty() || !m.recompute_ops_layers.empty()) return {};  // the user's choice stands
+  for (const ActivationCompression& a : activation_compression_policy(cfg))
+    if (a.active()) return {};
+  const ParallelConfig& p = cfg.parallel;
+  const TpCompressionModes modes =
+      resolve_tp_compression(p.tp_comm_compression, p.tp_comm_compression_forward, p.tp_comm_compression_backward);
+  const bool gemms = p.tp_overlap_chunks <= 1 && modes.forward != TpCompressionMode::Int8Ef && !cfg.lora.enabled();
+  std::vector<RecomputeOps> sets;
+  for (const RecomputeOps& o : plan::default_recompute_op_sets())
+    if (gemms || !(o.qkv || o.mlp_in)) sets.push_back(o);
+  return sets;
+}
+
+namespace {
+// The layout's recompute_ops from model.recompute_ops{,_layers}: the op sets of the chunk with the
+// most blocks, which every chunk must repeat from its first block (the planner's form; else an
+// Error naming the keys). The blocks model.recompute_layers recomputes in full are not compared.
+std::vector<RecomputeOps> chunk_ops_of(const Config& cfg, const Layout& l) {
+  const ModelSection& m = cfg.model;
+  if (m.recompute_ops.empty() && m.recompute_ops_layers.empty()) return {};
+  const ModelConfig mc = to_model_config(cfg, data_vocab_size(cfg));
+  const std::vector<RecomputeOps> per_layer = recompute_ops_policy(m.recompute_ops, m.recompute_ops_layers, mc.n_layer);
+  std::vector<StageSpec> cut = l.pp * l.vpp > 1 ? cut_stages(mc, cfg.train.seq_len, l.pp, l.vpp)
+                                                : std::vector<StageSpec>{StageSpec{0, mc.n_layer, true, true}};
+  for (StageSpec& s : cut) s = resolve_stage(s, mc);
+  const StageSpec largest = *std::max_element(cut.begin(), cut.end(), [](const StageSpec& a, const StageSpec& b) {
+    return a.layers() < b.layers();
+  });
+  Layout x = l;
+  x.recompute_ops.assign(per_layer.begin() + largest.first_layer, per_layer.begin() + largest.end_layer);
+  while (!x.recompute_ops.empty() && !x.recompute_ops.back().any()) x.recompute_ops.pop_back();
+  std::vector<std::string> asked;  // the config's, "none" where the layer recomputes in full
+  for (const StageSpec& s : cut)
+    for (int64_t i = 0; i < s.layers(); ++i)
+      asked.push_back(i < l.recompute_layers ? "none" : recompute_ops_name(per_layer[size_t(s.first_layer + i)]));
+  std::vector<std::string> again = plan::recompute_ops_layers(x, cut, mc.n_layer);
+  if (again.empty()) again.assign(size_t(mc.n_layer), "none");
+  TESSERA_CHECK(again == asked, "tessera plan --predict: model.recompute_ops / model.recompute_ops_layers differ "
+                "between the pipeline chunks; the planner models op sets that every chunk repeats from its first block");
+  return x.recompute_ops;
+}
+}  // namespace
 
 plan::Layout layout_of(const Config& cfg, int64_t ranks) {
   const ParallelConfig& p = cfg.parallel;
@@ -69,6 +126,7 @@ plan::Layout layout_of(const Config& cfg, int64_t ranks) {
   l.recompute_layers = l.recompute == Recompute::Full ? 0 : cfg.model.recompute_layers;
   l.recompute_bubble = cfg.model.recompute == "bubble" && l.pp > 1;
   l.bf16 = cfg.train.dtype == "bf16";
+  l.recompute_ops = chunk_ops_of(cfg, l);
   return l;
 }
 
@@ -89,8 +147,8 @@ plan::PlanChecks trainer_checks(const Config& base, int64_t ranks) {
   const int64_t vocab = data_vocab_size(base);
   const ModelConfig mc = resolve(to_model_config(base, vocab));
   plan::PlanChecks checks;
-  checks.invalid = [base, mc, ranks](const Layout& l) -> std::string {
-    const Config c = apply_layout(base, l);
+  checks.invalid = [base, mc, ranks, vocab](const Layout& l) -> std::string {
+    const Config c = apply_layout(base, l, vocab);
     try {
       validate(c);           // what load_config checks (pipeline keys with dp, batch divisibility, sizes)
       check_supported(c);    // what train refuses before starting
@@ -102,7 +160,7 @@ plan::PlanChecks trainer_checks(const Config& base, int64_t ranks) {
     return "";
   };
   checks.memory = [base, vocab](const Layout& l) {
-    const Config c = apply_layout(base, l);
+    const Config c = apply_layout(base, l, vocab);
     MemoryLayout m;
     m.tp = l.tp;
     m.dp = l.dp;
@@ -247,9 +305,28 @@ std::string plan_report(const PlanArgs& args, const Config& cfg, const ClusterSp
   }
   os << "\n(step: predicted seconds per optimizer step; mem/rank: the largest rank's estimate, as train's memory check "
         "counts it, against the usable device memory; bytes per step one rank sends over each group; schedule /ag: "
-        "parallel.cp_comm = \"allgather\")\n";
+        "parallel.cp_comm = \"allgather\"; recompute none+2f+3nm: per chunk 2 blocks in full, 3 recomputing the ops "
+        "n norm, q qkv, a attn, i mlp_in, m mlp_act, the rest none)\n";
   return os.str();
 }
+
+namespace {
+// The layout's op sets per chunk block, by name: "; each chunk's blocks 1-3 norm+mlp_in+mlp_act,
+// 4-5 norm (model.recompute_ops_layers)"; "" without.
+std::string ops_text(const Layout& l) {
+  std::string s;
+  for (int64_t i = 0; i < int64_t(l.recompute_ops.size());) {
+    const RecomputeOps o = plan::chunk_block_ops(l, i);
+    int64_t j = i;
+    while (j < int64_t(l.recompute_ops.size()) && plan::chunk_block_ops(l, j) == o) ++j;
+    if (o.any())
+      s += (s.empty() ? "" : ", ") + std::to_string(i + 1) + (j - i > 1 ? "-" + std::to_string(j) : "") + " " +
+           recompute_ops_name(o);
+    i = j;
+  }
+  return s.empty() ? "" : "; each chunk's blocks " + s + " (model.recompute_ops_layers)";
+}
+}  // namespace
 
 std::string explain_report(const Config& cfg, const ClusterSpec& cluster, const Candidate& c, int64_t row) {
   const plan::StepCost& s = c.cost;
@@ -261,14 +338,15 @@ std::string explain_report(const Config& cfg, const ClusterSpec& cluster, const 
      << " tokens/s, MFU " << 100 * s.mfu << "%\n";
   os << "  the step on the pipeline's busiest rank:\n";
   const auto line = [&](const char* what, double v, const std::string& note) {
-    char b[256];
+    char b[640];
     std::snprintf(b, sizeof b, "    %-26s %12s %6.1f%%  %s\n", what, seconds_text(v).c_str(),
                   s.step > 0 ? 100 * v / s.step : 0.0, note.c_str());
     os << b;
   };
   line("compute", s.compute, "forward and backward: GEMMs, attention, elementwise ops");
   line("recomputation", s.recompute, std::string("model.recompute = \"") + plan::recompute_name(c.layout.recompute) +
-       "\"" + (c.layout.recompute_layers > 0 ? ", recompute_layers = " + std::to_string(c.layout.recompute_layers) : ""));
+       "\"" + (c.layout.recompute_layers > 0 ? ", recompute_layers = " + std::to_string(c.layout.recompute_layers) : "") +
+       ops_text(c.layout));
   line("tp collectives (exposed)", s.tp_exposed, "blocking: every one is on the critical path");
   line("cp transfers (exposed)", s.cp_exposed,
        c.layout.cp > 1 ? (c.layout.cp_ring ? "the ring, less what attention hides" : "all-gather: nothing hidden") : "");
@@ -346,6 +424,7 @@ int run_plan_command(const PlanArgs& args, std::ostream& out) {
                 args.dtype, ": expected fp32, bf16 or any");
   if (args.dtype != "any") space.bf16 = {args.dtype == "bf16"};
   space.micro_batch = args.micro_batch;
+  space.recompute_op_sets = recompute_op_sets_for(cfg);
   const plan::PlanResult result =
       plan::search_layouts(workload_of(cfg), cluster, args.gpus, space, trainer_checks(cfg, args.gpus), args.top);
   out << plan_report(args, cfg, cluster, result);

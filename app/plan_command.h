@@ -32,8 +32,17 @@ struct PlanArgs {
 
 // The config with the layout applied: parallel.{dp, tp, pp, vpp, pp_schedule, pp_layers = [], cp,
 // cp_comm, sequence_parallel, zero}, train.micro_batch, train.dtype, model.recompute (recompute_layers
-// from the layout), parallel.layout = "explicit". Everything else as it was.
-Config apply_layout(const Config& base, const plan::Layout& l);
+// from the layout), model.recompute_ops = [] and model.recompute_ops_layers (the layout's op sets per
+// layer of the trainer's stage cut; [] without), parallel.layout = "explicit". Everything else as it
+// was. data_vocab: data_vocab_size(base) (-1: read when the layout has op sets).
+Config apply_layout(const Config& base, const plan::Layout& l, int64_t data_vocab = -1);
+
+// The op sets the search may give a block under this config (plan/search.h
+// default_recompute_op_sets), less what train refuses whatever the layout: none with
+// model.activation_compression or model.recompute_ops set by the user; none that reruns a GEMM
+// (qkv, mlp_in) with parallel.tp_overlap_chunks > 1, tp_comm_compression_forward = "int8-ef" or
+// LoRA. (cp > 1 is per layout: the search leaves those out there.)
+std::vector<RecomputeOps> recompute_op_sets_for(const Config& cfg);
 
 // The layout a config asks for on `ranks` ranks (parallel.dp = -1: the rest), the inverse of
 // apply_layout. Throws tessera::Error naming what the planner does not model: train.micro_batch = 0

@@ -155,6 +155,7 @@ Dims dims_of(const Workload& w, const Layout& l) {
 // A block's elementwise ops: the two norms, the two residual adds, the activation, RoPE.
 struct ElementwiseOps {
   double norm_forward = 0, act_forward = 0;  // one norm's and the activation's forward
+  double rope_forward = 0;                   // RoPE on q and k (0 without)
   double forward = 0, backward = 0;          // all of them
 };
 ElementwiseOps elementwise_ops(const Dims& d, const Roofline& r) {
@@ -175,7 +176,8 @@ ElementwiseOps elementwise_ops(const Dims& d, const Roofline& r) {
   if (d.rope) {
     const double rope = r.stream(2 * d.N * (q + kv));
     const bool f = r.measures(OpKind::RopeForward), b = r.measures(OpKind::RopeBackward);
-    e.forward += f ? r.op(OpKind::RopeForward, {d.N * q}, 0) + r.op(OpKind::RopeForward, {d.N * kv}, 0) : rope;
+    e.rope_forward = f ? r.op(OpKind::RopeForward, {d.N * q}, 0) + r.op(OpKind::RopeForward, {d.N * kv}, 0) : rope;
+    e.forward += e.rope_forward;
     e.backward += b ? r.op(OpKind::RopeBackward, {d.N * q}, 0) + r.op(OpKind::RopeBackward, {d.N * kv}, 0) : 2 * rope;
   }
   return e;
@@ -186,6 +188,9 @@ struct BlockCompute {
   double forward = 0, dx = 0, dw = 0, flops = 0;
   double attention_forward = 0, attention_backward = 0;  // (for the cp overlap)
   double norms_and_activation = 0;  // selective recomputation re-runs these (forward elementwise)
+  // Per-op recomputation (model/recompute_ops.h) re-runs these forwards: both norms; q, k, v's
+  // GEMMs and RoPE; the MLP's first GEMM(s) (fc, or gate and up); the activation.
+  double norms = 0, qkv = 0, mlp_in = 0, activation = 0;
 };
 
 BlockCompute block_compute(const Dims& d, const Roofline& r) {
@@ -197,6 +202,8 @@ BlockCompute block_compute(const Dims& d, const Roofline& r) {
   lin.push_back(linear(r, d.N, d.C, d.Fl, d.bias));
   lin.push_back(linear(r, d.N, d.Fl, d.C, d.bias));
   for (const LinearCost& c : lin) b.forward += c.forward, b.dx += c.dx, b.dw += c.dw, b.flops += c.flops;
+  b.qkv = lin[0].forward + lin[1].forward + lin[2].forward;
+  b.mlp_in = lin[4].forward + (d.swiglu ? lin[5].forward : 0.0);
   // Causal attention over a cp rank's queries: about half the T x (cp T) square (the load-balanced
   // chunks make it half on every rank); backward recomputes the probabilities from the saved lse:
   // 5 products against the forward's 2.
@@ -211,9 +218,41 @@ BlockCompute block_compute(const Dims& d, const Roofline& r) {
   // (it reads the saved input and the gradient, writes one).
   const ElementwiseOps e = elementwise_ops(d, r);
   b.norms_and_activation = 2 * e.norm_forward + e.act_forward;
+  b.norms = 2 * e.norm_forward;
+  b.activation = e.act_forward;
+  b.qkv += e.rope_forward;
   b.forward += b.attention_forward + e.forward;
   b.dx += b.attention_backward + e.backward;
   return b;
+}
+
+// What one block's per-op recomputation (model/recompute_ops.h) adds to its backward: each op's
+// forward again as the forward prices it (so calibrated op times apply), the FLOPs as
+// model/memory.h recompute_ops_cost counts them, and under sequence parallelism a region re-entered
+// for qkv or mlp_in gathers its input again (an all-gather of the (N, C) stream).
+struct OpsRecompute {
+  double compute = 0, tp = 0, tp_bytes = 0, flops = 0;
+};
+OpsRecompute ops_recompute(const Workload& w, const Layout& l, const Dims& d, const BlockCompute& b,
+                           const GroupLinks& links, const RecomputeOps& o) {
+  OpsRecompute x;
+  if (!o.any()) return x;
+  x.compute = (o.norm ? b.norms : 0.0) + (o.qkv ? b.qkv : 0.0) + (o.attn ? b.attention_forward : 0.0) +
+              (o.mlp_in ? b.mlp_in : 0.0) + (o.mlp_act ? b.activation : 0.0);
+  ModelMemoryLayout m;
+  m.batch = l.micro_batch;
+  m.seq_len = w.seq_len / l.cp;
+  m.tp = l.tp;
+  m.sequence_parallel = l.sp && l.tp > 1;
+  const RecomputeOpsCost cost = recompute_ops_cost(w.model, m, o);
+  x.flops = cost.gemm_flops + cost.attention_flops;
+  const int regions = (o.qkv ? 1 : 0) + (o.mlp_in ? 1 : 0);
+  if (m.sequence_parallel && regions > 0) {
+    const double xf = d.N * d.C * kAct * w.tp_bytes_forward;
+    x.tp = regions * all_gather_seconds(xf, l.tp, links.tp);
+    x.tp_bytes = regions * all_gather_bytes(xf, l.tp);
+  }
+  return x;
 }
 
 }  // namespace
@@ -288,6 +327,14 @@ ChunkTime chunk_time(const Workload& w, const Layout& l, const ClusterSpec& c, c
     // block forward, its tensor-parallel collectives and context-parallel transfers with it. The
     // first recompute_layers blocks of the chunk recompute in full, the rest by the policy.
     if (l.recompute == Recompute::Selective) t.recompute += (blocks - full) * b.norms_and_activation;
+    for (int64_t i = int64_t(full); i < chunk.layers(); ++i) {  // per-op recomputation, block by block
+      const OpsRecompute o = ops_recompute(w, l, d, b, links, chunk_block_ops(l, i));
+      t.recompute += o.compute;
+      t.tp_backward += o.tp;
+      t.recompute_comm += o.tp;
+      t.tp_bytes += o.tp_bytes;
+      t.flops += o.flops;
+    }
     if (full > 0) {
       t.recompute += full * b.forward;
       t.tp_backward += full * 2 * region;
@@ -596,6 +643,19 @@ StepCost predict_step(const Workload& w, const Layout& l, const ClusterSpec& c, 
               {"embedding", l.pp > 1 && mc.tied_embeddings ? 2 : 1, links.embedding_across, emb_bytes, emb_seconds,
                s.embedding_exposed}};
   return s;
+}
+
+double block_recompute_seconds(const Workload& w, const Layout& l, const ClusterSpec& c, const GroupLinks& links,
+                               const RecomputeOps& ops, bool full) {
+  const StageSpec block{0, 1, false, false};
+  Layout keep = l;
+  keep.recompute = Recompute::None;
+  keep.recompute_layers = 0;
+  keep.recompute_ops.clear();
+  Layout again = keep;
+  if (full) again.recompute_layers = 1;
+  else again.recompute_ops = {ops};
+  return chunk_time(w, again, c, links, block).b() - chunk_time(w, keep, c, links, block).b();
 }
 
 }  // namespace tessera::plan

@@ -78,6 +78,14 @@ struct ChunkTime {
 ChunkTime chunk_time(const Workload& w, const Layout& l, const ClusterSpec& c, const GroupLinks& links,
                      const StageSpec& chunk);
 
+// What one block's recomputation adds to one micro-batch's backward on a rank (B: its compute and
+// the collectives it issues again), as chunk_time counts it: under the op set `ops` (the block
+// otherwise keeping its context, model/recompute_ops.h), or in full (ops ignored). The layout's
+// own recomputation is ignored. The per-block price the recomputation choice weighs
+// (plan/recompute_choice.h).
+double block_recompute_seconds(const Workload& w, const Layout& l, const ClusterSpec& c, const GroupLinks& links,
+                               const RecomputeOps& ops, bool full);
+
 // ---- One step ------------------------------------------------------------------------------
 
 struct GroupTraffic {

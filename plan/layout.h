@@ -5,9 +5,11 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "model/config.h"
 #include "model/gpt.h"
+#include "model/recompute_ops.h"
 #include "parallel/pipeline_schedule.h"
 
 namespace tessera::plan {
@@ -24,6 +26,10 @@ struct Layout {
   // model.recompute = "bubble" (recompute Full, pp > 1): the schedule's R actions run the
   // recomputation where the rank would wait (parallel/pipeline_schedule.h), not inside the backward.
   bool recompute_bubble = false;
+  // Per-op recomputation (model/recompute_ops.h), with recompute = None: the ops block i of every
+  // chunk recomputes, first block first; blocks past the end (and the first recompute_layers, which
+  // recompute in full) none. Written as model.recompute_ops_layers (recompute_ops_layers below).
+  std::vector<RecomputeOps> recompute_ops = {};
   bool bf16 = false;                // train.dtype
 
   int64_t ranks() const { return dp * tp * pp * cp; }
@@ -33,8 +39,17 @@ struct Layout {
 // "none", "selective", "full" (model.recompute's spelling).
 const char* recompute_name(Recompute r);
 // The layout's recomputation: recompute_name ("bubble" for recompute_bubble), or "none+2f" (2 blocks a chunk in full, the rest none)
-// when recompute_layers > 0.
+// when recompute_layers > 0; per-op recomputation adds a chunk's runs of op sets in block order,
+// each set by its ops' letters (n norm, q qkv, a attn, i mlp_in, m mlp_act): "none+1f+3nim+2n" is
+// per chunk 1 block in full, 3 recomputing norm+mlp_in+mlp_act, 2 norm, the rest none.
 std::string recompute_text(const Layout& l);
+// The ops of block `position` of a chunk (0: its first): recompute_ops' entry, none past its end or
+// where the block recomputes in full (the first recompute_layers) or the policy is not None.
+RecomputeOps chunk_block_ops(const Layout& l, int64_t position);
+// model.recompute_ops_layers for the layout: one op-set name per layer of the model (n_layer, the
+// chunks of `cut` as model/gpt.h StageSpec, the whole model when empty); empty when no block
+// recomputes ops.
+std::vector<std::string> recompute_ops_layers(const Layout& l, const std::vector<StageSpec>& cut, int64_t n_layer);
 // "dp 8 tp 1 pp 1 cp 1 mb 4 1f1b none fp32"-style, every field, for messages and tests.
 std::string describe(const Layout& l);
 

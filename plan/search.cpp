@@ -89,6 +89,108 @@ bool inferred_over(const std::vector<OverPoint>& points, const Layout& l) {
   return false;
 }
 
+// A layout's per-block recomputation options (plan/recompute_choice.h): full first, then the op sets
+// the layout allows (none that reruns a GEMM with cp > 1), most bytes freed first, then keeping the
+// block. The order is the order of blocks within a chunk (as model.recompute_layers recomputes
+// the first blocks fully).
+struct BlockOptions {
+  std::vector<BlockOption> options;
+  std::vector<RecomputeOps> ops;  // per option; option 0 (full) and the last (keep) hold none
+  // Per option, what it frees as the chunk's last block: the memory peak is that block's backward
+  // beside everything the others keep (model/memory.h model_memory), and its backward recomputes
+  // one branch's tensors at a time, so of its bytes only the other branch's stay freed there (a
+  // full block's none: its backward re-creates its whole context).
+  std::vector<double> last_saved;
+};
+BlockOptions block_options(const Workload& w, const Layout& l, const ClusterSpec& c, const GroupLinks& links,
+                           const std::vector<RecomputeOps>& sets) {
+  ModelMemoryLayout m;
+  m.batch = l.micro_batch;
+  m.seq_len = w.seq_len / l.cp;
+  m.tp = l.tp;
+  m.sequence_parallel = l.sp && l.tp > 1;
+  const int64_t kept = activation_parts(w.model, m).block;
+  m.recompute = Recompute::Full;
+  const double full = 4.0 * double(kept - activation_parts(w.model, m).block);
+  m.recompute = Recompute::None;
+  std::vector<std::pair<BlockOption, RecomputeOps>> mid;
+  for (const RecomputeOps& o : sets) {
+    if (!o.any() || (l.cp > 1 && o.reruns_gemms())) continue;
+    mid.push_back({{block_recompute_seconds(w, l, c, links, o, false), double(recompute_ops_cost(w.model, m, o).bytes_saved)}, o});
+  }
+  std::stable_sort(mid.begin(), mid.end(), [](const auto& a, const auto& b) { return a.first.saved > b.first.saved; });
+  BlockOptions b;
+  b.options.push_back({block_recompute_seconds(w, l, c, links, {}, true), full});
+  b.ops.push_back({});
+  b.last_saved.push_back(0);
+  const auto bytes = [&](const RecomputeOps& o) { return double(recompute_ops_cost(w.model, m, o).bytes_saved); };
+  for (const auto& [option, ops] : mid) {
+    b.options.push_back(option), b.ops.push_back(ops);
+    const double norm = ops.norm ? bytes({true, false, false, false, false}) / 2 : 0.0;  // one norm a branch
+    const double mlp = norm + bytes({false, false, false, ops.mlp_in, ops.mlp_act});
+    const double attention = norm + bytes({false, ops.qkv, ops.attn, false, false});
+    b.last_saved.push_back(std::min(mlp, attention));
+  }
+  b.options.push_back({0, 0});
+  b.ops.push_back({});
+  b.last_saved.push_back(0);
+  return b;
+}
+
+// A chunk's mix: counts of the options for all blocks but the last, which takes option `last`.
+struct ChunkMix {
+  std::vector<int64_t> counts;
+  size_t last = 0;
+  double seconds = 0, saved = 0;  // saved: the others' bytes freed and the last's (last_saved)
+};
+
+// The frontier of chunk mixes of `blocks` blocks: the frontier of the first blocks - 1
+// (recompute_frontier), each with every option but full as the last block, pruned again by
+// (seconds, saved). All kept is its first.
+std::vector<ChunkMix> chunk_frontier(const BlockOptions& b, int64_t blocks) {
+  std::vector<ChunkMix> all;
+  if (blocks < 1) return all;
+  for (const RecomputeMix& m : recompute_frontier(b.options, blocks - 1))
+    for (size_t o = 1; o < b.options.size(); ++o)  // (full blocks come first in a chunk)
+      all.push_back({m.counts, o, m.seconds + b.options[o].seconds, m.saved + b.last_saved[o]});
+  std::stable_sort(all.begin(), all.end(), [](const ChunkMix& x, const ChunkMix& y) {
+    return x.seconds != y.seconds ? x.seconds < y.seconds : x.saved > y.saved;
+  });
+  std::vector<ChunkMix> frontier;
+  for (ChunkMix& x : all)
+    if (frontier.empty() || x.saved > frontier.back().saved) frontier.push_back(std::move(x));
+  return frontier;
+}
+
+// The layout with a mix's blocks: counts[0] in full (recompute_layers), then each op set's blocks,
+// then those kept; `last` (an option but full, or -1) then takes the block after them.
+Layout with_mix(Layout l, const BlockOptions& b, const std::vector<int64_t>& counts, int64_t last = -1) {
+  l.recompute_layers = counts[0];
+  l.recompute_ops.assign(size_t(counts[0]), RecomputeOps{});
+  for (size_t o = 1; o + 1 < counts.size(); ++o) l.recompute_ops.insert(l.recompute_ops.end(), size_t(counts[o]), b.ops[o]);
+  if (last >= 0) {
+    l.recompute_ops.insert(l.recompute_ops.end(), size_t(counts.back()), RecomputeOps{});
+    l.recompute_ops.push_back(b.ops[size_t(last)]);
+  }
+  while (l.recompute_ops.size() > size_t(l.recompute_layers) && !l.recompute_ops.back().any()) l.recompute_ops.pop_back();
+  if (l.recompute_ops.size() == size_t(l.recompute_layers)) l.recompute_ops.clear();
+  return l;
+}
+
+// Every mix of `left` blocks over the options from o on (brute force).
+void every_mix(std::vector<int64_t>& counts, size_t o, int64_t left,
+               const std::function<void(const std::vector<int64_t>&)>& visit) {
+  if (o + 1 == counts.size()) {
+    counts[o] = left;
+    visit(counts);
+    return;
+  }
+  for (int64_t k = 0; k <= left; ++k) {
+    counts[o] = k;
+    every_mix(counts, o + 1, left - k, visit);
+  }
+}
+
 struct Pending {
   Layout layout;
   double bound = 0;
@@ -96,6 +198,13 @@ struct Pending {
 };
 
 }  // namespace
+
+std::vector<RecomputeOps> default_recompute_op_sets() {
+  const RecomputeOps norm{true, false, false, false, false}, act{false, false, false, false, true};
+  const RecomputeOps mlp_in{false, false, false, true, false}, attn{false, false, true, false, false};
+  return {norm, act, RecomputeOps::selective(), RecomputeOps::selective() | mlp_in, RecomputeOps::selective() | attn,
+          RecomputeOps::all()};
+}
 
 PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t ranks, const SearchSpace& space,
                           const PlanChecks& checks, int64_t top_k) {
@@ -179,6 +288,19 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
                         b.recompute_bubble = true;
                         pending.push_back({b, 0, li});
                       }
+                      if (space.recompute_ops_every && rc == Recompute::None && !space.recompute_op_sets.empty()) {
+                        const BlockOptions b = block_options(w, l, cluster, links[li], space.recompute_op_sets);
+                        const int64_t most = max_chunk_blocks(cache.stages(w, l).cut, mc.n_layer);
+                        // Every mix of the chunk's first blocks, then every option but full last.
+                        std::vector<int64_t> counts(b.options.size(), 0);
+                        every_mix(counts, 0, most - 1, [&](const std::vector<int64_t>& n) {
+                          for (size_t last = 1; last < b.options.size(); ++last) {
+                            const Layout x = with_mix(l, b, n, int64_t(last));
+                            if (x.recompute_layers > 0 || !x.recompute_ops.empty()) pending.push_back({x, 0, li});
+                          }
+                        });
+                        continue;
+                      }
                       if (!space.recompute_layers_every || rc == Recompute::Full) continue;
                       const int64_t most = max_chunk_blocks(cache.stages(w, l).cut, mc.n_layer);
                       for (int64_t k = 1; k < most; ++k) {  // brute force: every k a layout
@@ -208,6 +330,8 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
   }
   std::stable_sort(pending.begin(), pending.end(), [](const Pending& a, const Pending& b) { return a.bound < b.bound; });
   std::map<MemoryKey, std::vector<OverPoint>> over;  // (micro-batch, recomputation) found over memory
+  std::map<std::tuple<int64_t, int64_t, bool, int64_t, bool, bool, int64_t>,
+           std::pair<BlockOptions, std::vector<ChunkMix>>> frontiers;  // per-op recomputation's, by what sets them
   std::vector<Candidate>& top = out.top;
   // Better: a shorter step, or within rounding of it less memory (layouts that differ only in what
   // the model cannot tell apart, e.g. the micro-batch of a compute-bound step, rank by memory).
@@ -224,7 +348,8 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
     std::vector<OverPoint>& known = over[memory_key(l)];
     // Over-memory points are recorded for recompute_layers = 0 (in bisection mode: once no k fits
     // either), so they rule out only what they cover.
-    if (l.recompute_layers == 0 && inferred_over(known, l)) {
+    const bool plain = l.recompute_layers == 0 && l.recompute_ops.empty();  // no recomputation per layer
+    if (plain && inferred_over(known, l)) {
       ++st.over_memory_inferred;
       continue;
     }
@@ -245,25 +370,64 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
       if (double(c.planned_bytes) > usable) {
         // The least recomputation per layer that fits (plan/recompute_choice.h): more blocks of each
         // chunk recomputed in full, never all (that is model.recompute = "full", a layout of its own).
-        const bool choose = space.recompute_layers && !space.recompute_layers_every && checks.memory &&
-                            l.recompute != Recompute::Full && l.recompute_layers == 0;
-        const int64_t most = choose ? max_chunk_blocks(cache.stages(w, l).cut, mc.n_layer) - 1 : 0;
+        const bool choose = space.recompute_layers && !space.recompute_layers_every && !space.recompute_ops_every &&
+                            checks.memory && l.recompute != Recompute::Full && plain;
+        const int64_t most = choose ? max_chunk_blocks(cache.stages(w, l).cut, mc.n_layer) : 0;
         MemoryUse fitting;
-        const RecomputeChoice k = least_recompute_layers(1, most, [&](int64_t layers) {
-          Layout lk = l;
-          lk.recompute_layers = layers;
+        const auto fits = [&](const Layout& lk) {
           const MemoryUse m = checks.memory(lk);
           if (double(planned(m)) > usable) return false;
           fitting = m;  // the last that fits is the least (bisection ends on it)
           return true;
+        };
+        // Per op (recompute "none" only: the trainer takes ops only there): the frontier of mixes,
+        // all kept (index 0) and all in full (model.recompute = "full", a layout of its own) left out.
+        const bool per_op = choose && l.recompute == Recompute::None && !space.recompute_op_sets.empty();
+        Layout chosen = l;
+        bool found = false;
+        if (per_op) {
+          // The options and their frontier depend on what a block's work and bytes do: cached.
+          const auto key = std::make_tuple(l.micro_batch, l.tp, l.sp, l.cp, l.cp_ring, l.bf16, most);
+          auto it = frontiers.find(key);
+          if (it == frontiers.end()) {
+            BlockOptions opts = block_options(w, l, cluster, links[p.links], space.recompute_op_sets);
+            std::vector<ChunkMix> front = chunk_frontier(opts, most);
+            it = frontiers.emplace(key, std::make_pair(std::move(opts), std::move(front))).first;
+          }
+          const BlockOptions& b = it->second.first;
+          const std::vector<ChunkMix>& mixes = it->second.second;
+          const auto mixed = [&](size_t i) { return with_mix(l, b, mixes[i].counts, int64_t(mixes[i].last)); };
+          const RecomputeChoice k = least_recompute_layers(1, int64_t(mixes.size()) - 1, [&](int64_t i) {
+            return fits(mixed(size_t(i)));
+          });
+          if ((found = k.layers >= 0)) chosen = mixed(size_t(k.layers));
+        }
+        // Whole blocks only: the least k in full. With op sets too, the faster of the two (the bytes
+        // that order the frontier are not the peak, so a mix the frontier dropped may fit where the
+        // ones kept do not: op sets then never do worse than whole blocks).
+        const MemoryUse per_op_fit = fitting;
+        const RecomputeChoice k = least_recompute_layers(1, most - 1, [&](int64_t layers) {
+          Layout lk = l;
+          lk.recompute_layers = layers;
+          return fits(lk);
         });
-        if (k.layers < 0) {
+        if (k.layers >= 0) {
+          Layout lk = l;
+          lk.recompute_layers = k.layers;
+          const bool faster = !found || predict_step(w, lk, cluster, links[p.links], true, &cache).step <
+                                            predict_step(w, chosen, cluster, links[p.links], true, &cache).step;
+          if (faster) chosen = lk, found = true;
+          else fitting = per_op_fit;
+        } else {
+          fitting = per_op_fit;
+        }
+        if (!found) {
           ++st.over_memory;
-          if (l.recompute_layers == 0) known.push_back({l.micro_batch, saving(l.recompute)});
+          if (plain) known.push_back({l.micro_batch, saving(l.recompute)});
           continue;
         }
         ++st.recompute_chosen;
-        l.recompute_layers = k.layers;
+        l = chosen;
         c = Candidate{l, predict_step(w, l, cluster, links[p.links], true, &cache), fitting, 0};
         c.planned_bytes = planned(c.memory);
         if (c.cost.step > kth()) continue;
@@ -282,6 +446,7 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
         Layout a = x.layout, b = l;
         a.micro_batch = b.micro_batch = 0;
         a.recompute_layers = b.recompute_layers = 0;
+        a.recompute_ops.clear(), b.recompute_ops.clear();
         return a == b;
       });
       if (same != top.end()) {

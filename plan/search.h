@@ -37,6 +37,14 @@ struct SearchSpace {
   // instead enumerates every k as a layout of its own (brute force, for the tests).
   bool recompute_layers = true;
   bool recompute_layers_every = false;
+  // Per-op recomputation (model/recompute_ops.h): with op sets here, a layout under "none" that is
+  // over memory gets per block of each chunk one of: keep, one of these sets, full, the fastest mix
+  // that fits (plan/recompute_choice.h recompute_frontier; it replaces the bisection on
+  // recompute_layers there). Sets that rerun GEMMs are left out with cp > 1 (the trainer refuses
+  // them). Empty: whole blocks only. recompute_ops_every enumerates every mix as a layout of its own
+  // (brute force, for the tests).
+  std::vector<RecomputeOps> recompute_op_sets = {};
+  bool recompute_ops_every = false;
   // The result keeps one micro-batch and recompute_layers per layout (its best): rows that differ
   // only in the micro-batch are mostly the same prediction; false lists them all.
   bool best_micro_batch_only = true;
@@ -83,6 +91,10 @@ struct PlanResult {
   std::vector<Candidate> top;  // best first, at most top_k, every one valid and fitting
   SearchStats stats;
 };
+
+// The op sets `tessera plan` offers the search (docs/planning.md "Recomputation per op"): norm,
+// mlp_act, norm+mlp_act (= selective), norm+mlp_in+mlp_act, norm+attn+mlp_act, all.
+std::vector<RecomputeOps> default_recompute_op_sets();
 
 PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t ranks, const SearchSpace& space,
                           const PlanChecks& checks, int64_t top_k);

@@ -261,6 +261,74 @@ struct PlanDir {
   PlanDir() { std::ofstream(config) << kSmall; }
 };
 
+// Per-op recomputation with the trainer's own checks (kSmall on 1 rank, micro-batch 16): on budgets
+// between "full" and "none" the search's best step is brute force's over every mix of keep, the op
+// sets and full per block (and "selective" with every model.recompute_layers); every layout it
+// returns passes train's checks, fits by train's estimate and reads back through layout_of. This
+// model is too small for op sets to win (each elementwise op costs the op latency): whole blocks
+// and "selective" do (and with "none" the only policy the search chose whole blocks: see
+// docs/planning.md). A layout with op sets by hand passes train's checks, reads back, and its
+// config trains (1 rank, 2 steps).
+TEST(PlanCommand, ChoosesOpSetsPerBlockAsBruteForceDoesAndTrainAcceptsThem) {
+  const Config small = parse(kSmall);
+  const plan::PlanChecks checks = trainer_checks(small, 1);
+  plan::Layout l;
+  l.micro_batch = 16;
+  const double none = double(checks.memory(l).total);
+  l.recompute = Recompute::Full;
+  const double full = double(checks.memory(l).total);
+  ASSERT_LT(full, none);
+  const std::vector<RecomputeOps> sets = recompute_op_sets_for(small);
+  ASSERT_EQ(sets.size(), plan::default_recompute_op_sets().size());
+  plan::SearchSpace space;
+  space.micro_batch = 16;
+  space.bf16 = {false};
+  space.recompute_op_sets = sets;
+  const auto budget = [&](double f) {
+    plan::ClusterSpec c = local(1);
+    c.usable_memory_fraction = 1;
+    c.device_memory = full + f * (none - full);
+    return c;
+  };
+  for (double f : {0.15, 0.4, 0.65, 0.9}) {
+    const plan::ClusterSpec c = budget(f);
+    plan::SearchSpace every = space;
+    every.recompute_ops_every = true;
+    every.recompute_layers_every = true;  // and "selective" with every k
+    const plan::PlanResult a = plan_for(small, 1, c, 3, space);
+    const plan::PlanResult b = plan_for(small, 1, c, 3, every);
+    ASSERT_FALSE(a.top.empty()) << f;
+    ASSERT_EQ(a.top.size(), b.top.size()) << f;
+    EXPECT_NEAR(a.top[0].cost.step, b.top[0].cost.step, 1e-9 * b.top[0].cost.step)
+        << f << ": " << plan::describe(a.top[0].layout) << " vs " << plan::describe(b.top[0].layout);
+    for (const plan::Candidate& x : a.top) {
+      expect_trainer_accepts(small, c, 1, x);
+      EXPECT_EQ(layout_of(apply_layout(small, x.layout), 1), x.layout) << plan::describe(x.layout);
+    }
+  }
+  // The search picked none here (see above), so an op-set layout by hand: every op once, the GEMM
+  // reruns included, the last block only its norms.
+  plan::Layout ops;
+  ops.micro_batch = 16;
+  const RecomputeOps all = RecomputeOps::all(), nim = sets[3], nam = sets[4];
+  ops.recompute_ops = {all, nim, nam, sets[0]};
+  const plan::ClusterSpec roomy = budget(1.0);
+  plan::Candidate best{ops, plan::predict_step(workload_of(small), ops, roomy), checks.memory(ops), 0};
+  best.planned_bytes = best.memory.total;
+  EXPECT_EQ(checks.invalid(ops), "");
+  expect_trainer_accepts(small, roomy, 1, best);
+  EXPECT_EQ(layout_of(apply_layout(small, ops), 1), ops);
+  EXPECT_EQ(plan::recompute_text(ops), "none+1nqaim+1nim+1nam+1n");
+  const Config planned = apply_layout(small, best.layout);
+  EXPECT_EQ(planned.model.recompute_ops_layers.size(), 4u);
+  PlanDir d;
+  const fs::path out = d.dir / "ops.toml";
+  std::ofstream(out) << to_toml(planned);
+  const RunResult train = run_tessera({"train", out.string(), "--run-dir", (d.dir / "run").string()}, d.dir);
+  EXPECT_EQ(train.exit_code, 0) << train.output;
+  EXPECT_NE(train.output.find("done: 2 steps"), std::string::npos) << train.output;
+}
+
 // layout_of reads back what apply_layout wrote; --predict costs the config's own layout.
 TEST(PlanCommand, PredictCostsTheConfigsOwnLayout) {
   const Config small = parse(kSmall);
@@ -342,7 +410,8 @@ TEST(PlanCommand, EmittedConfigTrainsUnchanged) {
   input.train.name = planned.train.name;
   for (const ConfigChange& change : config_changes(input, planned)) {
     const bool layout = change.key.rfind("parallel.", 0) == 0 || change.key == "train.micro_batch" ||
-                        change.key == "train.dtype" || change.key == "model.recompute";
+                        change.key == "train.dtype" || change.key == "model.recompute" ||
+                        change.key == "model.recompute_layers" || change.key == "model.recompute_ops_layers";
     EXPECT_TRUE(layout) << change.key << " " << change.before << " -> " << change.after;
   }
   const RunResult train = run_program(TESSERA_MPIEXEC, {"-n", "2", TESSERA_BINARY, "train", out.string(), "--run-dir",

@@ -1,7 +1,8 @@
 // Tests plan/search.h with checks given here (tests/app/test_plan_command.cpp runs it with the
 // trainer's own): every layout it returns fits the ranks, the grid's and the schedule generator's
 // rules and the memory; the branch and bound returns what the exhaustive search does; refusals and
-// memory are honoured and counted.
+// memory are honoured and counted; per-op recomputation chosen by the dynamic programme equals
+// every mix enumerated, and prices each op set as the memory model and the cost model count it.
 #include "plan/search.h"
 
 #include <gtest/gtest.h>
@@ -10,8 +11,11 @@
 #include <cmath>
 
 #include "model/memory.h"
+#include "model/recompute_ops.h"
+#include "model/stage_cut.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/process_grid.h"
+#include "plan/recompute_choice.h"
 
 namespace tessera::plan {
 namespace {
@@ -186,6 +190,127 @@ TEST(Search, RefusalsAndMemoryAreHonoured) {
   const PlanResult none = search_layouts(w, node(1), 4, {}, stub_checks(w), 10);
   EXPECT_TRUE(none.top.empty());
   EXPECT_GT(none.stats.degree_sets_too_big, 0);
+}
+
+// Memory from the exact model (model/memory.h model_memory): the parameters' share as stub_checks,
+// then the largest chunk's training peak (fp32 activations) with the layout's policy per layer as
+// the trainer takes it (model.recompute_layers of each chunk in full, then its op sets).
+PlanChecks exact_checks(const Workload& w) {
+  const double params = double(model_memory(w.model, ModelMemoryLayout{}).parameters);
+  PlanChecks c;
+  c.invalid = [](const Layout&) { return std::string(); };
+  c.memory = [w, params](const Layout& l) {
+    const double shards = double(l.dp * l.cp);
+    const double statics = params / double(l.tp * l.pp) * (l.zero ? 8 + 12 / shards : 16);
+    const int64_t n = w.model.n_layer;
+    const std::vector<StageSpec> cut = l.pp * l.vpp > 1 ? cut_stages(w.model, w.seq_len, l.pp, l.vpp)
+                                                        : std::vector<StageSpec>{StageSpec{0, n, true, true}};
+    const std::vector<std::string> names = recompute_ops_layers(l, cut, n);
+    int64_t peak = 0;
+    for (const StageSpec& chunk : cut) {
+      ModelMemoryLayout m;
+      m.batch = l.micro_batch;
+      m.seq_len = w.seq_len / l.cp;
+      m.tp = l.tp;
+      m.sequence_parallel = l.sp;
+      m.recompute = l.recompute;
+      m.stage = chunk;
+      m.full_layers = l.recompute == Recompute::Full ? 0 : l.recompute_layers;
+      m.recompute_ops = names.empty() ? std::vector<RecomputeOps>{} : recompute_ops_policy({}, names, n);
+      peak = std::max(peak, model_memory(w.model, m).training_peak);
+    }
+    const double bytes = statics + 4.0 * double(peak);
+    return MemoryUse{int64_t(bytes), int64_t(bytes) + 1};
+  };
+  return c;
+}
+
+// Per-op recomputation: the dynamic programme's choice (the frontier of mixes of keep, each op set
+// and full per block, bisected with the memory estimate) gives the top layouts' steps of
+// enumerating every mix as a layout of its own, on budgets between "full" and "none" at one
+// micro-batch ("selective" with every model.recompute_layers), on 1 and 2 ranks (pp 2 included); on
+// some budget the best mixes op sets and is faster than the best "selective" and "full" layouts.
+TEST(Search, RecomputeOpsEqualBruteForce) {
+  const Workload w = small_llama();
+  const PlanChecks checks = exact_checks(w);
+  Layout none;
+  none.micro_batch = 4;
+  Layout full = none;
+  full.recompute = Recompute::Full;
+  const double lo = double(checks.memory(full).device), hi = double(checks.memory(none).device);
+  ASSERT_LT(lo, hi);
+  bool mixed = false;
+  for (double f : {0.1, 0.35, 0.6, 0.85}) {
+    const ClusterSpec c = node((lo + f * (hi - lo)) / (1 << 20));
+    for (int64_t ranks : {1, 2}) {
+      SearchSpace dp, every;
+      dp.micro_batch = every.micro_batch = 4;
+      dp.bf16 = every.bf16 = {false};
+      dp.max_vpp = every.max_vpp = 2;
+      // (4 of the 6 sets: brute force over 8 blocks and 6 options is already 4,752 layouts a layout)
+      const std::vector<RecomputeOps> sets = default_recompute_op_sets();
+      dp.recompute_op_sets = every.recompute_op_sets = {sets[0], sets[1], sets[2], sets[3]};
+      every.recompute_ops_every = true;
+      every.recompute_layers_every = true;  // and "selective" with every k
+      const PlanResult a = search_layouts(w, c, ranks, dp, checks, 8);
+      const PlanResult b = search_layouts(w, c, ranks, every, checks, 8);
+      const std::string what = std::to_string(f) + " of the way, " + std::to_string(ranks) + " ranks";
+      ASSERT_EQ(a.top.size(), b.top.size()) << what;
+      for (size_t i = 0; i < a.top.size(); ++i) {
+        EXPECT_NEAR(a.top[i].cost.step, b.top[i].cost.step, 1e-9 * b.top[i].cost.step)
+            << what << ": " << describe(a.top[i].layout) << " vs " << describe(b.top[i].layout);
+        EXPECT_LE(double(a.top[i].planned_bytes), c.usable_memory());
+      }
+      EXPECT_GT(b.stats.layouts, a.stats.layouts);
+      if (a.top.empty() || a.top[0].layout.recompute_ops.empty()) continue;
+      // The best mixes op sets: faster than the best "selective" (with its least k) and "full".
+      SearchSpace sel = dp, whole = dp;
+      sel.recompute = {Recompute::Selective};
+      whole.recompute = {Recompute::Full};
+      const PlanResult rs = search_layouts(w, c, ranks, sel, checks, 1);
+      const PlanResult rf = search_layouts(w, c, ranks, whole, checks, 1);
+      if ((rs.top.empty() || a.top[0].cost.step < rs.top[0].cost.step) &&
+          (rf.top.empty() || a.top[0].cost.step < rf.top[0].cost.step))
+        mixed = true;
+    }
+  }
+  EXPECT_TRUE(mixed);  // on some budget
+}
+
+// What one op set costs: chunk_time's recomputation adds each op's forward time as the forward
+// prices it and the FLOPs of model/memory.h recompute_ops_cost; the memory model frees exactly
+// recompute_ops_cost's bytes from what a block keeps.
+TEST(Search, OpSetsArePricedByRecomputeOpsCost) {
+  const Workload w = small_llama();
+  const ClusterSpec c = node(1000);
+  Layout l;
+  l.micro_batch = 2;
+  const GroupLinks links = group_links(l, c);
+  const StageSpec block{0, 1, false, false};
+  const ChunkTime keep = chunk_time(w, l, c, links, block);
+  ModelMemoryLayout m;
+  m.batch = 2;
+  m.seq_len = w.seq_len;
+  double previous = 0;
+  for (const RecomputeOps& o : default_recompute_op_sets()) {
+    Layout x = l;
+    x.recompute_ops = {o};
+    const ChunkTime t = chunk_time(w, x, c, links, block);
+    const RecomputeOpsCost cost = recompute_ops_cost(w.model, m, o);
+    EXPECT_NEAR(t.flops - keep.flops, cost.gemm_flops + cost.attention_flops, 1e-9 * keep.flops) << recompute_ops_name(o);
+    EXPECT_GT(t.recompute, 0) << recompute_ops_name(o);
+    EXPECT_NEAR(t.b() - keep.b(), block_recompute_seconds(w, l, c, links, o, false), 1e-15);
+    ModelMemoryLayout mo = m;
+    mo.recompute_ops = {o};
+    mo.stage = StageSpec{0, 1, true, false};  // (a stage from layer 0 holds the embedding)
+    ModelMemoryLayout mk = m;
+    mk.stage = mo.stage;
+    EXPECT_EQ(model_memory(w.model, mk).activations - model_memory(w.model, mo).activations, cost.elements_saved)
+        << recompute_ops_name(o);
+    previous = t.recompute;
+  }
+  // "all" reruns everything but the output projection and the MLP's last GEMM: less than full.
+  EXPECT_LT(previous, block_recompute_seconds(w, l, c, links, {}, true));
 }
 
 TEST(Search, SpaceRestrictsTheChoices) {
