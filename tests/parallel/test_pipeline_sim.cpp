@@ -164,9 +164,11 @@ TEST(PipelineSim, BubbleRecomputationFillsWaitsBeforeBackwards) {
 
 // model.recompute_ahead = K: R's moved into earlier waits, at most K held. For every schedule and
 // K = 1, 2, 3 and unbounded (m vpp): it runs to the end (batches waited at use and at post), the
-// same busy time per rank as "full", never longer than "full", never shorter than "none", and the
-// step does not lengthen as K grows; with f = b = w = 1 (the costs the generator places R by) and
-// with a latency of 1 per message. With those unit costs and no latency K > 1 shortens no step
+// same busy time per rank as "full", never longer than "full", and the step does not lengthen as K
+// grows; with f = b = w = 1 (the costs the generator places R by) and with a latency of 1 per
+// message. Without latency never shorter than "none" either (with latency it can be: a receive
+// posted before the R's that precede its reader hides latency that "none", which posts it later,
+// waits out; interleaved pp 4, m 8: none 57, bubble 54.5). With those unit costs and no latency K > 1 shortens no step
 // (each wait K = 1 fills is at least an R long, and the last rank, which never waits before a
 // backward, is the critical path: docs/parallel.md); with latency it shortens some, e.g. zb-h1
 // pp 4, m 8: 48, 47, 44 for K = 1, 2, unbounded.
@@ -192,7 +194,7 @@ TEST(PipelineSim, RecomputeAheadFillsEarlierWaitsAndNeverLengthensTheStep) {
               const std::string where = name(pp, vpp, m, kind) + " K " + std::to_string(k) + " latency " +
                                         std::to_string(latency);
               ASSERT_FALSE(r.deadlock || blocking.deadlock) << where;
-              EXPECT_GE(r.makespan, none - 1e-9) << where;
+              if (latency == 0) EXPECT_GE(r.makespan, none - 1e-9) << where;
               EXPECT_LE(r.makespan, previous + 1e-9) << where << " (the step with a smaller K: " << previous << ")";
               for (size_t q = 0; q < r.ranks.size(); ++q) {
                 EXPECT_NEAR(r.ranks[q].busy, full.ranks[q].busy, 1e-9) << where << " rank " << q;
