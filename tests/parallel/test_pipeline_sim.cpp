@@ -163,23 +163,26 @@ TEST(PipelineSim, BubbleRecomputationFillsWaitsBeforeBackwards) {
 }
 
 // model.recompute_ahead = K: R's moved into earlier waits, at most K held. For every schedule and
-// K = 1, 2, 3 and unbounded (m vpp): it runs to the end (batches waited at use and at post), the
-// same busy time per rank as "full", never longer than "full", and the step does not lengthen as K
-// grows; with f = b = w = 1 (the costs the generator places R by) and with a latency of 1 per
-// message. Without latency never shorter than "none" either (with latency it can be: a receive
-// posted before the R's that precede its reader hides latency that "none", which posts it later,
-// waits out; interleaved pp 4, m 8: none 57, bubble 54.5). With those unit costs and no latency K > 1 shortens no step
-// (each wait K = 1 fills is at least an R long, and the last rank, which never waits before a
-// backward, is the critical path: docs/parallel.md); with latency it shortens some, e.g. zb-h1
-// pp 4, m 8: 48, 47, 44 for K = 1, 2, unbounded.
+// K = 1, 2, 3 and unbounded (m vpp), with f = b = w = 1 (the costs the generator places R by): it
+// runs to the end (batches waited at use and at post), the same busy time per rank as "full", at
+// most K held, never longer than "full" nor shorter than "none", and the step does not lengthen as
+// K grows. K > 1 shortens no step there (each wait K = 1 fills is at least an R long, and the last
+// rank, which never waits before a backward, is on the critical path: docs/parallel.md).
+// With a latency of 1 per message (the generator does not know it; a smaller grid): the same for
+// gpipe, 1f1b and zb-h1, where K > 1 shortens some steps (zb-h1 pp 4, m 8: 48, 47, 44 for K = 1,
+// 2, unbounded), except "none" as a floor (a receive posted before the R's ahead of its reader
+// hides latency that "none", which posts it later, waits out). Interleaved under latency is only
+// run for deadlock, busy time and K: there R can lengthen the step (pp 2 vpp 3 m 6: full 48, K = 1
+// 50) and a larger K can too (pp 6 vpp 2 m 12: K = 1 83, K = 2 85.5).
 TEST(PipelineSim, RecomputeAheadFillsEarlierWaitsAndNeverLengthensTheStep) {
   for (double latency : {0.0, 1.0}) {
     int64_t shorter = 0;
-    for (int64_t pp = 2; pp <= 6; ++pp)
+    for (int64_t pp = 2; pp <= (latency > 0 ? 4 : 6); ++pp)
       for (int64_t vpp = 1; vpp <= 3; ++vpp)
-        for (int64_t m = 1; m <= 12; ++m)
+        for (int64_t m = 1; m <= (latency > 0 ? 8 : 12); ++m)
           for (PipelineKind kind : kKinds) {
             if (!valid(pp, vpp, m, kind)) continue;
+            const bool ordered = latency == 0 || kind != PipelineKind::Interleaved;
             SimOptions o{1, 1, 1};
             o.latency = latency;
             const double none = simulate(pipeline_schedule(pp, vpp, m, kind), o).makespan;
@@ -195,7 +198,9 @@ TEST(PipelineSim, RecomputeAheadFillsEarlierWaitsAndNeverLengthensTheStep) {
                                         std::to_string(latency);
               ASSERT_FALSE(r.deadlock || blocking.deadlock) << where;
               if (latency == 0) EXPECT_GE(r.makespan, none - 1e-9) << where;
-              EXPECT_LE(r.makespan, previous + 1e-9) << where << " (the step with a smaller K: " << previous << ")";
+              if (ordered)
+                EXPECT_LE(r.makespan, previous + 1e-9) << where << " (full, or the step with a smaller K: " << previous
+                                                       << ")";
               for (size_t q = 0; q < r.ranks.size(); ++q) {
                 EXPECT_NEAR(r.ranks[q].busy, full.ranks[q].busy, 1e-9) << where << " rank " << q;
                 EXPECT_LE(r.ranks[q].peak_recomputed, k) << where << " rank " << q;
@@ -205,6 +210,7 @@ TEST(PipelineSim, RecomputeAheadFillsEarlierWaitsAndNeverLengthensTheStep) {
               if (k > 1 && r.makespan < one - 1e-9) ++shorter;
             }
           }
+    if (latency == 0) EXPECT_EQ(shorter, 0) << "unit costs: K > 1 shortens no step";
     if (latency > 0) EXPECT_GT(shorter, 0) << "with latency, K > 1 shortens some steps";
   }
   SimOptions o{1, 1, 1};
