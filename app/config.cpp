@@ -878,6 +878,11 @@ void validate(const Config& c, const Origins* origins) {
     fail(show("model.recompute_layers", c.model.recompute_layers, origins) + " blocks per chunk recompute fully, but " +
          show("model.n_layer", c.model.n_layer, origins) + " has fewer; use at most model.n_layer");
   }
+  if (c.model.recompute_ahead != 1 && c.model.recompute != "bubble") {
+    fail(show("model.recompute_ahead", c.model.recompute_ahead, origins) + " places the R actions of " +
+         "model.recompute = \"bubble\", but " + show("model.recompute", c.model.recompute, origins) +
+         " has none: set model.recompute = \"bubble\" or leave model.recompute_ahead at 1");
+  }
   check_token_batching(c);  // data.batching = "tokens" (app/token_batching.h)
   check_dynamic_cp(c, origins);  // parallel.cp_mode = "dynamic" (app/dynamic_cp.h)
   activation_compression_policy(c);  // model.activation_compression*: the names, the rank, recompute, device

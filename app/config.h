@@ -74,6 +74,7 @@ struct ModelSection : ModelConfig {
   }
   std::string recompute = "none";
   int64_t recompute_layers = 0;
+  int64_t recompute_ahead = 1;  // recompute = "bubble": recomputed micro-batches held at once (0: the cap's)
   // Per-op recomputation (model/recompute_ops.h, docs/training.md "Recomputation").
   std::vector<std::string> recompute_ops;
   std::vector<std::string> recompute_ops_layers;
@@ -118,6 +119,12 @@ struct ModelSection : ModelConfig {
     v.field("recompute_layers", recompute_layers, "blocks per pipeline chunk (the first ones; per model "
             "when pp = 1) that recompute fully; the others follow recompute. At most model.n_layer",
             Allowed::at_least(0).at_most(kMaxLayers));
+    v.field("recompute_ahead", recompute_ahead, "recompute = \"bubble\" under pipeline parallelism: how many "
+            "recomputed micro-batches (R actions run, their backward not yet) a rank may hold at once; 1 puts each R "
+            "right before its backward, K > 1 also moves R's into earlier waits, 0 as many as fit "
+            "train.max_memory_gib (unbounded without it); with train.max_memory_gib set, the largest K up to this "
+            "whose memory estimate fits is used (docs/parallel.md \"Recomputation\")",
+            Allowed::at_least(0));
     v.field("recompute_ops", recompute_ops, "per-op recomputation of blocks under recompute = none: what each "
             "block drops after its forward and recomputes in backward, any of norm (the two norms' outputs), qkv (the "
             "attention's q, k, v: their GEMMs again), attn (the attention output and lse: the attention forward "

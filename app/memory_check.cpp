@@ -179,12 +179,25 @@ struct StepWalks {
   Schedule a, b;
 };
 
-StepWalks step_walks(const ParallelConfig& p, int64_t m, bool bubble) {
+// ahead: model.recompute_ahead as the generator takes it (at least 1; unbounded is m vpp or more).
+StepWalks step_walks(const ParallelConfig& p, int64_t m, bool bubble, int64_t ahead) {
   const PipelineKind kind = parse_pipeline_kind(p.pp_schedule);
-  if (m <= 8 * p.pp) return {0, pipeline_schedule(p.pp, p.vpp, m, kind, bubble), {}};
+  if (m <= 8 * p.pp) return {0, pipeline_schedule(p.pp, p.vpp, m, kind, bubble, ahead), {}};
   const int64_t m1 = 4 * p.pp + m % p.pp;
-  return {(m - m1) / p.pp, pipeline_schedule(p.pp, p.vpp, m1, kind, bubble),
-          pipeline_schedule(p.pp, p.vpp, m1 + p.pp, kind, bubble)};
+  return {(m - m1) / p.pp, pipeline_schedule(p.pp, p.vpp, m1, kind, bubble, ahead),
+          pipeline_schedule(p.pp, p.vpp, m1 + p.pp, kind, bubble, ahead)};
+}
+
+// The micro-batches per step of a pipeline rank.
+int64_t micro_batches_of(const Config& cfg, const MemoryLayout& layout) {
+  return std::max<int64_t>(1, cfg.train.global_batch / std::max<int64_t>(1, mul(cfg.train.micro_batch, layout.dp)));
+}
+
+// model.recompute_ahead for the generator: 0 (as many as the cap allows, unresolved) is unbounded,
+// m vpp (every backward's R).
+int64_t generator_ahead(const Config& cfg, int64_t m) {
+  const int64_t all = mul(m, cfg.parallel.vpp);
+  return cfg.model.recompute_ahead <= 0 ? all : std::min(cfg.model.recompute_ahead, all);
 }
 
 InFlight pipeline_peak(const std::vector<ChunkBytes>& chunks, const StepWalks& walks, int64_t rank) {
@@ -545,8 +558,8 @@ static MemoryEstimate estimate_at_cp_split(const Config& cfg, int64_t data_vocab
   if (p.pp == 1)
     return estimate_for(cfg, layout, with_cp(with_frozen(whole_model(local, mc, tp, sp, policy), {StageSpec{}})));
   const std::vector<StageSpec> cut = cut_stages(mc, cfg.train.seq_len, p.pp, p.vpp, p.pp_layers);
-  const int64_t m = std::max<int64_t>(1, cfg.train.global_batch / std::max<int64_t>(1, mul(cfg.train.micro_batch, layout.dp)));
-  const StepWalks walks = step_walks(p, m, policy.bubble);
+  const int64_t m = micro_batches_of(cfg, layout);
+  const StepWalks walks = step_walks(p, m, policy.bubble, generator_ahead(cfg, m));
   if (layout.pp_rank >= 0) {
     TESSERA_CHECK(layout.pp_rank < p.pp, "estimate_training_memory: pipeline rank ", layout.pp_rank, " of ", p.pp);
     return estimate_for(cfg, layout,
@@ -577,6 +590,25 @@ MemoryEstimate estimate_training_memory(const Config& cfg, int64_t data_vocab_si
     if (e.total() > most.total()) most = std::move(e);
   }
   return most;
+}
+
+int64_t recompute_ahead_within_cap(const Config& cfg, int64_t data_vocab_size, const MemoryLayout& layout) {
+  if (!recompute_in_bubbles(cfg)) return cfg.model.recompute_ahead;
+  const int64_t m = micro_batches_of(cfg, layout);
+  int64_t k = generator_ahead(cfg, m);
+  if (cfg.train.max_memory_gib <= 0) return k;
+  for (Config c = cfg; k > 1; --k) {  // the largest K whose estimate fits (the estimate of K = 1 is refused as before)
+    c.model.recompute_ahead = k;
+    if (memory_cap_problem(estimate_training_memory(c, data_vocab_size, layout), cfg.train.max_memory_gib).empty())
+      break;
+  }
+  return k;
+}
+
+Config with_recompute_ahead(const Config& cfg, int64_t data_vocab_size, const MemoryLayout& layout) {
+  Config c = cfg;
+  c.model.recompute_ahead = recompute_ahead_within_cap(cfg, data_vocab_size, layout);
+  return c;
 }
 
 namespace {

@@ -59,6 +59,18 @@ struct MemoryLayout {
 // transfers end (parallel/schedule.h run_schedule).
 MemoryEstimate estimate_training_memory(const Config& cfg, int64_t data_vocab_size, const MemoryLayout& layout);
 
+// model.recompute = "bubble" under pipeline parallelism: how many recomputed micro-batches (chunks of
+// them, interleaved) the schedule may hold at once (parallel/pipeline_schedule.h recompute_ahead).
+// model.recompute_ahead = K >= 1 asks for at most K, 0 for as many as the schedule can use (every
+// backward's R: micro-batches x parallel.vpp). With train.max_memory_gib set, the result is the
+// largest K' <= that whose estimate (of the rank that needs the most) fits the cap, at least 1 (a
+// run whose estimate with 1 does not fit is refused by check_training_memory, as before). Without a
+// cap, the request itself (0: micro-batches x vpp). Any other config: model.recompute_ahead as it
+// is. The same on every rank (no collective).
+int64_t recompute_ahead_within_cap(const Config& cfg, int64_t data_vocab_size, const MemoryLayout& layout);
+// cfg with model.recompute_ahead resolved so (the trainer's config, before anything reads it).
+Config with_recompute_ahead(const Config& cfg, int64_t data_vocab_size, const MemoryLayout& layout);
+
 // What this process may still allocate: MemAvailable from /proc/meminfo, or the cgroup's limit
 // minus its usage when that is lower. bytes < 0 when neither can be read.
 // TESSERA_TEST_MEMORY_AVAILABLE=<bytes> replaces it (tests).

@@ -121,12 +121,15 @@ std::unique_ptr<GridComms> grid_comms_of(const ProcessGrid& grid, MPI_Comm world
 
 // train.micro_batch = 0 (automatic) chosen for this layout and this node's memory, before anything
 // reads it (app/memory_check.h); a config that sets it is returned as it is.
+// model.recompute_ahead is resolved after it (under train.max_memory_gib, app/memory_check.h).
 Config resolve_micro_batch(const Config& given, const std::string& run_dir, MPI_Comm comm) {
   const Config cfg = with_token_micro_batch(given);  // data.batching = "tokens": the budget's rows
-  if (cfg.train.micro_batch > 0) return cfg;
+  if (cfg.train.micro_batch > 0 && !recompute_in_bubbles(cfg)) return cfg;
   const ProcessGrid grid(grid_degrees(cfg.parallel), world_size_of(comm), world_rank_of(comm));
   const bool checkpoints = !checkpoint_dir(cfg, run_dir).empty() && comm != MPI_COMM_NULL;
-  return with_auto_micro_batch(cfg, data_vocab_size(cfg), {grid.tp_size(), grid.dp_size(), checkpoints}, comm);
+  const MemoryLayout layout{grid.tp_size(), grid.dp_size(), checkpoints};
+  const Config sized = cfg.train.micro_batch > 0 ? cfg : with_auto_micro_batch(cfg, data_vocab_size(cfg), layout, comm);
+  return with_recompute_ahead(sized, data_vocab_size(sized), layout);
 }
 
 // The model chunks this rank holds: the whole model, or its pipeline stage's vpp chunks of the cut
@@ -932,7 +935,7 @@ void Trainer::run_pipeline(int64_t s, const std::vector<Batch>& batches, double 
   };
   const Schedule schedule = pipeline_schedule(pp, vpp, static_cast<int64_t>(batches.size()),
                                               parse_pipeline_kind(cfg_.parallel.pp_schedule),
-                                              recompute_in_bubbles(cfg_));
+                                              recompute_in_bubbles(cfg_), std::max<int64_t>(1, cfg_.model.recompute_ahead));
   pipeline_timer_.run(schedule.actions_of(rank), run);  // run_schedule, timed (pp_bubble_fraction)
 }
 
@@ -1170,6 +1173,10 @@ void Trainer::print_header() {
        << (grid_.pp_size() > 1 ? " x pp " + std::to_string(grid_.pp_size()) + " (" + cfg_.parallel.pp_schedule + ")" : "")
        << (grid_.tp_size() > 1 && cfg_.parallel.sequence_parallel ? " (sequence parallel)" : "") << "; "
        << params_->numel() << " parameters per rank";
+  if (recompute_in_bubbles(cfg_))
+    os << "\nbubble recomputation: at most " << cfg_.model.recompute_ahead
+       << " recomputed micro-batches held (model.recompute_ahead"
+       << (cfg_.train.max_memory_gib > 0 ? ", the most whose estimate fits train.max_memory_gib" : "") << ")";
   if (tp_compression_ && grid_.tp_size() > 1)
     os << "\ntp communication: compressed, forward " << tp_compression_name(tp_compression_->mode(TpDirection::Forward))
        << ", backward " << tp_compression_name(tp_compression_->mode(TpDirection::Backward))

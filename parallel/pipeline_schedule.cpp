@@ -99,16 +99,6 @@ std::vector<Action> interleaved_order(int64_t pp, int64_t vpp, int64_t r, int64_
   return order;
 }
 
-// model.recompute = "bubble": R(m, c) just before each B(m, c) (pipeline_schedule.h).
-std::vector<Action> with_recompute(const std::vector<Action>& order) {
-  std::vector<Action> out;
-  for (const Action& a : order) {
-    if (a.kind == ActionKind::Backward) out.push_back(recompute_action(a.micro_batch, a.chunk));
-    out.push_back(a);
-  }
-  return out;
-}
-
 // ---- the transfers ----
 
 // A tensor one computation sends to the neighbouring rank: what the sender and the receiver run.
@@ -144,6 +134,29 @@ bool reads_a_transfer(const Action& a, int64_t r, int64_t pp, int64_t vpp) {
   return (a.kind == ActionKind::Forward && stage > 0) || (a.kind == ActionKind::Backward && stage < pp * vpp - 1);
 }
 
+// The neighbour's computation whose output computation a of rank r reads (reads_a_transfer): the
+// previous virtual stage's forward, the next one's backward; (its rank, its key).
+std::pair<int64_t, ActionKey> producer_of(const Action& a, int64_t r, int64_t pp) {
+  const bool fwd = a.kind == ActionKind::Forward;
+  const int64_t from = (r + (fwd ? pp - 1 : 1)) % pp;
+  const int64_t chunk = fwd ? (r == 0 ? a.chunk - 1 : a.chunk) : (r == pp - 1 ? a.chunk + 1 : a.chunk);
+  return {from, {a.kind, a.micro_batch, chunk}};
+}
+
+// The backwards of a rank's order whose W is a separate action (zb-h1).
+std::set<ActionKey> split_backwards(const std::vector<Action>& order) {
+  std::set<ActionKey> split;
+  for (const Action& a : order)
+    if (a.kind == ActionKind::BackwardWeight) split.insert(key_of(backward_action(a.micro_batch, a.chunk)));
+  return split;
+}
+
+// The unit costs the schedules are designed for: a forward, an R, a B and a W 1 each, a whole
+// backward (B and W together) 2.
+double unit_cost(const Action& a, const std::set<ActionKey>& split) {
+  return a.kind == ActionKind::Backward && !split.count(key_of(a)) ? 2.0 : 1.0;
+}
+
 // When each computation starts and ends if transfers were free and never waited for their
 // receiver, with unit costs (a forward 1, a whole backward 2, B and W 1 each): the timeline the
 // schedule is designed for, by which the receives are placed below.
@@ -157,9 +170,7 @@ IdealTimeline ideal_timeline(const std::vector<std::vector<Action>>& order, int6
   IdealTimeline t{std::vector<std::vector<double>>(order.size()), std::vector<std::vector<double>>(order.size())};
   std::vector<double> now(order.size(), 0.0);
   std::vector<std::set<ActionKey>> split(order.size());  // backwards whose W is separate
-  for (size_t r = 0; r < order.size(); ++r)
-    for (const Action& a : order[r])
-      if (a.kind == ActionKind::BackwardWeight) split[r].insert(key_of(backward_action(a.micro_batch, a.chunk)));
+  for (size_t r = 0; r < order.size(); ++r) split[r] = split_backwards(order[r]);
   for (bool progress = true; progress;) {
     progress = false;
     for (int64_t r = 0; r < pp; ++r) {
@@ -169,16 +180,13 @@ IdealTimeline ideal_timeline(const std::vector<std::vector<Action>>& order, int6
         const Action& a = o[e.size()];
         double ready = now[static_cast<size_t>(r)];
         if (reads_a_transfer(a, r, pp, vpp)) {  // wait for the neighbour's computation that feeds a
-          const bool fwd = a.kind == ActionKind::Forward;
-          const int64_t from = (r + (fwd ? pp - 1 : 1)) % pp;
-          const int64_t chunk = fwd ? (r == 0 ? a.chunk - 1 : a.chunk) : (r == pp - 1 ? a.chunk + 1 : a.chunk);
+          const auto [from, key] = producer_of(a, r, pp);
           const auto& d = done[static_cast<size_t>(from)];
-          const auto it = d.find({a.kind, a.micro_batch, chunk});
+          const auto it = d.find(key);
           if (it == d.end()) break;  // not computed yet
           ready = std::max(ready, it->second);
         }
-        const bool whole = a.kind == ActionKind::Backward && !split[static_cast<size_t>(r)].count(key_of(a));
-        const double cost = whole ? 2.0 : 1.0;
+        const double cost = unit_cost(a, split[static_cast<size_t>(r)]);
         now[static_cast<size_t>(r)] = ready + cost;
         done[static_cast<size_t>(r)][key_of(a)] = ready + cost;
         t.start[static_cast<size_t>(r)].push_back(ready);
@@ -191,6 +199,90 @@ IdealTimeline ideal_timeline(const std::vector<std::vector<Action>>& order, int6
     TESSERA_CHECK(t.end[r].size() == order[r].size(), "pipeline_schedule: rank ", r, "'s computations wait for ",
                   "each other before ", to_string(order[r][t.end[r].size()]), " (a generator bug)");
   return t;
+}
+
+// model.recompute = "bubble": where each R(m, c) goes in the ranks' computations (pipeline_schedule.h).
+// The ranks' orders are walked together in the ideal timeline (unit costs, free transfers, as
+// ideal_timeline), each rank deciding as it reaches its next computation X, once X's input is
+// computed (so the time X's input arrives, `ready`, is known and final):
+// - ahead >= 2: while the rank would wait before X (now + an R's cost <= ready), fewer than
+//   `ahead` recomputed contexts are held, and the next backward without its R (backwards get their
+//   R in their own order) has had its forward, that R runs now, in the wait;
+// - X a backward whose R has not run: its R runs right before it (ahead = 1: every R; the
+//   gradient's receive is posted before R, so R fills the wait for the gradient, add_transfers).
+// An R placed in a wait ends no later than X could start, so it delays nothing in that timeline;
+// every R moved out from before its backward makes the rank's later computations earlier or equal.
+struct RankPlacement {
+  std::vector<Action> plain;      // the rank's computations without R
+  std::vector<Action> backwards;  // its backwards, in order: their R's go in this order
+  std::set<ActionKey> split;      // backwards whose W is separate
+  std::set<ActionKey> forwarded;  // forwards run so far
+  std::vector<Action> out;        // the computations with R
+  size_t next = 0;                // plain[next]: the next computation
+  size_t next_r = 0;              // backwards[next_r]: the next backward whose R has not run
+  int64_t held = 0;               // R run, its backward not yet
+  double now = 0;
+};
+
+void place_next_recompute(RankPlacement& p) {
+  const Action& b = p.backwards[p.next_r++];
+  p.out.push_back(recompute_action(b.micro_batch, b.chunk));
+  p.now += 1.0;
+  ++p.held;
+}
+
+bool can_recompute_ahead(const RankPlacement& p, int64_t ahead) {
+  if (p.next_r >= p.backwards.size() || p.held >= ahead) return false;
+  const Action& b = p.backwards[p.next_r];
+  return p.forwarded.count(key_of(forward_action(b.micro_batch, b.chunk))) > 0;
+}
+
+std::vector<std::vector<Action>> with_recompute(const std::vector<std::vector<Action>>& order, int64_t vpp,
+                                                int64_t ahead) {
+  const int64_t pp = static_cast<int64_t>(order.size());
+  std::vector<RankPlacement> ranks(order.size());
+  for (size_t r = 0; r < order.size(); ++r) {
+    ranks[r].plain = order[r];
+    ranks[r].split = split_backwards(order[r]);
+    for (const Action& a : order[r])
+      if (a.kind == ActionKind::Backward) ranks[r].backwards.push_back(a);
+  }
+  std::vector<std::map<ActionKey, double>> done(order.size());  // rank -> computation -> end
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int64_t r = 0; r < pp; ++r) {
+      RankPlacement& p = ranks[static_cast<size_t>(r)];
+      while (p.next < p.plain.size()) {
+        const Action a = p.plain[p.next];
+        double ready = p.now;
+        if (reads_a_transfer(a, r, pp, vpp)) {
+          const auto [from, key] = producer_of(a, r, pp);
+          const auto it = done[static_cast<size_t>(from)].find(key);
+          if (it == done[static_cast<size_t>(from)].end()) break;  // not computed yet
+          ready = std::max(ready, it->second);
+        }
+        if (ahead >= 2)
+          while (p.now + 1.0 <= ready && can_recompute_ahead(p, ahead)) place_next_recompute(p);
+        if (a.kind == ActionKind::Backward && p.next_r < p.backwards.size() &&
+            key_of(p.backwards[p.next_r]) == key_of(a))
+          place_next_recompute(p);
+        p.now = std::max(p.now, ready) + unit_cost(a, p.split);
+        done[static_cast<size_t>(r)][key_of(a)] = p.now;
+        if (a.kind == ActionKind::Forward) p.forwarded.insert(key_of(a));
+        if (a.kind == ActionKind::Backward) --p.held;
+        p.out.push_back(a);
+        ++p.next;
+        progress = true;
+      }
+    }
+  }
+  std::vector<std::vector<Action>> out(order.size());
+  for (size_t r = 0; r < order.size(); ++r) {
+    TESSERA_CHECK(ranks[r].next == order[r].size(), "pipeline_schedule: rank ", r, "'s computations wait for ",
+                  "each other before ", to_string(order[r][ranks[r].next]), " (a generator bug)");
+    out[r] = std::move(ranks[r].out);
+  }
+  return out;
 }
 
 // Puts each send right after the computation that produces its tensor, and each receive as late as
@@ -239,13 +331,11 @@ Schedule add_transfers(const std::vector<std::vector<Action>>& order, int64_t vp
         TESSERA_CHECK(it != index[static_cast<size_t>(to)].end(), "pipeline_schedule: rank ", to, " never runs ",
                       to_string(in_order[j].consumer), ", which rank ", from, "'s ", to_string(in_order[j].send),
                       " feeds");
-        // A backward's gradient is received before its recomputation R, if it has one: R then runs
-        // while the gradient travels (bubble recomputation).
+        // A tensor is received before the R's right before its reader, if any: they then run while
+        // it travels (bubble recomputation; with recompute_ahead = 1 that is a backward's own R).
         size_t reader = it->second;
-        const Action& c = in_order[j].consumer;
-        const auto r_it = index[static_cast<size_t>(to)].find({ActionKind::Recompute, c.micro_batch, c.chunk});
-        if (c.kind == ActionKind::Backward && r_it != index[static_cast<size_t>(to)].end())
-          reader = std::min(reader, r_it->second);
+        const std::vector<Action>& to_order = order[static_cast<size_t>(to)];
+        while (reader > 0 && to_order[reader - 1].kind == ActionKind::Recompute) --reader;
         // The last pause before the reader that comes no later than the deadline (the pause before
         // computation k comes when computation k - 1 ends).
         const auto after = std::upper_bound(to_ends.begin(), to_ends.end(), deadline[j]);
@@ -313,8 +403,11 @@ void check_pipeline_schedule(int64_t pp, int64_t vpp, int64_t micro_batches, Pip
                   "; raise train.global_batch or lower train.micro_batch, or use parallel.pp_schedule = \"gpipe\"");
 }
 
-Schedule pipeline_schedule(int64_t pp, int64_t vpp, int64_t micro_batches, PipelineKind kind, bool bubble_recompute) {
+Schedule pipeline_schedule(int64_t pp, int64_t vpp, int64_t micro_batches, PipelineKind kind, bool bubble_recompute,
+                           int64_t recompute_ahead) {
   check_pipeline_schedule(pp, vpp, micro_batches, kind);
+  TESSERA_CHECK(recompute_ahead >= 1, "model.recompute_ahead = ", recompute_ahead,
+                ": at least 1 recomputed micro-batch held at once (1: R right before its backward)");
   std::vector<std::vector<Action>> order(static_cast<size_t>(pp));
   for (int64_t r = 0; r < pp; ++r) {
     std::vector<Action>& o = order[static_cast<size_t>(r)];
@@ -324,8 +417,8 @@ Schedule pipeline_schedule(int64_t pp, int64_t vpp, int64_t micro_batches, Pipel
       case PipelineKind::Interleaved: o = interleaved_order(pp, vpp, r, micro_batches); break;
       case PipelineKind::ZeroBubbleH1: o = zb_h1_order(pp, r, micro_batches); break;
     }
-    if (bubble_recompute) o = with_recompute(o);
   }
+  if (bubble_recompute) order = with_recompute(order, vpp, recompute_ahead);
   return add_transfers(order, vpp, micro_batches);
 }
 

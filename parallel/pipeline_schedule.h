@@ -38,15 +38,23 @@ void check_pipeline_schedule(int64_t pp, int64_t vpp, int64_t micro_batches, Pip
 
 // Every rank's actions for one step (checked by check_pipeline_schedule first). With pp = 1,
 // "1f1b" is one_stage_schedule (F0 B0 F1 B1 ...).
-// bubble_recompute (model.recompute = "bubble"): every backward B(m, c) is preceded by its own
-// recomputation R(m, c), and the receive of B's output gradient is posted before R. R reads
-// nothing received, so it runs while the gradient is on its way: in the slot where the rank would
-// otherwise wait for it (the bubble before a B whose input is not there yet; with no wait, R simply
-// runs just before B, as full recomputation does inside B). Nothing else moves: R comes right
-// before its B, so at most one recomputed micro-batch is held at a time (its chunk's block contexts
-// live from R to B, where full recomputation holds one block's at a time inside B; the memory
-// estimate walks R, docs/parallel.md "Recomputation").
+// bubble_recompute (model.recompute = "bubble"): every backward B(m, c) gets its own recomputation
+// R(m, c), which re-creates the chunk's block contexts of the micro-batch and keeps them until B.
+// R reads nothing received, so it can run while the rank would otherwise wait for a tensor; the
+// receive of the tensor is posted before the R's right before its reader. Nothing but R moves (the
+// computations without R are the plain schedule's, in its order). Where R goes, decided in the
+// ideal timeline of the unit costs the schedules are designed for (a forward, R, B and W 1 each, a
+// whole backward 2; transfers free):
+// - recompute_ahead = 1: right before its B, so R fills the wait for B's gradient when there is
+//   one, and at most one recomputed micro-batch is held at a time;
+// - recompute_ahead = K >= 2 (model.recompute_ahead): the R's go in the order of their backwards;
+//   the next one runs at the earliest point where the rank would otherwise wait (before a forward
+//   or a backward whose input has not arrived), for as long as a whole R fits in the wait, its
+//   forward has run and fewer than K recomputed micro-batches are held; an R not placed so runs
+//   right before its B. So at most K are held at a time (each: its chunk's block contexts, from R
+//   to B; the memory estimate walks R, docs/parallel.md "Recomputation").
+// recompute_ahead < 1 is refused, naming model.recompute_ahead.
 Schedule pipeline_schedule(int64_t pp, int64_t vpp, int64_t micro_batches, PipelineKind kind,
-                           bool bubble_recompute = false);
+                           bool bubble_recompute = false, int64_t recompute_ahead = 1);
 
 }  // namespace tessera

@@ -54,6 +54,7 @@ struct RankState {
   size_t step = 0;
   double t = 0;
   int64_t in_flight = 0;
+  int64_t held = 0;  // R run, its backward not yet
   SimRank out;
   bool done() const { return step == steps.size(); }
 };
@@ -227,6 +228,9 @@ class Simulation {
                          (a.kind == ActionKind::Backward && !st.split.count({a.micro_batch, a.chunk}));
       st.in_flight += a.kind == ActionKind::Forward ? 1 : frees ? -1 : 0;
       st.out.peak_in_flight = std::max(st.out.peak_in_flight, st.in_flight);
+      if (a.kind == ActionKind::Recompute) ++st.held;
+      if (a.kind == ActionKind::Backward && st.recomputed.count({a.micro_batch, a.chunk})) --st.held;
+      st.out.peak_recomputed = std::max(st.out.peak_recomputed, st.held);
     }
     st.out.finish = st.t;
     ++st.step;
@@ -317,7 +321,7 @@ std::string timeline_json(const Schedule& schedule, const SimResult& result, std
   for (size_t r = 0; r < result.ranks.size(); ++r) {
     const SimRank& k = result.ranks[r];
     os << (r ? ", " : "") << "{\"busy\": " << k.busy << ", \"idle\": " << k.idle << ", \"finish\": " << k.finish
-       << ", \"peak_in_flight\": " << k.peak_in_flight << "}";
+       << ", \"peak_in_flight\": " << k.peak_in_flight << ", \"peak_recomputed\": " << k.peak_recomputed << "}";
   }
   os << "],\n \"spans\": [";
   for (size_t i = 0; i < result.spans.size(); ++i) {

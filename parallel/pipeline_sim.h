@@ -55,6 +55,8 @@ struct SimRank {
   // The most (micro-batch, chunk) activations alive at once: from a forward to its backward (to its
   // W when the backward is split). A chunk's activations are 1/vpp of a stage's.
   int64_t peak_in_flight = 0;
+  // The most recomputed micro-batches (chunks) held at once: from an R to its backward.
+  int64_t peak_recomputed = 0;
 };
 
 struct SimResult {

@@ -32,6 +32,13 @@ def shade(color, chunk, vpp):
     return tuple(c + (1 - c) * t for c in to_rgb(color))
 
 
+def held(d):
+    """Bubble recomputation: the most recomputed micro-batches a rank holds at once (the K used)."""
+    if d.get("recompute") != "bubble":
+        return ""
+    return f" (at most {max(r.get('peak_recomputed', 1) for r in d['ranks'])} held)"
+
+
 def formula(d):
     """The bubble the docs give for this schedule (fraction of the step), or None."""
     p, m, v = d["pp"], d["micro_batches"], d["vpp"]
@@ -84,6 +91,7 @@ def draw(d, out):
     recompute = d.get("recompute", "none")
     title = (f"{d['schedule']}: pp = {pp}" + (f", vpp = {vpp}" if vpp > 1 else "") + f", {d['micro_batches']} "
              f"micro-batches" + (f", recompute {recompute}" if recompute != "none" else "")
+             + held(d) + (f", latency {c['latency']:g}" if c.get("latency", 0) > 0 else "")
              + f"; bubble {100 * d['bubble_fraction']:.1f}%")
     if expected is not None:
         title += f" (formula {100 * expected:.1f}%)"

@@ -4,6 +4,9 @@
 //   build/bench/pipeline_sim --pp 4 --micro-batches 8 --schedule zb-h1 --list    (the action lists)
 //   build/bench/pipeline_sim --pp 2 --micro-batches 4 --recompute bubble   (none | full | bubble:
 //   full recomputation costs a forward more per backward; bubble moves it into R actions)
+//   build/bench/pipeline_sim --pp 2 --micro-batches 4 --recompute bubble --recompute-ahead 2
+//   (at most 2 recomputed micro-batches held, R's moved into earlier waits; 0: unbounded)
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -16,7 +19,7 @@
 using namespace tessera;
 
 int main(int argc, char** argv) {
-  int64_t pp = 4, vpp = 1, m = 8;
+  int64_t pp = 4, vpp = 1, m = 8, ahead = 1;
   std::string kind = "1f1b", json, recompute = "none";
   bool list = false;
   SimOptions o;
@@ -45,13 +48,16 @@ int main(int argc, char** argv) {
       o.latency = std::atof(argv[++i]);
     } else if (has_value && a == "--recompute") {
       recompute = argv[++i];
+    } else if (has_value && a == "--recompute-ahead") {
+      ahead = std::atoll(argv[++i]);
     } else if (has_value && a == "--json") {
       json = argv[++i];
     } else {
       std::fprintf(stderr,
                    "usage: pipeline_sim [--pp N] [--vpp N] [--micro-batches N]\n"
                    "         [--schedule gpipe|1f1b|interleaved|zb-h1] [--forward T] [--backward T] [--weight T]\n"
-                   "         [--latency T] [--recompute none|full|bubble] [--blocking] [--list] [--json FILE]\n");
+                   "         [--latency T] [--recompute none|full|bubble] [--recompute-ahead K] [--blocking] [--list]\n"
+                   "         [--json FILE]\n");
       return 2;
     }
   }
@@ -59,19 +65,21 @@ int main(int argc, char** argv) {
     TESSERA_CHECK(recompute == "none" || recompute == "full" || recompute == "bubble", "--recompute ", recompute,
                   ": expected none, full or bubble");
     o.full_recompute = recompute != "none";
-    const Schedule s = pipeline_schedule(pp, vpp, m, parse_pipeline_kind(kind), recompute == "bubble");
+    TESSERA_CHECK(ahead >= 0, "--recompute-ahead ", ahead, ": expected 0 (unbounded) or at least 1");
+    const Schedule s = pipeline_schedule(pp, vpp, m, parse_pipeline_kind(kind), recompute == "bubble",
+                                         ahead == 0 ? std::max<int64_t>(1, m * vpp) : ahead);
     const SimResult r = simulate(s, o);
     if (list)
       for (int64_t k = 0; k < s.num_stages(); ++k)
         std::printf("rank %lld: %s\n", (long long)k, to_string(s.actions_of(k)).c_str());
-    std::printf("%s pp=%lld vpp=%lld m=%lld f=%g b=%g w=%g latency=%g recompute=%s: makespan %g, bubble %.6f%s\n",
+    std::printf("%s pp=%lld vpp=%lld m=%lld f=%g b=%g w=%g latency=%g recompute=%s ahead=%lld: makespan %g, bubble %.6f%s\n",
                 kind.c_str(), (long long)pp, (long long)vpp, (long long)m, o.forward, o.backward, o.weight, o.latency,
-                recompute.c_str(), r.makespan,
+                recompute.c_str(), (long long)ahead, r.makespan,
                 r.bubble_fraction, r.deadlock ? " DEADLOCK" : "");
     for (const std::string& why : r.stuck) std::printf("  %s\n", why.c_str());
     for (size_t k = 0; k < r.ranks.size(); ++k)
-      std::printf("  rank %zu: busy %g idle %g peak activations %lld\n", k, r.ranks[k].busy, r.ranks[k].idle,
-                  (long long)r.ranks[k].peak_in_flight);
+      std::printf("  rank %zu: busy %g idle %g peak activations %lld recomputed held %lld\n", k, r.ranks[k].busy,
+                  r.ranks[k].idle, (long long)r.ranks[k].peak_in_flight, (long long)r.ranks[k].peak_recomputed);
     if (!json.empty()) {
       std::ofstream(json) << timeline_json(s, r, kind, o);
       std::printf("wrote %s\n", json.c_str());

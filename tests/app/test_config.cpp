@@ -822,6 +822,14 @@ TEST(ConfigModel, RecomputeKeysAreChecked) {
   expect_contains(parse_error("[model]\nn_layer = 3\nrecompute_layers = 4\n"),
                   {"model.recompute_layers = 4 (configs/x.toml:3)", "model.n_layer = 3 (configs/x.toml:2)"});
   EXPECT_NO_THROW(parse("[model]\nn_layer = 3\nrecompute = \"selective\"\nrecompute_layers = 3\n"));
+  // model.recompute_ahead: at least 0, and only where there are R actions to place.
+  expect_contains(parse_error("[model]\nrecompute = \"bubble\"\nrecompute_ahead = -1\n"),
+                  {"model.recompute_ahead = -1"});
+  expect_contains(parse_error("[model]\nrecompute = \"full\"\nrecompute_ahead = 2\n"),
+                  {"model.recompute_ahead = 2 (configs/x.toml:3)", "model.recompute = \"full\" (configs/x.toml:2)",
+                   "set model.recompute = \"bubble\""});
+  EXPECT_NO_THROW(parse("[model]\nrecompute = \"bubble\"\nrecompute_ahead = 0\n"));
+  EXPECT_NO_THROW(parse("[model]\nrecompute = \"bubble\"\nrecompute_ahead = 3\n"));
 }
 
 // model.activation_compression* (model/compression_policy.h): each bad value names its key and

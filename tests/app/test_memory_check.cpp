@@ -472,19 +472,24 @@ TEST(MemoryCheckLayouts, ContextParallelEstimateIsWithinFivePercentOfThePeak) {
 // Under mpiexec -n 2: two pipeline stages, each rank's estimate (its stage, the micro-batches its
 // schedule keeps in flight, the tensors it sent) against its own allocator peak, for every schedule
 // the trainer runs and every recomputation policy (gpt2; llama under 1f1b), model.recompute_layers
-// once; "bubble" holds a micro-batch's recomputed contexts from its R to its backward. The issue asks for 5%; the estimate walks the schedule's actions as the trainer runs them
-// and is exact.
+// once; "bubble" holds a micro-batch's recomputed contexts from its R to its backward, with
+// model.recompute_ahead 1, 2 and 0 (unbounded: every R as early as the schedule puts it) up to that
+// many at once. The issue asks for 5%; the estimate walks the schedule's actions as the trainer
+// runs them and is exact.
 TEST(MemoryCheckLayouts, PipelineStageEstimateEqualsEachRanksPeak) {
   const MPI_Comm world = test_world();
   if (comm_size(world) != 2) GTEST_SKIP() << "runs under mpiexec -n 2 (MemoryCheck.two_ranks)";
   const int64_t rank = comm_rank(world);
   for (const std::string preset : {"gpt2", "llama"})
     for (const std::string schedule : {"gpipe", "1f1b", "interleaved"})
-      for (const std::string recompute : {"none", "selective", "full", "bubble"}) {
+      for (const std::string recompute : {"none", "selective", "full", "bubble", "bubble K 2", "bubble K 0"}) {
         if (preset == "llama" && schedule != "1f1b") continue;  // the schedules are the model's business once
         std::vector<std::string> o = {"model.preset=\"" + preset + "\"", "model.n_layer=4", "train.micro_batch=2",
                                       "parallel.pp=2", "parallel.pp_schedule=\"" + schedule + "\"",
-                                      "model.recompute=\"" + recompute + "\"", "data.val_examples=1"};
+                                      "model.recompute=\"" + recompute.substr(0, recompute.find(' ')) + "\"",
+                                      "data.val_examples=1"};
+        // model.recompute_ahead: R's moved into earlier waits, up to 2 (or every one) held at once.
+        if (recompute.find(" K ") != std::string::npos) o.push_back("model.recompute_ahead=" + recompute.substr(9));
         if (schedule == "interleaved") o.push_back("parallel.vpp=2");
         if (recompute == "selective" && schedule == "1f1b") o.push_back("model.recompute_layers=1");
         const Config cfg = tiny(o);
@@ -505,10 +510,13 @@ TEST(MemoryCheckLayouts, ZeroBubbleEstimateIsWithinFivePercentAboveEachRanksPeak
   if (comm_size(world) != 2) GTEST_SKIP() << "runs under mpiexec -n 2 (MemoryCheck.two_ranks)";
   const int64_t rank = comm_rank(world);
   for (const std::string preset : {"gpt2", "llama"})
-    for (const std::string recompute : {"none", "selective", "full", "bubble"}) {
-      const Config cfg = tiny({"model.preset=\"" + preset + "\"", "model.n_layer=4", "train.micro_batch=2",
-                               "parallel.pp=2", "parallel.pp_schedule=\"zb-h1\"",
-                               "model.recompute=\"" + recompute + "\"", "data.val_examples=1"});
+    for (const std::string recompute : {"none", "selective", "full", "bubble", "bubble K 2"}) {
+      std::vector<std::string> o = {"model.preset=\"" + preset + "\"", "model.n_layer=4", "train.micro_batch=2",
+                                    "parallel.pp=2", "parallel.pp_schedule=\"zb-h1\"",
+                                    "model.recompute=\"" + recompute.substr(0, recompute.find(' ')) + "\"",
+                                    "data.val_examples=1"};
+      if (recompute.find(" K ") != std::string::npos) o.push_back("model.recompute_ahead=" + recompute.substr(9));
+      const Config cfg = tiny(o);
       const double estimate =
           static_cast<double>(estimate_training_memory(cfg, 13, MemoryLayout{1, 1, false, rank}).allocator_bytes());
       const double peak = static_cast<double>(measured_peak(cfg, world));
@@ -612,15 +620,18 @@ TEST(MemoryCheckPipeline, MicroBatchesInFlightFollowTheSchedules) {
 // The estimate of a long step is extrapolated from two short ones (memory_check.cpp
 // pipeline_peak): that holds because past a few groups of pp micro-batches the walked peak grows
 // by the same bytes for every pp more. Checked on the walked range (m <= 8 pp) and across the
-// switch to extrapolation, for each schedule and recomputation policy, on every rank.
+// switch to extrapolation, for each schedule and recomputation policy (bubble with
+// model.recompute_ahead 1, 2 and unbounded), on every rank.
 TEST(MemoryCheckPipeline, LongStepsFollowTheLineOfTheWalkedOnes) {
   const int64_t pp = 2;
   for (const std::string schedule : {"gpipe", "1f1b", "interleaved", "zb-h1"})
-    for (const std::string recompute : {"none", "selective", "full"})
+    for (const std::string recompute : {"none", "selective", "full", "bubble", "bubble K 2", "bubble K 0"})
       for (int64_t r = 0; r < pp; ++r) {
         std::vector<int64_t> bytes;
         for (int64_t m = 4 * pp; m <= 14 * pp; m += pp) {
-          const Config cfg = pipeline(pp, m, schedule, {"model.recompute=\"" + recompute + "\""});
+          std::vector<std::string> o = {"model.recompute=\"" + recompute.substr(0, recompute.find(' ')) + "\""};
+          if (recompute.find(" K ") != std::string::npos) o.push_back("model.recompute_ahead=" + recompute.substr(9));
+          const Config cfg = pipeline(pp, m, schedule, o);
           const MemoryEstimate e = estimate_training_memory(cfg, 13, MemoryLayout{1, 1, false, r});
           bytes.push_back(item_bytes(e, "activations of "));
         }
@@ -628,6 +639,52 @@ TEST(MemoryCheckPipeline, LongStepsFollowTheLineOfTheWalkedOnes) {
           EXPECT_EQ(bytes[i] - bytes[i - 1], bytes[1] - bytes[0])
               << schedule << ", " << recompute << ", rank " << r << ", m " << 4 * pp + pp * static_cast<int64_t>(i);
       }
+}
+
+// model.recompute_ahead under train.max_memory_gib: the largest K up to the one asked for (0: up to
+// every R, m vpp) whose estimate of the rank that needs the most fits the cap, found against the
+// estimates of each K by hand; 1 when none fits (the run is then refused as before); without a
+// cap, the request. On two stages of 1F1B (rank 0 holds R0 and R1 in its wait before B0 with
+// K >= 2, so its estimate grows from K = 1 to 2) and interleaved.
+TEST(MemoryCheckPipeline, RecomputeAheadIsTheLargestWithinTheCap) {
+  for (const std::string schedule : {"1f1b", "interleaved"}) {
+    const Config base = pipeline(2, 8, schedule, {"model.recompute=\"bubble\""});
+    const MemoryLayout layout{1, 1, false};
+    const int64_t all = 8 * base.parallel.vpp;
+    std::vector<int64_t> bytes(static_cast<size_t>(all + 1));
+    for (int64_t k = 1; k <= all; ++k) {
+      Config c = base;
+      c.model.recompute_ahead = k;
+      bytes[static_cast<size_t>(k)] = estimate_training_memory(c, 13, layout).total();
+    }
+    ASSERT_LT(bytes[1], bytes[2]) << schedule << ": K = 2 holds more than K = 1";
+    const auto chosen = [&](int64_t asked, double cap_bytes) {
+      Config c = base;
+      c.model.recompute_ahead = asked;
+      c.train.max_memory_gib = cap_bytes / (1024.0 * 1024.0 * 1024.0);
+      return recompute_ahead_within_cap(c, 13, layout);
+    };
+    // By hand: the largest k <= asked with bytes[k] <= cap.
+    const auto expected = [&](int64_t asked, int64_t cap) {
+      int64_t k = asked == 0 ? all : std::min(asked, all);
+      while (k > 1 && bytes[static_cast<size_t>(k)] > cap) --k;
+      return k;
+    };
+    for (int64_t asked : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{3}, all + 5})
+      for (int64_t k = 1; k <= all; ++k) {
+        const int64_t cap = bytes[static_cast<size_t>(k)];  // exactly the estimate of K = k, and 1 byte less
+        EXPECT_EQ(chosen(asked, static_cast<double>(cap)), expected(asked, cap))
+            << schedule << ", asked " << asked << ", cap at K = " << k;
+        EXPECT_EQ(chosen(asked, static_cast<double>(cap - 1)), expected(asked, cap - 1))
+            << schedule << ", asked " << asked << ", cap below K = " << k;
+      }
+    EXPECT_EQ(chosen(2, 0.5 * static_cast<double>(bytes[1])), 1) << schedule << ": nothing fits";
+    Config uncapped = base;
+    uncapped.model.recompute_ahead = 0;
+    EXPECT_EQ(recompute_ahead_within_cap(uncapped, 13, layout), all) << schedule;
+    uncapped.model.recompute_ahead = 3;
+    EXPECT_EQ(with_recompute_ahead(uncapped, 13, layout).model.recompute_ahead, 3) << schedule;
+  }
 }
 
 // Two stages of a 4-layer gpt2: each stage's parameters are its own; the last holds a copy of the

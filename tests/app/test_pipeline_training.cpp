@@ -146,7 +146,8 @@ void expect_recomputation_changes_nothing(const std::string& preset) {
 // model.recompute = "bubble" (the schedule's R action recomputes ahead of each backward) against
 // "full" (recomputed inside the backward) on every schedule with R: the same operations on the same
 // values, so the losses, the final parameters and the AdamW moments are equal bit for bit. Two
-// ranks: pp2 1f1b, interleaved (vpp 2) and zb-h1; four: pp4 1f1b and zb-h1.
+// ranks: pp2 1f1b, interleaved (vpp 2) and zb-h1, each with model.recompute_ahead 1 and 2; four:
+// pp4 1f1b and zb-h1.
 void expect_bubble_recomputation_equals_full(const std::string& preset) {
   MpiCommunicator world = MpiCommunicator::duplicate(testing::test_world());
   if (world.size() != 2 && world.size() != 4) return;  // (the eight-rank run has no case)
@@ -162,23 +163,30 @@ void expect_bubble_recomputation_equals_full(const std::string& preset) {
   for (const auto& [ranks, sets] : cases) {
     if (ranks != world.size()) continue;
     ++ran;
-    const auto run = [&](const std::string& policy) {
+    const auto run = [&](const std::string& policy, int64_t ahead) {
       MpiCommunicator comm = MpiCommunicator::duplicate(world.comm());
       return train(parse_config_string(config, preset + ".toml",
-                                       kBase + sets + std::vector<std::string>{"model.recompute=\"" + policy + "\""}),
+                                       kBase + sets +
+                                           std::vector<std::string>{"model.recompute=\"" + policy + "\"",
+                                                                    "model.recompute_ahead=" + std::to_string(ahead)}),
                    comm.comm());
     };
-    const Trained full = run("full"), bubble = run("bubble");
-    const std::string what = preset + " bubble vs full " + ::testing::PrintToString(sets) + " (rank " +
-                             std::to_string(world.rank()) + ")";
-    EXPECT_EQ(bubble.losses, full.losses) << what;
-    const FullOptimizerState bs = bubble.trainer->optimizer().gather_state(), fs = full.trainer->optimizer().gather_state();
-    const Tensor b[3] = {bubble.trainer->params().flat_params(), bs.state.exp_avg, bs.state.exp_avg_sq};
-    const Tensor f[3] = {full.trainer->params().flat_params(), fs.state.exp_avg, fs.state.exp_avg_sq};
-    for (int k = 0; k < 3; ++k) {
-      ASSERT_EQ(b[k].numel(), f[k].numel()) << what;
-      for (int64_t i = 0; i < b[k].numel(); ++i)
-        ASSERT_EQ(b[k].ptr<float>()[i], f[k].ptr<float>()[i]) << what << ", state " << k << " element " << i;
+    const Trained full = run("full", 1);
+    // Two ranks also with model.recompute_ahead = 2 (R's moved into earlier waits, two held).
+    for (int64_t ahead : ranks == 2 ? std::vector<int64_t>{1, 2} : std::vector<int64_t>{1}) {
+      const Trained bubble = run("bubble", ahead);
+      const std::string what = preset + " bubble (recompute_ahead " + std::to_string(ahead) + ") vs full " +
+                               ::testing::PrintToString(sets) + " (rank " + std::to_string(world.rank()) + ")";
+      EXPECT_EQ(bubble.losses, full.losses) << what;
+      const FullOptimizerState bs = bubble.trainer->optimizer().gather_state(),
+                               fs = full.trainer->optimizer().gather_state();
+      const Tensor b[3] = {bubble.trainer->params().flat_params(), bs.state.exp_avg, bs.state.exp_avg_sq};
+      const Tensor f[3] = {full.trainer->params().flat_params(), fs.state.exp_avg, fs.state.exp_avg_sq};
+      for (int k = 0; k < 3; ++k) {
+        ASSERT_EQ(b[k].numel(), f[k].numel()) << what;
+        for (int64_t i = 0; i < b[k].numel(); ++i)
+          ASSERT_EQ(b[k].ptr<float>()[i], f[k].ptr<float>()[i]) << what << ", state " << k << " element " << i;
+      }
     }
   }
   EXPECT_GT(ran, 0) << "no bubble-recomputation case of " << world.size() << " ranks";

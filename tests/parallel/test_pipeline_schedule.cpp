@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -200,6 +201,79 @@ TEST(PipelineSchedule, BubbleRecomputationPutsEachRJustBeforeItsBackward) {
   const Schedule s = pipeline_schedule(2, 1, 3, PipelineKind::OneFOneB, true);
   EXPECT_EQ(to_string(s.actions_of(0)), "F0 sendA0 F1 sendA1 recvG0 R0 B0 F2 sendA2 recvG1 R1 B1 recvG2 R2 B2");
   EXPECT_EQ(to_string(s.actions_of(1)), "recvA0 F0 R0 B0 sendG0 recvA1 F1 R1 B1 sendG1 recvA2 F2 R2 B2 sendG2");
+}
+
+// model.recompute_ahead = K >= 2: R moves into earlier waits, at most K recomputed micro-batches
+// held. For every valid (pp, vpp, m, kind) and K in 2, 3 and unbounded (m vpp): the computations
+// without R are the plain schedule's in its order; one R per backward, after its forward and before
+// its backward, the R's in the order of their backwards; never more than K held; a tensor's receive
+// precedes the R's right before its reader.
+TEST(PipelineSchedule, RecomputeAheadHoldsAtMostKAndKeepsTheOrder) {
+  const auto computations = [](const std::vector<Action>& list, bool keep_r) {
+    std::vector<Action> out;
+    for (const Action& a : list)
+      if (!is_p2p(a) && (keep_r || a.kind != ActionKind::Recompute)) out.push_back(a);
+    return out;
+  };
+  int64_t checked = 0, moved = 0;
+  for (int64_t pp = 1; pp <= 6; ++pp)
+    for (int64_t vpp = 1; vpp <= 3; ++vpp)
+      for (int64_t m = 1; m <= 12; ++m)
+        for (PipelineKind kind : kKinds) {
+          if (!valid(pp, vpp, m, kind)) continue;
+          const Schedule plain = pipeline_schedule(pp, vpp, m, kind);
+          for (int64_t k : {int64_t{2}, int64_t{3}, m * vpp}) {
+            ++checked;
+            const Schedule s = pipeline_schedule(pp, vpp, m, kind, true, k);
+            for (int64_t r = 0; r < pp; ++r) {
+              const std::string where = std::string(pipeline_kind_name(kind)) + " pp " + std::to_string(pp) +
+                                        " vpp " + std::to_string(vpp) + " m " + std::to_string(m) + " K " +
+                                        std::to_string(k) + " rank " + std::to_string(r);
+              ASSERT_EQ(computations(s.actions_of(r), false), computations(plain.actions_of(r), false)) << where;
+              std::set<std::pair<int64_t, int64_t>> forwarded, held, backwarded;
+              std::vector<std::pair<int64_t, int64_t>> r_order, b_order;
+              for (const Action& a : computations(s.actions_of(r), true)) {
+                const std::pair<int64_t, int64_t> key{a.micro_batch, a.chunk};
+                if (a.kind == ActionKind::Forward) forwarded.insert(key);
+                if (a.kind == ActionKind::Recompute) {
+                  ASSERT_TRUE(forwarded.count(key)) << where << ": " << to_string(a) << " before its forward";
+                  ASSERT_TRUE(held.insert(key).second) << where << ": " << to_string(a) << " twice";
+                  ASSERT_LE(static_cast<int64_t>(held.size()), k) << where << " at " << to_string(a);
+                  r_order.push_back(key);
+                }
+                if (a.kind == ActionKind::Backward) {
+                  ASSERT_EQ(held.erase(key), 1u) << where << ": " << to_string(a) << " without its R";
+                  b_order.push_back(key);
+                }
+              }
+              ASSERT_EQ(r_order, b_order) << where;
+              ASSERT_EQ(static_cast<int64_t>(r_order.size()), m * vpp) << where;
+              // Each receive comes before the run of R's right before the computation that reads it.
+              const std::vector<Action>& list = s.actions_of(r);
+              for (size_t i = 0; i < list.size(); ++i) {
+                if (list[i].kind != ActionKind::RecvGrad && list[i].kind != ActionKind::RecvActivation) continue;
+                const ActionKind reader = list[i].kind == ActionKind::RecvGrad ? ActionKind::Backward
+                                                                               : ActionKind::Forward;
+                const auto at = std::find(list.begin(), list.end(), Action{reader, list[i].micro_batch, list[i].chunk});
+                ASSERT_TRUE(at != list.end()) << where;
+                size_t first = static_cast<size_t>(at - list.begin());
+                while (first > 0 && list[first - 1].kind == ActionKind::Recompute) --first;
+                ASSERT_LT(i, first) << where << ": " << to_string(list[i]) << " after the R's before its reader";
+              }
+              const std::vector<Action> one = computations(pipeline_schedule(pp, vpp, m, kind, true).actions_of(r), true);
+              if (computations(s.actions_of(r), true) != one) ++moved;
+            }
+          }
+        }
+  EXPECT_GT(checked, 300);
+  EXPECT_GT(moved, 100);  // K >= 2 does move R's on most ranks
+  // Two stages, 1F1B, 3 micro-batches, K = 2: rank 0 waits for the gradient of B0 two steps (rank
+  // 1 runs F0 R0 B0 after F1's input), R0 and R1 fill it; the last rank never waits (as K = 1).
+  const Schedule s = pipeline_schedule(2, 1, 3, PipelineKind::OneFOneB, true, 2);
+  EXPECT_EQ(to_string(s.actions_of(0)), "F0 sendA0 F1 sendA1 recvG0 R0 R1 B0 F2 sendA2 recvG1 R2 B1 recvG2 B2");
+  EXPECT_EQ(to_string(s.actions_of(1)), "recvA0 F0 R0 B0 sendG0 recvA1 F1 R1 B1 sendG1 recvA2 F2 R2 B2 sendG2");
+  EXPECT_TRUE(testing::throws_with([] { pipeline_schedule(2, 1, 4, PipelineKind::OneFOneB, true, 0); },
+                                   {"model.recompute_ahead = 0", "at least 1"}));
 }
 
 TEST(PipelineSchedule, RefusesImpossibleParameters) {

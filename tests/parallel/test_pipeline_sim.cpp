@@ -162,6 +162,68 @@ TEST(PipelineSim, BubbleRecomputationFillsWaitsBeforeBackwards) {
   EXPECT_NEAR(simulate(pipeline_schedule(2, 1, 4, PipelineKind::OneFOneB, true), o).makespan, 19, 1e-9);
 }
 
+// model.recompute_ahead = K: R's moved into earlier waits, at most K held. For every schedule and
+// K = 1, 2, 3 and unbounded (m vpp), with f = b = w = 1 (the costs the generator places R by): it
+// runs to the end (batches waited at use and at post), the same busy time per rank as "full", at
+// most K held, never longer than "full" nor shorter than "none", and the step does not lengthen as
+// K grows. K > 1 shortens no step there (each wait K = 1 fills is at least an R long, and the last
+// rank, which never waits before a backward, is on the critical path: docs/parallel.md).
+// With a latency of 1 per message (the generator does not know it; a smaller grid): the same for
+// gpipe, 1f1b and zb-h1, where K > 1 shortens some steps (zb-h1 pp 4, m 8: 48, 47, 44 for K = 1,
+// 2, unbounded), except "none" as a floor (a receive posted before the R's ahead of its reader
+// hides latency that "none", which posts it later, waits out). Interleaved under latency is only
+// run for deadlock, busy time and K: there R can lengthen the step (pp 2 vpp 3 m 6: full 48, K = 1
+// 50) and a larger K can too (pp 6 vpp 2 m 12: K = 1 83, K = 2 85.5).
+TEST(PipelineSim, RecomputeAheadFillsEarlierWaitsAndNeverLengthensTheStep) {
+  for (double latency : {0.0, 1.0}) {
+    int64_t shorter = 0;
+    for (int64_t pp = 2; pp <= (latency > 0 ? 4 : 6); ++pp)
+      for (int64_t vpp = 1; vpp <= 3; ++vpp)
+        for (int64_t m = 1; m <= (latency > 0 ? 8 : 12); ++m)
+          for (PipelineKind kind : kKinds) {
+            if (!valid(pp, vpp, m, kind)) continue;
+            const bool ordered = latency == 0 || kind != PipelineKind::Interleaved;
+            SimOptions o{1, 1, 1};
+            o.latency = latency;
+            const double none = simulate(pipeline_schedule(pp, vpp, m, kind), o).makespan;
+            o.full_recompute = true;
+            const SimResult full = simulate(pipeline_schedule(pp, vpp, m, kind), o);
+            double previous = full.makespan, one = 0;
+            for (int64_t k : {int64_t{1}, int64_t{2}, int64_t{3}, m * vpp}) {
+              const Schedule schedule = pipeline_schedule(pp, vpp, m, kind, true, k);
+              SimOptions at_post = o;
+              at_post.wait = P2pWait::AtPost;
+              const SimResult r = simulate(schedule, o), blocking = simulate(schedule, at_post);
+              const std::string where = name(pp, vpp, m, kind) + " K " + std::to_string(k) + " latency " +
+                                        std::to_string(latency);
+              ASSERT_FALSE(r.deadlock || blocking.deadlock) << where;
+              if (latency == 0) EXPECT_GE(r.makespan, none - 1e-9) << where;
+              if (ordered)
+                EXPECT_LE(r.makespan, previous + 1e-9) << where << " (full, or the step with a smaller K: " << previous
+                                                       << ")";
+              for (size_t q = 0; q < r.ranks.size(); ++q) {
+                EXPECT_NEAR(r.ranks[q].busy, full.ranks[q].busy, 1e-9) << where << " rank " << q;
+                EXPECT_LE(r.ranks[q].peak_recomputed, k) << where << " rank " << q;
+              }
+              previous = r.makespan;
+              if (k == 1) one = r.makespan;
+              if (k > 1 && r.makespan < one - 1e-9) ++shorter;
+            }
+          }
+    if (latency == 0) EXPECT_EQ(shorter, 0) << "unit costs: K > 1 shortens no step";
+    if (latency > 0) EXPECT_GT(shorter, 0) << "with latency, K > 1 shortens some steps";
+  }
+  SimOptions o{1, 1, 1};
+  o.full_recompute = true;
+  o.latency = 1;
+  const auto step = [&](int64_t k) { return simulate(pipeline_schedule(4, 1, 8, PipelineKind::ZeroBubbleH1, true, k), o); };
+  EXPECT_NEAR(step(1).makespan, 48, 1e-9);
+  EXPECT_NEAR(step(2).makespan, 47, 1e-9);
+  EXPECT_NEAR(step(8).makespan, 44, 1e-9);
+  EXPECT_EQ(step(2).ranks[0].peak_recomputed, 2);
+  EXPECT_EQ(step(1).ranks[0].peak_recomputed, 1);
+}
+
 // Interleaving cuts the fill and drain into chunk-sized steps: the idle time is 1F1B's divided by
 // vpp, (p - 1)(f + b + w) / v, so the bubble relative to the work is (p - 1)/(v m). Measured exactly
 // so with equal costs and with b = 2f.
