@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <numeric>
 #include <sstream>
+#include <tuple>
+#include <utility>
 
 #include "kernels/check.h"
 
@@ -83,6 +85,56 @@ std::vector<double> cp_row_cost(const std::vector<int64_t>& docs, int64_t length
     cost[static_cast<size_t>(i)] =
         m.token_s * tokens + m.pair_s * static_cast<double>(cp_row_pairs(docs, length, ranks, i)) + ring;
   return cost;
+}
+
+namespace {
+
+// The least-squares (a, b) >= 0 of y ~ a u + b v (sums over the points), as described at fit_cp_cost.
+std::pair<double, double> nonnegative_fit(const std::vector<double>& u, const std::vector<double>& v,
+                                          const std::vector<double>& y) {
+  double uu = 0, uv = 0, vv = 0, uy = 0, vy = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    uu += u[i] * u[i], uv += u[i] * v[i], vv += v[i] * v[i], uy += u[i] * y[i], vy += v[i] * y[i];
+  }
+  const auto residual = [&](double a, double b) {
+    double r = 0;
+    for (size_t i = 0; i < y.size(); ++i) r += (y[i] - a * u[i] - b * v[i]) * (y[i] - a * u[i] - b * v[i]);
+    return r;
+  };
+  const double det = uu * vv - uv * uv;
+  if (det > 1e-9 * uu * vv) {  // the terms separate (two sizes or more)
+    const double a = (vv * uy - uv * vy) / det, b = (uu * vy - uv * uy) / det;
+    if (a >= 0 && b >= 0) return {a, b};
+  }
+  const std::pair<double, double> step{uu > 0 ? std::max(0.0, uy / uu) : 0.0, 0.0};
+  const std::pair<double, double> token{0.0, vv > 0 ? std::max(0.0, vy / vv) : 0.0};
+  // (one size: both fit exactly, up to rounding; the step term is kept)
+  return residual(token.first, token.second) < residual(step.first, step.second) * (1 - 1e-9) ? token : step;
+}
+
+}  // namespace
+
+CpCostModel fit_cp_cost(const CpTimings& t) {
+  const int64_t L = t.length;
+  TESSERA_CHECK(L >= 1 && t.split_ranks.size() == t.split_s.size(), "fit_cp_cost: ", t.split_ranks.size(),
+                " split sizes, ", t.split_s.size(), " split times, length ", L);
+  const double pa = static_cast<double>(cp_row_pairs(t.docs_a, L, 1, 0));
+  const double pb = static_cast<double>(cp_row_pairs(t.docs_b, L, 1, 0));
+  CpCostModel m;
+  m.pair_s = pa != pb ? std::max(0.0, (t.whole_a_s - t.whole_b_s) / (pa - pb)) : 0.0;
+  m.token_s = std::max(0.0, (t.whole_b_s - m.pair_s * pb) / static_cast<double>(L));
+  std::vector<double> u, v, y;
+  for (size_t i = 0; i < t.split_ranks.size(); ++i) {
+    const int64_t s = t.split_ranks[i];
+    TESSERA_CHECK(s >= 2, "fit_cp_cost: a split over ", s, " ranks");
+    const std::vector<double> work = cp_row_cost(t.docs_a, L, s, CpCostModel{m.token_s, m.pair_s, 0, 0});
+    const double share = static_cast<double>(L) / static_cast<double>(s);
+    u.push_back(static_cast<double>(s - 1));
+    v.push_back(static_cast<double>(s - 1) * share);
+    y.push_back(t.split_s[i] - *std::max_element(work.begin(), work.end()));
+  }
+  std::tie(m.ring_step_s, m.ring_token_s) = nonnegative_fit(u, v, y);
+  return m;
 }
 
 std::vector<double> cp_rank_seconds(const std::vector<std::vector<int64_t>>& rows, int64_t length, int64_t cp,

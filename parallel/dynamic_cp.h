@@ -25,6 +25,30 @@ struct CpCostModel {
   std::string str() const;
 };
 
+// What DynamicCp::calibrate times on the run's model (each a median of repeats, averaged over the cp
+// group): one row of `length` positions forward + backward whole with documents docs_a and with
+// docs_b (the same positions, other pairs), and with docs_a split over s ranks for each s of
+// split_ranks (split_s: a member's pass, its waits in the ring included, every subgroup of that size
+// running at once as in training).
+struct CpTimings {
+  int64_t length = 0;
+  std::vector<int64_t> docs_a, docs_b;
+  double whole_a_s = 0, whole_b_s = 0;
+  std::vector<int64_t> split_ranks;
+  std::vector<double> split_s;
+};
+
+// The cost model of timings t: token_s and pair_s from the two whole rows (pair_s the slope in pairs,
+// token_s the rest per position; each clamped at 0); then ring_step_s and ring_token_s so that a
+// split's predicted slowest member (cp_row_cost) matches split_s: least squares in seconds over the
+// split sizes of what a split costs beyond its share of the whole row's work, y_s = split_s -
+// max_i (token_s L / s + pair_s pairs_i), against (s - 1) (ring_step_s + ring_token_s L / s), both
+// >= 0 (the best non-negative pair: unconstrained when it is >= 0, else the better of one term
+// alone). Two sizes (cp 4) are matched exactly when the solution is >= 0; one size (cp 2) cannot
+// separate the terms and puts the whole overhead on ring_step_s (the same prediction: every split
+// row of a run has the same L / s). Throws on timings that do not fit together (sizes, lengths).
+CpCostModel fit_cp_cost(const CpTimings& t);
+
 // Where a row runs: whole on cp rank `first` (ranks = 1), or split over cp ranks
 // [first, first + ranks) in load-balanced chunks (ranks >= 2, first a multiple of ranks).
 struct CpPlacement {

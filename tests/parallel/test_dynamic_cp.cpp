@@ -169,6 +169,54 @@ TEST(DynamicCp, PlannerAgainstExhaustiveSearch) {
   std::printf("greedy start alone optimal in %d of %d cases\n", greedy_exact, cases);
 }
 
+// fit_cp_cost on synthetic timings of a row of 64 (hand-computed): one document has 64 x 65 / 2 =
+// 2080 pairs, eight of 8 have 8 x 36 = 288; split over 2 each member holds 1040 pairs (chunks of
+// 16: 1..16 and 49..64, or 17..48), over 4 each 520. From token 1 ms, pair 10 us, ring step 2 ms +
+// 50 us per position: whole 84.8 and 66.88 ms; over 2: 32 + 10.4 + 1 x (2 + 1.6) = 46 ms; over 4:
+// 16 + 5.2 + 3 x (2 + 0.8) = 29.6 ms.
+TEST(DynamicCp, CostFitRecoversHandComputedTimings) {
+  CpTimings t;
+  t.length = 64;
+  t.docs_a = {64};
+  t.docs_b = std::vector<int64_t>(8, 8);
+  t.whole_a_s = 0.0848;
+  t.whole_b_s = 0.06688;
+  t.split_ranks = {2, 4};
+  t.split_s = {0.046, 0.0296};
+  const auto near = [](double got, double want) { EXPECT_NEAR(got, want, 1e-9 * std::max(1e-12, want)) << want; };
+  CpCostModel m = fit_cp_cost(t);
+  near(m.token_s, 1e-3);
+  near(m.pair_s, 1e-5);
+  near(m.ring_step_s, 2e-3);
+  near(m.ring_token_s, 5e-5);
+  // The fitted model predicts each split's slowest member as measured (the point of the fit).
+  for (size_t i = 0; i < t.split_ranks.size(); ++i) {
+    const std::vector<double> c = cp_row_cost(t.docs_a, 64, t.split_ranks[i], m);
+    near(*std::max_element(c.begin(), c.end()), t.split_s[i]);
+  }
+  // One size (cp 2): the whole overhead per ring step, 3.6 ms, on ring_step_s.
+  t.split_ranks = {2};
+  t.split_s = {0.046};
+  m = fit_cp_cost(t);
+  near(m.ring_step_s, 3.6e-3);
+  EXPECT_EQ(m.ring_token_s, 0);
+  // Overhead per step growing with the subgroup (4 ms over 2, 5 ms per step over 4, y = 4 and 15 ms):
+  // the unconstrained slope is negative; step alone: (1 x 4 + 3 x 15) / (1 + 9) = 4.9 ms, residual
+  // 0.9e-6, against per position alone (32 x 4 + 48 x 15) / (32^2 + 48^2) ms, residual 2.5e-5.
+  t.split_ranks = {2, 4};
+  t.split_s = {0.0424 + 0.004, 0.0212 + 0.015};
+  m = fit_cp_cost(t);
+  near(m.ring_step_s, 4.9e-3);
+  EXPECT_EQ(m.ring_token_s, 0);
+  // Splits faster than their share of the whole row's work: no ring cost (never negative).
+  t.split_s = {0.040, 0.020};
+  m = fit_cp_cost(t);
+  EXPECT_EQ(m.ring_step_s, 0);
+  EXPECT_EQ(m.ring_token_s, 0);
+  t.split_s = {0.040};
+  EXPECT_THROW(fit_cp_cost(t), Error);  // a time per size
+}
+
 TEST(DynamicCp, PassesFollowOneGlobalOrder) {
   CpPlan plan;
   plan.rows = {{2, 1}, {0, 2}, {0, 4}, {2, 2}, {0, 2}, {3, 1}};
