@@ -2,7 +2,8 @@
 // positive time for every block, the embedding and the head, and for a vision-language model's
 // tower; injected part times give cut_by_time's cut, which differs from the FLOPs cut when the head
 // is slower than the formula says; train.max_memory_gib moves the cut to one whose every stage
-// fits; with the interleaved schedule (vpp 2) the same, the cut in the pp_layers form; end to end
+// fits; with the interleaved schedule (vpp 2) the same, the cut in the pp_layers form; the FLOPs cut
+// kept where it is predicted faster (unequal chunks), unless its stages exceed the memory cap; end to end
 // (`slow`): `tessera train` on pp 2 (and pp 2 vpp 2) with the measured cut prints it and trains the
 // losses of the same cut given as parallel.pp_layers, and the 1-rank run's within 1e-5.
 #include "app/pp_cut.h"
