@@ -342,7 +342,7 @@ struct ParallelConfig {
   int64_t cp = 1;
   std::string cp_comm = "ring";
   std::string cp_mode = "static";  // "dynamic": rows split or kept whole per micro-batch (app/dynamic_cp.h)
-  std::string cp_calibration;      // dynamic: the cost model's file; "": measured at start
+  std::string cp_calibration;      // dynamic: the cost model's file; "": measured at start (resume: the checkpoint's)
   bool sequence_parallel = false;
   int64_t tp_overlap_chunks = 1;  // parallel/tp_overlap.h
   // Compressed tp communication (parallel/tp_compression.h): both directions, or each on its own.
@@ -389,8 +389,10 @@ struct ParallelConfig {
             "of 2..cp ranks, chosen by a cost model measured at start so that the slowest cp rank is fastest; "
             "docs/parallel.md)", Allowed::one_of({"static", "dynamic"}));
     v.field("cp_calibration", cp_calibration, "parallel.cp_mode = \"dynamic\": a cost-model file (the "
-            "cp_calibration.toml a run writes into its directory) to plan with instead of timing the model and "
-            "the ring at start; \"\" = measure", Allowed::any());
+            "cp_calibration.toml a run writes into its directory) to plan with instead of timing whole and split "
+            "passes of the model at start; \"\" = measure, except that a resumed run plans with the cost model "
+            "recorded in its checkpoint (group /dynamic_cp) when that was measured for the same train.seq_len "
+            "and parallel.cp; a file set here wins over the record", Allowed::any());
     v.field("sequence_parallel", sequence_parallel, "split norms and residuals along the sequence "
             "over the tp group", Allowed::any());
     v.field("tp_overlap_chunks", tp_overlap_chunks, "sequence parallelism: cut each tensor-parallel all-gather "

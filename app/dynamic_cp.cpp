@@ -160,16 +160,36 @@ Batch calibration_row(const std::vector<int64_t>& docs, int64_t L) {
   return b;
 }
 
-// The fastest of `repeats` forward + backward runs of row through model (after one warm-up), loss
-// scale 0. The fastest, not the median: on a shared machine the noise only adds, and the ring below
-// is timed the same way, so the two stay comparable.
-double time_row(const Gpt& model, const Exec& ex, Allocator& alloc, const Batch& row, int repeats) {
+// This rank's pass of b's rows `p.rows` at placement p.group, as the trainer runs it: the rows whole,
+// or (split) this member's load-balanced share of them (cp_share with the subgroup selected).
+DynamicCp::Pass pass_of(CpSubgroupComm* comm, const Batch& b, const CpPass& p) {
+  Batch sub = batch_rows(b, p.rows);
+  if (p.group.split()) {
+    const CpSubgroupScope scope(comm, p.group.first, p.group.ranks);
+    sub = cp_share(sub, ContextParallel{comm, CpComm::Ring});
+  }
+  return {p.group, std::move(sub)};
+}
+
+// The median of `repeats` forward + backward runs (after one warm-up) of this rank's pass of `row`
+// at placement g, as the trainer's step runs a pass: its subgroup selected, share_layout's positions,
+// loss scale 0 (the gradients are unchanged). Each run starts after a one-value all-reduce over the
+// cp group that lines the ranks up (untimed), so a split's time is its own ring's waits, not the
+// previous run's stragglers. The median: on a shared machine one fast sample says little about
+// what a pass costs in the step.
+double time_pass(Communicator& cp, CpSubgroupComm* comm, const Gpt& model, const Exec& ex, Allocator& alloc,
+                 const Batch& row, CpPlacement g, int64_t length, int repeats) {
+  const DynamicCp::Pass pass = pass_of(comm, row, CpPass{g, {0}});
+  const Batch& b = pass.batch;
   std::vector<double> t;
-  const SequenceLayout seq = SequenceLayout::contiguous(row.T).with_documents(1, row.doc_start, row.doc_position);
+  double one = 0;
   for (int i = 0; i <= repeats; ++i) {
-    const Buffer tokens = upload(ex, alloc, Tensor(const_cast<int32_t*>(row.tokens.data()), DType::I32, {1, row.T}),
+    cp.all_reduce(Tensor(&one, DType::F64, {1}), ReduceOp::Sum);
+    const CpSubgroupScope scope(comm, g.first, g.ranks);
+    const SequenceLayout seq = share_layout(b, ContextParallel{comm, CpComm::Ring}, length);
+    const Buffer tokens = upload(ex, alloc, Tensor(const_cast<int32_t*>(b.tokens.data()), DType::I32, {b.B, b.T}),
                                  MemCategory::Activations);
-    const Buffer targets = upload(ex, alloc, Tensor(const_cast<int32_t*>(row.targets.data()), DType::I32, {1, row.T}),
+    const Buffer targets = upload(ex, alloc, Tensor(const_cast<int32_t*>(b.targets.data()), DType::I32, {b.B, b.T}),
                                   MemCategory::Activations);
     GptCtx ctx;
     synchronize(ex);
@@ -179,72 +199,57 @@ double time_row(const Gpt& model, const Exec& ex, Allocator& alloc, const Batch&
     synchronize(ex);
     if (i > 0) t.push_back(seconds_since(t0));
   }
-  return *std::min_element(t.begin(), t.end());
-}
-
-// The fastest of `repeats` ring exchanges of `floats` F32 values over cp (send to the next rank,
-// receive from the previous), each right after an untimed exchange of one value that lines the
-// ranks up.
-double time_ring(Communicator& cp, int64_t floats, int repeats) {
-  std::vector<float> out(static_cast<size_t>(floats), 1.0f), in(static_cast<size_t>(floats));
-  const int next = (cp.rank() + 1) % cp.size(), prev = (cp.rank() + cp.size() - 1) % cp.size();
-  const auto exchange = [&](int64_t n) {
-    cp.batch_send_recv({P2POp::send(Tensor(out.data(), DType::F32, {n}), next, 7),
-                        P2POp::recv(Tensor(in.data(), DType::F32, {n}), prev, 7)});
-  };
-  std::vector<double> t;
-  for (int i = 0; i < repeats; ++i) {
-    exchange(1);
-    const auto t0 = std::chrono::steady_clock::now();
-    exchange(floats);
-    t.push_back(seconds_since(t0));
-  }
-  return *std::min_element(t.begin(), t.end());
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
 }
 
 }  // namespace
 
 std::string DynamicCp::calibrate(const Config& cfg, const Gpt& model, const Exec& ex, Allocator& alloc) {
+  (void)cfg;
   const int repeats = 3;
-  const ModelConfig& mc = model.config();
-  const int64_t L = length_;
+  const int64_t L = length_, cp = cp_->size(), rank = cp_->rank();
   const bool measure = cost_from_.empty();
+  CpTimings t;
+  t.length = L;
   if (measure) {
-    // Whole rows: one document, and eight (the attention's pairs differ, the tokens do not).
-    const std::vector<int64_t> one = {L};
-    std::vector<int64_t> eight;
+    // Whole rows: one document, and eight (the attention's pairs differ, the tokens do not); then
+    // the one-document row split over each subgroup size the planner may use, every aligned
+    // subgroup of that size at once (as a step's split passes run beside each other).
+    t.docs_a = {L};
     for (int64_t left = L, d = std::max<int64_t>(1, L / 8); left > 0; left -= std::min(d, left))
-      eight.push_back(std::min(d, left));
-    const double ta = time_row(model, ex, alloc, calibration_row(one, L), repeats);
-    const double tb = time_row(model, ex, alloc, calibration_row(eight, L), repeats);
-    const double pa = static_cast<double>(cp_row_pairs(one, L, 1, 0)), pb = static_cast<double>(cp_row_pairs(eight, L, 1, 0));
-    CpCostModel m;
-    m.pair_s = pa > pb ? std::max(0.0, (ta - tb) / (pa - pb)) : 0.0;
-    m.token_s = std::max(0.0, (tb - m.pair_s * pb) / static_cast<double>(L));
-    // The ring: every layer exchanges K and V once forward and K, V and their gradients backward.
-    const int64_t kv_floats_per_token = 2 * mc.kv_heads() * mc.head_dim();
-    // (the large message: a whole row's K/V, twice the largest chunk a split sends, for a slope
-    // well above the noise)
-    const int64_t small = 16, big = std::max<int64_t>(small + 1, L * kv_floats_per_token);
-    const double ts = time_ring(*cp_, small, 9), tl = time_ring(*cp_, big, 9);
-    const double per_float = std::max(0.0, (tl - ts) / static_cast<double>(big - small));
-    const double exchanges = 3.0 * static_cast<double>(mc.n_layer);
-    m.ring_step_s = exchanges * ts;
-    m.ring_token_s = exchanges * per_float * static_cast<double>(kv_floats_per_token);
-    cost_ = m;
+      t.docs_b.push_back(std::min(d, left));
+    std::vector<double> v;  // (whole a, whole b, split per size), each this rank's median
+    v.push_back(time_pass(*cp_, comm_.get(), model, ex, alloc, calibration_row(t.docs_a, L), {rank, 1}, L, repeats));
+    v.push_back(time_pass(*cp_, comm_.get(), model, ex, alloc, calibration_row(t.docs_b, L), {rank, 1}, L, repeats));
+    t.split_ranks = cp_split_sizes(cp, L);
+    for (int64_t s : t.split_ranks)
+      v.push_back(time_pass(*cp_, comm_.get(), model, ex, alloc, calibration_row(t.docs_a, L), {rank / s * s, s}, L,
+                            repeats));
+    // Every rank fits the cp group's mean timings.
+    cp_->all_reduce(Tensor(v.data(), DType::F64, {static_cast<int64_t>(v.size())}), ReduceOp::Average);
+    t.whole_a_s = v[0];
+    t.whole_b_s = v[1];
+    t.split_s.assign(v.begin() + 2, v.end());
+    cost_ = fit_cp_cost(t);
   }
-  // Every rank plans with the same numbers: the cp group's mean of the measured ones, as its first
-  // rank holds it (a file's or a checkpoint's are not averaged: the same values, kept exactly).
+  // Every rank plans with the same numbers: the fit as the cp group's first rank holds it (a file's
+  // or a checkpoint's are the same values on every rank, kept exactly).
   std::vector<double> v = {cost_.token_s, cost_.pair_s, cost_.ring_step_s, cost_.ring_token_s};
-  const Tensor t(v.data(), DType::F64, {4});
-  if (measure) cp_->all_reduce(t, ReduceOp::Average);
-  cp_->broadcast(t, 0);
-  if (tp_) tp_->broadcast(t, 0);  // the tp group runs the same passes: its first rank's cp group's numbers
+  const Tensor tv(v.data(), DType::F64, {4});
+  cp_->broadcast(tv, 0);
+  if (tp_) tp_->broadcast(tv, 0);  // the tp group runs the same passes: its first rank's cp group's numbers
   cost_ = CpCostModel{v[0], v[1], v[2], v[3]};
   std::ostringstream o;
   o << "dynamic cp cost model (" << (measure ? "measured" + (resume_note_.empty() ? "" : ": " + resume_note_) : cost_from_)
     << "): " << cost_.str() << "; a whole row of " << L << " tokens, one document: "
     << (cost_.token_s * static_cast<double>(L) + cost_.pair_s * static_cast<double>(L * (L + 1) / 2)) * 1e3 << " ms";
+  for (size_t i = 0; i < t.split_ranks.size(); ++i) {  // measured: the fit beside what it was fitted to
+    const std::vector<double> c = cp_row_cost(t.docs_a, L, t.split_ranks[i], cost_);
+    o << (i == 0 ? "; split over " : ", over ") << t.split_ranks[i] << " ranks: measured " << t.split_s[i] * 1e3
+      << " ms, predicted " << (*std::max_element(c.begin(), c.end()) + cp_pass_s(t.split_ranks[i], cost_)) * 1e3
+      << " ms";
+  }
   return o.str();
 }
 
@@ -274,14 +279,7 @@ std::vector<DynamicCp::Pass> DynamicCp::passes(const Batch& b) {
   rows_total_ += b.B;
   split_total_ += plan.split_rows();
   std::vector<Pass> out;
-  for (const CpPass& p : cp_passes(plan, cp_->rank())) {
-    Batch sub = batch_rows(b, p.rows);
-    if (p.group.split()) {
-      const CpSubgroupScope scope(comm_.get(), p.group.first, p.group.ranks);
-      sub = cp_share(sub, ContextParallel{comm_.get(), CpComm::Ring});
-    }
-    out.push_back({p.group, std::move(sub)});
-  }
+  for (const CpPass& p : cp_passes(plan, cp_->rank())) out.push_back(pass_of(comm_.get(), b, p));
   return out;
 }
 

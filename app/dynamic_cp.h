@@ -65,14 +65,16 @@ class DynamicCp {
   AttrMap record() const { return cp_cost_record(cost_, length_, cp_->size()); }
 
   // The cost model: parallel.cp_calibration's, the resumed checkpoint's, or measured here
-  // (collective over the cp group): model's forward + backward of one row of seq_len timed whole (on
-  // every cp rank, loss scale 0: the gradients are unchanged; the fastest of 3) with one document
-  // and with eight, fitted to token_s and pair_s; a ring exchange of a small message and of a row's
-  // K/V timed over the cp group (the fastest of 9), fitted to ring_step_s (3 n_layer exchanges of
-  // the small one's time: K/V forward, K/V and their gradients backward) and ring_token_s. Measured
-  // constants are averaged over the cp group and broadcast from its first rank, then from the tp
-  // group's first rank (each tp rank has its own cp group), so every rank plans alike. Collective
-  // over the cp and tp groups. Returns the line the header prints.
+  // (collective over the cp group) by running passes of the model as the trainer's step runs them
+  // (its subgroup selected, cp_share's positions; loss scale 0: the gradients are unchanged), the
+  // median of 3 after a warm-up: one row of seq_len whole on every cp rank with one document and
+  // with eight, and the one-document row split over each subgroup size the planner may use (every
+  // aligned subgroup of that size at once, its ring's waits included); fit_cp_cost
+  // (parallel/dynamic_cp.h) turns those timings, averaged over the cp group, into token_s and pair_s
+  // and then ring_step_s and ring_token_s so that a split's predicted time matches its measured one.
+  // The fit is broadcast from the cp group's first rank, then from the tp group's first rank (each
+  // tp rank has its own cp group), so every rank plans alike. Collective over the cp and tp groups.
+  // Returns the line the header prints (with each split size's measured and predicted time).
   std::string calibrate(const Config& cfg, const Gpt& model, const Exec& ex, Allocator& alloc);
   const CpCostModel& cost() const { return cost_; }
   // Where the cost model came from: the file, "checkpoint <path>", or "" (measured).

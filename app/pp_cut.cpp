@@ -169,6 +169,30 @@ MemoryRoom memory_room(MPI_Comm comm) {
   return m;
 }
 
+// Whether the estimate of c's stage l.pp_rank is within cfg's cap and (train.memory_check) the room.
+bool estimate_fits(const Config& c, int64_t data_vocab_size, const MemoryLayout& l, const MemoryRoom& room) {
+  try {
+    const MemoryEstimate e = estimate_training_memory(c, data_vocab_size, l);
+    return memory_cap_problem(e, c.train.max_memory_gib).empty() &&
+           (!c.train.memory_check || memory_problem(e, room.ranks_on_node, room.available).empty());
+  } catch (const SizeOverflow&) {
+    return false;
+  }
+}
+
+// The FLOPs rule's cut (parallel.pp_layers empty): its first stage whose estimate does not fit as
+// stage_fits asks, -1 when every stage fits.
+int64_t flops_unfit_stage(const Config& cfg, int64_t data_vocab_size, const MemoryLayout& layout, const MemoryRoom& room) {
+  Config c = cfg;
+  c.parallel.pp_layers.clear();
+  for (int64_t r = 0; r < cfg.parallel.pp; ++r) {
+    MemoryLayout l = layout;
+    l.pp_rank = r;
+    if (!estimate_fits(c, data_vocab_size, l, room)) return r;
+  }
+  return -1;
+}
+
 // fits(r, n) for cut_by_time: stage r's estimate with n blocks within the room and the cap, memoized.
 StageFits stage_fits(const Config& cfg, int64_t L, bool encoder_stage, int64_t data_vocab_size, const MemoryLayout& layout, const MemoryRoom& room) {
   auto memo = std::make_shared<std::map<std::pair<int64_t, int64_t>, bool>>();
@@ -182,13 +206,7 @@ StageFits stage_fits(const Config& cfg, int64_t L, bool encoder_stage, int64_t d
       c.parallel.pp_layers = blocks;
       MemoryLayout l = layout;
       l.pp_rank = r;
-      try {
-        const MemoryEstimate e = estimate_training_memory(c, data_vocab_size, l);
-        ok = memory_cap_problem(e, cfg.train.max_memory_gib).empty() &&
-             (!cfg.train.memory_check || memory_problem(e, room.ranks_on_node, room.available).empty());
-      } catch (const SizeOverflow&) {
-        ok = false;
-      }
+      ok = estimate_fits(c, data_vocab_size, l, room);
     }
     (*memo)[key] = ok;
     return ok;
@@ -211,10 +229,11 @@ std::string count_list(const std::vector<int64_t>& v) {
   return os.str();
 }
 
-// Everything rank 0 found, packed for one broadcast: pp block counts, then embedding, vision, head
-// and the L block times (doubles hold counts up to 2^53 exactly).
+// Everything rank 0 found, packed for one broadcast: pp block counts, the FLOPs cut's unfit stage,
+// then embedding, vision, head and the L block times (doubles hold counts up to 2^53 exactly).
 std::vector<double> pack(const MeasuredCut& c) {
   std::vector<double> v(c.blocks.begin(), c.blocks.end());
+  v.push_back(static_cast<double>(c.flops_unfit_stage));
   v.push_back(c.times.embedding);
   v.push_back(c.times.vision);
   v.push_back(c.times.head);
@@ -223,10 +242,11 @@ std::vector<double> pack(const MeasuredCut& c) {
 }
 void unpack(const std::vector<double>& v, int64_t pp, MeasuredCut& c) {
   c.blocks.assign(v.begin(), v.begin() + pp);
-  c.times.embedding = v[static_cast<size_t>(pp)];
-  c.times.vision = v[static_cast<size_t>(pp) + 1];
-  c.times.head = v[static_cast<size_t>(pp) + 2];
-  c.times.blocks.assign(v.begin() + pp + 3, v.end());
+  c.flops_unfit_stage = static_cast<int64_t>(v[static_cast<size_t>(pp)]);
+  c.times.embedding = v[static_cast<size_t>(pp) + 1];
+  c.times.vision = v[static_cast<size_t>(pp) + 2];
+  c.times.head = v[static_cast<size_t>(pp) + 3];
+  c.times.blocks.assign(v.begin() + pp + 4, v.end());
 }
 
 // The makespan of one step of m micro-batches under cfg's schedule for a cut given as chunks (model
@@ -238,6 +258,32 @@ double simulated_step(const PartTimes& t, const std::vector<int64_t>& chunk_bloc
   for (double c : rank_times(t, chunk_blocks, K)) options.chunks.push_back(ChunkCost{c / 3, c / 3, c / 3});
   const Schedule s = pipeline_schedule(cfg.parallel.pp, cfg.parallel.vpp, m, parse_pipeline_kind(cfg.parallel.pp_schedule));
   return simulate(s, options).makespan;
+}
+
+// From c's part times and cut: both cuts' predicted stage times, their simulated steps, and which
+// runs (choose_cut, with c.flops_unfit_stage). The same numbers give the same result on every rank.
+void price(MeasuredCut& c, const Config& cfg, const ModelConfig& m, const MemoryLayout& layout) {
+  const int64_t pp = cfg.parallel.pp, vpp = cfg.parallel.vpp;
+  c.predicted = stage_times(c.times, c.blocks, vpp);
+  c.flops_blocks.clear();
+  for (const StageSpec& s : cut_stages(m, cfg.train.seq_len, pp, vpp)) c.flops_blocks.push_back(s.layers());
+  c.flops_predicted = rank_times(c.times, c.flops_blocks, pp);
+  c.simulated_step = c.flops_simulated_step = 0;
+  c.micro_batches = 0;
+  if (cfg.train.micro_batch > 0) {  // a step the schedule refuses (checked later) prints none
+    try {
+      const int64_t steps = grad_accum_steps(cfg, layout.dp);
+      c.simulated_step = simulated_step(c.times, stage_chunks(c.blocks, vpp), cfg, steps);
+      c.flops_simulated_step = simulated_step(c.times, c.flops_blocks, cfg, steps);
+      c.micro_batches = steps;
+    } catch (const Error&) {
+      c.simulated_step = c.flops_simulated_step = 0;
+    }
+  }
+  const CutChoice choice = choose_cut(c.predicted, c.simulated_step, c.flops_predicted, c.flops_simulated_step,
+                                      c.flops_unfit_stage);
+  c.flops_kept = choice.flops;
+  c.choice = choice.why;
 }
 
 }  // namespace
@@ -322,9 +368,11 @@ std::string MeasuredCut::describe() const {
   if (times.vision > 0) os << ", vision tower " << 1e3 * times.vision;
   os << ", blocks " << 1e3 * lo << " to " << 1e3 * hi << " (mean " << 1e3 * sum / static_cast<double>(std::max<size_t>(1, times.blocks.size()))
      << "), head " << 1e3 * times.head;
+  if (!choice.empty()) os << "\n  runs " << choice;
   os << "\n  stage times (ms): predicted " << ms_list(predicted);
-  if (!measured.empty()) os << ", measured " << ms_list(measured);
+  if (!measured.empty() && !flops_kept) os << ", measured " << ms_list(measured);
   os << "; the FLOPs cut's predicted " << ms_list(flops_predicted);
+  if (!measured.empty() && flops_kept) os << ", measured " << ms_list(measured);
   if (micro_batches > 0)
     os << "\n  step of " << micro_batches << " micro-batches, simulated from the parts (ms): " << 1e3 * simulated_step
        << "; the FLOPs cut's " << 1e3 * flops_simulated_step;
@@ -349,8 +397,10 @@ MeasuredCut measured_cut(const Config& cfg, const ModelConfig& mc, int64_t data_
                     out.times.blocks.size(), " block times for model.n_layer = ", L);
       out.blocks = cut_by_time(out.times, pp, encoder_stage,
                                stage_fits(cfg, L, encoder_stage, data_vocab_size, layout, room), vpp);
-      if (measure_stages) {  // each chunk built whole; a stage's time is its chunks' sum
-        const std::vector<int64_t> chunks = stage_chunks(out.blocks, vpp);
+      out.flops_unfit_stage = flops_unfit_stage(cfg, data_vocab_size, layout, room);
+      price(out, cfg, m, layout);
+      if (measure_stages) {  // the running cut's chunks, each built whole; a stage's time is its chunks' sum
+        const std::vector<int64_t> chunks = out.flops_kept ? out.flops_blocks : stage_chunks(out.blocks, vpp);
         out.measured.assign(static_cast<size_t>(pp), 0.0);
         for (int64_t c = 0; c < pp * vpp; ++c)
           out.measured[static_cast<size_t>(c % pp)] += measure_stage_time(cfg, m, ex, chunks, c);
@@ -363,31 +413,20 @@ MeasuredCut measured_cut(const Config& cfg, const ModelConfig& mc, int64_t data_
   if (!error.empty()) throw Error(error);
   if (comm != MPI_COMM_NULL) {
     std::vector<double> v = pack(out);
-    v.resize(static_cast<size_t>(pp + 3 + L));
+    v.resize(static_cast<size_t>(pp + 4 + L));
     check_mpi(MPI_Bcast(v.data(), static_cast<int>(v.size()), MPI_DOUBLE, 0, comm), "MPI_Bcast (pp_cut)");
     unpack(v, pp, out);
-  }
-  out.predicted = stage_times(out.times, out.blocks, vpp);
-  for (const StageSpec& s : cut_stages(m, cfg.train.seq_len, pp, vpp)) out.flops_blocks.push_back(s.layers());
-  out.flops_predicted = rank_times(out.times, out.flops_blocks, pp);
-  if (cfg.train.micro_batch > 0) {  // a print only: a step the schedule refuses (checked later) prints none
-    try {
-      const int64_t steps = grad_accum_steps(cfg, layout.dp);
-      out.simulated_step = simulated_step(out.times, stage_chunks(out.blocks, vpp), cfg, steps);
-      out.flops_simulated_step = simulated_step(out.times, out.flops_blocks, cfg, steps);
-      out.micro_batches = steps;
-    } catch (const Error&) {
-      out.simulated_step = out.flops_simulated_step = 0;
-    }
+    if (!lead) price(out, cfg, m, layout);  // rank 0's numbers: rank 0's choice
   }
   return out;
 }
 
 std::string apply_measured_cut(Config& cfg, const ModelConfig& mc, int64_t data_vocab_size, const MemoryLayout& layout,
-                               const Exec& ex, MPI_Comm comm) {
+                               const Exec& ex, MPI_Comm comm, const PartTimer& timer) {
   if (cfg.parallel.pp_cut != "measured" || cfg.parallel.pp <= 1) return "";
-  const MeasuredCut cut = measured_cut(cfg, mc, data_vocab_size, layout, ex, comm);
-  cfg.parallel.pp_layers = cut.blocks;
+  const MeasuredCut cut = measured_cut(cfg, mc, data_vocab_size, layout, ex, comm, timer);
+  if (cut.flops_kept) cfg.parallel.pp_layers.clear();  // the FLOPs rule
+  else cfg.parallel.pp_layers = cut.blocks;
   cfg.parallel.pp_cut = "flops";
   return cut.describe();
 }

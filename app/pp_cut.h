@@ -50,7 +50,7 @@ struct MeasuredCut {
   int64_t vpp = 1;                      // chunks per stage (parallel.vpp)
   std::vector<int64_t> blocks;          // the measured cut: blocks per stage (parallel.pp_layers' form)
   std::vector<double> predicted;        // its stage times from the parts (a stage: the sum of its chunks)
-  std::vector<double> measured;         // its stages' chunks timed whole, summed (rank 0 only; empty elsewhere)
+  std::vector<double> measured;         // the running cut's stages' chunks timed whole, summed (rank 0 only; empty elsewhere)
   // The FLOPs rule's cut (model/stage_cut.h), for comparison: blocks per chunk, model order (pp x vpp
   // entries; vpp = 1: per stage; with vpp > 1 its chunks need not be equal within a stage).
   std::vector<int64_t> flops_blocks;
@@ -60,7 +60,14 @@ struct MeasuredCut {
   // gradient a third of its time); 0 when the micro-batches per step are not known.
   double simulated_step = 0, flops_simulated_step = 0;
   int64_t micro_batches = 0;  // per step, for the simulation
-  // The header's lines: the cut, predicted and measured stage times, the FLOPs cut's prediction.
+  // The FLOPs cut's first stage over the memory limit the measured cut respects (-1: all fit).
+  int64_t flops_unfit_stage = -1;
+  // Which cut runs (choose_cut, model/stage_cut_measured.h): the FLOPs cut unless the measured cut is
+  // predicted faster (simulated step, else slowest stage) or the FLOPs cut does not fit; and why.
+  bool flops_kept = false;
+  std::string choice;
+  // The header's lines: the cut, which cut runs and why, predicted and measured stage times, the
+  // FLOPs cut's prediction.
   std::string describe() const;
 };
 
@@ -72,16 +79,18 @@ using PartTimer = std::function<PartTimes(const Config&, const ModelConfig&, con
 // each stage's memory estimate (app/memory_check.h, stage r holding n blocks, for `layout`'s tp and dp)
 // within this node's available memory (shared by its ranks; not checked with train.memory_check =
 // false) and train.max_memory_gib. Collective over comm (MPI_COMM_NULL: one process): rank 0
-// times, broadcasts the times, every rank cuts; an error on rank 0 is thrown on every rank.
-// measure_stages: time the chosen stages whole on rank 0 too (MeasuredCut::measured).
+// times, broadcasts the times, every rank cuts; an error on rank 0 is thrown on every rank. Which cut
+// runs: MeasuredCut::flops_kept (choose_cut), the same on every rank.
+// measure_stages: time the running cut's stages whole on rank 0 too (MeasuredCut::measured).
 MeasuredCut measured_cut(const Config& cfg, const ModelConfig& mc, int64_t data_vocab_size, const MemoryLayout& layout,
                          const Exec& ex, MPI_Comm comm, const PartTimer& timer = {}, bool measure_stages = true);
 
-// The trainer's wiring: with parallel.pp_cut = "measured" and parallel.pp > 1, the measured cut
-// written into cfg as parallel.pp_layers (and pp_cut set to "flops": the config from then on, the
-// one checkpoints store, is the explicit equivalent, as train.micro_batch = 0 is stored resolved),
-// returning the header's lines; otherwise cfg unchanged and "".
+// The trainer's wiring: with parallel.pp_cut = "measured" and parallel.pp > 1, the cut that runs
+// written into cfg: the measured cut as parallel.pp_layers, or (flops_kept) parallel.pp_layers left
+// empty, the FLOPs rule; pp_cut set to "flops" either way (the config from then on, the one
+// checkpoints store, is the explicit equivalent, as train.micro_batch = 0 is stored resolved),
+// returning the header's lines; otherwise cfg unchanged and "". timer: as for measured_cut.
 std::string apply_measured_cut(Config& cfg, const ModelConfig& mc, int64_t data_vocab_size, const MemoryLayout& layout,
-                               const Exec& ex, MPI_Comm comm);
+                               const Exec& ex, MPI_Comm comm, const PartTimer& timer = {});
 
 }  // namespace tessera

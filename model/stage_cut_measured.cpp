@@ -4,7 +4,9 @@
 #include "model/stage_cut_measured.h"
 
 #include <algorithm>
+#include <iomanip>
 #include <limits>
+#include <sstream>
 #include <string>
 
 #include "kernels/check.h"
@@ -152,6 +154,30 @@ std::vector<int64_t> cut_by_time(const PartTimes& t, int64_t pp, bool encoder_st
   std::vector<int64_t> blocks = evenest_cut(rd, first_min, least, fit);
   for (int64_t& n : blocks) n *= vpp;
   return blocks;
+}
+
+CutChoice choose_cut(const std::vector<double>& measured_stages, double measured_step,
+                     const std::vector<double>& flops_stages, double flops_step, int64_t flops_unfit_stage) {
+  TESSERA_CHECK(!measured_stages.empty() && !flops_stages.empty(), "choose_cut: no stage times");
+  const bool by_step = measured_step > 0 && flops_step > 0;
+  const double m = by_step ? measured_step : *std::max_element(measured_stages.begin(), measured_stages.end());
+  const double f = by_step ? flops_step : *std::max_element(flops_stages.begin(), flops_stages.end());
+  const char* what = by_step ? "simulated step" : "slowest stage";
+  std::ostringstream os;
+  os << std::setprecision(4);
+  CutChoice c;
+  if (m < f) {
+    os << "the measured cut: its predicted " << what << " " << 1e3 * m << " ms < the FLOPs cut's " << 1e3 * f << " ms";
+  } else if (flops_unfit_stage >= 0) {
+    os << "the measured cut: the FLOPs cut's predicted " << what << " " << 1e3 * f << " ms <= the measured cut's "
+       << 1e3 * m << " ms, but its stage " << flops_unfit_stage << " does not fit in memory";
+  } else {
+    c.flops = true;
+    os << "the FLOPs rule's cut: its predicted " << what << " " << 1e3 * f << " ms <= the measured cut's " << 1e3 * m
+       << " ms";
+  }
+  c.why = os.str();
+  return c;
 }
 
 }  // namespace tessera

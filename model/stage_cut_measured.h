@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace tessera {
@@ -57,5 +58,20 @@ using StageFits = std::function<bool(int64_t stage, int64_t blocks)>;
 // when n_layer is not a multiple of vpp.
 std::vector<int64_t> cut_by_time(const PartTimes& t, int64_t pp, bool encoder_stage, const StageFits& fits = {},
                                  int64_t vpp = 1);
+
+// Which cut a run with parallel.pp_cut = "measured" runs: the measured cut (cut_by_time) only when it
+// is predicted faster than the FLOPs rule's (model/stage_cut.h), both priced from the same measured
+// parts. Predicted: each cut's step under the run's schedule, simulated, when both are known (> 0);
+// else its slowest stage. Ties keep the FLOPs cut (the rule a run without timing reproduces). The
+// FLOPs cut is kept only when its every stage fits the memory limit the measured cut respects
+// (flops_unfit_stage: its first stage that does not; -1: every stage fits). The measured cut's
+// equal-chunk form (vpp > 1) can lose to the FLOPs rule's unequal chunks: that is when this keeps
+// the FLOPs cut.
+struct CutChoice {
+  bool flops = false;  // run the FLOPs rule's cut (else the measured cut)
+  std::string why;     // the comparison, as the header prints it
+};
+CutChoice choose_cut(const std::vector<double>& measured_stages, double measured_step,
+                     const std::vector<double>& flops_stages, double flops_step, int64_t flops_unfit_stage);
 
 }  // namespace tessera

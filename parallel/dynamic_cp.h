@@ -20,10 +20,38 @@ namespace tessera {
 struct CpCostModel {
   double token_s = 0;       // per position: every GEMM, norm, embedding and head (linear in tokens)
   double pair_s = 0;        // per visible (query, key) pair: the attention kernels
-  double ring_step_s = 0;   // per ring step of a split row: its fixed cost (latency, all layers, fwd + bwd)
-  double ring_token_s = 0;  // per K/V position moved in a ring step (bandwidth, all layers, fwd + bwd)
+  // per ring step of a split pass: its fixed cost (latency and the per-layer waits for the
+  // subgroup, all layers, fwd + bwd), paid once per micro-batch and subgroup however many rows the
+  // pass carries (its rows' K/V travel in the same messages)
+  double ring_step_s = 0;
+  double ring_token_s = 0;  // per K/V position of a row moved in a ring step (all layers, fwd + bwd)
   std::string str() const;
 };
+
+// What DynamicCp::calibrate times on the run's model (each a median of repeats, averaged over the cp
+// group): one row of `length` positions forward + backward whole with documents docs_a and with
+// docs_b (the same positions, other pairs), and with docs_a split over s ranks for each s of
+// split_ranks (split_s: a member's pass, its waits in the ring included, every subgroup of that size
+// running at once as in training).
+struct CpTimings {
+  int64_t length = 0;
+  std::vector<int64_t> docs_a, docs_b;
+  double whole_a_s = 0, whole_b_s = 0;
+  std::vector<int64_t> split_ranks;
+  std::vector<double> split_s;
+};
+
+// The cost model of timings t: token_s and pair_s from the two whole rows (pair_s the slope in pairs,
+// token_s the rest per position; each clamped at 0); then ring_step_s and ring_token_s so that a
+// one-row split's predicted slowest member (cp_row_cost + cp_pass_s) matches split_s: least squares
+// in seconds over the split sizes of what a split costs beyond its share of the whole row's work,
+// y_s = split_s - max_i (token_s L / s + pair_s pairs_i), against (s - 1) (ring_step_s +
+// ring_token_s L / s), both >= 0 (the best non-negative pair: unconstrained when it is >= 0, else
+// the better of one term alone). Two sizes (cp 4) are matched exactly when the solution is >= 0; one
+// size (cp 2) cannot separate the terms and puts the whole overhead on ring_step_s (a one-row pass
+// is predicted the same either way; a pass of several rows then pays it once). Throws on timings
+// that do not fit together (a time per size, sizes >= 2).
+CpCostModel fit_cp_cost(const CpTimings& t);
 
 // Where a row runs: whole on cp rank `first` (ranks = 1), or split over cp ranks
 // [first, first + ranks) in load-balanced chunks (ranks >= 2, first a multiple of ranks).
@@ -54,9 +82,15 @@ std::vector<int64_t> cp_split_sizes(int64_t cp, int64_t length);
 // document), summing to length.
 int64_t cp_row_pairs(const std::vector<int64_t>& docs, int64_t length, int64_t ranks, int64_t index);
 
-// Each member's seconds (member i is cp rank first + i) for running row `docs` at placement p.
+// Each member's seconds (member i is cp rank first + i) for running row `docs` split over `ranks`
+// (1: whole): its positions, its pairs and (split) its K/V moved around the ring, (ranks - 1)
+// ring_token_s length / ranks; without the pass's fixed cost (cp_pass_s), which the rows of one
+// pass share.
 std::vector<double> cp_row_cost(const std::vector<int64_t>& docs, int64_t length, int64_t ranks,
                                 const CpCostModel& m);
+
+// Each member's fixed seconds of a pass split over `ranks`: (ranks - 1) ring_step_s (0 whole).
+double cp_pass_s(int64_t ranks, const CpCostModel& m);
 
 // The plan for rows (each a list of document lengths summing to length) over cp ranks that
 // minimises the slowest rank's predicted seconds. First a greedy plan (longest row first, each to
@@ -67,7 +101,9 @@ std::vector<double> cp_row_cost(const std::vector<int64_t>& docs, int64_t length
 CpPlan plan_dynamic_cp(const std::vector<std::vector<int64_t>>& rows, int64_t length, int64_t cp,
                        const CpCostModel& m, int64_t search_nodes = 200000);
 
-// The predicted seconds per cp rank of placements (rows as for plan_dynamic_cp).
+// The predicted seconds per cp rank of placements (rows as for plan_dynamic_cp): each row's
+// cp_row_cost on its members, and each split placement used once cp_pass_s on its members (its rows
+// run as one pass: cp_passes).
 std::vector<double> cp_rank_seconds(const std::vector<std::vector<int64_t>>& rows, int64_t length, int64_t cp,
                                     const std::vector<CpPlacement>& placements, const CpCostModel& m);
 

@@ -2,7 +2,8 @@
 // positive time for every block, the embedding and the head, and for a vision-language model's
 // tower; injected part times give cut_by_time's cut, which differs from the FLOPs cut when the head
 // is slower than the formula says; train.max_memory_gib moves the cut to one whose every stage
-// fits; with the interleaved schedule (vpp 2) the same, the cut in the pp_layers form; end to end
+// fits; with the interleaved schedule (vpp 2) the same, the cut in the pp_layers form; the FLOPs cut
+// kept where it is predicted faster (unequal chunks), unless its stages exceed the memory cap; end to end
 // (`slow`): `tessera train` on pp 2 (and pp 2 vpp 2) with the measured cut prints it and trains the
 // losses of the same cut given as parallel.pp_layers, and the 1-rank run's within 1e-5.
 #include "app/pp_cut.h"
@@ -134,6 +135,47 @@ TEST(PpCut, InjectedTimesGiveTheirInterleavedCut) {
   EXPECT_NE(header.find("in parallel.vpp = 2 equal chunks each: chunks ["), std::string::npos) << header;
   EXPECT_NE(header.find("step of 4 micro-batches, simulated from the parts (ms): "), std::string::npos) << header;
   EXPECT_NE(header.find("the FLOPs rule's chunks: ["), std::string::npos) << header;
+  // Predicted faster: the measured cut runs, written into the config as parallel.pp_layers.
+  EXPECT_FALSE(cut.flops_kept);
+  EXPECT_NE(header.find("\n  runs the measured cut: its predicted simulated step "), std::string::npos) << header;
+  Config run = cfg;
+  apply_measured_cut(run, mc, kVocab, MemoryLayout{1, 1, false}, Exec::cpu(), MPI_COMM_NULL, timer);
+  EXPECT_EQ(run.parallel.pp_layers, cut.blocks);
+  EXPECT_EQ(run.parallel.pp_cut, "flops");
+}
+
+// Six blocks of equal time on pp 2 vpp 2 (the end parts at the formula's weights): the equal-chunk
+// cuts are [2, 4] and [4, 2] (a stage of 4 blocks), while the FLOPs rule's unequal chunks give each
+// stage 3 (docs/parallel.md, "The measured cut and the FLOPs cut"): the FLOPs cut is predicted
+// faster and kept: the config keeps the FLOPs rule (no parallel.pp_layers), and the header says so.
+TEST(PpCut, FlopsCutIsKeptWhenPredictedFaster) {
+  const Config cfg = tiny({"model.n_layer=6", "parallel.vpp=2", "parallel.pp_schedule=\"interleaved\"",
+                           "parallel.pp_cut=\"measured\""});
+  const ModelConfig mc = resolve(to_model_config(cfg, kVocab));
+  const LayerCosts costs = layer_costs(mc, cfg.train.seq_len);
+  const PartTimer timer = [&](const Config&, const ModelConfig& m, const Exec&) {
+    PartTimes t;
+    t.blocks.assign(static_cast<size_t>(m.n_layer), 1.0);
+    t.embedding = costs.weight(costs.embedding);
+    t.head = costs.weight(costs.head);
+    return t;
+  };
+  const MeasuredCut cut = measured_cut(cfg, mc, kVocab, MemoryLayout{1, 1, false}, Exec::cpu(), MPI_COMM_NULL, timer, false);
+  ASSERT_EQ(cut.flops_blocks.size(), 4u);
+  // The premise: the FLOPs chunks hold 3 blocks per stage, the measured cut 4 on one stage.
+  EXPECT_EQ(cut.flops_blocks[0] + cut.flops_blocks[2], 3) << "FLOPs chunks";
+  EXPECT_EQ(*std::max_element(cut.blocks.begin(), cut.blocks.end()), 4);
+  EXPECT_EQ(cut.micro_batches, 4);
+  EXPECT_LT(cut.flops_simulated_step, cut.simulated_step);
+  EXPECT_EQ(cut.flops_unfit_stage, -1);
+  EXPECT_TRUE(cut.flops_kept);
+  const std::string header = cut.describe();
+  EXPECT_NE(header.find("\n  runs the FLOPs rule's cut: its predicted simulated step "), std::string::npos) << header;
+  Config run = cfg;
+  const std::string line = apply_measured_cut(run, mc, kVocab, MemoryLayout{1, 1, false}, Exec::cpu(), MPI_COMM_NULL, timer);
+  EXPECT_TRUE(run.parallel.pp_layers.empty());
+  EXPECT_EQ(run.parallel.pp_cut, "flops");
+  EXPECT_NE(line.find("runs the FLOPs rule's cut"), std::string::npos) << line;
 }
 
 // A VLM whose injected tower outweighs its two language blocks: the encoder's stage alone, [0, 2]
@@ -211,6 +253,50 @@ TEST(PpCut, MemoryCapMovesTheInterleavedCut) {
             (std::vector<int64_t>{4, 4}));
 }
 
+// The case above with wide activations (stage 0 keeps 5 chunk-micro-batches in flight under
+// interleaved 1F1B, stage 1 three): a train.max_memory_gib between the largest stage estimate of the
+// measured cut and the FLOPs cut's (its stage 0 of chunks of 1 and 2 blocks needs more) leaves the
+// FLOPs cut over the limit, so the measured cut runs although the FLOPs cut is predicted faster.
+TEST(PpCut, FlopsCutOverTheMemoryLimitIsNotKept) {
+  const std::vector<std::string> big = {"model.n_embd=256", "model.n_head=4", "train.seq_len=128", "model.max_seq_len=128",
+                                        "train.global_batch=32", "train.micro_batch=8", "model.n_layer=6",
+                                        "parallel.vpp=2", "parallel.pp_schedule=\"interleaved\"",
+                                        "parallel.pp_cut=\"measured\""};
+  Config cfg = tiny(big);
+  const ModelConfig mc = resolve(to_model_config(cfg, kVocab));
+  const PartTimer timer = [](const Config&, const ModelConfig& m, const Exec&) {
+    PartTimes t;
+    t.blocks.assign(static_cast<size_t>(m.n_layer), 1.0);
+    return t;
+  };
+  const MemoryLayout layout{1, 1, false};
+  const MeasuredCut free_cut = measured_cut(cfg, mc, kVocab, layout, Exec::cpu(), MPI_COMM_NULL, timer, false);
+  ASSERT_TRUE(free_cut.flops_kept) << free_cut.describe();
+  // Each cut's largest stage estimate (the FLOPs rule's: parallel.pp_layers empty).
+  const auto largest = [&](const std::vector<int64_t>& pp_layers) {
+    double most = 0;
+    for (int64_t r = 0; r < 2; ++r) {
+      Config c = cfg;
+      c.parallel.pp_layers = pp_layers;
+      MemoryLayout l = layout;
+      l.pp_rank = r;
+      most = std::max(most, static_cast<double>(estimate_training_memory(c, kVocab, l).total()));
+    }
+    return most;
+  };
+  const double flops = largest({}), equal = std::min(largest({2, 4}), largest({4, 2}));
+  ASSERT_LT(equal, flops) << "the test's premise: an equal-chunk cut needs less than the FLOPs cut";
+  cfg.train.max_memory_gib = 0.5 * (equal + flops) / (1024.0 * 1024.0 * 1024.0);
+  const MeasuredCut cut = measured_cut(cfg, mc, kVocab, layout, Exec::cpu(), MPI_COMM_NULL, timer, false);
+  EXPECT_GE(cut.flops_unfit_stage, 0);
+  EXPECT_LT(cut.flops_simulated_step, cut.simulated_step);
+  EXPECT_FALSE(cut.flops_kept);
+  EXPECT_NE(cut.describe().find("does not fit in memory"), std::string::npos) << cut.describe();
+  Config run = cfg;
+  apply_measured_cut(run, mc, kVocab, layout, Exec::cpu(), MPI_COMM_NULL, timer);
+  EXPECT_EQ(run.parallel.pp_layers, cut.blocks);
+}
+
 // Under mpiexec (ctest PpCut.two_ranks): the real timing pass on rank 0, and every rank holds rank 0's
 // part times and cut, whatever its own clock would say.
 TEST(PpCutLayouts, EveryRankHoldsRankZerosCut) {
@@ -234,9 +320,19 @@ std::string line_after(const std::string& text, const std::string& key) {
   return at == std::string::npos ? std::string() : text.substr(at + key.size(), text.find('\n', at) - at - key.size());
 }
 
+// The setting that gives by hand the cut a measured run's header says it runs: the measured cut's
+// parallel.pp_layers (cut: the text after "blocks per stage "), or, when the header says the FLOPs
+// cut is kept (predicted faster: choose_cut), parallel.pp_cut = "flops", the FLOPs rule.
+std::string hand_cut(const std::string& output, const std::string& cut) {
+  if (output.find("\n  runs the FLOPs rule's cut") != std::string::npos) return "parallel.pp_cut=\"flops\"";
+  EXPECT_NE(output.find("\n  runs the measured cut"), std::string::npos) << output;
+  return "parallel.pp_layers=" + cut.substr(0, cut.find(']') + 1);  // "[a, b]"
+}
+
 // `tessera train` on two stages with parallel.pp_cut = "measured" (four blocks): the header prints the
-// cut and the stage times; the losses equal those of the same cut given by hand bit for bit (the
-// same stages compute the same numbers), and the 1-rank run's within 1e-5 (fp32, other reduction
+// cut and the stage times; the losses equal those of the cut it runs given by hand bit for bit (the
+// same stages compute the same numbers: the measured cut as parallel.pp_layers, or the FLOPs rule
+// when the header says the FLOPs cut is kept), and the 1-rank run's within 1e-5 (fp32, other reduction
 // orders: tests/app/test_pipeline_training.cpp). Two processes and three runs: `slow`.
 TEST(PpCutSlow, MeasuredCutTrainsAsItsHandCutAndTheOneRankRun) {
   const fs::path dir = testing::temp_dir("pp_cut");
@@ -254,9 +350,8 @@ TEST(PpCutSlow, MeasuredCutTrainsAsItsHandCutAndTheOneRankRun) {
   ASSERT_FALSE(cut.empty()) << r.output;
   EXPECT_NE(r.output.find("stage times (ms): predicted ["), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(", measured ["), std::string::npos) << r.output;
-  const std::string layers = cut.substr(0, cut.find(']') + 1);  // "[a, b]"
-  r = testing::train_run(dir, "tiny.toml", "by_hand", 2,
-                         testing::with(base, {"--set", "parallel.pp=2", "--set", "parallel.pp_layers=" + layers}));
+  const std::string layers = hand_cut(r.output, cut);
+  r = testing::train_run(dir, "tiny.toml", "by_hand", 2, testing::with(base, {"--set", "parallel.pp=2", "--set", layers}));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::vector<double> measured = testing::losses(dir / "measured" / "metrics.jsonl");
   EXPECT_EQ(measured, testing::losses(dir / "by_hand" / "metrics.jsonl")) << "cut " << layers;
@@ -265,8 +360,9 @@ TEST(PpCutSlow, MeasuredCutTrainsAsItsHandCutAndTheOneRankRun) {
 }
 
 // The same end to end on the interleaved schedule: pp 2 of 2 chunks each over six blocks (the cut is
-// [2, 4] or [4, 2]: chunks of 1 and 2 blocks), the measured cut against the same cut by hand bit
-// for bit, and against the 1-rank run within 1e-5. `slow`.
+// [2, 4] or [4, 2]: chunks of 1 and 2 blocks; the FLOPs rule's unequal chunks [1, 2, 2, 1] are
+// usually predicted faster and kept), the run against the cut it runs given by hand bit for bit,
+// and against the 1-rank run within 1e-5. `slow`.
 TEST(PpCutSlow, MeasuredInterleavedCutTrainsAsItsHandCutAndTheOneRankRun) {
   const fs::path dir = testing::temp_dir("pp_cut_vpp");
   std::ofstream(dir / "tiny.toml") << testing::kTinyConfig;
@@ -285,9 +381,8 @@ TEST(PpCutSlow, MeasuredInterleavedCutTrainsAsItsHandCutAndTheOneRankRun) {
   ASSERT_FALSE(cut.empty()) << r.output;
   EXPECT_NE(cut.find("in parallel.vpp = 2 equal chunks each"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(", measured ["), std::string::npos) << r.output;
-  const std::string layers = cut.substr(0, cut.find(']') + 1);  // "[a, b]"
-  r = testing::train_run(dir, "tiny.toml", "by_hand", 2,
-                         testing::with(testing::with(base, interleaved), {"--set", "parallel.pp_layers=" + layers}));
+  const std::string layers = hand_cut(r.output, cut);
+  r = testing::train_run(dir, "tiny.toml", "by_hand", 2, testing::with(testing::with(base, interleaved), {"--set", layers}));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::vector<double> measured = testing::losses(dir / "measured" / "metrics.jsonl");
   EXPECT_EQ(measured, testing::losses(dir / "by_hand" / "metrics.jsonl")) << "cut " << layers;

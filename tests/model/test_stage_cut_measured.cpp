@@ -7,6 +7,8 @@
 // (model/stage_cut.h) and its slowest stage is faster. With virtual chunks (parallel.vpp > 1): a
 // stage's time is its chunks' sum; the cut equals brute force over every chunk cut in the
 // parallel.pp_layers form (equal chunks per stage), and a slow head moves it off the FLOPs cut.
+// choose_cut keeps the FLOPs cut unless the measured one is predicted faster or the FLOPs cut does
+// not fit.
 #include "model/stage_cut_measured.h"
 
 #include <gtest/gtest.h>
@@ -389,6 +391,34 @@ TEST(StageCutMeasured, SlowVisionTowerMovesTheCutAndBalancesBetterThanFlops) {
   EXPECT_NE(by_time, by_flops);
   EXPECT_LT(by_time[0], by_flops[0]);
   EXPECT_LT(slowest(measured, by_time), slowest(measured, by_flops) - 0.5e-3);
+}
+
+// choose_cut on hand numbers (seconds): the simulated steps decide when both are known, else the
+// slowest stages; ties keep the FLOPs cut; a FLOPs cut over the memory limit is not kept.
+TEST(StageCutMeasured, ChooseCutKeepsTheFlopsCutUnlessTheMeasuredIsFaster) {
+  // The slow test's interleaved case (docs/parallel.md): the FLOPs cut's step 1.258 ms against 1.528.
+  CutChoice c = choose_cut({0.382e-3, 0.1864e-3}, 1.528e-3, {0.2946e-3, 0.2738e-3}, 1.258e-3, -1);
+  EXPECT_TRUE(c.flops);
+  EXPECT_NE(c.why.find("the FLOPs rule's cut: its predicted simulated step 1.258 ms <= the measured cut's 1.528 ms"),
+            std::string::npos) << c.why;
+  // The step decides, not the slowest stage: the measured cut's slowest stage is lower (3 < 4) but
+  // its step longer (10 > 9), and the other way round.
+  EXPECT_TRUE(choose_cut({3, 2}, 10, {4, 1}, 9, -1).flops);
+  c = choose_cut({4, 1}, 9, {3, 2}, 10, -1);
+  EXPECT_FALSE(c.flops);
+  EXPECT_NE(c.why.find("the measured cut: its predicted simulated step 9000 ms < the FLOPs cut's 1e+04 ms"),
+            std::string::npos) << c.why;
+  EXPECT_TRUE(choose_cut({3, 2}, 9, {4, 1}, 9, -1).flops);  // a tie: the FLOPs cut
+  // No simulated step (0 on either side): the slowest stages, 2.9 against 3.
+  c = choose_cut({3, 2}, 0, {2.5, 2.9}, 8, -1);
+  EXPECT_TRUE(c.flops);
+  EXPECT_NE(c.why.find("slowest stage 2900 ms <= the measured cut's 3000 ms"), std::string::npos) << c.why;
+  EXPECT_FALSE(choose_cut({2.5, 2.9}, 0, {3, 2}, 0, -1).flops);
+  EXPECT_TRUE(choose_cut({3, 2}, 0, {2, 3}, 0, -1).flops);  // equal slowest stages
+  // The FLOPs cut faster but its stage 1 over the memory limit: the measured cut runs.
+  c = choose_cut({0.382e-3, 0.1864e-3}, 1.528e-3, {0.2946e-3, 0.2738e-3}, 1.258e-3, 1);
+  EXPECT_FALSE(c.flops);
+  EXPECT_NE(c.why.find("but its stage 1 does not fit in memory"), std::string::npos) << c.why;
 }
 
 }  // namespace

@@ -74,25 +74,22 @@ TEST(DynamicCp, HandComputedPlans) {
   EXPECT_TRUE(p.optimal);
   // cp 2, a row of one 16-token document (136 pairs; split in chunks of 4, member 0 holds 0..3 and
   // 12..15: 10 + 58 = 68 pairs, member 1 4..7 and 8..11: 26 + 42 = 68) and two rows of shorts (40;
-  // split: 20 a member). Ring step 10: the long row split (78 each) and a short row whole on each
-  // rank: 118. (Greedy alone splits a short row too and ends at 138: the search finds 118.)
+  // split: 20 a member). Ring step 10: the long row split (68 + 10 each) and the short rows either
+  // whole, one on each rank, or in the same pass (20 + 20 each, no further ring step): 118.
   p = plan_dynamic_cp({{16}, shorts, shorts}, 16, 2, model(10.0));
   EXPECT_EQ(p.rows[0], (CpPlacement{0, 2}));
-  EXPECT_FALSE(p.rows[1].split());
-  EXPECT_FALSE(p.rows[2].split());
-  EXPECT_NE(p.rows[1].first, p.rows[2].first);
   EXPECT_DOUBLE_EQ(p.max_s(), 118);
   // Ring step 100: splitting the long row costs 168 a rank, more than 136 whole: nothing split.
   p = plan_dynamic_cp({{16}, shorts, shorts}, 16, 2, model(100.0));
   EXPECT_EQ(p.split_rows(), 0);
   EXPECT_DOUBLE_EQ(p.max_s(), 136);
   // cp 4, one row of a 32-token document (528 pairs; 132 per member over 4, 264 over 2) and four
-  // rows of 8 x 4 (80 each). Ring step 1: over all 4 (132 + 3), a short row whole on each: 215.
+  // rows of 8 x 4 (80 each). Ring step 1: over all 4 (132 + 3), a short row whole on each (or every
+  // row in the one pass over 4: 132 + 4 x 20 + 3): 215.
   const std::vector<int64_t> s8 = {4, 4, 4, 4, 4, 4, 4, 4};
   const std::vector<std::vector<int64_t>> rows = {s8, {32}, s8, s8, s8};
   p = plan_dynamic_cp(rows, 32, 4, model(1.0));
   EXPECT_EQ(p.rows[1], (CpPlacement{0, 4}));
-  EXPECT_EQ(p.split_rows(), 1);
   EXPECT_DOUBLE_EQ(p.max_s(), 215);
   // Ring step 200: over 4 costs 732 a rank, over 2 464, whole 528: over a pair, the other pair
   // takes two short rows each (160).
@@ -104,6 +101,30 @@ TEST(DynamicCp, HandComputedPlans) {
   p = plan_dynamic_cp(rows, 32, 4, model(1000.0));
   EXPECT_EQ(p.split_rows(), 0);
   EXPECT_DOUBLE_EQ(p.max_s(), 528);
+}
+
+// A split pass's ring step is paid once however many rows it carries (their K/V travel in the same
+// messages); the per-position term once per row.
+TEST(DynamicCp, RowsOfOnePassShareItsRingStep) {
+  // cp 2, rows of 16: two of one document (136 pairs whole, 68 a member split), one of shorts (40;
+  // 20 a member), ring step 10 and 0.25 per K/V position (1 step x 8 positions: 2 a row).
+  const std::vector<int64_t> shorts = {4, 4, 4, 4};
+  const std::vector<std::vector<int64_t>> rows = {{16}, {16}, shorts};
+  const CpCostModel m{0, 1.0, 10.0, 0.25};
+  EXPECT_EQ(cp_rank_seconds(rows, 16, 2, {{0, 2}, {0, 2}, {0, 2}}, m),
+            (std::vector<double>{68 + 68 + 20 + 3 * 2 + 10, 68 + 68 + 20 + 3 * 2 + 10}));
+  EXPECT_EQ(cp_rank_seconds(rows, 16, 2, {{0, 2}, {0, 1}, {1, 1}}, m), (std::vector<double>{68 + 2 + 10 + 136, 68 + 2 + 10 + 40}));
+  // cp 4: two subgroups, a pass each.
+  EXPECT_EQ(cp_rank_seconds(rows, 16, 4, {{0, 2}, {2, 2}, {2, 2}}, m),
+            (std::vector<double>{68 + 2 + 10, 68 + 2 + 10, 68 + 20 + 4 + 10, 68 + 20 + 4 + 10}));
+  EXPECT_DOUBLE_EQ(cp_pass_s(4, m), 30);
+  EXPECT_DOUBLE_EQ(cp_pass_s(1, m), 0);
+  // The plan (ring step 10, no per-position term): whole at best {136 + 40, 136}: 176; all three in
+  // one pass 68 + 68 + 20 + 10 = 166 a rank, the least (any split adds 10 to both ranks' 312 / 2).
+  // Were the step paid per row (3 x 10), whole would win.
+  const CpPlan p = plan_dynamic_cp(rows, 16, 2, model(10.0));
+  EXPECT_EQ(p.split_rows(), 3);
+  EXPECT_DOUBLE_EQ(p.max_s(), 166);
 }
 
 // The best slowest rank over every assignment of a placement to each row: an independent
@@ -167,6 +188,54 @@ TEST(DynamicCp, PlannerAgainstExhaustiveSearch) {
           ++cases;
         }
   std::printf("greedy start alone optimal in %d of %d cases\n", greedy_exact, cases);
+}
+
+// fit_cp_cost on synthetic timings of a row of 64 (hand-computed): one document has 64 x 65 / 2 =
+// 2080 pairs, eight of 8 have 8 x 36 = 288; split over 2 each member holds 1040 pairs (chunks of
+// 16: 1..16 and 49..64, or 17..48), over 4 each 520. From token 1 ms, pair 10 us, ring step 2 ms +
+// 50 us per position: whole 84.8 and 66.88 ms; over 2: 32 + 10.4 + 1 x (2 + 1.6) = 46 ms; over 4:
+// 16 + 5.2 + 3 x (2 + 0.8) = 29.6 ms.
+TEST(DynamicCp, CostFitRecoversHandComputedTimings) {
+  CpTimings t;
+  t.length = 64;
+  t.docs_a = {64};
+  t.docs_b = std::vector<int64_t>(8, 8);
+  t.whole_a_s = 0.0848;
+  t.whole_b_s = 0.06688;
+  t.split_ranks = {2, 4};
+  t.split_s = {0.046, 0.0296};
+  const auto near = [](double got, double want) { EXPECT_NEAR(got, want, 1e-9 * std::max(1e-12, want)) << want; };
+  CpCostModel m = fit_cp_cost(t);
+  near(m.token_s, 1e-3);
+  near(m.pair_s, 1e-5);
+  near(m.ring_step_s, 2e-3);
+  near(m.ring_token_s, 5e-5);
+  // The fitted model predicts each split's slowest member as measured (the point of the fit).
+  for (size_t i = 0; i < t.split_ranks.size(); ++i) {
+    const std::vector<double> c = cp_row_cost(t.docs_a, 64, t.split_ranks[i], m);
+    near(*std::max_element(c.begin(), c.end()) + cp_pass_s(t.split_ranks[i], m), t.split_s[i]);
+  }
+  // One size (cp 2): the whole overhead per ring step, 3.6 ms, on ring_step_s.
+  t.split_ranks = {2};
+  t.split_s = {0.046};
+  m = fit_cp_cost(t);
+  near(m.ring_step_s, 3.6e-3);
+  EXPECT_EQ(m.ring_token_s, 0);
+  // Overhead per step growing with the subgroup (4 ms over 2, 5 ms per step over 4, y = 4 and 15 ms):
+  // the unconstrained slope is negative; step alone: (1 x 4 + 3 x 15) / (1 + 9) = 4.9 ms, residual
+  // 0.9e-6, against per position alone (32 x 4 + 48 x 15) / (32^2 + 48^2) ms, residual 2.5e-5.
+  t.split_ranks = {2, 4};
+  t.split_s = {0.0424 + 0.004, 0.0212 + 0.015};
+  m = fit_cp_cost(t);
+  near(m.ring_step_s, 4.9e-3);
+  EXPECT_EQ(m.ring_token_s, 0);
+  // Splits faster than their share of the whole row's work: no ring cost (never negative).
+  t.split_s = {0.040, 0.020};
+  m = fit_cp_cost(t);
+  EXPECT_EQ(m.ring_step_s, 0);
+  EXPECT_EQ(m.ring_token_s, 0);
+  t.split_s = {0.040};
+  EXPECT_THROW(fit_cp_cost(t), Error);  // a time per size
 }
 
 TEST(DynamicCp, PassesFollowOneGlobalOrder) {
