@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "app/config.h"
+#include "plan/calibrate.h"
 #include "plan/search.h"
 
 namespace tessera {

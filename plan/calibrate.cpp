@@ -7,7 +7,9 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <ostream>
+#include <string>
 #include <vector>
 
 #include "kernels/check.h"
@@ -138,7 +140,10 @@ ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const Cal
   const Exec& ex = device.ex;
   const bool on_device = !ex.device.is_cpu();
   s.device = on_device ? "cuda" : "cpu";
-  if (on_device) s.host_memory = false, s.async_progress = device.comm == "nccl";
+  if (on_device) {  // the device's own memory, less the runtime's and cuBLAS's share (as the presets)
+    s.host_memory = false, s.usable_memory_fraction = 0.9;
+    s.async_progress = device.comm == "nccl";
+  }
   const auto timed = [&](const std::function<void()>& f) { return timed_mean(world, ex, o.min_seconds, f); };
   const int64_t n = o.gemm_size;
   char line[256];
