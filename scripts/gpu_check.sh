@@ -309,7 +309,8 @@ fi
 "$python" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null && torch_cuda=1 || torch_cuda=0
 
 # ---- calibration: `tessera plan --calibrate` on the GPU (GPT-2 124M's shapes, bf16 and fp32), then a
-# plan for 8 such GPUs that reads the file; the file lands in the logs, for later plans ----
+# plan for that one GPU that reads the file (one rank: no link is measured, the file keeps the local
+# defaults for them); the file lands in the logs, for later plans ----
 calibrate_gpu() {
   local limit t0 out rc file=$logs/cluster_cuda.toml
   limit=$(stage_limit 60 150)
@@ -326,7 +327,7 @@ calibrate_gpu() {
     failed_any=1
     return
   fi
-  out=$(cd "$logs" && timeout 30 "${run_env[@]}" "$tessera_bin" plan "$root/configs/gpt2-124m.toml" --gpus 8 \
+  out=$(cd "$logs" && timeout 30 "${run_env[@]}" "$tessera_bin" plan "$root/configs/gpt2-124m.toml" --gpus 1 \
         --cluster "$file" --set train.device='"cuda"' --top 3 2>&1)
   rc=$?
   echo "$out" | tee -a "$log"
