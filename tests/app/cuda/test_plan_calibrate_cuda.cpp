@@ -6,6 +6,7 @@
 // numbers mean nothing, so no timing is compared with anything. Skipped without a visible device.
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <cmath>
 #include <fstream>
 
@@ -25,19 +26,33 @@ namespace fs = std::filesystem;
 
 bool positive(double x) { return x > 0 && std::isfinite(x); }
 
+// The tiny calibration's settings: every size at its least, one repetition.
+const std::vector<std::string> kQuick = {"--set", "calibrate.min_seconds=0.0005", "--set", "calibrate.repeats=1",
+                                         "--set", "calibrate.gemm_size=64", "--set", "calibrate.stream_elements=4096",
+                                         "--set", "calibrate.max_message_bytes=32768"};
+
+// `mpiexec -n 2 tessera plan --calibrate <dir>/tiny.toml --out <dir>/<out> <sets...>` (env: the ranks').
+testing::RunResult calibrate(const fs::path& dir, const std::string& out, const std::vector<std::string>& sets,
+                             const std::vector<std::string>& env = {}) {
+  std::vector<std::string> args = {"-n", "2", TESSERA_BINARY, "plan", "--calibrate", (dir / "tiny.toml").string(),
+                                   "--out", (dir / out).string()};
+  args.insert(args.end(), sets.begin(), sets.end());
+  args.insert(args.end(), kQuick.begin(), kQuick.end());
+  return testing::run_program(TESSERA_MPIEXEC, args, dir, {}, SIGINT, env);
+}
+
+// The GiB a runtime's device name ends with ("... (sm_90, 79.1 GiB)"); 0 when it does not.
+double name_gib(const std::string& name) {
+  const size_t gib = name.rfind(" GiB)"), comma = name.rfind(", ", gib);
+  return gib == std::string::npos || comma == std::string::npos ? 0 : std::stod(name.substr(comma + 2, gib - comma - 2));
+}
+
 TEST(CudaCalibration, TwoRanksMeasureTheGpuAndPlansReadTheFile) {
   TESSERA_REQUIRE_GPU();
   const fs::path dir = testing::temp_dir("cuda_calibrate");
   const fs::path config = dir / "tiny.toml", cluster = dir / "cuda.toml";
   std::ofstream(config) << testing::layout_config("gpt2");
-  const std::vector<std::string> quick = {
-      "--set", "calibrate.min_seconds=0.0005", "--set", "calibrate.repeats=1",   "--set",
-      "calibrate.gemm_size=64",                "--set", "calibrate.stream_elements=4096", "--set",
-      "calibrate.max_message_bytes=32768"};
-  std::vector<std::string> args = {"-n", "2", TESSERA_BINARY, "plan", "--calibrate", config.string(), "--set",
-                                   "train.device=\"cuda\"", "--out", cluster.string()};
-  args.insert(args.end(), quick.begin(), quick.end());
-  const testing::RunResult r = testing::run_program(TESSERA_MPIEXEC, args, dir);
+  const testing::RunResult r = calibrate(dir, "cuda.toml", {"--set", "train.device=\"cuda\""});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* part : {"train.device = \"cuda\"", "parallel.comm = \"mpi\"", "all-reduce 4096 bytes over 2 ranks",
                            "all-gather over 2 ranks", "reduce-scatter over 2 ranks", "send/recv over 2 ranks",
@@ -50,6 +65,10 @@ TEST(CudaCalibration, TwoRanksMeasureTheGpuAndPlansReadTheFile) {
   EXPECT_FALSE(c.host_memory);
   EXPECT_EQ(c.devices_per_node, 2);
   EXPECT_NE(c.description.find("parallel.comm = \"mpi\""), std::string::npos) << c.description;
+  EXPECT_FALSE(c.async_progress);  // MPI, staged through the host
+  // The device's memory, shared by the ranks that train.device puts on it (local rank mod devices).
+  const int sharing = (2 + cuda_device_count() - 1) / cuda_device_count();
+  EXPECT_NEAR(c.device_memory, name_gib(c.device_name) * double(int64_t{1} << 30) / sharing, 1e-6 * c.device_memory);
   for (const double x : {c.peak_flops_fp32, c.peak_flops_bf16, c.memory_bandwidth, c.op_latency, c.device_memory,
                          c.chain_scale_fp32, c.chain_scale_bf16})
     EXPECT_TRUE(positive(x)) << x;
@@ -96,6 +115,35 @@ TEST(CudaCalibration, TwoRanksMeasureTheGpuAndPlansReadTheFile) {
   EXPECT_NE(cpu.output.find("--cluster " + cluster.string() + " was calibrated on cluster.device = \"cuda\""),
             std::string::npos)
       << cpu.output;
+  fs::remove_all(dir);
+}
+
+// parallel.comm = "nccl": the collectives through the NCCL communicator, one device per rank (NCCL
+// refuses two ranks on one GPU): under the SIMT emulator two emulated devices (TESSERA_SIMT_DEVICES
+// for the ranks), on GPUs skipped unless two are visible.
+TEST(CudaCalibration, NcclCollectivesOnTwoDevices) {
+  TESSERA_REQUIRE_GPU();
+#ifdef TESSERA_SIMT
+  const std::vector<std::string> env = {"TESSERA_SIMT_DEVICES=2"};
+#else
+  if (cuda_device_count() < 2) GTEST_SKIP() << "NCCL needs a GPU per rank: fewer than two are visible";
+  const std::vector<std::string> env;
+#endif
+  const fs::path dir = testing::temp_dir("cuda_calibrate_nccl");
+  std::ofstream(dir / "tiny.toml") << testing::layout_config("gpt2");
+  const testing::RunResult r =
+      calibrate(dir, "nccl.toml", {"--set", "train.device=\"cuda\"", "--set", "parallel.comm=\"nccl\""}, env);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* part : {"parallel.comm = \"nccl\"", "all-gather over 2 ranks", "send/recv over 2 ranks", "wrote "})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+  const plan::ClusterSpec c = plan::load_cluster((dir / "nccl.toml").string());
+  EXPECT_EQ(c.device, "cuda");
+  EXPECT_TRUE(c.async_progress);  // NCCL runs on its own stream beside the compute
+  EXPECT_NEAR(c.device_memory, name_gib(c.device_name) * double(int64_t{1} << 30), 1e-6 * c.device_memory);  // one rank each
+  for (const double x : {c.intra.bandwidth, c.intra.all_gather_bandwidth, c.intra.reduce_scatter_bandwidth,
+                         c.intra.p2p_bandwidth, c.chain_scale_fp32, c.chain_scale_bf16})
+    EXPECT_TRUE(positive(x)) << x;
+  EXPECT_EQ(c.op_times.size(), plan::model_op_shapes(workload_of(load_config((dir / "tiny.toml").string())), 2).size());
   fs::remove_all(dir);
 }
 
