@@ -56,6 +56,13 @@ double timed_mean(MPI_Comm world, const Exec& ex, double min_seconds, const std:
   return mean_over(world, (now() - t0) / double(runs));
 }
 
+// The largest value over the ranks.
+double max_over(MPI_Comm world, double v) {
+  double top = 0;
+  check_mpi(MPI_Allreduce(&v, &top, 1, MPI_DOUBLE, MPI_MAX, world), "MPI_Allreduce");
+  return top;
+}
+
 // The first n elements of a 1-D tensor.
 Tensor prefix(const Tensor& t, int64_t n) { return Tensor(t.data, t.dtype, {n}, t.device); }
 
@@ -292,11 +299,12 @@ ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const Cal
     std::snprintf(line, sizeof line, "link (fitted to the ring): %.2f GB/s, %.1f us per message", link.bandwidth / 1e9,
                   link.latency * 1e6);
     say(line);
-    // All-gather, reduce-scatter (whole buffers of `bytes`) and one send (rank 0 to 1, half a
-    // round trip), each fitted on its own.
+    // All-gather, reduce-scatter (whole buffers of `bytes`) and point-to-point, each fitted on its
+    // own. A collective's time is the mean over the ranks; a chain's (slowest) the slowest rank's,
+    // which is the rank that waits for the whole chain.
     const double n = double(ranks);
     const auto measure = [&](const char* what, double steps, double fraction,
-                             const std::function<void(int64_t)>& run) {
+                             const std::function<void(int64_t)>& run, bool slowest = false) {
       std::vector<double> sz, tm;
       for (int64_t bytes = 4096 * ranks; bytes <= o.max_message; bytes *= 4) {
         run(bytes);  // warm-up
@@ -310,7 +318,7 @@ ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const Cal
         }
         std::nth_element(runs.begin(), runs.begin() + long(runs.size() / 2), runs.end());
         sz.push_back(double(bytes));
-        tm.push_back(mean_over(world, runs[runs.size() / 2]));
+        tm.push_back(slowest ? max_over(world, runs[runs.size() / 2]) : mean_over(world, runs[runs.size() / 2]));
       }
       const Link fit = fit_link(sz, tm, steps, fraction);
       std::snprintf(line, sizeof line, "%s over %d ranks (%lld .. %lld bytes, fitted): %.2f GB/s, %.1f us per message",
@@ -327,12 +335,23 @@ ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const Cal
       const int64_t e = bytes / 4;
       comm.reduce_scatter(prefix(whole, e), prefix(part, e / ranks));
     });
-    const int me = comm.rank();
-    const Link p2p = measure("send/recv", 2, 2, [&](int64_t bytes) {  // a round trip: two messages
-      const Tensor t = prefix(whole, bytes / 4);
-      if (me == 0) comm.send(t, 1), comm.recv(t, 1);
-      if (me == 1) comm.recv(t, 0), comm.send(t, 0);
-    });
+    // Point-to-point as a pipeline (and the cp ring) uses it: a message handed along a chain, each
+    // rank receiving from the previous and then sending to the next, rank 0 starting and ending it:
+    // one lap is n dependent messages (2 ranks: a round trip). Every hop includes the receiver's
+    // wake-up, which with more ranks than cores is the scheduler's and not the wire's (a round trip
+    // between two ranks while the others wait in a barrier does not see it).
+    const int me = comm.rank(), next = (me + 1) % ranks, prev = (me + ranks - 1) % ranks;
+    const Link p2p = measure(
+        "send/recv", n, n,
+        [&](int64_t bytes) {
+          const Tensor t = prefix(whole, bytes / 4);
+          if (me == 0) {
+            comm.send(t, next), comm.recv(t, prev);
+          } else {
+            comm.recv(t, prev), comm.send(t, next);
+          }
+        },
+        true);
     link.all_gather_bandwidth = ag.bandwidth, link.all_gather_latency = ag.latency;
     link.reduce_scatter_bandwidth = rs.bandwidth, link.reduce_scatter_latency = rs.latency;
     link.p2p_bandwidth = p2p.bandwidth, link.p2p_latency = p2p.latency;
