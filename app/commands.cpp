@@ -201,7 +201,8 @@ void register_plan(CLI::App& app, int& exit_code) {
                                               "h200-141g, h200-141g-ib4, a100-80g, local")
       ->capture_default_str();
   cmd->add_option("--set", args->overrides, "Override a config key (section.key=value) or a cluster key "
-                                            "(cluster.key=value); repeatable");
+                                            "(cluster.key=value); with --calibrate also calibrate.key=value (min_seconds, "
+                                            "repeats, gemm_size, stream_elements, max_message_bytes); repeatable");
   cmd->add_option("--gpu-memory", args->gpu_memory, "Device memory, replacing the cluster's (e.g. 80GiB, 141GB)");
   cmd->add_option("--top", args->top, "Layouts to print")->capture_default_str();
   cmd->add_option("--explain", args->explain, "Break row K's step down: compute, exposed communication per group, "
@@ -215,6 +216,8 @@ void register_plan(CLI::App& app, int& exit_code) {
                                                 "under mpirun -n N; with a config also the GEMMs at its step's "
                                                 "shapes) and write a cluster file (--out)");
   cmd->add_option("--out", args->out, "--calibrate: the cluster file to write");
+  cmd->add_option("--device", args->device, "--calibrate: cpu or cuda (default: the config's train.device, else "
+                                            "cpu); cuda measures each rank's GPU as train would use it");
   const auto plan = on_one_process("plan", [args, &exit_code] {
     TESSERA_CHECK(!args->config_path.empty(), "tessera plan: give a config file, e.g. configs/gpt2-124m.toml");
     exit_code = run_plan_command(*args, std::cout);
@@ -222,6 +225,7 @@ void register_plan(CLI::App& app, int& exit_code) {
   // Planning is one process; calibrating measures the ranks it runs on.
   cmd->callback([args, plan, &exit_code] {
     if (args->calibrate) exit_code = run_calibrate_command(*args, std::cout);
+    else if (!args->device.empty()) detail::fail("tessera plan: --device is for --calibrate (a plan reads the config's train.device)");
     else plan();
   });
 }

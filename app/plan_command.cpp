@@ -13,6 +13,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "app/device.h"
 #include "app/launch.h"
 #include "app/memory_check.h"
 #include "app/pp_cut.h"
@@ -418,6 +419,7 @@ int run_plan_command(const PlanArgs& args, std::ostream& out) {
     if (!is_cluster_key(s)) config_overrides.push_back(s);
   const Config cfg = load_config(args.config_path, config_overrides);
   const ClusterSpec cluster = cluster_of(args);
+  check_cluster_device(cfg, cluster, args.cluster);
   if (args.predict) return predict_config_layout(args, cfg, cluster, out);
   plan::SearchSpace space;
   TESSERA_CHECK(args.dtype == "any" || args.dtype == "fp32" || args.dtype == "bf16", "tessera plan: --dtype ",
@@ -470,7 +472,7 @@ std::string cpu_model() {
 // one stage of every block with the embedding and the head, one micro-batch of up to 8 sequences,
 // tp = pp = cp = 1, no recomputation), on every rank at once as training runs them, against the
 // calibrated op times summed for the same work (plan/cost_model.h StepCost::compute).
-void calibrate_chain_scale(MPI_Comm world, const Config& base, plan::ClusterSpec& c, std::ostream* out) {
+void calibrate_chain_scale(MPI_Comm world, const Config& base, const Exec& ex, plan::ClusterSpec& c, std::ostream* out) {
   Config cfg = base;
   ParallelConfig& p = cfg.parallel;
   p.tp = p.pp = p.vpp = p.cp = 1, p.zero = 0, p.sequence_parallel = false, p.pp_layers.clear();
@@ -483,7 +485,7 @@ void calibrate_chain_scale(MPI_Comm world, const Config& base, plan::ClusterSpec
     cfg.train.dtype = bf16 ? "bf16" : "fp32";
     const ModelConfig mc = to_model_config(cfg, data_vocab_size(cfg));
     MPI_Barrier(world);
-    const double mine = measure_stage_time(cfg, mc, Exec::cpu(), {resolve(mc).n_layer}, 0, 5);
+    const double mine = measure_stage_time(cfg, mc, ex, {resolve(mc).n_layer}, 0, 5);
     double sum = 0;
     MPI_Allreduce(&mine, &sum, 1, MPI_DOUBLE, MPI_SUM, world);
     const double measured = sum / double(comm_size(world));
@@ -505,6 +507,59 @@ void calibrate_chain_scale(MPI_Comm world, const Config& base, plan::ClusterSpec
   }
 }
 
+namespace {
+bool is_calibrate_key(const std::string& assignment) { return assignment.rfind("calibrate.", 0) == 0; }
+
+// One calibrate.KEY=VALUE's value: a number in [lo, hi] (an integer where `integer`).
+double calibrate_value(const std::string& assignment, const std::string& key, const std::string& text, double lo,
+                       double hi, bool integer) {
+  size_t pos = 0;
+  double v = NAN;
+  try {
+    v = std::stod(text, &pos);
+  } catch (const std::exception&) {
+    pos = 0;
+  }
+  const bool whole = pos == text.size() && !text.empty();
+  TESSERA_CHECK(whole && std::isfinite(v) && v >= lo && v <= hi && (!integer || v == std::floor(v)), "--set ",
+                assignment, ": calibrate.", key, " must be ", integer ? "an integer" : "a number", " from ", lo, " to ",
+                hi);
+  return v;
+}
+}  // namespace
+
+plan::CalibrationOptions calibration_options(const std::vector<std::string>& overrides, int64_t ranks) {
+  plan::CalibrationOptions o;
+  for (const std::string& a : overrides) {
+    if (!is_calibrate_key(a)) continue;
+    const size_t eq = a.find('=');
+    TESSERA_CHECK(eq != std::string::npos, "--set ", a, ": expected calibrate.key=value");
+    std::string key = a.substr(10, eq - 10), value = a.substr(eq + 1);
+    while (!key.empty() && key.back() == ' ') key.pop_back();
+    value.erase(0, value.find_first_not_of(' '));
+    while (!value.empty() && value.back() == ' ') value.pop_back();
+    if (key == "min_seconds") o.min_seconds = calibrate_value(a, key, value, 1e-6, 60, false);
+    else if (key == "repeats") o.repeats = int(calibrate_value(a, key, value, 1, 1000, true));
+    else if (key == "gemm_size") o.gemm_size = int64_t(calibrate_value(a, key, value, 16, 16384, true));
+    else if (key == "stream_elements") o.stream_elements = int64_t(calibrate_value(a, key, value, 64, 1 << 30, true));
+    else if (key == "max_message_bytes")  // two sizes of each fit: 4096 x ranks and 4 x that
+      o.max_message = int64_t(calibrate_value(a, key, value, double(16384 * std::max<int64_t>(1, ranks)), 1 << 30, true));
+    else
+      detail::fail("--set ", a, ": unknown key calibrate.", key,
+                   " (calibrate.min_seconds, repeats, gemm_size, stream_elements, max_message_bytes)");
+  }
+  return o;
+}
+
+void check_cluster_device(const Config& cfg, const plan::ClusterSpec& cluster, const std::string& cluster_arg) {
+  if (cluster.device.empty() || cluster.device == cfg.train.device) return;
+  detail::fail("tessera plan: --cluster ", cluster_arg, " was calibrated on cluster.device = \"", cluster.device, "\"",
+               cluster.device_name.empty() ? std::string() : " (" + cluster.device_name + ")",
+               ", but the config trains on train.device = \"", cfg.train.device, "\"; plan with a file calibrated on ",
+               cfg.train.device, " (`tessera plan --calibrate CONFIG --device ", cfg.train.device,
+               "`), or set train.device = \"", cluster.device, "\"");
+}
+
 int run_calibrate_command(const PlanArgs& args, std::ostream& out) {
   MPI_Comm world = MPI_COMM_WORLD;
   const bool lead = comm_rank(world) == 0;
@@ -514,31 +569,55 @@ int run_calibrate_command(const PlanArgs& args, std::ostream& out) {
   if (args.gpus > 0)
     error = "tessera plan --calibrate measures this machine and takes no --gpus: run it under mpirun -n N for N "
             "ranks, then plan with --cluster FILE";
+  if (!args.device.empty() && args.device != "cpu" && args.device != "cuda")
+    error = "tessera plan --calibrate --device " + args.device + ": expected cpu or cuda (train.device's values)";
   // With a config: the GEMMs also at the shapes of its step (plan/calibrate.h model_gemm_shapes).
   plan::CalibrationOptions options;
   Config cfg;
-  if (error.empty() && !args.config_path.empty()) {
+  const bool with_config = !args.config_path.empty();
+  if (error.empty()) {
     try {
-      std::vector<std::string> config_overrides;
-      for (const std::string& s : args.overrides)
-        if (!is_cluster_key(s)) config_overrides.push_back(s);
-      cfg = load_config(args.config_path, config_overrides);
-      const plan::Workload w = workload_of(cfg);
-      options.shapes = plan::model_gemm_shapes(w, ranks);
-      options.ops = plan::model_op_shapes(w, ranks);
+      options = calibration_options(args.overrides, ranks);
+      if (with_config) {
+        std::vector<std::string> config_overrides;
+        for (const std::string& s : args.overrides)
+          if (!is_cluster_key(s) && !is_calibrate_key(s)) config_overrides.push_back(s);
+        cfg = load_config(args.config_path, config_overrides);
+        if (!args.device.empty()) cfg.train.device = args.device;
+        const plan::Workload w = workload_of(cfg);
+        options.shapes = plan::model_gemm_shapes(w, ranks);
+        options.ops = plan::model_op_shapes(w, ranks);
+      }
     } catch (const Error& e) {
       error = e.what();
     }
   }
   throw_if_any_failed(world, error);
+  // The device and communicator `tessera train` would use: train.device (or --device) and
+  // parallel.comm; what a CUDA run refuses is refused here too.
+  const std::string device_key = !args.device.empty() ? args.device : with_config ? cfg.train.device : "cpu";
+  const Device device = resolve_train_device(device_key, world);  // collective: every rank throws together
+  if (!device.is_cpu() && with_config) {
+    const std::string why = unsupported_on_cuda(cfg);
+    TESSERA_CHECK(why.empty(), why);  // the config decides: the same on every rank
+  }
+  const ComputeStream stream(device);
+  plan::CalibrationDevice target;
+  target.ex = device.is_cpu() ? Exec::cpu() : Exec::cuda(device.index, stream.stream());
+  target.comm = with_config ? cfg.parallel.comm : "mpi";
   set_threads_per_rank(world);  // as train runs its ranks (app/launch.h)
   const AvailableMemory avail = available_host_memory();
   const plan::LocalMachine local = plan::this_machine(ranks, double(avail.bytes));
-  if (lead) out << "calibrating " << ranks << " rank" << (ranks > 1 ? "s" : "") << " on this machine\n";
-  plan::ClusterSpec c = plan::calibrate_local(world, local, options, lead ? &out : nullptr);
-  if (!args.config_path.empty()) {
+  const int64_t node_ranks = ranks_on_this_node(world);
+  if (lead)
+    out << "calibrating " << ranks << " rank" << (ranks > 1 ? "s" : "") << " on this machine"
+        << (device.is_cpu() ? "" : " (train.device = \"cuda\", " + device.str() + " for rank 0, parallel.comm = \"" +
+                                       target.comm + "\")")
+        << "\n";
+  plan::ClusterSpec c = plan::calibrate_local(world, local, options, lead ? &out : nullptr, target);
+  if (with_config) {
     try {
-      calibrate_chain_scale(world, cfg, c, lead ? &out : nullptr);
+      calibrate_chain_scale(world, cfg, target.ex, c, lead ? &out : nullptr);
     } catch (const Error& e) {
       error = e.what();
     }
@@ -550,11 +629,25 @@ int run_calibrate_command(const PlanArgs& args, std::ostream& out) {
     char date[32];
     const std::time_t t = std::time(nullptr);
     std::strftime(date, sizeof date, "%Y-%m-%d", std::localtime(&t));
+    std::string what = cpu_model() + ", " + std::to_string(local.cores) + " cores";
+    std::string memory = "MemAvailable / ranks";
+    if (device.is_cpu()) {
+      c.device_name = cpu_model();
+    } else {
+      // The device's memory, shared by the ranks of this node that train.device puts on one GPU.
+      const plan::DeviceInfo info = plan::device_info(device);
+      const int64_t visible = std::max(1, cuda_device_count());
+      const int64_t sharing = std::max<int64_t>(1, (node_ranks + visible - 1) / visible);
+      c.device_name = info.name;
+      if (info.memory > 0) c.device_memory = info.memory / double(sharing);
+      what = info.name + ", parallel.comm = \"" + target.comm + "\"";
+      memory = info.memory > 0 ? "the device's / " + std::to_string(sharing) + " rank(s) per device" : "not known";
+    }
     c.name = "local";
     c.description = "calibrated by `mpirun -n " + std::to_string(ranks) + " tessera plan --calibrate" +
-                    (args.config_path.empty() ? "" : " " + args.config_path) + "` on " + host + " (" +
-                    cpu_model() + ", " + std::to_string(local.cores) + " cores) on " + date +
-                    "; memory: MemAvailable / ranks";
+                    (with_config ? " " + args.config_path : "") +
+                    (args.device.empty() ? "" : " --device " + args.device) + "` on " + host + " (" + what + ") on " +
+                    date + "; memory: " + memory;
     std::ofstream f(args.out, std::ios::binary | std::ios::trunc);
     if (!f.good()) error = "tessera plan --calibrate: cannot write " + args.out;
     f << "# " << c.description << "\n" << plan::cluster_to_toml(c);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "app/config.h"
+#include "plan/calibrate.h"
 #include "plan/search.h"
 
 namespace tessera {
@@ -28,6 +29,7 @@ struct PlanArgs {
   bool predict = false;                  // predict the config's own layout instead of searching
   bool calibrate = false;                // measure this machine instead (writes --out)
   std::string out;                       // --calibrate: the cluster file to write
+  std::string device;                    // --calibrate --device: "cpu" or "cuda" (default: the config's train.device, else cpu)
 };
 
 // The config with the layout applied: parallel.{dp, tp, pp, vpp, pp_schedule, pp_layers = [], cp,
@@ -71,7 +73,22 @@ int run_plan_command(const PlanArgs& args, std::ostream& out);
 
 // `tessera plan --calibrate --out FILE`, collective over the world (mpirun -n N: the ranks a run
 // would have): measures them (plan/calibrate.h) and rank 0 writes the [cluster] file that
-// `--cluster FILE` reads. Returns the exit code.
+// `--cluster FILE` reads. Returns the exit code. The device is --device, else the config's
+// train.device, else the CPU; on "cuda" each rank measures its GPU as `tessera train` would pick
+// and use it (app/device.h; the collectives through the config's parallel.comm, "mpi" without a
+// config), and the file says cluster.device = "cuda" and the runtime's device name.
+// `--set calibrate.KEY=VALUE` sets plan/calibrate.h CalibrationOptions: min_seconds, repeats,
+// gemm_size, stream_elements, max_message_bytes (small ones: a quick check, rough numbers).
 int run_calibrate_command(const PlanArgs& args, std::ostream& out);
+
+// CalibrationOptions with `--set calibrate.KEY=VALUE` applied (assignments without that prefix
+// are skipped); an unknown key or a value out of range is an Error naming it. ranks: the
+// all-gather's smallest message is 4096 x ranks bytes, and each fit needs two sizes.
+plan::CalibrationOptions calibration_options(const std::vector<std::string>& overrides, int64_t ranks);
+
+// A calibrated cluster file describes one kind of device (cluster.device): a plan for a config
+// whose train.device is the other kind is refused, naming the file, the key and both values.
+// Clusters that do not say (presets, files of older builds) plan for any config.
+void check_cluster_device(const Config& cfg, const plan::ClusterSpec& cluster, const std::string& cluster_arg);
 
 }  // namespace tessera

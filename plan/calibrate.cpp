@@ -7,7 +7,9 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <ostream>
+#include <string>
 #include <vector>
 
 #include "kernels/check.h"
@@ -15,6 +17,10 @@
 #include "kernels/matmul.h"
 #include "parallel/mpi.h"
 #include "parallel/mpi_communicator.h"
+#include "parallel/process_grid.h"
+#ifdef TESSERA_PLAN_CUDA_RUNTIME
+#include "kernels/cuda/runtime.h"
+#endif
 
 namespace tessera::plan {
 
@@ -31,18 +37,22 @@ double mean_over(MPI_Comm world, double v) {
 
 // Seconds per run of f: after a warm-up, every rank runs f the same number of times back to back,
 // at least min_seconds on the slowest rank, all starting together (the load training puts on the
-// machine); the mean per run, averaged over the ranks.
-double timed_mean(MPI_Comm world, double min_seconds, const std::function<void()>& f) {
+// machine); the mean per run, averaged over the ranks. On a device the clock is read after
+// synchronize(ex): the kernels' time, not their launches'.
+double timed_mean(MPI_Comm world, const Exec& ex, double min_seconds, const std::function<void()>& f) {
   f();
+  synchronize(ex);
   MPI_Barrier(world);
   double t0 = now();
   f();
+  synchronize(ex);
   double once = now() - t0;
   check_mpi(MPI_Allreduce(MPI_IN_PLACE, &once, 1, MPI_DOUBLE, MPI_MAX, world), "MPI_Allreduce");
   const int64_t runs = std::clamp<int64_t>(int64_t(std::ceil(min_seconds / std::max(once, 1e-9))), 3, 1000000);
   MPI_Barrier(world);
   t0 = now();
   for (int64_t i = 0; i < runs; ++i) f();
+  synchronize(ex);
   return mean_over(world, (now() - t0) / double(runs));
 }
 
@@ -53,11 +63,36 @@ double max_over(MPI_Comm world, double v) {
   return top;
 }
 
-void fill(std::vector<float>& v, float scale) {
-  for (size_t i = 0; i < v.size(); ++i) v[i] = scale * float(int64_t(i % 97) - 48) / 48.0f;
+// The first n elements of a 1-D tensor.
+Tensor prefix(const Tensor& t, int64_t n) { return Tensor(t.data, t.dtype, {n}, t.device); }
+
+// The communicator the trainer's data-parallel group would have on this device (parallel.comm):
+// every rank in one group.
+std::unique_ptr<Communicator> world_communicator(MPI_Comm world, const CalibrationDevice& d) {
+  const ProcessGrid grid(GridDegrees{1, 1, 1, -1}, comm_size(world), comm_rank(world));
+  GridComms comms = make_grid_comms(grid, world, d.ex, d.comm);
+  return std::move(comms.dp);
 }
 
 }  // namespace
+
+DeviceInfo device_info(const Device& device) {
+  DeviceInfo info;
+  if (device.is_cpu()) return info;
+#ifdef TESSERA_PLAN_CUDA_RUNTIME
+  info.name = cuda::device_name(device.index);
+  // "... (sm_90, 139.8 GiB)": the memory is the number before the last " GiB)".
+  const size_t gib = info.name.rfind(" GiB)"), comma = info.name.rfind(", ", gib);
+  if (gib != std::string::npos && comma != std::string::npos && comma < gib) {
+    try {
+      info.memory = std::stod(info.name.substr(comma + 2, gib - comma - 2)) * double(int64_t{1} << 30);
+    } catch (const std::exception&) {
+      info.memory = 0;
+    }
+  }
+#endif
+  return info;
+}
 
 std::vector<GemmShape> model_gemm_shapes(const Workload& w, int64_t ranks) {
   std::vector<GemmShape> all;
@@ -101,14 +136,22 @@ Link fit_link(const std::vector<double>& bytes, const std::vector<double>& secon
   return Link{fraction / b, a / steps};
 }
 
-ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const CalibrationOptions& o, std::ostream* log) {
+ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const CalibrationOptions& o, std::ostream* log,
+                            const CalibrationDevice& device) {
   const int ranks = comm_size(world);
   const bool lead = comm_rank(world) == 0;
   const auto say = [&](const std::string& line) {
     if (lead && log) *log << line << "\n" << std::flush;
   };
   ClusterSpec s = local_cluster(local);
-  const Exec ex = Exec::cpu();
+  const Exec& ex = device.ex;
+  const bool on_device = !ex.device.is_cpu();
+  s.device = on_device ? "cuda" : "cpu";
+  if (on_device) {  // the device's own memory, less the runtime's and cuBLAS's share (as the presets)
+    s.host_memory = false, s.usable_memory_fraction = 0.9;
+    s.async_progress = device.comm == "nccl";
+  }
+  const auto timed = [&](const std::function<void()>& f) { return timed_mean(world, ex, o.min_seconds, f); };
   const int64_t n = o.gemm_size;
   char line[256];
 
@@ -118,14 +161,12 @@ ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const Cal
   // 1 / rate = 1 / peak + (half / peak) / f); otherwise (a CPU, where small GEMMs stay in cache) the
   // median rate stands for every GEMM.
   const auto gemm_rate = [&](int64_t size, bool bf16) {
-    std::vector<float> a(size_t(size * size)), b(size_t(size * size)), c(size_t(size * size));
-    fill(a, 1), fill(b, 0.5);
-    std::vector<uint16_t> b16(bf16 ? size_t(size * size) : 0);
-    const Tensor ta(a.data(), DType::F32, {size, size}), tb(b.data(), DType::F32, {size, size});
-    const Tensor tc(c.data(), DType::F32, {size, size}), tb16(b16.data(), DType::BF16, {size, size});
+    CalibrationBuffers buf(ex);
+    const Tensor ta = buf.f({size, size}, 1), tb = buf.f({size, size}, 0.5f), tc = buf.f({size, size}, 0);
+    const Tensor tb16 = bf16 ? buf.bf16({size, size}) : Tensor();
     if (bf16) convert(ex, tb16, tb);
     MPI_Barrier(world);
-    const double seconds = timed_mean(world, o.min_seconds, [&] { matmul(ex, tc, ta, bf16 ? tb16 : tb, false, true); });
+    const double seconds = timed([&] { matmul(ex, tc, ta, bf16 ? tb16 : tb, false, true); });
     return 2.0 * double(size * size * size) / seconds;
   };
   std::vector<double> flops, rates;
@@ -173,15 +214,13 @@ ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const Cal
     for (const GemmShape& shape : o.shapes) {
       GemmShape t = shape;
       while (t.m > 1 && 2.0 * double(t.m) * double(t.n) * double(t.k) > o.max_gemm_flops) t.m = (t.m + 1) / 2;
-      std::vector<float> a(size_t(t.m * t.k)), b(size_t(t.n * t.k)), c(size_t(t.m * t.n));
-      fill(a, 1), fill(b, 0.5);
-      std::vector<uint16_t> b16(b.size());
-      const Tensor ta(a.data(), DType::F32, {t.m, t.k}), tb(b.data(), DType::F32, {t.n, t.k});
-      const Tensor tc(c.data(), DType::F32, {t.m, t.n}), tb16(b16.data(), DType::BF16, {t.n, t.k});
+      CalibrationBuffers buf(ex);
+      const Tensor ta = buf.f({t.m, t.k}, 1), tb = buf.f({t.n, t.k}, 0.5f), tc = buf.f({t.m, t.n}, 0);
+      const Tensor tb16 = buf.bf16({t.n, t.k});
       convert(ex, tb16, tb);
       for (bool bf16 : {false, true}) {
         MPI_Barrier(world);
-        const double seconds = timed_mean(world, o.min_seconds, [&] { matmul(ex, tc, ta, bf16 ? tb16 : tb, false, true); });
+        const double seconds = timed([&] { matmul(ex, tc, ta, bf16 ? tb16 : tb, false, true); });
         const double rate = 2.0 * double(t.m) * double(t.n) * double(t.k) / seconds;
         s.gemm_rates.push_back({shape.m, shape.n, shape.k, bf16, rate});
         lo = std::min(lo, rate), hi = std::max(hi, rate);
@@ -196,7 +235,7 @@ ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const Cal
   if (!o.ops.empty()) {
     s.op_times = o.ops;
     const double t0 = now();
-    time_ops(ex, o, s.op_times, [&](const std::function<void()>& run) { return timed_mean(world, o.min_seconds, run); });
+    time_ops(ex, o, s.op_times, timed);
     std::snprintf(line, sizeof line, "ops at the model's shapes (attention, norms, residual, activation, %sembedding, "
                   "cross-entropy, AdamW, gradient norm): %zu shapes in %.1f s", has_op_times(s, OpKind::RopeForward) ? "RoPE, " : "",
                   s.op_times.size(), now() - t0);
@@ -206,20 +245,20 @@ ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const Cal
   // Memory bandwidth: y = x + y over stream_elements floats (two reads, one write).
   {
     const int64_t m = o.stream_elements;
-    std::vector<float> x(size_t(m), 1.0f), y(size_t(m), 2.0f);
-    const Tensor tx(x.data(), DType::F32, {m}), ty(y.data(), DType::F32, {m});
+    CalibrationBuffers buf(ex);
+    const Tensor tx = buf.f({m}, 1), ty = buf.f({m}, 2);
     MPI_Barrier(world);
-    const double bw = 3.0 * 4.0 * double(m) / timed_mean(world, o.min_seconds, [&] { residual_forward(ex, ty, tx, ty); });
+    const double bw = 3.0 * 4.0 * double(m) / timed([&] { residual_forward(ex, ty, tx, ty); });
     s.memory_bandwidth = bw;
     std::snprintf(line, sizeof line, "memory bandwidth per rank: %.1f GB/s", bw / 1e9);
     say(line);
   }
   // The least time of an op: a residual add of 64 elements.
   {
-    std::vector<float> x(64, 1.0f), y(64, 2.0f);
-    const Tensor tx(x.data(), DType::F32, {64}), ty(y.data(), DType::F32, {64});
+    CalibrationBuffers buf(ex);
+    const Tensor tx = buf.f({64}, 1), ty = buf.f({64}, 2);
     MPI_Barrier(world);
-    const double per_op = timed_mean(world, o.min_seconds, [&] {
+    const double per_op = timed([&] {
                             for (int i = 0; i < 1000; ++i) residual_forward(ex, ty, tx, ty);
                           }) / 1000;
     s.op_latency = per_op;
@@ -229,18 +268,23 @@ ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const Cal
 
   // All-reduce over every rank, 4 KiB .. max_message, the median of the repeats.
   if (ranks > 1) {
-    MpiCommunicator comm = MpiCommunicator::duplicate(world);
+    // The trainer's communicator on this device; whole and part: device buffers on a device.
+    const std::unique_ptr<Communicator> comm_owner = world_communicator(world, device);
+    Communicator& comm = *comm_owner;
+    CalibrationBuffers buf(ex);
+    // Zeros: sums of sums stay finite however often they run.
+    const Tensor whole = buf.f({o.max_message / 4}, 0), part = buf.f({o.max_message / 4 / ranks + 1}, 0);
+    synchronize(ex);
     std::vector<double> sizes, times;
     for (int64_t bytes = 4096; bytes <= o.max_message; bytes *= 4) {
-      std::vector<float> buf(size_t(bytes / 4), 1.0f);
-      const Tensor t(buf.data(), DType::F32, {bytes / 4});
+      const Tensor t = prefix(whole, bytes / 4);
       comm.all_reduce(t);
       std::vector<double> runs;
       const int reps = bytes <= (1 << 20) ? 4 * o.repeats : o.repeats;
       for (int i = 0; i < reps; ++i) {
         MPI_Barrier(world);
         const double t0 = now();
-        comm.all_reduce(t);
+        comm.all_reduce(t);  // blocking: the host waits for the device's copy too
         runs.push_back(now() - t0);
       }
       std::nth_element(runs.begin(), runs.begin() + long(runs.size() / 2), runs.end());
@@ -283,25 +327,24 @@ ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const Cal
       say(line);
       return fit;
     };
-    std::vector<float> whole(size_t(o.max_message / 4)), part(whole.size() / size_t(ranks) + 1);
     const Link ag = measure("all-gather", n - 1, (n - 1) / n, [&](int64_t bytes) {
       const int64_t e = bytes / 4;
-      comm.all_gather(Tensor(part.data(), DType::F32, {e / ranks}), Tensor(whole.data(), DType::F32, {e}));
+      comm.all_gather(prefix(part, e / ranks), prefix(whole, e));
     });
     const Link rs = measure("reduce-scatter", n - 1, (n - 1) / n, [&](int64_t bytes) {
       const int64_t e = bytes / 4;
-      comm.reduce_scatter(Tensor(whole.data(), DType::F32, {e}), Tensor(part.data(), DType::F32, {e / ranks}));
+      comm.reduce_scatter(prefix(whole, e), prefix(part, e / ranks));
     });
     // Point-to-point as a pipeline (and the cp ring) uses it: a message handed along a chain, each
     // rank receiving from the previous and then sending to the next, rank 0 starting and ending it:
     // one lap is n dependent messages (2 ranks: a round trip). Every hop includes the receiver's
     // wake-up, which with more ranks than cores is the scheduler's and not the wire's (a round trip
     // between two ranks while the others wait in a barrier does not see it).
-    const int me = comm_rank(world), next = (me + 1) % ranks, prev = (me + ranks - 1) % ranks;
+    const int me = comm.rank(), next = (me + 1) % ranks, prev = (me + ranks - 1) % ranks;
     const Link p2p = measure(
         "send/recv", n, n,
         [&](int64_t bytes) {
-          const Tensor t(whole.data(), DType::F32, {bytes / 4});
+          const Tensor t = prefix(whole, bytes / 4);
           if (me == 0) {
             comm.send(t, next), comm.recv(t, prev);
           } else {

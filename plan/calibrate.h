@@ -3,6 +3,9 @@
 // rates (kernels/matmul.h at 1024^3), the memory bandwidth (a residual add of 64 MiB tensors), the
 // least time of an op, and the all-reduce over all ranks (parallel/mpi_communicator.h) from 4 KiB
 // to 16 MiB fitted to the ring's alpha-beta model. The result is a [cluster] description.
+// On a CUDA device (CalibrationDevice) the same measurements run on each rank's GPU: device
+// buffers, the CUDA kernels on the rank's stream, every timed region closed by a device
+// synchronize, and the collectives through the communicator the trainer would use there.
 #pragma once
 
 #include <mpi.h>
@@ -10,10 +13,31 @@
 #include <iosfwd>
 #include <string>
 
+#include "kernels/exec.h"
 #include "plan/cluster.h"
 #include "plan/cost_model.h"
 
 namespace tessera::plan {
+
+// Where calibration runs, as `tessera train` would run there (app/device.h, parallel.comm): the
+// CPU's ranks on host buffers (the default), or each rank's CUDA device, ex holding its compute
+// stream: every op on device buffers through the CUDA dispatch, the clock read only after
+// synchronize(ex) (kernel time, not launch time), and the collectives on device buffers through
+// parallel.comm's communicator (make_grid_comms: "mpi" stages them through pinned host buffers,
+// "nccl" runs them on the device).
+struct CalibrationDevice {
+  Exec ex = Exec::cpu();
+  std::string comm = "mpi";
+};
+
+// What the runtime says of a CUDA device: its name ("NVIDIA H100 80GB HBM3 (sm_90, 79.1 GiB)") and
+// memory in bytes (0 when the name does not say); {"", 0} for the CPU or a build without the CUDA
+// backend.
+struct DeviceInfo {
+  std::string name;
+  double memory = 0;
+};
+DeviceInfo device_info(const Device& device);
 
 struct CalibrationOptions {
   // Each op (GEMM, elementwise, attention, optimizer) is timed as the mean over at least min_seconds
@@ -49,8 +73,11 @@ std::vector<GemmShape> model_gemm_shapes(const Workload& w, int64_t ranks);
 // Collective over world. Returns `local`'s description with the measured numbers in place of its
 // defaults (per rank: the mean over the ranks, measured together), and gemm_rates at options.shapes; log (rank 0's) gets a line per
 // measurement. With one rank the links keep their defaults (nothing to measure).
+// On a CUDA device (device.ex): cluster.device = "cuda", host_memory false, async_progress true with
+// parallel.comm = "nccl" (false with "mpi": staged through the host); the device's name and memory
+// are the caller's to fill in (device_info).
 ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const CalibrationOptions& options,
-                            std::ostream* log);
+                            std::ostream* log, const CalibrationDevice& device = {});
 
 // The least-squares fit of t = latency + bytes / bandwidth to the all-reduce of an n-rank ring,
 // t = 2 (n - 1) (alpha + bytes / (n beta)), weighted by 1 / t^2 (relative errors: small and large

@@ -84,34 +84,6 @@ std::vector<OpTime> model_op_shapes(const Workload& w, int64_t ranks) {
 
 namespace {
 
-void fill(std::vector<float>& v, float scale) {
-  for (size_t i = 0; i < v.size(); ++i) v[i] = scale * float(int64_t(i % 97) - 48) / 48.0f;
-}
-
-// fp32 buffers that live as long as the timing, and tensors over them.
-struct Buffers {
-  std::vector<std::vector<float>> f32;
-  std::vector<std::vector<int32_t>> i32;
-  std::vector<std::vector<uint16_t>> b16;
-  Tensor f(Shape shape, float scale = 1) {
-    const int64_t n = shape.numel();
-    f32.emplace_back(size_t(n));
-    fill(f32.back(), scale);
-    return Tensor(f32.back().data(), DType::F32, shape);
-  }
-  Tensor ids(Shape shape, int64_t bound) {
-    const int64_t n = shape.numel();
-    i32.emplace_back(size_t(n));
-    for (int64_t i = 0; i < n; ++i) i32.back()[size_t(i)] = int32_t((i * 7919) % bound);
-    return Tensor(i32.back().data(), DType::I32, shape);
-  }
-  Tensor bf16(Shape shape) {
-    const int64_t n = shape.numel();
-    b16.emplace_back(size_t(n));
-    return Tensor(b16.back().data(), DType::BF16, shape);
-  }
-};
-
 // The shape actually timed: the leading dim (rows, elements, the attention's batch) reduced while
 // the largest tensor holds more than max_elements, or the attention more than max_flops.
 std::vector<int64_t> timed_shape(const OpTime& t, const CalibrationOptions& o) {
@@ -143,9 +115,40 @@ std::vector<int64_t> timed_shape(const OpTime& t, const CalibrationOptions& o) {
 
 }  // namespace
 
+CalibrationBuffers::CalibrationBuffers(const Exec& ex) : ex_(ex), alloc_(ex.device, ex.stream) {}
+
+CalibrationBuffers::~CalibrationBuffers() {
+  synchronize(ex_);  // nothing queued may still use a block
+  buffers_.clear();
+}
+
+Tensor CalibrationBuffers::zeros(DType dtype, Shape shape) {
+  buffers_.emplace_back(alloc_, dtype, shape, MemCategory::Workspace);
+  return buffers_.back().tensor();
+}
+
+Tensor CalibrationBuffers::f(Shape shape, float scale) {
+  const Tensor t = zeros(DType::F32, shape);
+  std::vector<float> v(size_t(shape.numel()));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = scale * float(int64_t(i % 97) - 48) / 48.0f;
+  copy(ex_, t, Tensor(v.data(), DType::F32, shape));
+  return t;
+}
+
+Tensor CalibrationBuffers::ids(Shape shape, int64_t bound) {
+  const Tensor t = zeros(DType::I32, shape);
+  std::vector<int32_t> v(size_t(shape.numel()));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = int32_t((int64_t(i) * 7919) % bound);
+  copy(ex_, t, Tensor(v.data(), DType::I32, shape));
+  return t;
+}
+
+Tensor CalibrationBuffers::bf16(Shape shape) { return zeros(DType::BF16, shape); }
+Tensor CalibrationBuffers::f64(Shape shape) { return zeros(DType::F64, shape); }
+
 std::function<void()> op_runner(OpKind op, const std::vector<int64_t>& s, bool bf16, const Exec& ex,
                                 std::shared_ptr<void>& keep) {
-  auto b = std::make_shared<Buffers>();
+  auto b = std::make_shared<CalibrationBuffers>(ex);
   keep = b;
   switch (op) {
     case OpKind::AttentionForward:
@@ -252,9 +255,7 @@ std::function<void()> op_runner(OpKind op, const std::vector<int64_t>& s, bool b
       return [=] { linear_backward(ex, Tensor(), dw, dbias, dy, x, w); };
     }
     case OpKind::GradNorm: {
-      const Tensor g = b->f({s[0]}, 1e-3f);
-      b->f32.emplace_back(2);  // room for one F64
-      const Tensor sq(b->f32.back().data(), DType::F64, {1});
+      const Tensor g = b->f({s[0]}, 1e-3f), sq = b->f64({1});
       return [=] { squared_norm(ex, sq, g); };
     }
   }

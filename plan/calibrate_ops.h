@@ -6,14 +6,37 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/allocator.h"
 #include "kernels/exec.h"
 #include "plan/calibrate.h"
 #include "plan/cluster.h"
 
 namespace tessera::plan {
 
+// Tensors for timing ops on ex's device, each filled with a fixed pattern, held until this is
+// destroyed: on the CPU host blocks, on a CUDA device blocks of an allocator of its own on ex's
+// stream, the pattern uploaded (the trainer's path: kernels/elementwise.h copy). The destructor
+// waits for ex's queued work before the blocks go.
+class CalibrationBuffers {
+ public:
+  explicit CalibrationBuffers(const Exec& ex);
+  ~CalibrationBuffers();
+  CalibrationBuffers(const CalibrationBuffers&) = delete;
+  CalibrationBuffers& operator=(const CalibrationBuffers&) = delete;
+  Tensor f(Shape shape, float scale = 1);       // F32: scale x (i mod 97 - 48) / 48
+  Tensor ids(Shape shape, int64_t bound);      // I32: (i x 7919) mod bound
+  Tensor bf16(Shape shape);                    // BF16 zeros
+  Tensor f64(Shape shape);                     // F64 zeros
+
+ private:
+  Tensor zeros(DType dtype, Shape shape);
+  Exec ex_;
+  Allocator alloc_;
+  std::vector<Buffer> buffers_;
+};
+
 // A function that runs op once at shape (cluster.h gives each op's dims) on buffers it allocates
-// and `keep` holds; the op has run once (its saved tensors written) when this returns.
+// on ex's device (CalibrationBuffers) and `keep` holds; the op has run once (its saved tensors written) when this returns.
 std::function<void()> op_runner(OpKind op, const std::vector<int64_t>& shape, bool bf16, const Exec& ex,
                                  std::shared_ptr<void>& keep);
 

@@ -69,6 +69,17 @@ const std::vector<Field>& fields() {
     desc.set = [](ClusterSpec& s, const Value& v) { s.description = std::get<std::string>(v); };
     desc.get = [](const ClusterSpec& s) { return Value(s.description); };
     t.push_back(desc);
+    Field device{"device", "the kind of device calibrated: \"cpu\" or \"cuda\" (train.device); \"\": not said (presets, "
+                 "older files). A plan for a config with another train.device refuses the file", Kind::Text, 1, 0,
+                 false, 0, false, {}, {}};
+    device.set = [](ClusterSpec& s, const Value& v) { s.device = std::get<std::string>(v); };
+    device.get = [](const ClusterSpec& s) { return Value(s.device); };
+    t.push_back(device);
+    Field device_name{"device_name", "the calibrated device as its runtime names it (a GPU), or the CPU's model",
+                      Kind::Text, 1, 0, false, 0, false, {}, {}};
+    device_name.set = [](ClusterSpec& s, const Value& v) { s.device_name = std::get<std::string>(v); };
+    device_name.get = [](const ClusterSpec& s) { return Value(s.device_name); };
+    t.push_back(device_name);
     Field dpn{"devices_per_node", "devices (GPUs, or ranks of a CPU) per node; ranks fill nodes in order, tp "
               "innermost", Kind::Int, 1, 1, false, 1 << 20, true, {}, {}};
     dpn.set = [](ClusterSpec& s, const Value& v) { s.devices_per_node = std::get<int64_t>(v); };
@@ -213,6 +224,11 @@ void assign(ClusterSpec& s, const Field& f, const toml::node& n, const std::stri
     const double x = f.kind == Kind::Int ? double(std::get<int64_t>(*v)) : std::get<double>(*v);
     const bool ok = std::isfinite(x) && (f.min_exclusive ? x > f.min : x >= f.min) && x <= f.max;
     TESSERA_CHECK(ok, where, " = ", x, " must be ", describe_range(f), " (", f.meaning, ")");
+  }
+  if (f.key == "device") {
+    const std::string& d = std::get<std::string>(*v);
+    TESSERA_CHECK(d.empty() || d == "cpu" || d == "cuda", where, " = \"", d, "\" must be \"cpu\", \"cuda\" or \"\" (",
+                  f.meaning, ")");
   }
   f.set(s, *v);
 }

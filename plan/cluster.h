@@ -75,6 +75,11 @@ struct ClusterSpec {
   std::string name = "custom";
   std::string description;  // where the numbers come from
   std::string source;       // the file (and line), "preset", "--set ..." of the last value read
+  // The kind of device a calibration measured: "cpu" (the CPU's ranks) or "cuda" (each rank's GPU,
+  // train.device = "cuda"); "" (presets, files written before the key): not said. A plan for a
+  // config whose train.device differs refuses a file that says (app/plan_command.h).
+  std::string device;
+  std::string device_name;  // the calibrated device as its runtime names it, or the CPU's model
   int64_t devices_per_node = 8;
   double device_memory = 80.0 * (int64_t{1} << 30);  // bytes per device
   double usable_memory_fraction = 0.9;   // of device_memory a run may plan for (runtime, buffers, fragments)

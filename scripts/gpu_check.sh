@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One command for a GPU machine (docs/cuda.md, "gpu_check.sh"): builds tessera with the CUDA
-# backend, runs the `gpu` tests, times the CUDA attention beside PyTorch's SDPA, then GPT-2 124M
+# backend, runs the `gpu` tests, calibrates the GPU for the planner (`tessera plan --calibrate
+# --device cuda`, the file kept in the logs), times the CUDA attention beside PyTorch's SDPA, then GPT-2 124M
 # and 350M training in bf16 (tessera train, train.device = "cuda") beside the same model in
 # PyTorch (eager and torch.compile), and prints a summary table, within about 8 minutes on an
 # H200 (every stage has a time limit; the summary prints whatever ran). Made for a machine with
@@ -306,6 +307,38 @@ if [ "$gpu_rc" -ne 0 ]; then
   finish 3
 fi
 "$python" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null && torch_cuda=1 || torch_cuda=0
+
+# ---- calibration: `tessera plan --calibrate` on the GPU (GPT-2 124M's shapes, bf16 and fp32), then a
+# plan for that one GPU that reads the file (one rank: no link is measured, the file keeps the local
+# defaults for them); the file lands in the logs, for later plans ----
+calibrate_gpu() {
+  local limit t0 out rc file=$logs/cluster_cuda.toml
+  limit=$(stage_limit 60 150)
+  if [ $full -eq 0 ]; then add "calibration (cuda)" "not run: no full build (kernels-only fallback)"; return; fi
+  if [ "$limit" -lt 20 ]; then add "calibration (cuda)" "not run: time budget spent"; return; fi
+  t0=$(date +%s)
+  say "gpu_check: tessera plan --calibrate configs/gpt2-124m.toml --device cuda (at most $limit s)"
+  out=$(cd "$logs" && timeout "$limit" "${run_env[@]}" "$tessera_bin" plan --calibrate "$root/configs/gpt2-124m.toml" \
+        --device cuda --set train.global_batch=8 --set calibrate.min_seconds=0.01 --out "$file" 2>&1)
+  rc=$?
+  echo "$out" | tee -a "$log"
+  if [ $rc -ne 0 ]; then
+    add "calibration (cuda)" "$([ $rc -eq 124 ] && echo "TIMED OUT after $limit s" || echo "FAILED (rc $rc, see $log)")"
+    failed_any=1
+    return
+  fi
+  out=$(cd "$logs" && timeout 30 "${run_env[@]}" "$tessera_bin" plan "$root/configs/gpt2-124m.toml" --gpus 1 \
+        --cluster "$file" --set train.device='"cuda"' --top 3 2>&1)
+  rc=$?
+  echo "$out" | tee -a "$log"
+  if [ $rc -ne 0 ]; then
+    add "calibration (cuda)" "FAILED: the plan with $file (rc $rc, see $log)"
+    failed_any=1
+    return
+  fi
+  add "calibration (cuda)" "ok ($(( $(date +%s) - t0 )) s): $file; $(grep -m1 '^device_name' "$file" | cut -d= -f2-)"
+}
+calibrate_gpu
 
 # ---- attention benchmark: tessera beside torch SDPA, same shapes, same run ----
 limit=$(stage_limit 40 150)

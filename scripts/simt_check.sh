@@ -10,7 +10,8 @@
 #   layouts   mpiexec -n 2 build-simt/tessera train configs/quickstart.toml on dp2, tp2+sp, pp2
 #             (1f1b) and cp2, train.device = "cuda" against "cpu", f32 and bf16, 20 steps; a
 #             checkpoint written on the emulated device resumed on the CPU and the reverse
-#   gpu-app   the `gpu` tests of tessera train on the emulated device (tests_gpu_app)
+#   gpu-app   the `gpu` tests of tessera train and of `tessera plan --calibrate` (2 ranks) on the
+#             emulated device (tests_gpu_app)
 # Prints one line per stage and a last line "simt_check: N passed, M failed"; exits non-zero on
 # any failure. Options: --ops (build, emulator and asan only: what a kernel edit needs),
 # --jobs N (build parallelism, default nproc), --keep-going.

@@ -14,6 +14,7 @@
 #include "app/memory_check.h"
 #include "app/trainer.h"
 #include "app/training_data.h"
+#include "kernels/exec.h"
 #include "parallel/tp_compression.h"
 #include "plan/calibrate.h"
 #include "cli_testing.h"
@@ -439,12 +440,21 @@ TEST(PlanCommand, CalibrateWritesAClusterFileThatPlansRead) {
   EXPECT_GT(c.peak_flops_fp32, 1e8);
   EXPECT_GT(c.intra.bandwidth, 1e7);
   EXPECT_NE(c.description.find("calibrated by `mpirun -n 2 tessera plan --calibrate`"), std::string::npos);
+  EXPECT_EQ(c.device, "cpu");
   const RunResult p = run_tessera({"plan", d.config.string(), "--gpus", "2", "--cluster", cluster.string()}, d.dir);
   EXPECT_EQ(p.exit_code, 0) << p.output;
   EXPECT_NE(p.output.find("on 2 x local"), std::string::npos) << p.output;
   const RunResult bad = run_tessera({"plan", "--calibrate"}, d.dir);
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.output.find("give --out FILE"), std::string::npos) << bad.output;
+  if (!cuda_backend_built()) {  // --device cuda is train.device's refusal in a build without CUDA
+    const RunResult gpu = run_tessera({"plan", "--calibrate", "--device", "cuda", "--out", "x.toml"}, d.dir);
+    EXPECT_EQ(gpu.exit_code, 1);
+    EXPECT_NE(gpu.output.find("built without the CUDA backend"), std::string::npos) << gpu.output;
+  }
+  const RunResult typo = run_tessera({"plan", "--calibrate", "--device", "gpu", "--out", "x.toml"}, d.dir);
+  EXPECT_EQ(typo.exit_code, 1);
+  EXPECT_NE(typo.output.find("--device gpu: expected cpu or cuda"), std::string::npos) << typo.output;
   EXPECT_TRUE(c.gemm_rates.empty());
   // The other collectives, fitted each on its own.
   for (const char* part : {"all-gather over 2 ranks", "reduce-scatter over 2 ranks", "send/recv over 2 ranks"})
@@ -473,6 +483,48 @@ TEST(PlanCommand, CalibrateWritesAClusterFileThatPlansRead) {
   }
   const RunResult ps = run_tessera({"plan", d.config.string(), "--gpus", "2", "--cluster", shaped.string()}, d.dir);
   EXPECT_EQ(ps.exit_code, 0) << ps.output;
+}
+
+// A calibrated file names its device: a plan for a config on the other device is refused, naming
+// the file, the key and both devices; a file that does not say (presets, older files) plans any.
+TEST(PlanCommand, ACalibrationPlansOnlyForItsDevice) {
+  Config cpu = parse(kSmall), cuda = cpu;
+  cuda.train.device = "cuda";
+  plan::ClusterSpec c = plan::preset("h100-sxm-80g");
+  for (const Config* cfg : {&cpu, &cuda}) EXPECT_NO_THROW(check_cluster_device(*cfg, c, "h100-sxm-80g"));
+  c.device = "cuda", c.device_name = "NVIDIA H100 (sm_90, 79.1 GiB)";
+  EXPECT_NO_THROW(check_cluster_device(cuda, c, "gpu.toml"));
+  EXPECT_TRUE(throws_with([&] { check_cluster_device(cpu, c, "gpu.toml"); },
+                          {"--cluster gpu.toml was calibrated on cluster.device = \"cuda\" (NVIDIA H100",
+                           "train.device = \"cpu\"", "--device cpu"}));
+  c.device = "cpu";
+  EXPECT_NO_THROW(check_cluster_device(cpu, c, "cpu.toml"));
+  EXPECT_TRUE(throws_with([&] { check_cluster_device(cuda, c, "cpu.toml"); },
+                          {"--cluster cpu.toml was calibrated on cluster.device = \"cpu\"", "train.device = \"cuda\""}));
+}
+
+// --set calibrate.KEY=VALUE: the calibration's sizes and times; other keys skipped; unknown keys
+// and values out of range refused, naming them.
+TEST(PlanCommand, CalibrationOptionsFromSet) {
+  const plan::CalibrationOptions o =
+      calibration_options({"train.steps=3", "calibrate.min_seconds=0.01", "calibrate.repeats = 2",
+                           "calibrate.gemm_size=128", "calibrate.stream_elements=4096",
+                           "calibrate.max_message_bytes=65536"},
+                          2);
+  EXPECT_DOUBLE_EQ(o.min_seconds, 0.01);
+  EXPECT_EQ(o.repeats, 2);
+  EXPECT_EQ(o.gemm_size, 128);
+  EXPECT_EQ(o.stream_elements, 4096);
+  EXPECT_EQ(o.max_message, 65536);
+  EXPECT_EQ(calibration_options({}, 2).gemm_size, plan::CalibrationOptions{}.gemm_size);
+  EXPECT_TRUE(throws_with([] { calibration_options({"calibrate.gemm=64"}, 2); },
+                          {"--set calibrate.gemm=64: unknown key calibrate.gemm"}));
+  EXPECT_TRUE(throws_with([] { calibration_options({"calibrate.repeats=1.5"}, 2); },
+                          {"calibrate.repeats must be an integer from 1 to 1000"}));
+  EXPECT_TRUE(throws_with([] { calibration_options({"calibrate.min_seconds=fast"}, 2); },
+                          {"calibrate.min_seconds must be a number"}));
+  EXPECT_TRUE(throws_with([] { calibration_options({"calibrate.max_message_bytes=32768"}, 4); },
+                          {"calibrate.max_message_bytes must be an integer from 65536"}));
 }
 
 TEST(PlanCommand, ErrorsNameWhatIsWrong) {

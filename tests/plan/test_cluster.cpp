@@ -94,6 +94,21 @@ TEST(Cluster, FileReadsBackWhatWasWritten) {
   EXPECT_EQ(back.source, "written.toml");
 }
 
+// The calibrated device (cluster.device, cluster.device_name) reads back; presets and files
+// without it say nothing (""); a device other than cpu or cuda is refused, naming the key and line.
+TEST(Cluster, TheCalibratedDeviceReadsBack) {
+  ClusterSpec s = preset("h200-141g");
+  EXPECT_EQ(s.device, "");
+  s.device = "cuda", s.device_name = "NVIDIA H200 (sm_90, 139.8 GiB)";
+  const ClusterSpec back = parse_cluster(cluster_to_toml(s), "gpu.toml");
+  EXPECT_EQ(back.device, "cuda");
+  EXPECT_EQ(back.device_name, s.device_name);
+  EXPECT_EQ(parse_cluster("[cluster]\nbase = \"a100-80g\"\n", "old.toml").device, "");
+  EXPECT_EQ(parse_cluster("[cluster]\nbase = \"a100-80g\"\ndevice = \"cpu\"\n", "c.toml").device, "cpu");
+  EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\ndevice = \"gpu\"\n", "c.toml"); },
+                          {"cluster.device (c.toml:3) = \"gpu\" must be \"cpu\", \"cuda\" or \"\""}));
+}
+
 // Format 2: GEMM rates by shape read back; a file without format_version (format 1, before the
 // rates) reads as it did; a later version and malformed rates are refused, naming the key and line.
 TEST(Cluster, GemmRatesAndTheFormatVersion) {
