@@ -593,7 +593,12 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
   const N R{lay.tp};
   const N ce = st.head && R.v > 1 ? (N{2} + R) * d.B * d.T : N{};
   // bf16: the LM head's rounded input beside the logits (the losses not yet allocated: an upper bound).
-  const N forward = st.head ? max(max(blocks_forward, acts + ce), acts + bf.head_forward) : blocks_forward;
+  // Sequence parallel: ln_f's output gathered into the head's input beside the gather's staging,
+  // before the logits are allocated (the peak of the forward where the blocks' workspace is small,
+  // as with chunked edges).
+  const N head_gather = st.head && d.sp ? base + kept_blocks + a.norm + N{2} * X : N{};
+  const N forward = st.head ? max(max(max(blocks_forward, acts + ce), acts + bf.head_forward), head_gather)
+                            : blocks_forward;
   // Backward: the head (dln, and under sequence parallelism dln_local and the reduce-scatter
   // staging), then the blocks from the last, each beside the contexts of those before it (a
   // block's context and output are released when its backward ends) and dres. dres is a workspace only on the
@@ -643,7 +648,7 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
   // block temporaries are gone before the head allocates).
   const N blocks_done = base + kept_blocks;
   const N head_kept = st.head ? a.head : N{};
-  m.inference_peak = max(blocks_forward, blocks_done + head_kept + (st.head ? bf.head_forward : N{})).v;
+  m.inference_peak = max(max(blocks_forward, blocks_done + head_kept + (st.head ? bf.head_forward : N{})), head_gather).v;
   m.inference_kept = (blocks_done + head_kept).v;
   return m;
 }

@@ -81,7 +81,9 @@ SimResult simulate(const Schedule& schedule, const SimOptions& options = {});
 // generator's placement for recompute_ahead walked with these costs (PlacementCosts), the same with
 // unit costs, and every R right before its B (recompute_ahead = 1); each is simulated under options
 // (full_recompute set) and the shortest step wins, ties going to the one holding fewer recomputed
-// micro-batches (so recompute_ahead = 1 on a tie). So the step is never longer than with each R
+// micro-batches (so recompute_ahead = 1 on a tie); a candidate that deadlocks, waiting where
+// run_schedule waits or at every post (its receives are placed by the unit timeline), is dropped.
+// So the step is never longer than with each R
 // right before its B, by the simulator. pp, vpp, micro_batches, kind and recompute_ahead as
 // pipeline_schedule (parallel/pipeline_schedule.h) takes them.
 Schedule bubble_schedule_for_costs(int64_t pp, int64_t vpp, int64_t micro_batches, PipelineKind kind,
