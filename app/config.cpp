@@ -1145,10 +1145,7 @@ std::vector<RecomputeOps> recompute_ops_policy(const Config& c, const std::vecto
            ", which model.activation_compression compresses (\"" + compression_name(compression[l].method) +
            "\"): a block either recomputes or compresses its inputs; choose one per layer");
   const bool gemms = any.qkv || any.mlp_in;  // the region re-entered and the column-parallel GEMMs again
-  if (gemms && c.parallel.tp_overlap_chunks > 1)
-    fail(what + " with parallel.tp_overlap_chunks = " + std::to_string(c.parallel.tp_overlap_chunks) +
-         ": qkv and mlp_in re-run their GEMMs unchunked, which rounds differently from the chunked forward; "
-         "use the ops norm, attn, mlp_act or parallel.tp_overlap_chunks = 1");
+  // With parallel.tp_overlap_chunks > 1 qkv and mlp_in re-gather chunk by chunk: the forward's GEMMs again.
   if (any.reruns_gemms() && c.parallel.cp > 1)
     fail(what + " with parallel.cp = " + std::to_string(c.parallel.cp) + ": qkv, attn and mlp_in are not built for "
          "context parallelism (the ring attention's recomputation is not counted in the memory estimate); use norm, "

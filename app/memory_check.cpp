@@ -320,11 +320,12 @@ struct Policy {
   std::vector<ActivationCompression> compression;  // model.activation_compression, per layer
   TpCompressionModes tp_compression;  // parallel.tp_comm_compression: a re-run's replay words (forward int8-ef)
   std::vector<RecomputeOps> recompute_ops;         // model.recompute_ops, per layer
+  int64_t tp_overlap_chunks = 1;                    // parallel.tp_overlap_chunks: the chunked edges' buffers
   // A pipeline chunk without the head: the trainer keeps its output, sent, past its backward.
   ModelMemoryLayout layout(int64_t B, int64_t T, int64_t tp, bool sp, const StageSpec& stage = {},
                            bool split_backward = false, bool recompute_ahead = false) const {
     return {B,  T, tp, sp, kind, stage, full_layers, !stage.head, split_backward, vlm ? B : 0, bf16, recompute_ahead,
-            compression, tp_compression, recompute_ops};
+            compression, tp_compression, recompute_ops, tp_overlap_chunks};
   }
   // The evaluation forward: its compressed collectives are paused (no feedback), so it keeps no
   // replay words.
@@ -531,9 +532,11 @@ static MemoryEstimate estimate_at_cp_split(const Config& cfg, int64_t data_vocab
   const ParallelConfig& p = cfg.parallel;
   const TpCompressionModes tp_modes =
       resolve_tp_compression(p.tp_comm_compression, p.tp_comm_compression_forward, p.tp_comm_compression_backward);
-  const Policy policy{recompute_kind(cfg.model.recompute), cfg.model.recompute_layers, mc.is_vlm(),
-                      cfg.train.dtype == "bf16", recompute_in_bubbles(cfg), activation_compression_policy(cfg),
-                      tp_modes};
+  Policy policy{recompute_kind(cfg.model.recompute), cfg.model.recompute_layers, mc.is_vlm(),
+                cfg.train.dtype == "bf16", recompute_in_bubbles(cfg), activation_compression_policy(cfg),
+                tp_modes};
+  policy.recompute_ops = recompute_ops_policy(cfg);  // per layer of the model, as the trainer's blocks run them
+  policy.tp_overlap_chunks = sp ? p.tp_overlap_chunks : 1;
   // Context parallelism: a cp rank holds seq_len / cp positions of every sequence, so each
   // activation of the model (and the evaluation's) is that of the shorter sequence; parameters,
   // gradients and moments are not divided (the stage cut is the trainer's, by the whole length).

@@ -135,6 +135,10 @@ void Attention::project_qkv(const Exec& ex, AttentionCtx& ctx, Allocator& alloc,
 
 void Attention::recompute_qkv(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& x,
                               const SequenceLayout& seq, const LoraDropout* drop) const {
+  if (overlaps(tp_)) {  // the forward's chunks and GEMMs again (no adapter dropout: config refuses it)
+    project_qkv_overlapped(ex, ctx, alloc, x, seq, /*with_out=*/false);
+    return;
+  }
   Buffer gathered;
   const Tensor xf = enter_region(ex, tp_, alloc, gathered, x, seq.length());  // (B, T, C)
   project_qkv(ex, ctx, alloc, xf, seq, drop, /*with_out=*/false);
@@ -156,7 +160,7 @@ void Attention::recompute_attention(const Exec& ex, AttentionCtx& ctx, Allocator
 }
 
 void Attention::project_qkv_overlapped(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& x,
-                                      const SequenceLayout& seq) const {
+                                      const SequenceLayout& seq, bool with_out) const {
   const int64_t B = x.dim(0), T = seq.length();
   allocate_qkv(ctx, alloc, x.dtype, B, T);
   const int64_t KV = ctx.k.tensor().dim(2), D = head_dim_;
@@ -170,7 +174,7 @@ void Attention::project_qkv_overlapped(const Exec& ex, AttentionCtx& ctx, Alloca
                      {ctx.k.tensor().view({B, T, KV * D}), kv_rows(k_)},
                      {ctx.v.tensor().view({B, T, KV * D}), kv_rows(v_)}});
   rotate_qk(ex, ctx, seq);
-  allocate_out(ctx, alloc);
+  if (with_out) allocate_out(ctx, alloc);
 }
 
 void Attention::project_out(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& y,
@@ -381,6 +385,10 @@ void Mlp::recompute_activation(const Exec& ex, MlpCtx& ctx, Allocator& alloc) co
 void Mlp::recompute_input(const Exec& ex, MlpCtx& ctx, Allocator& alloc, const Tensor& x, const SequenceLayout& seq,
                           const LoraDropout* drop) const {
   ProfileScope scope(prof_, OpFamily::Activation);
+  if (overlaps(tp_)) {  // the forward's chunks and GEMMs again (no adapter dropout: config refuses it)
+    project_in_overlapped(ex, ctx, alloc, x);
+    return;
+  }
   Buffer gathered;
   project_in(ex, ctx, alloc, enter_region(ex, tp_, alloc, gathered, x, seq.length()), drop);  // (B, T, C)
 }
@@ -413,16 +421,21 @@ void Mlp::backward(const Exec& ex, const MlpCtx& ctx, Allocator& alloc, const Te
   enter_region_backward(ex, tp_, alloc, dx, dxf);
 }
 
-void Mlp::forward_overlapped(const Exec& ex, MlpCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const {
+void Mlp::project_in_overlapped(const Exec& ex, MlpCtx& ctx, Allocator& alloc, const Tensor& x) const {
   const int64_t B = x.dim(0), T = x.dim(1) * tp_.size(), F = in_.out();
   ctx.h = activation(alloc, x.dtype, {B, T, F});
-  ctx.act = activation(alloc, x.dtype, {B, T, F});
   std::vector<GatheredOutput> outputs{{ctx.h, [&](const Tensor& h, const Tensor& xr) { in_.forward(ex, h, xr); }}};
   if (kind_ == MlpKind::SwiGlu) {
     ctx.up = activation(alloc, x.dtype, {B, T, F});
     outputs.push_back({ctx.up, [&](const Tensor& u, const Tensor& xr) { up_.forward(ex, u, xr); }});
   }
   gather_then_gemms(ex, tp_, alloc, x, outputs);
+}
+
+void Mlp::forward_overlapped(const Exec& ex, MlpCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const {
+  const int64_t B = x.dim(0), T = x.dim(1) * tp_.size(), F = in_.out();
+  ctx.act = activation(alloc, x.dtype, {B, T, F});  // before the gathers, as model/memory.cpp counts it
+  project_in_overlapped(ex, ctx, alloc, x);
   activate(ex, ctx);
   gemms_then_reduce_scatter(ex, tp_, alloc, y, {{ctx.act, [&](const Tensor& yr, const Tensor& ar) {
                               out_.forward(ex, yr, ar, /*with_bias=*/tp_.rank() == 0);

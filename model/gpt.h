@@ -89,7 +89,8 @@ class Attention {
                 const LoraDropout* drop = nullptr) const;
   // Per-op recomputation (model/recompute_ops.h), bitwise the forward's: "qkv": ctx.q, k, v
   // (allocated) again from x (B, T_local, C), the region re-entered (re-gathered under sequence
-  // parallelism, released before returning), RoPE at seq's positions; "attn": ctx.out and lse
+  // parallelism, released before returning; chunk by chunk as the forward under
+  // parallel.tp_overlap_chunks > 1), RoPE at seq's positions; "attn": ctx.out and lse
   // (allocated) again from ctx.q, k, v.
   void recompute_qkv(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& x, const SequenceLayout& seq,
                      const LoraDropout* drop) const;
@@ -112,8 +113,10 @@ class Attention {
   void attend(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const SequenceLayout& seq) const;
   // Under parallel.tp_overlap_chunks > 1 (parallel/tp_overlap.h): the region's edges and their
   // GEMMs chunk by chunk. x, dy, dx (B, T / tp, C); dout, dq, dk, dv over the full sequence T.
+  // project_qkv_overlapped is project_qkv with x (B, T / tp, C) gathered chunk by chunk (also the
+  // "qkv" recomputation's, with_out = false: the same chunks and GEMMs, so bitwise the forward's).
   void project_qkv_overlapped(const Exec& ex, AttentionCtx& ctx, Allocator& alloc, const Tensor& x,
-                              const SequenceLayout& seq) const;
+                              const SequenceLayout& seq, bool with_out = true) const;
   void proj_backward_overlapped(const Exec& ex, const AttentionCtx& ctx, Allocator& alloc, const Tensor& dout,
                                 const Tensor& dy, WeightGrads* deferred) const;
   void qkv_backward_overlapped(const Exec& ex, Allocator& alloc, const Tensor& dx, const Tensor& dq,
@@ -166,8 +169,8 @@ class Mlp {
   // forward's.
   void recompute_activation(const Exec& ex, MlpCtx& ctx, Allocator& alloc) const;
   // Per-op recomputation "mlp_in": ctx.h (and ctx.up) (allocated) again from x (B, T_local, C), the
-  // region re-entered (re-gathered under sequence parallelism, released before returning), bitwise
-  // the forward's.
+  // region re-entered (re-gathered under sequence parallelism, released before returning; chunk by
+  // chunk as the forward under parallel.tp_overlap_chunks > 1), bitwise the forward's.
   void recompute_input(const Exec& ex, MlpCtx& ctx, Allocator& alloc, const Tensor& x, const SequenceLayout& seq,
                        const LoraDropout* drop) const;
   void set_profiler(Profiler* p);
@@ -181,6 +184,9 @@ class Mlp {
   // Under parallel.tp_overlap_chunks > 1 (parallel/tp_overlap.h): forward and backward with the
   // region's edges and their GEMMs chunk by chunk.
   void forward_overlapped(const Exec& ex, MlpCtx& ctx, Allocator& alloc, const Tensor& y, const Tensor& x) const;
+  // ctx.h (and ctx.up) allocated and projected from x (B, T / tp, C) gathered chunk by chunk: the
+  // overlapped forward's first GEMM(s), shared with recompute_input ("mlp_in").
+  void project_in_overlapped(const Exec& ex, MlpCtx& ctx, Allocator& alloc, const Tensor& x) const;
   void backward_overlapped(const Exec& ex, const MlpCtx& ctx, Allocator& alloc, const Tensor& dx, const Tensor& dy,
                            const Tensor& x, WeightGrads* deferred) const;
   TensorParallel tp_;

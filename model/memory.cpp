@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/lora.h"
+#include "parallel/tp_overlap.h"
 
 namespace tessera {
 
@@ -39,6 +40,10 @@ N max(N a, N b) { return a.v > b.v ? a : b; }
 struct Dims {
   N B, T, Tl, C, D, Hl, KVh, KVl, Fl, V, Vl, L;
   bool layernorm, swiglu, learned_positions, bias, tied, kv_replicated, sp;
+  // parallel.tp_overlap_chunks > 1 under sequence parallelism: the positions per rank of each
+  // chunk (parallel/tp_overlap.h SequenceChunks), empty when the edges run whole.
+  std::vector<int64_t> chunks;
+  bool overlap() const { return !chunks.empty(); }
 };
 
 Dims dims_of(const ModelConfig& c, const ModelMemoryLayout& lay) {
@@ -67,6 +72,12 @@ Dims dims_of(const ModelConfig& c, const ModelMemoryLayout& lay) {
   d.learned_positions = c.position == PositionKind::Learned;
   d.bias = c.bias;
   d.tied = c.tied_embeddings;
+  TESSERA_CHECK(lay.tp_overlap_chunks >= 1, "model_memory: tp_overlap_chunks = ", lay.tp_overlap_chunks,
+                " must be >= 1");
+  if (d.sp && lay.tp_overlap_chunks > 1) {
+    const SequenceChunks ch(R, lay.batch, lay.seq_len, lay.tp_overlap_chunks);
+    for (int64_t i = 0; i < ch.count(); ++i) d.chunks.push_back(ch.length(i));
+  }
   return d;
 }
 
@@ -191,7 +202,72 @@ LoraTemps lora_temps(const ModelConfig& c, const Dims& d) {
   return t;
 }
 
-BlockWork block_workspace(const Dims& d, const LoraTemps& lora = {}) {
+// ---- The chunked region edges (ModelMemoryLayout::tp_overlap_chunks, parallel/tp_overlap.cpp) ----
+
+// One GEMM of a chunked edge, per row of a chunk (R B n rows): the width of its output rows
+// (gather_then_gemms) or of its packed input rows (gemms_then_reduce_scatter), and what it
+// allocates itself per row (k or v with replicated KV heads: all heads' projection or gradient).
+struct RowGemm {
+  N width, temp;
+};
+
+// N nonnegative: a - b, or 0 when b is larger (a phase whose workspace is smaller than what of the
+// block's context it runs without).
+N minus_or_zero(N a, N b) { return {a.v > b.v ? a.v - b.v : 0}; }
+
+// gather_then_gemms at its highest, for an input of `width` columns: chunk i + 1's send (B, n, width)
+// and receive (R B, n, width) buffers are allocated before chunk i's GEMMs and every chunk's stays
+// to the end; beside them one GEMM's output rows of chunk i (and its own temporaries) at a time.
+N gather_peak(const Dims& d, N width, const std::vector<RowGemm>& gemms) {
+  const N R{d.sp ? d.T.v / d.Tl.v : 1};
+  const size_t k = d.chunks.size();
+  N staged{}, peak{};
+  const auto stage = [&](size_t i) { staged = staged + d.B * N{d.chunks[i]} * width * (N{1} + R); };
+  stage(0);
+  for (size_t i = 0; i < k; ++i) {
+    if (i + 1 < k) stage(i + 1);
+    const N rows = R * d.B * N{d.chunks[i]};
+    for (const RowGemm& g : gemms) peak = max(peak, staged + rows * (g.width + g.temp));
+  }
+  return peak;
+}
+
+// gemms_then_reduce_scatter at its highest, for an output of C columns: chunk i's partial sums
+// (R B, n, C) beside the chunks before it (their partial sums and received parts (B, n, C), kept to
+// the end) and one input's packed rows (and its GEMM's temporaries) at a time; at the end all the
+// chunks' buffers, X + Xl.
+N scatter_peak(const Dims& d, const std::vector<RowGemm>& gemms) {
+  const N R{d.T.v / d.Tl.v};
+  N before{}, peak{};
+  for (const int64_t n : d.chunks) {
+    const N rows = R * d.B * N{n}, partial = rows * d.C;
+    for (const RowGemm& g : gemms) peak = max(peak, before + partial + rows * (g.width + g.temp));
+    before = before + partial + d.B * N{n} * d.C;
+  }
+  return max(peak, before);
+}
+
+// q's, k's and v's chunk GEMMs (forward, recomputation) or their input-gradient GEMMs (backward):
+// with replicated KV heads, k's and v's all heads' rows beside their own.
+std::vector<RowGemm> qkv_gemms_of(const Dims& d) {
+  const N kv = d.KVl * d.D, all = d.kv_replicated ? d.KVh * d.D : N{};
+  return {{d.Hl * d.D, {}}, {kv, all}, {kv, all}};
+}
+
+// The MLP's first layer(s): fc, or gate and up.
+std::vector<RowGemm> mlp_in_gemms(const Dims& d) {
+  std::vector<RowGemm> g{{d.Fl, {}}};
+  if (d.swiglu) g.push_back({d.Fl, {}});
+  return g;
+}
+
+// A block's workspace with chunked edges (model/gpt.cpp, the *_overlapped paths), beside the whole
+// context as BlockWork counts it; the attention forward's phases run before the rest of the
+// context is allocated, so they count beside less (minus_or_zero).
+BlockWork overlapped_workspace(const Dims& d, const Acts& a, const LoraTemps& lora);
+
+BlockWork block_workspace(const Dims& d, const Acts& a, const LoraTemps& lora = {}) {
+  if (d.overlap()) return overlapped_workspace(d, a, lora);
   const N X = d.B * d.T * d.C;
   const N q = d.B * d.T * d.Hl * d.D, kv = d.B * d.T * d.KVl * d.D;
   const N kv_all = d.kv_replicated ? d.B * d.T * d.KVh * d.D : N{};  // all KV heads, before this rank's is picked
@@ -236,6 +312,45 @@ BlockWork block_workspace(const Dims& d, const LoraTemps& lora = {}) {
   w.attention_backward = attn_lora;
   w.mlp_branch = Xl + Xl + F + mlp_lora;
   w.attention_branch = Xl + Xl + attn_lora;
+  return w;
+}
+
+
+BlockWork overlapped_workspace(const Dims& d, const Acts& a, const LoraTemps& lora) {
+  const N X = d.B * d.T * d.C, Xl = d.B * d.Tl * d.C, F = d.B * d.T * d.Fl;
+  const N q = d.B * d.T * d.Hl * d.D, kv = d.B * d.T * d.KVl * d.D, lse = d.B * d.Hl * d.T;
+  const N kv_all = d.kv_replicated ? d.B * d.T * d.KVh * d.D : N{};
+  const N mlp_ctx = N{d.swiglu ? 3 : 2} * F;  // h, (up,) act
+  BlockWork w;
+  // Forward. Attention: q, k, v allocated, then x gathered chunk by chunk into their GEMMs (ln2's
+  // context, the MLP's, out and lse not yet allocated); out and lse, the kernel, then the projection
+  // chunk by chunk into the reduce-scatters. MLP: h, act (and up) allocated, the whole context live.
+  const N attn_in = minus_or_zero(gather_peak(d, d.C, qkv_gemms_of(d)), a.norm + mlp_ctx + q + lse);
+  const N attn_out = minus_or_zero(scatter_peak(d, {{d.Hl * d.D, {}}}), a.norm + mlp_ctx);
+  const N mlp_fwd = max(gather_peak(d, d.C, mlp_in_gemms(d)), scatter_peak(d, {{d.Fl, {}}}));
+  w.forward = max(max(attn_in, attn_out), mlp_fwd);
+  // MLP backward: d(act), the whole dy gathered beside dy's chunks and the down projection's
+  // input-gradient rows; x gathered (its staging beside it), d(up); x released, the input-gradient
+  // GEMMs of d(act) (and d(up)) chunk by chunk into the reduce-scatters.
+  std::vector<RowGemm> mlp_back{{d.Fl, {}}};
+  if (d.swiglu) mlp_back.push_back({d.Fl, {}});
+  const N mlp_grads = N{d.swiglu ? 2 : 1} * F;
+  const N mlp_bwd = max(max(F + X + gather_peak(d, d.C, {{d.Fl, {}}}), F + N{2} * X),
+                        max(mlp_grads + X, mlp_grads + scatter_peak(d, mlp_back)));
+  // Attention backward: d(out), the whole dy gathered beside its chunks and the projection's
+  // input-gradient rows; d(out) beside dq, dk, dv; without d(out): x gathered (its staging, or all
+  // KV heads' weight gradient beside it), then q's, k's and v's input-gradient GEMMs chunk by chunk.
+  const N grads = q + N{2} * kv;
+  const N attn_bwd = max(max(q + X + gather_peak(d, d.C, {{d.Hl * d.D, {}}}), q + grads),
+                         max(grads + X + max(X, kv_all), grads + scatter_peak(d, qkv_gemms_of(d))));
+  // LoRA: the largest temporary beside each peak, an upper bound (as block_workspace's).
+  const N extra = lora.largest();
+  w.forward = w.forward + extra;
+  w.mlp_backward = mlp_bwd + extra;
+  w.attention_backward = attn_bwd + extra;
+  w.backward = Xl + max(w.mlp_backward, w.attention_backward);
+  w.mlp_branch = Xl + Xl + F + w.mlp_backward;
+  w.attention_branch = Xl + Xl + w.attention_backward;
   return w;
 }
 
@@ -305,8 +420,15 @@ BlockCost ops_block_cost(const RecomputeOps& o, const Dims& d, const Acts& a, co
   const N q = d.B * d.T * d.Hl * d.D, kv = d.B * d.T * d.KVl * d.D;
   const N kv_all = d.kv_replicated ? d.B * d.T * d.KVh * d.D : N{};
   const N norm = o.norm ? Xl : zero;
-  const N mlp_gemms = o.mlp_in ? norm + X_sp + N{d.swiglu ? 2 : 1} * F + w.extra_forward : zero;
-  const N qkv_gemms = o.qkv ? norm + X_sp + q + N{2} * kv + kv_all + w.extra_forward : zero;
+  // The region re-entered: whole (the gathered X beside the GEMMs), or chunk by chunk as the
+  // forward does (tp_overlap_chunks > 1: the recomputed tensors allocated, then gather_then_gemms).
+  const N mlp_in = N{d.swiglu ? 2 : 1} * F, qkv = q + N{2} * kv;
+  const N mlp_gemms = !o.mlp_in ? zero
+                      : d.overlap() ? norm + mlp_in + gather_peak(d, d.C, mlp_in_gemms(d)) + w.extra_forward
+                                    : norm + X_sp + mlp_in + w.extra_forward;
+  const N qkv_gemms = !o.qkv ? zero
+                      : d.overlap() ? norm + qkv + gather_peak(d, d.C, qkv_gemms_of(d)) + w.extra_forward
+                                    : norm + X_sp + qkv + kv_all + w.extra_forward;
   const N mlp = Xl + max(drop.mlp + w.mlp_backward + w.extra, mlp_gemms);
   const N attention = Xl + max(drop.attention + w.attention_backward + w.extra, qkv_gemms);
   return {N{a.block.v - drop.mlp.v - drop.attention.v}, max(mlp, attention), a.block + w.forward};
@@ -372,7 +494,7 @@ VisionCost vision_cost(const ModelConfig& c, const ModelMemoryLayout& lay, int64
                  P * W /* pos */ + N{2} * W /* ln_f */ + (W * C + C) /* fc1 */ + (C * C + C) /* fc2 */;
   if (images == 0) return v;  // text only: the tower does not run
   const Acts a = activations(dv);
-  BlockWork w = block_workspace(dv);
+  BlockWork w = block_workspace(dv, a);
   if (lay.bf16) {  // its blocks' Linears round as the language model's do
     const Bf16Scratch bf = bf16_scratch(dv);
     w.forward = w.forward + bf.block_forward;
@@ -410,7 +532,7 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
   const StageSpec st = resolve_stage(lay.stage, c);
   TESSERA_CHECK(lay.full_layers >= 0, "model_memory: full_layers = ", lay.full_layers, " must be >= 0");
   const Acts a = activations(d);
-  BlockWork w = block_workspace(d, lora_temps(c, d));
+  BlockWork w = block_workspace(d, a, lora_temps(c, d));
   const Bf16Scratch bf = lay.bf16 ? bf16_scratch(d) : Bf16Scratch{};
   w.forward = w.forward + bf.block_forward;
   w.backward = w.backward + bf.block_backward;
@@ -471,7 +593,12 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
   const N R{lay.tp};
   const N ce = st.head && R.v > 1 ? (N{2} + R) * d.B * d.T : N{};
   // bf16: the LM head's rounded input beside the logits (the losses not yet allocated: an upper bound).
-  const N forward = st.head ? max(max(blocks_forward, acts + ce), acts + bf.head_forward) : blocks_forward;
+  // Sequence parallel: ln_f's output gathered into the head's input beside the gather's staging,
+  // before the logits are allocated (the peak of the forward where the blocks' workspace is small,
+  // as with chunked edges).
+  const N head_gather = st.head && d.sp ? base + kept_blocks + a.norm + N{2} * X : N{};
+  const N forward = st.head ? max(max(max(blocks_forward, acts + ce), acts + bf.head_forward), head_gather)
+                            : blocks_forward;
   // Backward: the head (dln, and under sequence parallelism dln_local and the reduce-scatter
   // staging), then the blocks from the last, each beside the contexts of those before it (a
   // block's context and output are released when its backward ends) and dres. dres is a workspace only on the
@@ -521,7 +648,7 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
   // block temporaries are gone before the head allocates).
   const N blocks_done = base + kept_blocks;
   const N head_kept = st.head ? a.head : N{};
-  m.inference_peak = max(blocks_forward, blocks_done + head_kept + (st.head ? bf.head_forward : N{})).v;
+  m.inference_peak = max(max(blocks_forward, blocks_done + head_kept + (st.head ? bf.head_forward : N{})), head_gather).v;
   m.inference_kept = (blocks_done + head_kept).v;
   return m;
 }
@@ -548,7 +675,7 @@ ActivationParts activation_parts(const ModelConfig& cfg, const ModelMemoryLayout
   const ModelConfig c = resolve(cfg);
   const Dims d = dims_of(c, lay);
   const Acts a = activations(d);
-  const BlockWork w = block_workspace(d);
+  const BlockWork w = block_workspace(d, a);
   const N Xl = d.B * d.Tl * d.C;
   const VisionCost vis = c.is_vlm() ? vision_cost(c, lay, lay.images) : VisionCost{};
   const N replay = lay.recompute == Recompute::Full

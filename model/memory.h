@@ -81,6 +81,13 @@ struct ModelMemoryLayout {
   // model.recompute_ops: one entry per layer of the whole model (model/recompute_ops.h), empty for
   // none; applies to the blocks whose policy is Recompute::None (not the full_layers).
   std::vector<RecomputeOps> recompute_ops = {};
+  // parallel.tp_overlap_chunks: > 1 under sequence parallelism (tp > 1) runs every block's region
+  // edges chunk by chunk (parallel/tp_overlap.h; min(k, T / tp) chunks): the chunks' send and
+  // receive buffers and partial sums, and each GEMM's rows of one chunk before they are placed,
+  // replace the whole-sequence staging of k = 1, in the forward, the backward, and the per-op
+  // recomputation of qkv and mlp_in (which re-gather chunk by chunk too). Ignored without
+  // sequence parallelism.
+  int64_t tp_overlap_chunks = 1;
 };
 
 // Element counts (of the parameter dtype) on one rank.

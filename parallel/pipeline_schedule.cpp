@@ -224,10 +224,23 @@ struct RankPlacement {
   double now = 0;
 };
 
-void place_next_recompute(RankPlacement& p) {
-  const Action& b = p.backwards[p.next_r++];
-  p.out.push_back(recompute_action(b.micro_batch, b.chunk));
-  p.now += 1.0;
+// A computation's duration in the placement's timeline: the unit one, or costs.duration's.
+double placement_cost(const PlacementCosts& costs, int64_t r, const Action& a, const std::set<ActionKey>& split) {
+  if (!costs.duration) return unit_cost(a, split);
+  return costs.duration(r, a, split.count(key_of(a)) > 0);
+}
+
+// The next backward's R (the rank's next R to place).
+Action next_recompute(const RankPlacement& p) {
+  const Action& b = p.backwards[p.next_r];
+  return recompute_action(b.micro_batch, b.chunk);
+}
+
+void place_next_recompute(RankPlacement& p, int64_t r, const PlacementCosts& costs) {
+  const Action R = next_recompute(p);
+  ++p.next_r;
+  p.out.push_back(R);
+  p.now += placement_cost(costs, r, R, p.split);
   ++p.held;
 }
 
@@ -238,7 +251,7 @@ bool can_recompute_ahead(const RankPlacement& p, int64_t ahead) {
 }
 
 std::vector<std::vector<Action>> with_recompute(const std::vector<std::vector<Action>>& order, int64_t vpp,
-                                                int64_t ahead) {
+                                                int64_t ahead, const PlacementCosts& costs) {
   const int64_t pp = static_cast<int64_t>(order.size());
   std::vector<RankPlacement> ranks(order.size());
   for (size_t r = 0; r < order.size(); ++r) {
@@ -259,14 +272,15 @@ std::vector<std::vector<Action>> with_recompute(const std::vector<std::vector<Ac
           const auto [from, key] = producer_of(a, r, pp);
           const auto it = done[static_cast<size_t>(from)].find(key);
           if (it == done[static_cast<size_t>(from)].end()) break;  // not computed yet
-          ready = std::max(ready, it->second);
+          ready = std::max(ready, it->second + costs.latency);
         }
         if (ahead >= 2)
-          while (p.now + 1.0 <= ready && can_recompute_ahead(p, ahead)) place_next_recompute(p);
+          while (can_recompute_ahead(p, ahead) && p.now + placement_cost(costs, r, next_recompute(p), p.split) <= ready)
+            place_next_recompute(p, r, costs);
         if (a.kind == ActionKind::Backward && p.next_r < p.backwards.size() &&
             key_of(p.backwards[p.next_r]) == key_of(a))
-          place_next_recompute(p);
-        p.now = std::max(p.now, ready) + unit_cost(a, p.split);
+          place_next_recompute(p, r, costs);
+        p.now = std::max(p.now, ready) + placement_cost(costs, r, a, p.split);
         done[static_cast<size_t>(r)][key_of(a)] = p.now;
         if (a.kind == ActionKind::Forward) p.forwarded.insert(key_of(a));
         if (a.kind == ActionKind::Backward) --p.held;
@@ -405,6 +419,12 @@ void check_pipeline_schedule(int64_t pp, int64_t vpp, int64_t micro_batches, Pip
 
 Schedule pipeline_schedule(int64_t pp, int64_t vpp, int64_t micro_batches, PipelineKind kind, bool bubble_recompute,
                            int64_t recompute_ahead) {
+  return pipeline_schedule(pp, vpp, micro_batches, kind, bubble_recompute, recompute_ahead, PlacementCosts{});
+}
+
+Schedule pipeline_schedule(int64_t pp, int64_t vpp, int64_t micro_batches, PipelineKind kind, bool bubble_recompute,
+                           int64_t recompute_ahead, const PlacementCosts& costs) {
+  TESSERA_CHECK(costs.latency >= 0, "pipeline_schedule: a negative latency ", costs.latency);
   check_pipeline_schedule(pp, vpp, micro_batches, kind);
   TESSERA_CHECK(recompute_ahead >= 1, "model.recompute_ahead = ", recompute_ahead,
                 ": at least 1 recomputed micro-batch held at once (1: R right before its backward)");
@@ -418,7 +438,7 @@ Schedule pipeline_schedule(int64_t pp, int64_t vpp, int64_t micro_batches, Pipel
       case PipelineKind::ZeroBubbleH1: o = zb_h1_order(pp, r, micro_batches); break;
     }
   }
-  if (bubble_recompute) order = with_recompute(order, vpp, recompute_ahead);
+  if (bubble_recompute) order = with_recompute(order, vpp, recompute_ahead, costs);
   return add_transfers(order, vpp, micro_batches);
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string_view>
 
 #include "parallel/schedule.h"
@@ -56,5 +57,19 @@ void check_pipeline_schedule(int64_t pp, int64_t vpp, int64_t micro_batches, Pip
 // recompute_ahead < 1 is refused, naming model.recompute_ahead.
 Schedule pipeline_schedule(int64_t pp, int64_t vpp, int64_t micro_batches, PipelineKind kind,
                            bool bubble_recompute = false, int64_t recompute_ahead = 1);
+
+// The times the R placement above (recompute_ahead >= 2) walks the ranks' orders by, in place of
+// the unit timeline: duration(rank, a, split) is how long rank's computation a takes (split: a
+// backward whose W is its own action, so the backward is B alone), and a received tensor arrives
+// `latency` after its producer ends. pipeline_sim.h's bubble_schedule_for_costs builds them from the
+// simulator's costs. An empty duration is the unit one.
+struct PlacementCosts {
+  std::function<double(int64_t rank, const Action& a, bool split)> duration;
+  double latency = 0;
+};
+// pipeline_schedule with R placed in the waits of the timeline these costs give (the rest as above:
+// the transfers are still placed by the unit timeline).
+Schedule pipeline_schedule(int64_t pp, int64_t vpp, int64_t micro_batches, PipelineKind kind, bool bubble_recompute,
+                           int64_t recompute_ahead, const PlacementCosts& costs);
 
 }  // namespace tessera

@@ -307,6 +307,71 @@ SimResult simulate(const Schedule& schedule, const SimOptions& options) {
   return r;
 }
 
+namespace {
+
+// The simulator's duration of a computation (Simulation::cost) with every backward's R held: rank
+// r's action a of the chunk's costs; split: the backward is B alone.
+PlacementCosts placement_costs(const SimOptions& o, int64_t pp, int64_t vpp) {
+  PlacementCosts costs;
+  costs.latency = o.latency;
+  costs.duration = [o, pp, vpp](int64_t r, const Action& a, bool split) {
+    ChunkCost c{o.forward / static_cast<double>(vpp), o.backward / static_cast<double>(vpp),
+                o.weight / static_cast<double>(vpp)};
+    if (!o.chunks.empty()) c = o.chunks[static_cast<size_t>(a.chunk * pp + r)];
+    switch (a.kind) {
+      case ActionKind::Forward: return c.forward;
+      case ActionKind::Backward: return c.backward + (split ? 0.0 : c.weight);
+      case ActionKind::BackwardWeight: return c.weight;
+      case ActionKind::Recompute: return c.recompute >= 0 ? c.recompute : c.forward;
+      default: return 0.0;
+    }
+  };
+  return costs;
+}
+
+int64_t most_recomputed(const SimResult& r) {
+  int64_t most = 0;
+  for (const SimRank& k : r.ranks) most = std::max(most, k.peak_recomputed);
+  return most;
+}
+
+}  // namespace
+
+Schedule bubble_schedule_for_costs(int64_t pp, int64_t vpp, int64_t micro_batches, PipelineKind kind,
+                                   int64_t recompute_ahead, const SimOptions& options) {
+  SimOptions sim = options;
+  sim.full_recompute = true;
+  TESSERA_CHECK(sim.chunks.empty() || static_cast<int64_t>(sim.chunks.size()) == pp * vpp,
+                "bubble_schedule_for_costs: ", sim.chunks.size(), " chunk costs for ", pp, " x ", vpp, " chunks");
+  // Every R right before its B first: it wins ties.
+  std::vector<Schedule> candidates{pipeline_schedule(pp, vpp, micro_batches, kind, true, 1)};
+  if (recompute_ahead >= 2) {
+    candidates.push_back(pipeline_schedule(pp, vpp, micro_batches, kind, true, recompute_ahead,
+                                           placement_costs(sim, pp, vpp)));
+    candidates.push_back(pipeline_schedule(pp, vpp, micro_batches, kind, true, recompute_ahead));
+  }
+  size_t best = 0;
+  double best_step = 0;
+  int64_t best_held = 0;
+  SimOptions blocking = sim;
+  blocking.wait = P2pWait::AtPost;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const SimResult r = simulate(candidates[i], sim);
+    // A placement whose receives (placed by the unit timeline) would deadlock with every batch
+    // blocking is dropped: the schedules run_schedule gets are deadlock-free both ways.
+    const bool deadlock = r.deadlock || simulate(candidates[i], blocking).deadlock;
+    TESSERA_CHECK(i > 0 || !deadlock, "bubble_schedule_for_costs: each R before its B deadlocks (a generator bug)");
+    if (deadlock) continue;
+    const int64_t held = most_recomputed(r);
+    if (i == 0 || r.makespan < best_step || (r.makespan == best_step && held < best_held)) {
+      best = i;
+      best_step = r.makespan;
+      best_held = held;
+    }
+  }
+  return candidates[best];
+}
+
 std::string timeline_json(const Schedule& schedule, const SimResult& result, std::string_view name,
                           const SimOptions& options) {
   std::ostringstream os;

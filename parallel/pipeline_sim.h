@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "parallel/pipeline_schedule.h"
 #include "parallel/schedule.h"
 
 namespace tessera {
@@ -74,6 +75,19 @@ struct SimResult {
 // when a rank's list fails run_schedule's checks, or a receive would get another message than the
 // one it names.
 SimResult simulate(const Schedule& schedule, const SimOptions& options = {});
+
+// model.recompute = "bubble" with R placed by real costs (options: every chunk recomputes, options'
+// durations and latency) rather than the generator's unit timeline: the candidates are the
+// generator's placement for recompute_ahead walked with these costs (PlacementCosts), the same with
+// unit costs, and every R right before its B (recompute_ahead = 1); each is simulated under options
+// (full_recompute set) and the shortest step wins, ties going to the one holding fewer recomputed
+// micro-batches (so recompute_ahead = 1 on a tie); a candidate that deadlocks, waiting where
+// run_schedule waits or at every post (its receives are placed by the unit timeline), is dropped.
+// So the step is never longer than with each R
+// right before its B, by the simulator. pp, vpp, micro_batches, kind and recompute_ahead as
+// pipeline_schedule (parallel/pipeline_schedule.h) takes them.
+Schedule bubble_schedule_for_costs(int64_t pp, int64_t vpp, int64_t micro_batches, PipelineKind kind,
+                                   int64_t recompute_ahead, const SimOptions& options);
 
 // The result as JSON for scripts/pipeline_timeline.py: name, sizes, costs, the recomputation
 // ("none", "full" or "bubble"), per-rank numbers and

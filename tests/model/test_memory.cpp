@@ -323,6 +323,27 @@ TEST(ModelMemory, CheckedArithmeticThrowsInsteadOfWrapping) {
   EXPECT_THROW(model_memory(c, {1 << 20, 1 << 20, 1, false}), SizeOverflow);
 }
 
+// parallel.tp_overlap_chunks (ModelMemoryLayout::tp_overlap_chunks): counted only where the edges
+// are chunked, under sequence parallelism over tp > 1 (elsewhere the key has no effect), as
+// min(k, T / tp) chunks as the run uses; k < 1 is refused. The counts themselves are checked
+// against the allocator on 2 and 4 ranks (test_gpt_tp_overlap.cpp).
+TEST(ModelMemory, TpOverlapChunksCountWhereTheEdgesAreChunked) {
+  const ModelConfig cfg = small_config("gpt2", 2);
+  const auto peak = [&](int64_t tp, bool sp, int64_t chunks) {
+    ModelMemoryLayout l{2, 12, tp, sp};
+    l.tp_overlap_chunks = chunks;
+    return model_memory(cfg, l).training_peak;
+  };
+  EXPECT_EQ(peak(2, false, 4), peak(2, false, 1));  // plain tp: nothing chunked
+  EXPECT_EQ(peak(1, true, 4), peak(1, true, 1));    // one rank: no edges
+  EXPECT_NE(peak(2, true, 2), peak(2, true, 1));
+  EXPECT_EQ(peak(2, true, 100), peak(2, true, 6));  // 6 positions per rank: 6 chunks at most
+  EXPECT_NE(peak(2, true, 6), peak(2, true, 2));
+  ModelMemoryLayout bad{2, 12, 2, true};
+  bad.tp_overlap_chunks = 0;
+  EXPECT_THROW(model_memory(cfg, bad), Error);
+}
+
 // Zero-bubble's split backward (B, then W later): after B the only activations left are the copies
 // kept for W, the analytic weight_grads; the peak of forward + B stays at or under the counted
 // one (copies are counted from their block's peak on, a few buffers early) and within 5% of it;

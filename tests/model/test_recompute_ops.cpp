@@ -3,7 +3,8 @@
 // the whole backward and the split one of zero-bubble); model/memory.h counts each set to the byte
 // against the allocator (whole model and two stages, with model.recompute_layers); the per-op cost
 // against hand-computed values. Under `mpiexec -n 2` (RecomputeOpsTpSlow.*: tp = 2 with
-// sequence parallelism) the same on a tensor-parallel layout; under plain ctest it runs tp = 1.
+// sequence parallelism) the same on a tensor-parallel layout, with whole and chunked region edges
+// (parallel.tp_overlap_chunks; the chunked ones also on tp 4); under plain ctest it runs tp = 1.
 #include "model/recompute_ops.h"
 
 #include <gtest/gtest.h>
@@ -19,6 +20,7 @@
 #include "model/memory.h"
 #include "model/weight_grads.h"
 #include "mpi_testing.h"
+#include "parallel/mpi.h"
 #include "parallel/mpi_communicator.h"
 #include "testing.h"
 #include "tp_model_testing.h"
@@ -278,14 +280,18 @@ struct TpOpsModel {
 
 // Every op set on this rank's shard gives the loss and gradients of the same shard without
 // recomputation bit for bit (the collectives re-run on the same inputs), and its memory equals the
-// model's count (the re-gathered inputs of qkv and mlp_in included).
-TEST(RecomputeOpsTpSlow, EveryOpSetEqualsNoRecomputationAndTheMemoryCount) {
+// model's count (the re-gathered inputs of qkv and mlp_in included). chunks > 1: both shards run
+// their region edges chunked (parallel.tp_overlap_chunks), and qkv and mlp_in re-gather chunk by
+// chunk, the forward's GEMMs on the forward's rows again.
+void every_op_set_equals_no_recomputation(int64_t chunks) {
   MpiCommunicator comm = MpiCommunicator::duplicate(testing::test_world());
   const int tp = comm.size(), rank = comm.rank();
   const int64_t B = 2, T = 8;
   for (const std::string preset : {"gpt2", "llama"}) {
     const ModelConfig cfg = testing::tp_model_config(preset, T);
-    const TensorParallel group{&comm, true};
+    const TensorParallel group{&comm, true, chunks};
+    const std::string what = preset + " k = " + std::to_string(chunks) + " rank " + std::to_string(rank) + " of " +
+                             std::to_string(tp);
     const auto step = [&](TpOpsModel& m, const ModelMemory* want) {
       auto tokens = testing::random_ids({B, T}, cfg.vocab_size, 5);
       auto targets = testing::random_ids({B, T}, cfg.vocab_size, 6);
@@ -295,12 +301,12 @@ TEST(RecomputeOpsTpSlow, EveryOpSetEqualsNoRecomputationAndTheMemoryCount) {
       const double loss = read_loss_sums(kCpu, ctx.loss_sums).mean();
       if (want) {
         EXPECT_EQ(m.alloc.counter(MemCategory::Activations).current, 8u * static_cast<size_t>(want->activations))
-            << preset << " rank " << rank;
+            << what;
       }
       m.gpt.backward(kCpu, ctx, m.alloc, 0.01);
       if (want) {
         EXPECT_EQ(m.alloc.total_peak() - state, 8u * static_cast<size_t>(want->training_peak) + ModelMemory::kLossSumsBytes)
-            << preset << " rank " << rank;
+            << what;
       }
       return loss;
     };
@@ -310,16 +316,30 @@ TEST(RecomputeOpsTpSlow, EveryOpSetEqualsNoRecomputationAndTheMemoryCount) {
       const std::vector<RecomputeOps> policy(2, ops(s));
       ModelMemoryLayout layout{B, T, tp, true};
       layout.recompute_ops = policy;
+      layout.tp_overlap_chunks = chunks;
       const ModelMemory m = model_memory(cfg, layout);
       TpOpsModel model(cfg, {tp, rank}, group, policy);
-      EXPECT_EQ(step(model, &m), loss) << preset << " " << s << " rank " << rank;
+      EXPECT_EQ(step(model, &m), loss) << s << " " << what;
       const double* a = plain.ps.flat_grads().ptr<double>();
       const double* b = model.ps.flat_grads().ptr<double>();
       int64_t differ = 0;
       for (int64_t i = 0; i < plain.ps.numel(); ++i) differ += a[i] != b[i];
-      EXPECT_EQ(differ, 0) << preset << " " << s << " rank " << rank << " of " << tp;
+      EXPECT_EQ(differ, 0) << s << " " << what;
     }
   }
+}
+
+TEST(RecomputeOpsTpSlow, EveryOpSetEqualsNoRecomputationAndTheMemoryCount) {
+  every_op_set_equals_no_recomputation(1);
+}
+
+// parallel.tp_overlap_chunks = 2 and 3 (tp 2: 4 positions per rank, chunks 2, 2 and 2, 1, 1; tp 4:
+// 2 positions, chunks 1, 1: k = 2 only, 3 would run the same 2 chunks).
+TEST(RecomputeOpsTpSlow, ChunkedEdgesEveryOpSetEqualsNoRecomputationAndTheMemoryCount) {
+  const int ranks = comm_size(testing::test_world());
+  if (ranks == 1) GTEST_SKIP() << "needs a tp group (mpiexec -n 2 or 4)";
+  for (int64_t chunks : {2, 3})
+    if (chunks <= 8 / ranks) every_op_set_equals_no_recomputation(chunks);
 }
 
 }  // namespace

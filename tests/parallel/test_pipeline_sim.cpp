@@ -224,6 +224,59 @@ TEST(PipelineSim, RecomputeAheadFillsEarlierWaitsAndNeverLengthensTheStep) {
   EXPECT_EQ(step(1).ranks[0].peak_recomputed, 1);
 }
 
+// bubble_schedule_for_costs: R placed by the simulator's costs (and latency) instead of the unit
+// timeline, never a longer step than each R right before its B (recompute_ahead = 1), by the
+// simulator itself as the oracle, on the grid (pp 2-5, vpp 1-3, m 1-8, every kind, K = 2, 3 and
+// unbounded) for unit costs without and with latency and for unequal ones (B twice F, W half, a
+// cheaper R, latency 0.5); nor longer than the unit-timeline placement of the same K; no more than K
+// recomputed micro-batches held; no deadlock waiting where the executor does or at every post. And
+// the costs matter: with latency the cost-walked placement beats both on some cases (among them
+// the interleaved pp 6, vpp 2, m 12 that the unit placement lengthens from 83 to 85.5).
+TEST(PipelineSim, BubbleScheduleForCostsIsNeverLongerThanEachRBeforeItsBackward) {
+  SimOptions unequal{1, 2, 0.5};
+  unequal.latency = 0.5;
+  SimOptions latency{1, 1, 1};
+  latency.latency = 1;
+  int64_t cost_wins = 0;
+  for (const SimOptions& costs : {SimOptions{1, 1, 1}, latency, unequal}) {
+    for (int64_t pp = 2; pp <= 5; ++pp)
+      for (int64_t vpp = 1; vpp <= 3; ++vpp)
+        for (int64_t m = 1; m <= 8; ++m)
+          for (PipelineKind kind : kKinds) {
+            if (!valid(pp, vpp, m, kind)) continue;
+            SimOptions o = costs;
+            o.full_recompute = true;
+            if (o.weight == 0.5) {  // unequal: every chunk's own costs, its R at 0.75 of its forward
+              const double v = static_cast<double>(vpp);
+              o.chunks.assign(static_cast<size_t>(pp * vpp), ChunkCost{1 / v, 2 / v, 0.5 / v, 0.75 / v});
+            }
+            const double one = simulate(pipeline_schedule(pp, vpp, m, kind, true, 1), o).makespan;
+            for (int64_t k : {int64_t{2}, int64_t{3}, m * vpp}) {
+              const std::string where = name(pp, vpp, m, kind) + " K " + std::to_string(k) + " latency " +
+                                        std::to_string(o.latency) + " b " + std::to_string(o.backward);
+              const Schedule s = bubble_schedule_for_costs(pp, vpp, m, kind, k, o);
+              SimOptions at_post = o;
+              at_post.wait = P2pWait::AtPost;
+              const SimResult r = simulate(s, o);
+              ASSERT_FALSE(r.deadlock || simulate(s, at_post).deadlock) << where;
+              const double unit = simulate(pipeline_schedule(pp, vpp, m, kind, true, k), o).makespan;
+              EXPECT_LE(r.makespan, one + 1e-9) << where << ": each R before its B takes " << one;
+              EXPECT_LE(r.makespan, unit + 1e-9) << where << ": the unit placement takes " << unit;
+              for (const SimRank& q : r.ranks) EXPECT_LE(q.peak_recomputed, k) << where;
+              if (r.makespan < std::min(one, unit) - 1e-9) ++cost_wins;
+            }
+          }
+  }
+  EXPECT_GT(cost_wins, 0) << "placing by the costs never beat both the unit placement and K = 1";
+  SimOptions o{1, 1, 1};
+  o.full_recompute = true;
+  o.latency = 1;
+  const auto step = [&](const Schedule& s) { return simulate(s, o).makespan; };
+  EXPECT_NEAR(step(pipeline_schedule(6, 2, 12, PipelineKind::Interleaved, true, 1)), 83, 1e-9);
+  EXPECT_NEAR(step(pipeline_schedule(6, 2, 12, PipelineKind::Interleaved, true, 2)), 85.5, 1e-9);
+  EXPECT_LE(step(bubble_schedule_for_costs(6, 2, 12, PipelineKind::Interleaved, 2, o)), 83 + 1e-9);
+}
+
 // Interleaving cuts the fill and drain into chunk-sized steps: the idle time is 1F1B's divided by
 // vpp, (p - 1)(f + b + w) / v, so the bubble relative to the work is (p - 1)/(v m). Measured exactly
 // so with equal costs and with b = 2f.
