@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The pipeline cut by measured time against the FLOPs cut (parallel.pp_cut, docs/parallel.md "Cut by
 measured time"; results in docs/performance.md "Pipeline cut: measured against FLOPs"). Runs
-`tessera train` on pp 2 under mpiexec (one OpenMP thread per rank) for each model below with
+`tessera train` on pp 2 (`--pp 4`: pp 4) under mpiexec (one OpenMP thread per rank) for each model below with
 parallel.pp_cut = "flops" and "measured", alternating, `--rounds` times each; reads the last
 metrics.jsonl record (the steps since the previous record: the first ones warm up) for the step's
 makespan (pp_step_s), the bubble and tokens/s; prints the cuts and the header's predicted and measured
@@ -9,7 +9,7 @@ stage times, the load average (/proc/loadavg) before each run, and the medians. 
 interleaved schedule (parallel.vpp = 2 chunks per stage) instead of 1f1b.
 
   cmake --build build -j2 --target tessera
-  scripts/bench/pp_cut_bench.py [--rounds 3] [--steps 8] [--only head,vlm] [--vpp 1] [--json out.json]
+  scripts/bench/pp_cut_bench.py [--rounds 3] [--steps 8] [--only head,vlm] [--pp 2] [--vpp 1] [--json out.json]
 """
 import argparse
 import json
@@ -48,13 +48,13 @@ def load():
         return f.read().split()[0]
 
 
-def run(model, mode, steps, workdir, vpp=1):
+def run(model, mode, steps, workdir, vpp=1, pp=2):
     config, sets, _ = MODELS[model]
     run_dir = tempfile.mkdtemp(dir=workdir)
-    sets = sets + ["parallel.pp=2", f'parallel.pp_cut="{mode}"', f"train.steps={steps}", f"log.every={steps // 2}"]
+    sets = sets + [f"parallel.pp={pp}", f'parallel.pp_cut="{mode}"', f"train.steps={steps}", f"log.every={steps // 2}"]
     if vpp > 1:
         sets += [f"parallel.vpp={vpp}", 'parallel.pp_schedule="interleaved"']
-    cmd = ["mpiexec", "-n", "2", os.path.join(ROOT, "build", "tessera"), "train",
+    cmd = ["mpiexec", "-n", str(pp), os.path.join(ROOT, "build", "tessera"), "train",
            os.path.join(ROOT, "configs", config), "--run-dir", run_dir]
     for s in sets:
         cmd += ["--set", s]
@@ -66,7 +66,7 @@ def run(model, mode, steps, workdir, vpp=1):
         records = [json.loads(line) for line in f if '"loss"' in line]
     shutil.rmtree(run_dir)
     header = "\n".join(l for l in out.stdout.splitlines() if "pipeline cut" in l or l.startswith("  parts") or
-                       l.startswith("  stage times"))
+                       l.startswith("  stage times") or l.startswith("  runs") or l.startswith("  step of"))
     r = records[-1]
     return dict(model=model, mode=mode, step_s=r["pp_step_s"], bubble=r["pp_bubble_fraction"],
                 tokens_per_s=r["tokens_per_s"], load=before, header=header,
@@ -78,6 +78,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--only", default=",".join(MODELS))
+    ap.add_argument("--pp", type=int, default=2, help="pipeline stages (ranks)")
     ap.add_argument("--vpp", type=int, default=1, help="chunks per stage (> 1: the interleaved schedule)")
     ap.add_argument("--json")
     ap.add_argument("--workdir", default=tempfile.gettempdir())
@@ -85,12 +86,12 @@ def main():
     results = []
     for model in args.only.split(","):
         schedule = "1f1b" if args.vpp == 1 else f"interleaved, vpp {args.vpp}"
-        print(f"\n## {model}: {MODELS[model][2]}, pp 2 ({schedule}), {args.steps} steps, the last {args.steps // 2} measured")
+        print(f"\n## {model}: {MODELS[model][2]}, pp {args.pp} ({schedule}), {args.steps} steps, the last {args.steps // 2} measured")
         print("| cut | round | step s (pp_step_s) | bubble | tokens/s | load before |")
         print("|---|---|---|---|---|---|")
         for i in range(args.rounds):
             for mode in ("flops", "measured"):
-                r = run(model, mode, args.steps, args.workdir, args.vpp)
+                r = run(model, mode, args.steps, args.workdir, args.vpp, args.pp)
                 results.append(r)
                 print(f"| {mode} | {i + 1} | {r['step_s']:.4f} | {100 * r['bubble']:.1f}% | {r['tokens_per_s']:.0f} | "
                       f"{r['load']} |", flush=True)
