@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <memory>
 #include <sstream>
 
 #include "app/launch.h"
@@ -143,7 +144,7 @@ plan::Workload workload_of(const Config& cfg) {
   return w;
 }
 
-plan::PlanChecks trainer_checks(const Config& base, int64_t ranks) {
+plan::PlanChecks trainer_checks(const Config& base, int64_t ranks, bool cache_schedules) {
   const int64_t vocab = data_vocab_size(base);
   const ModelConfig mc = resolve(to_model_config(base, vocab));
   plan::PlanChecks checks;
@@ -159,13 +160,20 @@ plan::PlanChecks trainer_checks(const Config& base, int64_t ranks) {
     }
     return "";
   };
-  checks.memory = [base, vocab](const Layout& l) {
+  // The schedules the estimates walk, shared by every copy of the checks.
+  const std::shared_ptr<plan::CostCache> schedules = cache_schedules ? std::make_shared<plan::CostCache>() : nullptr;
+  checks.memory = [base, vocab, schedules](const Layout& l) {
     const Config c = apply_layout(base, l, vocab);
     MemoryLayout m;
     m.tp = l.tp;
     m.dp = l.dp;
     m.checkpoints = true;
     m.pp_rank = -1;  // the largest rank
+    if (schedules)
+      m.schedules = [schedules](int64_t pp, int64_t vpp, int64_t mb, PipelineKind kind, bool bubble,
+                                int64_t ahead) -> const Schedule& {
+        return schedules->schedule(pp, vpp, mb, kind, bubble, ahead);
+      };
     const MemoryEstimate e = estimate_training_memory(c, vocab, m);
     return plan::MemoryUse{e.allocator_bytes(), e.total()};
   };

@@ -55,7 +55,10 @@ plan::Workload workload_of(const Config& cfg);
 // The trainer's checks for `ranks` ranks: validation (as load_config, check_supported and the
 // Trainer's layout and pipeline checks) and the memory estimate of the largest rank, with
 // checkpoints on (a host copy while one is written).
-plan::PlanChecks trainer_checks(const Config& base, int64_t ranks);
+// cache_schedules: the estimates walk pipeline schedules generated once per (pp, vpp, micro-batches,
+// kind, bubble, ahead) and kept with the checks (MemoryLayout::schedules); false: each estimate
+// generates its own (the same numbers; the tests compare).
+plan::PlanChecks trainer_checks(const Config& base, int64_t ranks, bool cache_schedules = true);
 
 // The cluster: --cluster (file or preset; `local` from this machine), --gpu-memory and --set
 // cluster.* applied.

@@ -48,6 +48,13 @@ struct SearchSpace {
   // The result keeps one micro-batch and recompute_layers per layout (its best): rows that differ
   // only in the micro-batch are mostly the same prediction; false lists them all.
   bool best_micro_batch_only = true;
+  // Shortcuts that leave the result as it is (docs/planning.md "Search time"): the pipeline
+  // simulated once per distinct input (the schedule, every chunk's costs, the latency:
+  // plan/cost_model.h CostCache), the memory estimate asked once per layout, and a layout's memory
+  // estimated before its simulation (a layout over memory is then never simulated unless the
+  // result depends on its step). false: everything computed afresh in the order of the plain
+  // branch and bound, the same top K (Search.ShortcutsLeaveTheResultAsItIs).
+  bool shortcuts = true;
 };
 
 // One rank's memory estimate (the largest rank's), from the trainer's own estimate
