@@ -144,6 +144,22 @@ plan::Workload workload_of(const Config& cfg) {
   return w;
 }
 
+int64_t recompute_floor(const MemoryEstimate& e, const Layout& l, bool device) {
+  // The estimate's items (app/memory_check.cpp estimate_for): the parameters, their bf16 copy, the
+  // gradients, the moments and the tp error-feedback residuals, then the largest transient (the
+  // last item the allocator counts), then host items. Recomputation changes the transient only.
+  const auto transient = std::find_if(e.items.rbegin(), e.items.rend(), [](const MemoryItem& i) { return i.allocator; });
+  if (transient == e.items.rend()) return 0;
+  int64_t floor = (device ? e.allocator_bytes() : e.total()) - transient->bytes;
+  // Under ZeRO-1 with checkpoints the transient is at least the moments gathered for a save:
+  // this rank's shard of them times the shards.
+  const int64_t shards = l.dp * l.cp;
+  if (l.zero == 1 && shards > 1)
+    for (const MemoryItem& i : e.items)
+      if (i.allocator && i.what.rfind("AdamW moments (ZeRO-1", 0) == 0) floor += i.bytes * shards;
+  return floor;
+}
+
 plan::PlanChecks trainer_checks(const Config& base, int64_t ranks, bool cache_schedules) {
   const int64_t vocab = data_vocab_size(base);
   const ModelConfig mc = resolve(to_model_config(base, vocab));
@@ -175,7 +191,7 @@ plan::PlanChecks trainer_checks(const Config& base, int64_t ranks, bool cache_sc
         return schedules->schedule(pp, vpp, mb, kind, bubble, ahead);
       };
     const MemoryEstimate e = estimate_training_memory(c, vocab, m);
-    return plan::MemoryUse{e.allocator_bytes(), e.total()};
+    return plan::MemoryUse{e.allocator_bytes(), e.total(), recompute_floor(e, l, true), recompute_floor(e, l, false)};
   };
   return checks;
 }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <optional>
 #include <tuple>
@@ -351,6 +352,7 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
   }
   std::stable_sort(pending.begin(), pending.end(), [](const Pending& a, const Pending& b) { return a.bound < b.bound; });
   std::map<MemoryKey, std::vector<OverPoint>> over;  // (micro-batch, recomputation) found over memory
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t, bool, int64_t>, double> floors;
   std::map<std::tuple<int64_t, int64_t, bool, int64_t, bool, bool, int64_t>,
            std::pair<BlockOptions, std::vector<ChunkMix>>> frontiers;  // per-op recomputation's, by what sets them
   std::vector<Candidate>& top = out.top;
@@ -423,13 +425,27 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
     std::string why;
     try {
       const auto planned = [&](const MemoryUse& m) { return cluster.host_memory ? m.total : m.device; };
-      if (checks.memory) c.memory = memory_of(l);
-      c.planned_bytes = planned(c.memory);
+      // The floor is the same for every schedule, exchange and recomputation of the degrees, ZeRO-1,
+      // dtype and micro-batch (MemoryUse): once over, their estimates are not asked (a shortcut).
+      const auto floor_key = std::make_tuple(l.dp, l.tp, l.pp, l.vpp, l.cp, l.sp, l.zero, l.bf16, l.micro_batch);
+      const auto floor = floors.find(floor_key);
+      const bool floor_over = space.shortcuts && floor != floors.end() && floor->second > usable;
+      if (floor_over) {
+        c.planned_bytes = std::numeric_limits<int64_t>::max();
+      } else {
+        if (checks.memory) c.memory = memory_of(l);
+        c.planned_bytes = planned(c.memory);
+        floors[floor_key] = double(cluster.host_memory ? c.memory.floor_total : c.memory.floor_device);
+      }
       if (double(c.planned_bytes) > usable) {
         // The least recomputation per layer that fits (plan/recompute_choice.h): more blocks of each
         // chunk recomputed in full, never all (that is model.recompute = "full", a layout of its own).
+        // None can when the floor every recomputation needs is over (a shortcut: the bisections
+        // below would find every estimate over).
+        const bool hopeless = space.shortcuts && (floor_over || double(cluster.host_memory ? c.memory.floor_total
+                                                                                          : c.memory.floor_device) > usable);
         const bool choose = space.recompute_layers && !space.recompute_layers_every && !space.recompute_ops_every &&
-                            checks.memory && l.recompute != Recompute::Full && plain;
+                            checks.memory && l.recompute != Recompute::Full && plain && !hopeless;
         const int64_t most = choose ? max_chunk_blocks(cache.stages(w, l).cut, mc.n_layer) : 0;
         MemoryUse fitting;
         const auto fits = [&](const Layout& lk) {

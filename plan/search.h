@@ -62,6 +62,12 @@ struct SearchSpace {
 struct MemoryUse {
   int64_t device = 0;
   int64_t total = 0;
+  // What every recomputation of the layout needs at least (the same layout with any
+  // model.recompute_layers and op sets: parameters, gradients, moments and the transients that do
+  // not depend on activations), device and total; 0: unknown. A layout whose floor is over the
+  // device is over memory however it recomputes: the search then asks no further estimates.
+  int64_t floor_device = 0;
+  int64_t floor_total = 0;
 };
 
 // The trainer's judgement of a layout, supplied by the caller (app/plan_command.cpp wires
