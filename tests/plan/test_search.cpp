@@ -225,6 +225,34 @@ PlanChecks exact_checks(const Workload& w) {
   return c;
 }
 
+// The shortcuts (SearchSpace::shortcuts: simulations and estimates memoised, memory before the
+// simulation, over-memory points resolved when first asked) return the plain branch and bound's top
+// K, with fewer simulations where layouts are over memory; with every layout asked for, the same.
+TEST(Search, ShortcutsLeaveTheResultAsItIs) {
+  const Workload w = small_llama();
+  int64_t fewer = 0;
+  for (double mib : {150.0, 300.0, 700.0})
+    for (int64_t ranks : {1, 4, 8})
+      for (int64_t k : {int64_t(3), int64_t(1000000)})
+        for (bool one_mb : {true, false}) {
+          SearchSpace fast, plain;
+          fast.best_micro_batch_only = plain.best_micro_batch_only = one_mb;
+          fast.recompute_op_sets = plain.recompute_op_sets = default_recompute_op_sets();
+          plain.shortcuts = false;
+          const PlanResult a = search_layouts(w, node(mib), ranks, fast, exact_checks(w), k);
+          const PlanResult b = search_layouts(w, node(mib), ranks, plain, exact_checks(w), k);
+          ASSERT_EQ(a.top.size(), b.top.size()) << mib << " MiB, " << ranks << " ranks, top " << k;
+          for (size_t i = 0; i < a.top.size(); ++i) {
+            EXPECT_EQ(a.top[i].layout, b.top[i].layout) << describe(a.top[i].layout) << " vs " << describe(b.top[i].layout);
+            EXPECT_EQ(a.top[i].cost.step, b.top[i].cost.step);
+            EXPECT_EQ(a.top[i].planned_bytes, b.top[i].planned_bytes);
+          }
+          EXPECT_LE(a.stats.costed, b.stats.costed);
+          fewer += a.stats.costed < b.stats.costed;
+        }
+  EXPECT_GT(fewer, 0);
+}
+
 // Per-op recomputation: the dynamic programme's choice (the frontier of mixes of keep, each op set
 // and full per block, bisected with the memory estimate) gives the top layouts' steps of
 // enumerating every mix as a layout of its own, on budgets between "full" and "none" at one
