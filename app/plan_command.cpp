@@ -178,6 +178,7 @@ plan::PlanChecks trainer_checks(const Config& base, int64_t ranks, bool cache_sc
   };
   // The schedules the estimates walk, shared by every copy of the checks.
   const std::shared_ptr<plan::CostCache> schedules = cache_schedules ? std::make_shared<plan::CostCache>() : nullptr;
+  if (schedules) checks.schedules = schedules->schedules();  // and the search's simulations
   checks.memory = [base, vocab, schedules](const Layout& l) {
     const Config c = apply_layout(base, l, vocab);
     MemoryLayout m;

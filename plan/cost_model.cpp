@@ -486,9 +486,9 @@ SimResult simulate_pipeline(const Layout& l, int64_t m, const std::vector<ChunkC
 const Schedule& CostCache::schedule(int64_t pp, int64_t vpp, int64_t micro_batches, PipelineKind kind, bool bubble,
                                     int64_t ahead) {
   const auto key = std::make_tuple(pp, vpp, micro_batches, int(kind), bubble, ahead);
-  auto it = schedules_.find(key);
-  if (it == schedules_.end())
-    it = schedules_.emplace(key, pipeline_schedule(pp, vpp, micro_batches, kind, bubble, ahead)).first;
+  auto it = schedules_->find(key);
+  if (it == schedules_->end())
+    it = schedules_->emplace(key, pipeline_schedule(pp, vpp, micro_batches, kind, bubble, ahead)).first;
   return it->second;
 }
 

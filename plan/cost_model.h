@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -124,6 +125,12 @@ struct StepCost {
 // same layout costed again) simulate once.
 class CostCache {
  public:
+  using Schedules = std::map<std::tuple<int64_t, int64_t, int64_t, int, bool, int64_t>, Schedule>;
+  CostCache() = default;
+  // With the schedules another holder keeps (the trainer's memory estimates of the same search:
+  // app/plan_command.h trainer_checks), each generated once for both.
+  explicit CostCache(std::shared_ptr<Schedules> schedules) : schedules_(std::move(schedules)) {}
+  const std::shared_ptr<Schedules>& schedules() const { return schedules_; }
   const Schedule& schedule(int64_t pp, int64_t vpp, int64_t micro_batches, PipelineKind kind, bool bubble = false,
                            int64_t ahead = 1);
   struct Stages {
@@ -142,7 +149,7 @@ class CostCache {
   bool memoise = true;
 
  private:
-  std::map<std::tuple<int64_t, int64_t, int64_t, int, bool, int64_t>, Schedule> schedules_;
+  std::shared_ptr<Schedules> schedules_ = std::make_shared<Schedules>();
   std::map<std::tuple<int64_t, bool, int64_t, int64_t>, Stages> stages_;
   std::map<SimKey, Simulated> simulated_;
 };

@@ -231,7 +231,7 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
   const double parameters = double(model_memory(mc, ModelMemoryLayout{}).parameters);
 
   // ---- the tree: degrees, then the options of each ----
-  CostCache cache;
+  CostCache cache = space.shortcuts && checks.schedules ? CostCache(checks.schedules) : CostCache();
   cache.memoise = space.shortcuts;
   std::map<std::vector<int64_t>, MemoryUse> estimates;  // by layout_key
   const auto memory_of = [&](const Layout& x) {

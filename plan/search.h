@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,8 @@ struct MemoryUse {
 struct PlanChecks {
   std::function<std::string(const Layout&)> invalid;
   std::function<MemoryUse(const Layout&)> memory;
+  // The pipeline schedules `memory` walks, when it keeps them: the search simulates the same ones.
+  std::shared_ptr<CostCache::Schedules> schedules = nullptr;
 };
 
 struct Candidate {
