@@ -8,6 +8,7 @@
 
 #include "app/plan_command.h"
 #include "kernels/check.h"
+#include "model/recompute_ops.h"
 #include "parallel/mpi.h"
 #include "parallel/pipeline_schedule.h"
 #include "plan/search.h"
@@ -30,6 +31,22 @@ double read_exact(std::istringstream& in, const std::string& text) {
   const double v = std::strtod(tok.c_str(), &end);
   TESSERA_CHECK(!tok.empty() && end && *end == '\0', "parallel.layout = \"auto\": malformed choice \"", text, "\"");
   return v;
+}
+
+// A chunk's op sets per block (plan/layout.h Layout::recompute_ops): "-" for none, else each
+// block's ops ("norm+mlp_act", "none") joined by ','.
+std::string ops_text(const std::vector<RecomputeOps>& ops) {
+  std::string s;
+  for (const RecomputeOps& o : ops) s += (s.empty() ? "" : ",") + recompute_ops_name(o);
+  return s.empty() ? "-" : s;
+}
+
+std::vector<RecomputeOps> ops_of(const std::string& text) {
+  std::vector<RecomputeOps> ops;
+  if (text == "-") return ops;
+  std::istringstream in(text);
+  for (std::string name; std::getline(in, name, ',');) ops.push_back(recompute_ops_of(name, "the choice's op sets"));
+  return ops;
 }
 
 }  // namespace
@@ -64,7 +81,7 @@ std::string encode_choice(const AutoLayoutChoice& c) {
   os << l.dp << ' ' << l.tp << ' ' << l.pp << ' ' << l.vpp << ' ' << l.cp << ' ' << int(l.sp) << ' ' << l.zero << ' '
      << pipeline_kind_name(l.schedule) << ' ' << int(l.cp_ring) << ' ' << l.micro_batch << ' '
      << (l.recompute_bubble ? "bubble" : plan::recompute_name(l.recompute)) << ' ' << l.recompute_layers << ' '
-     << int(l.bf16) << ' ' << c.ranks << ' ' << exact(c.step_seconds)
+     << ops_text(l.recompute_ops) << ' ' << int(l.bf16) << ' ' << c.ranks << ' ' << exact(c.step_seconds)
      << ' ' << exact(c.tokens_per_s) << ' ' << exact(c.memory_bytes) << ' ' << exact(c.usable_bytes) << ' '
      << c.cluster;
   return os.str();
@@ -75,10 +92,15 @@ AutoLayoutChoice decode_choice(const std::string& text) {
   AutoLayoutChoice c;
   plan::Layout& l = c.layout;
   int sp = 0, ring = 0, bf16 = 0;
-  std::string schedule, recompute;
+  std::string schedule, recompute, ops;
   in >> l.dp >> l.tp >> l.pp >> l.vpp >> l.cp >> sp >> l.zero >> schedule >> ring >> l.micro_batch >> recompute >>
-      l.recompute_layers >> bf16 >> c.ranks;
+      l.recompute_layers >> ops >> bf16 >> c.ranks;
   TESSERA_CHECK(!in.fail(), "parallel.layout = \"auto\": malformed choice \"", text, "\"");
+  try {
+    l.recompute_ops = ops_of(ops);
+  } catch (const Error&) {
+    detail::fail("parallel.layout = \"auto\": malformed choice \"", text, "\"");
+  }
   l.sp = sp != 0, l.cp_ring = ring != 0, l.bf16 = bf16 != 0;
   l.schedule = parse_pipeline_kind(schedule);
   l.recompute = recompute_kind(recompute);
@@ -107,6 +129,7 @@ AutoLayoutChoice plan_auto_layout(const Config& cfg, int64_t ranks, const plan::
   plan::SearchSpace space;
   space.bf16 = {cfg.train.dtype == "bf16"};  // the user's numerics; the planner chooses the rest
   space.micro_batch = cfg.train.micro_batch;  // 0: every one
+  space.recompute_op_sets = recompute_op_sets_for(cfg);  // per block, as `tessera plan` chooses them
   const plan::PlanResult result = plan::search_layouts(workload_of(cfg), cluster, ranks, space,
                                                        trainer_checks(cfg, ranks), /*top_k=*/1);
   if (result.top.empty()) {

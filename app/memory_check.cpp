@@ -176,16 +176,20 @@ InFlight walk(const std::vector<ChunkBytes>& chunks, const std::vector<Action>& 
 // every rank of the estimate: a schedule holds all ranks' lists).
 struct StepWalks {
   int64_t periods = 0;  // 0: `a` is the whole step
-  Schedule a, b;
+  std::shared_ptr<const Schedule> a, b;  // owned, or MemoryLayout::schedules' (not owned)
 };
 
 // ahead: model.recompute_ahead as the generator takes it (at least 1; unbounded is m vpp or more).
-StepWalks step_walks(const ParallelConfig& p, int64_t m, bool bubble, int64_t ahead) {
+StepWalks step_walks(const ParallelConfig& p, int64_t m, bool bubble, int64_t ahead, const MemoryLayout& layout) {
   const PipelineKind kind = parse_pipeline_kind(p.pp_schedule);
-  if (m <= 8 * p.pp) return {0, pipeline_schedule(p.pp, p.vpp, m, kind, bubble, ahead), {}};
+  const auto schedule = [&](int64_t micro_batches) -> std::shared_ptr<const Schedule> {
+    if (layout.schedules)  // the caller's, alive beyond the estimate
+      return {std::shared_ptr<const Schedule>(), &layout.schedules(p.pp, p.vpp, micro_batches, kind, bubble, ahead)};
+    return std::make_shared<const Schedule>(pipeline_schedule(p.pp, p.vpp, micro_batches, kind, bubble, ahead));
+  };
+  if (m <= 8 * p.pp) return {0, schedule(m), nullptr};
   const int64_t m1 = 4 * p.pp + m % p.pp;
-  return {(m - m1) / p.pp, pipeline_schedule(p.pp, p.vpp, m1, kind, bubble, ahead),
-          pipeline_schedule(p.pp, p.vpp, m1 + p.pp, kind, bubble, ahead)};
+  return {(m - m1) / p.pp, schedule(m1), schedule(m1 + p.pp)};
 }
 
 // The micro-batches per step of a pipeline rank.
@@ -201,9 +205,9 @@ int64_t generator_ahead(const Config& cfg, int64_t m) {
 }
 
 InFlight pipeline_peak(const std::vector<ChunkBytes>& chunks, const StepWalks& walks, int64_t rank) {
-  const InFlight a = walk(chunks, walks.a.actions_of(rank));
+  const InFlight a = walk(chunks, walks.a->actions_of(rank));
   if (walks.periods == 0) return a;
-  const InFlight b = walk(chunks, walks.b.actions_of(rank));
+  const InFlight b = walk(chunks, walks.b->actions_of(rank));
   const int64_t periods = walks.periods;
   return {add(a.bytes, mul(periods, b.bytes - a.bytes)), add(a.most, mul(periods, b.most - a.most))};
 }
@@ -562,7 +566,7 @@ static MemoryEstimate estimate_at_cp_split(const Config& cfg, int64_t data_vocab
     return estimate_for(cfg, layout, with_cp(with_frozen(whole_model(local, mc, tp, sp, policy), {StageSpec{}})));
   const std::vector<StageSpec> cut = cut_stages(mc, cfg.train.seq_len, p.pp, p.vpp, p.pp_layers);
   const int64_t m = micro_batches_of(cfg, layout);
-  const StepWalks walks = step_walks(p, m, policy.bubble, generator_ahead(cfg, m));
+  const StepWalks walks = step_walks(p, m, policy.bubble, generator_ahead(cfg, m), layout);
   if (layout.pp_rank >= 0) {
     TESSERA_CHECK(layout.pp_rank < p.pp, "estimate_training_memory: pipeline rank ", layout.pp_rank, " of ", p.pp);
     return estimate_for(cfg, layout,

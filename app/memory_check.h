@@ -8,11 +8,13 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "app/config.h"
+#include "parallel/pipeline_schedule.h"
 
 namespace tessera {
 
@@ -42,6 +44,12 @@ struct MemoryLayout {
   // hold every parameter) but get no AdamW moments, no ZeRO-1 gradient shard and no padding, and a
   // checkpoint copies no moments of theirs; empty: every parameter trains.
   std::set<std::string> frozen{};
+  // Where the pipeline schedules walked come from: pipeline_schedule(pp, vpp, micro_batches, kind,
+  // bubble, ahead) when empty; a caller estimating many layouts (the planner's search) passes a
+  // cache of the same, so that each schedule is generated once. It must return that schedule.
+  std::function<const Schedule&(int64_t pp, int64_t vpp, int64_t micro_batches, PipelineKind kind, bool bubble,
+                                int64_t ahead)>
+      schedules{};
 };
 
 // data_vocab_size: the data's vocabulary (model.vocab_size = 0 takes it). Checked arithmetic:

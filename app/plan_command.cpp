@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <memory>
 #include <sstream>
 
 #include "app/device.h"
@@ -144,7 +145,23 @@ plan::Workload workload_of(const Config& cfg) {
   return w;
 }
 
-plan::PlanChecks trainer_checks(const Config& base, int64_t ranks) {
+int64_t recompute_floor(const MemoryEstimate& e, const Layout& l, bool device) {
+  // The estimate's items (app/memory_check.cpp estimate_for): the parameters, their bf16 copy, the
+  // gradients, the moments and the tp error-feedback residuals, then the largest transient (the
+  // last item the allocator counts), then host items. Recomputation changes the transient only.
+  const auto transient = std::find_if(e.items.rbegin(), e.items.rend(), [](const MemoryItem& i) { return i.allocator; });
+  if (transient == e.items.rend()) return 0;
+  int64_t floor = (device ? e.allocator_bytes() : e.total()) - transient->bytes;
+  // Under ZeRO-1 with checkpoints the transient is at least the moments gathered for a save:
+  // this rank's shard of them times the shards.
+  const int64_t shards = l.dp * l.cp;
+  if (l.zero == 1 && shards > 1)
+    for (const MemoryItem& i : e.items)
+      if (i.allocator && i.what.rfind("AdamW moments (ZeRO-1", 0) == 0) floor += i.bytes * shards;
+  return floor;
+}
+
+plan::PlanChecks trainer_checks(const Config& base, int64_t ranks, bool cache_schedules) {
   const int64_t vocab = data_vocab_size(base);
   const ModelConfig mc = resolve(to_model_config(base, vocab));
   plan::PlanChecks checks;
@@ -160,15 +177,23 @@ plan::PlanChecks trainer_checks(const Config& base, int64_t ranks) {
     }
     return "";
   };
-  checks.memory = [base, vocab](const Layout& l) {
+  // The schedules the estimates walk, shared by every copy of the checks.
+  const std::shared_ptr<plan::CostCache> schedules = cache_schedules ? std::make_shared<plan::CostCache>() : nullptr;
+  if (schedules) checks.schedules = schedules->schedules();  // and the search's simulations
+  checks.memory = [base, vocab, schedules](const Layout& l) {
     const Config c = apply_layout(base, l, vocab);
     MemoryLayout m;
     m.tp = l.tp;
     m.dp = l.dp;
     m.checkpoints = true;
     m.pp_rank = -1;  // the largest rank
+    if (schedules)
+      m.schedules = [schedules](int64_t pp, int64_t vpp, int64_t mb, PipelineKind kind, bool bubble,
+                                int64_t ahead) -> const Schedule& {
+        return schedules->schedule(pp, vpp, mb, kind, bubble, ahead);
+      };
     const MemoryEstimate e = estimate_training_memory(c, vocab, m);
-    return plan::MemoryUse{e.allocator_bytes(), e.total()};
+    return plan::MemoryUse{e.allocator_bytes(), e.total(), recompute_floor(e, l, true), recompute_floor(e, l, false)};
   };
   return checks;
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "app/config.h"
+#include "app/memory_check.h"
 #include "plan/calibrate.h"
 #include "plan/search.h"
 
@@ -57,7 +58,16 @@ plan::Workload workload_of(const Config& cfg);
 // The trainer's checks for `ranks` ranks: validation (as load_config, check_supported and the
 // Trainer's layout and pipeline checks) and the memory estimate of the largest rank, with
 // checkpoints on (a host copy while one is written).
-plan::PlanChecks trainer_checks(const Config& base, int64_t ranks);
+// The least memory any recomputation of the layout needs by the trainer's estimate `e` of it
+// (plan/search.h MemoryUse::floor_device, device true, and floor_total): the estimate less its
+// largest transient, plus under ZeRO-1 the moments gathered for a checkpoint (a transient whatever
+// the activations). Checked against every recomputation: PlanCommand.RecomputeFloorIsBelowEveryRecomputation.
+int64_t recompute_floor(const MemoryEstimate& e, const plan::Layout& l, bool device);
+
+// cache_schedules: the estimates walk pipeline schedules generated once per (pp, vpp, micro-batches,
+// kind, bubble, ahead) and kept with the checks (MemoryLayout::schedules); false: each estimate
+// generates its own (the same numbers; the tests compare).
+plan::PlanChecks trainer_checks(const Config& base, int64_t ranks, bool cache_schedules = true);
 
 // The cluster: --cluster (file or preset; `local` from this machine), --gpu-memory and --set
 // cluster.* applied.

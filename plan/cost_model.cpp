@@ -456,21 +456,39 @@ SimResult simulate_pipeline(const Layout& l, int64_t m, const std::vector<ChunkC
       const ChunkCost& k = costs[size_t(v * l.pp + r)];
       (*busy)[size_t(r)] += double(m) * (k.forward + k.backward + k.weight + std::max(k.recompute, 0.0));
     }
-  if (m <= 8 * l.pp) return run(m);
-  const int64_t m1 = 4 * l.pp + m % l.pp, periods = (m - m1) / l.pp;
-  SimResult a = run(m1);
-  const SimResult b = run(m1 + l.pp);
-  a.makespan += double(periods) * (b.makespan - a.makespan);
-  return a;
+  const auto extrapolated = [&] {
+    if (m <= 8 * l.pp) return run(m);
+    const int64_t m1 = 4 * l.pp + m % l.pp, periods = (m - m1) / l.pp;
+    SimResult a = run(m1);
+    const SimResult b = run(m1 + l.pp);
+    a.makespan += double(periods) * (b.makespan - a.makespan);
+    return a;
+  };
+  if (!cache || !cache->memoise) return extrapolated();
+  // By what the simulation reads: the schedule's arguments, each chunk's four costs, the latency.
+  std::vector<double> flat;
+  flat.reserve(4 * costs.size());
+  for (const ChunkCost& k : costs) flat.insert(flat.end(), {k.forward, k.backward, k.weight, k.recompute});
+  CostCache::SimKey key{l.pp, l.vpp, m, int(l.schedule), bubble, 1, transfer, std::move(flat)};
+  auto it = cache->simulated().find(key);
+  if (it == cache->simulated().end()) {
+    const SimResult r = extrapolated();
+    it = cache->simulated().emplace(std::move(key), CostCache::Simulated{r.makespan, r.deadlock}).first;
+  }
+  SimResult r;
+  r.makespan = it->second.makespan;
+  r.deadlock = it->second.deadlock;
+  return r;
 }
 
 }  // namespace
 
-const Schedule& CostCache::schedule(int64_t pp, int64_t vpp, int64_t micro_batches, PipelineKind kind, bool bubble) {
-  const auto key = std::make_tuple(pp, vpp, micro_batches, int(kind), bubble);
-  auto it = schedules_.find(key);
-  if (it == schedules_.end())
-    it = schedules_.emplace(key, pipeline_schedule(pp, vpp, micro_batches, kind, bubble)).first;
+const Schedule& CostCache::schedule(int64_t pp, int64_t vpp, int64_t micro_batches, PipelineKind kind, bool bubble,
+                                    int64_t ahead) {
+  const auto key = std::make_tuple(pp, vpp, micro_batches, int(kind), bubble, ahead);
+  auto it = schedules_->find(key);
+  if (it == schedules_->end())
+    it = schedules_->emplace(key, pipeline_schedule(pp, vpp, micro_batches, kind, bubble, ahead)).first;
   return it->second;
 }
 

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -117,20 +118,40 @@ struct StepCost {
 };
 
 // What the search computes once and predict_step reads many times: pipeline schedules by (pp, vpp,
-// micro-batches, kind) (parallel/pipeline_schedule.h), and the stage cut with each pipeline rank's
-// parameter count by (tp, sequence parallel, pp, vpp) for one workload.
+// micro-batches, kind, bubble recomputation, recompute_ahead) (parallel/pipeline_schedule.h), the
+// stage cut with each pipeline rank's parameter count by (tp, sequence parallel, pp, vpp) for one
+// workload, and the simulated pipeline by everything the simulator reads (the schedule, every
+// chunk's costs, the message latency): layouts the pipeline cannot tell apart (ZeRO-1 or not, the
+// same layout costed again) simulate once.
 class CostCache {
  public:
-  const Schedule& schedule(int64_t pp, int64_t vpp, int64_t micro_batches, PipelineKind kind, bool bubble = false);
+  using Schedules = std::map<std::tuple<int64_t, int64_t, int64_t, int, bool, int64_t>, Schedule>;
+  CostCache() = default;
+  // With the schedules another holder keeps (the trainer's memory estimates of the same search:
+  // app/plan_command.h trainer_checks), each generated once for both.
+  explicit CostCache(std::shared_ptr<Schedules> schedules) : schedules_(std::move(schedules)) {}
+  const std::shared_ptr<Schedules>& schedules() const { return schedules_; }
+  const Schedule& schedule(int64_t pp, int64_t vpp, int64_t micro_batches, PipelineKind kind, bool bubble = false,
+                           int64_t ahead = 1);
   struct Stages {
     std::vector<StageSpec> cut;      // cut_stages (the whole model when pp = 1)
     std::vector<double> parameters;  // per pipeline rank: its chunks' parameters (elements)
   };
   const Stages& stages(const Workload& w, const Layout& l);
+  // The simulated (extrapolated) makespan and whether it deadlocks, by the simulation's inputs.
+  struct Simulated {
+    double makespan = 0;
+    bool deadlock = false;
+  };
+  using SimKey = std::tuple<int64_t, int64_t, int64_t, int, bool, int64_t, double, std::vector<double>>;
+  std::map<SimKey, Simulated>& simulated() { return simulated_; }
+  // Off: every call computes afresh (the tests compare the search with and without the cache).
+  bool memoise = true;
 
  private:
-  std::map<std::tuple<int64_t, int64_t, int64_t, int, bool>, Schedule> schedules_;
+  std::shared_ptr<Schedules> schedules_ = std::make_shared<Schedules>();
   std::map<std::tuple<int64_t, bool, int64_t, int64_t>, Stages> stages_;
+  std::map<SimKey, Simulated> simulated_;
 };
 
 StepCost predict_step(const Workload& w, const Layout& l, const ClusterSpec& c);

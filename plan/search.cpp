@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <map>
+#include <optional>
 #include <tuple>
 
 #include "kernels/check.h"
@@ -79,15 +81,16 @@ MemoryKey memory_key(const Layout& l) {
   return {l.dp, l.tp, l.pp, l.vpp, l.cp, l.sp, l.zero, int(l.schedule), l.cp_ring, l.bf16, l.recompute_bubble};
 }
 int saving(Recompute r) { return r == Recompute::Full ? 2 : r == Recompute::Selective ? 1 : 0; }
+// A layout found over memory: it rules out what it covers once its state is 1 (0: not known yet
+// whether the search would have recorded it, search_layouts; -1: it would not have).
 struct OverPoint {
   int64_t micro_batch;
   int saving;
+  int state = 0;
+  Layout layout;     // the layout found over memory
+  size_t links = 0;  // its factorization's links
+  double kth = 0;    // the K-th best step when it was found
 };
-bool inferred_over(const std::vector<OverPoint>& points, const Layout& l) {
-  for (const OverPoint& p : points)
-    if (l.micro_batch >= p.micro_batch && saving(l.recompute) <= p.saving) return true;
-  return false;
-}
 
 // A layout's per-block recomputation options (plan/recompute_choice.h): full first, then the op sets
 // the layout allows (none that reruns a GEMM with cp > 1), most bytes freed first, then keeping the
@@ -191,6 +194,16 @@ void every_mix(std::vector<int64_t>& counts, size_t o, int64_t left,
   }
 }
 
+// Every field of a layout, for the memory estimate's memo.
+std::vector<int64_t> layout_key(const Layout& l) {
+  std::vector<int64_t> k = {l.dp, l.tp, l.pp, l.vpp, l.cp, l.sp, l.zero, int64_t(l.schedule), l.cp_ring,
+                            l.micro_batch, int64_t(l.recompute), l.recompute_layers, l.recompute_bubble, l.bf16};
+  for (const RecomputeOps& o : l.recompute_ops)
+    k.push_back(int64_t(o.norm) | int64_t(o.qkv) << 1 | int64_t(o.attn) << 2 | int64_t(o.mlp_in) << 3 |
+                int64_t(o.mlp_act) << 4);
+  return k;
+}
+
 struct Pending {
   Layout layout;
   double bound = 0;
@@ -218,7 +231,16 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
   const double parameters = double(model_memory(mc, ModelMemoryLayout{}).parameters);
 
   // ---- the tree: degrees, then the options of each ----
-  CostCache cache;
+  CostCache cache = space.shortcuts && checks.schedules ? CostCache(checks.schedules) : CostCache();
+  cache.memoise = space.shortcuts;
+  std::map<std::vector<int64_t>, MemoryUse> estimates;  // by layout_key
+  const auto memory_of = [&](const Layout& x) {
+    if (!space.shortcuts) return checks.memory(x);
+    std::vector<int64_t> key = layout_key(x);
+    auto it = estimates.find(key);
+    if (it == estimates.end()) it = estimates.emplace(std::move(key), checks.memory(x)).first;
+    return it->second;
+  };
   std::vector<GroupLinks> links;
   std::vector<Pending> pending;
   for (int64_t tp : divisors(ranks)) {
@@ -330,6 +352,7 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
   }
   std::stable_sort(pending.begin(), pending.end(), [](const Pending& a, const Pending& b) { return a.bound < b.bound; });
   std::map<MemoryKey, std::vector<OverPoint>> over;  // (micro-batch, recomputation) found over memory
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t, bool, int64_t>, double> floors;
   std::map<std::tuple<int64_t, int64_t, bool, int64_t, bool, bool, int64_t>,
            std::pair<BlockOptions, std::vector<ChunkMix>>> frontiers;  // per-op recomputation's, by what sets them
   std::vector<Candidate>& top = out.top;
@@ -342,40 +365,91 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
     return a.planned_bytes < b.planned_bytes;
   };
   const auto kth = [&] { return int64_t(top.size()) < top_k ? INFINITY : top.back().cost.step * (1 + kTie); };
+  // The step of a layout simulated (memoised: the recomputation choice and the inferred over-memory
+  // points below ask again).
+  const auto simulated = [&](const Layout& x, size_t li) {
+    ++st.costed;
+    return predict_step(w, x, cluster, links[li], true, &cache);
+  };
+  // A layout over memory rules out a larger micro-batch with no more recomputation, as the search
+  // costing in bound order always found it: only where its simulated step was within the K-th best
+  // of that moment (else the search passed over it without estimating its memory). With shortcuts
+  // that step is left unsimulated until a layout the point would rule out asks (resolve).
+  const auto inferred = [&](std::vector<OverPoint>& points, const Layout& x) {
+    for (OverPoint& q : points) {
+      if (q.state < 0 || x.micro_batch < q.micro_batch || saving(x.recompute) > q.saving) continue;
+      if (q.state == 0) q.state = simulated(q.layout, q.links).step > q.kth ? -1 : 1;
+      if (q.state > 0) return true;
+    }
+    return false;
+  };
   for (const Pending& p : pending) {
-    if (p.bound > kth()) break;
+    const double kth_now = kth();
+    if (p.bound > kth_now) break;
     Layout l = p.layout;
     std::vector<OverPoint>& known = over[memory_key(l)];
     // Over-memory points are recorded for recompute_layers = 0 (in bisection mode: once no k fits
     // either), so they rule out only what they cover.
     const bool plain = l.recompute_layers == 0 && l.recompute_ops.empty();  // no recomputation per layer
-    if (plain && inferred_over(known, l)) {
+    if (plain && inferred(known, l)) {
       ++st.over_memory_inferred;
       continue;
     }
-    ++st.costed;
-    Candidate c{l, predict_step(w, l, cluster, links[p.links], true, &cache), {}, 0};
-    if (c.cost.step > kth()) continue;
-    if (static_bytes(l, c.cost.parameters) > usable) {  // over before any activation
+    // The layout's simulated cost, when first needed. Without shortcuts first, as the search always
+    // did: a layout slower than the K-th best is passed over before its memory is estimated. With
+    // them the memory comes first (most layouts costed here are over memory, and an estimate costs
+    // far less than a simulation); where the simulation would have passed over the layout, the
+    // estimates made are dropped unused, so the result is the same.
+    std::optional<Candidate> simulated_l;
+    const auto cost = [&]() -> const Candidate& {
+      if (!simulated_l) simulated_l = Candidate{l, simulated(l, p.links), {}, 0};
+      return *simulated_l;
+    };
+    const auto slower = [&] { return cost().cost.step > kth_now; };
+    if (!space.shortcuts && slower()) continue;
+    const auto over_memory = [&](int64_t micro_batch, int saving_level, bool record) {
       ++st.over_memory;
-      known.push_back({1, 2});  // every micro-batch and recomputation of this layout
+      if (!record) return;
+      OverPoint q{micro_batch, saving_level, 0, l, p.links, kth_now};
+      if (simulated_l || !space.shortcuts) q.state = slower() ? -1 : 1;
+      if (q.state >= 0) known.push_back(std::move(q));
+    };
+    const double parameters = *std::max_element(cache.stages(w, l).parameters.begin(),
+                                                cache.stages(w, l).parameters.end());  // predict_step's
+    if (static_bytes(l, parameters) > usable) {  // over before any activation
+      over_memory(1, 2, true);  // every micro-batch and recomputation of this layout
       continue;
     }
+    Candidate c{l, {}, {}, 0};
     // The exact estimate first (most layouts that fail, fail there), then the trainer's validation.
     std::string why;
     try {
       const auto planned = [&](const MemoryUse& m) { return cluster.host_memory ? m.total : m.device; };
-      if (checks.memory) c.memory = checks.memory(l);
-      c.planned_bytes = planned(c.memory);
+      // The floor is the same for every schedule, exchange and recomputation of the degrees, ZeRO-1,
+      // dtype and micro-batch (MemoryUse): once over, their estimates are not asked (a shortcut).
+      const auto floor_key = std::make_tuple(l.dp, l.tp, l.pp, l.vpp, l.cp, l.sp, l.zero, l.bf16, l.micro_batch);
+      const auto floor = floors.find(floor_key);
+      const bool floor_over = space.shortcuts && floor != floors.end() && floor->second > usable;
+      if (floor_over) {
+        c.planned_bytes = std::numeric_limits<int64_t>::max();
+      } else {
+        if (checks.memory) c.memory = memory_of(l);
+        c.planned_bytes = planned(c.memory);
+        floors[floor_key] = double(cluster.host_memory ? c.memory.floor_total : c.memory.floor_device);
+      }
       if (double(c.planned_bytes) > usable) {
         // The least recomputation per layer that fits (plan/recompute_choice.h): more blocks of each
         // chunk recomputed in full, never all (that is model.recompute = "full", a layout of its own).
+        // None can when the floor every recomputation needs is over (a shortcut: the bisections
+        // below would find every estimate over).
+        const bool hopeless = space.shortcuts && (floor_over || double(cluster.host_memory ? c.memory.floor_total
+                                                                                          : c.memory.floor_device) > usable);
         const bool choose = space.recompute_layers && !space.recompute_layers_every && !space.recompute_ops_every &&
-                            checks.memory && l.recompute != Recompute::Full && plain;
+                            checks.memory && l.recompute != Recompute::Full && plain && !hopeless;
         const int64_t most = choose ? max_chunk_blocks(cache.stages(w, l).cut, mc.n_layer) : 0;
         MemoryUse fitting;
         const auto fits = [&](const Layout& lk) {
-          const MemoryUse m = checks.memory(lk);
+          const MemoryUse m = memory_of(lk);
           if (double(planned(m)) > usable) return false;
           fitting = m;  // the last that fits is the least (bisection ends on it)
           return true;
@@ -411,6 +485,11 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
           lk.recompute_layers = layers;
           return fits(lk);
         });
+        if (!found && k.layers < 0) {
+          over_memory(l.micro_batch, saving(l.recompute), plain);
+          continue;
+        }
+        if (slower()) continue;  // passed over as the layout itself (its estimates unused)
         if (k.layers >= 0) {
           Layout lk = l;
           lk.recompute_layers = k.layers;
@@ -421,19 +500,18 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
         } else {
           fitting = per_op_fit;
         }
-        if (!found) {
-          ++st.over_memory;
-          if (plain) known.push_back({l.micro_batch, saving(l.recompute)});
-          continue;
-        }
         ++st.recompute_chosen;
         l = chosen;
         c = Candidate{l, predict_step(w, l, cluster, links[p.links], true, &cache), fitting, 0};
         c.planned_bytes = planned(c.memory);
-        if (c.cost.step > kth()) continue;
+        if (c.cost.step > kth_now) continue;
+      } else {
+        if (slower()) continue;
+        c.cost = cost().cost;
       }
       why = checks.invalid ? checks.invalid(l) : "";
     } catch (const Error& e) {
+      if (slower()) continue;  // the search passed over it before estimating
       why = e.what();
     }
     if (!why.empty()) {

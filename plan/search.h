@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,13 @@ struct SearchSpace {
   // The result keeps one micro-batch and recompute_layers per layout (its best): rows that differ
   // only in the micro-batch are mostly the same prediction; false lists them all.
   bool best_micro_batch_only = true;
+  // Shortcuts that leave the result as it is (docs/planning.md "Search time"): the pipeline
+  // simulated once per distinct input (the schedule, every chunk's costs, the latency:
+  // plan/cost_model.h CostCache), the memory estimate asked once per layout, and a layout's memory
+  // estimated before its simulation (a layout over memory is then never simulated unless the
+  // result depends on its step). false: everything computed afresh in the order of the plain
+  // branch and bound, the same top K (Search.ShortcutsLeaveTheResultAsItIs).
+  bool shortcuts = true;
 };
 
 // One rank's memory estimate (the largest rank's), from the trainer's own estimate
@@ -55,6 +63,12 @@ struct SearchSpace {
 struct MemoryUse {
   int64_t device = 0;
   int64_t total = 0;
+  // What every recomputation of the layout needs at least (the same layout with any
+  // model.recompute_layers and op sets: parameters, gradients, moments and the transients that do
+  // not depend on activations), device and total; 0: unknown. A layout whose floor is over the
+  // device is over memory however it recomputes: the search then asks no further estimates.
+  int64_t floor_device = 0;
+  int64_t floor_total = 0;
 };
 
 // The trainer's judgement of a layout, supplied by the caller (app/plan_command.cpp wires
@@ -64,6 +78,8 @@ struct MemoryUse {
 struct PlanChecks {
   std::function<std::string(const Layout&)> invalid;
   std::function<MemoryUse(const Layout&)> memory;
+  // The pipeline schedules `memory` walks, when it keeps them: the search simulates the same ones.
+  std::shared_ptr<CostCache::Schedules> schedules = nullptr;
 };
 
 struct Candidate {

@@ -108,6 +108,14 @@ TEST(AutoLayout, ChoiceReadsBackExactly) {
   EXPECT_EQ(decode_choice(encode_choice(c)), c);
   c.layout.cp = 2, c.layout.cp_ring = false, c.layout.schedule = PipelineKind::ZeroBubbleH1;
   EXPECT_EQ(decode_choice(encode_choice(c)), c);
+  // Op sets per block of a chunk (model.recompute_ops_layers), a block kept among them.
+  c.layout.recompute = Recompute::None, c.layout.recompute_layers = 1;
+  c.layout.recompute_ops = {RecomputeOps{}, RecomputeOps::all(), RecomputeOps{}, RecomputeOps::selective()};
+  EXPECT_EQ(decode_choice(encode_choice(c)), c);
+  EXPECT_NE(encode_choice(c).find(" none,norm+qkv+attn+mlp_in+mlp_act,none,norm+mlp_act "), std::string::npos)
+      << encode_choice(c);
+  EXPECT_TRUE(throws_with([] { decode_choice("1 1 1 1 1 0 0 1f1b 1 1 none 0 norm+bogus 0 1 0x1p+0 0x1p+0 0x1p+0 0x1p+0 local"); },
+                          {"malformed choice"}));
   EXPECT_TRUE(throws_with([] { decode_choice("2 1 1"); }, {"malformed choice"}));
   EXPECT_TRUE(throws_with([] { decode_choice("1 1 1 1 1 0 0 1f1b 1 1 none 0 1 x 1 1 1 local"); }, {"malformed choice"}));
 }
@@ -148,6 +156,49 @@ TEST(AutoLayout, ChoosesThePlannersBestAndTrainAcceptsIt) {
   const AutoLayoutChoice mb = plan_auto_layout(parse(kSmall, {"train.micro_batch=2"}), 2, local(2));
   EXPECT_EQ(mb.layout.micro_batch, 2);
   EXPECT_FALSE(plan_auto_layout(cfg, 2, local(2)).layout.bf16);
+}
+
+// The auto layout searches the op sets `tessera plan` offers (plan/search.h recompute_op_sets): on
+// devices from "full" to beyond "none" it is the planner's best with them. A choice with op sets per
+// block reads back exactly and its config (model.recompute_ops_layers) is one train accepts.
+TEST(AutoLayout, SearchesOpSetsAsThePlannerDoesAndTrainAcceptsThem) {
+  const fs::path dir = temp_dir("auto_layout_ops");
+  for (double mib : {5.0, 8.0, 12.0, 16.0, 20.0, 24.0}) {
+    const fs::path file = dir / "small_device.toml";
+    std::ofstream(file) << "[cluster]\nbase = \"h100-sxm-80g\"\nname = \"small-device\"\n"
+                        << "usable_memory_fraction = 1.0\ndevice_memory_gib = " << mib / 1024 << "\n";
+    const Config cfg = parse(kSmall, {"parallel.cluster=\"" + file.string() + "\"", "train.micro_batch=16"});
+    const plan::ClusterSpec cluster = auto_layout_cluster(cfg, 1);
+    plan::SearchSpace space;
+    space.bf16 = {false};
+    space.micro_batch = 16;
+    space.recompute_op_sets = recompute_op_sets_for(cfg);
+    ASSERT_FALSE(space.recompute_op_sets.empty());
+    const plan::PlanResult best = plan::search_layouts(workload_of(cfg), cluster, 1, space, trainer_checks(cfg, 1), 1);
+    if (best.top.empty()) {
+      EXPECT_THROW(plan_auto_layout(cfg, 1, cluster), Error) << mib;
+      continue;
+    }
+    const AutoLayoutChoice c = plan_auto_layout(cfg, 1, cluster);
+    EXPECT_EQ(c.layout, best.top[0].layout) << mib << " MiB: " << plan::describe(c.layout);
+    EXPECT_DOUBLE_EQ(c.step_seconds, best.top[0].cost.step) << mib;
+  }
+  // A choice with op sets per block (every op once, the GEMM reruns included; one block kept).
+  const Config cfg = parse(kSmall);
+  AutoLayoutChoice c = plan_auto_layout(cfg, 1, local(1));
+  c.layout.recompute = Recompute::None, c.layout.recompute_layers = 0, c.layout.micro_batch = 16;
+  const std::vector<RecomputeOps> sets = recompute_op_sets_for(cfg);
+  c.layout.recompute_ops = {RecomputeOps::all(), sets[3], RecomputeOps{}, sets[0]};
+  const AutoLayoutChoice back = decode_choice(encode_choice(c));
+  EXPECT_EQ(back, c);
+  const Config run = apply_auto_layout(cfg, back);
+  EXPECT_EQ(run.model.recompute, "none");
+  EXPECT_EQ(run.model.recompute_ops_layers,
+            (std::vector<std::string>{"norm+qkv+attn+mlp_in+mlp_act", "norm+mlp_in+mlp_act", "none", "norm"}));
+  EXPECT_EQ(parse_config_string(to_toml(run), "config.toml"), run);
+  EXPECT_NO_THROW(check_supported(run));
+  EXPECT_NO_THROW(recompute_ops_policy(run));
+  EXPECT_EQ(layout_of(run, 1), c.layout);
 }
 
 TEST(AutoLayout, NothingFitsAndUnknownClustersAreErrors) {

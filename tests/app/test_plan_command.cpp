@@ -330,6 +330,107 @@ TEST(PlanCommand, ChoosesOpSetsPerBlockAsBruteForceDoesAndTrainAcceptsThem) {
   EXPECT_NE(train.output.find("done: 2 steps"), std::string::npos) << train.output;
 }
 
+// The search's shortcuts (plan/search.h SearchSpace::shortcuts: memoised simulations and estimates,
+// schedules generated once for the estimates, memory before simulation, the floor every
+// recomputation needs) leave the top K as the plain branch and bound finds it with the trainer's own
+// checks: the same layouts, steps and memory, on 1, 2 and 4 ranks and on budgets from "nothing
+// fits" to "everything fits" (op sets offered, "bubble" and pipelines included).
+TEST(PlanCommand, ShortcutsLeaveTheResultAsItIs) {
+  const Config small = parse(kSmall);
+  plan::Layout l;
+  l.micro_batch = 16;
+  const double none = double(trainer_checks(small, 1).memory(l).device);
+  int64_t fewer_simulated = 0, compared = 0;
+  for (int64_t ranks : {1, 2, 4})
+    for (double f : {0.05, 0.2, 0.35, 0.5, 0.75, 1.2}) {
+      plan::ClusterSpec c = local(ranks);
+      c.host_memory = false;
+      c.usable_memory_fraction = 1;
+      c.device_memory = f * none;
+      plan::SearchSpace fast, plain;
+      fast.recompute_op_sets = plain.recompute_op_sets = recompute_op_sets_for(small);
+      plain.shortcuts = false;
+      const plan::PlanResult a =
+          plan::search_layouts(workload_of(small), c, ranks, fast, trainer_checks(small, ranks), 8);
+      const plan::PlanResult b =
+          plan::search_layouts(workload_of(small), c, ranks, plain, trainer_checks(small, ranks, false), 8);
+      const std::string where = std::to_string(ranks) + " ranks, " + std::to_string(f) + " x none";
+      ASSERT_EQ(a.top.size(), b.top.size()) << where;
+      for (size_t i = 0; i < a.top.size(); ++i) {
+        EXPECT_EQ(a.top[i].layout, b.top[i].layout)
+            << where << ": " << plan::describe(a.top[i].layout) << " vs " << plan::describe(b.top[i].layout);
+        EXPECT_EQ(a.top[i].cost.step, b.top[i].cost.step) << where;
+        EXPECT_EQ(a.top[i].planned_bytes, b.top[i].planned_bytes) << where;
+        ++compared;
+      }
+      EXPECT_EQ(a.stats.layouts, b.stats.layouts);
+      EXPECT_LE(a.stats.costed, b.stats.costed) << where;
+      fewer_simulated += a.stats.costed < b.stats.costed;
+    }
+  EXPECT_GT(compared, 60);
+  EXPECT_GT(fewer_simulated, 0);
+}
+
+// recompute_floor: what the layout needs however it recomputes. It is at most the estimate of every
+// recomputation of the layout (none, selective, full, bubble, every model.recompute_layers, op sets)
+// and of every schedule, and under ZeRO-1 holds the moments gathered for a checkpoint.
+TEST(PlanCommand, RecomputeFloorIsBelowEveryRecomputation) {
+  const Config small = parse(kSmall);
+  const plan::PlanChecks checks = trainer_checks(small, 4);
+  const std::vector<RecomputeOps> sets = recompute_op_sets_for(small);
+  int64_t checked = 0;
+  for (const auto& [dp, pp] : std::vector<std::pair<int64_t, int64_t>>{{4, 1}, {2, 2}, {1, 4}})
+    for (int64_t zero : {0, 1})
+      for (int64_t mb : {1, 4}) {
+        plan::Layout base;
+        base.dp = dp, base.pp = pp, base.zero = dp > 1 ? zero : 0, base.micro_batch = mb;
+        if (pp > 1) base.schedule = PipelineKind::OneFOneB;
+        const plan::MemoryUse own = checks.memory(base);
+        ASSERT_GT(own.floor_device, 0);
+        EXPECT_LT(own.floor_device, own.device);
+        EXPECT_LT(own.floor_total, own.total);
+        std::vector<plan::Layout> variants;
+        for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+          plan::Layout x = base;
+          x.recompute = r;
+          variants.push_back(x);
+          if (r == Recompute::Full && pp > 1) x.recompute_bubble = true, variants.push_back(x);
+        }
+        for (int64_t k = 1; k < 4 / pp; ++k) {
+          plan::Layout x = base;
+          x.recompute_layers = k;
+          variants.push_back(x);
+        }
+        for (const RecomputeOps& o : sets) {
+          plan::Layout x = base;
+          x.recompute_ops = {o};
+          variants.push_back(x);
+        }
+        if (pp > 1)
+          for (PipelineKind k : {PipelineKind::GPipe, PipelineKind::ZeroBubbleH1}) {
+            plan::Layout x = base;
+            x.schedule = k;
+            variants.push_back(x);
+          }
+        for (const plan::Layout& x : variants) {
+          const plan::MemoryUse m = checks.memory(x);
+          EXPECT_LE(own.floor_device, m.device) << plan::describe(x);
+          EXPECT_LE(own.floor_total, m.total) << plan::describe(x);
+          // The floor is the largest rank's, which may be another pipeline rank for x: each
+          // bounds the other's estimate too.
+          EXPECT_LE(m.floor_device, own.device) << plan::describe(x);
+          EXPECT_LE(m.floor_total, own.total) << plan::describe(x);
+          ++checked;
+        }
+        if (base.zero == 1) {  // the moments gathered: 8 bytes a parameter of the rank, at least
+          plan::Layout unsharded = base;
+          unsharded.zero = 0;
+          EXPECT_GT(own.floor_device, checks.memory(unsharded).floor_device / 2) << plan::describe(base);
+        }
+      }
+  EXPECT_GT(checked, 100);
+}
+
 // layout_of reads back what apply_layout wrote; --predict costs the config's own layout.
 TEST(PlanCommand, PredictCostsTheConfigsOwnLayout) {
   const Config small = parse(kSmall);

@@ -105,7 +105,13 @@ TEST(Search, BranchAndBoundEqualsTheExhaustiveSearch) {
     const PlanResult top = search_layouts(w, c, 8, space, stub_checks(w), 7);
     ASSERT_EQ(top.top.size(), 7u);
     EXPECT_GT(all.top.size(), 7u);
-    EXPECT_EQ(all.stats.costed + all.stats.over_memory_inferred, all.stats.layouts);
+    // Every layout simulated, or found over memory (with the shortcuts, before any simulation), or
+    // inferred over; without the shortcuts every one not inferred is simulated.
+    EXPECT_GE(all.stats.costed + all.stats.over_memory + all.stats.over_memory_inferred, all.stats.layouts);
+    SearchSpace plain = space;
+    plain.shortcuts = false;
+    const PlanResult every = search_layouts(w, c, 8, plain, stub_checks(w), 1000000);
+    EXPECT_EQ(every.stats.costed + every.stats.over_memory_inferred, every.stats.layouts);
     EXPECT_LT(top.stats.costed, all.stats.costed);
     for (size_t i = 0; i < top.top.size(); ++i) {
       EXPECT_NEAR(top.top[i].cost.step, all.top[i].cost.step, 1e-12 * all.top[i].cost.step) << i;
@@ -223,6 +229,42 @@ PlanChecks exact_checks(const Workload& w) {
     return MemoryUse{int64_t(bytes), int64_t(bytes) + 1};
   };
   return c;
+}
+
+// The shortcuts (SearchSpace::shortcuts: simulations and estimates memoised, memory before the
+// simulation, over-memory points resolved when first asked) return the plain branch and bound's top
+// K, with fewer simulations where layouts are over memory; with every layout asked for, the same.
+TEST(Search, ShortcutsLeaveTheResultAsItIs) {
+  const Workload w = small_llama();
+  int64_t fewer = 0;
+  // Also an estimate that is not monotone in the micro-batch (micro-batch 2 over every device): a
+  // layout over memory rules out larger micro-batches only where the plain search found it so.
+  PlanChecks odd = exact_checks(w);
+  odd.memory = [exact = exact_checks(w).memory](const Layout& l) {
+    MemoryUse m = exact(l);
+    if (l.micro_batch == 2) m.device = m.total = int64_t(1) << 50;
+    return m;
+  };
+  for (const PlanChecks& checks : {exact_checks(w), odd})
+  for (double mib : {150.0, 300.0, 700.0})
+    for (int64_t ranks : {1, 8})
+      for (const auto& [k, one_mb] : std::vector<std::pair<int64_t, bool>>{{3, true}, {3, false}, {1000000, true}}) {
+          SearchSpace fast, plain;
+          fast.best_micro_batch_only = plain.best_micro_batch_only = one_mb;
+          fast.recompute_op_sets = plain.recompute_op_sets = default_recompute_op_sets();
+          plain.shortcuts = false;
+          const PlanResult a = search_layouts(w, node(mib), ranks, fast, checks, k);
+          const PlanResult b = search_layouts(w, node(mib), ranks, plain, checks, k);
+          ASSERT_EQ(a.top.size(), b.top.size()) << mib << " MiB, " << ranks << " ranks, top " << k;
+          for (size_t i = 0; i < a.top.size(); ++i) {
+            EXPECT_EQ(a.top[i].layout, b.top[i].layout) << describe(a.top[i].layout) << " vs " << describe(b.top[i].layout);
+            EXPECT_EQ(a.top[i].cost.step, b.top[i].cost.step);
+            EXPECT_EQ(a.top[i].planned_bytes, b.top[i].planned_bytes);
+          }
+          EXPECT_LE(a.stats.costed, b.stats.costed);
+          fewer += a.stats.costed < b.stats.costed;
+        }
+  EXPECT_GT(fewer, 0);
 }
 
 // Per-op recomputation: the dynamic programme's choice (the frontier of mixes of keep, each op set
