@@ -539,7 +539,10 @@ static MemoryEstimate estimate_at_cp_split(const Config& cfg, int64_t data_vocab
   Policy policy{recompute_kind(cfg.model.recompute), cfg.model.recompute_layers, mc.is_vlm(),
                 cfg.train.dtype == "bf16", recompute_in_bubbles(cfg), activation_compression_policy(cfg),
                 tp_modes};
-  policy.recompute_ops = recompute_ops_policy(cfg);  // per layer of the model, as the trainer's blocks run them
+  // Per layer of the model, as the trainer's blocks run them (none named: every layer keeps all, the
+  // empty policy; the planner asks for many estimates without op sets, so skip the per-layer parse).
+  if (!cfg.model.recompute_ops.empty() || !cfg.model.recompute_ops_layers.empty())
+    policy.recompute_ops = recompute_ops_policy(cfg);
   policy.tp_overlap_chunks = sp ? p.tp_overlap_chunks : 1;
   // Context parallelism: a cp rank holds seq_len / cp positions of every sequence, so each
   // activation of the model (and the evaluation's) is that of the shorter sequence; parameters,
