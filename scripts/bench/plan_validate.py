@@ -326,8 +326,8 @@ def pct(x):
 
 def write_docs(cases, command, cpu_name, flags, started, path_md, path_png):
     lines = ["# The planner against measured runs", "",
-             "Written by `scripts/bench/plan_validate.py --docs` (the command below); every number on this page",
-             "comes from that one run. The issue's targets (issue 30): median |error| <= 15%, no layout off by",
+             "Written by `scripts/bench/plan_validate.py --docs` (the commands below); every number in its tables",
+             "comes from those runs. The issue's targets (issue 30): median |error| <= 15%, no layout off by",
              "more than 35%, Spearman >= 0.8, the planner's top choice within 10% of the fastest measured, memory",
              "at most 5% above the measured peak. Each line of the summary says which it meets.", "",
              f"    {command}", "",
