@@ -82,19 +82,24 @@ TEST(PpCut, TimesTheVisionTowerOfAVlm) {
   EXPECT_GT(t.vision, t.blocks[0]);
 }
 
+// Every block 1 time unit, the embedding and the head at the FLOPs formula's weights, the head
+// head_extra units slower.
+PartTimer unit_blocks_timer(const LayerCosts& costs, double head_extra) {
+  return [costs, head_extra](const Config&, const ModelConfig& m, const Exec&) {
+    PartTimes t;
+    t.blocks.assign(static_cast<size_t>(m.n_layer), 1.0);
+    t.embedding = costs.weight(costs.embedding);
+    t.head = costs.weight(costs.head) + head_extra;
+    return t;
+  };
+}
+
 // Injected times (a head 4 blocks slower than the FLOPs formula's weight): the cut is
 // cut_by_time's, not the FLOPs rule's, and its predicted slowest stage is faster.
 TEST(PpCut, InjectedTimesGiveTheirCut) {
   const Config cfg = tiny();
   const ModelConfig mc = resolve(to_model_config(cfg, kVocab));
-  const LayerCosts costs = layer_costs(mc, cfg.train.seq_len);
-  const PartTimer timer = [&](const Config&, const ModelConfig& m, const Exec&) {
-    PartTimes t;
-    t.blocks.assign(static_cast<size_t>(m.n_layer), 1.0);
-    t.embedding = costs.weight(costs.embedding);
-    t.head = costs.weight(costs.head) + 4.0;
-    return t;
-  };
+  const PartTimer timer = unit_blocks_timer(layer_costs(mc, cfg.train.seq_len), 4.0);
   const MeasuredCut cut = measured_cut(cfg, mc, kVocab, MemoryLayout{1, 1, false}, Exec::cpu(), MPI_COMM_NULL, timer, false);
   EXPECT_EQ(cut.blocks, cut_by_time(timer(cfg, mc, Exec::cpu()), 2, false));
   EXPECT_NE(cut.blocks, cut.flops_blocks);
@@ -114,14 +119,7 @@ TEST(PpCut, InjectedTimesGiveTheirInterleavedCut) {
   const Config cfg = tiny({"model.n_layer=8", "parallel.vpp=2", "parallel.pp_schedule=\"interleaved\"",
                            "parallel.pp_cut=\"measured\""});
   const ModelConfig mc = resolve(to_model_config(cfg, kVocab));
-  const LayerCosts costs = layer_costs(mc, cfg.train.seq_len);
-  const PartTimer timer = [&](const Config&, const ModelConfig& m, const Exec&) {
-    PartTimes t;
-    t.blocks.assign(static_cast<size_t>(m.n_layer), 1.0);
-    t.embedding = costs.weight(costs.embedding);
-    t.head = costs.weight(costs.head) + 4.0;
-    return t;
-  };
+  const PartTimer timer = unit_blocks_timer(layer_costs(mc, cfg.train.seq_len), 4.0);
   const MeasuredCut cut = measured_cut(cfg, mc, kVocab, MemoryLayout{1, 1, false}, Exec::cpu(), MPI_COMM_NULL, timer, false);
   EXPECT_EQ(cut.blocks, cut_by_time(timer(cfg, mc, Exec::cpu()), 2, false, {}, 2));
   ASSERT_EQ(cut.flops_blocks.size(), 4u);  // the FLOPs rule's chunks
@@ -152,14 +150,7 @@ TEST(PpCut, FlopsCutIsKeptWhenPredictedFaster) {
   const Config cfg = tiny({"model.n_layer=6", "parallel.vpp=2", "parallel.pp_schedule=\"interleaved\"",
                            "parallel.pp_cut=\"measured\""});
   const ModelConfig mc = resolve(to_model_config(cfg, kVocab));
-  const LayerCosts costs = layer_costs(mc, cfg.train.seq_len);
-  const PartTimer timer = [&](const Config&, const ModelConfig& m, const Exec&) {
-    PartTimes t;
-    t.blocks.assign(static_cast<size_t>(m.n_layer), 1.0);
-    t.embedding = costs.weight(costs.embedding);
-    t.head = costs.weight(costs.head);
-    return t;
-  };
+  const PartTimer timer = unit_blocks_timer(layer_costs(mc, cfg.train.seq_len), 0.0);
   const MeasuredCut cut = measured_cut(cfg, mc, kVocab, MemoryLayout{1, 1, false}, Exec::cpu(), MPI_COMM_NULL, timer, false);
   ASSERT_EQ(cut.flops_blocks.size(), 4u);
   // The premise: the FLOPs chunks hold 3 blocks per stage, the measured cut 4 on one stage.
