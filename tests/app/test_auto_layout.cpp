@@ -286,5 +286,47 @@ TEST(AutoLayoutSlow, ResumedOnAnotherRankCountPlansAgainAndContinuesAsExplicitRu
   EXPECT_EQ(got, want);
 }
 
+// End to end with op sets: on a device small enough that the planner's best recomputes ops per
+// block (the first budget of a scan whose auto choice has an op set), `tessera train` with
+// parallel.layout = "auto" trains that choice, and its losses equal, step for step, the explicit
+// run of the config it wrote (model.recompute_ops_layers included).
+TEST(AutoLayoutSlow, ChoosesOpSetsAndTrainsAsItsExplicitConfig) {
+  const fs::path dir = temp_dir("auto_layout_ops_run");
+  const fs::path cluster = dir / "small_device.toml", config = dir / "auto.toml";
+  std::ofstream(config) << kSmall;
+  bool found = false;
+  for (double mib : {12.0, 16.0, 20.0}) {
+    std::ofstream(cluster) << "[cluster]\nbase = \"h100-sxm-80g\"\nname = \"small-device\"\n"
+                           << "usable_memory_fraction = 1.0\ndevice_memory_gib = " << mib / 1024 << "\n";
+    const Config cfg = parse(kSmall, {"parallel.cluster=\"" + cluster.string() + "\"", "train.micro_batch=16"});
+    const AutoLayoutChoice c = plan_auto_layout(cfg, 1, auto_layout_cluster(cfg, 1));
+    for (const RecomputeOps& o : c.layout.recompute_ops) found = found || o.any();
+    if (found) break;
+  }
+  ASSERT_TRUE(found) << "no budget of the scan chose op sets";
+  const std::vector<std::string> env = {"TESSERA_TEST_MEMORY_AVAILABLE=4294967296"};
+  const auto train = [&](const fs::path& cfg, const fs::path& run, std::vector<std::string> extra) {
+    std::vector<std::string> args = {"train", cfg.string(), "--run-dir", run.string(), "--set", "train.steps=2"};
+    for (const std::string& e : extra) args.push_back("--set"), args.push_back(e);
+    return run_tessera(args, dir, {}, SIGINT, env);
+  };
+  const fs::path a = dir / "auto_run", b = dir / "explicit_run";
+  const RunResult a1 = train(config, a, {"parallel.cluster=\"" + cluster.string() + "\"", "train.micro_batch=16"});
+  ASSERT_EQ(a1.exit_code, 0) << a1.output;
+  EXPECT_NE(a1.output.find("auto layout (parallel.layout = \"auto\"): "), std::string::npos) << a1.output;
+  fs::copy_file(a / "config.toml", dir / "chosen.toml");
+  const Config chosen = load_config((dir / "chosen.toml").string());
+  EXPECT_EQ(chosen.parallel.layout, "explicit");
+  bool ops = false;
+  for (const std::string& l : chosen.model.recompute_ops_layers) ops = ops || l != "none";
+  EXPECT_TRUE(ops) << a1.output;
+  const RunResult b1 = train(dir / "chosen.toml", b, {});
+  ASSERT_EQ(b1.exit_code, 0) << b1.output;
+  EXPECT_EQ(b1.output.find("auto layout"), std::string::npos) << b1.output;
+  const std::vector<double> got = losses(a / "metrics.jsonl"), want = losses(b / "metrics.jsonl");
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got, want);
+}
+
 }  // namespace
 }  // namespace tessera
