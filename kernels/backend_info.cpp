@@ -13,6 +13,7 @@
 #ifdef TESSERA_WITH_CUDA
 #include "kernels/cuda/runtime.h"
 #endif
+#include "kernels/check.h"
 #include "kernels/cpu/blas_select.h"
 #include "kernels/cpu/gemm_bf16.h"
 
@@ -126,6 +127,15 @@ std::string kernels_backend_info() {
   os << "cuda: not built\n";
 #endif
   return os.str();
+}
+
+std::string cuda_device_name(int index) {
+#ifdef TESSERA_WITH_CUDA
+  return cuda::device_name(index);
+#else
+  TESSERA_CHECK(false, "the name of CUDA device ", index, ": this build has no CUDA backend (TESSERA_CUDA=OFF)");
+  return {};
+#endif
 }
 
 }  // namespace tessera

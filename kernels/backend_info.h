@@ -18,6 +18,9 @@ double cpu_peak_gflops();
 // `tessera info` next to the nominal peak. Noisy when other processes share the cores.
 double measure_cpu_peak_gflops();
 // cuda_device_count(): kernels/exec.h, beside cuda_backend_built().
+// CUDA device `index`'s name as its runtime reports it: the GPU's name, compute capability and
+// memory, e.g. "NVIDIA H100 80GB HBM3 (sm_90, 79.1 GiB)". An error in a build without the backend.
+std::string cuda_device_name(int index);
 // The kernel train.dtype = "bf16" runs its CPU GEMMs with: "AVX512_BF16 (vdpbf16ps)", or the
 // portable fallback on a CPU without AVX512_BF16 (kernels/cpu/gemm_bf16.h).
 std::string cpu_bf16_gemm_kernel();

@@ -12,15 +12,13 @@
 #include <string>
 #include <vector>
 
+#include "kernels/backend_info.h"
 #include "kernels/check.h"
 #include "kernels/elementwise.h"
 #include "kernels/matmul.h"
 #include "parallel/mpi.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/process_grid.h"
-#ifdef TESSERA_PLAN_CUDA_RUNTIME
-#include "kernels/cuda/runtime.h"
-#endif
 
 namespace tessera::plan {
 
@@ -79,8 +77,7 @@ std::unique_ptr<Communicator> world_communicator(MPI_Comm world, const Calibrati
 DeviceInfo device_info(const Device& device) {
   DeviceInfo info;
   if (device.is_cpu()) return info;
-#ifdef TESSERA_PLAN_CUDA_RUNTIME
-  info.name = cuda::device_name(device.index);
+  info.name = cuda_device_name(device.index);
   // "... (sm_90, 139.8 GiB)": the memory is the number before the last " GiB)".
   const size_t gib = info.name.rfind(" GiB)"), comma = info.name.rfind(", ", gib);
   if (gib != std::string::npos && comma != std::string::npos && comma < gib) {
@@ -90,7 +87,6 @@ DeviceInfo device_info(const Device& device) {
       info.memory = 0;
     }
   }
-#endif
   return info;
 }
 
