@@ -64,12 +64,98 @@ double max_over(MPI_Comm world, double v) {
 // The first n elements of a 1-D tensor.
 Tensor prefix(const Tensor& t, int64_t n) { return Tensor(t.data, t.dtype, {n}, t.device); }
 
-// The communicator the trainer's data-parallel group would have on this device (parallel.comm):
-// every rank in one group.
-std::unique_ptr<Communicator> world_communicator(MPI_Comm world, const CalibrationDevice& d) {
-  const ProcessGrid grid(GridDegrees{1, 1, 1, -1}, comm_size(world), comm_rank(world));
-  GridComms comms = make_grid_comms(grid, world, d.ex, d.comm);
-  return std::move(comms.dp);
+
+// The links of groups of `group` consecutive ranks (as the trainer's tensor-parallel groups are;
+// every group measuring at once, as a layout runs them): the all-reduce at 4 KiB .. max_message
+// fitted to the ring, then all-gather, reduce-scatter and point-to-point, each fitted on its own.
+// Each size's time is the median of the repeats; a collective's the mean over the ranks, a chain's
+// the slowest rank's, which is the rank that waits for the whole chain.
+Link calibrate_group_link(MPI_Comm world, const CalibrationDevice& device, int group, const CalibrationOptions& o,
+                          const std::function<void(const std::string&)>& say) {
+  const int ranks = comm_size(world);
+  const Exec& ex = device.ex;
+  char line[256];
+  const std::string over = std::to_string(group) + " ranks" +
+                           (group < ranks ? " (" + std::to_string(ranks / group) + " groups at once)" : "");
+  // The trainer's communicator on this device for a tensor-parallel group of this size.
+  const ProcessGrid grid(GridDegrees{group, 1, 1, -1}, ranks, comm_rank(world));
+  GridComms comms = make_grid_comms(grid, world, ex, device.comm);
+  Communicator& comm = *comms.tp;
+  CalibrationBuffers buf(ex);
+  // Zeros: sums of sums stay finite however often they run.
+  const Tensor whole = buf.f({o.max_message / 4}, 0), part = buf.f({o.max_message / 4 / group + 1}, 0);
+  synchronize(ex);
+  // The median over the repeats of run(bytes) at each size from `first`, x4 to max_message.
+  const auto series = [&](int64_t first, const std::function<void(int64_t)>& run, bool slowest,
+                          std::vector<double>& sz, std::vector<double>& tm, const char* what) {
+    for (int64_t bytes = first; bytes <= o.max_message; bytes *= 4) {
+      run(bytes);  // warm-up
+      std::vector<double> runs;
+      const int reps = bytes <= (1 << 20) ? 4 * o.repeats : o.repeats;
+      for (int i = 0; i < reps; ++i) {
+        MPI_Barrier(world);
+        const double t0 = now();
+        run(bytes);  // blocking: the host waits for the device's copy too
+        runs.push_back(now() - t0);
+      }
+      std::nth_element(runs.begin(), runs.begin() + long(runs.size() / 2), runs.end());
+      const double median = runs[runs.size() / 2];
+      sz.push_back(double(bytes));
+      tm.push_back(slowest ? max_over(world, median) : mean_over(world, median));
+      if (what) {
+        std::snprintf(line, sizeof line, "%s %lld bytes over %s: %.1f us", what, (long long)bytes, over.c_str(),
+                      tm.back() * 1e6);
+        say(line);
+      }
+    }
+  };
+  std::vector<double> sizes, times;
+  series(4096, [&](int64_t bytes) { comm.all_reduce(prefix(whole, bytes / 4)); }, false, sizes, times, "all-reduce");
+  Link link = fit_all_reduce(sizes, times, group);
+  std::snprintf(line, sizeof line, "link over %s (fitted to the ring): %.2f GB/s, %.1f us per message", over.c_str(),
+                link.bandwidth / 1e9, link.latency * 1e6);
+  say(line);
+  const double n = double(group);
+  const auto measure = [&](const char* what, double steps, double fraction, const std::function<void(int64_t)>& run,
+                           bool slowest = false) {
+    std::vector<double> sz, tm;
+    series(4096 * group, run, slowest, sz, tm, nullptr);
+    const Link fit = fit_link(sz, tm, steps, fraction);
+    std::snprintf(line, sizeof line, "%s over %s (%lld .. %lld bytes, fitted): %.2f GB/s, %.1f us per message", what,
+                  over.c_str(), (long long)(4096 * group), (long long)sz.back(), fit.bandwidth / 1e9,
+                  fit.latency * 1e6);
+    say(line);
+    return fit;
+  };
+  const Link ag = measure("all-gather", n - 1, (n - 1) / n, [&](int64_t bytes) {
+    const int64_t e = bytes / 4;
+    comm.all_gather(prefix(part, e / group), prefix(whole, e));
+  });
+  const Link rs = measure("reduce-scatter", n - 1, (n - 1) / n, [&](int64_t bytes) {
+    const int64_t e = bytes / 4;
+    comm.reduce_scatter(prefix(whole, e), prefix(part, e / group));
+  });
+  // Point-to-point as a pipeline (and the cp ring) uses it: a message handed along a chain, each
+  // rank receiving from the previous and then sending to the next, the group's rank 0 starting and
+  // ending it: one lap is n dependent messages (2 ranks: a round trip). Every hop includes the
+  // receiver's wake-up, which with more ranks than cores is the scheduler's and not the wire's (a
+  // round trip between two ranks while the others wait in a barrier does not see it).
+  const int me = comm.rank(), next = (me + 1) % group, prev = (me + group - 1) % group;
+  const Link p2p = measure(
+      "send/recv", n, n,
+      [&](int64_t bytes) {
+        const Tensor t = prefix(whole, bytes / 4);
+        if (me == 0) {
+          comm.send(t, next), comm.recv(t, prev);
+        } else {
+          comm.recv(t, prev), comm.send(t, next);
+        }
+      },
+      true);
+  link.all_gather_bandwidth = ag.bandwidth, link.all_gather_latency = ag.latency;
+  link.reduce_scatter_bandwidth = rs.bandwidth, link.reduce_scatter_latency = rs.latency;
+  link.p2p_bandwidth = p2p.bandwidth, link.p2p_latency = p2p.latency;
+  return link;
 }
 
 }  // namespace
@@ -262,97 +348,16 @@ ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const Cal
     say(line);
   }
 
-  // All-reduce over every rank, 4 KiB .. max_message, the median of the repeats.
+  // The collectives on groups of 2, 4, ... ranks (each size dividing the ranks; every group at once),
+  // and over every rank: the node's link (intra), and group_links by size.
   if (ranks > 1) {
-    // The trainer's communicator on this device; whole and part: device buffers on a device.
-    const std::unique_ptr<Communicator> comm_owner = world_communicator(world, device);
-    Communicator& comm = *comm_owner;
-    CalibrationBuffers buf(ex);
-    // Zeros: sums of sums stay finite however often they run.
-    const Tensor whole = buf.f({o.max_message / 4}, 0), part = buf.f({o.max_message / 4 / ranks + 1}, 0);
-    synchronize(ex);
-    std::vector<double> sizes, times;
-    for (int64_t bytes = 4096; bytes <= o.max_message; bytes *= 4) {
-      const Tensor t = prefix(whole, bytes / 4);
-      comm.all_reduce(t);
-      std::vector<double> runs;
-      const int reps = bytes <= (1 << 20) ? 4 * o.repeats : o.repeats;
-      for (int i = 0; i < reps; ++i) {
-        MPI_Barrier(world);
-        const double t0 = now();
-        comm.all_reduce(t);  // blocking: the host waits for the device's copy too
-        runs.push_back(now() - t0);
-      }
-      std::nth_element(runs.begin(), runs.begin() + long(runs.size() / 2), runs.end());
-      const double median = mean_over(world, runs[runs.size() / 2]);
-      sizes.push_back(double(bytes));
-      times.push_back(median);
-      std::snprintf(line, sizeof line, "all-reduce %lld bytes over %d ranks: %.1f us", (long long)bytes, ranks,
-                    median * 1e6);
-      say(line);
+    for (int group = 2; group <= ranks; group *= 2) {
+      if (ranks % group != 0 || group == ranks) continue;
+      s.group_links.push_back({group, calibrate_group_link(world, device, group, o, say)});
     }
-    Link link = fit_all_reduce(sizes, times, ranks);
-    std::snprintf(line, sizeof line, "link (fitted to the ring): %.2f GB/s, %.1f us per message", link.bandwidth / 1e9,
-                  link.latency * 1e6);
-    say(line);
-    // All-gather, reduce-scatter (whole buffers of `bytes`) and point-to-point, each fitted on its
-    // own. A collective's time is the mean over the ranks; a chain's (slowest) the slowest rank's,
-    // which is the rank that waits for the whole chain.
-    const double n = double(ranks);
-    const auto measure = [&](const char* what, double steps, double fraction,
-                             const std::function<void(int64_t)>& run, bool slowest = false) {
-      std::vector<double> sz, tm;
-      for (int64_t bytes = 4096 * ranks; bytes <= o.max_message; bytes *= 4) {
-        run(bytes);  // warm-up
-        std::vector<double> runs;
-        const int reps = bytes <= (1 << 20) ? 4 * o.repeats : o.repeats;
-        for (int i = 0; i < reps; ++i) {
-          MPI_Barrier(world);
-          const double t0 = now();
-          run(bytes);
-          runs.push_back(now() - t0);
-        }
-        std::nth_element(runs.begin(), runs.begin() + long(runs.size() / 2), runs.end());
-        sz.push_back(double(bytes));
-        tm.push_back(slowest ? max_over(world, runs[runs.size() / 2]) : mean_over(world, runs[runs.size() / 2]));
-      }
-      const Link fit = fit_link(sz, tm, steps, fraction);
-      std::snprintf(line, sizeof line, "%s over %d ranks (%lld .. %lld bytes, fitted): %.2f GB/s, %.1f us per message",
-                    what, ranks, (long long)(4096 * ranks), (long long)sz.back(), fit.bandwidth / 1e9,
-                    fit.latency * 1e6);
-      say(line);
-      return fit;
-    };
-    const Link ag = measure("all-gather", n - 1, (n - 1) / n, [&](int64_t bytes) {
-      const int64_t e = bytes / 4;
-      comm.all_gather(prefix(part, e / ranks), prefix(whole, e));
-    });
-    const Link rs = measure("reduce-scatter", n - 1, (n - 1) / n, [&](int64_t bytes) {
-      const int64_t e = bytes / 4;
-      comm.reduce_scatter(prefix(whole, e), prefix(part, e / ranks));
-    });
-    // Point-to-point as a pipeline (and the cp ring) uses it: a message handed along a chain, each
-    // rank receiving from the previous and then sending to the next, rank 0 starting and ending it:
-    // one lap is n dependent messages (2 ranks: a round trip). Every hop includes the receiver's
-    // wake-up, which with more ranks than cores is the scheduler's and not the wire's (a round trip
-    // between two ranks while the others wait in a barrier does not see it).
-    const int me = comm.rank(), next = (me + 1) % ranks, prev = (me + ranks - 1) % ranks;
-    const Link p2p = measure(
-        "send/recv", n, n,
-        [&](int64_t bytes) {
-          const Tensor t = prefix(whole, bytes / 4);
-          if (me == 0) {
-            comm.send(t, next), comm.recv(t, prev);
-          } else {
-            comm.recv(t, prev), comm.send(t, next);
-          }
-        },
-        true);
-    link.all_gather_bandwidth = ag.bandwidth, link.all_gather_latency = ag.latency;
-    link.reduce_scatter_bandwidth = rs.bandwidth, link.reduce_scatter_latency = rs.latency;
-    link.p2p_bandwidth = p2p.bandwidth, link.p2p_latency = p2p.latency;
-    s.intra = link;
-    s.inter = link;  // one node
+    s.intra = calibrate_group_link(world, device, ranks, o, say);
+    if (!s.group_links.empty()) s.group_links.push_back({ranks, s.intra});
+    s.inter = s.intra;  // one node
   }
   return s;
 }

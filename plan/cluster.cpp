@@ -4,6 +4,7 @@
 
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -474,7 +475,72 @@ std::vector<OpTime> parse_op_times(const toml::node& node, const std::string& so
   }
   return out;
 }
+// The collectives of a group_links entry, in the order a file lists them, with the Link fields each sets.
+struct GroupCollective {
+  const char* name;
+  double Link::*bandwidth;
+  double Link::*latency;
+};
+constexpr GroupCollective kGroupCollectives[] = {
+    {"all_reduce", &Link::bandwidth, &Link::latency},
+    {"all_gather", &Link::all_gather_bandwidth, &Link::all_gather_latency},
+    {"reduce_scatter", &Link::reduce_scatter_bandwidth, &Link::reduce_scatter_latency},
+    {"p2p", &Link::p2p_bandwidth, &Link::p2p_latency},
+};
+
+// cluster.group_links = [[ranks, collective, GB/s, microseconds], ...]: each size named needs its
+// all_reduce entry (the others default to it, as in a Link); a (size, collective) given twice is refused.
+std::vector<SizedLink> parse_group_links(const toml::node& node, const std::string& source) {
+  const std::string what = "cluster.group_links (" + at(source, node) + ")";
+  const std::string form = " must be [ranks, \"all_reduce\" | \"all_gather\" | \"reduce_scatter\" | \"p2p\", GB/s, "
+                           "microseconds]";
+  const toml::array* rows = node.as_array();
+  TESSERA_CHECK(rows != nullptr, what, form);
+  std::vector<SizedLink> out;
+  std::set<std::pair<int64_t, std::string>> seen;
+  size_t entry = 0;
+  for (const toml::node& row : *rows) {
+    const toml::array* r = row.as_array();
+    TESSERA_CHECK(r && r->size() == 4, what, ": entry ", entry, form);
+    const toml::node* ranks = r->get(0);
+    TESSERA_CHECK(ranks && ranks->is_integer() && ranks->as_integer()->get() >= 2, what, ": entry ", entry,
+                  " field 0 must be the group's size: an integer of at least 2");
+    const toml::node* name = r->get(1);
+    const GroupCollective* c = nullptr;
+    for (const GroupCollective& g : kGroupCollectives)
+      if (name && name->is_string() && name->as_string()->get() == g.name) c = &g;
+    TESSERA_CHECK(c != nullptr, what, ": entry ", entry,
+                  " field 1 must be \"all_reduce\", \"all_gather\", \"reduce_scatter\" or \"p2p\"");
+    const int64_t n = ranks->as_integer()->get();
+    TESSERA_CHECK(seen.insert({n, c->name}).second, what, ": entry ", entry, " gives ", c->name, " over ", n,
+                  " ranks a second time");
+    auto it = std::find_if(out.begin(), out.end(), [&](const SizedLink& l) { return l.ranks == n; });
+    if (it == out.end()) it = out.insert(out.end(), SizedLink{n, Link{}});
+    it->link.*(c->bandwidth) = positive_field(*r, 2, what, entry, "a positive bandwidth in GB/s") * kGB;
+    const toml::node* latency = r->get(3);
+    const double us = latency && latency->is_number() ? latency->value<double>().value_or(-1) : -1;
+    TESSERA_CHECK(us >= 0 && std::isfinite(us), what, ": entry ", entry,
+                  " field 3 must be a latency in microseconds (0 or more)");
+    it->link.*(c->latency) = us * kMicro;
+    ++entry;
+  }
+  for (const SizedLink& l : out)
+    TESSERA_CHECK(seen.count({l.ranks, "all_reduce"}), what, ": groups of ", l.ranks,
+                  " ranks have no all_reduce entry (the link their other collectives default to)");
+  std::sort(out.begin(), out.end(), [](const SizedLink& a, const SizedLink& b) { return a.ranks < b.ranks; });
+  return out;
+}
 }  // namespace
+
+Link intra_link(const ClusterSpec& c, int64_t ranks) {
+  const SizedLink* best = nullptr;
+  double best_distance = 0;
+  for (const SizedLink& l : c.group_links) {  // ascending sizes: >= keeps the larger on a tie
+    const double distance = std::abs(std::log(double(l.ranks) / double(std::max<int64_t>(ranks, 1))));
+    if (!best || distance <= best_distance) best = &l, best_distance = distance;
+  }
+  return best ? best->link : c.intra;
+}
 
 ClusterSpec parse_cluster(const std::string& text, const std::string& source, const LocalMachine& local) {
   toml::table root;
@@ -521,10 +587,17 @@ ClusterSpec parse_cluster(const std::string& text, const std::string& source, co
                     ", which needs format_version = 4 or later; ", source, " says ", version,
                     ": calibrate again with this build");
   }
+  if (const toml::node* g = t->get("group_links")) {
+    TESSERA_CHECK(version >= 5, "cluster.group_links (", at(source, *g), ") needs format_version = 5 or later; ",
+                  source, " says ", version, t->get("format_version") ? "" : " (no format_version key)",
+                  ": calibrate again with this build");
+    s.group_links = parse_group_links(*g, source);
+  }
   std::set<std::string> given;
   for (auto&& [k, node] : *t) {
     const std::string key(k.str());
-    if (key == "base" || key == "format_version" || key == "gemm_rates" || key == "op_times") continue;
+    if (key == "base" || key == "format_version" || key == "gemm_rates" || key == "op_times" || key == "group_links")
+      continue;
     const Field* f = find_field(key);
     if (!f) {
       const std::string near = closest_key(key);
@@ -608,7 +681,19 @@ std::string cluster_to_toml(const ClusterSpec& s) {
     }
     os << "\n";
   }
-  os << "# the file's format (1: no gemm_rates, 2: no op_times, 3: no linear_* ops)\nformat_version = " << kClusterFormatVersion << "\n";
+  os << "# the file's format (1: no gemm_rates, 2: no op_times, 3: no linear_* ops, 4: no group_links)\n"
+        "format_version = " << kClusterFormatVersion << "\n";
+  if (!s.group_links.empty()) {
+    os << "# links within a node by group size, fitted on groups of that many ranks (every group at once):\n"
+          "# [ranks, collective, GB/s, microseconds per message]\ngroup_links = [\n";
+    for (const SizedLink& l : s.group_links)
+      for (const GroupCollective& c : kGroupCollectives) {
+        if (l.link.*(c.bandwidth) <= 0) continue;  // not fitted: the all-reduce's serves it
+        os << "  [" << l.ranks << ", \"" << c.name << "\", " << l.link.*(c.bandwidth) / kGB << ", "
+           << l.link.*(c.latency) / kMicro << "],\n";
+      }
+    os << "]\n";
+  }
   if (!s.gemm_rates.empty()) {
     os << "# measured GEMM rates at the model's shapes: [m, n, k, dtype, GFLOP/s] of (m, k) x (k, n)\ngemm_rates = [\n";
     for (const GemmRate& g : s.gemm_rates)
@@ -637,8 +722,12 @@ std::string cluster_to_toml(const ClusterSpec& s) {
 std::vector<ClusterKey> cluster_keys() {
   std::vector<ClusterKey> keys{{"base", "a preset to start from (its keys are then all optional)"}};
   for (const Field& f : fields()) keys.push_back({f.key, f.meaning});
-  keys.push_back({"format_version", "the file's format: 1 (no such key), 2 (gemm_rates), 3 (op_times) or 4 (the "
-                                    "linear_* ops in op_times); later versions are refused"});
+  keys.push_back({"format_version", "the file's format: 1 (no such key), 2 (gemm_rates), 3 (op_times), 4 (the "
+                                    "linear_* ops in op_times) or 5 (group_links); later versions are refused"});
+  keys.push_back({"group_links", "[[ranks, \"all_reduce\" | \"all_gather\" | \"reduce_scatter\" | \"p2p\", GB/s, "
+                                 "microseconds], ...]: links within a node fitted on groups of that many ranks "
+                                 "(`tessera plan --calibrate` on 4 or more ranks); a group of another size takes the "
+                                 "nearest (format_version 5)"});
   keys.push_back({"gemm_rates", "[[m, n, k, \"fp32\" or \"bf16\", GFLOP/s], ...]: GEMM rates measured at the "
                                 "model's shapes (`tessera plan --calibrate CONFIG`)"});
   keys.push_back({"op_times", "[[op, [dims...], \"fp32\" or \"bf16\", microseconds], ...]: the other op families' "

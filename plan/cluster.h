@@ -18,6 +18,17 @@ struct Link {
   double all_gather_bandwidth = 0, all_gather_latency = 0;
   double reduce_scatter_bandwidth = 0, reduce_scatter_latency = 0;
   double p2p_bandwidth = 0, p2p_latency = 0;
+  bool operator==(const Link&) const = default;
+};
+
+// The links of a group of `ranks` devices within a node, fitted by calibration on groups of that
+// size (consecutive ranks, as tensor-parallel groups are; every group of the node at once, as a
+// layout runs them): a collective over a group of that size takes its time from these instead of the
+// node's link (which calibration fits over all its ranks).
+struct SizedLink {
+  int64_t ranks = 2;
+  Link link;
+  bool operator==(const SizedLink&) const = default;
 };
 
 // A GEMM's measured rate at one shape, (m, k) x (k, n) -> (m, n), with fp32 inputs or a bf16 weight
@@ -68,8 +79,8 @@ struct OpTime {
 // The version of the cluster file that cluster_to_toml writes: 1 had no format_version key (and is
 // read as before), 2 adds gemm_rates, 3 adds op_times, 4 the linear_* ops in op_times. A file of a
 // later version is refused, op_times in a file that says it is of version 1 or 2, and linear_* ops
-// in one of version 3.
-inline constexpr int64_t kClusterFormatVersion = 4;
+// in one of version 3. 5 adds group_links (links by group size).
+inline constexpr int64_t kClusterFormatVersion = 5;
 
 struct ClusterSpec {
   std::string name = "custom";
@@ -93,6 +104,9 @@ struct ClusterSpec {
   double memory_bandwidth = 1e12;        // bytes/s per device (elementwise ops, the optimizer)
   double op_latency = 0;                 // seconds: the least time any one op (kernel) takes
   Link intra, inter;                     // within a node, across nodes
+  // Within a node, by group size (calibration on groups of 2, 4, ... ranks); empty: intra serves
+  // every group (intra_link).
+  std::vector<SizedLink> group_links;
   bool async_progress = true;            // collectives started asynchronously progress while the device computes
   // The whole model's forward + backward measured (one micro-batch, every rank at once) over the sum
   // of its calibrated op times, by dtype: ops that run in a chain find the inputs evicted that their
@@ -109,6 +123,10 @@ struct ClusterSpec {
   double chain_scale(bool bf16) const { return bf16 ? chain_scale_bf16 : chain_scale_fp32; }
   double usable_memory() const { return device_memory * usable_memory_fraction; }
 };
+
+// The link a group of `ranks` devices within a node runs its collectives on: group_links' entry of
+// that size, else the nearest calibrated size (|log| ratio; the larger on a tie), else intra.
+Link intra_link(const ClusterSpec& c, int64_t ranks);
 
 // The rate of the measured shape nearest to (m, n, k) of that dtype (distance: the sum of the
 // |log| ratios of m, n and k); 0 when none of that dtype was measured.

@@ -67,11 +67,13 @@ GroupLinks group_links(const Layout& l, const ClusterSpec& c) {
     g.pp_across |= node(lo) != node(hi);
   }
   g.embedding_across = g.pp_across;  // the first and last stage: the pp group's ends
-  g.tp = g.tp_across ? c.inter : c.intra;
-  g.cp = g.cp_across ? c.inter : c.intra;
-  g.dp = g.dp_across ? c.inter : c.intra;
-  g.pp = g.pp_across ? c.inter : c.intra;
-  g.embedding = g.embedding_across ? c.inter : c.intra;
+  // Within a node, each group on the link calibrated for its size (intra_link).
+  const auto link = [&](bool across, int64_t size) { return across ? c.inter : intra_link(c, size); };
+  g.tp = link(g.tp_across, l.tp);
+  g.cp = link(g.cp_across, l.cp);
+  g.dp = link(g.dp_across, l.dp * l.cp);
+  g.pp = link(g.pp_across, l.pp);
+  g.embedding = link(g.embedding_across, 2);
   return g;
 }
 

@@ -532,7 +532,7 @@ TEST(PlanCommand, CalibrateWritesAClusterFileThatPlansRead) {
                                   d.dir);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* part : {"GEMM 1024^3 per rank", "memory bandwidth per rank", "all-reduce 4096 bytes over 2 ranks",
-                           "link (fitted to the ring)", "wrote "})
+                           "link over 2 ranks (fitted to the ring)", "wrote "})
     EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
   const plan::ClusterSpec c = plan::load_cluster(cluster.string());
   EXPECT_EQ(c.devices_per_node, 2);
@@ -584,6 +584,38 @@ TEST(PlanCommand, CalibrateWritesAClusterFileThatPlansRead) {
   }
   const RunResult ps = run_tessera({"plan", d.config.string(), "--gpus", "2", "--cluster", shaped.string()}, d.dir);
   EXPECT_EQ(ps.exit_code, 0) << ps.output;
+}
+
+// On 4 ranks the collectives are fitted on groups of 2 (two groups at once) and of 4: the file
+// holds both sizes, the node's link is the 4-rank one, and a plan reads them.
+TEST(PlanCommand, CalibrateOnFourRanksFitsEachGroupSize) {
+  PlanDir d;
+  const fs::path cluster = d.dir / "local4.toml";
+  const RunResult r = run_program(TESSERA_MPIEXEC, {"-n", "4", TESSERA_BINARY, "plan", "--calibrate", "--out",
+                                                    cluster.string(), "--set", "calibrate.min_seconds=0.01",
+                                                    "--set", "calibrate.repeats=2", "--set",
+                                                    "calibrate.gemm_size=128", "--set",
+                                                    "calibrate.max_message_bytes=262144"},
+                                  d.dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* part : {"all-reduce 4096 bytes over 2 ranks (2 groups at once)",
+                           "link over 2 ranks (2 groups at once) (fitted to the ring)",
+                           "send/recv over 2 ranks (2 groups at once)", "all-reduce 4096 bytes over 4 ranks:",
+                           "all-gather over 4 ranks", "send/recv over 4 ranks"})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+  const plan::ClusterSpec c = plan::load_cluster(cluster.string());
+  ASSERT_EQ(c.group_links.size(), 2u);
+  EXPECT_EQ(c.group_links[0].ranks, 2);
+  EXPECT_EQ(c.group_links[1].ranks, 4);
+  EXPECT_EQ(c.group_links[1].link, c.intra);
+  for (const plan::SizedLink& l : c.group_links) {
+    EXPECT_GT(l.link.bandwidth, 1e6);
+    EXPECT_GT(l.link.all_gather_bandwidth, 1e6);
+    EXPECT_GT(l.link.reduce_scatter_bandwidth, 1e6);
+    EXPECT_GT(l.link.p2p_bandwidth, 1e6);
+  }
+  const RunResult p = run_tessera({"plan", d.config.string(), "--gpus", "4", "--cluster", cluster.string()}, d.dir);
+  EXPECT_EQ(p.exit_code, 0) << p.output;
 }
 
 // A calibrated file names its device: a plan for a config on the other device is refused, naming

@@ -115,7 +115,7 @@ TEST(Cluster, GemmRatesAndTheFormatVersion) {
   ClusterSpec s = preset("a100-80g");
   s.gemm_rates = {{1024, 768, 768, false, 1.5e12}, {1024, 768, 768, true, 3.25e12}, {7, 64, 4096, false, 2e11}};
   const std::string text = cluster_to_toml(s);
-  EXPECT_NE(text.find("format_version = 4"), std::string::npos) << text;
+  EXPECT_NE(text.find("format_version = 5"), std::string::npos) << text;
   const ClusterSpec back = parse_cluster(text, "c.toml");
   ASSERT_EQ(back.gemm_rates.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
@@ -132,8 +132,8 @@ TEST(Cluster, GemmRatesAndTheFormatVersion) {
   EXPECT_EQ(measured_gemm_rate(preset("a100-80g"), 8, 64, 4000, true), 0.0);
   // Format 1 (no format_version, no gemm_rates): as before.
   EXPECT_TRUE(parse_cluster("[cluster]\nbase = \"a100-80g\"\nname = \"old\"\n", "old.toml").gemm_rates.empty());
-  EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\nformat_version = 5\n", "new.toml"); },
-                          {"cluster.format_version = 5", "new.toml:3", "newer tessera", "versions 1 to 4"}));
+  EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\nformat_version = 6\n", "new.toml"); },
+                          {"cluster.format_version = 6", "new.toml:3", "newer tessera", "versions 1 to 5"}));
   EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\ngemm_rates = [[1, 2, 3, \"fp16\", 5.0]]\n", "g.toml"); },
                           {"cluster.gemm_rates (g.toml:3", "\"fp32\" or \"bf16\""}));
   EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\ngemm_rates = [[1, 2, 3, \"fp32\"]]\n", "g.toml"); },
@@ -212,7 +212,7 @@ TEST(Cluster, OpTimesAndFormatThree) {
                 {OpKind::AdamW, {1000000}, true, 4e-4},
                 {OpKind::AdamW, {1000000}, false, 6e-4}};
   const std::string text = cluster_to_toml(s);
-  EXPECT_NE(text.find("format_version = 4"), std::string::npos) << text;
+  EXPECT_NE(text.find("format_version = 5"), std::string::npos) << text;
   EXPECT_NE(text.find("[\"attention_forward\", [2, 256, 256, 8, 4, 64], \"fp32\", 1500.0]"), std::string::npos) << text;
   const ClusterSpec back = parse_cluster(text, "c.toml");
   ASSERT_EQ(back.op_times.size(), 4u);
@@ -294,6 +294,52 @@ TEST(Cluster, LinearOpTimesAndFormatFour) {
                           {"entry 0 (linear_backward_input)", "bias 0 or 1"}));
   EXPECT_TRUE(throws_with([&] { parse_cluster(file(4, "[8, 0, 32, 1]"), "l.toml"); },
                           {"entry 0 (linear_backward_input)", "4 positive integers"}));
+}
+
+// Links by group size (format 5): written per collective, read back, each size needing its
+// all-reduce; intra_link takes a group's own size, else the nearest calibrated one, else intra.
+TEST(Cluster, GroupLinksByGroupSizeAndFormatFive) {
+  ClusterSpec s = preset("local");
+  s.intra = {3e9, 4e-5};
+  Link two{8e9, 2e-6};
+  two.all_gather_bandwidth = 6e9, two.all_gather_latency = 3e-6;
+  two.p2p_bandwidth = 5e9, two.p2p_latency = 0;  // a fit may leave no latency
+  const Link four{4e9, 9e-6};
+  s.group_links = {{2, two}, {4, four}};
+  const std::string text = cluster_to_toml(s);
+  EXPECT_NE(text.find("[2, \"all_gather\", 6, 3],"), std::string::npos) << text;
+  EXPECT_EQ(text.find("[4, \"p2p\""), std::string::npos) << text;  // not fitted: not written
+  const ClusterSpec back = parse_cluster(text, "g.toml");
+  ASSERT_EQ(back.group_links.size(), 2u);
+  EXPECT_EQ(back.group_links[0], (SizedLink{2, two}));
+  EXPECT_EQ(back.group_links[1], (SizedLink{4, four}));
+  EXPECT_EQ(intra_link(back, 2), two);
+  EXPECT_EQ(intra_link(back, 4), four);
+  EXPECT_EQ(intra_link(back, 8), four);   // the nearest
+  EXPECT_EQ(intra_link(back, 3), four);   // 3 lies nearer 4 than 2 (|log 4/3| < |log 3/2|)
+  EXPECT_EQ(intra_link(back, 1), two);
+  ClusterSpec none = back;
+  none.group_links.clear();
+  EXPECT_EQ(intra_link(none, 4), none.intra);  // none calibrated: the node's link
+  const auto file = [](int version, const std::string& rows) {
+    return "[cluster]\nbase = \"a100-80g\"\nformat_version = " + std::to_string(version) + "\ngroup_links = [" +
+           rows + "]\n";
+  };
+  EXPECT_EQ(parse_cluster(file(5, "[2, \"all_reduce\", 1.0, 2.0]"), "g.toml").group_links.size(), 1u);
+  EXPECT_TRUE(throws_with([&] { parse_cluster(file(4, "[2, \"all_reduce\", 1.0, 2.0]"), "g.toml"); },
+                          {"cluster.group_links (g.toml:4)", "format_version = 5", "says 4"}));
+  EXPECT_TRUE(throws_with([&] { parse_cluster(file(5, "[2, \"p2p\", 1.0, 2.0]"), "g.toml"); },
+                          {"groups of 2 ranks have no all_reduce entry"}));
+  EXPECT_TRUE(throws_with([&] { parse_cluster(file(5, "[2, \"all_reduce\", 1.0, 2.0], [2, \"all_reduce\", 1.0, 2.0]"), "g.toml"); },
+                          {"entry 1 gives all_reduce over 2 ranks a second time"}));
+  EXPECT_TRUE(throws_with([&] { parse_cluster(file(5, "[1, \"all_reduce\", 1.0, 2.0]"), "g.toml"); },
+                          {"entry 0 field 0 must be the group's size: an integer of at least 2"}));
+  EXPECT_TRUE(throws_with([&] { parse_cluster(file(5, "[2, \"broadcast\", 1.0, 2.0]"), "g.toml"); },
+                          {"entry 0 field 1 must be \"all_reduce\""}));
+  EXPECT_TRUE(throws_with([&] { parse_cluster(file(5, "[2, \"all_reduce\", 0.0, 2.0]"), "g.toml"); },
+                          {"entry 0 field 2 must be a positive bandwidth in GB/s"}));
+  EXPECT_TRUE(throws_with([&] { parse_cluster(file(5, "[2, \"all_reduce\", 1.0, -2.0]"), "g.toml"); },
+                          {"entry 0 field 3 must be a latency in microseconds (0 or more)"}));
 }
 
 }  // namespace

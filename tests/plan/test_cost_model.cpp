@@ -85,6 +85,34 @@ TEST(CostModel, LinksFollowTheRankPlacement) {
   EXPECT_TRUE(g.dp_across);
 }
 
+// Within a node each group runs on the link calibrated for its size: on 4 ranks dp 2 x tp 2 puts
+// tp (2 ranks), dp (dp x cp = 2) and the pp chain of 2 on the 2-rank link, tp 4 on the 4-rank one;
+// an all-gather over the tp group then takes that link's fit.
+TEST(CostModel, GroupsTakeTheLinkOfTheirSize) {
+  ClusterSpec c = compute_only();
+  c.intra = {1e9, 1e-3};
+  Link two{20e9, 1e-5}, four{5e9, 4e-5};
+  two.all_gather_bandwidth = 10e9, two.all_gather_latency = 2e-5;
+  c.group_links = {{2, two}, {4, four}};
+  Layout l;
+  l.tp = 2, l.dp = 2;
+  GroupLinks g = group_links(l, c);
+  EXPECT_EQ(g.tp, two);
+  EXPECT_EQ(g.dp, two);
+  EXPECT_NEAR(all_gather_seconds(1e6, 2, g.tp), 1 * (2e-5 + 1e6 / (2 * 10e9)), 1e-15);
+  l = Layout{};
+  l.tp = 4;
+  EXPECT_EQ(group_links(l, c).tp, four);
+  l = Layout{};
+  l.pp = 2, l.cp = 2;
+  g = group_links(l, c);
+  EXPECT_EQ(g.pp, two);
+  EXPECT_EQ(g.cp, two);
+  EXPECT_EQ(g.embedding, two);  // the first and last stage
+  c.group_links.clear();
+  EXPECT_EQ(group_links(l, c).pp, c.intra);
+}
+
 // With free memory traffic and links, one rank's step is its FLOPs at peak x efficiency: the
 // linear layers 6 x (their weights) per token, causal attention 3.5 x 2 T C per layer and token
 // (half the square forward, backward 2.5 x forward: it recomputes the probabilities), the LM head
