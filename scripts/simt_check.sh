@@ -14,7 +14,11 @@
 #             emulated device (tests_gpu_app)
 # Prints one line per stage and a last line "simt_check: N passed, M failed"; exits non-zero on
 # any failure. Options: --ops (build, emulator and asan only: what a kernel edit needs),
-# --jobs N (build parallelism, default nproc), --keep-going.
+# --jobs N (build parallelism, default nproc), --keep-going, --stream (each stage's output to the
+# terminal as well as its log: CI, whose report shows the tail of what ran).
+# Every test binary runs under a watchdog (SIMT_TEST_TIMEOUT seconds, default 1800): one that has
+# not finished by then is stopped with SIGABRT (AddressSanitizer prints the stack where it waited)
+# and the stage fails naming the test that was running.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -22,13 +26,16 @@ ROOT=$(pwd)
 ops_only=0
 jobs=$(nproc)
 keep_going=0
+stream=0
+test_timeout=${SIMT_TEST_TIMEOUT:-1800}
 while [ $# -gt 0 ]; do
   case "$1" in
     --ops) ops_only=1 ;;
     --jobs) jobs="$2"; shift ;;
     --keep-going) keep_going=1 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
-    *) echo "simt_check: unknown argument '$1' (expected --ops, --jobs N, --keep-going)" >&2; exit 2 ;;
+    --stream) stream=1 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    *) echo "simt_check: unknown argument '$1' (expected --ops, --jobs N, --keep-going, --stream)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -47,7 +54,15 @@ stage() {
   local t0 log="$LOG_DIR/$name.log"
   t0=$(date +%s)
   echo "simt_check: $name ..."
-  if "$@" >"$log" 2>&1; then
+  local rc
+  if [ "$stream" = 1 ]; then
+    "$@" 2>&1 | tee "$log" | sed -u "s/^/  $name| /"
+    rc=${PIPESTATUS[0]}
+  else
+    "$@" >"$log" 2>&1
+    rc=$?
+  fi
+  if [ "$rc" = 0 ]; then
     passed=$((passed + 1))
     local extra
     extra=$(grep -h "^simt_check-note:" "$log" | sed 's/^simt_check-note: //' | paste -sd ';' -)
@@ -82,6 +97,21 @@ configure_build() {  # dir, cmake args..., then -- targets...
     cmake --build "$dir" -j "$jobs" --target "$@"
 }
 
+# watched COMMAND...: runs a test binary under the watchdog; on a timeout names the test that was
+# running (gtest's last "[ RUN      ]" without its end) and fails.
+watched() {
+  local out rc
+  out=$(mktemp)
+  timeout -s ABRT -k 60 "$test_timeout" "$@" 2>&1 | tee "$out"
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" = 124 ]; then
+    echo "simt_check: $(basename "$1") did not finish in $test_timeout s (SIMT_TEST_TIMEOUT); the last test started:"
+    grep -E "^\[ RUN      \]" "$out" | tail -n 1
+  fi
+  rm -f "$out"
+  return "$rc"
+}
+
 build_main() {
   if [ "$ops_only" = 1 ]; then  # tests_gpu runs in the asan stage, from its own build
     configure_build build-simt -- tests_simt tests_simt_nccl
@@ -91,8 +121,8 @@ build_main() {
 }
 
 emulator_tests() {
-  build-simt/tests/tests_simt --gtest_brief=1 || return 1
-  OMP_NUM_THREADS=1 mpiexec -n 2 build-simt/tests/tests_simt_nccl --gtest_brief=1
+  watched build-simt/tests/tests_simt --gtest_brief=1 || return 1
+  OMP_NUM_THREADS=1 watched mpiexec -n 2 build-simt/tests/tests_simt_nccl --gtest_brief=1
 }
 
 # Every CUDA kernel test on the emulator (op cases, attention, GEMM, runtime), with the coverage of
@@ -101,7 +131,7 @@ gpu_kernel_tests() {  # build dir
   local dir=$1 cov
   cov=$(mktemp)
   local out
-  out=$(TESSERA_SIMT_COVERAGE=$cov OMP_NUM_THREADS=1 "$dir/tests/tests_gpu" 2>&1)
+  out=$(TESSERA_SIMT_COVERAGE=$cov OMP_NUM_THREADS=1 watched "$dir/tests/tests_gpu" 2>&1)
   local rc=$?
   grep -E "^\[  (FAILED|SKIPPED) |^\[==========\]|^\[  PASSED  \]|runtime error|ERROR: AddressSanitizer" <<<"$out"
   if [ $rc != 0 ]; then
@@ -129,13 +159,13 @@ gpu_kernel_tests() {  # build dir
 }
 
 # AddressSanitizer + UBSan: stop at the first report; leaks checked, less matmul.cu's handle cache.
-SAN_ENV=(ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 "LSAN_OPTIONS=suppressions=$ROOT/scripts/simt_lsan.supp"
+SAN_ENV=(ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:handle_abort=1 "LSAN_OPTIONS=suppressions=$ROOT/scripts/simt_lsan.supp"
          UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
 
 asan_stage() {
   configure_build build-simt-asan -DTESSERA_KERNELS_ONLY=ON -DTESSERA_SIMT_SANITIZE=address,undefined -DTESSERA_NATIVE=ON \
     -- tests_gpu tests_simt || return 1
-  env "${SAN_ENV[@]}" build-simt-asan/tests/tests_simt --gtest_brief=1 || return 1
+  (export "${SAN_ENV[@]}" && watched build-simt-asan/tests/tests_simt --gtest_brief=1) || return 1
   (export "${SAN_ENV[@]}" && gpu_kernel_tests build-simt-asan)
 }
 

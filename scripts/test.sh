@@ -16,5 +16,8 @@ for a in "$@"; do
     *) args+=("$a") ;;
   esac
 done
+t0=$(date +%s)
 cmake --build build -j "$(nproc)"
-ctest --test-dir build --output-on-failure -j "$(nproc)" "${select[@]}" "${args[@]}"
+echo "test.sh: built in $(( $(date +%s) - t0 )) s"
+# A test without its own TIMEOUT property gets 900 s (ctest's default is 1500 s).
+ctest --test-dir build --output-on-failure -j "$(nproc)" --timeout 900 "${select[@]}" "${args[@]}"
