@@ -11,6 +11,7 @@
 #include "app/commands.h"
 #include "app/launch.h"
 #include "app/checkpoint/hdf5.h"
+#include "kernels/allocator.h"
 #include "kernels/check.h"
 #include "kernels/cpu/blas_select.h"
 #include "parallel/mpi.h"
@@ -59,6 +60,9 @@ int main(int argc, char** argv) {
   // core on a CPU with AVX2 or AVX-512, this switches it in place (kernels/cpu/blas_select.h). No
   // re-exec, so nothing here concerns mpiexec or srun: every rank does the same on its own.
   tessera::cpu::blas_selection();
+  // Freed host memory stays with the process (kernels/allocator.h): the libraries' per-call scratch
+  // (MPI's collectives) must not page-fault in afresh on every call.
+  tessera::keep_freed_host_memory();
   // MPI lives for the whole run (MPICH runs a singleton when started without mpirun). Commands
   // take MPI_COMM_WORLD from here; errors are caught in run_command, so MPI_Finalize always runs.
   // A rank that never started would keep the others in MPI_Init for ever: bounded (app/launch.h).

@@ -8,6 +8,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <cstring>
 #include <sstream>
 
@@ -162,6 +165,15 @@ Scratch::~Scratch() {
     alloc_->deallocate(data_, bytes_, MemCategory::Workspace);
   else
     ::operator delete(data_);
+}
+
+bool keep_freed_host_memory() {
+#if defined(__GLIBC__)
+  // Setting either turns off glibc's dynamic thresholds, which would otherwise move them back.
+  return mallopt(M_TRIM_THRESHOLD, int(kHeapTrimBytes)) == 1 && mallopt(M_MMAP_THRESHOLD, int(kHeapMmapBytes)) == 1;
+#else
+  return false;
+#endif
 }
 
 std::string format_bytes(size_t bytes) {

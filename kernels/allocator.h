@@ -112,4 +112,15 @@ class Scratch {
 
 std::string format_bytes(size_t bytes);  // "1.50 MiB"
 
+// The process's malloc (glibc) keeps what is freed instead of giving it back to the OS at once: a
+// free that leaves more than kHeapTrimBytes at the top of the heap shrinks it, and only blocks of
+// kHeapMmapBytes or more are mapped on their own. Libraries allocate scratch per call that the
+// Allocator above never sees: MPICH's non-blocking all-gather and reduce-scatter take a temporary
+// buffer of the message's size each and free it when done, and with glibc's defaults each free
+// shrank the heap and the next call faulted every page in again (27k page faults per step on tp 2 +
+// sequence parallelism, a quarter of the step: docs/performance.md). Called once, first thing in
+// main(); returns false where the C library has no such settings.
+inline constexpr size_t kHeapTrimBytes = size_t{256} << 20, kHeapMmapBytes = size_t{32} << 20;
+bool keep_freed_host_memory();
+
 }  // namespace tessera
