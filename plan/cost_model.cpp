@@ -291,11 +291,19 @@ ChunkTime chunk_time(const Workload& w, const Layout& l, const ClusterSpec& c, c
     // of the same bytes instead of each). Compressed (parallel.tp_comm_compression): the bytes of
     // each direction scaled by its factor, the algorithms' volumes unchanged.
     const double x = d.N * d.C * kAct, xf = x * w.tp_bytes_forward, xb = x * w.tp_bytes_backward;
-    const double region = all_reduce_seconds(xf, l.tp, links.tp);
+    // A region's pair of collectives: an all-reduce, or under sequence parallelism an all-gather
+    // entering and a reduce-scatter leaving (each on its own fit where calibrated; with the
+    // all-reduce's link they sum to its time).
+    const bool sp = l.sp && l.tp > 1;
+    const auto region_pair = [&](double bytes) {
+      return sp ? all_gather_seconds(bytes, l.tp, links.tp) + reduce_scatter_seconds(bytes, l.tp, links.tp)
+                : all_reduce_seconds(bytes, l.tp, links.tp);
+    };
+    const double region = region_pair(xf);
     t.tp_forward += blocks * 2 * region;
-    t.tp_backward += blocks * 2 * all_reduce_seconds(xb, l.tp, links.tp);
+    t.tp_backward += blocks * 2 * region_pair(xb);
     t.tp_bytes += blocks * 2 * (all_reduce_bytes(xf, l.tp) + all_reduce_bytes(xb, l.tp));
-    if (l.sp && l.tp > 1) {
+    if (sp) {
       // Sequence parallel: backward gathers each region's input again for the weight gradients
       // (model/gpt.cpp, Megatron's way: the gathered input is not kept from the forward).
       t.tp_backward += blocks * 2 * all_gather_seconds(xf, l.tp, links.tp);

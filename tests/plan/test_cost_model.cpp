@@ -251,6 +251,22 @@ TEST(CostModel, TensorParallelCollectivesAreExposed) {
               all_reduce_bytes(norms, 2) + 4 * 2 * 2 * all_gather_bytes(x, 2), 1e-6);
   EXPECT_NEAR(sp.tp_exposed, s.tp_exposed + all_reduce_seconds(norms, 2, c.intra) +
                                  4 * 2 * 2 * all_gather_seconds(x, 2, c.intra), 1e-12);
+  // With the all-gather and the reduce-scatter fitted on their own (calibration), each region's
+  // pair is priced on those fits: per micro-batch 2 blocks x 2 regions each way, and the re-gathers.
+  ClusterSpec fitted = c;
+  fitted.intra.all_gather_bandwidth = 20e9, fitted.intra.all_gather_latency = 5e-5;
+  fitted.intra.reduce_scatter_bandwidth = 40e9, fitted.intra.reduce_scatter_latency = 1e-5;
+  const Link& f = fitted.intra;
+  const double pair = all_gather_seconds(x, 2, f) + reduce_scatter_seconds(x, 2, f);
+  const StepCost spf = predict_step(w, l, fitted);
+  const StepCost spc = predict_step(w, l, c);
+  const double pair_c = all_gather_seconds(x, 2, c.intra) + reduce_scatter_seconds(x, 2, c.intra);
+  EXPECT_NEAR(spf.tp_exposed - spc.tp_exposed,
+              4 * (2 * 2 * 2 * (pair - pair_c) + 2 * 2 * (all_gather_seconds(x, 2, f) - all_gather_seconds(x, 2, c.intra))) +
+                  4 * 2 * (all_gather_seconds(x, 2, f) - all_gather_seconds(x, 2, c.intra)) +
+                  4 * 2 * (reduce_scatter_seconds(x, 2, f) - reduce_scatter_seconds(x, 2, c.intra)) +
+                  4 * (all_gather_seconds(128 * 4 * 2, 2, f) - all_gather_seconds(128 * 4 * 2, 2, c.intra)),
+              1e-12);
 }
 
 // cluster chain_scale_*: every computation (forward, backward, weight gradients, recomputation) of
