@@ -80,7 +80,9 @@ std::string encode_choice(const AutoLayoutChoice& c) {
   std::ostringstream os;
   os << l.dp << ' ' << l.tp << ' ' << l.pp << ' ' << l.vpp << ' ' << l.cp << ' ' << int(l.sp) << ' ' << l.zero << ' '
      << pipeline_kind_name(l.schedule) << ' ' << int(l.cp_ring) << ' ' << l.micro_batch << ' '
-     << (l.recompute_bubble ? "bubble" : plan::recompute_name(l.recompute)) << ' ' << l.recompute_layers << ' '
+     << (l.recompute_bubble ? "bubble" + (l.recompute_ahead > 1 ? std::to_string(l.recompute_ahead) : std::string())
+                            : std::string(plan::recompute_name(l.recompute)))
+     << ' ' << l.recompute_layers << ' '
      << ops_text(l.recompute_ops) << ' ' << int(l.bf16) << ' ' << c.ranks << ' ' << exact(c.step_seconds)
      << ' ' << exact(c.tokens_per_s) << ' ' << exact(c.memory_bytes) << ' ' << exact(c.usable_bytes) << ' '
      << c.cluster;
@@ -103,8 +105,18 @@ AutoLayoutChoice decode_choice(const std::string& text) {
   }
   l.sp = sp != 0, l.cp_ring = ring != 0, l.bf16 = bf16 != 0;
   l.schedule = parse_pipeline_kind(schedule);
+  // "bubble" (R right before B) or "bubble2" (model.recompute_ahead = 2); a choice written before
+  // recompute_ahead existed says "bubble".
+  l.recompute_bubble = recompute.rfind("bubble", 0) == 0;
+  if (l.recompute_bubble && recompute.size() > 6) {
+    try {
+      l.recompute_ahead = std::stoll(recompute.substr(6));
+    } catch (const std::exception&) {
+      detail::fail("parallel.layout = \"auto\": malformed choice \"", text, "\"");
+    }
+    recompute = "bubble";
+  }
   l.recompute = recompute_kind(recompute);
-  l.recompute_bubble = recompute == "bubble";
   c.step_seconds = read_exact(in, text);
   c.tokens_per_s = read_exact(in, text);
   c.memory_bytes = read_exact(in, text);

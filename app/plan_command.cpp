@@ -52,6 +52,7 @@ Config apply_layout(const Config& base, const Layout& l, int64_t data_vocab) {
   c.train.micro_batch = l.micro_batch;
   c.train.dtype = l.bf16 ? "bf16" : "fp32";
   c.model.recompute = l.recompute_bubble && l.recompute == Recompute::Full ? "bubble" : plan::recompute_name(l.recompute);
+  c.model.recompute_ahead = c.model.recompute == "bubble" ? l.recompute_ahead : 1;
   c.model.recompute_layers = l.recompute_layers;
   c.model.recompute_ops.clear();
   c.model.recompute_ops_layers.clear();
@@ -128,6 +129,13 @@ plan::Layout layout_of(const Config& cfg, int64_t ranks) {
   l.recompute_layers = l.recompute == Recompute::Full ? 0 : cfg.model.recompute_layers;
   l.recompute_bubble = cfg.model.recompute == "bubble" && l.pp > 1;
   l.bf16 = cfg.train.dtype == "bf16";
+  // model.recompute_ahead as train resolves it at start (0: as many as the schedule can use; under
+  // train.max_memory_gib, the most that fit).
+  if (l.recompute_bubble) {
+    MemoryLayout m;
+    m.tp = l.tp, m.dp = l.dp, m.pp_rank = -1;
+    l.recompute_ahead = std::max<int64_t>(1, recompute_ahead_within_cap(cfg, data_vocab_size(cfg), m));
+  }
   l.recompute_ops = chunk_ops_of(cfg, l);
   return l;
 }
@@ -569,9 +577,16 @@ plan::CalibrationOptions calibration_options(const std::vector<std::string>& ove
     else if (key == "stream_elements") o.stream_elements = int64_t(calibrate_value(a, key, value, 64, 1 << 30, true));
     else if (key == "max_message_bytes")  // two sizes of each fit: 4096 x ranks and 4 x that
       o.max_message = int64_t(calibrate_value(a, key, value, double(16384 * std::max<int64_t>(1, ranks)), 1 << 30, true));
-    else
+    else if (key == "group_links") {
+      using GL = plan::CalibrationOptions::GroupLinks;
+      std::string v = value;
+      if (v.size() >= 2 && v.front() == '"' && v.back() == '"') v = v.substr(1, v.size() - 2);
+      TESSERA_CHECK(v == "auto" || v == "on" || v == "off", "--set ", a,
+                    ": calibrate.group_links must be auto, on or off");
+      o.group_links = v == "on" ? GL::On : v == "off" ? GL::Off : GL::Auto;
+    } else
       detail::fail("--set ", a, ": unknown key calibrate.", key,
-                   " (calibrate.min_seconds, repeats, gemm_size, stream_elements, max_message_bytes)");
+                   " (calibrate.min_seconds, repeats, gemm_size, stream_elements, max_message_bytes, group_links)");
   }
   return o;
 }

@@ -351,7 +351,18 @@ ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const Cal
   // The collectives on groups of 2, 4, ... ranks (each size dividing the ranks; every group at once),
   // and over every rank: the node's link (intra), and group_links by size.
   if (ranks > 1) {
-    for (int group = 2; group <= ranks; group *= 2) {
+    using GL = CalibrationOptions::GroupLinks;
+    const bool own_cores = on_device || int64_t(ranks) <= local.cores;
+    const bool by_size = o.group_links == GL::On || (o.group_links == GL::Auto && own_cores);
+    if (o.group_links == GL::Auto && !own_cores && ranks > 2) {
+      std::snprintf(line, sizeof line,
+                    "groups of fewer ranks: not fitted (%d ranks share %lld cores: a group's collective waits for "
+                    "ranks outside it to be scheduled, which only the fit over all ranks sees; calibrate.group_links "
+                    "= on fits them anyway)",
+                    ranks, (long long)local.cores);
+      say(line);
+    }
+    for (int group = 2; by_size && group <= ranks; group *= 2) {
       if (ranks % group != 0 || group == ranks) continue;
       s.group_links.push_back({group, calibrate_group_link(world, device, group, o, say)});
     }

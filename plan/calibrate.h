@@ -48,6 +48,11 @@ struct CalibrationOptions {
   int64_t gemm_size = 1024;  // the GEMMs' M = N = K
   int64_t stream_elements = int64_t{16} << 20;  // fp32 elements per tensor of the bandwidth measurement
   int64_t max_message = int64_t{16} << 20;      // bytes of the largest all-reduce
+  // The collectives also on groups of 2, 4, ... ranks (cluster.h group_links): Auto where every rank
+  // has a core of its own or a device (else a group's collective waits for ranks outside it to be
+  // scheduled, which only the fit over all ranks sees: docs/planning.md, "By group size"), On, Off.
+  enum class GroupLinks : uint8_t { Auto, On, Off };
+  GroupLinks group_links = GroupLinks::Auto;
   // GEMM shapes to time, fp32 and with a bf16 weight (model_gemm_shapes: a model's step); each
   // above max_gemm_flops is timed with fewer rows (m) until below, the rest of its shape kept.
   std::vector<GemmShape> shapes;

@@ -456,9 +456,10 @@ SimResult simulate_pipeline(const Layout& l, int64_t m, const std::vector<ChunkC
   o.chunks = costs;
   o.latency = transfer;
   const bool bubble = bubble_recompute(l);
+  const int64_t ahead = bubble ? l.recompute_ahead : 1;
   const auto run = [&](int64_t micro_batches) {
-    if (cache) return simulate(cache->schedule(l.pp, l.vpp, micro_batches, l.schedule, bubble), o);
-    return simulate(pipeline_schedule(l.pp, l.vpp, micro_batches, l.schedule, bubble), o);
+    if (cache) return simulate(cache->schedule(l.pp, l.vpp, micro_batches, l.schedule, bubble, ahead), o);
+    return simulate(pipeline_schedule(l.pp, l.vpp, micro_batches, l.schedule, bubble, ahead), o);
   };
   busy->assign(size_t(l.pp), 0.0);
   for (int64_t r = 0; r < l.pp; ++r)
@@ -479,7 +480,7 @@ SimResult simulate_pipeline(const Layout& l, int64_t m, const std::vector<ChunkC
   std::vector<double> flat;
   flat.reserve(4 * costs.size());
   for (const ChunkCost& k : costs) flat.insert(flat.end(), {k.forward, k.backward, k.weight, k.recompute});
-  CostCache::SimKey key{l.pp, l.vpp, m, int(l.schedule), bubble, 1, transfer, std::move(flat)};
+  CostCache::SimKey key{l.pp, l.vpp, m, int(l.schedule), bubble, ahead, transfer, std::move(flat)};
   auto it = cache->simulated().find(key);
   if (it == cache->simulated().end()) {
     const SimResult r = extrapolated();

@@ -68,7 +68,8 @@ std::vector<std::string> recompute_ops_layers(const Layout& l, const std::vector
 }
 
 std::string recompute_text(const Layout& l) {
-  if (l.recompute_bubble && l.recompute == Recompute::Full) return "bubble";
+  if (l.recompute_bubble && l.recompute == Recompute::Full)
+    return l.recompute_ahead > 1 ? "bubble+" + std::to_string(l.recompute_ahead) + "a" : "bubble";
   const std::string ops = ops_runs(l, l.recompute_layers);
   if (l.recompute == Recompute::Full || (l.recompute_layers <= 0 && ops.empty())) return recompute_name(l.recompute);
   std::string s = recompute_name(l.recompute) == std::string("selective") ? "sel" : "none";

@@ -26,6 +26,10 @@ struct Layout {
   // model.recompute = "bubble" (recompute Full, pp > 1): the schedule's R actions run the
   // recomputation where the rank would wait (parallel/pipeline_schedule.h), not inside the backward.
   bool recompute_bubble = false;
+  // model.recompute_ahead with "bubble": at most this many recomputed micro-batches held, each R
+  // placed that far ahead of its B where the rank would wait (parallel/pipeline_schedule.h); 1
+  // otherwise (R right before its B).
+  int64_t recompute_ahead = 1;
   // Per-op recomputation (model/recompute_ops.h), with recompute = None: the ops block i of every
   // chunk recomputes, first block first; blocks past the end (and the first recompute_layers, which
   // recompute in full) none. Written as model.recompute_ops_layers (recompute_ops_layers below).
@@ -38,7 +42,8 @@ struct Layout {
 
 // "none", "selective", "full" (model.recompute's spelling).
 const char* recompute_name(Recompute r);
-// The layout's recomputation: recompute_name ("bubble" for recompute_bubble), or "none+2f" (2 blocks a chunk in full, the rest none)
+// The layout's recomputation: recompute_name ("bubble" for recompute_bubble; "bubble+2a" with
+// recompute_ahead 2), or "none+2f" (2 blocks a chunk in full, the rest none)
 // when recompute_layers > 0; per-op recomputation adds a chunk's runs of op sets in block order,
 // each set by its ops' letters (n norm, q qkv, a attn, i mlp_in, m mlp_act): "none+1f+3nim+2n" is
 // per chunk 1 block in full, 3 recomputing norm+mlp_in+mlp_act, 2 norm, the rest none.

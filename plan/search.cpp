@@ -9,6 +9,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 #include <tuple>
 
 #include "kernels/check.h"
@@ -75,12 +76,15 @@ double static_bytes(const Layout& l, double parameters) {
 // over memory rules out those with a larger micro-batch and less recomputation (the trainer's
 // automatic micro-batch takes the same monotonicity; recomputation only ever frees activations).
 // "bubble" recomputation holds a chunk's recomputed blocks from R to B (more than "full"): a family
-// of its own.
+// of its own, in which R further ahead (model.recompute_ahead = 2) holds more and so saves less.
 using MemoryKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t, int, bool, bool, bool>;
 MemoryKey memory_key(const Layout& l) {
   return {l.dp, l.tp, l.pp, l.vpp, l.cp, l.sp, l.zero, int(l.schedule), l.cp_ring, l.bf16, l.recompute_bubble};
 }
-int saving(Recompute r) { return r == Recompute::Full ? 2 : r == Recompute::Selective ? 1 : 0; }
+int saving(const Layout& l) {
+  const int r = l.recompute == Recompute::Full ? 2 : l.recompute == Recompute::Selective ? 1 : 0;
+  return 2 * r + (l.recompute_ahead > 1 ? 0 : 1);
+}
 // A layout found over memory: it rules out what it covers once its state is 1 (0: not known yet
 // whether the search would have recorded it, search_layouts; -1: it would not have).
 struct OverPoint {
@@ -197,7 +201,8 @@ void every_mix(std::vector<int64_t>& counts, size_t o, int64_t left,
 // Every field of a layout, for the memory estimate's memo.
 std::vector<int64_t> layout_key(const Layout& l) {
   std::vector<int64_t> k = {l.dp, l.tp, l.pp, l.vpp, l.cp, l.sp, l.zero, int64_t(l.schedule), l.cp_ring,
-                            l.micro_batch, int64_t(l.recompute), l.recompute_layers, l.recompute_bubble, l.bf16};
+                            l.micro_batch, int64_t(l.recompute), l.recompute_layers, l.recompute_bubble, l.bf16,
+                            l.recompute_ahead};
   for (const RecomputeOps& o : l.recompute_ops)
     k.push_back(int64_t(o.norm) | int64_t(o.qkv) << 1 | int64_t(o.attn) << 2 | int64_t(o.mlp_in) << 3 |
                 int64_t(o.mlp_act) << 4);
@@ -309,6 +314,11 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
                         Layout b = l;
                         b.recompute_bubble = true;
                         pending.push_back({b, 0, li});
+                        // R further ahead (model.recompute_ahead): 2, when a chunk sees 2 micro-batches.
+                        if (space.recompute_ahead && w.global_batch / (dp * mb) >= 2) {
+                          b.recompute_ahead = 2;
+                          pending.push_back({b, 0, li});
+                        }
                       }
                       if (space.recompute_ops_every && rc == Recompute::None && !space.recompute_op_sets.empty()) {
                         const BlockOptions b = block_options(w, l, cluster, links[li], space.recompute_op_sets);
@@ -343,15 +353,19 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
     if (p.layout.recompute_bubble && i > 0) {
       Layout twin = p.layout;
       twin.recompute_bubble = false;
-      if (pending[i - 1].layout == twin) {
-        p.bound = pending[i - 1].bound;
-        continue;
-      }
+      twin.recompute_ahead = 1;
+      for (size_t j = i; j-- > 0 && i - j <= 2;)  // "bubble" (and "bubble+2a") follow their "full" twin
+        if (pending[j].layout == twin) {
+          p.bound = pending[j].bound;
+          break;
+        }
+      if (p.bound > 0) continue;
     }
     p.bound = predict_step(w, p.layout, cluster, links[p.links], false, &cache).step;
   }
   std::stable_sort(pending.begin(), pending.end(), [](const Pending& a, const Pending& b) { return a.bound < b.bound; });
   std::map<MemoryKey, std::vector<OverPoint>> over;  // (micro-batch, recomputation) found over memory
+  std::set<std::vector<int64_t>> bubble_over;         // "bubble" layouts (R right before B) found over memory
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t, bool, int64_t>, double> floors;
   std::map<std::tuple<int64_t, int64_t, bool, int64_t, bool, bool, int64_t>,
            std::pair<BlockOptions, std::vector<ChunkMix>>> frontiers;  // per-op recomputation's, by what sets them
@@ -377,7 +391,7 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
   // that step is left unsimulated until a layout the point would rule out asks (resolve).
   const auto inferred = [&](std::vector<OverPoint>& points, const Layout& x) {
     for (OverPoint& q : points) {
-      if (q.state < 0 || x.micro_batch < q.micro_batch || saving(x.recompute) > q.saving) continue;
+      if (q.state < 0 || x.micro_batch < q.micro_batch || saving(x) > q.saving) continue;
       if (q.state == 0) q.state = simulated(q.layout, q.links).step > q.kth ? -1 : 1;
       if (q.state > 0) return true;
     }
@@ -391,8 +405,19 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
     // Over-memory points are recorded for recompute_layers = 0 (in bisection mode: once no k fits
     // either), so they rule out only what they cover.
     const bool plain = l.recompute_layers == 0 && l.recompute_ops.empty();  // no recomputation per layer
+    // R further ahead holds more than R right before B: over memory where its twin is (which comes
+    // first: the same bound, enumerated before it). Never in the result either way, so not estimated.
+    if (space.shortcuts && l.recompute_bubble && l.recompute_ahead > 1) {
+      Layout twin = l;
+      twin.recompute_ahead = 1;
+      if (bubble_over.count(layout_key(twin))) {
+        ++st.over_memory_inferred;
+        continue;
+      }
+    }
     if (plain && inferred(known, l)) {
       ++st.over_memory_inferred;
+      if (l.recompute_bubble && l.recompute_ahead == 1) bubble_over.insert(layout_key(l));
       continue;
     }
     // The layout's simulated cost, when first needed. Without shortcuts first, as the search always
@@ -409,6 +434,7 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
     if (!space.shortcuts && slower()) continue;
     const auto over_memory = [&](int64_t micro_batch, int saving_level, bool record) {
       ++st.over_memory;
+      if (l.recompute_bubble && l.recompute_ahead == 1) bubble_over.insert(layout_key(l));
       if (!record) return;
       OverPoint q{micro_batch, saving_level, 0, l, p.links, kth_now};
       if (simulated_l || !space.shortcuts) q.state = slower() ? -1 : 1;
@@ -486,7 +512,7 @@ PlanResult search_layouts(const Workload& w, const ClusterSpec& cluster, int64_t
           return fits(lk);
         });
         if (!found && k.layers < 0) {
-          over_memory(l.micro_batch, saving(l.recompute), plain);
+          over_memory(l.micro_batch, saving(l), plain);
           continue;
         }
         if (slower()) continue;  // passed over as the layout itself (its estimates unused)

@@ -23,8 +23,11 @@ namespace tessera::plan {
 struct SearchSpace {
   std::vector<bool> bf16 = {false, true};  // train.dtype: fp32, bf16
   std::vector<Recompute> recompute = {Recompute::None, Recompute::Selective, Recompute::Full};
-  // With "full" and pp > 1, also model.recompute = "bubble" (the schedule's R actions).
+  // With "full" and pp > 1, also model.recompute = "bubble" (the schedule's R actions), and with
+  // recompute_ahead that with model.recompute_ahead = 2 (R two micro-batches ahead, where the rank
+  // sees at least 2).
   bool recompute_bubble = true;
+  bool recompute_ahead = true;
   std::vector<PipelineKind> schedules = {PipelineKind::OneFOneB, PipelineKind::GPipe, PipelineKind::Interleaved,
                                          PipelineKind::ZeroBubbleH1};
   int64_t micro_batch = 0;  // 0: every divisor of global_batch / dp; else only this one

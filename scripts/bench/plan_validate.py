@@ -172,7 +172,10 @@ def keys_of_row(m):
             keys.append(f"parallel.vpp={vpp}")
     if schedule.endswith("/ag"):
         keys.append('parallel.cp_comm="allgather"')
-    if "+" in recompute:  # none+2f, sel+2f
+    if recompute.startswith("bubble+"):  # bubble+2a: model.recompute_ahead = 2
+        keys.append('model.recompute="bubble"')
+        keys.append(f"model.recompute_ahead={recompute[len('bubble+'):-1]}")
+    elif "+" in recompute:  # none+2f, sel+2f
         base, *parts = recompute.split("+")
         if len(parts) != 1 or not re.fullmatch(r"\d+f", parts[0]):
             return None  # per-op sets per block (none+2f+3nm): not run here (they need the stage cut's layers)

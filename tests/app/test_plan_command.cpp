@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "app/memory_check.h"
 #include "app/trainer.h"
@@ -394,7 +395,10 @@ TEST(PlanCommand, RecomputeFloorIsBelowEveryRecomputation) {
           plan::Layout x = base;
           x.recompute = r;
           variants.push_back(x);
-          if (r == Recompute::Full && pp > 1) x.recompute_bubble = true, variants.push_back(x);
+          if (r == Recompute::Full && pp > 1) {
+            x.recompute_bubble = true, variants.push_back(x);
+            x.recompute_ahead = 2, variants.push_back(x);  // R two micro-batches ahead: held longer
+          }
         }
         for (int64_t k = 1; k < 4 / pp; ++k) {
           plan::Layout x = base;
@@ -595,7 +599,8 @@ TEST(PlanCommand, CalibrateOnFourRanksFitsEachGroupSize) {
                                                     cluster.string(), "--set", "calibrate.min_seconds=0.01",
                                                     "--set", "calibrate.repeats=2", "--set",
                                                     "calibrate.gemm_size=128", "--set",
-                                                    "calibrate.max_message_bytes=262144"},
+                                                    "calibrate.max_message_bytes=262144", "--set",
+                                                    "calibrate.group_links=on"},
                                   d.dir);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* part : {"all-reduce 4096 bytes over 2 ranks (2 groups at once)",
@@ -616,6 +621,19 @@ TEST(PlanCommand, CalibrateOnFourRanksFitsEachGroupSize) {
   }
   const RunResult p = run_tessera({"plan", d.config.string(), "--gpus", "4", "--cluster", cluster.string()}, d.dir);
   EXPECT_EQ(p.exit_code, 0) << p.output;
+  // Left to itself (auto), with more ranks than cores it fits over all ranks only, saying why.
+  if (std::thread::hardware_concurrency() < 4) {
+    const fs::path fewer = d.dir / "auto4.toml";
+    const RunResult a = run_program(TESSERA_MPIEXEC, {"-n", "4", TESSERA_BINARY, "plan", "--calibrate", "--out",
+                                                      fewer.string(), "--set", "calibrate.min_seconds=0.01", "--set",
+                                                      "calibrate.repeats=2", "--set", "calibrate.gemm_size=128",
+                                                      "--set", "calibrate.max_message_bytes=262144"},
+                                    d.dir);
+    ASSERT_EQ(a.exit_code, 0) << a.output;
+    EXPECT_NE(a.output.find("groups of fewer ranks: not fitted (4 ranks share"), std::string::npos) << a.output;
+    EXPECT_EQ(a.output.find("(2 groups at once)"), std::string::npos) << a.output;
+    EXPECT_TRUE(plan::load_cluster(fewer.string()).group_links.empty());
+  }
 }
 
 // A calibrated file names its device: a plan for a config on the other device is refused, naming
@@ -658,6 +676,12 @@ TEST(PlanCommand, CalibrationOptionsFromSet) {
                           {"calibrate.min_seconds must be a number"}));
   EXPECT_TRUE(throws_with([] { calibration_options({"calibrate.max_message_bytes=32768"}, 4); },
                           {"calibrate.max_message_bytes must be an integer from 65536"}));
+  using GL = plan::CalibrationOptions::GroupLinks;
+  EXPECT_EQ(calibration_options({}, 4).group_links, GL::Auto);
+  EXPECT_EQ(calibration_options({"calibrate.group_links=on"}, 4).group_links, GL::On);
+  EXPECT_EQ(calibration_options({"calibrate.group_links=\"off\""}, 4).group_links, GL::Off);
+  EXPECT_TRUE(throws_with([] { calibration_options({"calibrate.group_links=yes"}, 4); },
+                          {"calibrate.group_links must be auto, on or off"}));
 }
 
 TEST(PlanCommand, ErrorsNameWhatIsWrong) {

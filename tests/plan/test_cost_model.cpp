@@ -565,5 +565,36 @@ TEST(CostModel, BubbleRecomputationIsPlacedByTheSchedule) {
   EXPECT_DOUBLE_EQ(predict_step(w, one, c).step, predict_step(w, one_full, c).step);
 }
 
+// model.recompute_ahead = K: the pipeline is the simulator's walk of the generator's schedule with
+// R placed K ahead, with the stages' costs; the same work as "bubble" with K = 1.
+TEST(CostModel, RecomputeAheadSimulatesItsOwnSchedule) {
+  const Workload w = llama(4, 4096, 256, 16);
+  ClusterSpec c = compute_only();
+  c.intra = {1e9, 1e-5};
+  Layout l;
+  l.pp = 2, l.dp = 1, l.micro_batch = 2;  // 8 micro-batches
+  l.schedule = PipelineKind::ZeroBubbleH1;
+  l.recompute = Recompute::Full;
+  l.recompute_bubble = true;
+  Layout a = l;
+  a.recompute_ahead = 2;
+  EXPECT_EQ(recompute_text(a), "bubble+2a");
+  const GroupLinks links = group_links(a, c);
+  const StepCost one = predict_step(w, l, c), two = predict_step(w, a, c);
+  SimOptions o;
+  for (const StageSpec& st : cut_stages(w.model, w.seq_len, 2, 1)) {  // R: the recomputation and its collectives
+    const ChunkTime t = chunk_time(w, a, c, links, st);
+    const double rr = t.recompute + t.recompute_comm;
+    o.chunks.push_back({t.f(), t.b() - rr, t.w(), rr});
+  }
+  o.latency = p2p_seconds(2.0 * 256 * 512 * 4, links.pp);  // one (B, T, C) activation, B = 2
+  const SimResult r = simulate(pipeline_schedule(2, 1, 8, PipelineKind::ZeroBubbleH1, true, 2), o);
+  const SimResult r1 = simulate(pipeline_schedule(2, 1, 8, PipelineKind::ZeroBubbleH1, true, 1), o);
+  ASSERT_NE(r.makespan, r1.makespan);  // the placements differ in time
+  // What follows the schedule (the gradient sums, the optimizer) is the same for both.
+  EXPECT_NEAR(two.step - one.step, r.makespan - r1.makespan, 1e-9 * one.step);
+  EXPECT_NEAR(two.compute + two.recompute, one.compute + one.recompute, 1e-12 * one.step);
+}
+
 }  // namespace
 }  // namespace tessera::plan

@@ -374,5 +374,37 @@ TEST(Search, SpaceRestrictsTheChoices) {
   }
 }
 
+// With full recomputation on pp > 1 the search also tries "bubble" and "bubble" with R two
+// micro-batches ahead (model.recompute_ahead = 2), each costed by its own schedule; without
+// space.recompute_ahead only the first.
+TEST(Search, BubbleRecomputationTriesRAhead) {
+  const Workload w = small_llama();
+  SearchSpace space;
+  space.bf16 = {true};
+  space.recompute = {Recompute::Full};
+  space.micro_batch = 2;
+  space.schedules = {PipelineKind::ZeroBubbleH1};
+  space.max_tp = 1, space.max_cp = 1;
+  const PlanResult with = search_layouts(w, node(100000), 4, space, stub_checks(w), 1000);
+  int ahead = 0, bubble = 0;
+  for (const Candidate& x : with.top) {
+    if (!x.layout.recompute_bubble) continue;
+    ++bubble;
+    if (x.layout.recompute_ahead == 2) {
+      ++ahead;
+      Layout one = x.layout;
+      one.recompute_ahead = 1;
+      EXPECT_NEAR(x.cost.step, predict_step(w, x.layout, node(100000)).step, 1e-9 * x.cost.step);
+      EXPECT_NE(predict_step(w, one, node(100000)).step, x.cost.step) << describe(x.layout);
+    }
+  }
+  EXPECT_GT(ahead, 0);
+  EXPECT_GT(bubble, ahead);
+  space.recompute_ahead = false;
+  const PlanResult without = search_layouts(w, node(100000), 4, space, stub_checks(w), 1000);
+  EXPECT_EQ(with.stats.layouts - without.stats.layouts, ahead);
+  for (const Candidate& x : without.top) EXPECT_EQ(x.layout.recompute_ahead, 1);
+}
+
 }  // namespace
 }  // namespace tessera::plan
