@@ -108,6 +108,18 @@ TEST(AutoLayout, ChoiceReadsBackExactly) {
   EXPECT_EQ(decode_choice(encode_choice(c)), c);
   c.layout.cp = 2, c.layout.cp_ring = false, c.layout.schedule = PipelineKind::ZeroBubbleH1;
   EXPECT_EQ(decode_choice(encode_choice(c)), c);
+  // "bubble" recomputation, and with R two micro-batches ahead ("bubble2"); a choice written before
+  // recompute_ahead existed reads as 1.
+  c.layout.recompute = Recompute::Full, c.layout.recompute_bubble = true;
+  EXPECT_EQ(decode_choice(encode_choice(c)), c);
+  c.layout.recompute_ahead = 2;
+  EXPECT_EQ(decode_choice(encode_choice(c)), c);
+  EXPECT_NE(encode_choice(c).find(" bubble2 "), std::string::npos) << encode_choice(c);
+  EXPECT_EQ(decode_choice("2 1 2 1 1 0 0 1f1b 1 1 bubble 0 - 0 4 0x1p+0 0x1p+0 0x1p+0 0x1p+0 local").layout.recompute_ahead,
+            1);
+  EXPECT_TRUE(throws_with([] { decode_choice("2 1 2 1 1 0 0 1f1b 1 1 bubbleX 0 - 0 4 0x1p+0 0x1p+0 0x1p+0 0x1p+0 local"); },
+                          {"malformed choice"}));
+  c.layout.recompute_bubble = false, c.layout.recompute_ahead = 1;
   // Op sets per block of a chunk (model.recompute_ops_layers), a block kept among them.
   c.layout.recompute = Recompute::None, c.layout.recompute_layers = 1;
   c.layout.recompute_ops = {RecomputeOps{}, RecomputeOps::all(), RecomputeOps{}, RecomputeOps::selective()};
