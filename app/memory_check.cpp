@@ -269,27 +269,6 @@ int64_t frozen_elements(const ModelConfig& mc, const std::vector<StageSpec>& chu
   return n;
 }
 
-// Context parallelism's own temporaries during one layer's attention (parallel/context_attention.cpp),
-// on top of the model's: chunk-major copies of q and out (and, backward, of dout and dq), lse, and
-// the K/V buffers (2 B L KV D each, L = seq_len / cp): ring forward 2 of them (the block and the
-// next in flight) plus a half-chunk block result, backward 6 (K/V and the next, dK/dV partial and
-// incoming, double-buffered); all-gather forward 1 + cp (its own and the gathered), backward
-// 2 + 2 cp (the gathered K/V and their gradients). Counted as added to the model's peak (an upper
-// bound: the model's own peak need not fall in its attention).
-// ring: the cp ranks a row is split over (parallel.cp under static cp; a subgroup's size under
-// dynamic cp).
-int64_t context_attention_bytes(const Config& cfg, const ModelConfig& mc, int64_t tp, int64_t ring_ranks) {
-  const ParallelConfig& p = cfg.parallel;
-  if (ring_ranks <= 1) return 0;
-  const int64_t B = cfg.train.micro_batch, L = cfg.train.seq_len / ring_ranks, D = mc.head_dim();
-  const int64_t H = mc.n_head / tp, KV = mc.kv_heads() % tp == 0 ? mc.kv_heads() / tp : 1;
-  const int64_t q = mul(mul(B, L), mul(H, D)), lse = mul(B, mul(H, L)), kv = mul(2, mul(mul(B, L), mul(KV, D)));
-  const bool ring = p.cp_comm != "allgather";
-  const int64_t forward = add(add(mul(5, q) / 2, mul(3, lse) / 2), mul(ring ? 2 : 1 + ring_ranks, kv));
-  const int64_t backward = add(add(mul(4, q), lse), mul(ring ? 6 : 2 + 2 * ring_ranks, kv));
-  return mul(std::max(forward, backward), kFloatBytes);
-}
-
 // The addition task's evaluation: greedy answers of data.val_examples problems at once (at most:
 // they go by prompt length), the longest forward being the prompt "a+b=" and all but the last
 // answer character. Returns (B, T) of it.
@@ -325,11 +304,13 @@ struct Policy {
   TpCompressionModes tp_compression;  // parallel.tp_comm_compression: a re-run's replay words (forward int8-ef)
   std::vector<RecomputeOps> recompute_ops;         // model.recompute_ops, per layer
   int64_t tp_overlap_chunks = 1;                    // parallel.tp_overlap_chunks: the chunked edges' buffers
+  int64_t cp = 1;              // the ranks a row is split over (context attention's temporaries)
+  bool cp_allgather = false;   // parallel.cp_comm = "allgather"
   // A pipeline chunk without the head: the trainer keeps its output, sent, past its backward.
   ModelMemoryLayout layout(int64_t B, int64_t T, int64_t tp, bool sp, const StageSpec& stage = {},
                            bool split_backward = false, bool recompute_ahead = false) const {
     return {B,  T, tp, sp, kind, stage, full_layers, !stage.head, split_backward, vlm ? B : 0, bf16, recompute_ahead,
-            compression, tp_compression, recompute_ops, tp_overlap_chunks};
+            compression, tp_compression, recompute_ops, tp_overlap_chunks, cp, cp_allgather};
   }
   // The evaluation forward: its compressed collectives are paused (no feedback), so it keeps no
   // replay words.
@@ -549,14 +530,10 @@ static MemoryEstimate estimate_at_cp_split(const Config& cfg, int64_t data_vocab
   // gradients and moments are not divided (the stage cut is the trainer's, by the whole length).
   Config local = cfg;
   if (split > 1 && cfg.train.seq_len % split == 0) local.train.seq_len = cfg.train.seq_len / split;
-  const int64_t cp_bytes = context_attention_bytes(cfg, mc, tp, split);
-  const auto with_cp = [&](RankModel r) {
-    if (cp_bytes == 0) return r;
-    r.transient.bytes = add(r.transient.bytes, cp_bytes);
-    r.transient.what += " and context-parallel attention's K/V buffers (parallel.cp = " + std::to_string(p.cp) +
-                        ", " + p.cp_comm + (split != p.cp ? ", rows split over " + std::to_string(split) : "") + ")";
-    return r;
-  };
+  // Each block's attention over the row's split (model/memory.h ModelMemoryLayout::cp): the
+  // context attention's temporaries inside the block's attention forward and backward.
+  policy.cp = split;
+  policy.cp_allgather = p.cp_comm == "allgather";
   const auto with_frozen = [&](RankModel r, const std::vector<StageSpec>& chunks) {
     r.frozen = frozen_elements(mc, chunks, tp, layout.frozen, &r.no_grad);
     int64_t layers = 0;  // the error-feedback residuals: one set per block this rank runs
@@ -566,21 +543,21 @@ static MemoryEstimate estimate_at_cp_split(const Config& cfg, int64_t data_vocab
     return r;
   };
   if (p.pp == 1)
-    return estimate_for(cfg, layout, with_cp(with_frozen(whole_model(local, mc, tp, sp, policy), {StageSpec{}})));
+    return estimate_for(cfg, layout, with_frozen(whole_model(local, mc, tp, sp, policy), {StageSpec{}}));
   const std::vector<StageSpec> cut = cut_stages(mc, cfg.train.seq_len, p.pp, p.vpp, p.pp_layers);
   const int64_t m = micro_batches_of(cfg, layout);
   const StepWalks walks = step_walks(p, m, policy.bubble, generator_ahead(cfg, m), layout);
   if (layout.pp_rank >= 0) {
     TESSERA_CHECK(layout.pp_rank < p.pp, "estimate_training_memory: pipeline rank ", layout.pp_rank, " of ", p.pp);
     return estimate_for(cfg, layout,
-                        with_cp(with_frozen(pipeline_rank(local, mc, cut, layout.pp_rank, m, walks, tp, sp, policy),
-                                            rank_chunks(cut, p.pp, layout.pp_rank))));
+                        with_frozen(pipeline_rank(local, mc, cut, layout.pp_rank, m, walks, tp, sp, policy),
+                                    rank_chunks(cut, p.pp, layout.pp_rank)));
   }
   MemoryEstimate most;
   for (int64_t r : candidate_ranks(p.pp)) {
     MemoryEstimate e = estimate_for(
         cfg, layout,
-        with_cp(with_frozen(pipeline_rank(local, mc, cut, r, m, walks, tp, sp, policy), rank_chunks(cut, p.pp, r))));
+        with_frozen(pipeline_rank(local, mc, cut, r, m, walks, tp, sp, policy), rank_chunks(cut, p.pp, r)));
     if (most.items.empty() || e.total() > most.total()) most = std::move(e);
   }
   return most;

@@ -40,6 +40,9 @@ N max(N a, N b) { return a.v > b.v ? a : b; }
 struct Dims {
   N B, T, Tl, C, D, Hl, KVh, KVl, Fl, V, Vl, L;
   bool layernorm, swiglu, learned_positions, bias, tied, kv_replicated, sp;
+  // parallel.cp > 1: the context attention's temporaries in the attention forward and backward
+  // (ModelMemoryLayout::cp), 0 without.
+  N cp_forward, cp_backward;
   // parallel.tp_overlap_chunks > 1 under sequence parallelism: the positions per rank of each
   // chunk (parallel/tp_overlap.h SequenceChunks), empty when the edges run whole.
   std::vector<int64_t> chunks;
@@ -74,6 +77,19 @@ Dims dims_of(const ModelConfig& c, const ModelMemoryLayout& lay) {
   d.tied = c.tied_embeddings;
   TESSERA_CHECK(lay.tp_overlap_chunks >= 1, "model_memory: tp_overlap_chunks = ", lay.tp_overlap_chunks,
                 " must be >= 1");
+  TESSERA_CHECK(lay.cp >= 1, "model_memory: cp = ", lay.cp, " must be >= 1");
+  if (lay.cp > 1) {
+    // parallel/context_attention.cpp, T = this rank's positions: chunk-major copies of q and out
+    // and of lse (forward: q and out whole, lse and a half-chunk block result; backward: q, out,
+    // dout and dq, and lse), and the packed K/V (2 B T KVl D): the ring forward holds its own and
+    // the next in flight, its backward those and the dK/dV partials and incoming, double-buffered
+    // (6); all-gather forward its own and every rank's (1 + cp), backward the gathered K/V and
+    // their gradients beside its own (2 + 2 cp).
+    const N q = d.B * d.T * d.Hl * d.D, lse = d.B * d.Hl * d.T, kv = N{2} * d.B * d.T * d.KVl * d.D;
+    const N cp{lay.cp};
+    d.cp_forward = N{(N{5} * q).v / 2} + N{(N{3} * lse).v / 2} + (lay.cp_allgather ? N{1} + cp : N{2}) * kv;
+    d.cp_backward = N{4} * q + lse + (lay.cp_allgather ? N{2} + N{2} * cp : N{6}) * kv;
+  }
   if (d.sp && lay.tp_overlap_chunks > 1) {
     const SequenceChunks ch(R, lay.batch, lay.seq_len, lay.tp_overlap_chunks);
     for (int64_t i = 0; i < ch.count(); ++i) d.chunks.push_back(ch.length(i));
@@ -355,6 +371,24 @@ BlockWork overlapped_workspace(const Dims& d, const Acts& a, const LoraTemps& lo
 }
 
 
+// Context parallelism (Dims::cp_forward, cp_backward): the context attention's temporaries where
+// they are allocated. Forward: beside ln1's output and the attention's context (q, k, v, out, lse),
+// before x1, ln2's output and the MLP's context (counted here beside the whole context, less those).
+// Backward: beside dln (a branch's caller's), d(out), dq, dk and dv (and the gathered dy under
+// sequence parallelism with whole edges); in the attention branch, beside what the branch
+// recomputed (as w.attention_backward is), the bf16 rounding (`extra`) not meeting it.
+void with_context_attention(const Dims& d, const Acts& a, BlockWork& w) {
+  if (d.cp_forward.v == 0 && d.cp_backward.v == 0) return;
+  const N Xl = d.B * d.Tl * d.C, X = d.B * d.T * d.C, F = d.B * d.T * d.Fl;
+  const N q = d.B * d.T * d.Hl * d.D, kv = d.B * d.T * d.KVl * d.D;
+  const N mlp_ctx = N{d.swiglu ? 3 : 2} * F;  // h, (up,) act
+  w.forward = max(w.forward, minus_or_zero(d.cp_forward, Xl /* x1 */ + a.norm /* ln2 */ + mlp_ctx));
+  const N kernel = (d.sp && !d.overlap() ? X : N{}) + q /* d(out) */ + q + N{2} * kv /* dq, dk, dv */ + d.cp_backward;
+  w.backward = max(w.backward, Xl + kernel);
+  w.attention_backward = max(w.attention_backward, minus_or_zero(kernel, w.extra));
+  w.attention_branch = Xl + Xl + w.attention_backward;
+}
+
 // One block's share of the stage's memory under its policy: what its forward keeps, and its
 // backward at its highest beside everything kept (its own context included).
 struct BlockCost {
@@ -538,6 +572,7 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
   w.backward = w.backward + bf.block_backward;
   w.extra = bf.block_backward;  // LoRA's temporaries are in the branches already (block_workspace)
   w.extra_forward = bf.block_forward;
+  with_context_attention(d, a, w);
   const N X = d.B * d.T * d.C, Xl = d.B * d.Tl * d.C;
   // A fully recomputing block's kept replay words, both regions (ModelMemoryLayout::tp_compression).
   const N replay = N{2} * N{tp_replay_words(lay.tp_compression, d.B.v, d.T.v, d.C.v, lay.tp, d.sp)};

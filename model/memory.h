@@ -88,7 +88,22 @@ struct ModelMemoryLayout {
   // recomputation of qkv and mlp_in (which re-gather chunk by chunk too). Ignored without
   // sequence parallelism.
   int64_t tp_overlap_chunks = 1;
+  // parallel.cp > 1: each sequence's positions split over this many ranks (seq_len above is this
+  // rank's share). Every block's attention runs parallel/context_attention.cpp, whose temporaries
+  // (chunk-major copies of q and out, lse, the K/V buffers; backward also dout, dq and the dK/dV
+  // partials) live inside the attention forward (beside ln1's output, q, k, v, out and lse) and
+  // the attention backward (beside d(out), dq, dk and dv); cp_allgather: parallel.cp_comm =
+  // "allgather" (every rank's K/V gathered) instead of the ring.
+  int64_t cp = 1;
+  bool cp_allgather = false;
 };
+
+// The context attention's temporaries (elements) at their highest in one layer's forward and in its
+// backward (ModelMemoryLayout::cp; 0 when cp = 1).
+struct ContextAttentionTemps {
+  int64_t forward = 0, backward = 0;
+};
+ContextAttentionTemps context_attention_temps(const ModelConfig& c, const ModelMemoryLayout& lay);
 
 // Element counts (of the parameter dtype) on one rank.
 struct ModelMemory {
