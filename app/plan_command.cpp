@@ -501,42 +501,54 @@ std::string cpu_model() {
 }
 }  // namespace
 
-// cluster.h chain_scale_*: the whole model forward and backward (app/pp_cut.h measure_stage_time:
-// one stage of every block with the embedding and the head, one micro-batch of up to 8 sequences,
-// tp = pp = cp = 1, no recomputation), on every rank at once as training runs them, against the
-// calibrated op times summed for the same work (plan/cost_model.h StepCost::compute).
+// cluster.h chain_scales: the whole model forward and backward (app/pp_cut.h measure_stage_time:
+// one stage of every block with the embedding and the head, tp = pp = cp = 1, no recomputation) at
+// each micro-batch of 1, 2, 4, ... sequences up to 32 that divides the global batch, on every rank
+// at once as training runs them, against the calibrated op times summed for the same work
+// (plan/cost_model.h StepCost::compute). chain_scale_fp32 and _bf16 keep the largest micro-batch's
+// up to 8 (what they meant before the sizes were measured).
 void calibrate_chain_scale(MPI_Comm world, const Config& base, const Exec& ex, plan::ClusterSpec& c, std::ostream* out) {
   Config cfg = base;
   ParallelConfig& p = cfg.parallel;
   p.tp = p.pp = p.vpp = p.cp = 1, p.zero = 0, p.sequence_parallel = false, p.pp_layers.clear();
   cfg.model.recompute = "none", cfg.model.recompute_layers = 0;
   cfg.model.recompute_ops.clear(), cfg.model.recompute_ops_layers.clear();
-  int64_t mb = 8;
-  while (mb > 1 && cfg.train.global_batch % mb != 0) mb /= 2;
-  cfg.train.micro_batch = mb;
-  for (const bool bf16 : {false, true}) {
-    cfg.train.dtype = bf16 ? "bf16" : "fp32";
-    const ModelConfig mc = to_model_config(cfg, data_vocab_size(cfg));
-    MPI_Barrier(world);
-    const double mine = measure_stage_time(cfg, mc, ex, {resolve(mc).n_layer}, 0, 5);
-    double sum = 0;
-    MPI_Allreduce(&mine, &sum, 1, MPI_DOUBLE, MPI_SUM, world);
-    const double measured = sum / double(comm_size(world));
-    plan::Layout l;
-    l.micro_batch = mb, l.bf16 = bf16;
-    plan::Workload w = workload_of(cfg);
-    w.global_batch = mb;
-    const plan::StepCost s = plan::predict_step(w, l, c);
-    const double predicted = s.compute / double(s.micro_batches);
-    (bf16 ? c.chain_scale_bf16 : c.chain_scale_fp32) = measured / predicted;
-    if (out) {
-      char line[256];
-      std::snprintf(line, sizeof line,
-                    "the model forward + backward (micro-batch %lld, %s, every rank at once): %.2f ms measured, "
-                    "%.2f ms from its ops' times: chain scale %.3f\n",
-                    (long long)mb, bf16 ? "bf16" : "fp32", 1e3 * measured, 1e3 * predicted, measured / predicted);
-      *out << line;
+  std::vector<int64_t> sizes;
+  for (int64_t mb = 1; mb <= std::min<int64_t>(32, cfg.train.global_batch); mb *= 2)
+    if (cfg.train.global_batch % mb == 0) sizes.push_back(mb);
+  c.chain_scales.clear();
+  for (const int64_t mb : sizes) {
+    cfg.train.micro_batch = mb;
+    plan::ChainScale scale;
+    scale.tokens = mb * cfg.train.seq_len;
+    for (const bool bf16 : {false, true}) {
+      cfg.train.dtype = bf16 ? "bf16" : "fp32";
+      const ModelConfig mc = to_model_config(cfg, data_vocab_size(cfg));
+      MPI_Barrier(world);
+      const double mine = measure_stage_time(cfg, mc, ex, {resolve(mc).n_layer}, 0, 5);
+      double sum = 0;
+      MPI_Allreduce(&mine, &sum, 1, MPI_DOUBLE, MPI_SUM, world);
+      const double measured = sum / double(comm_size(world));
+      plan::Layout l;
+      l.micro_batch = mb, l.bf16 = bf16;
+      plan::Workload w = workload_of(cfg);
+      w.global_batch = mb;
+      plan::ClusterSpec unscaled = c;
+      unscaled.chain_scales.clear(), unscaled.chain_scale_fp32 = unscaled.chain_scale_bf16 = 1;
+      const plan::StepCost s = plan::predict_step(w, l, unscaled);
+      const double predicted = s.compute / double(s.micro_batches);
+      (bf16 ? scale.bf16 : scale.fp32) = measured / predicted;
+      if (mb <= 8) (bf16 ? c.chain_scale_bf16 : c.chain_scale_fp32) = measured / predicted;
+      if (out) {
+        char line[256];
+        std::snprintf(line, sizeof line,
+                      "the model forward + backward (micro-batch %lld, %s, every rank at once): %.2f ms measured, "
+                      "%.2f ms from its ops' times: chain scale %.3f\n",
+                      (long long)mb, bf16 ? "bf16" : "fp32", 1e3 * measured, 1e3 * predicted, measured / predicted);
+        *out << line << std::flush;
+      }
     }
+    c.chain_scales.push_back(scale);
   }
 }
 

@@ -530,7 +530,47 @@ std::vector<SizedLink> parse_group_links(const toml::node& node, const std::stri
   std::sort(out.begin(), out.end(), [](const SizedLink& a, const SizedLink& b) { return a.ranks < b.ranks; });
   return out;
 }
+
+// cluster.chain_scales = [[tokens, fp32, bf16], ...]: positive scales, each size once; kept ascending.
+std::vector<ChainScale> parse_chain_scales(const toml::node& node, const std::string& source) {
+  const std::string what = "cluster.chain_scales (" + at(source, node) + ")";
+  const std::string form = " must be [tokens per micro-batch, fp32 scale, bf16 scale]";
+  const toml::array* rows = node.as_array();
+  TESSERA_CHECK(rows != nullptr, what, form);
+  std::vector<ChainScale> out;
+  size_t entry = 0;
+  for (const toml::node& row : *rows) {
+    const toml::array* r = row.as_array();
+    TESSERA_CHECK(r && r->size() == 3, what, ": entry ", entry, form);
+    const toml::node* tokens = r->get(0);
+    TESSERA_CHECK(tokens && tokens->is_integer() && tokens->as_integer()->get() >= 1, what, ": entry ", entry,
+                  " field 0 must be the positions per rank of a micro-batch: an integer of at least 1");
+    ChainScale s;
+    s.tokens = tokens->as_integer()->get();
+    for (const ChainScale& seen : out)
+      TESSERA_CHECK(seen.tokens != s.tokens, what, ": entry ", entry, " gives ", s.tokens, " tokens a second time");
+    s.fp32 = positive_field(*r, 1, what, entry, "a positive scale");
+    s.bf16 = positive_field(*r, 2, what, entry, "a positive scale");
+    out.push_back(s);
+    ++entry;
+  }
+  std::sort(out.begin(), out.end(), [](const ChainScale& a, const ChainScale& b) { return a.tokens < b.tokens; });
+  return out;
+}
 }  // namespace
+
+double ClusterSpec::chain_scale(bool bf16, double tokens) const {
+  if (chain_scales.empty()) return chain_scale(bf16);
+  const auto of = [bf16](const ChainScale& s) { return bf16 ? s.bf16 : s.fp32; };
+  if (tokens <= double(chain_scales.front().tokens)) return of(chain_scales.front());
+  if (tokens >= double(chain_scales.back().tokens)) return of(chain_scales.back());
+  size_t i = 1;
+  while (double(chain_scales[i].tokens) < tokens) ++i;
+  const ChainScale& lo = chain_scales[i - 1];
+  const ChainScale& hi = chain_scales[i];
+  const double f = std::log(tokens / double(lo.tokens)) / std::log(double(hi.tokens) / double(lo.tokens));
+  return of(lo) + f * (of(hi) - of(lo));
+}
 
 Link intra_link(const ClusterSpec& c, int64_t ranks) {
   const SizedLink* best = nullptr;
@@ -593,10 +633,17 @@ ClusterSpec parse_cluster(const std::string& text, const std::string& source, co
                   ": calibrate again with this build");
     s.group_links = parse_group_links(*g, source);
   }
+  if (const toml::node* g = t->get("chain_scales")) {
+    TESSERA_CHECK(version >= 6, "cluster.chain_scales (", at(source, *g), ") needs format_version = 6 or later; ",
+                  source, " says ", version, t->get("format_version") ? "" : " (no format_version key)",
+                  ": calibrate again with this build");
+    s.chain_scales = parse_chain_scales(*g, source);
+  }
   std::set<std::string> given;
   for (auto&& [k, node] : *t) {
     const std::string key(k.str());
-    if (key == "base" || key == "format_version" || key == "gemm_rates" || key == "op_times" || key == "group_links")
+    if (key == "base" || key == "format_version" || key == "gemm_rates" || key == "op_times" || key == "group_links" ||
+        key == "chain_scales")
       continue;
     const Field* f = find_field(key);
     if (!f) {
@@ -681,8 +728,14 @@ std::string cluster_to_toml(const ClusterSpec& s) {
     }
     os << "\n";
   }
-  os << "# the file's format (1: no gemm_rates, 2: no op_times, 3: no linear_* ops, 4: no group_links)\n"
-        "format_version = " << kClusterFormatVersion << "\n";
+  os << "# the file's format (1: no gemm_rates, 2: no op_times, 3: no linear_* ops, 4: no group_links, 5: no "
+        "chain_scales)\nformat_version = " << kClusterFormatVersion << "\n";
+  if (!s.chain_scales.empty()) {
+    os << "# the chain scale by micro-batch size (replaces chain_scale_fp32 and _bf16; interpolated in\n"
+          "# log(tokens)): [positions per rank of a micro-batch, fp32, bf16]\nchain_scales = [\n";
+    for (const ChainScale& c : s.chain_scales) os << "  [" << c.tokens << ", " << c.fp32 << ", " << c.bf16 << "],\n";
+    os << "]\n";
+  }
   if (!s.group_links.empty()) {
     os << "# links within a node by group size, fitted on groups of that many ranks (every group at once):\n"
           "# [ranks, collective, GB/s, microseconds per message]\ngroup_links = [\n";
@@ -723,7 +776,12 @@ std::vector<ClusterKey> cluster_keys() {
   std::vector<ClusterKey> keys{{"base", "a preset to start from (its keys are then all optional)"}};
   for (const Field& f : fields()) keys.push_back({f.key, f.meaning});
   keys.push_back({"format_version", "the file's format: 1 (no such key), 2 (gemm_rates), 3 (op_times), 4 (the "
-                                    "linear_* ops in op_times) or 5 (group_links); later versions are refused"});
+                                    "linear_* ops in op_times), 5 (group_links) or 6 (chain_scales); later "
+                                    "versions are refused"});
+  keys.push_back({"chain_scales", "[[tokens, fp32, bf16], ...]: the chain scale measured at each micro-batch size "
+                                  "(positions per rank of a micro-batch); a layout takes it interpolated in "
+                                  "log(tokens), and it replaces chain_scale_fp32 and chain_scale_bf16 "
+                                  "(format_version 6)"});
   keys.push_back({"group_links", "[[ranks, \"all_reduce\" | \"all_gather\" | \"reduce_scatter\" | \"p2p\", GB/s, "
                                  "microseconds], ...]: links within a node fitted on groups of that many ranks "
                                  "(`tessera plan --calibrate` on 4 or more ranks); a group of another size takes the "

@@ -406,8 +406,9 @@ ChunkTime chunk_time(const Workload& w, const Layout& l, const ClusterSpec& c, c
     t.tp_forward += all_gather_seconds(d.N * kAct * l.tp, l.tp, links.tp) + all_reduce_seconds(d.N * kAct, l.tp, links.tp);
     t.tp_bytes += all_gather_bytes(d.N * kAct * l.tp, l.tp) + all_reduce_bytes(d.N * kAct, l.tp);
   }
-  // The ops in a chain, as calibrated (cluster.h chain_scale): every computation, no communication.
-  const double chain = c.chain_scale(l.bf16);
+  // The ops in a chain, as calibrated (cluster.h chain_scale) at this micro-batch's positions per
+  // rank: every computation, no communication.
+  const double chain = c.chain_scale(l.bf16, double(l.micro_batch) * double(w.seq_len) / double(l.cp));
   t.forward *= chain, t.backward *= chain, t.weight *= chain, t.recompute *= chain;
   return t;
 }

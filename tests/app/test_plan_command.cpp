@@ -586,6 +586,18 @@ TEST(PlanCommand, CalibrateWritesAClusterFileThatPlansRead) {
     EXPECT_LT(scale, 20.0) << s.output;
     EXPECT_NE(scale, 1.0) << s.output;  // measured, not the default
   }
+  // Measured at each micro-batch of 1, 2, 4, 8 and 16 sequences (global_batch = 16) of 64 positions.
+  ASSERT_EQ(cs.chain_scales.size(), 5u) << s.output;
+  for (size_t i = 0; i < cs.chain_scales.size(); ++i) {
+    const plan::ChainScale& c = cs.chain_scales[i];
+    EXPECT_EQ(c.tokens, int64_t(64) << i);
+    for (const double scale : {c.fp32, c.bf16}) {
+      EXPECT_GT(scale, 0.2) << s.output;
+      EXPECT_LT(scale, 20.0) << s.output;
+    }
+  }
+  EXPECT_EQ(cs.chain_scales[3].fp32, cs.chain_scale_fp32);  // the scalars: micro-batch 8's
+  EXPECT_EQ(cs.chain_scales[3].bf16, cs.chain_scale_bf16);
   const RunResult ps = run_tessera({"plan", d.config.string(), "--gpus", "2", "--cluster", shaped.string()}, d.dir);
   EXPECT_EQ(ps.exit_code, 0) << ps.output;
 }

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <string>
 
 #include "error_testing.h"
@@ -115,7 +117,7 @@ TEST(Cluster, GemmRatesAndTheFormatVersion) {
   ClusterSpec s = preset("a100-80g");
   s.gemm_rates = {{1024, 768, 768, false, 1.5e12}, {1024, 768, 768, true, 3.25e12}, {7, 64, 4096, false, 2e11}};
   const std::string text = cluster_to_toml(s);
-  EXPECT_NE(text.find("format_version = 5"), std::string::npos) << text;
+  EXPECT_NE(text.find("format_version = 6"), std::string::npos) << text;
   const ClusterSpec back = parse_cluster(text, "c.toml");
   ASSERT_EQ(back.gemm_rates.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
@@ -132,8 +134,8 @@ TEST(Cluster, GemmRatesAndTheFormatVersion) {
   EXPECT_EQ(measured_gemm_rate(preset("a100-80g"), 8, 64, 4000, true), 0.0);
   // Format 1 (no format_version, no gemm_rates): as before.
   EXPECT_TRUE(parse_cluster("[cluster]\nbase = \"a100-80g\"\nname = \"old\"\n", "old.toml").gemm_rates.empty());
-  EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\nformat_version = 6\n", "new.toml"); },
-                          {"cluster.format_version = 6", "new.toml:3", "newer tessera", "versions 1 to 5"}));
+  EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\nformat_version = 7\n", "new.toml"); },
+                          {"cluster.format_version = 7", "new.toml:3", "newer tessera", "versions 1 to 6"}));
   EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\ngemm_rates = [[1, 2, 3, \"fp16\", 5.0]]\n", "g.toml"); },
                           {"cluster.gemm_rates (g.toml:3", "\"fp32\" or \"bf16\""}));
   EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\ngemm_rates = [[1, 2, 3, \"fp32\"]]\n", "g.toml"); },
@@ -197,6 +199,42 @@ TEST(Cluster, LoadTakesAFileOrAPreset) {
                           {"--cluster /no/such/cluster.toml: no such file, and no preset of that name"}));
 }
 
+// Format 6: the chain scale by micro-batch size, read back ascending; between two sizes it is
+// interpolated linearly in log(tokens), outside them the nearest's; without any, the two scalars.
+TEST(Cluster, ChainScalesByMicroBatchAndFormatSix) {
+  ClusterSpec s = preset("local");
+  s.chain_scale_fp32 = 1.25, s.chain_scale_bf16 = 1.5;
+  EXPECT_EQ(s.chain_scale(false, 100), 1.25);  // none measured by size
+  EXPECT_EQ(s.chain_scale(true, 100), 1.5);
+  s.chain_scales = {{256, 1.0, 1.2}, {64, 2.0, 1.6}};
+  const std::string text = cluster_to_toml(s);
+  EXPECT_NE(text.find("[64, 2, 1.6],"), std::string::npos) << text;
+  const ClusterSpec back = parse_cluster(text, "c.toml");
+  ASSERT_EQ(back.chain_scales.size(), 2u);
+  EXPECT_EQ(back.chain_scales[0], (ChainScale{64, 2.0, 1.6}));  // sorted
+  EXPECT_EQ(back.chain_scales[1], (ChainScale{256, 1.0, 1.2}));
+  EXPECT_DOUBLE_EQ(back.chain_scale(false, 128), 1.5);  // halfway in log(tokens)
+  EXPECT_DOUBLE_EQ(back.chain_scale(true, 128), 1.4);
+  EXPECT_DOUBLE_EQ(back.chain_scale(false, 64 * std::pow(2.0, 0.5)), 1.75);
+  EXPECT_DOUBLE_EQ(back.chain_scale(false, 16), 2.0);  // below the smallest: its scale
+  EXPECT_DOUBLE_EQ(back.chain_scale(true, 4096), 1.2);  // above the largest: its scale
+  const auto file = [](int version, const std::string& rows) {
+    return "[cluster]\nbase = \"a100-80g\"\nformat_version = " + std::to_string(version) + "\nchain_scales = [" +
+           rows + "]\n";
+  };
+  EXPECT_EQ(parse_cluster(file(6, "[64, 1.1, 1.2]"), "c.toml").chain_scales.size(), 1u);
+  EXPECT_TRUE(throws_with([&] { parse_cluster(file(5, "[64, 1.1, 1.2]"), "c.toml"); },
+                          {"cluster.chain_scales (c.toml:4)", "format_version = 6", "says 5"}));
+  EXPECT_TRUE(throws_with([&] { parse_cluster(file(6, "[64, 1.1, 1.2], [64, 1.0, 1.0]"), "c.toml"); },
+                          {"entry 1 gives 64 tokens a second time"}));
+  EXPECT_TRUE(throws_with([&] { parse_cluster(file(6, "[0, 1.1, 1.2]"), "c.toml"); },
+                          {"entry 0 field 0 must be the positions per rank of a micro-batch"}));
+  EXPECT_TRUE(throws_with([&] { parse_cluster(file(6, "[64, 1.1, 0.0]"), "c.toml"); },
+                          {"entry 0 field 2 must be a positive scale"}));
+  EXPECT_TRUE(throws_with([&] { parse_cluster(file(6, "[64, 1.1]"), "c.toml"); },
+                          {"cluster.chain_scales (c.toml:4): entry 0 must be [tokens per micro-batch"}));
+}
+
 }  // namespace
 }  // namespace tessera::plan
 
@@ -212,7 +250,7 @@ TEST(Cluster, OpTimesAndFormatThree) {
                 {OpKind::AdamW, {1000000}, true, 4e-4},
                 {OpKind::AdamW, {1000000}, false, 6e-4}};
   const std::string text = cluster_to_toml(s);
-  EXPECT_NE(text.find("format_version = 5"), std::string::npos) << text;
+  EXPECT_NE(text.find("format_version = 6"), std::string::npos) << text;
   EXPECT_NE(text.find("[\"attention_forward\", [2, 256, 256, 8, 4, 64], \"fp32\", 1500.0]"), std::string::npos) << text;
   const ClusterSpec back = parse_cluster(text, "c.toml");
   ASSERT_EQ(back.op_times.size(), 4u);

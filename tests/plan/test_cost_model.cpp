@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include <algorithm>
 #include <cmath>
 
@@ -292,6 +294,24 @@ TEST(CostModel, ChainScaleMultipliesTheComputationOnly) {
   EXPECT_NEAR(s.step - base.step, 0.5 * (base.compute + base.recompute), 1e-12);
   l.bf16 = true;
   EXPECT_NEAR(predict_step(w, l, scaled).compute, 4 * predict_step(w, l, c).compute, 1e-12);
+}
+
+// cluster chain_scales: each layout's computation takes the scale at its micro-batch's positions
+// per rank (sequences x seq_len / cp), interpolated in log(tokens) between the sizes measured.
+TEST(CostModel, ChainScaleIsTheMicroBatchSizes) {
+  ClusterSpec c = compute_only();
+  const Workload w = llama(2, 1000, 64, 8);  // seq_len 64
+  ClusterSpec scaled = c;
+  scaled.chain_scale_fp32 = 7;  // replaced by the sizes measured
+  scaled.chain_scales = {{64, 3.0, 5.0}, {256, 1.0, 1.0}};
+  for (const auto& [mb, cp, scale] : {std::tuple{1, 1, 3.0}, std::tuple{2, 1, 2.0}, std::tuple{4, 2, 2.0},
+                                      std::tuple{4, 1, 1.0}, std::tuple{8, 1, 1.0}, std::tuple{2, 2, 3.0}}) {
+    Layout l;
+    l.dp = 1, l.cp = cp, l.micro_batch = mb;
+    const StepCost base = predict_step(w, l, c), s = predict_step(w, l, scaled);
+    ASSERT_GT(base.compute, 0);
+    EXPECT_NEAR(s.compute, scale * base.compute, 1e-9 * base.compute) << "micro-batch " << mb << ", cp " << cp;
+  }
 }
 
 // parallel.tp_comm_compression: the blocks' collectives move each direction's factor of their
