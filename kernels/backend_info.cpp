@@ -138,4 +138,13 @@ std::string cuda_device_name(int index) {
 #endif
 }
 
+size_t cuda_device_memory(int index) {
+#ifdef TESSERA_WITH_CUDA
+  return cuda::device_memory(index);
+#else
+  TESSERA_CHECK(false, "the memory of CUDA device ", index, ": this build has no CUDA backend (TESSERA_CUDA=OFF)");
+  return 0;
+#endif
+}
+
 }  // namespace tessera

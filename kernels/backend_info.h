@@ -21,6 +21,9 @@ double measure_cpu_peak_gflops();
 // CUDA device `index`'s name as its runtime reports it: the GPU's name, compute capability and
 // memory, e.g. "NVIDIA H100 80GB HBM3 (sm_90, 79.1 GiB)". An error in a build without the backend.
 std::string cuda_device_name(int index);
+// CUDA device `index`'s memory in bytes, as its runtime reports it (totalGlobalMem). An error in a
+// build without the backend.
+size_t cuda_device_memory(int index);
 // The kernel train.dtype = "bf16" runs its CPU GEMMs with: "AVX512_BF16 (vdpbf16ps)", or the
 // portable fallback on a CPU without AVX512_BF16 (kernels/cpu/gemm_bf16.h).
 std::string cpu_bf16_gemm_kernel();

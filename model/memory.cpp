@@ -394,6 +394,10 @@ void with_context_attention(const Dims& d, const Acts& a, BlockWork& w) {
 struct BlockCost {
   N kept, backward;
   N forward;  // its forward at its highest beside what the blocks before it kept (its context included)
+  // The backward by phase (backward = the largest): before either branch (a full recomputation's
+  // forward), the MLP branch, the attention branch. Under a split backward (B) the MLP's copies for
+  // W exist from the MLP branch on, the attention's from the attention branch on.
+  N before, mlp, attention;
 };
 
 // A compressing block (Recompute::None, Block::compress_inputs): in forward, after its whole
@@ -404,6 +408,7 @@ struct BlockCost {
 // compressed, then ln1's is restored for the attention branch.
 struct CompressedBlock {
   N kept, forward, backward;  // backward: beside the kept context (as BlockCost's)
+  N before, mlp, attention;   // the backward's phases (BlockCost's): the restores, each branch
 };
 
 CompressedBlock compressed_block(const ActivationCompression& c, const Dims& d, const Acts& a, const BlockWork& w) {
@@ -422,9 +427,12 @@ CompressedBlock compressed_block(const ActivationCompression& c, const Dims& d, 
   // Backward: dln, then ln2's restored (ln2's compressed still there), the activation's restored
   // (its compressed still there), the MLP branch beside ln1's compressed form, ln1's restored.
   const N kept_ln1 = S + norm_c;
-  b.backward = max(max(b.kept + Xl + Xl, kept_ln1 + Xl + Xl + F + act_c),
-                   max(kept_ln1 + w.mlp_branch + w.extra, S + w.attention_branch + w.extra));
-  b.backward = N{max(b.backward, kept_ln1 + Xl + Xl).v - b.kept.v};  // beside its own kept context
+  // Each phase beside its own kept context: the MLP branch's restores, the branch, then ln1's
+  // restore and the attention branch.
+  b.before = minus_or_zero(max(b.kept + Xl + Xl, kept_ln1 + Xl + Xl + F + act_c), b.kept);
+  b.mlp = minus_or_zero(kept_ln1 + w.mlp_branch + w.extra, b.kept);
+  b.attention = minus_or_zero(max(S + w.attention_branch + w.extra, kept_ln1 + Xl + Xl), b.kept);
+  b.backward = max(max(b.before, b.mlp), b.attention);
   return b;
 }
 
@@ -465,7 +473,7 @@ BlockCost ops_block_cost(const RecomputeOps& o, const Dims& d, const Acts& a, co
                                     : norm + X_sp + qkv + kv_all + w.extra_forward;
   const N mlp = Xl + max(drop.mlp + w.mlp_backward + w.extra, mlp_gemms);
   const N attention = Xl + max(drop.attention + w.attention_backward + w.extra, qkv_gemms);
-  return {N{a.block.v - drop.mlp.v - drop.attention.v}, max(mlp, attention), a.block + w.forward};
+  return {N{a.block.v - drop.mlp.v - drop.attention.v}, max(mlp, attention), a.block + w.forward, N{}, mlp, attention};
 }
 
 BlockCost block_cost(Recompute p, const Acts& a, const BlockWork& w, N Xl, const Dims& d,
@@ -473,12 +481,16 @@ BlockCost block_cost(Recompute p, const Acts& a, const BlockWork& w, N Xl, const
   switch (p) {
     case Recompute::None:
       if (ops.any()) return ops_block_cost(ops, d, a, w);
-      return {a.block, w.backward, a.block + w.forward};
+      // (w.backward = Xl + max(w.mlp_backward, w.attention_backward) + w.extra: block_workspace)
+      return {a.block, w.backward, a.block + w.forward, N{}, Xl + w.mlp_backward + w.extra,
+              Xl + w.attention_backward + w.extra};
     case Recompute::Selective: return ops_block_cost(RecomputeOps::selective(), d, a, w);
     case Recompute::Full: break;
   }
   // Backward re-runs the forward (its output y a workspace), then runs beside what that re-created.
-  return {N{}, max(Xl + a.block + w.forward, a.block + w.backward), a.block + w.forward};
+  const N before = Xl + a.block + w.forward;
+  return {N{}, max(before, a.block + w.backward), a.block + w.forward, before,
+          a.block + Xl + w.mlp_backward + w.extra, a.block + Xl + w.attention_backward + w.extra};
 }
 
 // What a split backward (B) copies for its W (model/weight_grads.h): every Linear's input and
@@ -489,6 +501,7 @@ BlockCost block_cost(Recompute p, const Acts& a, const BlockWork& w, N Xl, const
 // input and the logits' gradient.
 struct Deferred {
   N block, head;
+  N mlp;  // of block: the MLP's (taken first, in the MLP branch)
 };
 
 Deferred deferred_copies(const Dims& d) {
@@ -496,7 +509,7 @@ Deferred deferred_copies(const Dims& d) {
   const N kv = d.kv_replicated ? d.KVh * d.D : d.KVl * d.D;
   const N attention = (Cl + d.C) + (d.C + Cl + N{2} * kv);
   const N mlp = (d.Fl + d.C) + (d.C + N{d.swiglu ? 2 : 1} * d.Fl);
-  return {rows * (attention + mlp), rows * (d.C + d.Vl)};
+  return {rows * (attention + mlp), rows * (d.C + d.Vl), rows * mlp};
 }
 
 // The vision tower (kind = "vlm", model/vision.cpp) on the stage with the embedding, for n images of
@@ -591,7 +604,7 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
                   " compresses its saved inputs and recomputes ops (model/recompute_ops.h)");
     if (comp.active()) {
       const CompressedBlock cb = compressed_block(comp, d, a, w);
-      blocks.push_back({cb.kept, cb.backward, cb.forward});
+      blocks.push_back({cb.kept, cb.backward, cb.forward, cb.before, cb.mlp, cb.attention});
     } else {
       BlockCost b = block_cost(p, a, w, Xl, d, ops);
       if (p == Recompute::Full) {  // the replay words, kept from the forward's peak on
@@ -638,14 +651,16 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
   // staging), then the blocks from the last, each beside the contexts of those before it (a
   // block's context and output are released when its backward ends) and dres. dres is a workspace only on the
   // stage with the embedding; any other writes it into the caller's input gradient.
-  // Split (B alone): the head's copies are taken at its start, each block's beside its own peak,
-  // and all of them stay (counted as the GEMMs' workspace would be: an upper bound by the few
-  // buffers a copy outlives).
+  // Split (B alone): the head's copies are taken at its start; a block's MLP copies beside its MLP
+  // branch, its attention's (and the MLP's) beside its attention branch (BlockCost's phases); all
+  // of them stay (counted from their branch's start: an upper bound by the few buffers a copy
+  // outlives within the branch).
   const N head = st.head ? X + (d.sp ? Xl + X : N{}) : N{};
   const N dres = st.embedding ? Xl : N{};
   const Deferred copies = deferred_copies(d);
   const N head_copies = st.head && lay.split_backward ? copies.head : N{};
   const N block_copies = lay.split_backward ? copies.block : N{};
+  const N mlp_copies = lay.split_backward ? copies.mlp : N{};
   // bf16: the LM head's rounded output gradient and input beside dln.
   // Recomputation ahead (R, Gpt::recompute): each fully recomputing block, first to last, re-runs
   // its forward (its context, its temporaries and the output y, a workspace) beside what the
@@ -658,7 +673,7 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
       if (!full[static_cast<size_t>(l)]) continue;
       recompute_peak = max(recompute_peak, acts + recomputed + Xl + a.block + w.forward);
       recomputed = recomputed + a.block;
-      blocks[static_cast<size_t>(l)] = block_cost(Recompute::None, a, w, Xl, d);
+      blocks[static_cast<size_t>(l)] = block_cost(Recompute::None, a, w, Xl, d);  // (its phases too)
       blocks[static_cast<size_t>(l)].kept = a.block + replay;  // the replay words go with its backward
     }
   }
@@ -668,7 +683,8 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
     live = acts + recomputed + head_copies;
   for (int64_t l = L - 1; l >= 0; --l) {
     const BlockCost& b = blocks[static_cast<size_t>(l)];
-    backward = max(backward, live + dres + b.backward + block_copies);
+    const N phases = max(max(b.before, b.mlp + mlp_copies), b.attention + block_copies);
+    backward = max(backward, live + dres + max(phases, b.backward));  // (b.backward: every phase's largest)
     const bool output_kept = lay.output_kept && !st.head && l == L - 1;
     // Its context and output (Gpt::backward releases both); its copies stay.
     live = N{live.v - b.kept.v - (output_kept ? 0 : Xl.v)} + block_copies;

@@ -164,15 +164,7 @@ DeviceInfo device_info(const Device& device) {
   DeviceInfo info;
   if (device.is_cpu()) return info;
   info.name = cuda_device_name(device.index);
-  // "... (sm_90, 139.8 GiB)": the memory is the number before the last " GiB)".
-  const size_t gib = info.name.rfind(" GiB)"), comma = info.name.rfind(", ", gib);
-  if (gib != std::string::npos && comma != std::string::npos && comma < gib) {
-    try {
-      info.memory = std::stod(info.name.substr(comma + 2, gib - comma - 2)) * double(int64_t{1} << 30);
-    } catch (const std::exception&) {
-      info.memory = 0;
-    }
-  }
+  info.memory = double(cuda_device_memory(device.index));  // the runtime's own count (totalGlobalMem)
   return info;
 }
 

@@ -31,8 +31,7 @@ struct CalibrationDevice {
 };
 
 // What the runtime says of a CUDA device: its name ("NVIDIA H100 80GB HBM3 (sm_90, 79.1 GiB)") and
-// memory in bytes (0 when the name does not say); {"", 0} for the CPU or a build without the CUDA
-// backend.
+// memory in bytes (cudaDeviceProp::totalGlobalMem); {"", 0} for the CPU.
 struct DeviceInfo {
   std::string name;
   double memory = 0;

@@ -44,6 +44,12 @@ std::string device_name(int device) {
   return os.str();
 }
 
+size_t device_memory(int device) {
+  cudaDeviceProp p{};
+  check_cuda("device_memory", cudaGetDeviceProperties(&p, device));
+  return p.totalGlobalMem;
+}
+
 void* device_malloc(int device, size_t bytes) {
   check_cuda("device_malloc", cudaSetDevice(device));
   void* p = nullptr;

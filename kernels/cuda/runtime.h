@@ -16,6 +16,8 @@ int device_count();
 std::string library_versions();
 // "NVIDIA H200 (sm_90, 139.8 GiB)" of device i.
 std::string device_name(int device);
+// Device i's memory in bytes (cudaDeviceProp::totalGlobalMem).
+size_t device_memory(int device);
 
 // ---- Device memory (the Allocator's CUDA side) ----
 // bytes of device memory on `device`, or nullptr when the device is out of memory (the Allocator

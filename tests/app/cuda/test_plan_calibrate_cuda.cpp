@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "app/plan_command.h"
+#include "kernels/backend_info.h"
 #include "kernels/exec.h"
 #include "layout_testing.h"
 #include "plan/calibrate.h"
@@ -41,12 +42,6 @@ testing::RunResult calibrate(const fs::path& dir, const std::string& out, const 
   return testing::run_program(TESSERA_MPIEXEC, args, dir, {}, SIGINT, env);
 }
 
-// The GiB a runtime's device name ends with ("... (sm_90, 79.1 GiB)"); 0 when it does not.
-double name_gib(const std::string& name) {
-  const size_t gib = name.rfind(" GiB)"), comma = name.rfind(", ", gib);
-  return gib == std::string::npos || comma == std::string::npos ? 0 : std::stod(name.substr(comma + 2, gib - comma - 2));
-}
-
 TEST(CudaCalibration, TwoRanksMeasureTheGpuAndPlansReadTheFile) {
   TESSERA_REQUIRE_GPU();
   const fs::path dir = testing::temp_dir("cuda_calibrate");
@@ -68,7 +63,8 @@ TEST(CudaCalibration, TwoRanksMeasureTheGpuAndPlansReadTheFile) {
   EXPECT_FALSE(c.async_progress);  // MPI, staged through the host
   // The device's memory, shared by the ranks that train.device puts on it (local rank mod devices).
   const int sharing = (2 + cuda_device_count() - 1) / cuda_device_count();
-  EXPECT_NEAR(c.device_memory, name_gib(c.device_name) * double(int64_t{1} << 30) / sharing, 1e-6 * c.device_memory);
+  // The runtime's count (totalGlobalMem), not a number parsed back out of the device's name.
+  EXPECT_NEAR(c.device_memory, double(cuda_device_memory(0)) / sharing, 1e-9 * c.device_memory);
   for (const double x : {c.peak_flops_fp32, c.peak_flops_bf16, c.memory_bandwidth, c.op_latency, c.device_memory,
                          c.chain_scale_fp32, c.chain_scale_bf16})
     EXPECT_TRUE(positive(x)) << x;
@@ -139,7 +135,7 @@ TEST(CudaCalibration, NcclCollectivesOnTwoDevices) {
   const plan::ClusterSpec c = plan::load_cluster((dir / "nccl.toml").string());
   EXPECT_EQ(c.device, "cuda");
   EXPECT_TRUE(c.async_progress);  // NCCL runs on its own stream beside the compute
-  EXPECT_NEAR(c.device_memory, name_gib(c.device_name) * double(int64_t{1} << 30), 1e-6 * c.device_memory);  // one rank each
+  EXPECT_NEAR(c.device_memory, double(cuda_device_memory(0)), 1e-9 * c.device_memory);  // one rank each
   for (const double x : {c.intra.bandwidth, c.intra.all_gather_bandwidth, c.intra.reduce_scatter_bandwidth,
                          c.intra.p2p_bandwidth, c.chain_scale_fp32, c.chain_scale_bf16})
     EXPECT_TRUE(positive(x)) << x;
