@@ -550,6 +550,11 @@ void calibrate_chain_scale(MPI_Comm world, const Config& base, const Exec& ex, p
     }
     c.chain_scales.push_back(scale);
   }
+  const std::string doubts = plan::chain_scale_doubts(c.chain_scales);
+  if (out && !doubts.empty())
+    *out << "warning: the chain scales look disturbed (" << doubts << "): other processes running beside the "
+         << "calibration make its op times or the model's run slow, and every plan made from this file inherits "
+         << "that; calibrate again on a quiet machine\n";
 }
 
 namespace {

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <ostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -363,6 +364,26 @@ ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const Cal
     s.inter = s.intra;  // one node
   }
   return s;
+}
+
+std::string chain_scale_doubts(const std::vector<ChainScale>& scales) {
+  std::ostringstream why;
+  const auto name = [](const ChainScale& s, bool bf16) {
+    std::ostringstream os;
+    os << (bf16 ? "bf16" : "fp32") << " at " << s.tokens << " tokens (" << (bf16 ? s.bf16 : s.fp32) << ")";
+    return os.str();
+  };
+  for (const bool bf16 : {false, true})
+    for (size_t i = 0; i < scales.size(); ++i) {
+      const double v = bf16 ? scales[i].bf16 : scales[i].fp32;
+      if (v < 0.85) why << (why.tellp() > 0 ? "; " : "") << name(scales[i], bf16) << " is below 0.85";
+      if (i == 0) continue;
+      const double before = bf16 ? scales[i - 1].bf16 : scales[i - 1].fp32;
+      if (v < 0.8 * before || v > 1.25 * before)
+        why << (why.tellp() > 0 ? "; " : "") << name(scales[i], bf16) << " is " << (v < before ? "below" : "above")
+            << " " << name(scales[i - 1], bf16) << " by more than 25%";
+    }
+  return why.str();
 }
 
 }  // namespace tessera::plan

@@ -92,4 +92,10 @@ Link fit_all_reduce(const std::vector<double>& bytes, const std::vector<double>&
 // (1, 1). Returns {beta, alpha} as a Link's bandwidth and latency.
 Link fit_link(const std::vector<double>& bytes, const std::vector<double>& seconds, double steps, double fraction);
 
+// Why the chain scales measured at each micro-batch size (ClusterSpec::chain_scales, ascending)
+// look disturbed, "" when they do not: a scale below 0.85 (the model's run faster than its ops
+// timed alone, each in cache) or one that falls or rises by more than 25% from the size before it.
+// Seen when other processes ran beside the calibration (docs/plan_validation.md: 1.10 then 0.75).
+std::string chain_scale_doubts(const std::vector<ChainScale>& scales);
+
 }  // namespace tessera::plan

@@ -143,6 +143,25 @@ TEST(Calibrate, MeasuresTheModelsGemmShapes) {
   EXPECT_NE(log.str().find("GEMMs at the model's 2 shapes"), std::string::npos) << log.str();
 }
 
+// The chain scales of a disturbed calibration are named; those of quiet ones (the 2- and 4-rank
+// GPT-2 and LLaMA calibrations of 2026-12-07) are not.
+TEST(Calibrate, DisturbedChainScalesAreNamed) {
+  const std::vector<ChainScale> quiet_gpt2_4 = {{64, 1.174, 1.511}, {128, 1.183, 1.337}, {256, 1.141, 1.227},
+                                                {512, 1.079, 1.163}, {1024, 1.096, 1.190}, {2048, 1.105, 1.174}};
+  const std::vector<ChainScale> quiet_llama_2 = {{64, 1.126, 1.214}, {128, 1.059, 1.091}, {256, 1.044, 1.026},
+                                                 {512, 1.025, 1.008}, {1024, 0.996, 0.960}, {2048, 0.997, 0.958}};
+  EXPECT_EQ(chain_scale_doubts(quiet_gpt2_4), "");
+  EXPECT_EQ(chain_scale_doubts(quiet_llama_2), "");
+  EXPECT_EQ(chain_scale_doubts({}), "");
+  const std::vector<ChainScale> disturbed = {{64, 1.159, 1.357}, {128, 1.081, 1.169}, {256, 1.065, 1.110},
+                                             {512, 0.826, 0.750}, {1024, 0.810, 0.752}, {2048, 0.801, 0.754}};
+  const std::string why = chain_scale_doubts(disturbed);
+  for (const char* part : {"fp32 at 1024 tokens (0.81) is below 0.85", "bf16 at 512 tokens (0.75) is below 0.85",
+                           "bf16 at 512 tokens (0.75) is below bf16 at 256 tokens (1.11) by more than 25%"})
+    EXPECT_NE(why.find(part), std::string::npos) << part << "\n" << why;
+  EXPECT_EQ(why.find("at 256 tokens (1.065) is below"), std::string::npos) << why;
+}
+
 }  // namespace
 }  // namespace tessera::plan
 
