@@ -517,6 +517,8 @@ void calibrate_chain_scale(MPI_Comm world, const Config& base, const Exec& ex, p
   for (int64_t mb = 1; mb <= std::min<int64_t>(32, cfg.train.global_batch); mb *= 2)
     if (cfg.train.global_batch % mb == 0) sizes.push_back(mb);
   c.chain_scales.clear();
+  plan::ClusterSpec unscaled = c;  // the ops' calibrated times summed as they are
+  unscaled.chain_scale_fp32 = unscaled.chain_scale_bf16 = 1;
   for (const int64_t mb : sizes) {
     cfg.train.micro_batch = mb;
     plan::ChainScale scale;
@@ -533,8 +535,6 @@ void calibrate_chain_scale(MPI_Comm world, const Config& base, const Exec& ex, p
       l.micro_batch = mb, l.bf16 = bf16;
       plan::Workload w = workload_of(cfg);
       w.global_batch = mb;
-      plan::ClusterSpec unscaled = c;
-      unscaled.chain_scales.clear(), unscaled.chain_scale_fp32 = unscaled.chain_scale_bf16 = 1;
       const plan::StepCost s = plan::predict_step(w, l, unscaled);
       const double predicted = s.compute / double(s.micro_batches);
       (bf16 ? scale.bf16 : scale.fp32) = measured / predicted;

@@ -390,13 +390,13 @@ void with_context_attention(const Dims& d, const Acts& a, BlockWork& w) {
 }
 
 // One block's share of the stage's memory under its policy: what its forward keeps, and its
-// backward at its highest beside everything kept (its own context included).
+// backward at its highest beside everything kept (its own context included), by phase.
 struct BlockCost {
-  N kept, backward;
+  N kept;
   N forward;  // its forward at its highest beside what the blocks before it kept (its context included)
-  // The backward by phase (backward = the largest): before either branch (a full recomputation's
-  // forward), the MLP branch, the attention branch. Under a split backward (B) the MLP's copies for
-  // W exist from the MLP branch on, the attention's from the attention branch on.
+  // The backward's phases: before either branch (a full recomputation's forward, a compressing
+  // block's restores), the MLP branch, the attention branch. Under a split backward (B) the MLP's
+  // copies for W exist from the MLP branch on, the attention's from the attention branch on.
   N before, mlp, attention;
 };
 
@@ -406,12 +406,7 @@ struct BlockCost {
 // (Block::backward) the MLP branch's two are restored (each allocated, then its compressed form
 // released) beside dln, the branch runs as under selective recomputation with ln1's still
 // compressed, then ln1's is restored for the attention branch.
-struct CompressedBlock {
-  N kept, forward, backward;  // backward: beside the kept context (as BlockCost's)
-  N before, mlp, attention;   // the backward's phases (BlockCost's): the restores, each branch
-};
-
-CompressedBlock compressed_block(const ActivationCompression& c, const Dims& d, const Acts& a, const BlockWork& w) {
+BlockCost compressed_block(const ActivationCompression& c, const Dims& d, const Acts& a, const BlockWork& w) {
   const N Xl = d.B * d.Tl * d.C, F = d.B * d.T * d.Fl;
   const auto elements = [](int64_t bytes) { return N{bytes / 4}; };  // F32 elements (whole: see compressed_bytes)
   const N norm_c = elements(compressed_bytes(c, (d.B * d.Tl).v, d.C.v));
@@ -419,7 +414,7 @@ CompressedBlock compressed_block(const ActivationCompression& c, const Dims& d, 
   const N act_c = elements(compressed_bytes(c, (d.B * d.T).v, d.Fl.v));
   const N act_ws = elements(compression_workspace_bytes(c, (d.B * d.T).v, d.Fl.v));
   const N S = a.block_selective;  // the context without the three
-  CompressedBlock b;
+  BlockCost b;
   b.kept = S + N{2} * norm_c + act_c;
   // Forward: S + 2 Xl + F = a.block is the whole context.
   b.forward = max(max(a.block + w.forward, a.block + norm_ws + norm_c),
@@ -432,7 +427,6 @@ CompressedBlock compressed_block(const ActivationCompression& c, const Dims& d, 
   b.before = minus_or_zero(max(b.kept + Xl + Xl, kept_ln1 + Xl + Xl + F + act_c), b.kept);
   b.mlp = minus_or_zero(kept_ln1 + w.mlp_branch + w.extra, b.kept);
   b.attention = minus_or_zero(max(S + w.attention_branch + w.extra, kept_ln1 + Xl + Xl), b.kept);
-  b.backward = max(max(b.before, b.mlp), b.attention);
   return b;
 }
 
@@ -473,7 +467,7 @@ BlockCost ops_block_cost(const RecomputeOps& o, const Dims& d, const Acts& a, co
                                     : norm + X_sp + qkv + kv_all + w.extra_forward;
   const N mlp = Xl + max(drop.mlp + w.mlp_backward + w.extra, mlp_gemms);
   const N attention = Xl + max(drop.attention + w.attention_backward + w.extra, qkv_gemms);
-  return {N{a.block.v - drop.mlp.v - drop.attention.v}, max(mlp, attention), a.block + w.forward, N{}, mlp, attention};
+  return {N{a.block.v - drop.mlp.v - drop.attention.v}, a.block + w.forward, N{}, mlp, attention};
 }
 
 BlockCost block_cost(Recompute p, const Acts& a, const BlockWork& w, N Xl, const Dims& d,
@@ -482,15 +476,13 @@ BlockCost block_cost(Recompute p, const Acts& a, const BlockWork& w, N Xl, const
     case Recompute::None:
       if (ops.any()) return ops_block_cost(ops, d, a, w);
       // (w.backward = Xl + max(w.mlp_backward, w.attention_backward) + w.extra: block_workspace)
-      return {a.block, w.backward, a.block + w.forward, N{}, Xl + w.mlp_backward + w.extra,
-              Xl + w.attention_backward + w.extra};
+      return {a.block, a.block + w.forward, N{}, Xl + w.mlp_backward + w.extra, Xl + w.attention_backward + w.extra};
     case Recompute::Selective: return ops_block_cost(RecomputeOps::selective(), d, a, w);
     case Recompute::Full: break;
   }
   // Backward re-runs the forward (its output y a workspace), then runs beside what that re-created.
-  const N before = Xl + a.block + w.forward;
-  return {N{}, max(before, a.block + w.backward), a.block + w.forward, before,
-          a.block + Xl + w.mlp_backward + w.extra, a.block + Xl + w.attention_backward + w.extra};
+  return {N{}, a.block + w.forward, Xl + a.block + w.forward, a.block + Xl + w.mlp_backward + w.extra,
+          a.block + Xl + w.attention_backward + w.extra};
 }
 
 // What a split backward (B) copies for its W (model/weight_grads.h): every Linear's input and
@@ -603,8 +595,7 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
     TESSERA_CHECK(!comp.active() || !ops.any(), "model_memory: layer ", layer,
                   " compresses its saved inputs and recomputes ops (model/recompute_ops.h)");
     if (comp.active()) {
-      const CompressedBlock cb = compressed_block(comp, d, a, w);
-      blocks.push_back({cb.kept, cb.backward, cb.forward, cb.before, cb.mlp, cb.attention});
+      blocks.push_back(compressed_block(comp, d, a, w));
     } else {
       BlockCost b = block_cost(p, a, w, Xl, d, ops);
       if (p == Recompute::Full) {  // the replay words, kept from the forward's peak on
@@ -683,8 +674,7 @@ ModelMemory model_memory(const ModelConfig& cfg, const ModelMemoryLayout& lay) {
     live = acts + recomputed + head_copies;
   for (int64_t l = L - 1; l >= 0; --l) {
     const BlockCost& b = blocks[static_cast<size_t>(l)];
-    const N phases = max(max(b.before, b.mlp + mlp_copies), b.attention + block_copies);
-    backward = max(backward, live + dres + max(phases, b.backward));  // (b.backward: every phase's largest)
+    backward = max(backward, live + dres + max(max(b.before, b.mlp + mlp_copies), b.attention + block_copies));
     const bool output_kept = lay.output_kept && !st.head && l == L - 1;
     // Its context and output (Gpt::backward releases both); its copies stay.
     live = N{live.v - b.kept.v - (output_kept ? 0 : Xl.v)} + block_copies;

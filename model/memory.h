@@ -98,13 +98,6 @@ struct ModelMemoryLayout {
   bool cp_allgather = false;
 };
 
-// The context attention's temporaries (elements) at their highest in one layer's forward and in its
-// backward (ModelMemoryLayout::cp; 0 when cp = 1).
-struct ContextAttentionTemps {
-  int64_t forward = 0, backward = 0;
-};
-ContextAttentionTemps context_attention_temps(const ModelConfig& c, const ModelMemoryLayout& lay);
-
 // Element counts (of the parameter dtype) on one rank.
 struct ModelMemory {
   int64_t parameters = 0;     // this rank's parameters, tp padding rows included (ParameterStore::numel)

@@ -368,6 +368,7 @@ ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const Cal
 
 std::string chain_scale_doubts(const std::vector<ChainScale>& scales) {
   std::ostringstream why;
+  const auto next = [&why]() -> std::ostream& { return why << (why.tellp() > 0 ? "; " : ""); };
   const auto name = [](const ChainScale& s, bool bf16) {
     std::ostringstream os;
     os << (bf16 ? "bf16" : "fp32") << " at " << s.tokens << " tokens (" << (bf16 ? s.bf16 : s.fp32) << ")";
@@ -376,11 +377,11 @@ std::string chain_scale_doubts(const std::vector<ChainScale>& scales) {
   for (const bool bf16 : {false, true})
     for (size_t i = 0; i < scales.size(); ++i) {
       const double v = bf16 ? scales[i].bf16 : scales[i].fp32;
-      if (v < 0.85) why << (why.tellp() > 0 ? "; " : "") << name(scales[i], bf16) << " is below 0.85";
+      if (v < 0.85) next() << name(scales[i], bf16) << " is below 0.85";
       if (i == 0) continue;
       const double before = bf16 ? scales[i - 1].bf16 : scales[i - 1].fp32;
       if (v < 0.8 * before || v > 1.25 * before)
-        why << (why.tellp() > 0 ? "; " : "") << name(scales[i], bf16) << " is " << (v < before ? "below" : "above")
+        next() << name(scales[i], bf16) << " is " << (v < before ? "below" : "above")
             << " " << name(scales[i - 1], bf16) << " by more than 25%";
     }
   return why.str();

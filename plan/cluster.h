@@ -76,10 +76,6 @@ struct OpTime {
   bool operator==(const OpTime&) const = default;
 };
 
-// The version of the cluster file that cluster_to_toml writes: 1 had no format_version key (and is
-// read as before), 2 adds gemm_rates, 3 adds op_times, 4 the linear_* ops in op_times. A file of a
-// later version is refused, op_times in a file that says it is of version 1 or 2, and linear_* ops
-// in one of version 3. 5 adds group_links (links by group size), 6 chain_scales (by micro-batch).
 // The chain scale (ClusterSpec::chain_scales) measured at one micro-batch size: `tokens` positions
 // per rank per micro-batch (sequences x seq_len / cp), by dtype.
 struct ChainScale {
@@ -88,6 +84,10 @@ struct ChainScale {
   bool operator==(const ChainScale&) const = default;
 };
 
+// The version of the cluster file that cluster_to_toml writes: 1 had no format_version key (and is
+// read as before), 2 adds gemm_rates, 3 adds op_times, 4 the linear_* ops in op_times. A file of a
+// later version is refused, op_times in a file that says it is of version 1 or 2, and linear_* ops
+// in one of version 3. 5 adds group_links (links by group size), 6 chain_scales (by micro-batch).
 inline constexpr int64_t kClusterFormatVersion = 6;
 
 struct ClusterSpec {
@@ -122,7 +122,7 @@ struct ClusterSpec {
   double chain_scale_fp32 = 1, chain_scale_bf16 = 1;
   // The same measured at each micro-batch size (calibration; ascending tokens): a small micro-batch
   // runs its ops at the shapes they were timed at but pays more per op in a chain (on the 4-rank
-  // GPT-2 here, bf16: 1.51 at one sequence, 1.13 at four). Non-empty: it replaces the two above.
+  // GPT-2 here, bf16: 1.51 at one sequence, 1.23 at four). Non-empty: it replaces the two above.
   std::vector<ChainScale> chain_scales;
   // Measured GEMM rates by shape (calibration): when it holds the GEMM's dtype, a GEMM takes the rate
   // of the nearest measured shape instead of the roofline's peak x efficiency; empty: the roofline.
