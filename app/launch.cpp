@@ -3,7 +3,6 @@
 #include "app/launch.h"
 
 #include <omp.h>
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,41 +38,16 @@ std::string host_name() {
   return buf;
 }
 
-cpu_set_t allowed_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) != 0) {
-    const long online = sysconf(_SC_NPROCESSORS_ONLN);
-    for (long c = 0; c < std::max(1L, online) && c < CPU_SETSIZE; ++c) CPU_SET(c, &set);
-  }
-  return set;
-}
-
 // This node's ranks, with this rank's CPU set and theirs: the inputs of default_threads_per_rank.
 ThreadInputs thread_inputs(MPI_Comm world) {
   ThreadInputs in;
   in.omp_num_threads = std::getenv("OMP_NUM_THREADS");
   in.slurm_cpus_per_task = std::getenv("SLURM_CPUS_PER_TASK");
-  cpu_set_t mine = allowed_cpus();
-  in.cpus_allowed = CPU_COUNT(&mine);
-  MPI_Comm node = MPI_COMM_NULL;
-  check_mpi(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, comm_rank(world), MPI_INFO_NULL, &node),
-            "MPI_Comm_split_type");
-  in.ranks_on_node = comm_size(node);
-  const std::vector<std::string> sets =
-      allgather_bytes(node, std::string(reinterpret_cast<const char*>(&mine), sizeof mine));
-  MPI_Comm_free(&node);
-  cpu_set_t all;
-  CPU_ZERO(&all);
-  int sum = 0;
-  for (const std::string& bytes : sets) {
-    cpu_set_t s;
-    std::memcpy(&s, bytes.data(), sizeof s);
-    CPU_OR(&all, &all, &s);
-    sum += CPU_COUNT(&s);
-  }
-  in.cpus_of_node_ranks = CPU_COUNT(&all);
-  in.ranks_bound = in.ranks_on_node > 1 && sum == in.cpus_of_node_ranks;  // no CPU in two sets
+  const NodeCpus node = node_cpus(world);
+  in.ranks_on_node = node.ranks_on_node;
+  in.cpus_allowed = node.cpus_allowed;
+  in.cpus_of_node_ranks = node.cpus_of_node_ranks;
+  in.ranks_bound = node.ranks_bound;
   return in;
 }
 
@@ -161,6 +135,8 @@ std::string rank_ranges(const std::vector<int>& ranks) {
 
 std::string launch_summary(MPI_Comm world, const LaunchArgs& args) {
   const int threads = omp_get_max_threads();
+  const NodeCpus node = node_cpus(world);
+  const MpiWait waits = mpi_wait_for(node.ranks_on_node, threads, node.cpus_of_node_ranks);
   const std::vector<std::string> all = allgather_bytes(world, host_name() + "\n" + std::to_string(threads));
   if (comm_rank(world) != 0) return "";
   std::vector<std::string> hosts;
@@ -176,7 +152,13 @@ std::string launch_summary(MPI_Comm world, const LaunchArgs& args) {
   if (hi != lo) os << "-" << hi;
   os << (hi == 1 ? " OpenMP thread" : " OpenMP threads") << " per rank | device CPU\n";
   os << launcher_line(static_cast<int>(all.size())) << "\n";
-  os << "mpi: " << mpi_library() << "\n";
+  os << "mpi: " << mpi_library();
+  if (all.size() > 1) {
+    // rank 0's node: the communicators' waits (parallel/mpi.h MpiWait)
+    os << " | waits " << to_string(waits) << " (" << node.ranks_on_node << " ranks x " << threads
+       << (threads == 1 ? " thread on " : " threads on ") << node.cpus_of_node_ranks << " CPUs)";
+  }
+  os << "\n";
   os << "config: " << args.config_path;
   for (const std::string& o : args.overrides) os << " --set " << o;
   os << "\n";

@@ -21,6 +21,7 @@
 #include "app/trainer.h"
 #include "app/training_data.h"
 #include "kernels/allocator.h"
+#include "kernels/backend_info.h"
 #include "kernels/check.h"
 #include "model/memory.h"
 #include "model/recompute_ops.h"
@@ -507,7 +508,9 @@ std::string cpu_model() {
 // at once as training runs them, against the calibrated op times summed for the same work
 // (plan/cost_model.h StepCost::compute). chain_scale_fp32 and _bf16 keep the largest micro-batch's
 // up to 8 (what they meant before the sizes were measured).
-void calibrate_chain_scale(MPI_Comm world, const Config& base, const Exec& ex, plan::ClusterSpec& c, std::ostream* out) {
+void calibrate_chain_scale(MPI_Comm world, const Config& base, const plan::CalibrationDevice& device, plan::ClusterSpec& c,
+                           std::ostream* out) {
+  const Exec& ex = device.ex;
   Config cfg = base;
   ParallelConfig& p = cfg.parallel;
   p.tp = p.pp = p.vpp = p.cp = 1, p.zero = 0, p.sequence_parallel = false, p.pp_layers.clear();
@@ -526,7 +529,7 @@ void calibrate_chain_scale(MPI_Comm world, const Config& base, const Exec& ex, p
     for (const bool bf16 : {false, true}) {
       cfg.train.dtype = bf16 ? "bf16" : "fp32";
       const ModelConfig mc = to_model_config(cfg, data_vocab_size(cfg));
-      MPI_Barrier(world);
+      barrier(world, device.waits);
       const double mine = measure_stage_time(cfg, mc, ex, {resolve(mc).n_layer}, 0, 5);
       double sum = 0;
       MPI_Allreduce(&mine, &sum, 1, MPI_DOUBLE, MPI_SUM, world);
@@ -663,6 +666,7 @@ int run_calibrate_command(const PlanArgs& args, std::ostream& out) {
   target.ex = device.is_cpu() ? Exec::cpu() : Exec::cuda(device.index, stream.stream());
   target.comm = with_config ? cfg.parallel.comm : "mpi";
   set_threads_per_rank(world);  // as train runs its ranks (app/launch.h)
+  target.waits = mpi_wait_on_this_node(world, cpu_threads());  // as the trainer's communicators wait
   const AvailableMemory avail = available_host_memory();
   const plan::LocalMachine local = plan::this_machine(ranks, double(avail.bytes));
   const int64_t node_ranks = ranks_on_this_node(world);
@@ -674,7 +678,7 @@ int run_calibrate_command(const PlanArgs& args, std::ostream& out) {
   plan::ClusterSpec c = plan::calibrate_local(world, local, options, lead ? &out : nullptr, target);
   if (with_config) {
     try {
-      calibrate_chain_scale(world, cfg, target.ex, c, lead ? &out : nullptr);
+      calibrate_chain_scale(world, cfg, target, c, lead ? &out : nullptr);
     } catch (const Error& e) {
       error = e.what();
     }

@@ -51,6 +51,8 @@ double fma_loop(int64_t iters) {
 }
 }  // namespace
 
+int cpu_threads() { return omp_get_max_threads(); }
+
 double measure_cpu_peak_gflops() {
   const int64_t iters = 2'000'000;
   const int threads = omp_get_max_threads();

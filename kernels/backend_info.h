@@ -6,6 +6,8 @@
 namespace tessera {
 
 std::string kernels_backend_info();
+// The OpenMP threads this process's CPU kernels run (omp_get_max_threads).
+int cpu_threads();
 // Nominal fp32 peak of this CPU with all OpenMP threads: threads x clock (cpu MHz of
 // /proc/cpuinfo, often the base clock) x fp32 FLOPs per cycle (2 FMA pipes x SIMD width x 2: 64
 // with AVX-512, 32 with AVX2+FMA, 8 otherwise). 0 when the clock is unknown.

@@ -2,6 +2,11 @@
 // environment, not a user error: it throws with the MPI error string.
 #include "parallel/mpi.h"
 
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
 #include <numeric>
 
 #include "kernels/check.h"
@@ -53,6 +58,76 @@ int ranks_on_this_node(MPI_Comm comm) {
   const int n = comm_size(node);
   MPI_Comm_free(&node);
   return n;
+}
+
+const char* to_string(MpiWait how) { return how == MpiWait::Yield ? "yield" : "spin"; }
+
+MpiWait mpi_wait_for(int64_t ranks_on_node, int64_t threads_per_rank, int64_t cpus) {
+  return ranks_on_node * std::max<int64_t>(1, threads_per_rank) > std::max<int64_t>(1, cpus) ? MpiWait::Yield
+                                                                                             : MpiWait::Spin;
+}
+
+namespace {
+
+// This process's affinity mask; every online CPU where it cannot be read.
+cpu_set_t allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) {
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    for (long c = 0; c < std::max(1L, online) && c < CPU_SETSIZE; ++c) CPU_SET(c, &set);
+  }
+  return set;
+}
+
+}  // namespace
+
+NodeCpus node_cpus(MPI_Comm comm) {
+  NodeCpus n;
+  cpu_set_t mine = allowed_cpus();
+  n.cpus_allowed = CPU_COUNT(&mine);
+  MPI_Comm node = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, comm_rank(comm), MPI_INFO_NULL, &node),
+            "MPI_Comm_split_type");
+  n.ranks_on_node = comm_size(node);
+  const std::vector<std::string> sets =
+      allgather_bytes(node, std::string(reinterpret_cast<const char*>(&mine), sizeof mine));
+  MPI_Comm_free(&node);
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  int sum = 0;
+  for (const std::string& bytes : sets) {
+    cpu_set_t s;
+    std::memcpy(&s, bytes.data(), sizeof s);
+    CPU_OR(&all, &all, &s);
+    sum += CPU_COUNT(&s);
+  }
+  n.cpus_of_node_ranks = CPU_COUNT(&all);
+  n.ranks_bound = n.ranks_on_node > 1 && sum == n.cpus_of_node_ranks;  // no CPU in two sets
+  return n;
+}
+
+MpiWait mpi_wait_on_this_node(MPI_Comm comm, int64_t threads_per_rank) {
+  const NodeCpus node = node_cpus(comm);
+  return mpi_wait_for(node.ranks_on_node, threads_per_rank, node.cpus_of_node_ranks);
+}
+
+void wait_requests(MpiWait how, int n, MPI_Request* requests) {
+  if (how == MpiWait::Spin) {
+    check_mpi(MPI_Waitall(n, requests, MPI_STATUSES_IGNORE), "MPI_Waitall");
+    return;
+  }
+  for (int done = 0;;) {
+    check_mpi(MPI_Testall(n, requests, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+    if (done) return;
+    sched_yield();
+  }
+}
+
+void barrier(MPI_Comm comm, MpiWait how) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Ibarrier(comm, &request), "MPI_Ibarrier");
+  wait_requests(how, 1, &request);
 }
 
 void throw_if_any_failed(MPI_Comm comm, const std::string& local_error) {

@@ -6,6 +6,7 @@
 
 #include "kernels/check.h"
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,33 @@ int comm_rank(MPI_Comm comm);
 int comm_size(MPI_Comm comm);
 // How many ranks of comm share this node (MPI_COMM_TYPE_SHARED); collective over comm.
 int ranks_on_this_node(MPI_Comm comm);
+
+// How a rank waits for its MPI requests to complete.
+enum class MpiWait {
+  Spin,   // MPI_Waitall: polls without pause (every rank and its threads have a core of their own)
+  Yield,  // MPI_Testall, giving the core away (sched_yield) between tests: the node's ranks share
+          // cores, and a rank spinning in MPI_Waitall would hold its core until the scheduler's
+          // tick (4 ms at HZ = 250) while the rank it waits for needs that core to send
+};
+const char* to_string(MpiWait how);
+// Pure: Yield when ranks_on_node x threads_per_rank exceed the cpus they may run on.
+MpiWait mpi_wait_for(int64_t ranks_on_node, int64_t threads_per_rank, int64_t cpus);
+
+// The CPUs of this node's ranks of a communicator.
+struct NodeCpus {
+  int ranks_on_node = 1;       // ranks of the communicator on this node
+  int cpus_allowed = 1;        // CPUs this rank may run on (its affinity mask)
+  int cpus_of_node_ranks = 1;  // CPUs in the union of the node's ranks' masks
+  bool ranks_bound = false;    // the launcher gave each rank CPUs of its own (disjoint masks)
+};
+// Collective over comm (MPI_COMM_TYPE_SHARED, sched_getaffinity).
+NodeCpus node_cpus(MPI_Comm comm);
+// Collective over comm: mpi_wait_for this node's ranks, threads_per_rank and the node's ranks' CPUs.
+MpiWait mpi_wait_on_this_node(MPI_Comm comm, int64_t threads_per_rank);
+// Completes n requests the way `how` says (MPI_Waitall, or the yielding loop of MPI_Testall).
+void wait_requests(MpiWait how, int n, MPI_Request* requests);
+// MPI_Barrier, waited for the way `how` says (MPI_Ibarrier).
+void barrier(MPI_Comm comm, MpiWait how);
 
 // Collective over comm. Each rank passes "" when its part went well, else its error message.
 // If any rank failed, every rank throws tessera::Error carrying the message of the lowest failed

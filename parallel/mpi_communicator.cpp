@@ -1,5 +1,6 @@
 // The MPI backend: every op is nonblocking MPI (MPI_Iallreduce, ..., a batch's MPI_Isend/MPI_Irecv)
-// wrapped in an RAII request that completes with MPI_Waitall/MPI_Testall, then runs the op's
+// wrapped in an RAII request that completes with MPI_Waitall/MPI_Testall (or, where ranks share
+// cores, MPI_Testall yielding the core between tests: parallel/mpi.h MpiWait), then runs the op's
 // finishing step (the average's division) once.
 #include "parallel/mpi_communicator.h"
 
@@ -10,6 +11,7 @@
 #include <memory>
 #include <utility>
 
+#include "kernels/backend_info.h"
 #include "kernels/check.h"
 #include "kernels/elementwise.h"
 #include "parallel/mpi.h"
@@ -80,12 +82,13 @@ void divide(const Tensor& t, int divisor) {
 // into freed buffers.
 class MpiRequest : public CommRequest {
  public:
-  MpiRequest(size_t n, std::function<void()> finish) : requests_(n, MPI_REQUEST_NULL), finish_(std::move(finish)) {}
+  MpiRequest(size_t n, MpiWait how, std::function<void()> finish)
+      : requests_(n, MPI_REQUEST_NULL), how_(how), finish_(std::move(finish)) {}
   ~MpiRequest() override { MPI_Waitall(count(), requests_.data(), MPI_STATUSES_IGNORE); }
   MPI_Request* get(size_t i) { return &requests_[i]; }
 
   void wait() override {
-    check_mpi(MPI_Waitall(count(), requests_.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+    wait_requests(how_, count(), requests_.data());
     finish();
   }
   bool test() override {
@@ -102,13 +105,14 @@ class MpiRequest : public CommRequest {
     if (finish_) std::exchange(finish_, nullptr)();
   }
   std::vector<MPI_Request> requests_;
+  MpiWait how_;
   std::function<void()> finish_;
 };
 
 // Runs start(request) and wraps the request; `finish` runs once it completes.
 template <class Start>
-CommHandle start_request(const char* what, Start start, std::function<void()> finish = nullptr) {
-  auto request = std::make_unique<MpiRequest>(1, std::move(finish));
+CommHandle start_request(const char* what, MpiWait how, Start start, std::function<void()> finish = nullptr) {
+  auto request = std::make_unique<MpiRequest>(1, how, std::move(finish));
   check_mpi(start(request->get(0)), what);
   return CommHandle(std::move(request));
 }
@@ -201,22 +205,22 @@ std::function<void()> MpiCommunicator::finishing(std::function<void()> host_step
   };
 }
 
-MpiCommunicator::MpiCommunicator(MpiComm comm) : comm_(std::move(comm)) {
+MpiCommunicator::MpiCommunicator(MpiComm comm, MpiWait how) : comm_(std::move(comm)), wait_(how) {
   size_ = comm_size(comm_.get());
   rank_ = comm_rank(comm_.get());
 }
 
-MpiCommunicator MpiCommunicator::duplicate(MPI_Comm parent) {
+MpiCommunicator MpiCommunicator::duplicate(MPI_Comm parent, MpiWait how) {
   MPI_Comm comm = MPI_COMM_NULL;
   check_mpi(MPI_Comm_dup(parent, &comm), "MPI_Comm_dup");
-  return MpiCommunicator(MpiComm(comm));
+  return MpiCommunicator(MpiComm(comm), how);
 }
 
-MpiCommunicator MpiCommunicator::split(MPI_Comm parent, int color, int key) {
+MpiCommunicator MpiCommunicator::split(MPI_Comm parent, int color, int key, MpiWait how) {
   TESSERA_CHECK(color >= 0, "MpiCommunicator::split: color ", color, " must be non-negative");
   MPI_Comm comm = MPI_COMM_NULL;
   check_mpi(MPI_Comm_split(parent, color, key, &comm), "MPI_Comm_split");
-  return MpiCommunicator(MpiComm(comm));
+  return MpiCommunicator(MpiComm(comm), how);
 }
 
 CommHandle MpiCommunicator::start_all_reduce(Tensor t, ReduceOp op) {
@@ -224,7 +228,7 @@ CommHandle MpiCommunicator::start_all_reduce(Tensor t, ReduceOp op) {
   const Tensor h = host_side("all_reduce", t, true, true, staging);
   const int n = mpi_count("all_reduce", h);
   std::shared_ptr<Staging> s = started(std::move(staging));
-  return start_request("MPI_Iallreduce", [&](MPI_Request* r) {
+  return start_request("MPI_Iallreduce", wait_, [&](MPI_Request* r) {
     return MPI_Iallreduce(MPI_IN_PLACE, h.data, n, mpi_type(h.dtype), mpi_op(op), comm(), r);
   }, finishing(average_if(op, h, size_), std::move(s)));
 }
@@ -236,7 +240,7 @@ CommHandle MpiCommunicator::start_reduce_scatter(Tensor input, Tensor output, Re
   mpi_count("reduce_scatter", in);
   const int n = mpi_count("reduce_scatter", out);
   std::shared_ptr<Staging> s = started(std::move(staging));
-  return start_request("MPI_Ireduce_scatter_block", [&](MPI_Request* r) {
+  return start_request("MPI_Ireduce_scatter_block", wait_, [&](MPI_Request* r) {
     return MPI_Ireduce_scatter_block(in.data, out.data, n, mpi_type(in.dtype), mpi_op(op), comm(), r);
   }, finishing(average_if(op, out, size_), std::move(s)));
 }
@@ -249,7 +253,7 @@ CommHandle MpiCommunicator::start_all_gather(Tensor input, Tensor output) {
   mpi_count("all_gather", out);
   const MPI_Datatype type = mpi_type(in.dtype);
   std::shared_ptr<Staging> s = started(std::move(staging));
-  return start_request("MPI_Iallgather", [&](MPI_Request* r) {
+  return start_request("MPI_Iallgather", wait_, [&](MPI_Request* r) {
     return MPI_Iallgather(in.data, n, type, out.data, n, type, comm(), r);
   }, finishing(nullptr, std::move(s)));
 }
@@ -260,7 +264,7 @@ CommHandle MpiCommunicator::start_broadcast(Tensor t, int root) {
   const Tensor h = host_side("broadcast", t, rank_ == root, rank_ != root, staging);
   const int n = mpi_count("broadcast", h);
   std::shared_ptr<Staging> s = started(std::move(staging));
-  return start_request("MPI_Ibcast", [&](MPI_Request* r) {
+  return start_request("MPI_Ibcast", wait_, [&](MPI_Request* r) {
     return MPI_Ibcast(h.data, n, mpi_type(h.dtype), root, comm(), r);
   }, finishing(nullptr, std::move(s)));
 }
@@ -270,7 +274,7 @@ CommHandle MpiCommunicator::start_send(Tensor t, int dst, int tag) {
   const Tensor h = host_side("send", t, true, false, staging);
   const int n = mpi_count("send", h);
   std::shared_ptr<Staging> s = started(std::move(staging));
-  return start_request("MPI_Isend", [&](MPI_Request* r) {
+  return start_request("MPI_Isend", wait_, [&](MPI_Request* r) {
     return MPI_Isend(h.data, n, mpi_type(h.dtype), dst, tag, comm(), r);
   }, finishing(nullptr, std::move(s)));
 }
@@ -280,7 +284,7 @@ CommHandle MpiCommunicator::start_recv(Tensor t, int src, int tag) {
   const Tensor h = host_side("recv", t, false, true, staging);
   const int n = mpi_count("recv", h);
   std::shared_ptr<Staging> s = started(std::move(staging));
-  return start_request("MPI_Irecv", [&](MPI_Request* r) {
+  return start_request("MPI_Irecv", wait_, [&](MPI_Request* r) {
     return MPI_Irecv(h.data, n, mpi_type(h.dtype), src, tag, comm(), r);
   }, finishing(nullptr, std::move(s)));
 }
@@ -297,7 +301,7 @@ CommHandle MpiCommunicator::start_batch_send_recv(const std::vector<P2POp>& ops)
     counts.push_back(mpi_count("batch_send_recv", host.back()));
   }
   std::shared_ptr<Staging> s = started(std::move(staging));
-  auto request = std::make_unique<MpiRequest>(ops.size(), finishing(nullptr, std::move(s)));
+  auto request = std::make_unique<MpiRequest>(ops.size(), wait_, finishing(nullptr, std::move(s)));
   for (size_t i = 0; i < ops.size(); ++i) {
     const P2POp& o = ops[i];
     const Tensor& h = host[i];
@@ -315,10 +319,11 @@ GridComms mpi_grid_comms(const ProcessGrid& grid, MPI_Comm world, const Exec& co
   TESSERA_CHECK(comm_size(world) == grid.world_size() && comm_rank(world) == grid.rank(), "GridComms: the grid is for rank ",
                 grid.rank(), " of ", grid.world_size(), ", but this is rank ", comm_rank(world), " of ", comm_size(world));
   GridComms comms;
+  const MpiWait how = mpi_wait_on_this_node(world, cpu_threads());
   for (const GridGroup& g : grid_groups(grid)) {
     // Groups partition the world, so a group's lowest rank names it uniquely.
-    comms.*g.member = std::make_unique<MpiCommunicator>(
-        MpiCommunicator::split(world, static_cast<int>(g.world_ranks.front()), static_cast<int>(grid.rank())));
+    comms.*g.member = std::make_unique<MpiCommunicator>(MpiCommunicator::split(
+        world, static_cast<int>(g.world_ranks.front()), static_cast<int>(grid.rank()), how));
     if (!compute.device.is_cpu()) static_cast<MpiCommunicator&>(*(comms.*g.member)).stage_through_host(compute);
   }
   return comms;

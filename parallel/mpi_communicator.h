@@ -12,6 +12,7 @@
 
 #include "parallel/communicator.h"
 #include "parallel/grid_comms.h"
+#include "parallel/mpi.h"
 #include "parallel/process_grid.h"
 
 namespace tessera {
@@ -39,16 +40,17 @@ class MpiComm {
 // host: CommHandle::wait_on waits there (for any Exec).
 class MpiCommunicator : public Communicator {
  public:
-  // Collective over parent: MPI_Comm_dup.
-  static MpiCommunicator duplicate(MPI_Comm parent);
+  // Collective over parent: MPI_Comm_dup. `how`: how its ops are waited for (parallel/mpi.h).
+  static MpiCommunicator duplicate(MPI_Comm parent, MpiWait how = MpiWait::Spin);
   // Collective over parent: MPI_Comm_split; ranks with the same color share a communicator, ordered
   // by key.
-  static MpiCommunicator split(MPI_Comm parent, int color, int key);
+  static MpiCommunicator split(MPI_Comm parent, int color, int key, MpiWait how = MpiWait::Spin);
 
   int size() const override { return size_; }
   int rank() const override { return rank_; }
   // For MPI helpers such as throw_if_any_failed (parallel/mpi.h).
   MPI_Comm comm() const { return comm_.get(); }
+  MpiWait waits() const { return wait_; }
 
   // Device tensors (train.device = "cuda" with parallel.comm = "mpi": several ranks may share one
   // GPU), on compute's device: every op copies its device inputs to host buffers (page-locked,
@@ -69,7 +71,7 @@ class MpiCommunicator : public Communicator {
   CommHandle start_batch_send_recv(const std::vector<P2POp>& ops) override;
 
  private:
-  explicit MpiCommunicator(MpiComm comm);
+  MpiCommunicator(MpiComm comm, MpiWait how);
   struct Staging;
   class StagingPool;
   // What MPI reads or writes for t: t itself, or a host copy taken from staging (read: filled from
@@ -79,6 +81,7 @@ class MpiCommunicator : public Communicator {
   std::shared_ptr<Staging> started(Staging&& s) const;
   static std::function<void()> finishing(std::function<void()> host_step, std::shared_ptr<Staging> s);
   MpiComm comm_;
+  MpiWait wait_ = MpiWait::Spin;
   int size_ = 1, rank_ = 0;
   Exec compute_;        // stage_through_host's context; the CPU's until then
   bool staging_ = false, stage_all_ = false;
@@ -91,7 +94,8 @@ class MpiCommunicator : public Communicator {
 // follow the grid's group order: tp->rank() == grid.tp_rank(), dp_cp->rank() == cp_rank + cp x
 // dp_rank, world->rank() == grid.rank(). Throws tessera::Error when grid is not world's.
 // compute: the context of the trainer's tensors; on a device, every communicator stages them
-// through host buffers (MpiCommunicator::stage_through_host).
+// through host buffers (MpiCommunicator::stage_through_host). Their ops yield the core while they
+// wait where this node's ranks x OpenMP threads exceed its CPUs (mpi_wait_for), else spin.
 GridComms mpi_grid_comms(const ProcessGrid& grid, MPI_Comm world, const Exec& compute = Exec::cpu());
 
 // The trainer's communicators for parallel.comm = `backend`: "mpi" (mpi_grid_comms, staging device

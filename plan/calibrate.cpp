@@ -38,17 +38,18 @@ double mean_over(MPI_Comm world, double v) {
 // at least min_seconds on the slowest rank, all starting together (the load training puts on the
 // machine); the mean per run, averaged over the ranks. On a device the clock is read after
 // synchronize(ex): the kernels' time, not their launches'.
-double timed_mean(MPI_Comm world, const Exec& ex, double min_seconds, const std::function<void()>& f) {
+double timed_mean(MPI_Comm world, const CalibrationDevice& device, double min_seconds, const std::function<void()>& f) {
+  const Exec& ex = device.ex;
   f();
   synchronize(ex);
-  MPI_Barrier(world);
+  barrier(world, device.waits);
   double t0 = now();
   f();
   synchronize(ex);
   double once = now() - t0;
   check_mpi(MPI_Allreduce(MPI_IN_PLACE, &once, 1, MPI_DOUBLE, MPI_MAX, world), "MPI_Allreduce");
   const int64_t runs = std::clamp<int64_t>(int64_t(std::ceil(min_seconds / std::max(once, 1e-9))), 3, 1000000);
-  MPI_Barrier(world);
+  barrier(world, device.waits);
   t0 = now();
   for (int64_t i = 0; i < runs; ++i) f();
   synchronize(ex);
@@ -94,7 +95,7 @@ Link calibrate_group_link(MPI_Comm world, const CalibrationDevice& device, int g
       std::vector<double> runs;
       const int reps = bytes <= (1 << 20) ? 4 * o.repeats : o.repeats;
       for (int i = 0; i < reps; ++i) {
-        MPI_Barrier(world);
+        barrier(world, device.waits);
         const double t0 = now();
         run(bytes);  // blocking: the host waits for the device's copy too
         runs.push_back(now() - t0);
@@ -226,7 +227,7 @@ ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const Cal
     s.host_memory = false, s.usable_memory_fraction = 0.9;
     s.async_progress = device.comm == "nccl";
   }
-  const auto timed = [&](const std::function<void()>& f) { return timed_mean(world, ex, o.min_seconds, f); };
+  const auto timed = [&](const std::function<void()>& f) { return timed_mean(world, device, o.min_seconds, f); };
   const int64_t n = o.gemm_size;
   char line[256];
 
@@ -240,7 +241,7 @@ ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const Cal
     const Tensor ta = buf.f({size, size}, 1), tb = buf.f({size, size}, 0.5f), tc = buf.f({size, size}, 0);
     const Tensor tb16 = bf16 ? buf.bf16({size, size}) : Tensor();
     if (bf16) convert(ex, tb16, tb);
-    MPI_Barrier(world);
+    barrier(world, device.waits);
     const double seconds = timed([&] { matmul(ex, tc, ta, bf16 ? tb16 : tb, false, true); });
     return 2.0 * double(size * size * size) / seconds;
   };
@@ -294,7 +295,7 @@ ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const Cal
       const Tensor tb16 = buf.bf16({t.n, t.k});
       convert(ex, tb16, tb);
       for (bool bf16 : {false, true}) {
-        MPI_Barrier(world);
+        barrier(world, device.waits);
         const double seconds = timed([&] { matmul(ex, tc, ta, bf16 ? tb16 : tb, false, true); });
         const double rate = 2.0 * double(t.m) * double(t.n) * double(t.k) / seconds;
         s.gemm_rates.push_back({shape.m, shape.n, shape.k, bf16, rate});
@@ -322,7 +323,7 @@ ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const Cal
     const int64_t m = o.stream_elements;
     CalibrationBuffers buf(ex);
     const Tensor tx = buf.f({m}, 1), ty = buf.f({m}, 2);
-    MPI_Barrier(world);
+    barrier(world, device.waits);
     const double bw = 3.0 * 4.0 * double(m) / timed([&] { residual_forward(ex, ty, tx, ty); });
     s.memory_bandwidth = bw;
     std::snprintf(line, sizeof line, "memory bandwidth per rank: %.1f GB/s", bw / 1e9);
@@ -332,7 +333,7 @@ ClusterSpec calibrate_local(MPI_Comm world, const LocalMachine& local, const Cal
   {
     CalibrationBuffers buf(ex);
     const Tensor tx = buf.f({64}, 1), ty = buf.f({64}, 2);
-    MPI_Barrier(world);
+    barrier(world, device.waits);
     const double per_op = timed([&] {
                             for (int i = 0; i < 1000; ++i) residual_forward(ex, ty, tx, ty);
                           }) / 1000;

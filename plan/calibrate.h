@@ -14,6 +14,7 @@
 #include <string>
 
 #include "kernels/exec.h"
+#include "parallel/mpi.h"
 #include "plan/cluster.h"
 #include "plan/cost_model.h"
 
@@ -28,6 +29,7 @@ namespace tessera::plan {
 struct CalibrationDevice {
   Exec ex = Exec::cpu();
   std::string comm = "mpi";
+  MpiWait waits = MpiWait::Spin;  // how the ranks wait in barriers, as the trainer's (parallel/mpi.h)
 };
 
 // What the runtime says of a CUDA device: its name ("NVIDIA H100 80GB HBM3 (sm_90, 79.1 GiB)") and

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "error_testing.h"
+#include "kernels/backend_info.h"
 #include "kernels/elementwise.h"
 #include "kernels/exec.h"
 #include "mpi_testing.h"
@@ -244,6 +245,50 @@ TEST(Communicator, GridGroupsReduceOnlyTheirMembers) {
                                                       comms.dp_cp.get(), comms.tp_cp.get(), comms.embedding.get(),
                                                       comms.world.get()}));
   }
+}
+
+// A communicator whose waits yield the core (ranks sharing cores) gives what a spinning one gives:
+// every op, in place and out of place, and a ring of point-to-point messages.
+TEST(Communicator, YieldingWaitsGiveTheSameResults) {
+  MpiCommunicator spin = world_comm();
+  MpiCommunicator yield = MpiCommunicator::duplicate(test_world(), MpiWait::Yield);
+  EXPECT_EQ(spin.waits(), MpiWait::Spin);
+  EXPECT_EQ(yield.waits(), MpiWait::Yield);
+  const int p = spin.size(), r = spin.rank();
+  const auto run = [&](MpiCommunicator& c) {
+    std::vector<float> sum(6), scattered(2), gathered(static_cast<size_t>(p) * 2), ring(3, -1);
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] = static_cast<float>(r * 10 + static_cast<int>(i));
+    c.all_reduce(view(sum), ReduceOp::Average);
+    std::vector<float> in(static_cast<size_t>(p) * 2);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(r + static_cast<int>(i));
+    c.reduce_scatter(view(in), view(scattered));
+    std::vector<float> mine = {static_cast<float>(r), static_cast<float>(-r)};
+    c.all_gather(view(mine), view(gathered));
+    std::vector<float> root(2, static_cast<float>(r));
+    c.broadcast(view(root), p - 1);
+    std::vector<float> out = {static_cast<float>(r), 1.5f, 2.5f};
+    CommHandle got = c.recv_async(view(ring), (r + p - 1) % p, 5);
+    c.send_async(view(out), (r + 1) % p, 5).wait();
+    got.wait();
+    std::vector<float> all = sum;
+    for (const auto* v : {&scattered, &gathered, &root, &ring}) all.insert(all.end(), v->begin(), v->end());
+    return all;
+  };
+  const std::vector<float> spun = run(spin), yielded = run(yield);
+  EXPECT_EQ(spun, yielded);
+  EXPECT_EQ(yielded[0], 10.0f * static_cast<float>(p - 1) / 2.0f);  // the average of r * 10
+  EXPECT_EQ(yielded.back(), 2.5f);
+}
+
+// The grid's communicators wait as this node's ranks and threads say (parallel/mpi.h): yield where
+// the ranks outnumber the CPUs (4 ranks on a 2-core machine), else spin.
+TEST(Communicator, GridCommsWaitAsTheNodeSays) {
+  MPI_Comm world = test_world();
+  const int64_t p = comm_size(world);
+  const ProcessGrid grid({}, p, comm_rank(world));
+  GridComms comms = mpi_grid_comms(grid, world);
+  const MpiWait expected = mpi_wait_on_this_node(world, cpu_threads());
+  for (Communicator* c : comms.all()) EXPECT_EQ(static_cast<MpiCommunicator&>(*c).waits(), expected);
 }
 
 TEST(Communicator, GridCommsRefuseAGridOfAnotherWorld) {
