@@ -355,6 +355,7 @@ struct ParallelConfig {
   bool overlap_grad_reduce = true;
   double timeout_s = 0.0;
   std::string comm = "mpi";
+  std::string mpi_wait = "auto";    // parallel/mpi.h MpiWait
   std::string layout = "explicit";  // "auto": app/auto_layout.h plans the keys above at start
   std::string cluster = "local";    // what "auto" plans for: local, a preset or a [cluster] file
 
@@ -429,6 +430,12 @@ struct ParallelConfig {
             "are staged through pinned host buffers, so several ranks may share one GPU) or nccl (device buffers, "
             "parallel/nccl_communicator.h; needs train.device = \"cuda\" and one GPU per rank)",
             Allowed::one_of({"mpi", "nccl"}));
+    v.field("mpi_wait", mpi_wait, "how a rank waits for its MPI collectives and transfers (parallel.comm = "
+            "\"mpi\"): spin (poll without pause: the least latency where every rank has cores of its own), yield "
+            "(poll, giving the core away between polls: where ranks share cores, a spinning rank holds its core "
+            "until the scheduler's tick while the rank it waits for needs it) or auto (yield where this node's "
+            "ranks x OpenMP threads exceed the CPUs their affinity masks allow, else spin; a CPU quota the masks "
+            "do not show needs yield set by hand; docs/parallel.md)", Allowed::one_of({"auto", "spin", "yield"}));
     v.field("layout", layout, "explicit: the layout keys above as given; auto: `tessera train` plans them at "
             "start for the ranks it has (the planner of `tessera plan`: dp, tp, pp, vpp, pp_schedule, cp, cp_comm, "
             "sequence_parallel, zero, model.recompute and, when 0, train.micro_batch) and prints the choice; "

@@ -135,8 +135,6 @@ std::string rank_ranges(const std::vector<int>& ranks) {
 
 std::string launch_summary(MPI_Comm world, const LaunchArgs& args) {
   const int threads = omp_get_max_threads();
-  const NodeCpus node = node_cpus(world);
-  const MpiWait waits = mpi_wait_for(node.ranks_on_node, threads, node.cpus_of_node_ranks);
   const std::vector<std::string> all = allgather_bytes(world, host_name() + "\n" + std::to_string(threads));
   if (comm_rank(world) != 0) return "";
   std::vector<std::string> hosts;
@@ -152,13 +150,7 @@ std::string launch_summary(MPI_Comm world, const LaunchArgs& args) {
   if (hi != lo) os << "-" << hi;
   os << (hi == 1 ? " OpenMP thread" : " OpenMP threads") << " per rank | device CPU\n";
   os << launcher_line(static_cast<int>(all.size())) << "\n";
-  os << "mpi: " << mpi_library();
-  if (all.size() > 1) {
-    // rank 0's node: the communicators' waits (parallel/mpi.h MpiWait)
-    os << " | waits " << to_string(waits) << " (" << node.ranks_on_node << " ranks x " << threads
-       << (threads == 1 ? " thread on " : " threads on ") << node.cpus_of_node_ranks << " CPUs)";
-  }
-  os << "\n";
+  os << "mpi: " << mpi_library() << "\n";
   os << "config: " << args.config_path;
   for (const std::string& o : args.overrides) os << " --set " << o;
   os << "\n";

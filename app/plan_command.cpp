@@ -27,6 +27,7 @@
 #include "model/recompute_ops.h"
 #include "model/stage_cut.h"
 #include "parallel/mpi.h"
+#include "parallel/mpi_communicator.h"
 #include "parallel/tp_compression.h"
 #include "plan/calibrate.h"
 #include "plan/recompute_choice.h"
@@ -560,6 +561,73 @@ void calibrate_chain_scale(MPI_Comm world, const Config& base, const plan::Calib
          << "that; calibrate again on a quiet machine\n";
 }
 
+// cluster.h tp_scales: the whole model forward and backward at tp = 2, 4, ... (each degree that
+// divides the ranks and that the model accepts; every tp group at once, its ranks timing their
+// shards together through the trainer's communicators) at the chain scale's micro-batch (the
+// largest measured up to 8 sequences), against the prediction for the same work with the chain
+// scales just measured: the computation and the tp collectives on the fitted link.
+void calibrate_tp_scales(MPI_Comm world, const Config& base, const plan::CalibrationDevice& device, plan::ClusterSpec& c,
+                         std::ostream* out) {
+  const int64_t ranks = comm_size(world);
+  if (ranks < 2 || c.chain_scales.empty()) return;
+  Config cfg = base;
+  ParallelConfig& p = cfg.parallel;
+  p.dp = -1, p.pp = p.vpp = p.cp = 1, p.zero = 0, p.sequence_parallel = false, p.pp_layers.clear();
+  p.tp_overlap_chunks = 1, p.tp_comm_compression = "none";
+  p.tp_comm_compression_forward = p.tp_comm_compression_backward = "";
+  cfg.model.recompute = "none", cfg.model.recompute_layers = 0;
+  cfg.model.recompute_ops.clear(), cfg.model.recompute_ops_layers.clear();
+  int64_t mb = 1;
+  for (const plan::ChainScale& s : c.chain_scales)
+    if (s.tokens <= 8 * cfg.train.seq_len) mb = s.tokens / cfg.train.seq_len;
+  cfg.train.micro_batch = mb;
+  c.tp_scales.clear();
+  std::vector<plan::TpScale> scales;
+  for (int64_t tp = 2; tp <= ranks; tp *= 2) {
+    if (ranks % tp != 0) continue;
+    p.tp = tp;
+    const ModelConfig probe = to_model_config(cfg, data_vocab_size(cfg));
+    try {
+      validate_layout(cfg, probe, ranks);  // the same config on every rank: all skip together
+    } catch (const Error&) {
+      continue;  // a degree this model refuses (heads, vocabulary)
+    }
+    const ProcessGrid grid(GridDegrees{tp, 1, 1, -1}, ranks, comm_rank(world));
+    GridComms comms = make_grid_comms(grid, world, device.ex, device.comm, device.waits);
+    const TensorParallel group{comms.tp.get()};
+    plan::TpScale scale;
+    scale.tp = tp;
+    for (const bool bf16 : {false, true}) {
+      cfg.train.dtype = bf16 ? "bf16" : "fp32";
+      const ModelConfig mc = to_model_config(cfg, data_vocab_size(cfg));
+      barrier(world, device.waits);
+      const double mine = measure_stage_time(cfg, mc, device.ex, {resolve(mc).n_layer}, 0, 5, group);
+      double sum = 0;
+      check_mpi(MPI_Allreduce(&mine, &sum, 1, MPI_DOUBLE, MPI_SUM, world), "MPI_Allreduce");
+      const double measured = sum / double(ranks);
+      plan::Layout l;
+      l.tp = tp, l.micro_batch = mb, l.bf16 = bf16;
+      plan::Workload w = workload_of(cfg);
+      w.global_batch = mb;  // one micro-batch
+      const plan::StepCost s = plan::predict_step(w, l, c);
+      const double predicted = (s.compute + s.tp_exposed) / double(s.micro_batches);
+      (bf16 ? scale.bf16 : scale.fp32) = measured / predicted;
+      if (out) {
+        char line[320];
+        std::snprintf(line, sizeof line,
+                      "the model forward + backward at tp %lld (micro-batch %lld, %s, every group at once): %.2f ms "
+                      "measured, %.2f ms predicted (ops %.2f, tp collectives %.2f): tp scale %.3f\n",
+                      (long long)tp, (long long)mb, bf16 ? "bf16" : "fp32", 1e3 * measured, 1e3 * predicted,
+                      1e3 * s.compute / double(s.micro_batches), 1e3 * s.tp_exposed / double(s.micro_batches),
+                      measured / predicted);
+        *out << line << std::flush;
+      }
+    }
+    scales.push_back(scale);
+  }
+  c.tp_scales = scales;
+}
+
 namespace {
 bool is_calibrate_key(const std::string& assignment) { return assignment.rfind("calibrate.", 0) == 0; }
 
@@ -666,7 +734,7 @@ int run_calibrate_command(const PlanArgs& args, std::ostream& out) {
   target.ex = device.is_cpu() ? Exec::cpu() : Exec::cuda(device.index, stream.stream());
   target.comm = with_config ? cfg.parallel.comm : "mpi";
   set_threads_per_rank(world);  // as train runs its ranks (app/launch.h)
-  target.waits = mpi_wait_on_this_node(world, cpu_threads());  // as the trainer's communicators wait
+  target.waits = resolve_mpi_wait(with_config ? cfg.parallel.mpi_wait : "auto", world, cpu_threads());  // as train's
   const AvailableMemory avail = available_host_memory();
   const plan::LocalMachine local = plan::this_machine(ranks, double(avail.bytes));
   const int64_t node_ranks = ranks_on_this_node(world);
@@ -679,6 +747,7 @@ int run_calibrate_command(const PlanArgs& args, std::ostream& out) {
   if (with_config) {
     try {
       calibrate_chain_scale(world, cfg, target, c, lead ? &out : nullptr);
+      calibrate_tp_scales(world, cfg, target, c, lead ? &out : nullptr);
     } catch (const Error& e) {
       error = e.what();
     }

@@ -28,14 +28,18 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// One stage of the model on a store of its own (tp = 1), initialized as the trainer initializes its
-// model (the run's seed and dtype; the whole model's recomputation policy for its layers).
+// One stage of the model on a store of its own (tp = 1, or this rank's shard of tp's group),
+// initialized as the trainer initializes its model (the run's seed and dtype; the whole model's
+// recomputation policy for its layers).
 struct TimedStage {
   Allocator alloc;
   ParameterStore ps;
   Gpt gpt;
-  TimedStage(const Config& cfg, const ModelConfig& mc, const Exec& ex, const StageSpec& stage)
-      : alloc(ex.device, ex.stream), ps(alloc, DType::F32), gpt(mc, ps, recompute_policy(cfg), {}, stage) {
+  TimedStage(const Config& cfg, const ModelConfig& mc, const Exec& ex, const StageSpec& stage,
+             const TensorParallel& tp = {})
+      : alloc(ex.device, ex.stream),
+        ps(alloc, DType::F32, ShardLayout{static_cast<int>(tp.size()), static_cast<int>(tp.rank())}),
+        gpt(mc, ps, recompute_policy(cfg), tp, stage) {
     ps.finalize();
     if (cfg.train.dtype == "bf16") ps.enable_compute_copy(DType::BF16);
     ps.initialize(ex, static_cast<uint64_t>(cfg.train.seed));
@@ -114,8 +118,8 @@ class MicroBatch {
 
 // The median of `repeats` timed runs after one warm-up (first-touch pages, cached workspaces).
 double median_time(const Config& cfg, const ModelConfig& mc, const Exec& ex, const MicroBatch& mb,
-                   const StageSpec& stage, bool images, int repeats) {
-  TimedStage s(cfg, mc, ex, stage);
+                   const StageSpec& stage, bool images, int repeats, const TensorParallel& tp = {}) {
+  TimedStage s(cfg, mc, ex, stage, tp);
   const Exec local{ex.device, ex.stream, ex.device.is_cpu() ? &s.alloc : nullptr};
   mb.run(local, s, images);
   std::vector<double> t;
@@ -339,7 +343,7 @@ PartTimes measure_part_times(const Config& cfg, const ModelConfig& mc, const Exe
 }
 
 double measure_stage_time(const Config& cfg, const ModelConfig& mc, const Exec& ex, const std::vector<int64_t>& chunk_blocks,
-                          int64_t index, int repeats) {
+                          int64_t index, int repeats, const TensorParallel& tp) {
   const ModelConfig m = resolve(mc);
   const std::vector<int64_t> starts = starts_of(chunk_blocks);
   const int64_t last = static_cast<int64_t>(chunk_blocks.size()) - 1;
@@ -347,7 +351,7 @@ double measure_stage_time(const Config& cfg, const ModelConfig& mc, const Exec& 
                 count_list(chunk_blocks), " for model.n_layer = ", m.n_layer);
   const StageSpec stage{starts[static_cast<size_t>(index)], starts[static_cast<size_t>(index) + 1], index == 0, index == last};
   const MicroBatch mb(cfg, m, ex);
-  return median_time(cfg, m, ex, mb, stage, index == 0 && m.is_vlm(), repeats);
+  return median_time(cfg, m, ex, mb, stage, index == 0 && m.is_vlm(), repeats, tp);
 }
 
 std::string MeasuredCut::describe() const {

@@ -17,6 +17,7 @@
 #include "kernels/exec.h"
 #include "model/config.h"
 #include "model/stage_cut_measured.h"
+#include "parallel/tensor_parallel.h"
 
 namespace tessera {
 
@@ -41,9 +42,10 @@ PartTimes measure_part_times(const Config& cfg, const ModelConfig& mc, const Exe
 // The seconds of chunk `index` of a cut (chunk_blocks: blocks per chunk, model order; vpp = 1: per
 // stage), built whole (its blocks, and the embedding, vision tower and head where it holds them)
 // and timed as measure_part_times times a part: what the header prints beside the prediction (the
-// sum of the parts; a stage's measured time is the sum of its chunks').
+// sum of the parts; a stage's measured time is the sum of its chunks'). tp: the chunk's tensor-
+// parallel group (collective over tp.comm: every rank of it times its shard together); {}: tp = 1.
 double measure_stage_time(const Config& cfg, const ModelConfig& mc, const Exec& ex, const std::vector<int64_t>& chunk_blocks,
-                          int64_t index, int repeats = kPpCutRepeats);
+                          int64_t index, int repeats = kPpCutRepeats, const TensorParallel& tp = {});
 
 struct MeasuredCut {
   PartTimes times;                      // the measured parts (rank 0's, broadcast)

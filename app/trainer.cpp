@@ -111,8 +111,9 @@ Device train_device(const Config& cfg, MPI_Comm comm) {
 // (tests/app/test_staged_comms.cpp): TESSERA_TEST_STAGE_COMMS set makes every MPI communicator stage
 // host tensors through host copies too, the path device tensors take with train.device = "cuda",
 // so that the CPU suite trains through it.
-std::unique_ptr<GridComms> grid_comms_of(const ProcessGrid& grid, MPI_Comm world, const Exec& ex, const std::string& comm) {
-  auto comms = std::make_unique<GridComms>(make_grid_comms(grid, world, ex, comm));
+std::unique_ptr<GridComms> grid_comms_of(const ProcessGrid& grid, MPI_Comm world, const Exec& ex, const ParallelConfig& p) {
+  const MpiWait waits = resolve_mpi_wait(p.mpi_wait, world, cpu_threads());
+  auto comms = std::make_unique<GridComms>(make_grid_comms(grid, world, ex, p.comm, waits));
   if (std::getenv("TESSERA_TEST_STAGE_COMMS"))
     for (Communicator* c : comms->all())
       if (auto* m = dynamic_cast<MpiCommunicator*>(c)) m->stage_through_host(ex, /*always=*/true);
@@ -214,7 +215,7 @@ Trainer::Trainer(const Config& cfg, const std::string& run_dir, MPI_Comm comm, W
   validate_layout(cfg_, mc, grid_.world_size());
   if (grid_.pp_size() > 1) validate_pipeline(cfg_, grid_.dp_size());  // micro-batches per step against pp
   const std::string ckpt_dir = checkpoint_dir(cfg_, run_dir_);
-  if (comm != MPI_COMM_NULL && grid_.world_size() > 1) comms_ = grid_comms_of(grid_, comm, ex_, cfg_.parallel.comm);
+  if (comm != MPI_COMM_NULL && grid_.world_size() > 1) comms_ = grid_comms_of(grid_, comm, ex_, cfg_.parallel);
   watchdog_ = watchdog;
   if (watchdog && comms_) comms_->watch(*watchdog, grid_, cfg_.parallel.timeout_s);
   cp_ = context_parallel_of(cfg_.parallel, comms_.get());
@@ -633,7 +634,7 @@ void Trainer::switch_layout(const ParallelConfig& next) {
   cfg_.parallel = next;
   const int64_t world = grid_.world_size();
   grid_ = ProcessGrid(grid_degrees(cfg_.parallel), world, world_rank_of(world_));
-  if (world_ != MPI_COMM_NULL && world > 1) comms_ = grid_comms_of(grid_, world_, ex_, cfg_.parallel.comm);
+  if (world_ != MPI_COMM_NULL && world > 1) comms_ = grid_comms_of(grid_, world_, ex_, cfg_.parallel);
   if (watchdog_ && comms_) comms_->watch(*watchdog_, grid_, cfg_.parallel.timeout_s);
   cp_ = context_parallel_of(cfg_.parallel, comms_.get());
   tp_compression_ = make_tp_compression(cfg_.parallel, alloc_);  // parallel.tp_comm_compression
@@ -1173,6 +1174,9 @@ void Trainer::print_header() {
        << (grid_.pp_size() > 1 ? " x pp " + std::to_string(grid_.pp_size()) + " (" + cfg_.parallel.pp_schedule + ")" : "")
        << (grid_.tp_size() > 1 && cfg_.parallel.sequence_parallel ? " (sequence parallel)" : "") << "; "
        << params_->numel() << " parameters per rank";
+  if (comms_)
+    if (const auto* mpi = dynamic_cast<const MpiCommunicator*>(comms_->world.get()))
+      os << "; MPI waits " << to_string(mpi->waits()) << " (parallel.mpi_wait = " << cfg_.parallel.mpi_wait << ")";
   if (recompute_in_bubbles(cfg_))
     os << "\nbubble recomputation: at most " << cfg_.model.recompute_ahead
        << " recomputed micro-batches held (model.recompute_ahead"

@@ -112,6 +112,13 @@ MpiWait mpi_wait_on_this_node(MPI_Comm comm, int64_t threads_per_rank) {
   return mpi_wait_for(node.ranks_on_node, threads_per_rank, node.cpus_of_node_ranks);
 }
 
+MpiWait resolve_mpi_wait(const std::string& setting, MPI_Comm comm, int64_t threads_per_rank) {
+  if (setting == "spin") return MpiWait::Spin;
+  if (setting == "yield") return MpiWait::Yield;
+  TESSERA_CHECK(setting == "auto", "parallel.mpi_wait = \"", setting, "\": expected auto, spin or yield");
+  return mpi_wait_on_this_node(comm, threads_per_rank);
+}
+
 void wait_requests(MpiWait how, int n, MPI_Request* requests) {
   if (how == MpiWait::Spin) {
     check_mpi(MPI_Waitall(n, requests, MPI_STATUSES_IGNORE), "MPI_Waitall");

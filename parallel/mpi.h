@@ -71,6 +71,9 @@ struct NodeCpus {
 NodeCpus node_cpus(MPI_Comm comm);
 // Collective over comm: mpi_wait_for this node's ranks, threads_per_rank and the node's ranks' CPUs.
 MpiWait mpi_wait_on_this_node(MPI_Comm comm, int64_t threads_per_rank);
+// parallel.mpi_wait: "spin", "yield", or "auto" (mpi_wait_on_this_node: collective over comm).
+// Throws tessera::Error for another value.
+MpiWait resolve_mpi_wait(const std::string& setting, MPI_Comm comm, int64_t threads_per_rank);
 // Completes n requests the way `how` says (MPI_Waitall, or the yielding loop of MPI_Testall).
 void wait_requests(MpiWait how, int n, MPI_Request* requests);
 // MPI_Barrier, waited for the way `how` says (MPI_Ibarrier).

@@ -315,11 +315,11 @@ CommHandle MpiCommunicator::start_batch_send_recv(const std::vector<P2POp>& ops)
 
 // ---- GridComms over MPI ----
 
-GridComms mpi_grid_comms(const ProcessGrid& grid, MPI_Comm world, const Exec& compute) {
+GridComms mpi_grid_comms(const ProcessGrid& grid, MPI_Comm world, const Exec& compute, std::optional<MpiWait> waits) {
   TESSERA_CHECK(comm_size(world) == grid.world_size() && comm_rank(world) == grid.rank(), "GridComms: the grid is for rank ",
                 grid.rank(), " of ", grid.world_size(), ", but this is rank ", comm_rank(world), " of ", comm_size(world));
   GridComms comms;
-  const MpiWait how = mpi_wait_on_this_node(world, cpu_threads());
+  const MpiWait how = waits ? *waits : mpi_wait_on_this_node(world, cpu_threads());
   for (const GridGroup& g : grid_groups(grid)) {
     // Groups partition the world, so a group's lowest rank names it uniquely.
     comms.*g.member = std::make_unique<MpiCommunicator>(MpiCommunicator::split(
@@ -329,8 +329,9 @@ GridComms mpi_grid_comms(const ProcessGrid& grid, MPI_Comm world, const Exec& co
   return comms;
 }
 
-GridComms make_grid_comms(const ProcessGrid& grid, MPI_Comm world, const Exec& compute, const std::string& backend) {
-  if (backend != "nccl") return mpi_grid_comms(grid, world, compute);
+GridComms make_grid_comms(const ProcessGrid& grid, MPI_Comm world, const Exec& compute, const std::string& backend,
+                          std::optional<MpiWait> waits) {
+  if (backend != "nccl") return mpi_grid_comms(grid, world, compute, waits);
   TESSERA_CHECK(!compute.device.is_cpu(), "parallel.comm = \"nccl\" moves device tensors: it needs train.device = "
                 "\"cuda\" (the CPU's ranks use parallel.comm = \"mpi\")");
 #ifdef TESSERA_WITH_NCCL

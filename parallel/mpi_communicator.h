@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -94,14 +95,18 @@ class MpiCommunicator : public Communicator {
 // follow the grid's group order: tp->rank() == grid.tp_rank(), dp_cp->rank() == cp_rank + cp x
 // dp_rank, world->rank() == grid.rank(). Throws tessera::Error when grid is not world's.
 // compute: the context of the trainer's tensors; on a device, every communicator stages them
-// through host buffers (MpiCommunicator::stage_through_host). Their ops yield the core while they
-// wait where this node's ranks x OpenMP threads exceed its CPUs (mpi_wait_for), else spin.
-GridComms mpi_grid_comms(const ProcessGrid& grid, MPI_Comm world, const Exec& compute = Exec::cpu());
+// through host buffers (MpiCommunicator::stage_through_host). waits: how their ops are waited for;
+// unset: as this node's ranks and OpenMP threads say (mpi_wait_on_this_node: yield where they
+// outnumber its CPUs, else spin).
+GridComms mpi_grid_comms(const ProcessGrid& grid, MPI_Comm world, const Exec& compute = Exec::cpu(),
+                         std::optional<MpiWait> waits = std::nullopt);
 
 // The trainer's communicators for parallel.comm = `backend`: "mpi" (mpi_grid_comms, staging device
 // tensors through host buffers), or "nccl" (nccl_grid_comms, parallel/nccl_communicator.h: device
 // tensors on compute's CUDA device; a build without the CUDA backend, or a CPU compute context, is
 // an Error naming the key). Collective over world.
-GridComms make_grid_comms(const ProcessGrid& grid, MPI_Comm world, const Exec& compute, const std::string& backend);
+// waits: the MPI communicators' (mpi_grid_comms); NCCL's ignore it.
+GridComms make_grid_comms(const ProcessGrid& grid, MPI_Comm world, const Exec& compute, const std::string& backend,
+                          std::optional<MpiWait> waits = std::nullopt);
 
 }  // namespace tessera

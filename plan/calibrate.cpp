@@ -81,7 +81,7 @@ Link calibrate_group_link(MPI_Comm world, const CalibrationDevice& device, int g
                            (group < ranks ? " (" + std::to_string(ranks / group) + " groups at once)" : "");
   // The trainer's communicator on this device for a tensor-parallel group of this size.
   const ProcessGrid grid(GridDegrees{group, 1, 1, -1}, ranks, comm_rank(world));
-  GridComms comms = make_grid_comms(grid, world, ex, device.comm);
+  GridComms comms = make_grid_comms(grid, world, ex, device.comm, device.waits);
   Communicator& comm = *comms.tp;
   CalibrationBuffers buf(ex);
   // Zeros: sums of sums stay finite however often they run.

@@ -557,7 +557,45 @@ std::vector<ChainScale> parse_chain_scales(const toml::node& node, const std::st
   std::sort(out.begin(), out.end(), [](const ChainScale& a, const ChainScale& b) { return a.tokens < b.tokens; });
   return out;
 }
+// cluster.tp_scales = [[tp, fp32, bf16], ...]: tp of at least 2, positive scales, each tp once; kept
+// ascending.
+std::vector<TpScale> parse_tp_scales(const toml::node& node, const std::string& source) {
+  const std::string what = "cluster.tp_scales (" + at(source, node) + ")";
+  const std::string form = " must be [tp degree, fp32 scale, bf16 scale]";
+  const toml::array* rows = node.as_array();
+  TESSERA_CHECK(rows != nullptr, what, form);
+  std::vector<TpScale> out;
+  size_t entry = 0;
+  for (const toml::node& row : *rows) {
+    const toml::array* r = row.as_array();
+    TESSERA_CHECK(r && r->size() == 3, what, ": entry ", entry, form);
+    const toml::node* tp = r->get(0);
+    TESSERA_CHECK(tp && tp->is_integer() && tp->as_integer()->get() >= 2, what, ": entry ", entry,
+                  " field 0 must be the tp degree: an integer of at least 2");
+    TpScale s;
+    s.tp = tp->as_integer()->get();
+    for (const TpScale& seen : out)
+      TESSERA_CHECK(seen.tp != s.tp, what, ": entry ", entry, " gives tp ", s.tp, " a second time");
+    s.fp32 = positive_field(*r, 1, what, entry, "a positive scale");
+    s.bf16 = positive_field(*r, 2, what, entry, "a positive scale");
+    out.push_back(s);
+    ++entry;
+  }
+  std::sort(out.begin(), out.end(), [](const TpScale& a, const TpScale& b) { return a.tp < b.tp; });
+  return out;
+}
 }  // namespace
+
+double ClusterSpec::tp_scale(int64_t tp, bool bf16) const {
+  if (tp <= 1 || tp_scales.empty()) return 1;
+  const TpScale* best = nullptr;
+  double best_distance = 0;
+  for (const TpScale& t : tp_scales) {  // ascending: <= keeps the larger on a tie
+    const double distance = std::abs(std::log(double(t.tp) / double(tp)));
+    if (!best || distance <= best_distance) best = &t, best_distance = distance;
+  }
+  return bf16 ? best->bf16 : best->fp32;
+}
 
 double ClusterSpec::chain_scale(bool bf16, double tokens) const {
   if (chain_scales.empty()) return chain_scale(bf16);
@@ -639,11 +677,17 @@ ClusterSpec parse_cluster(const std::string& text, const std::string& source, co
                   ": calibrate again with this build");
     s.chain_scales = parse_chain_scales(*g, source);
   }
+  if (const toml::node* g = t->get("tp_scales")) {
+    TESSERA_CHECK(version >= 7, "cluster.tp_scales (", at(source, *g), ") needs format_version = 7 or later; ",
+                  source, " says ", version, t->get("format_version") ? "" : " (no format_version key)",
+                  ": calibrate again with this build");
+    s.tp_scales = parse_tp_scales(*g, source);
+  }
   std::set<std::string> given;
   for (auto&& [k, node] : *t) {
     const std::string key(k.str());
     if (key == "base" || key == "format_version" || key == "gemm_rates" || key == "op_times" || key == "group_links" ||
-        key == "chain_scales")
+        key == "chain_scales" || key == "tp_scales")
       continue;
     const Field* f = find_field(key);
     if (!f) {
@@ -729,11 +773,17 @@ std::string cluster_to_toml(const ClusterSpec& s) {
     os << "\n";
   }
   os << "# the file's format (1: no gemm_rates, 2: no op_times, 3: no linear_* ops, 4: no group_links, 5: no "
-        "chain_scales)\nformat_version = " << kClusterFormatVersion << "\n";
+        "chain_scales, 6: no tp_scales)\nformat_version = " << kClusterFormatVersion << "\n";
   if (!s.chain_scales.empty()) {
     os << "# the chain scale by micro-batch size (replaces chain_scale_fp32 and _bf16; interpolated in\n"
           "# log(tokens)): [positions per rank of a micro-batch, fp32, bf16]\nchain_scales = [\n";
     for (const ChainScale& c : s.chain_scales) os << "  [" << c.tokens << ", " << c.fp32 << ", " << c.bf16 << "],\n";
+    os << "]\n";
+  }
+  if (!s.tp_scales.empty()) {
+    os << "# the model's forward + backward at each tp degree measured over its prediction: [tp, fp32, bf16]\n"
+          "tp_scales = [\n";
+    for (const TpScale& t : s.tp_scales) os << "  [" << t.tp << ", " << t.fp32 << ", " << t.bf16 << "],\n";
     os << "]\n";
   }
   if (!s.group_links.empty()) {
@@ -776,12 +826,16 @@ std::vector<ClusterKey> cluster_keys() {
   std::vector<ClusterKey> keys{{"base", "a preset to start from (its keys are then all optional)"}};
   for (const Field& f : fields()) keys.push_back({f.key, f.meaning});
   keys.push_back({"format_version", "the file's format: 1 (no such key), 2 (gemm_rates), 3 (op_times), 4 (the "
-                                    "linear_* ops in op_times), 5 (group_links) or 6 (chain_scales); later "
-                                    "versions are refused"});
+                                    "linear_* ops in op_times), 5 (group_links), 6 (chain_scales) or 7 "
+                                    "(tp_scales); later versions are refused"});
   keys.push_back({"chain_scales", "[[tokens, fp32, bf16], ...]: the chain scale measured at each micro-batch size "
                                   "(positions per rank of a micro-batch); a layout takes it interpolated in "
                                   "log(tokens), and it replaces chain_scale_fp32 and chain_scale_bf16 "
                                   "(format_version 6)"});
+  keys.push_back({"tp_scales", "[[tp, fp32, bf16], ...]: the whole model's forward + backward at each tp degree "
+                               "(every tp group at once) measured over its prediction; a tp layout's computation "
+                               "and tp collectives take the scale of its tp, or of the nearest measured "
+                               "(format_version 7)"});
   keys.push_back({"group_links", "[[ranks, \"all_reduce\" | \"all_gather\" | \"reduce_scatter\" | \"p2p\", GB/s, "
                                  "microseconds], ...]: links within a node fitted on groups of that many ranks "
                                  "(`tessera plan --calibrate` on 4 or more ranks); a group of another size takes the "

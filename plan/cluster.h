@@ -84,11 +84,21 @@ struct ChainScale {
   bool operator==(const ChainScale&) const = default;
 };
 
+// The tensor-parallel scale (ClusterSpec::tp_scales) of one tp degree: the whole model's forward +
+// backward at tp = `tp` (every group at once) measured over its prediction (its ops' times, the
+// chain scale and the tp collectives on the fitted link), by dtype.
+struct TpScale {
+  int64_t tp = 2;
+  double fp32 = 1, bf16 = 1;
+  bool operator==(const TpScale&) const = default;
+};
+
 // The version of the cluster file that cluster_to_toml writes: 1 had no format_version key (and is
 // read as before), 2 adds gemm_rates, 3 adds op_times, 4 the linear_* ops in op_times. A file of a
 // later version is refused, op_times in a file that says it is of version 1 or 2, and linear_* ops
-// in one of version 3. 5 adds group_links (links by group size), 6 chain_scales (by micro-batch).
-inline constexpr int64_t kClusterFormatVersion = 6;
+// in one of version 3. 5 adds group_links (links by group size), 6 chain_scales (by micro-batch), 7
+// tp_scales (by tp degree).
+inline constexpr int64_t kClusterFormatVersion = 7;
 
 struct ClusterSpec {
   std::string name = "custom";
@@ -124,6 +134,11 @@ struct ClusterSpec {
   // runs its ops at the shapes they were timed at but pays more per op in a chain (on the 4-rank
   // GPT-2 here, bf16: 1.51 at one sequence, 1.23 at four). Non-empty: it replaces the two above.
   std::vector<ChainScale> chain_scales;
+  // The model's forward + backward at each tp degree measured over its prediction (calibration on
+  // 2 or more ranks; ascending tp): what a tp layout's ranks pay beyond its ops and the link's
+  // collectives, e.g. a collective's partner waiting to be scheduled where ranks share cores.
+  // Multiplies a tp layout's computation and tp collectives; empty, or tp = 1: 1.
+  std::vector<TpScale> tp_scales;
   // Measured GEMM rates by shape (calibration): when it holds the GEMM's dtype, a GEMM takes the rate
   // of the nearest measured shape instead of the roofline's peak x efficiency; empty: the roofline.
   std::vector<GemmRate> gemm_rates;
@@ -137,6 +152,9 @@ struct ClusterSpec {
   // log(tokens) between the sizes measured, the nearest end's outside them; chain_scale(bf16) when
   // none were measured.
   double chain_scale(bool bf16, double tokens) const;
+  // tp_scales at this degree: the entry of that tp, else of the nearest measured (in log(tp)); 1 for
+  // tp = 1 or when none was measured.
+  double tp_scale(int64_t tp, bool bf16) const;
   double usable_memory() const { return device_memory * usable_memory_fraction; }
 };
 

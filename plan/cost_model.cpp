@@ -410,6 +410,10 @@ ChunkTime chunk_time(const Workload& w, const Layout& l, const ClusterSpec& c, c
   // rank: every computation, no communication.
   const double chain = c.chain_scale(l.bf16, double(l.micro_batch) * double(w.seq_len) / double(l.cp));
   t.forward *= chain, t.backward *= chain, t.weight *= chain, t.recompute *= chain;
+  // A tp layout's ranks as measured at its degree (cluster.h tp_scales): computation and tp collectives.
+  const double tp = c.tp_scale(l.tp, l.bf16);
+  t.forward *= tp, t.backward *= tp, t.weight *= tp, t.recompute *= tp;
+  t.tp_forward *= tp, t.tp_backward *= tp;
   return t;
 }
 

@@ -598,6 +598,15 @@ TEST(PlanCommand, CalibrateWritesAClusterFileThatPlansRead) {
   }
   EXPECT_EQ(cs.chain_scales[3].fp32, cs.chain_scale_fp32);  // the scalars: micro-batch 8's
   EXPECT_EQ(cs.chain_scales[3].bf16, cs.chain_scale_bf16);
+  // And the model at tp 2 (the 2 ranks as one tp group) measured over its prediction, by dtype.
+  EXPECT_NE(s.output.find("the model forward + backward at tp 2 (micro-batch 8, fp32"), std::string::npos) << s.output;
+  ASSERT_EQ(cs.tp_scales.size(), 1u) << s.output;
+  EXPECT_EQ(cs.tp_scales[0].tp, 2);
+  for (const double scale : {cs.tp_scales[0].fp32, cs.tp_scales[0].bf16}) {
+    EXPECT_GT(scale, 0.2) << s.output;
+    EXPECT_LT(scale, 20.0) << s.output;
+    EXPECT_NE(scale, 1.0) << s.output;
+  }
   const RunResult ps = run_tessera({"plan", d.config.string(), "--gpus", "2", "--cluster", shaped.string()}, d.dir);
   EXPECT_EQ(ps.exit_code, 0) << ps.output;
 }

@@ -314,6 +314,26 @@ TEST(CostModel, ChainScaleIsTheMicroBatchSizes) {
   }
 }
 
+// cluster.tp_scales: a tp layout's computation and tp collectives take its degree's scale (by dtype),
+// nothing else does; tp = 1 is left as it was.
+TEST(CostModel, TpScaleMultipliesATpLayoutsComputeAndCollectives) {
+  ClusterSpec c = compute_only();
+  c.intra = {100e9, 2e-6};
+  const Workload w = llama(2, 1000, 128, 4);
+  ClusterSpec scaled = c;
+  scaled.tp_scales = {{2, 1.5, 3.0}};
+  for (const auto& [tp, bf16, scale] : {std::tuple{2, false, 1.5}, std::tuple{2, true, 3.0}, std::tuple{1, true, 1.0}}) {
+    Layout l;
+    l.dp = 1, l.tp = tp, l.bf16 = bf16;
+    const StepCost base = predict_step(w, l, c), s = predict_step(w, l, scaled);
+    ASSERT_GT(base.compute, 0);
+    EXPECT_NEAR(s.compute, scale * base.compute, 1e-9 * base.compute) << "tp " << tp << " bf16 " << bf16;
+    EXPECT_NEAR(s.tp_exposed, scale * base.tp_exposed, 1e-9 * base.step) << "tp " << tp << " bf16 " << bf16;
+    if (tp == 2) EXPECT_GT(base.tp_exposed, 0);
+    EXPECT_EQ(s.optimizer, base.optimizer);
+  }
+}
+
 // parallel.tp_comm_compression: the blocks' collectives move each direction's factor of their
 // bytes (4 micro-batches x 2 blocks x 2 regions, forward and backward); the embedding's, the
 // head's and the loss's stay as they were.
