@@ -73,6 +73,17 @@ TEST(Mpi, NodeCpusCountThisNodesRanksAndTheirCpus) {
   EXPECT_EQ(mpi_wait_on_this_node(comm, 1 << 20), MpiWait::Yield);  // more threads than any machine's CPUs
 }
 
+// parallel.mpi_wait: spin and yield as said, auto as the node says; anything else is an error
+// naming the key and the values it takes.
+TEST(Mpi, ResolveMpiWaitTakesTheSettingOrAsksTheNode) {
+  MPI_Comm comm = test_world();
+  EXPECT_EQ(resolve_mpi_wait("spin", comm, 1 << 20), MpiWait::Spin);
+  EXPECT_EQ(resolve_mpi_wait("yield", comm, 1), MpiWait::Yield);
+  EXPECT_EQ(resolve_mpi_wait("auto", comm, 1), mpi_wait_on_this_node(comm, 1));
+  EXPECT_EQ(testing::error_of([&] { resolve_mpi_wait("fast", comm, 1); }),
+            "parallel.mpi_wait = \"fast\": expected auto, spin or yield");
+}
+
 // barrier() returns on no rank before the last has entered it, waited for either way: rank 0
 // enters 30 ms late, and every rank leaves after that (steady_clock: one clock for the host's
 // processes).
