@@ -531,57 +531,59 @@ std::vector<SizedLink> parse_group_links(const toml::node& node, const std::stri
   return out;
 }
 
-// cluster.chain_scales = [[tokens, fp32, bf16], ...]: positive scales, each size once; kept ascending.
-std::vector<ChainScale> parse_chain_scales(const toml::node& node, const std::string& source) {
-  const std::string what = "cluster.chain_scales (" + at(source, node) + ")";
-  const std::string form = " must be [tokens per micro-batch, fp32 scale, bf16 scale]";
+// A row of a table of scales by an integer key: [key, fp32 scale, bf16 scale].
+struct ScaleRow {
+  int64_t key = 0;
+  double fp32 = 1, bf16 = 1;
+};
+
+// cluster.<name> = [[key, fp32, bf16], ...]: the key an integer of at least `least` (`key_says`
+// describes it), each key once (`named` writes one in the error), positive scales; ascending.
+std::vector<ScaleRow> parse_scale_rows(const toml::node& node, const std::string& source, const std::string& name,
+                                       const std::string& form, const std::string& key_says, int64_t least,
+                                       const std::function<std::string(int64_t)>& named) {
+  const std::string what = "cluster." + name + " (" + at(source, node) + ")";
   const toml::array* rows = node.as_array();
   TESSERA_CHECK(rows != nullptr, what, form);
-  std::vector<ChainScale> out;
+  std::vector<ScaleRow> out;
   size_t entry = 0;
   for (const toml::node& row : *rows) {
     const toml::array* r = row.as_array();
     TESSERA_CHECK(r && r->size() == 3, what, ": entry ", entry, form);
-    const toml::node* tokens = r->get(0);
-    TESSERA_CHECK(tokens && tokens->is_integer() && tokens->as_integer()->get() >= 1, what, ": entry ", entry,
-                  " field 0 must be the positions per rank of a micro-batch: an integer of at least 1");
-    ChainScale s;
-    s.tokens = tokens->as_integer()->get();
-    for (const ChainScale& seen : out)
-      TESSERA_CHECK(seen.tokens != s.tokens, what, ": entry ", entry, " gives ", s.tokens, " tokens a second time");
+    const toml::node* key = r->get(0);
+    TESSERA_CHECK(key && key->is_integer() && key->as_integer()->get() >= least, what, ": entry ", entry,
+                  " field 0 must be ", key_says, ": an integer of at least ", least);
+    ScaleRow s;
+    s.key = key->as_integer()->get();
+    for (const ScaleRow& seen : out)
+      TESSERA_CHECK(seen.key != s.key, what, ": entry ", entry, " gives ", named(s.key), " a second time");
     s.fp32 = positive_field(*r, 1, what, entry, "a positive scale");
     s.bf16 = positive_field(*r, 2, what, entry, "a positive scale");
     out.push_back(s);
     ++entry;
   }
-  std::sort(out.begin(), out.end(), [](const ChainScale& a, const ChainScale& b) { return a.tokens < b.tokens; });
+  std::sort(out.begin(), out.end(), [](const ScaleRow& a, const ScaleRow& b) { return a.key < b.key; });
   return out;
 }
+
+// cluster.chain_scales = [[tokens, fp32, bf16], ...]: positive scales, each size once; kept ascending.
+std::vector<ChainScale> parse_chain_scales(const toml::node& node, const std::string& source) {
+  std::vector<ChainScale> out;
+  for (const ScaleRow& r : parse_scale_rows(node, source, "chain_scales",
+                                            " must be [tokens per micro-batch, fp32 scale, bf16 scale]",
+                                            "the positions per rank of a micro-batch", 1,
+                                            [](int64_t k) { return std::to_string(k) + " tokens"; }))
+    out.push_back({r.key, r.fp32, r.bf16});
+  return out;
+}
+
 // cluster.tp_scales = [[tp, fp32, bf16], ...]: tp of at least 2, positive scales, each tp once; kept
 // ascending.
 std::vector<TpScale> parse_tp_scales(const toml::node& node, const std::string& source) {
-  const std::string what = "cluster.tp_scales (" + at(source, node) + ")";
-  const std::string form = " must be [tp degree, fp32 scale, bf16 scale]";
-  const toml::array* rows = node.as_array();
-  TESSERA_CHECK(rows != nullptr, what, form);
   std::vector<TpScale> out;
-  size_t entry = 0;
-  for (const toml::node& row : *rows) {
-    const toml::array* r = row.as_array();
-    TESSERA_CHECK(r && r->size() == 3, what, ": entry ", entry, form);
-    const toml::node* tp = r->get(0);
-    TESSERA_CHECK(tp && tp->is_integer() && tp->as_integer()->get() >= 2, what, ": entry ", entry,
-                  " field 0 must be the tp degree: an integer of at least 2");
-    TpScale s;
-    s.tp = tp->as_integer()->get();
-    for (const TpScale& seen : out)
-      TESSERA_CHECK(seen.tp != s.tp, what, ": entry ", entry, " gives tp ", s.tp, " a second time");
-    s.fp32 = positive_field(*r, 1, what, entry, "a positive scale");
-    s.bf16 = positive_field(*r, 2, what, entry, "a positive scale");
-    out.push_back(s);
-    ++entry;
-  }
-  std::sort(out.begin(), out.end(), [](const TpScale& a, const TpScale& b) { return a.tp < b.tp; });
+  for (const ScaleRow& r : parse_scale_rows(node, source, "tp_scales", " must be [tp degree, fp32 scale, bf16 scale]",
+                                            "the tp degree", 2, [](int64_t k) { return "tp " + std::to_string(k); }))
+    out.push_back({r.key, r.fp32, r.bf16});
   return out;
 }
 }  // namespace
