@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -602,9 +604,11 @@ TEST(PlanCommand, CalibrateWritesAClusterFileThatPlansRead) {
   EXPECT_NE(s.output.find("the model forward + backward at tp 2 (micro-batch 8, fp32"), std::string::npos) << s.output;
   ASSERT_EQ(cs.tp_scales.size(), 1u) << s.output;
   EXPECT_EQ(cs.tp_scales[0].tp, 2);
+  // No upper bound: with another test beside it on the 2 cores, the 2 ranks (one per core, so
+  // they spin) wait scheduler ticks at each tp collective, and scales of 27-36 were seen.
   for (const double scale : {cs.tp_scales[0].fp32, cs.tp_scales[0].bf16}) {
     EXPECT_GT(scale, 0.2) << s.output;
-    EXPECT_LT(scale, 20.0) << s.output;
+    EXPECT_TRUE(std::isfinite(scale)) << s.output;
     EXPECT_NE(scale, 1.0) << s.output;
   }
   const RunResult ps = run_tessera({"plan", d.config.string(), "--gpus", "2", "--cluster", shaped.string()}, d.dir);
