@@ -626,6 +626,11 @@ void calibrate_tp_scales(MPI_Comm world, const Config& base, const plan::Calibra
     scales.push_back(scale);
   }
   c.tp_scales = scales;
+  const std::string doubts = plan::tp_scale_doubts(c.tp_scales);
+  if (out && !doubts.empty())
+    *out << "warning: the tp scales look disturbed (" << doubts << "): other processes running beside the "
+         << "calibration make the ranks wait for each other at every tp collective; calibrate again on a quiet "
+         << "machine\n";
 }
 
 namespace {

@@ -264,4 +264,15 @@ TEST(Calibrate, OpsAreTimedThroughTheKernels) {
 }
 
 }  // namespace
+// A tp step measured at more than twice or under half its prediction is named; the scales of the
+// quiet calibrations here are not (2026-12-07: GPT-2 and LLaMA on 4 ranks; one beside another
+// test on 2 ranks gave 27 and 36).
+TEST(Calibrate, DisturbedTpScalesAreNamed) {
+  EXPECT_EQ(tp_scale_doubts({{2, 1.304, 1.356}, {4, 1.306, 1.299}}), "");
+  EXPECT_EQ(tp_scale_doubts({{2, 1.073, 1.070}, {4, 0.959, 1.027}}), "");
+  EXPECT_EQ(tp_scale_doubts({}), "");
+  EXPECT_EQ(tp_scale_doubts({{2, 26.962, 36.265}}), "fp32 at tp 2 (26.962) is above 2; bf16 at tp 2 (36.265) is above 2");
+  EXPECT_EQ(tp_scale_doubts({{4, 1.0, 0.4}}), "bf16 at tp 4 (0.4) is below 0.5");
+}
+
 }  // namespace tessera::plan
