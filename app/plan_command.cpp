@@ -501,6 +501,31 @@ std::string cpu_model() {
     if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
   return "";
 }
+
+// The config the calibration times the whole model with: tp = pp = cp = 1, no ZeRO, no sequence
+// parallelism, no tp overlap or compression, no recomputation (dp: what the world leaves).
+Config whole_model_config(const Config& base) {
+  Config cfg = base;
+  ParallelConfig& p = cfg.parallel;
+  p.dp = -1, p.tp = p.pp = p.vpp = p.cp = 1, p.zero = 0, p.sequence_parallel = false, p.pp_layers.clear();
+  p.tp_overlap_chunks = 1, p.tp_comm_compression = "none";
+  p.tp_comm_compression_forward = p.tp_comm_compression_backward = "";
+  cfg.model.recompute = "none", cfg.model.recompute_layers = 0;
+  cfg.model.recompute_ops.clear(), cfg.model.recompute_ops_layers.clear();
+  return cfg;
+}
+
+// The model's forward + backward at cfg (app/pp_cut.h measure_stage_time, the median of 5), every
+// rank at once after a barrier, tp: its tensor-parallel group ({}: none); the mean over the ranks.
+double whole_model_seconds(MPI_Comm world, const plan::CalibrationDevice& device, const Config& cfg,
+                           const TensorParallel& tp = {}) {
+  const ModelConfig mc = to_model_config(cfg, data_vocab_size(cfg));
+  barrier(world, device.waits);
+  const double mine = measure_stage_time(cfg, mc, device.ex, {resolve(mc).n_layer}, 0, 5, tp);
+  double sum = 0;
+  check_mpi(MPI_Allreduce(&mine, &sum, 1, MPI_DOUBLE, MPI_SUM, world), "MPI_Allreduce");
+  return sum / double(comm_size(world));
+}
 }  // namespace
 
 // cluster.h chain_scales: the whole model forward and backward (app/pp_cut.h measure_stage_time:
@@ -511,12 +536,7 @@ std::string cpu_model() {
 // up to 8 (what they meant before the sizes were measured).
 void calibrate_chain_scale(MPI_Comm world, const Config& base, const plan::CalibrationDevice& device, plan::ClusterSpec& c,
                            std::ostream* out) {
-  const Exec& ex = device.ex;
-  Config cfg = base;
-  ParallelConfig& p = cfg.parallel;
-  p.tp = p.pp = p.vpp = p.cp = 1, p.zero = 0, p.sequence_parallel = false, p.pp_layers.clear();
-  cfg.model.recompute = "none", cfg.model.recompute_layers = 0;
-  cfg.model.recompute_ops.clear(), cfg.model.recompute_ops_layers.clear();
+  Config cfg = whole_model_config(base);
   std::vector<int64_t> sizes;
   for (int64_t mb = 1; mb <= std::min<int64_t>(32, cfg.train.global_batch); mb *= 2)
     if (cfg.train.global_batch % mb == 0) sizes.push_back(mb);
@@ -529,12 +549,7 @@ void calibrate_chain_scale(MPI_Comm world, const Config& base, const plan::Calib
     scale.tokens = mb * cfg.train.seq_len;
     for (const bool bf16 : {false, true}) {
       cfg.train.dtype = bf16 ? "bf16" : "fp32";
-      const ModelConfig mc = to_model_config(cfg, data_vocab_size(cfg));
-      barrier(world, device.waits);
-      const double mine = measure_stage_time(cfg, mc, ex, {resolve(mc).n_layer}, 0, 5);
-      double sum = 0;
-      MPI_Allreduce(&mine, &sum, 1, MPI_DOUBLE, MPI_SUM, world);
-      const double measured = sum / double(comm_size(world));
+      const double measured = whole_model_seconds(world, device, cfg);
       plan::Layout l;
       l.micro_batch = mb, l.bf16 = bf16;
       plan::Workload w = workload_of(cfg);
@@ -570,22 +585,16 @@ void calibrate_tp_scales(MPI_Comm world, const Config& base, const plan::Calibra
                          std::ostream* out) {
   const int64_t ranks = comm_size(world);
   if (ranks < 2 || c.chain_scales.empty()) return;
-  Config cfg = base;
-  ParallelConfig& p = cfg.parallel;
-  p.dp = -1, p.pp = p.vpp = p.cp = 1, p.zero = 0, p.sequence_parallel = false, p.pp_layers.clear();
-  p.tp_overlap_chunks = 1, p.tp_comm_compression = "none";
-  p.tp_comm_compression_forward = p.tp_comm_compression_backward = "";
-  cfg.model.recompute = "none", cfg.model.recompute_layers = 0;
-  cfg.model.recompute_ops.clear(), cfg.model.recompute_ops_layers.clear();
+  Config cfg = whole_model_config(base);
   int64_t mb = 1;
   for (const plan::ChainScale& s : c.chain_scales)
     if (s.tokens <= 8 * cfg.train.seq_len) mb = s.tokens / cfg.train.seq_len;
   cfg.train.micro_batch = mb;
-  c.tp_scales.clear();
-  std::vector<plan::TpScale> scales;
+  c.tp_scales.clear();  // predicted below without them
+  std::vector<plan::TpScale> scales;  // into c at the end: tp 4's prediction must not take tp 2's scale
   for (int64_t tp = 2; tp <= ranks; tp *= 2) {
     if (ranks % tp != 0) continue;
-    p.tp = tp;
+    cfg.parallel.tp = tp;
     const ModelConfig probe = to_model_config(cfg, data_vocab_size(cfg));
     try {
       validate_layout(cfg, probe, ranks);  // the same config on every rank: all skip together
@@ -599,12 +608,7 @@ void calibrate_tp_scales(MPI_Comm world, const Config& base, const plan::Calibra
     scale.tp = tp;
     for (const bool bf16 : {false, true}) {
       cfg.train.dtype = bf16 ? "bf16" : "fp32";
-      const ModelConfig mc = to_model_config(cfg, data_vocab_size(cfg));
-      barrier(world, device.waits);
-      const double mine = measure_stage_time(cfg, mc, device.ex, {resolve(mc).n_layer}, 0, 5, group);
-      double sum = 0;
-      check_mpi(MPI_Allreduce(&mine, &sum, 1, MPI_DOUBLE, MPI_SUM, world), "MPI_Allreduce");
-      const double measured = sum / double(ranks);
+      const double measured = whole_model_seconds(world, device, cfg, group);
       plan::Layout l;
       l.tp = tp, l.micro_batch = mb, l.bf16 = bf16;
       plan::Workload w = workload_of(cfg);
