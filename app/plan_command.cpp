@@ -516,12 +516,13 @@ Config whole_model_config(const Config& base) {
 }
 
 // The model's forward + backward at cfg (app/pp_cut.h measure_stage_time, the median of 5), every
-// rank at once after a barrier, tp: its tensor-parallel group ({}: none); the mean over the ranks.
+// rank at once after a barrier, tp and cp: its tensor- and context-parallel groups ({}: none); the
+// mean over the ranks.
 double whole_model_seconds(MPI_Comm world, const plan::CalibrationDevice& device, const Config& cfg,
-                           const TensorParallel& tp = {}) {
+                           const TensorParallel& tp = {}, const ContextParallel& cp = {}) {
   const ModelConfig mc = to_model_config(cfg, data_vocab_size(cfg));
   barrier(world, device.waits);
-  const double mine = measure_stage_time(cfg, mc, device.ex, {resolve(mc).n_layer}, 0, 5, tp);
+  const double mine = measure_stage_time(cfg, mc, device.ex, {resolve(mc).n_layer}, 0, 5, tp, cp);
   double sum = 0;
   check_mpi(MPI_Allreduce(&mine, &sum, 1, MPI_DOUBLE, MPI_SUM, world), "MPI_Allreduce");
   return sum / double(comm_size(world));
@@ -576,65 +577,72 @@ void calibrate_chain_scale(MPI_Comm world, const Config& base, const plan::Calib
          << "that; calibrate again on a quiet machine\n";
 }
 
-// cluster.h tp_scales: the whole model forward and backward at tp = 2, 4, ... (each degree that
-// divides the ranks and that the model accepts; every tp group at once, its ranks timing their
-// shards together through the trainer's communicators) at the chain scale's micro-batch (the
-// largest measured up to 8 sequences), against the prediction for the same work with the chain
-// scales just measured: the computation and the tp collectives on the fitted link.
-void calibrate_tp_scales(MPI_Comm world, const Config& base, const plan::CalibrationDevice& device, plan::ClusterSpec& c,
-                         std::ostream* out) {
+// cluster.h tp_scales and cp_scales: the whole model forward and backward at tp (group "tp") or
+// cp (group "cp", ring transfers) = 2, 4, ... (each degree that divides the ranks and that the model
+// accepts; every group at once, its ranks running their shards or sequence chunks together through
+// the trainer's communicators) at the chain scale's micro-batch (the largest measured up to 8
+// sequences), against the prediction for the same work with the chain scales just measured: the
+// computation and the group's collectives or transfers on the fitted link.
+void calibrate_degree_scales(MPI_Comm world, const Config& base, const plan::CalibrationDevice& device,
+                             plan::ClusterSpec& c, const std::string& group, std::ostream* out) {
+  const bool tp_group = group == "tp";
   const int64_t ranks = comm_size(world);
   if (ranks < 2 || c.chain_scales.empty()) return;
   Config cfg = whole_model_config(base);
+  cfg.parallel.cp_comm = "ring";
   int64_t mb = 1;
   for (const plan::ChainScale& s : c.chain_scales)
     if (s.tokens <= 8 * cfg.train.seq_len) mb = s.tokens / cfg.train.seq_len;
   cfg.train.micro_batch = mb;
-  c.tp_scales.clear();  // predicted below without them
-  std::vector<plan::TpScale> scales;  // into c at the end: tp 4's prediction must not take tp 2's scale
-  for (int64_t tp = 2; tp <= ranks; tp *= 2) {
-    if (ranks % tp != 0) continue;
-    cfg.parallel.tp = tp;
+  std::vector<plan::DegreeScale>& into = tp_group ? c.tp_scales : c.cp_scales;
+  into.clear();  // predicted below without them
+  std::vector<plan::DegreeScale> scales;  // into c at the end: degree 4's prediction must not take 2's scale
+  for (int64_t degree = 2; degree <= ranks; degree *= 2) {
+    if (ranks % degree != 0) continue;
+    (tp_group ? cfg.parallel.tp : cfg.parallel.cp) = degree;
     const ModelConfig probe = to_model_config(cfg, data_vocab_size(cfg));
     try {
       validate_layout(cfg, probe, ranks);  // the same config on every rank: all skip together
     } catch (const Error&) {
-      continue;  // a degree this model refuses (heads, vocabulary)
+      continue;  // a degree this model refuses (heads, vocabulary, the sequence's length)
     }
-    const ProcessGrid grid(GridDegrees{tp, 1, 1, -1}, ranks, comm_rank(world));
+    const ProcessGrid grid(GridDegrees{cfg.parallel.tp, cfg.parallel.cp, 1, -1}, ranks, comm_rank(world));
     GridComms comms = make_grid_comms(grid, world, device.ex, device.comm, device.waits);
-    const TensorParallel group{comms.tp.get()};
-    plan::TpScale scale;
-    scale.tp = tp;
+    const TensorParallel tp{tp_group ? comms.tp.get() : nullptr};
+    const ContextParallel cp{tp_group ? nullptr : comms.cp.get(), CpComm::Ring};
+    plan::DegreeScale scale;
+    scale.degree = degree;
     for (const bool bf16 : {false, true}) {
       cfg.train.dtype = bf16 ? "bf16" : "fp32";
-      const double measured = whole_model_seconds(world, device, cfg, group);
+      const double measured = whole_model_seconds(world, device, cfg, tp, cp);
       plan::Layout l;
-      l.tp = tp, l.micro_batch = mb, l.bf16 = bf16;
+      l.tp = cfg.parallel.tp, l.cp = cfg.parallel.cp, l.cp_ring = true, l.micro_batch = mb, l.bf16 = bf16;
       plan::Workload w = workload_of(cfg);
       w.global_batch = mb;  // one micro-batch
       const plan::StepCost s = plan::predict_step(w, l, c);
-      const double predicted = (s.compute + s.tp_exposed) / double(s.micro_batches);
+      const double comm = tp_group ? s.tp_exposed : s.cp_exposed;
+      const double predicted = (s.compute + comm) / double(s.micro_batches);
       (bf16 ? scale.bf16 : scale.fp32) = measured / predicted;
       if (out) {
         char line[320];
         std::snprintf(line, sizeof line,
-                      "the model forward + backward at tp %lld (micro-batch %lld, %s, every group at once): %.2f ms "
-                      "measured, %.2f ms predicted (ops %.2f, tp collectives %.2f): tp scale %.3f\n",
-                      (long long)tp, (long long)mb, bf16 ? "bf16" : "fp32", 1e3 * measured, 1e3 * predicted,
-                      1e3 * s.compute / double(s.micro_batches), 1e3 * s.tp_exposed / double(s.micro_batches),
-                      measured / predicted);
+                      "the model forward + backward at %s %lld (micro-batch %lld, %s, every group at once): %.2f ms "
+                      "measured, %.2f ms predicted (ops %.2f, %s %.2f): %s scale %.3f\n",
+                      group.c_str(), (long long)degree, (long long)mb, bf16 ? "bf16" : "fp32", 1e3 * measured,
+                      1e3 * predicted, 1e3 * s.compute / double(s.micro_batches),
+                      tp_group ? "tp collectives" : "cp ring transfers", 1e3 * comm / double(s.micro_batches),
+                      group.c_str(), measured / predicted);
         *out << line << std::flush;
       }
     }
     scales.push_back(scale);
   }
-  c.tp_scales = scales;
-  const std::string doubts = plan::tp_scale_doubts(c.tp_scales);
+  into = scales;
+  const std::string doubts = plan::degree_scale_doubts(into, group);
   if (out && !doubts.empty())
-    *out << "warning: the tp scales look disturbed (" << doubts << "): other processes running beside the "
-         << "calibration make the ranks wait for each other at every tp collective; calibrate again on a quiet "
-         << "machine\n";
+    *out << "warning: the " << group << " scales look disturbed (" << doubts << "): other processes running beside "
+         << "the calibration make the ranks wait for each other at every " << (tp_group ? "collective" : "transfer")
+         << " of the group; calibrate again on a quiet machine\n";
 }
 
 namespace {
@@ -756,7 +764,8 @@ int run_calibrate_command(const PlanArgs& args, std::ostream& out) {
   if (with_config) {
     try {
       calibrate_chain_scale(world, cfg, target, c, lead ? &out : nullptr);
-      calibrate_tp_scales(world, cfg, target, c, lead ? &out : nullptr);
+      calibrate_degree_scales(world, cfg, target, c, "tp", lead ? &out : nullptr);
+      calibrate_degree_scales(world, cfg, target, c, "cp", lead ? &out : nullptr);
     } catch (const Error& e) {
       error = e.what();
     }

@@ -28,18 +28,18 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// One stage of the model on a store of its own (tp = 1, or this rank's shard of tp's group),
-// initialized as the trainer initializes its model (the run's seed and dtype; the whole model's
-// recomputation policy for its layers).
+// One stage of the model on a store of its own (tp = 1, or this rank's shard of tp's group; cp: the
+// context-parallel group its attention runs over), initialized as the trainer initializes its model
+// (the run's seed and dtype; the whole model's recomputation policy for its layers).
 struct TimedStage {
   Allocator alloc;
   ParameterStore ps;
   Gpt gpt;
   TimedStage(const Config& cfg, const ModelConfig& mc, const Exec& ex, const StageSpec& stage,
-             const TensorParallel& tp = {})
+             const TensorParallel& tp = {}, const ContextParallel& cp = {})
       : alloc(ex.device, ex.stream),
         ps(alloc, DType::F32, ShardLayout{static_cast<int>(tp.size()), static_cast<int>(tp.rank())}),
-        gpt(mc, ps, recompute_policy(cfg), tp, stage) {
+        gpt(mc, ps, recompute_policy(cfg), tp, stage, cp) {
     ps.finalize();
     if (cfg.train.dtype == "bf16") ps.enable_compute_copy(DType::BF16);
     ps.initialize(ex, static_cast<uint64_t>(cfg.train.seed));
@@ -57,14 +57,17 @@ std::vector<float> pattern(int64_t n, double phase) {
 
 // One micro-batch's inputs on the device, shared by every stage timed: token ids and targets (B, T),
 // a stage's input activations and output gradient (B, T, C) and its input gradient's room, and for a
-// vision-language model one image per sequence, its placeholders at positions [0, P).
+// vision-language model one image per sequence, its placeholders at positions [0, P). Under cp the
+// rank's positions of each sequence (cp.layout): T = their count.
 class MicroBatch {
  public:
-  MicroBatch(const Config& cfg, const ModelConfig& mc, const Exec& ex) : alloc_(ex.device, ex.stream) {
+  MicroBatch(const Config& cfg, const ModelConfig& mc, const Exec& ex, const ContextParallel& cp = {})
+      : alloc_(ex.device, ex.stream) {
     B_ = cfg.train.micro_batch;
-    T_ = cfg.train.seq_len;
-    TESSERA_CHECK(B_ >= 1 && T_ >= 1, "parallel.pp_cut = \"measured\": train.micro_batch = ", B_,
-                  " and train.seq_len = ", T_, " must be resolved and positive before the timing pass");
+    TESSERA_CHECK(B_ >= 1 && cfg.train.seq_len >= 1, "parallel.pp_cut = \"measured\": train.micro_batch = ", B_,
+                  " and train.seq_len = ", cfg.train.seq_len, " must be resolved and positive before the timing pass");
+    seq_ = cp.layout(cfg.train.seq_len);
+    T_ = seq_.length();
     const int64_t C = mc.n_embd;
     std::vector<int32_t> ids(static_cast<size_t>(B_ * T_));
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 7919 + 13) % static_cast<size_t>(mc.vocab_size));
@@ -78,8 +81,8 @@ class MicroBatch {
     dx_ = Buffer(alloc_, DType::F32, {B_, T_, C}, MemCategory::Activations);
     if (mc.is_vlm()) {
       const int64_t P = mc.vision.num_patches(), K = mc.vision.patch_dim();
-      TESSERA_CHECK(P <= T_, "parallel.pp_cut = \"measured\": an image's ", P, " placeholder tokens do not fit ",
-                    "train.seq_len = ", T_);
+      TESSERA_CHECK(P <= cfg.train.seq_len, "parallel.pp_cut = \"measured\": an image's ", P,
+                    " placeholder tokens do not fit train.seq_len = ", cfg.train.seq_len);
       std::vector<float> p = pattern(B_ * P * K, 2.0);
       patches_ = upload(ex, alloc_, Tensor(p.data(), DType::F32, {B_, P, K}), MemCategory::Activations);
       images_.patches = patches_;
@@ -98,9 +101,7 @@ class MicroBatch {
     {
       GptCtx ctx;
       const Tensor& input = sp.embedding ? tokens_.tensor() : x_.tensor();
-      const SequenceLayout seq = sp.embedding ? SequenceLayout() : SequenceLayout::contiguous(T_);
-      s.gpt.forward(ex, ctx, s.alloc, input, sp.head ? targets_.tensor() : Tensor(), seq,
-                    images ? &images_ : nullptr);
+      s.gpt.forward(ex, ctx, s.alloc, input, sp.head ? targets_.tensor() : Tensor(), seq_, images ? &images_ : nullptr);
       const Gpt::OutputGrad from = sp.head ? Gpt::OutputGrad::loss(1.0 / static_cast<double>(B_ * T_))
                                            : Gpt::OutputGrad::output(dy_);
       s.gpt.backward(ex, ctx, s.alloc, from, sp.embedding ? Tensor() : dx_.tensor());
@@ -111,6 +112,7 @@ class MicroBatch {
 
  private:
   Allocator alloc_;
+  SequenceLayout seq_;  // the positions of each sequence this rank runs (all of them without cp)
   int64_t B_ = 0, T_ = 0;
   Buffer tokens_, targets_, x_, dy_, dx_, patches_;
   ImageInput images_;
@@ -118,8 +120,9 @@ class MicroBatch {
 
 // The median of `repeats` timed runs after one warm-up (first-touch pages, cached workspaces).
 double median_time(const Config& cfg, const ModelConfig& mc, const Exec& ex, const MicroBatch& mb,
-                   const StageSpec& stage, bool images, int repeats, const TensorParallel& tp = {}) {
-  TimedStage s(cfg, mc, ex, stage, tp);
+                   const StageSpec& stage, bool images, int repeats, const TensorParallel& tp = {},
+                   const ContextParallel& cp = {}) {
+  TimedStage s(cfg, mc, ex, stage, tp, cp);
   const Exec local{ex.device, ex.stream, ex.device.is_cpu() ? &s.alloc : nullptr};
   mb.run(local, s, images);
   std::vector<double> t;
@@ -343,15 +346,15 @@ PartTimes measure_part_times(const Config& cfg, const ModelConfig& mc, const Exe
 }
 
 double measure_stage_time(const Config& cfg, const ModelConfig& mc, const Exec& ex, const std::vector<int64_t>& chunk_blocks,
-                          int64_t index, int repeats, const TensorParallel& tp) {
+                          int64_t index, int repeats, const TensorParallel& tp, const ContextParallel& cp) {
   const ModelConfig m = resolve(mc);
   const std::vector<int64_t> starts = starts_of(chunk_blocks);
   const int64_t last = static_cast<int64_t>(chunk_blocks.size()) - 1;
   TESSERA_CHECK(index >= 0 && index <= last && starts.back() == m.n_layer, "measure_stage_time: chunk ", index, " of ",
                 count_list(chunk_blocks), " for model.n_layer = ", m.n_layer);
   const StageSpec stage{starts[static_cast<size_t>(index)], starts[static_cast<size_t>(index) + 1], index == 0, index == last};
-  const MicroBatch mb(cfg, m, ex);
-  return median_time(cfg, m, ex, mb, stage, index == 0 && m.is_vlm(), repeats, tp);
+  const MicroBatch mb(cfg, m, ex, cp);
+  return median_time(cfg, m, ex, mb, stage, index == 0 && m.is_vlm(), repeats, tp, cp);
 }
 
 std::string MeasuredCut::describe() const {

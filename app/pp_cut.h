@@ -17,6 +17,7 @@
 #include "kernels/exec.h"
 #include "model/config.h"
 #include "model/stage_cut_measured.h"
+#include "parallel/context_attention.h"
 #include "parallel/tensor_parallel.h"
 
 namespace tessera {
@@ -44,8 +45,11 @@ PartTimes measure_part_times(const Config& cfg, const ModelConfig& mc, const Exe
 // and timed as measure_part_times times a part: what the header prints beside the prediction (the
 // sum of the parts; a stage's measured time is the sum of its chunks'). tp: the chunk's tensor-
 // parallel group (collective over tp.comm: every rank of it times its shard together); {}: tp = 1.
+// cp: likewise its context-parallel group (each rank runs its chunks of every sequence, cp.layout);
+// {}: cp = 1.
 double measure_stage_time(const Config& cfg, const ModelConfig& mc, const Exec& ex, const std::vector<int64_t>& chunk_blocks,
-                          int64_t index, int repeats = kPpCutRepeats, const TensorParallel& tp = {});
+                          int64_t index, int repeats = kPpCutRepeats, const TensorParallel& tp = {},
+                          const ContextParallel& cp = {});
 
 struct MeasuredCut {
   PartTimes times;                      // the measured parts (rank 0's, broadcast)

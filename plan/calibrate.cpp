@@ -388,14 +388,14 @@ std::string chain_scale_doubts(const std::vector<ChainScale>& scales) {
   return why.str();
 }
 
-std::string tp_scale_doubts(const std::vector<TpScale>& scales) {
+std::string degree_scale_doubts(const std::vector<DegreeScale>& scales, const std::string& group) {
   std::ostringstream why;
-  for (const TpScale& t : scales)
+  for (const DegreeScale& t : scales)
     for (const bool bf16 : {false, true}) {
       const double v = bf16 ? t.bf16 : t.fp32;
       if (v > 2 || v < 0.5)
-        why << (why.tellp() > 0 ? "; " : "") << (bf16 ? "bf16" : "fp32") << " at tp " << t.tp << " (" << v << ") is "
-            << (v > 2 ? "above 2" : "below 0.5");
+        why << (why.tellp() > 0 ? "; " : "") << (bf16 ? "bf16" : "fp32") << " at " << group << " " << t.degree << " ("
+            << v << ") is " << (v > 2 ? "above 2" : "below 0.5");
     }
   return why.str();
 }

@@ -99,9 +99,10 @@ Link fit_link(const std::vector<double>& bytes, const std::vector<double>& secon
 // timed alone, each in cache) or one that falls or rises by more than 25% from the size before it.
 // Seen when other processes ran beside the calibration (docs/plan_validation.md: 1.10 then 0.75).
 std::string chain_scale_doubts(const std::vector<ChainScale>& scales);
-// Why tp scales look disturbed ("" when they do not): a scale above 2 or below 0.5, the tp step
-// measured at more than twice (or under half) its prediction. Quiet calibrations here gave
-// 0.96-1.36; one beside another process, 2 ranks spinning, 27 and 36.
-std::string tp_scale_doubts(const std::vector<TpScale>& scales);
+// Why tp (or cp) scales look disturbed ("" when they do not): a scale above 2 or below 0.5, the
+// step at that degree measured at more than twice (or under half) its prediction. group: "tp" or
+// "cp", as the reasons name it. Quiet tp calibrations here gave 0.96-1.36; one beside another
+// process, 2 ranks spinning, 27 and 36.
+std::string degree_scale_doubts(const std::vector<DegreeScale>& scales, const std::string& group);
 
 }  // namespace tessera::plan

@@ -577,27 +577,34 @@ std::vector<ChainScale> parse_chain_scales(const toml::node& node, const std::st
   return out;
 }
 
-// cluster.tp_scales = [[tp, fp32, bf16], ...]: tp of at least 2, positive scales, each tp once; kept
-// ascending.
-std::vector<TpScale> parse_tp_scales(const toml::node& node, const std::string& source) {
-  std::vector<TpScale> out;
-  for (const ScaleRow& r : parse_scale_rows(node, source, "tp_scales", " must be [tp degree, fp32 scale, bf16 scale]",
-                                            "the tp degree", 2, [](int64_t k) { return "tp " + std::to_string(k); }))
+// cluster.tp_scales (cp_scales) = [[degree, fp32, bf16], ...]: a degree of at least 2, positive
+// scales, each degree once; kept ascending. group: "tp" or "cp".
+std::vector<DegreeScale> parse_degree_scales(const toml::node& node, const std::string& source, const std::string& group) {
+  std::vector<DegreeScale> out;
+  for (const ScaleRow& r : parse_scale_rows(node, source, group + "_scales",
+                                            " must be [" + group + " degree, fp32 scale, bf16 scale]",
+                                            "the " + group + " degree", 2,
+                                            [&](int64_t k) { return group + " " + std::to_string(k); }))
     out.push_back({r.key, r.fp32, r.bf16});
   return out;
 }
-}  // namespace
 
-double ClusterSpec::tp_scale(int64_t tp, bool bf16) const {
-  if (tp <= 1 || tp_scales.empty()) return 1;
-  const TpScale* best = nullptr;
+// The entry of `degree` in scales (ascending), else of the nearest (in log(degree)); 1 for a degree
+// of 1 or none measured.
+double degree_scale(const std::vector<DegreeScale>& scales, int64_t degree, bool bf16) {
+  if (degree <= 1 || scales.empty()) return 1;
+  const DegreeScale* best = nullptr;
   double best_distance = 0;
-  for (const TpScale& t : tp_scales) {  // ascending: <= keeps the larger on a tie
-    const double distance = std::abs(std::log(double(t.tp) / double(tp)));
+  for (const DegreeScale& t : scales) {  // ascending: <= keeps the larger on a tie
+    const double distance = std::abs(std::log(double(t.degree) / double(degree)));
     if (!best || distance <= best_distance) best = &t, best_distance = distance;
   }
   return bf16 ? best->bf16 : best->fp32;
 }
+}  // namespace
+
+double ClusterSpec::tp_scale(int64_t tp, bool bf16) const { return degree_scale(tp_scales, tp, bf16); }
+double ClusterSpec::cp_scale(int64_t cp, bool bf16) const { return degree_scale(cp_scales, cp, bf16); }
 
 double ClusterSpec::chain_scale(bool bf16, double tokens) const {
   if (chain_scales.empty()) return chain_scale(bf16);
@@ -679,17 +686,18 @@ ClusterSpec parse_cluster(const std::string& text, const std::string& source, co
                   ": calibrate again with this build");
     s.chain_scales = parse_chain_scales(*g, source);
   }
-  if (const toml::node* g = t->get("tp_scales")) {
-    TESSERA_CHECK(version >= 7, "cluster.tp_scales (", at(source, *g), ") needs format_version = 7 or later; ",
-                  source, " says ", version, t->get("format_version") ? "" : " (no format_version key)",
-                  ": calibrate again with this build");
-    s.tp_scales = parse_tp_scales(*g, source);
-  }
+  for (const auto& [group, version_needed] : {std::pair<std::string, int64_t>{"tp", 7}, {"cp", 8}})
+    if (const toml::node* g = t->get(group + "_scales")) {
+      TESSERA_CHECK(version >= version_needed, "cluster.", group, "_scales (", at(source, *g), ") needs format_version = ",
+                    version_needed, " or later; ", source, " says ", version,
+                    t->get("format_version") ? "" : " (no format_version key)", ": calibrate again with this build");
+      (group == "tp" ? s.tp_scales : s.cp_scales) = parse_degree_scales(*g, source, group);
+    }
   std::set<std::string> given;
   for (auto&& [k, node] : *t) {
     const std::string key(k.str());
     if (key == "base" || key == "format_version" || key == "gemm_rates" || key == "op_times" || key == "group_links" ||
-        key == "chain_scales" || key == "tp_scales")
+        key == "chain_scales" || key == "tp_scales" || key == "cp_scales")
       continue;
     const Field* f = find_field(key);
     if (!f) {
@@ -775,17 +783,19 @@ std::string cluster_to_toml(const ClusterSpec& s) {
     os << "\n";
   }
   os << "# the file's format (1: no gemm_rates, 2: no op_times, 3: no linear_* ops, 4: no group_links, 5: no "
-        "chain_scales, 6: no tp_scales)\nformat_version = " << kClusterFormatVersion << "\n";
+        "chain_scales, 6: no tp_scales, 7: no cp_scales)\nformat_version = " << kClusterFormatVersion << "\n";
   if (!s.chain_scales.empty()) {
     os << "# the chain scale by micro-batch size (replaces chain_scale_fp32 and _bf16; interpolated in\n"
           "# log(tokens)): [positions per rank of a micro-batch, fp32, bf16]\nchain_scales = [\n";
     for (const ChainScale& c : s.chain_scales) os << "  [" << c.tokens << ", " << c.fp32 << ", " << c.bf16 << "],\n";
     os << "]\n";
   }
-  if (!s.tp_scales.empty()) {
-    os << "# the model's forward + backward at each tp degree measured over its prediction: [tp, fp32, bf16]\n"
-          "tp_scales = [\n";
-    for (const TpScale& t : s.tp_scales) os << "  [" << t.tp << ", " << t.fp32 << ", " << t.bf16 << "],\n";
+  for (const auto& [group, scales] : {std::pair<const char*, const std::vector<DegreeScale>*>{"tp", &s.tp_scales},
+                                      {"cp", &s.cp_scales}}) {
+    if (scales->empty()) continue;
+    os << "# the model's forward + backward at each " << group << " degree measured over its prediction: [" << group
+       << ", fp32, bf16]\n" << group << "_scales = [\n";
+    for (const DegreeScale& t : *scales) os << "  [" << t.degree << ", " << t.fp32 << ", " << t.bf16 << "],\n";
     os << "]\n";
   }
   if (!s.group_links.empty()) {
@@ -828,8 +838,8 @@ std::vector<ClusterKey> cluster_keys() {
   std::vector<ClusterKey> keys{{"base", "a preset to start from (its keys are then all optional)"}};
   for (const Field& f : fields()) keys.push_back({f.key, f.meaning});
   keys.push_back({"format_version", "the file's format: 1 (no such key), 2 (gemm_rates), 3 (op_times), 4 (the "
-                                    "linear_* ops in op_times), 5 (group_links), 6 (chain_scales) or 7 "
-                                    "(tp_scales); later versions are refused"});
+                                    "linear_* ops in op_times), 5 (group_links), 6 (chain_scales), 7 "
+                                    "(tp_scales) or 8 (cp_scales); later versions are refused"});
   keys.push_back({"chain_scales", "[[tokens, fp32, bf16], ...]: the chain scale measured at each micro-batch size "
                                   "(positions per rank of a micro-batch); a layout takes it interpolated in "
                                   "log(tokens), and it replaces chain_scale_fp32 and chain_scale_bf16 "
@@ -838,6 +848,9 @@ std::vector<ClusterKey> cluster_keys() {
                                "(every tp group at once) measured over its prediction; a tp layout's computation "
                                "and tp collectives take the scale of its tp, or of the nearest measured "
                                "(format_version 7)"});
+  keys.push_back({"cp_scales", "[[cp, fp32, bf16], ...]: the same at each cp degree (every cp group at once, ring "
+                               "transfers); a cp layout's computation and cp transfers take the scale of its cp, or "
+                               "of the nearest measured (format_version 8)"});
   keys.push_back({"group_links", "[[ranks, \"all_reduce\" | \"all_gather\" | \"reduce_scatter\" | \"p2p\", GB/s, "
                                  "microseconds], ...]: links within a node fitted on groups of that many ranks "
                                  "(`tessera plan --calibrate` on 4 or more ranks); a group of another size takes the "

@@ -84,21 +84,22 @@ struct ChainScale {
   bool operator==(const ChainScale&) const = default;
 };
 
-// The tensor-parallel scale (ClusterSpec::tp_scales) of one tp degree: the whole model's forward +
-// backward at tp = `tp` (every group at once) measured over its prediction (its ops' times, the
-// chain scale and the tp collectives on the fitted link), by dtype.
-struct TpScale {
-  int64_t tp = 2;
+// The scale of one tensor- or context-parallel degree (ClusterSpec::tp_scales, cp_scales): the
+// whole model's forward + backward at tp (or cp) = `degree`, every group at once, measured over its
+// prediction (its ops' times, the chain scale, and the group's collectives or ring transfers on the
+// fitted link), by dtype.
+struct DegreeScale {
+  int64_t degree = 2;
   double fp32 = 1, bf16 = 1;
-  bool operator==(const TpScale&) const = default;
+  bool operator==(const DegreeScale&) const = default;
 };
 
 // The version of the cluster file that cluster_to_toml writes: 1 had no format_version key (and is
 // read as before), 2 adds gemm_rates, 3 adds op_times, 4 the linear_* ops in op_times. A file of a
 // later version is refused, op_times in a file that says it is of version 1 or 2, and linear_* ops
 // in one of version 3. 5 adds group_links (links by group size), 6 chain_scales (by micro-batch), 7
-// tp_scales (by tp degree).
-inline constexpr int64_t kClusterFormatVersion = 7;
+// tp_scales (by tp degree), 8 cp_scales (by cp degree).
+inline constexpr int64_t kClusterFormatVersion = 8;
 
 struct ClusterSpec {
   std::string name = "custom";
@@ -138,7 +139,10 @@ struct ClusterSpec {
   // 2 or more ranks; ascending tp): what a tp layout's ranks pay beyond its ops and the link's
   // collectives, e.g. a collective's partner waiting to be scheduled where ranks share cores.
   // Multiplies a tp layout's computation and tp collectives; empty, or tp = 1: 1.
-  std::vector<TpScale> tp_scales;
+  std::vector<DegreeScale> tp_scales;
+  // The same at each cp degree (ring transfers, ascending cp): multiplies a cp layout's computation
+  // and cp transfers; empty, or cp = 1: 1.
+  std::vector<DegreeScale> cp_scales;
   // Measured GEMM rates by shape (calibration): when it holds the GEMM's dtype, a GEMM takes the rate
   // of the nearest measured shape instead of the roofline's peak x efficiency; empty: the roofline.
   std::vector<GemmRate> gemm_rates;
@@ -152,9 +156,10 @@ struct ClusterSpec {
   // log(tokens) between the sizes measured, the nearest end's outside them; chain_scale(bf16) when
   // none were measured.
   double chain_scale(bool bf16, double tokens) const;
-  // tp_scales at this degree: the entry of that tp, else of the nearest measured (in log(tp)); 1 for
-  // tp = 1 or when none was measured.
+  // tp_scales (cp_scales) at this degree: the entry of that degree, else of the nearest measured (in
+  // log(degree)); 1 for a degree of 1 or when none was measured.
   double tp_scale(int64_t tp, bool bf16) const;
+  double cp_scale(int64_t cp, bool bf16) const;
   double usable_memory() const { return device_memory * usable_memory_fraction; }
 };
 

@@ -414,6 +414,10 @@ ChunkTime chunk_time(const Workload& w, const Layout& l, const ClusterSpec& c, c
   const double tp = c.tp_scale(l.tp, l.bf16);
   t.forward *= tp, t.backward *= tp, t.weight *= tp, t.recompute *= tp;
   t.tp_forward *= tp, t.tp_backward *= tp;
+  // A cp layout's likewise at its cp degree (cluster.h cp_scales): computation and cp transfers.
+  const double cp = c.cp_scale(l.cp, l.bf16);
+  t.forward *= cp, t.backward *= cp, t.weight *= cp, t.recompute *= cp;
+  t.cp_forward *= cp, t.cp_backward *= cp;
   return t;
 }
 

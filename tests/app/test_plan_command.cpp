@@ -600,16 +600,20 @@ TEST(PlanCommand, CalibrateWritesAClusterFileThatPlansRead) {
   }
   EXPECT_EQ(cs.chain_scales[3].fp32, cs.chain_scale_fp32);  // the scalars: micro-batch 8's
   EXPECT_EQ(cs.chain_scales[3].bf16, cs.chain_scale_bf16);
-  // And the model at tp 2 (the 2 ranks as one tp group) measured over its prediction, by dtype.
-  EXPECT_NE(s.output.find("the model forward + backward at tp 2 (micro-batch 8, fp32"), std::string::npos) << s.output;
-  ASSERT_EQ(cs.tp_scales.size(), 1u) << s.output;
-  EXPECT_EQ(cs.tp_scales[0].tp, 2);
-  // No upper bound: with another test beside it on the 2 cores, the 2 ranks (one per core, so
-  // they spin) wait scheduler ticks at each tp collective, and scales of 27-36 were seen.
-  for (const double scale : {cs.tp_scales[0].fp32, cs.tp_scales[0].bf16}) {
-    EXPECT_GT(scale, 0.2) << s.output;
-    EXPECT_TRUE(std::isfinite(scale)) << s.output;
-    EXPECT_NE(scale, 1.0) << s.output;
+  // And the model at tp 2 and at cp 2 (the 2 ranks as one group) measured over its prediction, by
+  // dtype.
+  for (const auto& [group, scales] : {std::pair{"tp", &cs.tp_scales}, std::pair{"cp", &cs.cp_scales}}) {
+    EXPECT_NE(s.output.find(std::string("the model forward + backward at ") + group + " 2 (micro-batch 8, fp32"),
+              std::string::npos) << s.output;
+    ASSERT_EQ(scales->size(), 1u) << group << "\n" << s.output;
+    EXPECT_EQ(scales->at(0).degree, 2);
+    // No upper bound: with another test beside it on the 2 cores, the 2 ranks (one per core, so
+    // they spin) wait scheduler ticks at each collective, and tp scales of 27-36 were seen.
+    for (const double scale : {scales->at(0).fp32, scales->at(0).bf16}) {
+      EXPECT_GT(scale, 0.2) << group << "\n" << s.output;
+      EXPECT_TRUE(std::isfinite(scale)) << s.output;
+      EXPECT_NE(scale, 1.0) << s.output;
+    }
   }
   const RunResult ps = run_tessera({"plan", d.config.string(), "--gpus", "2", "--cluster", shaped.string()}, d.dir);
   EXPECT_EQ(ps.exit_code, 0) << ps.output;

@@ -221,9 +221,11 @@ TEST(Calibrate, ModelOpShapesAreTheSteps) {
   const std::vector<OpTime> four = model_op_shapes(w, 4);
   EXPECT_TRUE(has(four, OpKind::AttentionForward, {1, 32, 32, 1, 1, 16}));
   EXPECT_TRUE(has(four, OpKind::LinearForward, {32, 64, 32, 0}));
-  for (const OpTime& t : four)
-    if (t.op == OpKind::AttentionForward || t.op == OpKind::AttentionBackward)
+  for (const OpTime& t : four) {
+    if (t.op == OpKind::AttentionForward || t.op == OpKind::AttentionBackward) {
       EXPECT_EQ(t.shape[3] % t.shape[4], 0) << t.shape[3] << " heads over " << t.shape[4];
+    }
+  }
   // GPT-2: LayerNorm and GELU, no RoPE; Linears with their biases.
   const std::vector<OpTime> g = model_op_shapes(tiny("gpt2", 0), 1);
   EXPECT_TRUE(has(g, OpKind::LinearBackwardWeight, {32, 64, 64, 1}, true));
@@ -268,11 +270,13 @@ TEST(Calibrate, OpsAreTimedThroughTheKernels) {
 // quiet calibrations here are not (2026-12-07: GPT-2 and LLaMA on 4 ranks; one beside another
 // test on 2 ranks gave 27 and 36).
 TEST(Calibrate, DisturbedTpScalesAreNamed) {
-  EXPECT_EQ(tp_scale_doubts({{2, 1.304, 1.356}, {4, 1.306, 1.299}}), "");
-  EXPECT_EQ(tp_scale_doubts({{2, 1.073, 1.070}, {4, 0.959, 1.027}}), "");
-  EXPECT_EQ(tp_scale_doubts({}), "");
-  EXPECT_EQ(tp_scale_doubts({{2, 26.962, 36.265}}), "fp32 at tp 2 (26.962) is above 2; bf16 at tp 2 (36.265) is above 2");
-  EXPECT_EQ(tp_scale_doubts({{4, 1.0, 0.4}}), "bf16 at tp 4 (0.4) is below 0.5");
+  EXPECT_EQ(degree_scale_doubts({{2, 1.304, 1.356}, {4, 1.306, 1.299}}, "tp"), "");
+  EXPECT_EQ(degree_scale_doubts({{2, 1.073, 1.070}, {4, 0.959, 1.027}}, "tp"), "");
+  EXPECT_EQ(degree_scale_doubts({}, "tp"), "");
+  EXPECT_EQ(degree_scale_doubts({{2, 26.962, 36.265}}, "tp"),
+            "fp32 at tp 2 (26.962) is above 2; bf16 at tp 2 (36.265) is above 2");
+  EXPECT_EQ(degree_scale_doubts({{4, 1.0, 0.4}}, "tp"), "bf16 at tp 4 (0.4) is below 0.5");
+  EXPECT_EQ(degree_scale_doubts({{2, 1.2, 1.25}, {4, 2.5, 1.3}}, "cp"), "fp32 at cp 4 (2.5) is above 2");
 }
 
 }  // namespace tessera::plan

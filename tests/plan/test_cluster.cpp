@@ -117,7 +117,7 @@ TEST(Cluster, GemmRatesAndTheFormatVersion) {
   ClusterSpec s = preset("a100-80g");
   s.gemm_rates = {{1024, 768, 768, false, 1.5e12}, {1024, 768, 768, true, 3.25e12}, {7, 64, 4096, false, 2e11}};
   const std::string text = cluster_to_toml(s);
-  EXPECT_NE(text.find("format_version = 7"), std::string::npos) << text;
+  EXPECT_NE(text.find("format_version = " + std::to_string(kClusterFormatVersion)), std::string::npos) << text;
   const ClusterSpec back = parse_cluster(text, "c.toml");
   ASSERT_EQ(back.gemm_rates.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
@@ -134,8 +134,8 @@ TEST(Cluster, GemmRatesAndTheFormatVersion) {
   EXPECT_EQ(measured_gemm_rate(preset("a100-80g"), 8, 64, 4000, true), 0.0);
   // Format 1 (no format_version, no gemm_rates): as before.
   EXPECT_TRUE(parse_cluster("[cluster]\nbase = \"a100-80g\"\nname = \"old\"\n", "old.toml").gemm_rates.empty());
-  EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\nformat_version = 8\n", "new.toml"); },
-                          {"cluster.format_version = 8", "new.toml:3", "newer tessera", "versions 1 to 7"}));
+  EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\nformat_version = 9\n", "new.toml"); },
+                          {"cluster.format_version = 9", "new.toml:3", "newer tessera", "versions 1 to 8"}));
   EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\ngemm_rates = [[1, 2, 3, \"fp16\", 5.0]]\n", "g.toml"); },
                           {"cluster.gemm_rates (g.toml:3", "\"fp32\" or \"bf16\""}));
   EXPECT_TRUE(throws_with([] { parse_cluster("[cluster]\nbase = \"a100-80g\"\ngemm_rates = [[1, 2, 3, \"fp32\"]]\n", "g.toml"); },
@@ -235,40 +235,51 @@ TEST(Cluster, ChainScalesByMicroBatchAndFormatSix) {
                           {"cluster.chain_scales (c.toml:4): entry 0 must be [tokens per micro-batch"}));
 }
 
-// Format 7: tp_scales, written and read back (sorted); a layout takes its tp's, or the nearest
-// measured degree's in log(tp); tp = 1 and a file without them 1; older formats refuse them and
-// malformed entries name the entry.
-TEST(Cluster, TpScalesByDegreeAndFormatSeven) {
-  ClusterSpec s = preset("local");
-  EXPECT_EQ(s.tp_scale(2, false), 1.0);  // none measured
-  s.tp_scales = {{4, 1.5, 1.75}, {2, 1.25, 1.3}};
-  const std::string text = cluster_to_toml(s);
-  EXPECT_NE(text.find("format_version = 7"), std::string::npos) << text;
-  EXPECT_NE(text.find("[2, 1.25, 1.3],"), std::string::npos) << text;
-  const ClusterSpec back = parse_cluster(text, "c.toml");
-  ASSERT_EQ(back.tp_scales.size(), 2u);
-  EXPECT_EQ(back.tp_scales[0], (TpScale{2, 1.25, 1.3}));
-  EXPECT_EQ(back.tp_scales[1], (TpScale{4, 1.5, 1.75}));
-  EXPECT_EQ(back.tp_scale(1, true), 1.0);
-  EXPECT_EQ(back.tp_scale(2, false), 1.25);
-  EXPECT_EQ(back.tp_scale(4, true), 1.75);
-  EXPECT_EQ(back.tp_scale(8, false), 1.5);  // the nearest: 4
-  EXPECT_EQ(back.tp_scale(3, true), 1.75);  // between 2 and 4 (log 1.5 > log 4/3): 4
-  const auto file = [](int version, const std::string& rows) {
-    return "[cluster]\nbase = \"a100-80g\"\nformat_version = " + std::to_string(version) + "\ntp_scales = [" + rows +
-           "]\n";
-  };
-  EXPECT_EQ(parse_cluster(file(7, "[2, 1.1, 1.2]"), "c.toml").tp_scales.size(), 1u);
-  EXPECT_TRUE(throws_with([&] { parse_cluster(file(6, "[2, 1.1, 1.2]"), "c.toml"); },
-                          {"cluster.tp_scales (c.toml:4)", "format_version = 7", "says 6"}));
-  EXPECT_TRUE(throws_with([&] { parse_cluster(file(7, "[2, 1.1, 1.2], [2, 1.0, 1.0]"), "c.toml"); },
-                          {"entry 1 gives tp 2 a second time"}));
-  EXPECT_TRUE(throws_with([&] { parse_cluster(file(7, "[1, 1.1, 1.2]"), "c.toml"); },
-                          {"entry 0 field 0 must be the tp degree: an integer of at least 2"}));
-  EXPECT_TRUE(throws_with([&] { parse_cluster(file(7, "[2, -1.0, 1.2]"), "c.toml"); },
-                          {"entry 0 field 1 must be a positive scale"}));
-  EXPECT_TRUE(throws_with([&] { parse_cluster(file(7, "[2, 1.1]"), "c.toml"); },
-                          {"cluster.tp_scales (c.toml:4): entry 0 must be [tp degree, fp32 scale, bf16 scale]"}));
+// Formats 7 and 8: tp_scales and cp_scales, written and read back (sorted); a layout takes its
+// degree's, or the nearest measured degree's in log(degree); a degree of 1 and a file without them 1;
+// older formats refuse them and malformed entries name the entry.
+TEST(Cluster, DegreeScalesByTpAndCpInFormatsSevenAndEight) {
+  for (const auto& [group, version] : {std::pair<std::string, int>{"tp", 7}, {"cp", 8}}) {
+    SCOPED_TRACE(group);
+    const bool tp = group == "tp";
+    ClusterSpec s = preset("local");
+    const auto scale = [&](const ClusterSpec& c, int64_t degree, bool bf16) {
+      return tp ? c.tp_scale(degree, bf16) : c.cp_scale(degree, bf16);
+    };
+    EXPECT_EQ(scale(s, 2, false), 1.0);  // none measured
+    (tp ? s.tp_scales : s.cp_scales) = {{4, 1.5, 1.75}, {2, 1.25, 1.3}};
+    const std::string text = cluster_to_toml(s);
+    EXPECT_NE(text.find("format_version = 8"), std::string::npos) << text;
+    EXPECT_NE(text.find(group + "_scales = [\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("  [2, 1.25, 1.3],\n"), std::string::npos) << text;
+    const ClusterSpec back = parse_cluster(text, "c.toml");
+    const std::vector<DegreeScale>& read = tp ? back.tp_scales : back.cp_scales;
+    ASSERT_EQ(read.size(), 2u);
+    EXPECT_EQ(read[0], (DegreeScale{2, 1.25, 1.3}));
+    EXPECT_EQ(read[1], (DegreeScale{4, 1.5, 1.75}));
+    EXPECT_TRUE((tp ? back.cp_scales : back.tp_scales).empty());
+    EXPECT_EQ(scale(back, 1, true), 1.0);
+    EXPECT_EQ(scale(back, 2, false), 1.25);
+    EXPECT_EQ(scale(back, 4, true), 1.75);
+    EXPECT_EQ(scale(back, 8, false), 1.5);  // the nearest: 4
+    EXPECT_EQ(scale(back, 3, true), 1.75);  // between 2 and 4 (log 1.5 > log 4/3): 4
+    const auto file = [&](int v, const std::string& rows) {
+      return "[cluster]\nbase = \"a100-80g\"\nformat_version = " + std::to_string(v) + "\n" + group + "_scales = [" +
+             rows + "]\n";
+    };
+    const std::string key = "cluster." + group + "_scales (c.toml:4)";
+    EXPECT_EQ(parse_cluster(file(version, "[2, 1.1, 1.2]"), "c.toml").tp_scales.size(), tp ? 1u : 0u);
+    EXPECT_TRUE(throws_with([&] { parse_cluster(file(version - 1, "[2, 1.1, 1.2]"), "c.toml"); },
+                            {key, "format_version = " + std::to_string(version), "says " + std::to_string(version - 1)}));
+    EXPECT_TRUE(throws_with([&] { parse_cluster(file(version, "[2, 1.1, 1.2], [2, 1.0, 1.0]"), "c.toml"); },
+                            {"entry 1 gives " + group + " 2 a second time"}));
+    EXPECT_TRUE(throws_with([&] { parse_cluster(file(version, "[1, 1.1, 1.2]"), "c.toml"); },
+                            {"entry 0 field 0 must be the " + group + " degree: an integer of at least 2"}));
+    EXPECT_TRUE(throws_with([&] { parse_cluster(file(version, "[2, -1.0, 1.2]"), "c.toml"); },
+                            {"entry 0 field 1 must be a positive scale"}));
+    EXPECT_TRUE(throws_with([&] { parse_cluster(file(version, "[2, 1.1]"), "c.toml"); },
+                            {key + ": entry 0 must be [" + group + " degree, fp32 scale, bf16 scale]"}));
+  }
 }
 
 }  // namespace
@@ -286,7 +297,7 @@ TEST(Cluster, OpTimesAndFormatThree) {
                 {OpKind::AdamW, {1000000}, true, 4e-4},
                 {OpKind::AdamW, {1000000}, false, 6e-4}};
   const std::string text = cluster_to_toml(s);
-  EXPECT_NE(text.find("format_version = 7"), std::string::npos) << text;
+  EXPECT_NE(text.find("format_version = " + std::to_string(kClusterFormatVersion)), std::string::npos) << text;
   EXPECT_NE(text.find("[\"attention_forward\", [2, 256, 256, 8, 4, 64], \"fp32\", 1500.0]"), std::string::npos) << text;
   const ClusterSpec back = parse_cluster(text, "c.toml");
   ASSERT_EQ(back.op_times.size(), 4u);
