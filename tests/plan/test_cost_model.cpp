@@ -314,48 +314,33 @@ TEST(CostModel, ChainScaleIsTheMicroBatchSizes) {
   }
 }
 
-// cluster.tp_scales: a tp layout's computation and tp collectives take its degree's scale (by dtype),
-// nothing else does; tp = 1 is left as it was.
-TEST(CostModel, TpScaleMultipliesATpLayoutsComputeAndCollectives) {
-  ClusterSpec c = compute_only();
-  c.intra = {100e9, 2e-6};
-  const Workload w = llama(2, 1000, 128, 4);
-  ClusterSpec scaled = c;
-  scaled.tp_scales = {{2, 1.5, 3.0}};
-  for (const auto& [tp, bf16, scale] : {std::tuple{2, false, 1.5}, std::tuple{2, true, 3.0}, std::tuple{1, true, 1.0}}) {
-    Layout l;
-    l.dp = 1, l.tp = tp, l.bf16 = bf16;
-    const StepCost base = predict_step(w, l, c), s = predict_step(w, l, scaled);
-    ASSERT_GT(base.compute, 0);
-    EXPECT_NEAR(s.compute, scale * base.compute, 1e-9 * base.compute) << "tp " << tp << " bf16 " << bf16;
-    EXPECT_NEAR(s.tp_exposed, scale * base.tp_exposed, 1e-9 * base.step) << "tp " << tp << " bf16 " << bf16;
-    if (tp == 2) {
-      EXPECT_GT(base.tp_exposed, 0);
-    }
-    EXPECT_EQ(s.optimizer, base.optimizer);
-  }
-}
-
-// cluster.cp_scales: a cp layout's computation and ring transfers take its degree's scale (by
-// dtype), nothing else does (a tp scale does not touch them); cp = 1 is left as it was.
-TEST(CostModel, CpScaleMultipliesACpLayoutsComputeAndTransfers) {
+// cluster.tp_scales and cp_scales: a tp (cp) layout's computation and its group's collectives (ring
+// transfers) take its degree's scale (by dtype), nothing else does (the other group's scale, set to
+// 7, touches neither); a degree of 1 is left as it was.
+TEST(CostModel, DegreeScalesMultiplyALayoutsComputeAndItsGroupsCommunication) {
   ClusterSpec c = compute_only();
   c.intra = {1e9, 50e-6};  // slow enough that the ring's transfers are not hidden behind attention
   const Workload w = llama(2, 1000, 128, 4);
-  ClusterSpec scaled = c;
-  scaled.cp_scales = {{2, 1.5, 3.0}};
-  scaled.tp_scales = {{2, 7.0, 7.0}};
-  for (const auto& [cp, bf16, scale] : {std::tuple{2, false, 1.5}, std::tuple{2, true, 3.0}, std::tuple{1, true, 1.0}}) {
-    Layout l;
-    l.dp = 1, l.cp = cp, l.bf16 = bf16;
-    const StepCost base = predict_step(w, l, c), s = predict_step(w, l, scaled);
-    ASSERT_GT(base.compute, 0);
-    EXPECT_NEAR(s.compute, scale * base.compute, 1e-9 * base.compute) << "cp " << cp << " bf16 " << bf16;
-    EXPECT_NEAR(s.cp_exposed, scale * base.cp_exposed, 1e-9 * base.step) << "cp " << cp << " bf16 " << bf16;
-    if (cp == 2) {
-      EXPECT_GT(base.cp_exposed, 0);
+  for (const bool tp_group : {true, false}) {
+    ClusterSpec scaled = c;
+    (tp_group ? scaled.tp_scales : scaled.cp_scales) = {{2, 1.5, 3.0}};
+    (tp_group ? scaled.cp_scales : scaled.tp_scales) = {{2, 7.0, 7.0}};
+    for (const auto& [degree, bf16, scale] :
+         {std::tuple{2, false, 1.5}, std::tuple{2, true, 3.0}, std::tuple{1, true, 1.0}}) {
+      Layout l;
+      l.dp = 1, l.bf16 = bf16;
+      (tp_group ? l.tp : l.cp) = degree;
+      const StepCost base = predict_step(w, l, c), s = predict_step(w, l, scaled);
+      const auto comm = [&](const StepCost& x) { return tp_group ? x.tp_exposed : x.cp_exposed; };
+      const std::string where = std::string(tp_group ? "tp " : "cp ") + std::to_string(degree) + (bf16 ? " bf16" : " fp32");
+      ASSERT_GT(base.compute, 0);
+      EXPECT_NEAR(s.compute, scale * base.compute, 1e-9 * base.compute) << where;
+      EXPECT_NEAR(comm(s), scale * comm(base), 1e-9 * base.step) << where;
+      if (degree == 2) {
+        EXPECT_GT(comm(base), 0) << where;
+      }
+      EXPECT_EQ(s.optimizer, base.optimizer);
     }
-    EXPECT_EQ(s.optimizer, base.optimizer);
   }
 }
 
