@@ -51,7 +51,8 @@ TEST(CudaCalibration, TwoRanksMeasureTheGpuAndPlansReadTheFile) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* part : {"train.device = \"cuda\"", "parallel.comm = \"mpi\"", "all-reduce 4096 bytes over 2 ranks",
                            "all-gather over 2 ranks", "reduce-scatter over 2 ranks", "send/recv over 2 ranks",
-                           "the model forward + backward (micro-batch", "wrote "})
+                           "the model forward + backward (micro-batch", "the model forward + backward at tp 2",
+                           "the model forward + backward at cp 2", "wrote "})
     EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
 
   const plan::ClusterSpec c = plan::load_cluster(cluster.string());
