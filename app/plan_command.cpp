@@ -527,7 +527,6 @@ double whole_model_seconds(MPI_Comm world, const plan::CalibrationDevice& device
   check_mpi(MPI_Allreduce(&mine, &sum, 1, MPI_DOUBLE, MPI_SUM, world), "MPI_Allreduce");
   return sum / double(comm_size(world));
 }
-}  // namespace
 
 // cluster.h chain_scales: the whole model forward and backward (app/pp_cut.h measure_stage_time:
 // one stage of every block with the embedding and the head, tp = pp = cp = 1, no recomputation) at
@@ -645,7 +644,6 @@ void calibrate_degree_scales(MPI_Comm world, const Config& base, const plan::Cal
          << " of the group; calibrate again on a quiet machine\n";
 }
 
-namespace {
 bool is_calibrate_key(const std::string& assignment) { return assignment.rfind("calibrate.", 0) == 0; }
 
 // One calibrate.KEY=VALUE's value: a number in [lo, hi] (an integer where `integer`).

@@ -589,6 +589,15 @@ std::vector<DegreeScale> parse_degree_scales(const toml::node& node, const std::
   return out;
 }
 
+// The tables of scales by parallel degree: the group that names them (cluster.<group>_scales), the
+// format_version that added them, and their field.
+struct DegreeScaleTable {
+  const char* group;
+  int64_t since;
+  std::vector<DegreeScale> ClusterSpec::*field;
+};
+constexpr DegreeScaleTable kDegreeScaleTables[] = {{"tp", 7, &ClusterSpec::tp_scales}, {"cp", 8, &ClusterSpec::cp_scales}};
+
 // The entry of `degree` in scales (ascending), else of the nearest (in log(degree)); 1 for a degree
 // of 1 or none measured.
 double degree_scale(const std::vector<DegreeScale>& scales, int64_t degree, bool bf16) {
@@ -686,12 +695,12 @@ ClusterSpec parse_cluster(const std::string& text, const std::string& source, co
                   ": calibrate again with this build");
     s.chain_scales = parse_chain_scales(*g, source);
   }
-  for (const auto& [group, version_needed] : {std::pair<std::string, int64_t>{"tp", 7}, {"cp", 8}})
-    if (const toml::node* g = t->get(group + "_scales")) {
-      TESSERA_CHECK(version >= version_needed, "cluster.", group, "_scales (", at(source, *g), ") needs format_version = ",
-                    version_needed, " or later; ", source, " says ", version,
+  for (const DegreeScaleTable& d : kDegreeScaleTables)
+    if (const toml::node* g = t->get(std::string(d.group) + "_scales")) {
+      TESSERA_CHECK(version >= d.since, "cluster.", d.group, "_scales (", at(source, *g), ") needs format_version = ",
+                    d.since, " or later; ", source, " says ", version,
                     t->get("format_version") ? "" : " (no format_version key)", ": calibrate again with this build");
-      (group == "tp" ? s.tp_scales : s.cp_scales) = parse_degree_scales(*g, source, group);
+      s.*d.field = parse_degree_scales(*g, source, d.group);
     }
   std::set<std::string> given;
   for (auto&& [k, node] : *t) {
@@ -790,12 +799,11 @@ std::string cluster_to_toml(const ClusterSpec& s) {
     for (const ChainScale& c : s.chain_scales) os << "  [" << c.tokens << ", " << c.fp32 << ", " << c.bf16 << "],\n";
     os << "]\n";
   }
-  for (const auto& [group, scales] : {std::pair<const char*, const std::vector<DegreeScale>*>{"tp", &s.tp_scales},
-                                      {"cp", &s.cp_scales}}) {
-    if (scales->empty()) continue;
-    os << "# the model's forward + backward at each " << group << " degree measured over its prediction: [" << group
-       << ", fp32, bf16]\n" << group << "_scales = [\n";
-    for (const DegreeScale& t : *scales) os << "  [" << t.degree << ", " << t.fp32 << ", " << t.bf16 << "],\n";
+  for (const DegreeScaleTable& d : kDegreeScaleTables) {
+    if ((s.*d.field).empty()) continue;
+    os << "# the model's forward + backward at each " << d.group << " degree measured over its prediction: ["
+       << d.group << ", fp32, bf16]\n" << d.group << "_scales = [\n";
+    for (const DegreeScale& t : s.*d.field) os << "  [" << t.degree << ", " << t.fp32 << ", " << t.bf16 << "],\n";
     os << "]\n";
   }
   if (!s.group_links.empty()) {

@@ -407,16 +407,13 @@ ChunkTime chunk_time(const Workload& w, const Layout& l, const ClusterSpec& c, c
     t.tp_bytes += all_gather_bytes(d.N * kAct * l.tp, l.tp) + all_reduce_bytes(d.N * kAct, l.tp);
   }
   // The ops in a chain, as calibrated (cluster.h chain_scale) at this micro-batch's positions per
-  // rank: every computation, no communication.
+  // rank: every computation, no communication. A tp (cp) layout's ranks as measured at its degree
+  // (cluster.h tp_scales, cp_scales): computation and that group's collectives (transfers).
   const double chain = c.chain_scale(l.bf16, double(l.micro_batch) * double(w.seq_len) / double(l.cp));
-  t.forward *= chain, t.backward *= chain, t.weight *= chain, t.recompute *= chain;
-  // A tp layout's ranks as measured at its degree (cluster.h tp_scales): computation and tp collectives.
-  const double tp = c.tp_scale(l.tp, l.bf16);
-  t.forward *= tp, t.backward *= tp, t.weight *= tp, t.recompute *= tp;
+  const double tp = c.tp_scale(l.tp, l.bf16), cp = c.cp_scale(l.cp, l.bf16);
+  const double compute = chain * tp * cp;
+  t.forward *= compute, t.backward *= compute, t.weight *= compute, t.recompute *= compute;
   t.tp_forward *= tp, t.tp_backward *= tp;
-  // A cp layout's likewise at its cp degree (cluster.h cp_scales): computation and cp transfers.
-  const double cp = c.cp_scale(l.cp, l.bf16);
-  t.forward *= cp, t.backward *= cp, t.weight *= cp, t.recompute *= cp;
   t.cp_forward *= cp, t.cp_backward *= cp;
   return t;
 }
